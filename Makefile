@@ -1,0 +1,36 @@
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip install --quiet --constraint constraints.txt
+
+.PHONY: demo test bench lint install install-dev clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(BIN)/python pyproject.toml constraints.txt
+	$(PIP) -e ".[dev,bench]"
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: install
+	$(BIN)/comera demo
+
+test: install-dev
+	$(BIN)/python -m pytest
+
+lint: install-dev
+	$(BIN)/ruff check .
+
+bench: install-dev
+	$(BIN)/python benchmarks/bench_layers.py --write docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

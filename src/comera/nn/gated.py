@@ -1,0 +1,110 @@
+"""The base of every comera module stored as a train of cores with rank gates on its bonds.
+
+A train of ``K`` cores has ``K - 1`` bonds. Bond ``k`` (between cores ``k`` and ``k+1``) carries a gate vector
+``g_k`` of length ``r_k``, initialised to 1 (method.md section 3). The forward uses the masked gate
+``m_k = g_k * 1[|g_k| > tau]``, multiplied into the right-rank axis of core ``k``: a dead entry
+(``|g| <= tau``) contributes nothing and receives no gradient, and gates add no cost to the contraction. The active rank of a
+bond is its number of live gate entries; a train with a fully dead bond represents exactly zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from comera.tt.cores import num_train_parameters
+
+__all__ = ["GatedTrain", "mask_gate", "DEFAULT_TAU"]
+
+DEFAULT_TAU = 1e-2
+
+
+def mask_gate(gate: torch.Tensor, tau: float) -> torch.Tensor:
+    """``gate`` where ``|gate| > tau``, else 0; the gradient is 1 on live entries and 0 on dead ones."""
+    return gate * (gate.abs() > tau)
+
+
+def check_float_dtype(dtype: torch.dtype | None, name: str = "dtype") -> None:
+    """Raise ``ValueError`` unless ``dtype`` is None or a floating-point dtype."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"{name} must be a floating-point torch.dtype (e.g. torch.float32), got {dtype!r}")
+
+
+def check_tau(tau: float) -> float:
+    """Raise ``ValueError`` unless ``tau`` is a finite number >= 0."""
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau < 0:
+        raise ValueError(f"tau must be a finite float >= 0, got {tau!r}")
+    return float(tau)
+
+
+class GatedTrain(nn.Module):
+    """Cores in ``self.cores`` (``nn.ParameterList``) and gates in ``self.gates``, one per bond.
+
+    Subclasses set ``bond_sizes`` (the per-core factor ``c_k`` of the parameter count: ``n_k`` for TT,
+    ``m_k * n_k`` for TTM) and ``dense_num_parameters()``.
+    """
+
+    cores: nn.ParameterList
+    gates: nn.ParameterList
+    tau: float
+
+    def _build_train(
+        self,
+        core_shapes: Sequence[Sequence[int]],
+        tau: float,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+    ) -> None:
+        self.tau = check_tau(tau)
+        self.cores = nn.ParameterList(
+            [nn.Parameter(torch.empty(tuple(shape), device=device, dtype=dtype)) for shape in core_shapes]
+        )
+        self.gates = nn.ParameterList(
+            [nn.Parameter(torch.ones(shape[-1], device=device, dtype=dtype)) for shape in core_shapes[:-1]]
+        )
+
+    @property
+    def bond_sizes(self) -> tuple[int, ...]:
+        """Per-core factor ``c_k`` of the parameter count."""
+        raise NotImplementedError
+
+    def dense_num_parameters(self) -> int:
+        """Parameters of the dense tensor this train stands for (without padding)."""
+        raise NotImplementedError
+
+    def masked_gates(self) -> list[torch.Tensor]:
+        """The gate vectors with dead entries zeroed, one per bond (differentiable, no host sync)."""
+        return [mask_gate(gate, self.tau) for gate in self.gates]
+
+    def gated_cores(self) -> list[torch.Tensor]:
+        """Cores with each bond's masked gate folded into the right-rank axis of the core on its left."""
+        cores = list(self.cores)
+        gated = [core * mask for core, mask in zip(cores[:-1], self.masked_gates())]
+        gated.append(cores[-1])
+        return gated
+
+    @property
+    def max_ranks(self) -> tuple[int, ...]:
+        """The stored (physical) rank of every bond."""
+        return tuple(core.shape[-1] for core in list(self.cores)[:-1])
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The active rank of every bond: its number of live gate entries (syncs with the device)."""
+        return tuple(int((gate.detach().abs() > self.tau).sum()) for gate in self.gates)
+
+    def num_parameters(self) -> int:
+        """Core entries of the active-rank train, ``sum_k c_k r_{k-1} r_k`` (0 if a bond is dead).
+
+        Gates and biases are not counted: gates fold into the cores when the model is exported.
+        """
+        return num_train_parameters(self.bond_sizes, self.ranks)
+
+    @property
+    def compression(self) -> float:
+        """Dense parameters over active core parameters (``inf`` when a bond is dead)."""
+        active = self.num_parameters()
+        return math.inf if active == 0 else self.dense_num_parameters() / active

@@ -1,0 +1,342 @@
+"""``TTLinear`` and ``TTMLinear``: drop-ins for ``nn.Linear`` whose weight is never stored dense.
+
+Both compute ``y = x W^T + b`` for inputs of shape ``(*, in_features)`` and return ``(*, out_features)``,
+where ``W`` (``(out_features, in_features)``, as ``nn.Linear.weight``) is represented by cores:
+
+- ``TTLinear``: a tensor train over ``in_shape + out_shape``: cores ``(r_{k-1}, n_k, r_k)``, the first
+  ``len(in_shape)`` carrying input modes, the rest output modes (the paper's layout).
+- ``TTMLinear``: a matrix train: cores ``(r_{k-1}, m_k, n_k, r_k)`` with ``m_k`` from ``in_shape`` and ``n_k``
+  from ``out_shape`` (both of the same length).
+
+When ``in_shape`` / ``out_shape`` are not given they are chosen by :func:`comera.tt.shapes.auto_modes`: a
+balanced factorisation, padded up when the size folds badly (``in_features=97`` folds as ``98 = 7 x 14``).
+The padded rows of ``W`` multiply zeros and padded outputs are sliced off, so padding never changes results.
+The contraction order (:mod:`comera.tt.paths`) is picked per call from the batch size by a cost model, or
+fixed with ``order``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from comera.nn.gated import DEFAULT_TAU, GatedTrain, check_float_dtype
+from comera.tt.cores import core_std, tt_core_shapes, tt_full, ttm_core_shapes, ttm_full
+from comera.tt.paths import (
+    ORDERS,
+    choose_order,
+    tt_linear,
+    tt_order_costs,
+    ttm_best_split,
+    ttm_linear,
+    ttm_order_costs,
+)
+from comera.tt.shapes import auto_modes, auto_order, check_modes, resolve_ranks
+from comera.tt.svd import tt_svd, ttm_svd
+
+__all__ = ["TTLinear", "TTMLinear"]
+
+DEFAULT_RANK = 16
+_ORDER_CHOICES = ("auto", *ORDERS)
+
+
+def _check_features(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+class _TrainLinear(GatedTrain):
+    """Common part of the TT and TTM linear layers: features, bias, checks, init, conversion."""
+
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        core_shapes: list[tuple[int, ...]],
+        tau: float,
+        order: str,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.order = order
+        self._build_train(core_shapes, tau, device, dtype)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    @property
+    def order(self) -> str:
+        """Contraction order: ``"auto"`` (cost model per call) or one of ``"merge"``, ``"sequential"``,
+        ``"dense"``."""
+        return self._order
+
+    @order.setter
+    def order(self, value: str) -> None:
+        if value not in _ORDER_CHOICES:
+            raise ValueError(f"order must be one of {_ORDER_CHOICES}, got {value!r}")
+        self._order = value
+
+    def dense_num_parameters(self) -> int:
+        return self.in_features * self.out_features
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Gaussian cores with reconstructed entry variance ``1 / (in + out)``; gates 1; bias as nn.Linear."""
+        stds = core_std(1.0 / math.sqrt(self.in_features + self.out_features), self.max_ranks)
+        for core, std in zip(self.cores, stds):
+            core.normal_(0.0, std)
+        for gate in self.gates:
+            gate.fill_(1.0)
+        if self.bias is not None:
+            bound = 1.0 / math.sqrt(self.in_features)
+            self.bias.uniform_(-bound, bound)
+
+    def _check_input(self, input: torch.Tensor) -> None:
+        if not isinstance(input, torch.Tensor):
+            raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
+        if not input.is_floating_point():
+            raise ValueError(f"input must have a floating-point dtype, got {input.dtype}")
+        if input.dim() == 0 or input.shape[-1] != self.in_features:
+            raise ValueError(
+                f"input must have shape (*, {self.in_features}) (in_features={self.in_features}), "
+                f"got {tuple(input.shape)}"
+            )
+        weight_dtype = self.cores[0].dtype
+        if input.dtype != weight_dtype and not torch.is_autocast_enabled(input.device.type):
+            raise ValueError(
+                f"input dtype {input.dtype} does not match the layer's parameters ({weight_dtype}); "
+                "convert one of them, e.g. layer.to(input.dtype)"
+            )
+
+    def _order_for(self, batch: int) -> str:
+        raise NotImplementedError
+
+    def _contract(self, x: torch.Tensor, order: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """``input @ W^T + bias``: ``(*, in_features) -> (*, out_features)``."""
+        self._check_input(input)
+        lead = input.shape[:-1]
+        x = input.reshape(-1, self.in_features)
+        order = self._order_for(x.shape[0]) if self.order == "auto" else self.order
+        return self._contract(x, order).reshape(*lead, self.out_features)
+
+    def _dense_padded(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def to_dense(self) -> torch.Tensor:
+        """The weight as ``nn.Linear.weight`` holds it: ``(out_features, in_features)``, gates applied."""
+        return self._dense_padded()[: self.in_features, : self.out_features].t()
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, in_shape={self.in_shape}, out_shape={self.out_shape}, "
+            f"ranks={self.ranks}, max_ranks={self.max_ranks}, compression={self.compression:.1f}x"
+        )
+
+    @classmethod
+    def _padded_weight(cls, linear: nn.Linear, layer: _TrainLinear) -> torch.Tensor:
+        weight = linear.weight.detach().t()
+        rows, cols = math.prod(layer.in_shape), math.prod(layer.out_shape)
+        return torch.nn.functional.pad(weight, (0, cols - weight.shape[1], 0, rows - weight.shape[0]))
+
+    @classmethod
+    def _svd_cores(cls, weight: torch.Tensor, layer: _TrainLinear, rank) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        *,
+        rank: int | Sequence[int] = DEFAULT_RANK,
+        in_shape: Sequence[int] | None = None,
+        out_shape: Sequence[int] | None = None,
+        tau: float = DEFAULT_TAU,
+    ):
+        """A layer initialised from ``linear`` by TT-SVD (exact when ranks are maximal).
+
+        With smaller ranks each bond keeps its leading singular directions (truncated SVD). The bias is
+        copied. Device and dtype follow ``linear.weight``.
+        """
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        weight = linear.weight
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            in_shape=in_shape,
+            out_shape=out_shape,
+            rank=rank,
+            tau=tau,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        cores = cls._svd_cores(cls._padded_weight(linear, layer), layer, rank)
+        with torch.no_grad():
+            for param, core in zip(layer.cores, cores):
+                param.copy_(core)
+            if linear.bias is not None:
+                layer.bias.copy_(linear.bias)
+        return layer
+
+
+class TTLinear(_TrainLinear):
+    """Linear layer with a tensor-train weight over ``in_shape + out_shape`` modes.
+
+    Args:
+        in_features: size of each input sample.
+        out_features: size of each output sample.
+        bias: learn an additive bias.
+        in_shape: input modes (product ``== in_features``); default: balanced, padded if needed.
+        out_shape: output modes (product ``== out_features``); default likewise.
+        rank: max rank per bond (int) or one per bond (``len(in_shape) + len(out_shape) - 1`` ints);
+            clipped to what the shapes allow.
+        tau: gate threshold; gate entries with ``|g| <= tau`` are dead.
+        order: contraction order, ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
+
+    Shape:
+        input ``(*, in_features)`` -> output ``(*, out_features)``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        in_shape: Sequence[int] | None = None,
+        out_shape: Sequence[int] | None = None,
+        rank: int | Sequence[int] = DEFAULT_RANK,
+        tau: float = DEFAULT_TAU,
+        order: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        _check_features(in_features, "in_features")
+        _check_features(out_features, "out_features")
+        check_float_dtype(dtype)
+        self.in_shape = (
+            auto_modes(in_features) if in_shape is None else check_modes(in_shape, in_features, "in_shape")
+        )
+        self.out_shape = (
+            auto_modes(out_features, descending=True)
+            if out_shape is None
+            else check_modes(out_shape, out_features, "out_shape")
+        )
+        modes = self.in_shape + self.out_shape
+        shapes = tt_core_shapes(modes, resolve_ranks(rank, modes))
+        super().__init__(in_features, out_features, bias, shapes, tau, order, device, dtype)
+
+    @property
+    def bond_sizes(self) -> tuple[int, ...]:
+        return self.in_shape + self.out_shape
+
+    def order_costs(self, batch: int, backward: bool = True) -> dict[str, float]:
+        """Estimated microseconds of each contraction order for ``batch`` rows (:mod:`comera.tt.paths`)."""
+        return tt_order_costs(batch, self.in_shape, self.out_shape, self.max_ranks, backward)
+
+    def _order_for(self, batch: int) -> str:
+        return choose_order(self.order_costs(batch, torch.is_grad_enabled()))
+
+    def _contract(self, x: torch.Tensor, order: str) -> torch.Tensor:
+        return tt_linear(x, self.gated_cores(), len(self.in_shape), self.out_features, self.bias, order)
+
+    def _dense_padded(self) -> torch.Tensor:
+        full = tt_full(self.gated_cores())
+        return full.reshape(math.prod(self.in_shape), math.prod(self.out_shape))
+
+    @classmethod
+    def _svd_cores(cls, weight, layer, rank):
+        return tt_svd(weight.reshape(layer.in_shape + layer.out_shape), layer.max_ranks)
+
+
+class TTMLinear(_TrainLinear):
+    """Linear layer with a matrix tensor-train (TTM) weight: cores ``(r_{k-1}, m_k, n_k, r_k)``.
+
+    Args:
+        in_features, out_features, bias: as ``nn.Linear``.
+        in_shape: row modes ``m_k`` (product ``== in_features``); default balanced, padded if needed.
+        out_shape: column modes ``n_k``, the same number as ``in_shape``.
+        rank: max rank per bond (int) or ``d - 1`` ints; clipped to what the shapes allow.
+        tau: gate threshold.
+        order: contraction order, ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
+
+    Shape:
+        input ``(*, in_features)`` -> output ``(*, out_features)``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        in_shape: Sequence[int] | None = None,
+        out_shape: Sequence[int] | None = None,
+        rank: int | Sequence[int] = DEFAULT_RANK,
+        tau: float = DEFAULT_TAU,
+        order: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        _check_features(in_features, "in_features")
+        _check_features(out_features, "out_features")
+        check_float_dtype(dtype)
+        if in_shape is not None:
+            in_shape = check_modes(in_shape, in_features, "in_shape")
+        if out_shape is not None:
+            out_shape = check_modes(out_shape, out_features, "out_shape")
+        if in_shape is not None and out_shape is not None and len(in_shape) != len(out_shape):
+            raise ValueError(
+                f"in_shape and out_shape must have the same length for TTM, got {in_shape} and {out_shape}"
+            )
+        given = in_shape or out_shape
+        order_count = len(given) if given else max(auto_order(in_features), auto_order(out_features))
+        self.in_shape = in_shape or auto_modes(in_features, order_count)
+        self.out_shape = out_shape or auto_modes(out_features, order_count, descending=True)
+        ranks = resolve_ranks(rank, self.bond_sizes)
+        shapes = ttm_core_shapes(self.in_shape, self.out_shape, ranks)
+        super().__init__(in_features, out_features, bias, shapes, tau, order, device, dtype)
+
+    @property
+    def bond_sizes(self) -> tuple[int, ...]:
+        return tuple(m * n for m, n in zip(self.in_shape, self.out_shape))
+
+    def order_costs(self, batch: int, backward: bool = True) -> dict[str, float]:
+        """Estimated microseconds of each contraction order for ``batch`` rows (:mod:`comera.tt.paths`)."""
+        return ttm_order_costs(batch, self.in_shape, self.out_shape, self.max_ranks, backward)
+
+    def _order_for(self, batch: int) -> str:
+        return choose_order(self.order_costs(batch, torch.is_grad_enabled()))
+
+    def _contract(self, x: torch.Tensor, order: str) -> torch.Tensor:
+        split = None
+        if order == "merge" and len(self.in_shape) > 1:
+            split = ttm_best_split(
+                x.shape[0], self.in_shape, self.out_shape, self.max_ranks, torch.is_grad_enabled()
+            )[0]
+        return ttm_linear(x, self.gated_cores(), self.out_features, self.bias, order, split)
+
+    def _dense_padded(self) -> torch.Tensor:
+        return ttm_full(self.gated_cores())
+
+    @classmethod
+    def _svd_cores(cls, weight, layer, rank):
+        return ttm_svd(weight, layer.in_shape, layer.out_shape, layer.max_ranks)

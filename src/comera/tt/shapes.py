@@ -1,0 +1,186 @@
+"""Mode-size factorisation, padding suggestions and rank bounds for tensor-train layouts.
+
+A dimension ``n`` of a layer (``in_features``, ``out_features``, a number of embedding rows, ...) is folded
+into ``order`` modes ``(n_1, ..., n_order)`` with ``prod(n_k) == n``. Balanced modes keep cores small; sizes
+with a large prime factor (97, 30522 = 2 * 3 * 5087) fold badly, and :func:`suggest_padding` proposes the
+smallest larger size that folds well. Layers pad internally to that size and slice the result, so padded rows
+and columns never reach the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+
+__all__ = [
+    "factorize",
+    "suggest_padding",
+    "auto_order",
+    "auto_modes",
+    "max_ranks",
+    "resolve_ranks",
+    "check_modes",
+]
+
+_TYPICAL_MODE = 16
+_BALANCE_SLACK = 1.5
+
+
+def _check_positive_int(value: object, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return value
+
+
+@lru_cache(maxsize=4096)
+def _best_factorization(n: int, order: int, smallest: int) -> tuple[int, ...] | None:
+    """Non-decreasing factors >= ``smallest`` with product ``n`` minimising (max factor, -min factor)."""
+    if order == 1:
+        return (n,) if n >= smallest else None
+    best: tuple[int, ...] | None = None
+    best_key: tuple[int, int] | None = None
+    f = smallest
+    while f ** order <= n:
+        if n % f == 0:
+            rest = _best_factorization(n // f, order - 1, f)
+            if rest is not None:
+                candidate = (f, *rest)
+                key = (candidate[-1], -candidate[0])
+                if best_key is None or key < best_key:
+                    best, best_key = candidate, key
+        f += 1
+    return best
+
+
+def factorize(n: int, order: int) -> tuple[int, ...]:
+    """Balanced factorisation of ``n`` into ``order`` factors, sorted ascending.
+
+    The result minimises the largest factor (then maximises the smallest), so cores stay small; it is
+    deterministic. Factors of 1 appear only when ``n`` has fewer than ``order`` prime factors.
+
+    Args:
+        n: the size to fold, ``n >= 1``.
+        order: number of modes, ``order >= 1``.
+
+    Returns:
+        ``order`` ints in ascending order whose product is ``n``, e.g. ``factorize(768, 3) == (8, 8, 12)``.
+    """
+    _check_positive_int(n, "n")
+    _check_positive_int(order, "order")
+    result = _best_factorization(n, order, 1)
+    assert result is not None  # (1, ..., 1, n) always exists
+    return result
+
+
+def _balanced_limit(n: int, order: int) -> int:
+    return max(2, math.ceil(_BALANCE_SLACK * n ** (1.0 / order)))
+
+
+def suggest_padding(n: int, order: int, max_factor: int | None = None) -> int:
+    """Smallest ``n' >= n`` whose balanced factorisation into ``order`` modes has factors <= ``max_factor``.
+
+    ``max_factor`` defaults to ``ceil(1.5 * n ** (1 / order))``. Returns ``n`` itself when it already folds
+    well; e.g. ``suggest_padding(97, 2) == 98`` (7 x 14) and ``suggest_padding(768, 3) == 768``.
+    """
+    _check_positive_int(n, "n")
+    _check_positive_int(order, "order")
+    limit = _balanced_limit(n, order) if max_factor is None else _check_positive_int(max_factor, "max_factor")
+    if limit ** order < n:
+        raise ValueError(f"max_factor must satisfy max_factor ** order >= n ({n}), got {limit}")
+    candidate = n
+    while factorize(candidate, order)[-1] > limit:
+        candidate += 1
+    return candidate
+
+
+def auto_order(n: int) -> int:
+    """Number of modes chosen for a dimension ``n`` when none is given: modes of about 16 or less."""
+    _check_positive_int(n, "n")
+    return max(1, math.ceil(math.log(n) / math.log(_TYPICAL_MODE) - 1e-9))
+
+
+def auto_modes(n: int, order: int | None = None, descending: bool = False) -> tuple[int, ...]:
+    """Modes for dimension ``n``: padded when ``n`` folds badly, balanced, ascending (or descending)."""
+    order = auto_order(n) if order is None else _check_positive_int(order, "order")
+    modes = factorize(suggest_padding(n, order), order)
+    return tuple(reversed(modes)) if descending else modes
+
+
+def check_modes(
+    modes: Sequence[int], features: int, name: str, allow_padding: bool = False
+) -> tuple[int, ...]:
+    """Validate user-given modes against a dimension; returns them as a tuple of ints.
+
+    The product must equal ``features`` (or, with ``allow_padding``, be at least ``features``).
+    """
+    if isinstance(modes, int) or not isinstance(modes, Sequence) or len(modes) == 0:
+        raise ValueError(f"{name} must be a non-empty sequence of positive ints, got {modes!r}")
+    modes = tuple(modes)
+    for m in modes:
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"{name} must contain positive ints, got {modes!r}")
+    product = math.prod(modes)
+    if allow_padding:
+        if product < features:
+            raise ValueError(f"prod({name}) = {product} must be >= {features}, got {name}={modes}")
+    elif product != features:
+        raise ValueError(
+            f"prod({name}) = {product} must equal {features}; got {name}={modes}. "
+            f"comera.factorize({features}, {len(modes)}) gives {factorize(features, len(modes))}"
+        )
+    return modes
+
+
+def max_ranks(bond_sizes: Sequence[int]) -> tuple[int, ...]:
+    """Largest useful rank of each inner bond of a train whose cores carry ``bond_sizes`` entries per slice.
+
+    For TT cores ``bond_sizes[k] = n_k``; for TTM cores ``m_k * n_k``. Bond ``k`` (between cores ``k`` and
+    ``k+1``) is bounded by ``min(prod(bond_sizes[:k+1]), prod(bond_sizes[k+1:]))``. Returns ``len - 1`` ints.
+    """
+    sizes = list(bond_sizes)
+    bounds = []
+    for k in range(1, len(sizes)):
+        bounds.append(min(math.prod(sizes[:k]), math.prod(sizes[k:])))
+    return tuple(bounds)
+
+
+def resolve_ranks(rank: int | Sequence[int], bond_sizes: Sequence[int]) -> tuple[int, ...]:
+    """Per-bond ranks from a user ``rank``, clipped to what the bond sizes allow.
+
+    Each bond is clipped to :func:`max_ranks` and to its neighbours (``r_k <= r_{k-1} c_k`` and
+    ``r_k <= c_{k+1} r_{k+1}``), so every core's unfoldings have full rank available, as TT-SVD needs.
+
+    ``rank`` is an int (the same maximum on every bond), a sequence with one entry per inner bond
+    (``len(bond_sizes) - 1``), or the full boundary-inclusive form ``(1, r_1, ..., r_{K-1}, 1)``.
+    """
+    bounds = max_ranks(bond_sizes)
+    if isinstance(rank, bool):
+        raise ValueError(f"rank must be a positive int or a sequence of positive ints, got {rank!r}")
+    if isinstance(rank, int):
+        if rank < 1:
+            raise ValueError(f"rank must be >= 1, got {rank}")
+        requested = (rank,) * len(bounds)
+    elif isinstance(rank, Sequence):
+        requested = tuple(rank)
+        if len(requested) == len(bounds) + 2 and len(bounds) + 2 > 2 and requested[0] == requested[-1] == 1:
+            requested = requested[1:-1]
+        if len(requested) != len(bounds):
+            raise ValueError(
+                f"rank must have {len(bounds)} entries (one per bond) or {len(bounds) + 2} with boundary 1s, "
+                f"got {len(requested)}: {rank!r}"
+            )
+        for r in requested:
+            if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+                raise ValueError(f"rank entries must be ints >= 1, got {rank!r}")
+    else:
+        raise ValueError(f"rank must be a positive int or a sequence of positive ints, got {rank!r}")
+    clipped = [min(r, b) for r, b in zip(requested, bounds)]
+    sizes = list(bond_sizes)
+    for k in range(len(clipped)):
+        clipped[k] = min(clipped[k], (clipped[k - 1] if k else 1) * sizes[k])
+    for k in reversed(range(len(clipped))):
+        clipped[k] = min(clipped[k], sizes[k + 1] * (clipped[k + 1] if k + 1 < len(clipped) else 1))
+    return tuple(clipped)
