@@ -43,7 +43,7 @@ def _best_factorization(n: int, order: int, smallest: int) -> tuple[int, ...] | 
     best: tuple[int, ...] | None = None
     best_key: tuple[int, int] | None = None
     f = smallest
-    while f ** order <= n:
+    while f**order <= n:
         if n % f == 0:
             rest = _best_factorization(n // f, order - 1, f)
             if rest is not None:
@@ -88,7 +88,7 @@ def suggest_padding(n: int, order: int, max_factor: int | None = None) -> int:
     _check_positive_int(n, "n")
     _check_positive_int(order, "order")
     limit = _balanced_limit(n, order) if max_factor is None else _check_positive_int(max_factor, "max_factor")
-    if limit ** order < n:
+    if limit**order < n:
         raise ValueError(f"max_factor must satisfy max_factor ** order >= n ({n}), got {limit}")
     candidate = n
     while factorize(candidate, order)[-1] > limit:
