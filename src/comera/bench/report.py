@@ -1,0 +1,68 @@
+"""Shared helpers of the benchmarks: timing medians, machine description, docs/benchmarks.md sections."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+__all__ = ["median_ms", "machine_description", "update_section"]
+
+
+def median_ms(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> float:
+    """Median wall time of ``fn()`` in milliseconds over ``repeats`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine_description() -> str:
+    """One line: CPU model, threads used, torch version and device."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return (
+        f"{_cpu_model()}, {torch.get_num_threads()} threads, {os.cpu_count()} logical CPUs, "
+        f"torch {torch.__version__}, Python {platform.python_version()}, {device}"
+    )
+
+
+def update_section(path: str | os.PathLike, name: str, body: str) -> None:
+    """Replace (or append) the section ``name`` of a markdown file, written atomically.
+
+    A section runs from ``<!-- bench:NAME:start -->`` to ``<!-- bench:NAME:end -->``; other sections are kept.
+    """
+    path = Path(path)
+    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+    block = f"{start}\n{body.rstrip()}\n{end}"
+    text = path.read_text() if path.exists() else "# Benchmarks\n\nNumbers produced by `make bench`.\n"
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        tail = rest.split(end, 1)[1]
+        text = head + block + tail
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
+        handle.write(text)
+        tmp_name = handle.name
+    os.replace(tmp_name, path)
