@@ -222,7 +222,13 @@ def ttm_order_costs(
 
 def choose_order(costs: dict[str, float]) -> str:
     """The order with the smallest estimated cost (ties broken by the order of :data:`ORDERS`)."""
-    return min((name for name in ORDERS if name in costs), key=lambda name: costs[name])
+    best = None
+    for name in ORDERS:
+        if name in costs and (best is None or costs[name] < costs[best]):
+            best = name
+    if best is None:
+        raise ValueError(f"costs must name at least one of {ORDERS}, got {sorted(costs)}")
+    return best
 
 
 def _check_order(order: str) -> None:
@@ -239,17 +245,18 @@ def _add_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 
 
 def _tt_sequential(x, cores, num_in_cores, out_features):
-    batch = x.shape[0]
-    state = x.reshape(batch, 1, -1)
+    batch, remaining = x.shape
+    state = x.reshape(batch, 1, remaining)
     for core in cores[:num_in_cores]:
         rank_in, size, rank_out = core.shape
-        state = state.reshape(batch, rank_in, size, -1)
-        state = torch.einsum("baiq,aic->bcq", state, core)
-    state = state.reshape(batch, 1, -1)
+        remaining //= size
+        state = torch.einsum("baiq,aic->bcq", state.reshape(batch, rank_in, size, remaining), core)
+    produced = 1
     for core in cores[num_in_cores:]:
         rank_in, size, rank_out = core.shape
-        state = (state.reshape(-1, rank_in) @ core.reshape(rank_in, -1)).reshape(batch, -1, rank_out)
-    return state.reshape(batch, -1)[:, :out_features]
+        state = state.reshape(batch * produced, rank_in) @ core.reshape(rank_in, size * rank_out)
+        produced *= size
+    return state.reshape(batch, produced)[:, :out_features]
 
 
 def tt_linear(
@@ -281,7 +288,7 @@ def tt_linear(
         right = merge_tt_right(cores[num_in_cores:])[:, :out_features]
         return low_rank_linear(x, left, right, bias)
     if order == "sequential":
-        padded = _pad_columns(x, math.prod(c.shape[1] for c in cores[:num_in_cores]))
+        padded = _pad_columns(x, math.prod([c.shape[1] for c in cores[:num_in_cores]]))
         return _add_bias(_tt_sequential(padded, cores, num_in_cores, out_features), bias)
     weight = merge_tt_left(cores[:num_in_cores])[:in_features] @ merge_tt_right(cores[num_in_cores:])
     weight = weight[:, :out_features]
@@ -289,15 +296,16 @@ def tt_linear(
 
 
 def _ttm_sequential(x, cores, out_features):
-    batch = x.shape[0]
-    state = x.reshape(batch, 1, 1, -1)
+    batch, remaining = x.shape
+    produced = 1
+    state = x.reshape(batch, 1, 1, remaining)
     for core in cores:
         rank_in, rows, cols, rank_out = core.shape
-        produced = state.shape[1]
-        state = state.reshape(batch, produced, rank_in, rows, -1)
+        remaining //= rows
+        state = state.reshape(batch, produced, rank_in, rows, remaining)
         state = torch.einsum("bpaiq,aijc->bpjcq", state, core)
-        state = state.reshape(batch, produced * cols, rank_out, -1)
-    return state.reshape(batch, -1)[:, :out_features]
+        produced *= cols
+    return state.reshape(batch, produced)[:, :out_features]
 
 
 def ttm_linear(
@@ -324,8 +332,8 @@ def ttm_linear(
     _check_order(order)
     if order == "merge" and len(cores) == 1:
         order = "dense"
-    rows = math.prod(c.shape[1] for c in cores)
-    cols = math.prod(c.shape[2] for c in cores)
+    rows = math.prod([c.shape[1] for c in cores])
+    cols = math.prod([c.shape[2] for c in cores])
     if order == "merge":
         split = len(cores) // 2 if split is None else split
         if not 1 <= split < len(cores):
