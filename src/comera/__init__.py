@@ -1,15 +1,32 @@
 """comera: train models directly in compressed tensor-train form, with ranks learned during training."""
 
+from comera.io import load_pretrained, register_model, save_pretrained
 from comera.nn import GatedTrain, TTLinear, TTMLinear
+from comera.rank import PruneResult, RankAdaptation, param_groups, prune_
+from comera.report import CompressionReport, compression_report
+from comera.tensorize import tensorize_, untensorize_
+from comera.tensorize_config import TensorizeConfig
 from comera.tt.shapes import auto_modes, factorize, suggest_padding
 from comera.version import __version__
 
 __all__ = [
+    "CompressionReport",
     "GatedTrain",
+    "PruneResult",
+    "RankAdaptation",
+    "TensorizeConfig",
     "TTLinear",
     "TTMLinear",
     "__version__",
     "auto_modes",
+    "compression_report",
     "factorize",
+    "load_pretrained",
+    "param_groups",
+    "prune_",
+    "register_model",
+    "save_pretrained",
     "suggest_padding",
+    "tensorize_",
+    "untensorize_",
 ]

@@ -1,0 +1,58 @@
+"""The three optimizer parameter groups of CoMERA: cores, gates, everything else (method.md section 4)."""
+
+from __future__ import annotations
+
+import math
+
+from torch import nn
+
+from comera.rank.size import gated_trains
+
+__all__ = ["param_groups"]
+
+
+def _check_rate(value: object, name: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def param_groups(
+    model: nn.Module, *, lr_cores: float, lr_gates: float, lr_other: float, weight_decay: float = 0.0
+) -> list[dict]:
+    """Parameter groups ``[cores, gates, other]`` for ``torch.optim.AdamW`` (each dict has a ``"name"``).
+
+    Cores and gates are those of every gated layer; "other" is every remaining trainable parameter (biases,
+    norms, dense layers). Shared parameters appear once. ``weight_decay`` applies to cores and other
+    parameters, never to gates: pulling gates toward zero is the rank objective's job. Empty groups are left
+    out. Paper values: ``lr_cores=1e-4, lr_gates=1e-3, lr_other=5e-5, weight_decay=0``.
+    """
+    rates = {
+        "cores": _check_rate(lr_cores, "lr_cores"),
+        "gates": _check_rate(lr_gates, "lr_gates"),
+        "other": _check_rate(lr_other, "lr_other"),
+    }
+    decay = _check_rate(weight_decay, "weight_decay")
+    seen: set[int] = set()
+    members: dict[str, list[nn.Parameter]] = {"cores": [], "gates": [], "other": []}
+
+    def add(group: str, params) -> None:
+        for param in params:
+            if param.requires_grad and id(param) not in seen:
+                seen.add(id(param))
+                members[group].append(param)
+
+    for _, train in gated_trains(model):
+        add("cores", train.cores)
+        add("gates", train.gates)
+    add("other", model.parameters())
+    return [
+        {"name": name, "params": params, "lr": rates[name], "weight_decay": 0.0 if name == "gates" else decay}
+        for name, params in members.items()
+        if params
+    ]

@@ -1,0 +1,190 @@
+"""Physical rank truncation: slice cores, gates and optimizer state down to the active ranks.
+
+For every gated layer with dead gate entries, :func:`prune_` keeps only the live rank slices of each bond.
+A layer with a fully dead bond is exactly zero and is replaced by a stand-in from :mod:`comera.rank.removed`.
+Layers without dead entries are left untouched.
+
+Parameters are shrunk in place (``param.data = ...``): the ``nn.Parameter`` objects stay the same, so the
+optimizer's ``param_groups``, tied modules and user references keep pointing at the right tensors; only the
+optimizer's per-parameter state is sliced.
+
+Gate folding (``fold_gates=True``, the default): the surviving gate values are multiplied into the core on
+their left and the gates reset to 1, which leaves the function unchanged. Optimizer state is then mapped
+through this change of variables so that the recorded gradient history means the same in the new
+coordinates: with ``G' = G diag(g)`` and ``g' = 1`` the gradients become ``dL/dG' = dL/dG / g`` and
+``dL/dg' = g dL/dg``, so first moments (``exp_avg``, ``momentum_buffer``, ...) are scaled by ``1/g`` on the
+core's right-rank axis and by ``g`` on the gate, second moments (state names containing ``sq``, ``square`` or
+``sum``) by the squares. Adam's normalised update direction is invariant to this scaling, so the next steps
+move every coordinate the same way they would have; ``step`` counters are kept. With ``fold_gates=False``
+the gate values are kept as they are and AdamW continues exactly as if nothing had been sliced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from comera.nn.gated import GatedTrain
+from comera.rank.removed import RemovedEmbedding, RemovedLayer, RemovedLinear
+from comera.rank.size import gated_trains
+from comera.tensorize import set_submodule, unwrap_model
+
+__all__ = ["PrunedLayer", "PruneResult", "prune_"]
+
+_SQUARED_STATE_MARKERS = ("sq", "square", "sum")
+
+
+@dataclass(frozen=True)
+class PrunedLayer:
+    """One layer changed by :func:`prune_`: its stored ranks before and after (``()`` after = removed)."""
+
+    name: str
+    ranks_before: tuple[int, ...]
+    ranks_after: tuple[int, ...]
+    removed: bool
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What :func:`prune_` changed, and stored core entries of all gated layers before and after."""
+
+    layers: tuple[PrunedLayer, ...]
+    stored_before: int
+    stored_after: int
+
+    @property
+    def removed(self) -> tuple[str, ...]:
+        """Names of the layers replaced because a bond was dead."""
+        return tuple(layer.name for layer in self.layers if layer.removed)
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything was sliced or removed."""
+        return bool(self.layers)
+
+
+def _stored(train: GatedTrain) -> int:
+    return sum(core.numel() for core in train.cores)
+
+
+def _is_squared(state_name: str) -> bool:
+    return any(marker in state_name for marker in _SQUARED_STATE_MARKERS)
+
+
+def _transform_state(
+    optimizer: torch.optim.Optimizer | None,
+    param: nn.Parameter,
+    slicer,
+    scale: torch.Tensor | None,
+) -> None:
+    """Slice the optimizer state of ``param``; multiply it by ``scale`` (squared for second moments)."""
+    if optimizer is None or param not in optimizer.state:
+        return
+    state = optimizer.state[param]
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor) or value.shape != param.shape:
+            continue
+        sliced = slicer(value)
+        if scale is not None:
+            sliced = sliced * (scale.square() if _is_squared(key) else scale).to(sliced.dtype)
+        state[key] = sliced.contiguous()
+
+
+def _replace_data(param: nn.Parameter, value: torch.Tensor) -> None:
+    param.data = value.contiguous()
+    param.grad = None
+
+
+def _shrink(train: GatedTrain, keep: list[torch.Tensor], optimizer, fold_gates: bool) -> None:
+    cores, gates = list(train.cores), list(train.gates)
+    kept_gates = [gate.detach()[index] for gate, index in zip(gates, keep)]
+    with torch.no_grad():
+        for k, core in enumerate(cores):
+            left = keep[k - 1] if k > 0 else None
+            right = keep[k] if k < len(gates) else None
+
+            def slicer(tensor, left=left, right=right):
+                if left is not None:
+                    tensor = tensor.index_select(0, left)
+                if right is not None:
+                    tensor = tensor.index_select(tensor.dim() - 1, right)
+                return tensor
+
+            fold = kept_gates[k] if fold_gates and right is not None else None
+            _transform_state(optimizer, core, slicer, None if fold is None else 1.0 / fold)
+            new_core = slicer(core.detach())
+            _replace_data(core, new_core if fold is None else new_core * fold)
+        for gate, index, kept in zip(gates, keep, kept_gates):
+            _transform_state(
+                optimizer, gate, lambda tensor, index=index: tensor[index], kept if fold_gates else None
+            )
+            _replace_data(gate, torch.ones_like(kept) if fold_gates else kept)
+
+
+def _stand_in(train: GatedTrain) -> RemovedLayer:
+    like = train.cores[0]
+    if hasattr(train, "in_features") and hasattr(train, "out_features"):
+        removed = RemovedLinear(
+            train.in_features, train.out_features, bias=False, device=like.device, dtype=like.dtype
+        )
+        if getattr(train, "bias", None) is not None:
+            removed.bias = train.bias
+        return removed
+    if hasattr(train, "num_embeddings") and hasattr(train, "embedding_dim"):
+        return RemovedEmbedding(
+            train.num_embeddings, train.embedding_dim, device=like.device, dtype=like.dtype
+        )
+    raise TypeError(f"cannot remove a {type(train).__name__}: no stand-in for this layer type")
+
+
+def _forget(optimizer: torch.optim.Optimizer | None, params: list[nn.Parameter]) -> None:
+    if optimizer is None:
+        return
+    dropped = {id(param) for param in params}
+    for group in optimizer.param_groups:
+        group["params"] = [param for param in group["params"] if id(param) not in dropped]
+    for param in params:
+        optimizer.state.pop(param, None)
+
+
+def prune_(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, fold_gates: bool = True
+) -> PruneResult:
+    """Shrink every gated layer of ``model`` to its active ranks, in place; the function is unchanged.
+
+    Args:
+        model: the model (``torch.compile`` / DDP wrappers are looked through).
+        optimizer: if given, its per-parameter state is sliced to match (see the module docstring), and the
+            parameters of removed layers are dropped from it; parameter objects are kept.
+        fold_gates: fold the surviving gate values into the cores and reset the gates to 1 (default), or
+            keep the gate values.
+
+    Returns:
+        A :class:`PruneResult` listing the layers sliced or removed.
+    """
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
+    root = unwrap_model(model)
+    changed: list[PrunedLayer] = []
+    before = after = 0
+    for name, train in gated_trains(root):
+        stored = _stored(train)
+        before += stored
+        keep = [(gate.detach().abs() > train.tau).nonzero().flatten() for gate in train.gates]
+        ranks_before = train.max_ranks
+        if any(index.numel() == 0 for index in keep):
+            stand_in = _stand_in(train)
+            kept = {id(param) for param in stand_in.parameters()}
+            _forget(optimizer, [param for param in train.parameters() if id(param) not in kept])
+            set_submodule(root, name, stand_in)
+            changed.append(PrunedLayer(name, ranks_before, (), True))
+            continue
+        if all(index.numel() == rank for index, rank in zip(keep, ranks_before)):
+            after += stored
+            continue
+        _shrink(train, keep, optimizer, fold_gates)
+        after += _stored(train)
+        changed.append(PrunedLayer(name, ranks_before, train.max_ranks, False))
+    return PruneResult(tuple(changed), before, after)

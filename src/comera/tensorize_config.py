@@ -1,0 +1,213 @@
+"""``TensorizeConfig``: which modules of a model :func:`comera.tensorize_` converts, and how.
+
+Target grammar (as in PEFT):
+
+- a string is a regular expression that must match a module's full dotted name (``re.fullmatch``);
+  ``"all-linear"`` means every ``nn.Linear`` except an output head (a head tied to an embedding, or the one a
+  Hugging Face model reports from ``get_output_embeddings()``);
+- a list of strings matches a module whose name equals an entry or ends with ``"." + entry``.
+
+``rank_pattern`` and ``shape_pattern`` keys match a module when the key, as a regular expression, matches the
+full name or a dotted suffix of it; the first matching key wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from comera.nn.gated import DEFAULT_TAU, check_tau
+
+__all__ = [
+    "TensorizeConfig",
+    "ALL_LINEAR",
+    "FORMATS",
+    "INITS",
+    "SHAPE_KEYS",
+    "pattern_matches",
+    "first_matching_key",
+    "selector_matches",
+]
+
+ALL_LINEAR = "all-linear"
+FORMATS = ("tt", "ttm")
+INITS = ("random", "tt_svd")
+SHAPE_KEYS = ("in_shape", "out_shape", "row_shape", "col_shape")
+
+
+def _as_selector(value: object, name: str, allow_none: bool) -> str | tuple[str, ...] | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, str):
+        if value != ALL_LINEAR:
+            _compile(value, name)
+        return value
+    if isinstance(value, Sequence) and value and all(isinstance(entry, str) and entry for entry in value):
+        return tuple(value)
+    expected = "a regex string, 'all-linear', or a non-empty list of module names"
+    raise ValueError(f"{name} must be {expected}{' or None' if allow_none else ''}, got {value!r}")
+
+
+def _compile(pattern: str, name: str) -> re.Pattern:
+    try:
+        return re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"{name}: {pattern!r} is not a valid regular expression ({error})") from None
+
+
+def _as_rank(value: object, name: str) -> int | tuple[int, ...]:
+    if not isinstance(value, bool) and isinstance(value, int) and value >= 1:
+        return value
+    if (
+        isinstance(value, Sequence)
+        and not isinstance(value, str)
+        and value
+        and all(not isinstance(r, bool) and isinstance(r, int) and r >= 1 for r in value)
+    ):
+        return tuple(value)
+    raise ValueError(
+        f"{name} must be an int >= 1 or a non-empty list of ints >= 1 (one per bond), got {value!r}"
+    )
+
+
+def _as_shape(value: object, name: str) -> tuple[int, ...]:
+    if (
+        isinstance(value, Sequence)
+        and not isinstance(value, str)
+        and value
+        and all(not isinstance(m, bool) and isinstance(m, int) and m >= 1 for m in value)
+    ):
+        return tuple(value)
+    raise ValueError(f"{name} must be a non-empty list of ints >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TensorizeConfig:
+    """What :func:`comera.tensorize_` converts and how (frozen; JSON via ``to_dict`` / ``from_dict``).
+
+    Attributes:
+        target_modules: linears (or embeddings) to convert: regex fullmatch, list of names / dotted suffixes,
+            or ``"all-linear"``.
+        exclude_modules: modules never converted, same grammar (no ``"all-linear"``); None for none.
+        format: ``"tt"`` or ``"ttm"`` for linear layers (embeddings are always TTM).
+        rank: max rank per bond for every converted layer (int or one int per bond).
+        rank_pattern: ``{key: rank}`` overriding ``rank`` for matching modules.
+        shape_pattern: ``{key: {"in_shape": [...], "out_shape": [...]}}`` for linears, ``row_shape`` /
+            ``col_shape`` for embeddings; unspecified shapes are chosen automatically.
+        embeddings: also convert ``nn.Embedding`` / ``nn.EmbeddingBag`` modules: True for all, False for
+            none, or a target (regex / list) selecting which.
+        init: ``"random"`` (fresh Gaussian cores, the paper's from-scratch setting; biases are kept) or
+            ``"tt_svd"`` (truncated TT-SVD of the current weights).
+        tau: gate threshold of the new layers.
+        tie_output_head: keep a linear head that shares its weight with a converted embedding tied to it (a
+            ``TTMTiedHead``); when False such a head stays dense and becomes untied.
+    """
+
+    target_modules: str | tuple[str, ...] = ALL_LINEAR
+    exclude_modules: str | tuple[str, ...] | None = None
+    format: str = "tt"
+    rank: int | tuple[int, ...] = 16
+    rank_pattern: Mapping[str, int | tuple[int, ...]] = field(default_factory=dict)
+    shape_pattern: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
+    embeddings: bool | str | tuple[str, ...] = False
+    init: str = "random"
+    tau: float = DEFAULT_TAU
+    tie_output_head: bool = True
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        put("target_modules", _as_selector(self.target_modules, "target_modules", allow_none=False))
+        put("exclude_modules", _as_selector(self.exclude_modules, "exclude_modules", allow_none=True))
+        if self.exclude_modules == ALL_LINEAR:
+            raise ValueError("exclude_modules cannot be 'all-linear'")
+        if self.format not in FORMATS:
+            raise ValueError(f"format must be one of {FORMATS}, got {self.format!r}")
+        put("rank", _as_rank(self.rank, "rank"))
+        if not isinstance(self.rank_pattern, Mapping):
+            raise ValueError(f"rank_pattern must be a mapping {{pattern: rank}}, got {self.rank_pattern!r}")
+        ranks = {}
+        for key, rank in self.rank_pattern.items():
+            _compile(key, "rank_pattern")
+            ranks[key] = _as_rank(rank, f"rank_pattern[{key!r}]")
+        put("rank_pattern", ranks)
+        if not isinstance(self.shape_pattern, Mapping):
+            raise ValueError(
+                f"shape_pattern must be a mapping {{pattern: {{key: modes}}}}, got {self.shape_pattern!r}"
+            )
+        shapes = {}
+        for key, spec in self.shape_pattern.items():
+            _compile(key, "shape_pattern")
+            if not isinstance(spec, Mapping) or not spec or not set(spec) <= set(SHAPE_KEYS):
+                raise ValueError(
+                    f"shape_pattern[{key!r}] must be a mapping with keys among {SHAPE_KEYS}, got {spec!r}"
+                )
+            shapes[key] = {k: _as_shape(v, f"shape_pattern[{key!r}][{k!r}]") for k, v in spec.items()}
+        put("shape_pattern", shapes)
+        if not isinstance(self.embeddings, bool):
+            put("embeddings", _as_selector(self.embeddings, "embeddings", allow_none=False))
+            if self.embeddings == ALL_LINEAR:
+                raise ValueError("embeddings must be a bool, a regex or a list of names, not 'all-linear'")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        put("tau", check_tau(self.tau))
+        if not isinstance(self.tie_output_head, bool):
+            raise ValueError(f"tie_output_head must be a bool, got {self.tie_output_head!r}")
+
+    def with_overrides(self, **overrides: Any) -> TensorizeConfig:
+        """A copy with some fields replaced; unknown names raise ``ValueError`` listing the valid ones."""
+        valid = [f.name for f in dataclasses.fields(self)]
+        unknown = sorted(set(overrides) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown TensorizeConfig field(s) {unknown}; valid fields are {valid}")
+        return dataclasses.replace(self, **overrides)
+
+    def rank_for(self, name: str) -> int | tuple[int, ...]:
+        """The rank of module ``name``: the first matching ``rank_pattern`` entry, else ``rank``."""
+        key = first_matching_key(self.rank_pattern, name)
+        return self.rank if key is None else self.rank_pattern[key]
+
+    def shapes_for(self, name: str) -> Mapping[str, tuple[int, ...]]:
+        """The explicit shapes of module ``name`` from ``shape_pattern`` (empty when none matches)."""
+        key = first_matching_key(self.shape_pattern, name)
+        return {} if key is None else self.shape_pattern[key]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible fields (tuples become lists)."""
+
+        def plain(value: Any) -> Any:
+            if isinstance(value, tuple):
+                return [plain(v) for v in value]
+            if isinstance(value, Mapping):
+                return {k: plain(v) for k, v in value.items()}
+            return value
+
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TensorizeConfig:
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError``."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a TensorizeConfig must be read from a mapping, got {type(data).__name__}")
+        return cls().with_overrides(**dict(data))
+
+
+def pattern_matches(key: str, name: str) -> bool:
+    """Whether pattern ``key`` matches module ``name`` in full or as a dotted suffix."""
+    return re.fullmatch(key, name) is not None or re.fullmatch(rf"(?:.*\.)?(?:{key})", name) is not None
+
+
+def first_matching_key(patterns: Mapping[str, Any], name: str) -> str | None:
+    """The first key of ``patterns`` that matches ``name``, or None."""
+    return next((key for key in patterns if pattern_matches(key, name)), None)
+
+
+def selector_matches(selector: str | tuple[str, ...], name: str) -> bool:
+    """Whether a target selector (regex string, or list of names / dotted suffixes) selects ``name``."""
+    if isinstance(selector, str):
+        return re.fullmatch(selector, name) is not None
+    return any(name == entry or name.endswith("." + entry) for entry in selector)
