@@ -1,0 +1,144 @@
+"""Training checkpoints: atomic files that ``torch.load(weights_only=True)`` reads, and their RNG states.
+
+A checkpoint is a dict of tensors and plain Python values only (no pickled objects):
+``{"format", "format_version", "library_version", "model", "structure", "optimizer", "rank_adaptation",
+"progress", "rng", "config"}``. Files are named ``step-XXXXXXXX.pt``; writing goes to a temporary file in the
+same folder, is flushed and fsynced, then renamed over the final name, and the folder is fsynced, so a crash
+leaves either the old set of checkpoints or the new one, never a torn file.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CHECKPOINT_VERSION",
+    "checkpoint_path",
+    "list_checkpoints",
+    "latest_checkpoint",
+    "save_checkpoint",
+    "load_checkpoint",
+    "capture_rng",
+    "restore_rng",
+]
+
+CHECKPOINT_FORMAT = "comera-train-checkpoint"
+CHECKPOINT_VERSION = 1
+_NAME = re.compile(r"step-(\d{8,})\.pt")
+
+
+def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
+    """The file name of the checkpoint taken after ``step`` steps."""
+    return Path(directory) / f"step-{step:08d}.pt"
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every checkpoint in ``directory``, oldest first (empty if there is no folder)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = []
+    for path in directory.iterdir():
+        match = _NAME.fullmatch(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
+    """The checkpoint with the highest step in ``directory``, or None."""
+    found = list_checkpoints(directory)
+    return found[-1][1] if found else None
+
+
+def _fsync_directory(directory: Path) -> None:
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``payload`` to ``path`` atomically (temporary file, fsync, ``os.replace``, folder fsync)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(payload, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a checkpoint with ``torch.load(weights_only=True)`` onto the CPU and check its format."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: checkpoint file not found")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(f"{path}: not a readable checkpoint, truncated or corrupt ({error})") from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path}: not a comera training checkpoint (missing format {CHECKPOINT_FORMAT!r})")
+    if payload.get("format_version", 0) > CHECKPOINT_VERSION:
+        raise ValueError(
+            f"{path}: key 'format_version' is {payload['format_version']!r}; this comera reads versions "
+            f"up to "
+            f"{CHECKPOINT_VERSION}"
+        )
+    return payload
+
+
+def capture_rng() -> dict[str, Any]:
+    """The states of torch (CPU and every CUDA device), ``random`` and numpy, as tensors and plain values."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Inverse of :func:`capture_rng`."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    saved = state["numpy"]
+    np.random.set_state(
+        (
+            saved["kind"],
+            saved["keys"].numpy().astype(np.uint32),
+            saved["position"],
+            saved["has_gauss"],
+            saved["cached_gaussian"],
+        )
+    )
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,182 @@
+"""``TrainConfig``: every setting of a CoMERA training run, checked on construction (method.md sections 4, 7).
+
+A run has an early stage (weighted sum of task loss and size surrogate) and, when ``late > 0``, a late stage
+(achievement scalarisation toward ``target_ratio`` of the size reached at the end of the early stage). Stage
+lengths count epochs or optimizer steps (``unit``). Intervals (``log_every``, ``eval_every``,
+``checkpoint_every``) always count steps; ``None`` for eval and checkpoints means "at the end of every epoch".
+Every run also evaluates and checkpoints at its last step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from comera.rank.surrogate import SURROGATES
+
+__all__ = ["TrainConfig", "PRUNE_POINTS", "UNITS"]
+
+UNITS = ("epoch", "step")
+PRUNE_POINTS = ("early_end", "late_epoch", "epoch", "end")
+"""Where :func:`comera.prune_` runs: end of the early stage, end of every late-stage epoch, end of every
+epoch, end of training. An empty tuple never prunes."""
+
+
+def _int(value: object, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def _optional_int(value: object, name: str, low: int) -> int | None:
+    return None if value is None else _int(value, name, low)
+
+
+def _number(value: object, name: str, low: float, high: float = math.inf, open_low: bool = False) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if ok:
+        ok = (value > low if open_low else value >= low) and value <= high
+    if not ok:
+        bound = f"({low}" if open_low else f"[{low}"
+        raise ValueError(f"{name} must be a finite number in {bound}, {high}], got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Settings of :class:`comera.train.Trainer`; paper values where the paper gives them.
+
+    Stages:
+        early: length of the early stage (>= 0) in ``unit``s. Paper: 20 epochs.
+        late: length of the late stage (>= 0); 0 skips it. Paper: 10 epochs.
+        unit: ``"epoch"`` or ``"step"``.
+        gamma, tau, surrogate: early-stage size weight, gate threshold and size surrogate
+            (see :class:`comera.RankAdaptation`).
+        target_ratio: late-stage size target as a fraction of the size at the end of the early stage, (0, 1].
+        target_loss: late-stage loss target ``L*``; None = 1.05 x the smoothed loss at the stage switch.
+        rho: late-stage augmentation weights ``(rho_loss, rho_size)``.
+        ema: decay of the loss moving average used by the late-stage switch, [0, 1).
+        prune_at: subset of :data:`PRUNE_POINTS`; empty never prunes.
+
+    Optimisation (default optimizer: AdamW on :func:`comera.param_groups`):
+        lr_cores, lr_gates, lr_other, weight_decay: the three groups' learning rates and decay.
+        grad_clip: clip the total gradient norm to this value (> 0); None = no clipping.
+
+    Data (used when the training data is a map-style dataset; iterables bring their own batching):
+        batch_size, shuffle, drop_last: as ``torch.utils.data.DataLoader``.
+
+    Bookkeeping:
+        seed: seeds torch, ``random`` and numpy at the start of a fresh run, and the data order.
+        log_every: steps between metric records and progress-bar updates.
+        eval_every: steps between evaluations; None = every epoch end.
+        run_dir: folder for ``metrics.jsonl`` and plots; None = no files.
+        checkpoint_dir: folder for checkpoints; None = ``run_dir/checkpoints`` (or none without run_dir).
+        checkpoint_every: steps between checkpoints; None = every epoch end.
+        keep_checkpoints: how many recent checkpoints to keep (>= 1).
+        max_nonfinite: consecutive non-finite steps (skipped) before rolling back to the last checkpoint.
+        max_rollbacks: rollbacks allowed before giving up with ``NonFiniteError``.
+        progress: show a tqdm progress bar; None = only when stderr is a terminal.
+        plot: write the PNG plots into ``run_dir`` at the end of :meth:`Trainer.fit`.
+        compile: wrap the training step in ``torch.compile``; ``compile_backend`` picks the backend.
+    """
+
+    early: int = 1
+    late: int = 0
+    unit: str = "epoch"
+    gamma: float = 0.01
+    tau: float = 1e-2
+    surrogate: str = "size"
+    target_ratio: float = 0.5
+    target_loss: float | None = None
+    rho: tuple[float, float] = (0.1, 0.01)
+    ema: float = 0.98
+    prune_at: tuple[str, ...] = ("early_end", "late_epoch")
+    lr_cores: float = 1e-4
+    lr_gates: float = 1e-3
+    lr_other: float = 5e-5
+    weight_decay: float = 0.0
+    grad_clip: float | None = None
+    batch_size: int = 32
+    shuffle: bool = True
+    drop_last: bool = False
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int | None = None
+    run_dir: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    keep_checkpoints: int = 2
+    max_nonfinite: int = 3
+    max_rollbacks: int = 2
+    progress: bool | None = None
+    plot: bool = True
+    compile: bool = False
+    compile_backend: str = "inductor"
+
+    def __post_init__(self) -> None:
+        _int(self.early, "early", 0)
+        _int(self.late, "late", 0)
+        if self.early + self.late == 0:
+            raise ValueError("early + late must be >= 1: the run has no steps")
+        if self.unit not in UNITS:
+            raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
+        _number(self.gamma, "gamma", 0.0)
+        _number(self.tau, "tau", 0.0)
+        if self.surrogate not in SURROGATES:
+            raise ValueError(f"surrogate must be one of {SURROGATES}, got {self.surrogate!r}")
+        _number(self.target_ratio, "target_ratio", 0.0, 1.0, open_low=True)
+        if self.target_loss is not None:
+            _number(self.target_loss, "target_loss", 0.0, open_low=True)
+        elif self.late > 0 and self.early == 0:
+            raise ValueError(
+                "target_loss is required when early == 0 and late > 0 (no loss to derive it from)"
+            )
+        if not isinstance(self.rho, (tuple, list)) or len(self.rho) != 2:
+            raise ValueError(f"rho must be a pair (rho_loss, rho_size) of numbers >= 0, got {self.rho!r}")
+        for value in self.rho:
+            _number(value, "rho", 0.0)
+        object.__setattr__(self, "rho", tuple(float(value) for value in self.rho))
+        _number(self.ema, "ema", 0.0, 1.0)
+        if self.ema >= 1.0:
+            raise ValueError(f"ema must be a finite number in [0, 1), got {self.ema!r}")
+        if isinstance(self.prune_at, str) or not all(point in PRUNE_POINTS for point in self.prune_at):
+            raise ValueError(f"prune_at must be a tuple of values from {PRUNE_POINTS}, got {self.prune_at!r}")
+        object.__setattr__(self, "prune_at", tuple(self.prune_at))
+        for name in ("lr_cores", "lr_gates", "lr_other", "weight_decay"):
+            _number(getattr(self, name), name, 0.0)
+        if self.grad_clip is not None:
+            _number(self.grad_clip, "grad_clip", 0.0, open_low=True)
+        _int(self.batch_size, "batch_size", 1)
+        _int(self.seed, "seed", 0)
+        _int(self.log_every, "log_every", 1)
+        _optional_int(self.eval_every, "eval_every", 1)
+        _optional_int(self.checkpoint_every, "checkpoint_every", 1)
+        _int(self.keep_checkpoints, "keep_checkpoints", 1)
+        _int(self.max_nonfinite, "max_nonfinite", 1)
+        _int(self.max_rollbacks, "max_rollbacks", 0)
+        for name in ("run_dir", "checkpoint_dir"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be a str path or None, got {value!r}")
+        if not isinstance(self.compile_backend, str) or not self.compile_backend:
+            raise ValueError(
+                f"compile_backend must be a torch.compile backend name, got {self.compile_backend!r}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form (lists for tuples), storable in a ``weights_only`` checkpoint or JSON."""
+        return {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in dataclasses.asdict(self).items()
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError``."""
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig keys {unknown}; valid keys: {sorted(known)}")
+        return cls(**{key: tuple(v) if isinstance(v, list) else v for key, v in values.items()})

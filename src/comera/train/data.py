@@ -1,0 +1,116 @@
+"""Batches of one epoch in a reproducible order, starting at any position (for exact resume).
+
+Two kinds of training data are accepted:
+
+- a map-style dataset (``__len__`` and ``__getitem__``, e.g. ``TensorDataset``): batched here, shuffled with a
+  generator seeded from ``(seed, epoch)``; resuming at batch ``b`` slices the index order, loading nothing.
+- any other re-iterable of batches (a ``DataLoader``, a list): iterated once per epoch with the global torch
+  RNG temporarily seeded from ``(seed, epoch)`` while the iterator starts, so a shuffling ``DataLoader``
+  gives the same order on every run; resuming at batch ``b`` skips ``b`` batches.
+
+Data loading must not draw from the global RNG after that (augmentation should use its own generator),
+or a resumed run draws different numbers than an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, default_collate
+
+__all__ = ["EpochData", "epoch_seed"]
+
+_PRIME = 1_000_003
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of epoch ``epoch``'s data order."""
+    return (seed * _PRIME + epoch) % (2**63 - 1)
+
+
+def _is_map_dataset(data: object) -> bool:
+    return (
+        hasattr(data, "__len__")
+        and hasattr(data, "__getitem__")
+        and not isinstance(data, (IterableDataset, list, tuple))
+        and not isinstance(data, torch.utils.data.DataLoader)
+    )
+
+
+class EpochData:
+    """Yields the batches of an epoch from position ``start``; see the module docstring.
+
+    Args:
+        data: a map-style dataset or a re-iterable of batches.
+        batch_size, shuffle, drop_last: batching of a map-style dataset (ignored for iterables).
+        seed: base seed of the data order.
+        collate_fn: turns a list of samples into a batch (default ``torch.utils.data.default_collate``).
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        *,
+        batch_size: int,
+        shuffle: bool,
+        drop_last: bool,
+        seed: int,
+        collate_fn: Callable[[list], Any] | None = None,
+    ) -> None:
+        self.data = data
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.seed = seed
+        self.collate_fn = collate_fn or default_collate
+        self.is_dataset = _is_map_dataset(data)
+        if not self.is_dataset and not isinstance(data, Iterable):
+            raise TypeError(
+                f"data must be a map-style dataset or an iterable of batches, got {type(data).__name__}"
+            )
+
+    def __len__(self) -> int:
+        """Batches per epoch; ``TypeError`` for an iterable without ``len``."""
+        if self.is_dataset:
+            count = len(self.data)
+            return count // self.batch_size if self.drop_last else -(-count // self.batch_size)
+        return len(self.data)
+
+    def has_length(self) -> bool:
+        """Whether :meth:`__len__` is known."""
+        try:
+            len(self)
+        except TypeError:
+            return False
+        return True
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[Any]:
+        """The batches of ``epoch``, skipping the first ``start``."""
+        if self.is_dataset:
+            return self._dataset_epoch(epoch, start)
+        return self._iterable_epoch(epoch, start)
+
+    def _dataset_epoch(self, epoch: int, start: int) -> Iterator[Any]:
+        count = len(self.data)
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
+            order = torch.randperm(count, generator=generator).tolist()
+        else:
+            order = list(range(count))
+        for batch in range(start, len(self)):
+            indices = order[batch * self.batch_size : (batch + 1) * self.batch_size]
+            yield self.collate_fn([self.data[index] for index in indices])
+
+    def _iterable_epoch(self, epoch: int, start: int) -> Iterator[Any]:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(epoch_seed(self.seed, epoch))
+            iterator = iter(self.data)
+            first = list(islice(iterator, 1))
+        if start == 0:
+            yield from first
+        else:
+            next(islice(iterator, start - 1, start - 1), None)
+        yield from iterator

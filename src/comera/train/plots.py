@@ -1,0 +1,128 @@
+"""PNG plots of a run folder's ``metrics.jsonl`` (needs matplotlib, the ``bench`` extra; Agg backend).
+
+:func:`plot_run` writes into ``RUN_DIR/plots``:
+
+- ``loss.png``: training loss, and each evaluation metric, against the step;
+- ``ratio.png``: compression ratio (active size over initial size) against the step;
+- ``ranks.png``: heat map of every layer's bond ranks (rows) over the logged steps (columns).
+
+Stage switches and prunes from the event records are drawn as vertical lines.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from comera.train.metrics import read_metrics
+
+__all__ = ["plot_run", "rank_history"]
+
+
+def rank_history(records: list[dict[str, Any]]) -> tuple[list[str], list[int], np.ndarray]:
+    """Rows ``"layer[bond]"``, the logged steps, and the ``(rows, steps)`` matrix of active ranks.
+
+    A layer or bond missing from a record (a removed layer) counts as rank 0 there.
+    """
+    train = [record for record in records if record.get("kind") == "train"]
+    labels: list[str] = []
+    for record in train:
+        for name, ranks in record["ranks"].items():
+            for bond in range(len(ranks)):
+                label = f"{name}[{bond}]"
+                if label not in labels:
+                    labels.append(label)
+    matrix = np.zeros((len(labels), len(train)), dtype=np.int64)
+    row = {label: index for index, label in enumerate(labels)}
+    for column, record in enumerate(train):
+        for name, ranks in record["ranks"].items():
+            for bond, rank in enumerate(ranks):
+                matrix[row[f"{name}[{bond}]"], column] = rank
+    return labels, [record["step"] for record in train], matrix
+
+
+def _events(axes, records: list[dict[str, Any]]) -> None:
+    styles = {"late_stage": ("tab:red", "late stage"), "prune": ("tab:gray", "prune")}
+    shown: set[str] = set()
+    for record in records:
+        style = styles.get(record.get("event"))
+        if record.get("kind") != "event" or style is None:
+            continue
+        color, label = style
+        axes.axvline(
+            record["step"],
+            color=color,
+            linestyle="--",
+            linewidth=0.8,
+            label=None if label in shown else label,
+        )
+        shown.add(label)
+
+
+def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
+    """Write ``loss.png``, ``ratio.png`` and ``ranks.png`` for the run in ``run_dir``; returns their paths.
+
+    Args:
+        run_dir: folder holding ``metrics.jsonl``.
+        out_dir: where to write; default ``run_dir/plots``.
+
+    Raises:
+        FileNotFoundError: no ``metrics.jsonl``. ValueError: it holds no training record.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    train = [record for record in records if record.get("kind") == "train"]
+    if not train:
+        raise ValueError(f"{run_dir}: metrics.jsonl holds no training record to plot")
+    evals = [record for record in records if record.get("kind") == "eval"]
+    out = Path(out_dir) if out_dir is not None else run_dir / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    steps = [record["step"] for record in train]
+    written = []
+
+    figure, axes = plt.subplots(1, 2 if evals else 1, figsize=(11 if evals else 6, 4), squeeze=False)
+    axes[0, 0].plot(steps, [record["loss"] for record in train], label="train loss")
+    axes[0, 0].set(xlabel="step", ylabel="task loss", title="training loss")
+    _events(axes[0, 0], records)
+    axes[0, 0].legend()
+    if evals:
+        names = sorted({name for record in evals for name in record["metrics"]})
+        for name in names:
+            points = [(r["step"], r["metrics"][name]) for r in evals if name in r["metrics"]]
+            axes[0, 1].plot(*zip(*points), marker="o", label=name)
+        axes[0, 1].set(xlabel="step", title="evaluation")
+        _events(axes[0, 1], records)
+        axes[0, 1].legend()
+    written.append(_save(figure, out / "loss.png", plt))
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    axis.plot(steps, [record["ratio"] for record in train])
+    axis.set(xlabel="step", ylabel="size / initial size", title="compression ratio", ylim=(0, None))
+    _events(axis, records)
+    written.append(_save(figure, out / "ratio.png", plt))
+
+    labels, rank_steps, matrix = rank_history(records)
+    figure, axis = plt.subplots(figsize=(8, max(3.0, 0.25 * len(labels) + 1.5)))
+    image = axis.imshow(matrix, aspect="auto", interpolation="nearest", cmap="viridis")
+    axis.set_yticks(range(len(labels)), labels, fontsize=7)
+    ticks = np.linspace(0, len(rank_steps) - 1, min(len(rank_steps), 8)).round().astype(int)
+    axis.set_xticks(ticks, [str(rank_steps[i]) for i in ticks])
+    axis.set(xlabel="step", title="active rank per layer bond")
+    figure.colorbar(image, ax=axis, label="rank")
+    written.append(_save(figure, out / "ranks.png", plt))
+    return written
+
+
+def _save(figure, path: Path, plt) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

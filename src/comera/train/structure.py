@@ -1,0 +1,62 @@
+"""Record which ranks a model has been pruned to, and bring a freshly built model to the same shapes.
+
+After :func:`comera.prune_` the cores are smaller than the model's constructor makes them, and layers with a
+dead bond are replaced by stand-ins. A checkpoint therefore records, per gated layer, its stored ranks (or
+that it was removed). To resume, :func:`apply_structure` marks the same number of gate entries live in each
+bond of the fresh model (the first ones), kills the rest, and calls :func:`comera.prune_`: shapes then match
+the checkpoint, and loading the state dict overwrites every value.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from comera.rank.prune import prune_
+from comera.rank.removed import RemovedLayer
+from comera.rank.size import gated_trains
+
+__all__ = ["model_structure", "apply_structure"]
+
+
+def model_structure(module: nn.Module) -> dict[str, dict]:
+    """``{layer name: {"ranks": [...], "removed": bool}}`` for every gated or removed layer of ``module``."""
+    structure = {
+        name: {"ranks": list(train.max_ranks), "removed": False} for name, train in gated_trains(module)
+    }
+    for name, layer in module.named_modules():
+        if isinstance(layer, RemovedLayer):
+            structure[name] = {"ranks": [], "removed": True}
+    return structure
+
+
+def apply_structure(
+    module: nn.Module, structure: dict[str, dict], optimizer: torch.optim.Optimizer | None = None
+) -> None:
+    """Prune ``module`` (and ``optimizer``'s references) to the ranks recorded in ``structure``.
+
+    Raises:
+        ValueError: a recorded layer is missing from ``module``, or records more rank than the layer holds.
+    """
+    current = model_structure(module)
+    missing = sorted(set(structure) - set(current))
+    if missing:
+        raise ValueError(f"checkpoint key 'structure' names layers the model lacks: {missing}")
+    with torch.no_grad():
+        for name, train in gated_trains(module):
+            if name not in structure:
+                continue
+            spec = structure[name]
+            if spec["removed"]:
+                train.gates[0].zero_()
+                continue
+            ranks = list(spec["ranks"])
+            if len(ranks) != len(train.gates) or any(r > m for r, m in zip(ranks, train.max_ranks)):
+                raise ValueError(
+                    f"checkpoint key 'structure.{name}' records ranks {ranks}; "
+                    f"the layer holds {train.max_ranks}"
+                )
+            for gate, rank in zip(train.gates, ranks):
+                gate[:rank] = train.tau + 1.0
+                gate[rank:] = 0.0
+    prune_(module, optimizer)

@@ -1,0 +1,41 @@
+"""TrainConfig: bad values are refused with the argument's name and range; the dict form round-trips."""
+
+import pytest
+
+from comera.train import TrainConfig
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"early": -1}, "early must be an int >= 0"),
+        ({"early": 0, "late": 0}, "early \\+ late must be >= 1"),
+        ({"unit": "epochs"}, "unit must be one of"),
+        ({"gamma": float("nan")}, "gamma must be a finite number"),
+        ({"target_ratio": 0.0}, "target_ratio must be a finite number in \\(0.0, 1.0\\]"),
+        ({"target_ratio": 1.5}, "target_ratio"),
+        ({"early": 0, "late": 2}, "target_loss is required"),
+        ({"rho": (0.1,)}, "rho must be a pair"),
+        ({"ema": 1.0}, "ema must be a finite number in \\[0, 1\\)"),
+        ({"prune_at": "early_end"}, "prune_at must be a tuple"),
+        ({"prune_at": ("sometimes",)}, "prune_at must be a tuple of values from"),
+        ({"batch_size": 0}, "batch_size must be an int >= 1"),
+        ({"grad_clip": 0.0}, "grad_clip"),
+        ({"keep_checkpoints": 0}, "keep_checkpoints must be an int >= 1"),
+        ({"surrogate": "l1"}, "surrogate must be one of"),
+        ({"run_dir": 3}, "run_dir must be a str path"),
+        ({"eval_every": 0}, "eval_every must be an int >= 1"),
+    ],
+)
+def test_bad_values_name_the_argument(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**overrides)
+
+
+def test_dict_round_trip_and_unknown_keys():
+    config = TrainConfig(early=2, late=3, rho=(0.2, 0.03), prune_at=("end",), target_loss=0.7)
+    values = config.to_dict()
+    assert values["rho"] == [0.2, 0.03] and values["prune_at"] == ["end"]
+    assert TrainConfig.from_dict(values) == config
+    with pytest.raises(ValueError, match="unknown TrainConfig keys \\['epochs'\\]"):
+        TrainConfig.from_dict({**values, "epochs": 3})

@@ -1,0 +1,139 @@
+"""Trainer: the two stages, prune points, evaluation and resume against hand-written references."""
+
+import pytest
+import torch
+from tiny import accuracy_fn, loss_fn, make_data, make_model, parameters_of
+from torch import nn
+
+from comera import RankAdaptation, param_groups, prune_
+from comera.train import TrainConfig, Trainer, read_metrics
+
+FAST_GATES = {"gamma": 1.0, "lr_gates": 0.05, "lr_cores": 1e-3, "lr_other": 1e-3}
+
+
+def reference_run(config: TrainConfig, batches: list, epochs_early: int, epochs_late: int) -> nn.Module:
+    """CoMERA written out by hand: early epochs, prune, late stage, prune after every late epoch."""
+    model = make_model()
+    torch.manual_seed(config.seed)
+    rank = RankAdaptation(model, gamma=config.gamma, tau=config.tau, surrogate=config.surrogate)
+    optimizer = torch.optim.AdamW(
+        param_groups(model, lr_cores=config.lr_cores, lr_gates=config.lr_gates, lr_other=config.lr_other)
+    )
+    for epoch in range(epochs_early + epochs_late):
+        if epoch == epochs_early:
+            prune_(model, optimizer)
+            rank.begin_late_stage(config.target_ratio, config.target_loss, config.rho, config.ema)
+        for inputs, labels in batches:
+            rank.loss(loss_fn(model, (inputs, labels))).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        if epoch >= epochs_early:
+            prune_(model, optimizer)
+    return model
+
+
+def batches_of(dataset, size):
+    inputs, labels = dataset.tensors
+    return [(inputs[i : i + size], labels[i : i + size]) for i in range(0, len(inputs), size)]
+
+
+def test_two_stages_with_pruning_match_a_hand_written_loop():
+    config = TrainConfig(early=2, late=2, batch_size=8, shuffle=False, target_ratio=0.5, **FAST_GATES)
+    data = make_data()
+    model = make_model()
+    ranks_before = [layer.max_ranks for layer in (model[0], model[3])]
+    trainer = Trainer(model, loss_fn, data, config=config)
+    result = trainer.fit()
+    expected = reference_run(config, batches_of(data, 8), 2, 2)
+    assert result.step == 24 and result.stage == "late"
+    assert [layer.max_ranks for layer in (model[0], model[3])] != ranks_before, "nothing was pruned"
+    got, want = parameters_of(model), parameters_of(expected)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_late_stage_target_is_a_fraction_of_the_size_at_the_switch(tmp_path):
+    config = TrainConfig(
+        early=5, late=3, unit="step", batch_size=8, target_ratio=0.4, run_dir=str(tmp_path), **FAST_GATES
+    )
+    sizes = {}
+    trainer = Trainer(
+        make_model(),
+        loss_fn,
+        make_data(),
+        config=config,
+        callbacks=[lambda t: sizes.setdefault(t.step, t.rank.size())],
+    )
+    trainer.fit()
+    assert trainer.step == 8 and trainer.rank.stage == "late"
+    assert trainer.rank.target_size == pytest.approx(0.4 * sizes[5])
+    events = [r for r in read_metrics(tmp_path) if r["kind"] == "event" and r["event"] == "late_stage"]
+    assert [event["step"] for event in events] == [5]
+
+
+def test_no_late_stage_and_no_pruning_when_not_configured():
+    config = TrainConfig(early=1, late=0, batch_size=8, prune_at=(), **FAST_GATES)
+    model = make_model()
+    shapes = [p.shape for p in model.parameters()]
+    trainer = Trainer(model, loss_fn, make_data(), config=config)
+    assert trainer.fit().stage == "early"
+    assert [p.shape for p in model.parameters()] == shapes
+
+
+def test_evaluation_interval_and_values(tmp_path):
+    eval_data = make_data(20, seed=5)
+    config = TrainConfig(early=2, batch_size=8, eval_every=4, run_dir=str(tmp_path), plot=False)
+    model = make_model()
+    result = Trainer(
+        model, loss_fn, make_data(), eval_data=eval_data, eval_fn=accuracy_fn, config=config
+    ).fit()
+    evals = [r for r in read_metrics(tmp_path) if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [4, 8, 12]
+    model.eval()
+    with torch.no_grad():
+        parts = [accuracy_fn(model, batch) for batch in batches_of(eval_data, 8)]
+    expected = {name: sum(p[name] for p in parts) / len(parts) for name in ("loss", "accuracy")}
+    assert result.eval == pytest.approx(expected)
+    assert evals[-1]["metrics"] == pytest.approx(expected)
+
+
+def test_resume_from_a_pruned_late_stage_checkpoint_in_process(tmp_path):
+    def config(run):
+        return TrainConfig(
+            early=2,
+            late=2,
+            batch_size=8,
+            checkpoint_every=5,
+            keep_checkpoints=20,
+            run_dir=str(tmp_path / run),
+            plot=False,
+            **FAST_GATES,
+        )
+
+    full_model = make_model()
+    Trainer(full_model, loss_fn, make_data(), config=config("full")).fit()
+    first = make_model()
+    Trainer(first, loss_fn, make_data(), config=config("part")).fit()
+    checkpoint = tmp_path / "part" / "checkpoints" / "step-00000015.pt"
+    resumed = make_model()
+    trainer = Trainer(resumed, loss_fn, make_data(), config=config("part"))
+    assert trainer.fit(resume=str(checkpoint)).step == 24
+    assert resumed[0].max_ranks == full_model[0].max_ranks
+    got, want = parameters_of(resumed), parameters_of(full_model)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_bad_arguments_raise_clear_errors():
+    data = make_data()
+    with pytest.raises(ValueError, match="no gated layers"):
+        Trainer(nn.Linear(12, 3), loss_fn, data)
+    with pytest.raises(TypeError, match="loss_fn must be callable"):
+        Trainer(make_model(), "cross_entropy", data)
+    with pytest.raises(TypeError, match="config must be a TrainConfig"):
+        Trainer(make_model(), loss_fn, data, config={"early": 1})
+    with pytest.raises(ValueError, match="train_data yields no batches"):
+        Trainer(make_model(), loss_fn, make_data(4), config=TrainConfig(batch_size=8, drop_last=True))
+    with pytest.raises(ValueError, match="must have a len"):
+        Trainer(make_model(), loss_fn, (batch for batch in batches_of(data, 8)))

@@ -1,0 +1,54 @@
+"""A tiny classification task and model built from comera layers, shared by the training tests."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from comera import TTLinear, TTMLinear
+
+FEATURES = 12
+CLASSES = 3
+
+
+def make_model(seed: int = 0, dropout: float = 0.1) -> nn.Module:
+    """TT layer -> GELU -> dropout -> TTM layer -> dense head; deterministic for a given seed."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        TTLinear(FEATURES, 16, rank=4, in_shape=(3, 4), out_shape=(4, 4)),
+        nn.GELU(),
+        nn.Dropout(dropout),
+        TTMLinear(16, 8, rank=3, in_shape=(4, 4), out_shape=(2, 4)),
+        nn.Tanh(),
+        nn.Linear(8, CLASSES),
+    )
+
+
+def make_data(samples: int = 48, seed: int = 1) -> TensorDataset:
+    """Labels from a fixed random linear rule, so the task is learnable."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(samples, FEATURES, generator=generator)
+    rule = torch.randn(FEATURES, CLASSES, generator=generator)
+    return TensorDataset(inputs, (inputs @ rule).argmax(dim=1))
+
+
+def loss_fn(model: nn.Module, batch) -> torch.Tensor:
+    """Cross-entropy of the model on ``(inputs, labels)``."""
+    inputs, labels = batch
+    return nn.functional.cross_entropy(model(inputs), labels)
+
+
+def accuracy_fn(model: nn.Module, batch) -> dict[str, float]:
+    """Loss and accuracy on one batch."""
+    inputs, labels = batch
+    logits = model(inputs)
+    return {
+        "loss": float(nn.functional.cross_entropy(logits, labels)),
+        "accuracy": float((logits.argmax(dim=1) == labels).float().mean()),
+    }
+
+
+def parameters_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of every parameter and buffer."""
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
