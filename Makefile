@@ -30,7 +30,8 @@ lint: install-dev
 	$(BIN)/ruff check .
 
 bench: install-dev
-	$(BIN)/python benchmarks/bench_layers.py --write docs/benchmarks.md
+	$(BIN)/comera bench layers --write docs/benchmarks.md
+	$(BIN)/comera bench embedding --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
