@@ -12,10 +12,13 @@ FEATURES = 12
 CLASSES = 3
 
 
-def make_model(seed: int = 0, dropout: float = 0.1) -> nn.Module:
-    """TT layer -> GELU -> dropout -> TTM layer -> dense head; deterministic for a given seed."""
+def make_model(seed: int = 0, dropout: float = 0.1, dead_gate: bool = False) -> nn.Module:
+    """TT layer -> GELU -> dropout -> TTM layer -> dense head; deterministic for a given seed.
+
+    ``dead_gate`` zeroes one gate entry of the TT layer, so the first prune always shrinks it.
+    """
     torch.manual_seed(seed)
-    return nn.Sequential(
+    model = nn.Sequential(
         TTLinear(FEATURES, 16, rank=4, in_shape=(3, 4), out_shape=(4, 4)),
         nn.GELU(),
         nn.Dropout(dropout),
@@ -23,6 +26,10 @@ def make_model(seed: int = 0, dropout: float = 0.1) -> nn.Module:
         nn.Tanh(),
         nn.Linear(8, CLASSES),
     )
+    if dead_gate:
+        with torch.no_grad():
+            model[0].gates[1][-1] = 0.0
+    return model
 
 
 def make_data(samples: int = 48, seed: int = 1) -> TensorDataset:

@@ -1,0 +1,113 @@
+"""Checkpoints: atomic, weights_only-loadable; a run killed by SIGKILL resumes to identical parameters."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from kill_child import KILL_CONFIG
+from tiny import loss_fn, make_data, make_model
+
+from comera.train import TrainConfig, Trainer, latest_checkpoint, load_checkpoint, read_metrics
+from comera.train.checkpoint import capture_rng, list_checkpoints, restore_rng, save_checkpoint
+
+CHILD = Path(__file__).with_name("kill_child.py")
+
+
+def run_child(run_dir: Path, pause: int) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, str(CHILD), str(run_dir), str(pause)], stdout=subprocess.PIPE, text=True, env=env
+    )
+
+
+def test_sigkill_mid_run_then_resume_gives_identical_parameters(tmp_path):
+    child = run_child(tmp_path / "killed", pause=14)
+    try:
+        line = child.stdout.readline()
+        assert line.strip() == "PAUSED 14", f"child did not reach step 14: {line!r}"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == -signal.SIGKILL
+    checkpoints = [step for step, _ in list_checkpoints(tmp_path / "killed" / "checkpoints")]
+    assert checkpoints[-1] == 12, checkpoints  # forced by the prune at the end of the early stage
+    resumed = run_child(tmp_path / "killed", pause=0)
+    output, _ = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0 and output.strip().endswith("DONE"), output
+
+    model = make_model(dead_gate=True)
+    config = TrainConfig(run_dir=str(tmp_path / "whole"), **KILL_CONFIG)
+    Trainer(model, loss_fn, make_data(), config=config).fit()
+    final = load_checkpoint(latest_checkpoint(tmp_path / "killed" / "checkpoints"))
+    assert final["progress"]["step"] == 24
+    expected = model.state_dict()
+    assert final["model"].keys() == expected.keys()
+    for name, value in expected.items():
+        assert torch.equal(final["model"][name], value), name
+    steps = [r["step"] for r in read_metrics(tmp_path / "killed") if r["kind"] == "train"]
+    assert steps == list(range(1, 25)), "metrics of the lost steps 13-14 must be replaced, not duplicated"
+    events = [r["event"] for r in read_metrics(tmp_path / "killed") if r["kind"] == "event"]
+    assert "resume" in events and "prune" in events
+
+
+def test_checkpoint_holds_everything_and_loads_weights_only(tmp_path):
+    config = TrainConfig(early=1, batch_size=8, checkpoint_every=2, keep_checkpoints=2, run_dir=str(tmp_path))
+    trainer = Trainer(make_model(), loss_fn, make_data(), config=config)
+    trainer.fit()
+    directory = tmp_path / "checkpoints"
+    assert sorted(p.name for p in directory.iterdir()) == ["step-00000004.pt", "step-00000006.pt"]
+    payload = torch.load(directory / "step-00000006.pt", weights_only=True)
+    assert set(payload) >= {"model", "optimizer", "rank_adaptation", "progress", "rng", "structure", "config"}
+    assert payload["progress"] == {"step": 6, "epoch": 1, "batch_in_epoch": 0}
+    assert TrainConfig.from_dict(payload["config"]) == config
+    assert torch.equal(payload["model"]["0.cores.1"], trainer.module[0].cores[1].detach())
+    assert payload["rank_adaptation"]["stage"] == "early"
+
+
+def test_interrupted_write_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
+    path = tmp_path / "step-00000001.pt"
+    save_checkpoint({"format": "comera-train-checkpoint", "value": torch.arange(3)}, path)
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint({"format": "comera-train-checkpoint", "value": torch.zeros(3)}, path)
+    assert list(tmp_path.iterdir()) == [path], "temporary file left behind"
+    assert torch.equal(load_checkpoint(path)["value"], torch.arange(3))
+
+
+def test_corrupt_or_foreign_files_are_refused(tmp_path):
+    torn = tmp_path / "torn.pt"
+    save_checkpoint({"format": "comera-train-checkpoint", "x": torch.ones(100)}, torn)
+    torn.write_bytes(torn.read_bytes()[:50])
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        load_checkpoint(torn)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.ones(2)}, foreign)
+    with pytest.raises(ValueError, match="not a comera training checkpoint"):
+        load_checkpoint(foreign)
+    with pytest.raises(FileNotFoundError, match="missing.pt"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_rng_states_round_trip_through_a_weights_only_file(tmp_path):
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(3)
+    random.seed(3)
+    np.random.seed(3)
+    save_checkpoint({"format": "comera-train-checkpoint", "rng": capture_rng()}, tmp_path / "rng.pt")
+    expected = (torch.rand(4), random.random(), np.random.rand(2))
+    restore_rng(load_checkpoint(tmp_path / "rng.pt")["rng"])
+    got = (torch.rand(4), random.random(), np.random.rand(2))
+    assert torch.equal(got[0], expected[0]) and got[1] == expected[1] and (got[2] == expected[2]).all()
