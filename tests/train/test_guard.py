@@ -1,0 +1,127 @@
+"""Non-finite guard: NaN/Inf steps are skipped without a trace, counted, rolled back, or stop the run."""
+
+import pytest
+import torch
+from tiny import loss_fn, make_data, make_model, parameters_of
+
+from comera import RankAdaptation, param_groups
+from comera.train import NonFiniteError, TrainConfig, Trainer, read_metrics
+
+RATES = {"lr_cores": 1e-3, "lr_gates": 1e-2, "lr_other": 1e-3}
+
+
+class Poisoned:
+    """``loss_fn`` making the loss (``"loss"``) or the gradient (``"grad"``) non-finite on chosen calls."""
+
+    def __init__(self, bad_calls, kind="loss"):
+        self.bad_calls = set(bad_calls)
+        self.kind = kind
+        self.calls = 0
+
+    def is_bad(self) -> bool:
+        return self.calls in self.bad_calls
+
+    def __call__(self, model, batch):
+        self.calls += 1
+        loss = loss_fn(model, batch)
+        if not self.is_bad():
+            return loss
+        if self.kind == "loss":
+            return loss * float("nan")
+        weight = model[5].weight
+        return loss + torch.sqrt(weight - weight.detach()).sum()  # value 0, gradient +inf
+
+
+def reference_skipping(bad_calls, steps, batch_size=8):
+    """Hand-written loop that runs the forward of a bad step (same dropout draws) and applies nothing."""
+    model = make_model()
+    torch.manual_seed(0)
+    rank = RankAdaptation(model)
+    optimizer = torch.optim.AdamW(param_groups(model, **RATES))
+    inputs, labels = make_data().tensors
+    batches = [
+        (inputs[i : i + batch_size], labels[i : i + batch_size]) for i in range(0, len(inputs), batch_size)
+    ]
+    for call in range(1, steps + 1):
+        batch = batches[(call - 1) % len(batches)]
+        loss = loss_fn(model, batch)
+        if call in bad_calls:
+            continue
+        rank.loss(loss).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model, rank
+
+
+@pytest.mark.parametrize("kind", ["loss", "grad"])
+def test_non_finite_steps_are_skipped_and_counted(kind, tmp_path):
+    bad = {3, 7}
+    config = TrainConfig(
+        early=2, batch_size=8, shuffle=False, log_every=1, run_dir=str(tmp_path), plot=False, **RATES
+    )
+    model = make_model()
+    trainer = Trainer(model, Poisoned(bad, kind), make_data(), config=config)
+    result = trainer.fit()
+    expected, expected_rank = reference_skipping(bad, 12)
+    assert result.nonfinite == 2 and result.rollbacks == 0
+    got, want = parameters_of(model), parameters_of(expected)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    assert trainer.rank.smoothed_loss() == expected_rank.smoothed_loss(), "the loss average saw a NaN"
+    counts = [record["nonfinite"] for record in read_metrics(tmp_path) if record["kind"] == "train"]
+    assert counts == [0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2]
+
+
+def test_rollback_after_consecutive_failures_recovers_the_clean_run(tmp_path):
+    def config(run):
+        return TrainConfig(
+            early=3,
+            batch_size=8,
+            checkpoint_every=3,
+            max_nonfinite=3,
+            log_every=1,
+            run_dir=str(tmp_path / run),
+            plot=False,
+            **RATES,
+        )
+
+    clean = make_model()
+    Trainer(clean, loss_fn, make_data(), config=config("clean")).fit()
+    model = make_model()
+    result = Trainer(model, Poisoned({10, 11, 12}), make_data(), config=config("poisoned")).fit()
+    assert (result.rollbacks, result.nonfinite, result.step) == (1, 3, 18)
+    got, want = parameters_of(model), parameters_of(clean)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    records = read_metrics(tmp_path / "poisoned")
+    rollbacks = [r for r in records if r["kind"] == "event" and r["event"] == "rollback"]
+    assert [(r["failed_at"], r["step"]) for r in rollbacks] == [(12, 9)]
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 19))
+
+
+def test_persistent_failure_stops_the_run_without_corrupting_the_model(tmp_path):
+    model = make_model()
+    config = TrainConfig(early=10, unit="step", batch_size=8, max_nonfinite=2, **RATES)
+    with pytest.raises(NonFiniteError, match="no checkpoint to roll back to"):
+        Trainer(model, Poisoned(range(4, 100)), make_data(), config=config).fit()
+    clean = make_model()
+    Trainer(
+        clean, loss_fn, make_data(), config=TrainConfig(early=3, unit="step", batch_size=8, **RATES)
+    ).fit()
+    got, want = parameters_of(model), parameters_of(clean)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+    with_checkpoints = TrainConfig(
+        early=10,
+        unit="step",
+        batch_size=8,
+        max_nonfinite=2,
+        max_rollbacks=1,
+        checkpoint_every=2,
+        run_dir=str(tmp_path),
+        plot=False,
+        **RATES,
+    )
+    with pytest.raises(NonFiniteError, match="after 1 rollbacks"):
+        Trainer(make_model(), Poisoned(range(4, 100)), make_data(), config=with_checkpoints).fit()
