@@ -1,8 +1,9 @@
-"""The ``comera`` command: ``comera demo``, ``comera bench NAME [...]``.
+"""The ``comera`` command: ``comera demo [...]``, ``comera bench NAME [...]``.
 
-``comera bench NAME`` runs ``comera.bench.NAME`` in a fresh Python process with PyTorch's transparent huge
-page allocation enabled (``THP_MEM_ALLOC_ENABLE=1``, read by PyTorch once at start-up; it removes most of
-the page-fault cost of fresh output-sized tensors on CPU). Set the variable yourself to override it.
+Both run their job (``comera.demo``, ``comera.bench.NAME``) in a fresh Python process with PyTorch's
+transparent huge page allocation enabled (``THP_MEM_ALLOC_ENABLE=1``, read by PyTorch once at start-up;
+it removes most of the page-fault cost of fresh output-sized tensors on CPU). Set the variable yourself
+to override it.
 """
 
 from __future__ import annotations
@@ -17,23 +18,10 @@ from comera.bench import BENCHMARKS
 __all__ = ["main"]
 
 
-def _bench(name: str, rest: list[str]) -> int:
+def _run_module(module: str, rest: list[str]) -> int:
     env = dict(os.environ)
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-    return subprocess.call([sys.executable, "-m", f"comera.bench.{name}", *rest], env=env)
-
-
-def _demo(rest: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="comera demo", description="Dense vs comera MLP on a built-in task."
-    )
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--rank", type=int, default=8)
-    args = parser.parse_args(rest)
-    from comera.demo import run_demo
-
-    run_demo(steps=args.steps, rank=args.rank)
-    return 0
+    return subprocess.call([sys.executable, "-m", module, *rest], env=env)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("name", choices=BENCHMARKS)
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
-        return _demo(rest)
-    return _bench(args.name, rest)
+        return _run_module("comera.demo", rest)
+    return _run_module(f"comera.bench.{args.name}", rest)
 
 
 if __name__ == "__main__":

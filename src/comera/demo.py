@@ -8,6 +8,7 @@ loss/accuracy side by side.
 
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from torch import nn
 
 from comera.nn.linear import TTLinear
 
-__all__ = ["DemoResult", "make_task", "build_mlp", "train", "run_demo"]
+__all__ = ["DemoResult", "make_task", "build_mlp", "train", "evaluate", "run_demo", "main"]
 
 
 @dataclass
@@ -112,3 +113,21 @@ def run_demo(steps: int = 300, batch: int = 256, rank: int = 8, seed: int = 0) -
         f"step time ratio dense/comera {dense.step_ms / tt.step_ms:.2f}x"
     )
     return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry: ``comera demo [--steps N] [--rank R]``."""
+    parser = argparse.ArgumentParser(prog="comera demo", description=__doc__)
+    parser.add_argument("--steps", type=int, default=300, help="training steps per model (>= 10)")
+    parser.add_argument("--rank", type=int, default=8, help="max TT rank of the comera student (>= 1)")
+    args = parser.parse_args(argv)
+    if args.steps < 10:
+        parser.error(f"--steps must be >= 10, got {args.steps}")
+    if args.rank < 1:
+        parser.error(f"--rank must be >= 1, got {args.rank}")
+    run_demo(steps=args.steps, rank=args.rank)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
