@@ -1,0 +1,493 @@
+"""``TTMEmbedding``, ``TTMEmbeddingBag`` and ``TTMTiedHead``: embedding tables stored as TTM cores.
+
+The table ``E`` (``(num_embeddings, embedding_dim)``, as ``nn.Embedding.weight``) is a matrix tensor
+train with cores ``(r_{k-1}, m_k, n_k, r_k)``: row ``i`` unravels row-major over ``row_shape = (m_1..m_d)``
+and columns over ``col_shape = (n_1..n_d)``. Rows are computed on demand from the cores
+(:mod:`comera.tt.lookup`); neither the forward nor the backward builds the table.
+
+Padding of the shape: when ``num_embeddings`` folds badly the train has more rows than the table
+(:func:`comera.tt.shapes.auto_modes` pads 30522 to 12 * 13 * 14 * 14 = 30576; the paper used
+16 * 20 * 10 * 10 = 32000); likewise ``embedding_dim`` may be padded. Indices are checked against
+``num_embeddings``, so padded rows are never returned, and padded columns are sliced off.
+
+Lookup (``lookup=``):
+
+- ``"naive"``: per index, the chain of selected core slices (the reference path).
+- ``"split"``: the two-half path (tensor-index level): both halves merged once per call, one batched GEMM.
+- ``"optimized"``: ``"split"`` on each distinct index once (row level: ``torch.unique`` + inverse).
+- ``"auto"`` (default): ``"optimized"`` when the batch repeats enough indices to pay for it
+  (:func:`comera.tt.lookup.dedup_threshold`), else ``"split"``; always ``"split"`` while ``torch.compile``
+  traces or a CUDA graph captures, where ``torch.unique`` cannot run.
+
+``padding_idx`` behaves as in ``nn.Embedding``: that row reads as zeros (also in :meth:`to_dense` and the tied
+head) and receives no gradient. Index checks (range and dtype) sync with the device once per call; they are
+skipped inside a captured or compiled graph.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+from comera.nn.gated import DEFAULT_TAU, GatedTrain, check_float_dtype
+from comera.nn.linear import DEFAULT_RANK
+from comera.tt.cores import core_std, ttm_core_shapes, ttm_full
+from comera.tt.lookup import in_graph_capture, ttm_lookup_rows
+from comera.tt.paths import ORDERS, choose_order, ttm_best_split, ttm_linear, ttm_order_costs
+from comera.tt.shapes import auto_modes, auto_order, check_modes, resolve_ranks
+from comera.tt.svd import ttm_svd
+
+__all__ = ["LOOKUPS", "TTMEmbedding", "TTMEmbeddingBag", "TTMTiedHead"]
+
+# lookup name -> (path of comera.tt.lookup, dedup argument: True always, False never, None by repeat rate)
+_LOOKUP_SETTINGS = {
+    "auto": ("optimized", None),
+    "naive": ("naive", False),
+    "split": ("optimized", False),
+    "optimized": ("optimized", True),
+}
+LOOKUPS = tuple(_LOOKUP_SETTINGS)
+_INDEX_DTYPES = (torch.int64, torch.int32)
+_ORDER_CHOICES = ("auto", *ORDERS)
+_BAG_MODES = ("sum", "mean", "max")
+
+
+def _check_size(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _check_padding_idx(padding_idx: object, num_embeddings: int) -> int | None:
+    if padding_idx is None:
+        return None
+    if isinstance(padding_idx, bool) or not isinstance(padding_idx, int):
+        raise ValueError(f"padding_idx must be an int or None, got {padding_idx!r}")
+    if not -num_embeddings <= padding_idx < num_embeddings:
+        raise ValueError(
+            f"padding_idx must be in [{-num_embeddings}, {num_embeddings - 1}] "
+            f"(num_embeddings={num_embeddings}), got {padding_idx}"
+        )
+    return padding_idx % num_embeddings
+
+
+def _table_shapes(
+    num_embeddings: int,
+    embedding_dim: int,
+    row_shape: Sequence[int] | None,
+    col_shape: Sequence[int] | None,
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Row and column modes: given ones checked (products may exceed the sizes), missing ones chosen."""
+    if row_shape is not None:
+        row_shape = check_modes(row_shape, num_embeddings, "row_shape", allow_padding=True)
+    if col_shape is not None:
+        col_shape = check_modes(col_shape, embedding_dim, "col_shape", allow_padding=True)
+    if row_shape is not None and col_shape is not None and len(row_shape) != len(col_shape):
+        raise ValueError(
+            f"row_shape and col_shape must have the same length, got {row_shape} and {col_shape}"
+        )
+    given = row_shape or col_shape
+    order = len(given) if given else auto_order(num_embeddings)
+    return (
+        row_shape or auto_modes(num_embeddings, order),
+        col_shape or auto_modes(embedding_dim, order, descending=True),
+    )
+
+
+class _TTMTable(GatedTrain):
+    """Common part of the TTM tables: shapes, cores, gates, index checks, row lookup, tied logits."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None,
+        row_shape: Sequence[int] | None,
+        col_shape: Sequence[int] | None,
+        rank: int | Sequence[int],
+        tau: float,
+        lookup: str,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+    ) -> None:
+        super().__init__()
+        self.num_embeddings = _check_size(num_embeddings, "num_embeddings")
+        self.embedding_dim = _check_size(embedding_dim, "embedding_dim")
+        self.padding_idx = _check_padding_idx(padding_idx, num_embeddings)
+        check_float_dtype(dtype)
+        self.row_shape, self.col_shape = _table_shapes(num_embeddings, embedding_dim, row_shape, col_shape)
+        self.lookup = lookup
+        shapes = ttm_core_shapes(self.row_shape, self.col_shape, resolve_ranks(rank, self.bond_sizes))
+        self._build_train(shapes, tau, device, dtype)
+        self.reset_parameters()
+
+    @property
+    def lookup(self) -> str:
+        """Lookup path: one of :data:`LOOKUPS` (see the module docstring)."""
+        return self._lookup
+
+    @lookup.setter
+    def lookup(self, value: str) -> None:
+        if value not in _LOOKUP_SETTINGS:
+            raise ValueError(f"lookup must be one of {LOOKUPS}, got {value!r}")
+        self._lookup = value
+
+    @property
+    def bond_sizes(self) -> tuple[int, ...]:
+        return tuple(m * n for m, n in zip(self.row_shape, self.col_shape))
+
+    def dense_num_parameters(self) -> int:
+        return self.num_embeddings * self.embedding_dim
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Gaussian cores whose reconstructed entries have variance 1 (as ``nn.Embedding``); gates 1."""
+        for core, std in zip(self.cores, core_std(1.0, self.max_ranks)):
+            core.normal_(0.0, std)
+        for gate in self.gates:
+            gate.fill_(1.0)
+
+    def _check_indices(self, indices: torch.Tensor) -> None:
+        """Raise ``TypeError`` for a non-integer index tensor and ``IndexError`` for an index out of range."""
+        valid = f"[0, {self.num_embeddings - 1}] (num_embeddings={self.num_embeddings})"
+        if not isinstance(indices, torch.Tensor):
+            raise TypeError(
+                f"input must be a torch.Tensor of indices in {valid}, got {type(indices).__name__}"
+            )
+        if indices.dtype not in _INDEX_DTYPES:
+            raise TypeError(
+                f"input must hold integer indices (torch.int64 or torch.int32) in {valid}, "
+                f"got dtype {indices.dtype}"
+            )
+        if indices.numel() == 0 or in_graph_capture():
+            return
+        low, high = torch.stack(torch.aminmax(indices)).tolist()
+        bad = low if low < 0 else high if high >= self.num_embeddings else None
+        if bad is not None:
+            raise IndexError(f"index {bad} is out of range: indices must be in {valid}")
+
+    def _lookup_rows(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rows ``(R, embedding_dim)`` for 1-D ``indices`` and where each index finds its row (None: in
+        order)."""
+        path, dedup = _LOOKUP_SETTINGS[self.lookup]
+        rows, position = ttm_lookup_rows(self.gated_cores(), indices, path, dedup)
+        if rows.shape[1] != self.embedding_dim:
+            rows = rows[:, : self.embedding_dim]
+        return rows, position
+
+    def to_dense(self) -> torch.Tensor:
+        """The table as ``nn.Embedding.weight`` holds it: ``(num_embeddings, embedding_dim)``, gates applied,
+        the ``padding_idx`` row zero."""
+        table = ttm_full(self.gated_cores())[: self.num_embeddings, : self.embedding_dim]
+        if self.padding_idx is not None:
+            table = table.index_fill(0, torch.tensor([self.padding_idx], device=table.device), 0.0)
+        return table
+
+    def tied_logits(
+        self, hidden: torch.Tensor, bias: torch.Tensor | None = None, order: str = "auto"
+    ) -> torch.Tensor:
+        """``hidden @ E^T + bias`` with ``E = self.to_dense()``, computed from the cores.
+
+        The table's transpose is the TTM of a linear map ``embedding_dim -> num_embeddings`` whose cores are
+        this table's cores with ``m_k`` and ``n_k`` swapped, so the contraction orders of
+        :mod:`comera.tt.paths` apply; ``"auto"`` picks the cheapest for the call's batch size, which builds
+        the dense table only when that is cheaper.
+
+        Args:
+            hidden: ``(*, embedding_dim)`` floating-point activations.
+            bias: ``(num_embeddings,)`` or None.
+            order: ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
+
+        Returns:
+            ``(*, num_embeddings)`` logits.
+        """
+        if order not in _ORDER_CHOICES:
+            raise ValueError(f"order must be one of {_ORDER_CHOICES}, got {order!r}")
+        if not isinstance(hidden, torch.Tensor) or not hidden.is_floating_point():
+            raise TypeError(f"hidden must be a floating-point torch.Tensor, got {hidden!r:.80}")
+        if hidden.dim() == 0 or hidden.shape[-1] != self.embedding_dim:
+            raise ValueError(
+                f"hidden must have shape (*, {self.embedding_dim}) (embedding_dim={self.embedding_dim}), "
+                f"got {tuple(hidden.shape)}"
+            )
+        lead = hidden.shape[:-1]
+        x = hidden.reshape(-1, self.embedding_dim)
+        cores = [core.transpose(1, 2) for core in self.gated_cores()]
+        backward = torch.is_grad_enabled()
+        if order == "auto":
+            costs = ttm_order_costs(x.shape[0], self.col_shape, self.row_shape, self.max_ranks, backward)
+            order = choose_order(costs)
+        split = None
+        if order == "merge" and len(cores) > 1:
+            split = ttm_best_split(x.shape[0], self.col_shape, self.row_shape, self.max_ranks, backward)[0]
+        logits = ttm_linear(x, cores, self.num_embeddings, bias, order, split)
+        if self.padding_idx is not None:
+            column = torch.tensor([self.padding_idx], device=logits.device)
+            filler = logits.new_zeros(x.shape[0], 1) if bias is None else bias[column].expand(x.shape[0], 1)
+            logits = logits.index_copy(1, column, filler)
+        return logits.reshape(*lead, self.num_embeddings)
+
+    @torch.no_grad()
+    def _load_table(self, weight: torch.Tensor) -> None:
+        """Set the cores to the TT-SVD of ``weight`` (``(num_embeddings, embedding_dim)``), gates to 1."""
+        rows, cols = math.prod(self.row_shape), math.prod(self.col_shape)
+        padded = functional.pad(
+            weight.detach(), (0, cols - self.embedding_dim, 0, rows - self.num_embeddings)
+        )
+        for param, core in zip(self.cores, ttm_svd(padded, self.row_shape, self.col_shape, self.max_ranks)):
+            param.copy_(core)
+        for gate in self.gates:
+            gate.fill_(1.0)
+
+    def extra_repr(self) -> str:
+        padding = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return (
+            f"{self.num_embeddings}, {self.embedding_dim}{padding}, row_shape={self.row_shape}, "
+            f"col_shape={self.col_shape}, ranks={self.ranks}, max_ranks={self.max_ranks}, "
+            f"lookup={self.lookup!r}, compression={self.compression:.1f}x"
+        )
+
+
+def _check_source(module: nn.Module, kind: type) -> None:
+    if not isinstance(module, kind):
+        raise TypeError(f"expected an {kind.__name__}, got {type(module).__name__}")
+    if module.max_norm is not None or module.scale_grad_by_freq:
+        raise ValueError(
+            f"{kind.__name__} with max_norm or scale_grad_by_freq has no TTM equivalent, got "
+            f"max_norm={module.max_norm}, scale_grad_by_freq={module.scale_grad_by_freq}"
+        )
+
+
+class TTMEmbedding(_TTMTable):
+    """Drop-in for ``nn.Embedding`` whose table is a TTM with rank gates on every bond.
+
+    Args:
+        num_embeddings: number of rows ``V``.
+        embedding_dim: size of each row ``D``.
+        padding_idx: a row that reads as zeros and gets no gradient (negative counts from the end).
+        row_shape: row modes ``m_k``, product ``>= V`` (extra rows are never returned); default
+            :func:`comera.tt.shapes.auto_modes` (balanced, padded when ``V`` folds badly).
+        col_shape: column modes ``n_k`` (same count), product ``>= D``; default balanced, descending.
+        rank: max rank per bond (int) or ``d - 1`` ints, clipped to what the shapes allow.
+        tau: gate threshold; entries with ``|g| <= tau`` are dead.
+        lookup: one of :data:`LOOKUPS` (module docstring).
+
+    Shape:
+        input: integer tensor of any shape ``(*)``, values in ``[0, V)`` -> output ``(*, D)``.
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None = None,
+        *,
+        row_shape: Sequence[int] | None = None,
+        col_shape: Sequence[int] | None = None,
+        rank: int | Sequence[int] = DEFAULT_RANK,
+        tau: float = DEFAULT_TAU,
+        lookup: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(
+            num_embeddings, embedding_dim, padding_idx, row_shape, col_shape, rank, tau, lookup, device, dtype
+        )
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """Rows of the table: ``(*) -> (*, embedding_dim)``."""
+        self._check_indices(input)
+        flat = input.reshape(-1)
+        rows, position = self._lookup_rows(flat)
+        out = rows if position is None else functional.embedding(position, rows)
+        if self.padding_idx is not None:
+            out = out * (flat != self.padding_idx).unsqueeze(1).to(out.dtype)
+        return out.reshape(*input.shape, self.embedding_dim)
+
+    @classmethod
+    def from_embedding(
+        cls,
+        embedding: nn.Embedding,
+        *,
+        rank: int | Sequence[int] = DEFAULT_RANK,
+        row_shape: Sequence[int] | None = None,
+        col_shape: Sequence[int] | None = None,
+        tau: float = DEFAULT_TAU,
+        lookup: str = "auto",
+    ) -> TTMEmbedding:
+        """A table initialised from ``embedding`` by TT-SVD (exact when ranks are maximal).
+
+        ``padding_idx``, device and dtype follow ``embedding``.
+        """
+        _check_source(embedding, nn.Embedding)
+        weight = embedding.weight
+        layer = cls(
+            embedding.num_embeddings,
+            embedding.embedding_dim,
+            embedding.padding_idx,
+            row_shape=row_shape,
+            col_shape=col_shape,
+            rank=rank,
+            tau=tau,
+            lookup=lookup,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        layer._load_table(weight)
+        return layer
+
+
+class TTMEmbeddingBag(_TTMTable):
+    """Drop-in for ``nn.EmbeddingBag``: sums, means or maxima of bags of TTM table rows.
+
+    Rows come from the same lookup as :class:`TTMEmbedding` (each distinct index once when deduplicating);
+    the pooling is ``torch.nn.functional.embedding_bag`` over those rows.
+
+    Args:
+        num_embeddings, embedding_dim: table size ``V x D``.
+        mode: ``"sum"``, ``"mean"`` or ``"max"``.
+        include_last_offset: as ``nn.EmbeddingBag`` (``offsets`` has ``B + 1`` entries).
+        padding_idx: entries equal to it are left out of their bag (and of the mean's count).
+        row_shape, col_shape, rank, tau, lookup: as :class:`TTMEmbedding`.
+
+    Shape:
+        input ``(B, L)`` (bags of equal length, ``offsets`` None) or ``(N,)`` with ``offsets`` ``(B,)``
+        (start of each bag); ``per_sample_weights`` (``mode="sum"`` only) shaped like ``input``;
+        output ``(B, D)``. Empty bags give zeros.
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        mode: str = "mean",
+        *,
+        include_last_offset: bool = False,
+        padding_idx: int | None = None,
+        row_shape: Sequence[int] | None = None,
+        col_shape: Sequence[int] | None = None,
+        rank: int | Sequence[int] = DEFAULT_RANK,
+        tau: float = DEFAULT_TAU,
+        lookup: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if mode not in _BAG_MODES:
+            raise ValueError(f"mode must be one of {_BAG_MODES}, got {mode!r}")
+        super().__init__(
+            num_embeddings, embedding_dim, padding_idx, row_shape, col_shape, rank, tau, lookup, device, dtype
+        )
+        self.mode = mode
+        self.include_last_offset = bool(include_last_offset)
+
+    def forward(
+        self,
+        input: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Pooled rows of each bag: ``(B, L)`` or ``(N,)`` with ``offsets`` -> ``(B, embedding_dim)``."""
+        self._check_indices(input)
+        if input.dim() not in (1, 2):
+            raise ValueError(
+                f"input must be 1-D (with offsets) or 2-D (B, L), got shape {tuple(input.shape)}"
+            )
+        flat = input.reshape(-1)
+        rows, position = self._lookup_rows(flat)
+        if position is None:
+            position = torch.arange(flat.shape[0], device=flat.device)
+        padding = None
+        if self.padding_idx is not None:
+            padding = rows.shape[0]
+            position = torch.where(flat == self.padding_idx, padding, position)
+            rows = torch.cat([rows, rows.new_zeros(1, self.embedding_dim)])
+        if isinstance(offsets, torch.Tensor):
+            offsets = offsets.to(position.dtype)
+        return functional.embedding_bag(
+            position.reshape(input.shape),
+            rows,
+            offsets,
+            mode=self.mode,
+            per_sample_weights=per_sample_weights,
+            include_last_offset=self.include_last_offset,
+            padding_idx=padding,
+        )
+
+    @classmethod
+    def from_embedding_bag(
+        cls,
+        bag: nn.EmbeddingBag,
+        *,
+        rank: int | Sequence[int] = DEFAULT_RANK,
+        row_shape: Sequence[int] | None = None,
+        col_shape: Sequence[int] | None = None,
+        tau: float = DEFAULT_TAU,
+        lookup: str = "auto",
+    ) -> TTMEmbeddingBag:
+        """A bag initialised from ``bag`` by TT-SVD; mode, ``include_last_offset``, ``padding_idx``, device
+        and dtype follow ``bag``."""
+        _check_source(bag, nn.EmbeddingBag)
+        weight = bag.weight
+        layer = cls(
+            bag.num_embeddings,
+            bag.embedding_dim,
+            bag.mode,
+            include_last_offset=bag.include_last_offset,
+            padding_idx=bag.padding_idx,
+            row_shape=row_shape,
+            col_shape=col_shape,
+            rank=rank,
+            tau=tau,
+            lookup=lookup,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        layer._load_table(weight)
+        return layer
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, mode={self.mode!r}"
+
+
+class TTMTiedHead(nn.Module):
+    """Output projection tied to a TTM table, as BERT/RoBERTa tie the decoder to the word embedding.
+
+    ``logits = hidden @ E^T + bias`` with ``E`` the table of ``embedding``
+    (:meth:`TTMEmbedding.tied_logits`). The head's parameters are the embedding's own cores and gates
+    (shared, not copied) plus its optional bias.
+
+    Args:
+        embedding: the :class:`TTMEmbedding` (or :class:`TTMEmbeddingBag`) to tie to.
+        bias: learn a bias of size ``num_embeddings`` (initialised to zero).
+        order: contraction order, ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
+
+    Shape:
+        input ``(*, embedding_dim)`` -> output ``(*, num_embeddings)``.
+    """
+
+    def __init__(self, embedding: _TTMTable, bias: bool = True, *, order: str = "auto") -> None:
+        super().__init__()
+        if not isinstance(embedding, _TTMTable):
+            raise TypeError(f"embedding must be a TTMEmbedding, got {type(embedding).__name__}")
+        if order not in _ORDER_CHOICES:
+            raise ValueError(f"order must be one of {_ORDER_CHOICES}, got {order!r}")
+        self.embedding = embedding
+        self.order = order
+        if bias:
+            weight = embedding.cores[0]
+            self.bias = nn.Parameter(
+                torch.zeros(embedding.num_embeddings, device=weight.device, dtype=weight.dtype)
+            )
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the table's rows: ``(*, embedding_dim) -> (*, num_embeddings)``."""
+        return self.embedding.tied_logits(hidden, self.bias, self.order)
+
+    def extra_repr(self) -> str:
+        return f"bias={self.bias is not None}, order={self.order!r}"

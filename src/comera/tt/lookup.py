@@ -1,0 +1,305 @@
+"""Rows of a TTM matrix computed from its cores for a batch of row indices (method.md section 6).
+
+A TTM matrix with cores ``F_k`` of shape ``(r_{k-1}, m_k, n_k, r_k)`` has ``prod m_k`` rows; row ``i``
+unravels row-major into digits ``(i_1, ..., i_d)`` and equals ``F_1[:, i_1] F_2[:, i_2] ... F_d[:, i_d]``
+with the column modes flattened row-major. Two paths compute a batch of rows:
+
+- ``"naive"`` (:func:`ttm_lookup_naive`): per index, multiply the selected core slices left to right. The
+  reference path: every index, and every shared prefix, is recomputed; autograd keeps every slice.
+- ``"optimized"`` (:func:`ttm_lookup_split`): split the train at a bond ``p`` chosen by cost
+  (:func:`best_lookup_split`, any number of cores), merge each half once per call into
+  ``A (M_L, N_L, r_p)`` and ``C (r_p, M_R, N_R)``, and finish every row ``i = i_L * M_R + i_R`` with one
+  batched GEMM ``A[i_L] @ C[:, i_R]``. The gathered slices are never stored: the backward gathers them
+  again, chunk by chunk, and scatters the slice gradients into gradients of ``A`` and ``C``, so neither
+  pass materialises the table or keeps per-row intermediates.
+
+Row-level deduplication (:func:`ttm_lookup` with ``dedup=True``) computes each distinct index once. It needs
+``torch.unique`` (a data-dependent shape and a host sync), so it cannot run inside a captured graph or under
+``torch.compile``; :func:`in_graph_capture` tells when that is the case.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from comera.tt.merge import merge_ttm_left, merge_ttm_right
+from comera.tt.paths import DEFAULT_COST_MODEL, CostModel
+
+__all__ = [
+    "LOOKUP_PATHS",
+    "in_graph_capture",
+    "row_digits",
+    "ttm_lookup_naive",
+    "ttm_lookup_split",
+    "lookup_split_cost",
+    "best_lookup_split",
+    "dedup_threshold",
+    "ttm_lookup_rows",
+    "ttm_lookup",
+]
+
+LOOKUP_PATHS = ("naive", "optimized")
+
+# Rows gathered per chunk of the batched GEMM: about this many gathered elements, so that the gathered
+# slices of one chunk stay in cache and their buffers are reused instead of freshly faulted in.
+_CHUNK_ELEMENTS = 1 << 17
+
+
+def in_graph_capture() -> bool:
+    """True while ``torch.compile`` traces or a CUDA graph captures (no data-dependent shapes or syncs)."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _core_shapes(cores: Sequence[torch.Tensor]) -> list[tuple[int, int, int, int]]:
+    return [tuple(core.shape) for core in cores]
+
+
+def row_digits(indices: torch.Tensor, row_modes: Sequence[int]) -> list[torch.Tensor]:
+    """Row-major digits ``(i_1, ..., i_d)`` of each index over ``row_modes``: ``d`` tensors shaped like
+    ``indices``."""
+    digits = []
+    rest = indices
+    for size in reversed(row_modes[1:]):
+        digits.append(rest % size)
+        rest = rest // size
+    digits.append(rest)
+    return digits[::-1]
+
+
+def ttm_lookup_naive(cores: Sequence[torch.Tensor], indices: torch.Tensor) -> torch.Tensor:
+    """Rows of a TTM matrix, one chain of slice products per index (the reference path).
+
+    Args:
+        cores: TTM cores ``(r_{k-1}, m_k, n_k, r_k)`` with ``r_0 = r_d = 1``, gates already folded in.
+        indices: 1-D integer tensor of rows, each in ``[0, prod m_k)`` (not checked).
+
+    Returns:
+        ``(len(indices), prod n_k)``, columns row-major over ``(n_1, ..., n_d)``.
+    """
+    batch = indices.shape[0]
+    digits = row_digits(indices, [core.shape[1] for core in cores])
+    first = cores[0]
+    state = first[0, digits[0]]  # (b, n_1, r_1)
+    for core, digit in zip(cores[1:], digits[1:]):
+        rank_in, _, cols, rank_out = core.shape
+        chosen = core.transpose(0, 1)[digit].reshape(batch, rank_in, cols * rank_out)
+        state = torch.bmm(state.reshape(batch, -1, rank_in), chosen)
+    return state.reshape(batch, -1)
+
+
+def _chunk_rows(left: torch.Tensor, right_rows: torch.Tensor) -> int:
+    per_row = left.shape[1] * left.shape[2] + right_rows.shape[1] * right_rows.shape[2]
+    return max(1, _CHUNK_ELEMENTS // max(per_row, 1))
+
+
+def _chunks(batch: int, size: int) -> list[tuple[int, int]]:
+    if in_graph_capture() or batch <= size:
+        return [(0, batch)]
+    return [(start, min(start + size, batch)) for start in range(0, batch, size)]
+
+
+class _GatherProduct(torch.autograd.Function):
+    """``out[b] = left[left_idx[b]] @ right_rows[right_idx[b]]`` without keeping the gathered slices.
+
+    ``left`` is ``(M_L, N_L, r)``, ``right_rows`` is ``(M_R, r, N_R)``; ``out`` is ``(B, N_L, N_R)``.
+    """
+
+    @staticmethod
+    def forward(ctx, left_idx, right_idx, left, right_rows):
+        ctx.save_for_backward(left_idx, right_idx, left, right_rows)
+        batch = left_idx.shape[0]
+        chunks = _chunks(batch, _chunk_rows(left, right_rows))
+        if len(chunks) == 1:
+            return torch.bmm(left.index_select(0, left_idx), right_rows.index_select(0, right_idx))
+        out = left.new_empty(batch, left.shape[1], right_rows.shape[2])
+        for start, stop in chunks:
+            torch.bmm(
+                left.index_select(0, left_idx[start:stop]),
+                right_rows.index_select(0, right_idx[start:stop]),
+                out=out[start:stop],
+            )
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        left_idx, right_idx, left, right_rows = ctx.saved_tensors
+        needs_left, needs_right = ctx.needs_input_grad[2:4]
+        grad_left = torch.zeros_like(left) if needs_left else None
+        grad_right = torch.zeros_like(right_rows) if needs_right else None
+        for start, stop in _chunks(left_idx.shape[0], _chunk_rows(left, right_rows)):
+            grad = grad_out[start:stop]
+            rows_left, rows_right = left_idx[start:stop], right_idx[start:stop]
+            if needs_left:
+                slice_grad = torch.bmm(grad, right_rows.index_select(0, rows_right).transpose(1, 2))
+                grad_left.index_add_(0, rows_left, slice_grad)
+            if needs_right:
+                slice_grad = torch.bmm(left.index_select(0, rows_left).transpose(1, 2), grad)
+                grad_right.index_add_(0, rows_right, slice_grad)
+        return None, None, grad_left, grad_right
+
+
+def ttm_lookup_split(cores: Sequence[torch.Tensor], indices: torch.Tensor, split: int) -> torch.Tensor:
+    """Rows of a TTM matrix by the two-half path, split after core ``split`` (``1 <= split < d``).
+
+    Args:
+        cores: TTM cores ``(r_{k-1}, m_k, n_k, r_k)``, gates folded in, at least two.
+        indices: 1-D integer tensor of rows in ``[0, prod m_k)`` (not checked).
+        split: number of cores in the left half.
+
+    Returns:
+        ``(len(indices), prod n_k)``, the same as :func:`ttm_lookup_naive`.
+    """
+    if not 1 <= split < len(cores):
+        raise ValueError(f"split must be in [1, {len(cores) - 1}], got {split}")
+    right_size = math.prod(core.shape[1] for core in cores[split:])
+    left = merge_ttm_left(cores[:split])
+    right_rows = merge_ttm_right(cores[split:]).transpose(0, 1).contiguous()
+    out = _GatherProduct.apply(indices // right_size, indices % right_size, left, right_rows)
+    return out.reshape(indices.shape[0], -1)
+
+
+def _merge_work(shapes: Sequence[tuple[int, int, int, int]]) -> tuple[int, int]:
+    """MACs and elements written when merging ``shapes`` (ordered from the outer end inward)."""
+    macs = elements = 0
+    merged = shapes[0][1] * shapes[0][2]
+    for rank_outer, rows, cols, rank_inner in shapes[1:]:
+        macs += merged * rank_outer * rows * cols * rank_inner
+        merged *= rows * cols
+        elements += merged * rank_inner
+    return macs, elements
+
+
+def lookup_split_cost(
+    batch: int,
+    core_shapes: Sequence[tuple[int, int, int, int]],
+    split: int,
+    backward: bool = True,
+    model: CostModel = DEFAULT_COST_MODEL,
+) -> float:
+    """Estimated microseconds of :func:`ttm_lookup_split` for ``batch`` rows at ``split``.
+
+    Counts the two merges, the gathers and the batched GEMM (and, with ``backward``, the second gather,
+    the two slice-gradient GEMMs, the scatter-adds and the merges' backward).
+    """
+    shapes = [tuple(shape) for shape in core_shapes]
+    left_shapes = shapes[:split]
+    right_shapes = [(c, m, n, a) for a, m, n, c in reversed(shapes[split:])]
+    left_macs, left_elements = _merge_work(left_shapes)
+    right_macs, right_elements = _merge_work(right_shapes)
+    rank = shapes[split][0]
+    cols_left = math.prod(shape[2] for shape in shapes[:split])
+    cols_right = math.prod(shape[2] for shape in shapes[split:])
+    row_macs = batch * cols_left * rank * cols_right
+    row_elements = batch * ((cols_left + cols_right) * rank + cols_left * cols_right)
+    factor = 3 if backward else 1
+    ops = len(shapes) + 3
+    return model.time(
+        factor * (left_macs + right_macs + row_macs),
+        factor * (left_elements + right_elements + row_elements),
+        factor * ops,
+    )
+
+
+def best_lookup_split(
+    batch: int,
+    core_shapes: Sequence[tuple[int, int, int, int]],
+    backward: bool = True,
+    model: CostModel = DEFAULT_COST_MODEL,
+) -> int:
+    """The bond (``1..d-1``) at which :func:`ttm_lookup_split` is cheapest for ``batch`` rows."""
+    if len(core_shapes) < 2:
+        raise ValueError(f"a split lookup needs at least 2 cores, got {len(core_shapes)}")
+    return min(
+        range(1, len(core_shapes)),
+        key=lambda split: lookup_split_cost(batch, core_shapes, split, backward, model),
+    )
+
+
+def dedup_threshold(
+    core_shapes: Sequence[tuple[int, int, int, int]], split: int, model: CostModel = DEFAULT_COST_MODEL
+) -> float:
+    """Fraction of repeated indices above which computing each distinct row once pays off.
+
+    Each repeat saves the work of one row (:func:`lookup_split_cost` per row); deduplication adds, for every
+    index, a copy of its row out of the distinct rows and, backward, an accumulation of its gradient.
+    """
+    shapes = [tuple(shape) for shape in core_shapes]
+    cols = math.prod(shape[2] for shape in shapes)
+    if len(shapes) == 1:
+        row_time = 3 * model.time(0, 2 * cols, 0)
+    else:
+        row_time = lookup_split_cost(1, shapes, split, True, model) - lookup_split_cost(
+            0, shapes, split, True, model
+        )
+    overhead = model.time(0, 4 * cols, 0)
+    return min(1.0, overhead / row_time)
+
+
+def ttm_lookup_rows(
+    cores: Sequence[torch.Tensor],
+    indices: torch.Tensor,
+    path: str = "optimized",
+    dedup: bool | None = None,
+    split: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The rows needed for ``indices`` and where each index finds its row.
+
+    Args:
+        cores: TTM cores ``(r_{k-1}, m_k, n_k, r_k)``, gates folded in.
+        indices: 1-D integer tensor of rows in ``[0, prod m_k)`` (not checked here).
+        path: ``"naive"`` or ``"optimized"`` (:data:`LOOKUP_PATHS`).
+        dedup: ``True``: compute each distinct index once (``torch.unique``; not allowed in a captured graph).
+            ``False``: one row per index. ``None``: deduplicate when the batch's fraction of repeated indices
+            exceeds :func:`dedup_threshold`, never while :func:`in_graph_capture`.
+        split: bond of the optimized path; default :func:`best_lookup_split` for the rows computed.
+
+    Returns:
+        ``(rows, position)``: ``rows`` is ``(R, prod n_k)``; ``position`` is None when ``rows[b]`` belongs to
+        ``indices[b]`` (``R == len(indices)``), else a tensor shaped like ``indices`` with
+        ``rows[position[b]]`` the row of ``indices[b]``.
+    """
+    if path not in LOOKUP_PATHS:
+        raise ValueError(f"path must be one of {LOOKUP_PATHS}, got {path!r}")
+    shapes = _core_shapes(cores)
+    position = None
+    if dedup or (dedup is None and indices.shape[0] > 1 and not in_graph_capture()):
+        distinct, inverse = torch.unique(indices, return_inverse=True)
+        repeated = 1.0 - distinct.shape[0] / indices.shape[0] if indices.shape[0] else 0.0
+        threshold = (
+            0.0
+            if len(shapes) == 1
+            else dedup_threshold(
+                shapes, split or best_lookup_split(distinct.shape[0], shapes, torch.is_grad_enabled())
+            )
+        )
+        if dedup or repeated >= threshold:
+            indices, position = distinct, inverse
+    if len(cores) == 1:
+        return cores[0][0, :, :, 0].index_select(0, indices), position
+    if path == "naive":
+        return ttm_lookup_naive(cores, indices), position
+    if split is None:
+        split = best_lookup_split(indices.shape[0], shapes, torch.is_grad_enabled())
+    return ttm_lookup_split(cores, indices, split), position
+
+
+def ttm_lookup(
+    cores: Sequence[torch.Tensor],
+    indices: torch.Tensor,
+    path: str = "optimized",
+    dedup: bool | None = None,
+    split: int | None = None,
+) -> torch.Tensor:
+    """Rows ``indices`` of the TTM matrix given by ``cores``; differentiable with respect to the cores.
+
+    Arguments as :func:`ttm_lookup_rows`. Returns ``(len(indices), prod n_k)``.
+    """
+    rows, position = ttm_lookup_rows(cores, indices, path, dedup, split)
+    return rows if position is None else torch.nn.functional.embedding(position, rows)
