@@ -50,3 +50,33 @@ def test_bench_layers_quick_writes_a_table(tmp_path):
 def test_unknown_benchmark_is_rejected():
     with pytest.raises(SystemExit):
         main(["bench", "nonexistent"])
+
+
+def test_report_prints_the_saved_models_layers(tmp_path, capsys):
+    import torch
+    from torch import nn
+
+    from comera import TTLinear, register_model, save_pretrained
+
+    @register_model("cli-test-mlp")
+    class TinyMLP(nn.Sequential):
+        def __init__(self):
+            super().__init__(TTLinear(64, 48, rank=3), nn.ReLU(), nn.Linear(48, 2))
+            self.comera_model = {"name": "cli-test-mlp", "kwargs": {}}
+
+    model = TinyMLP()
+    with torch.no_grad():
+        model[0].gates[0][1:] = 0.0
+    save_pretrained(model, tmp_path)
+    assert main(["report", str(tmp_path)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("0 ")]
+    assert len(rows) == 1
+    assert rows[0][4] == ",".join(map(str, model[0].ranks)) == "1,3,3"
+    assert int(rows[0][5].replace(",", "")) == model[0].num_parameters()
+
+
+def test_report_and_plot_fail_cleanly_on_missing_folders(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert main(["plot", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "comera_config.json" in err and "metrics" in err

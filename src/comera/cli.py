@@ -1,9 +1,9 @@
-"""The ``comera`` command: ``comera demo [...]``, ``comera bench NAME [...]``.
+"""The ``comera`` command: ``demo``, ``bench NAME``, ``report DIR``, ``plot RUN_DIR``.
 
-Both run their job (``comera.demo``, ``comera.bench.NAME``) in a fresh Python process with PyTorch's
-transparent huge page allocation enabled (``THP_MEM_ALLOC_ENABLE=1``, read by PyTorch once at start-up;
-it removes most of the page-fault cost of fresh output-sized tensors on CPU). Set the variable yourself
-to override it.
+``demo`` and ``bench`` run their job (``comera.demo``, ``comera.bench.NAME``) in a fresh Python process
+with PyTorch's transparent huge page allocation enabled (``THP_MEM_ALLOC_ENABLE=1``, which PyTorch reads
+once at start-up; it removes most of the page-fault cost of fresh output-sized tensors on CPU). Set the
+variable yourself to override it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,32 @@ def _run_module(module: str, rest: list[str]) -> int:
     return subprocess.call([sys.executable, "-m", module, *rest], env=env)
 
 
+def _report(directory: str) -> int:
+    from comera.io import load_pretrained
+    from comera.report import compression_report
+
+    try:
+        model = load_pretrained(directory)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"comera report: {error}", file=sys.stderr)
+        return 2
+    print(compression_report(model))
+    return 0
+
+
+def _plot(run_dir: str, out_dir: str | None) -> int:
+    from comera.train.plots import plot_run
+
+    try:
+        paths = plot_run(run_dir, out_dir)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"comera plot: {error}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``comera`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -32,7 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="train a dense and a comera MLP on a built-in task", add_help=False)
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
     bench.add_argument("name", choices=BENCHMARKS)
+    report = sub.add_parser("report", help="print the compression report of a saved model directory")
+    report.add_argument("directory", help="a folder written by comera.save_pretrained")
+    plot = sub.add_parser("plot", help="write the PNG plots of a training run")
+    plot.add_argument("run_dir", help="a run folder holding metrics.jsonl")
+    plot.add_argument("--out", default=None, help="output folder (default: the run folder)")
     args, rest = parser.parse_known_args(argv)
+    if args.command in ("report", "plot") and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "report":
+        return _report(args.directory)
+    if args.command == "plot":
+        return _plot(args.run_dir, args.out)
     if args.command == "demo":
         return _run_module("comera.demo", rest)
     return _run_module(f"comera.bench.{args.name}", rest)
