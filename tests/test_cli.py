@@ -71,8 +71,8 @@ def test_report_prints_the_saved_models_layers(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("0 ")]
     assert len(rows) == 1
-    assert rows[0][4] == ",".join(map(str, model[0].ranks)) == "1,3,3"
-    assert int(rows[0][5].replace(",", "")) == model[0].num_parameters()
+    assert rows[0][6] == ",".join(map(str, model[0].ranks)) == "1,3,3"
+    assert int(rows[0][7].replace(",", "")) == model[0].num_parameters()
 
 
 def test_report_and_plot_fail_cleanly_on_missing_folders(tmp_path, capsys):
