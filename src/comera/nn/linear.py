@@ -149,14 +149,15 @@ class _TrainLinear(GatedTrain):
             f"ranks={self.ranks}, max_ranks={self.max_ranks}, compression={self.compression:.1f}x"
         )
 
-    @classmethod
-    def _padded_weight(cls, linear: nn.Linear, layer: _TrainLinear) -> torch.Tensor:
+    @staticmethod
+    def _padded_weight(linear: nn.Linear, layer: _TrainLinear) -> torch.Tensor:
         weight = linear.weight.detach().t()
         rows, cols = math.prod(layer.in_shape), math.prod(layer.out_shape)
         return torch.nn.functional.pad(weight, (0, cols - weight.shape[1], 0, rows - weight.shape[0]))
 
-    @classmethod
-    def _svd_cores(cls, weight: torch.Tensor, layer: _TrainLinear, rank) -> list[torch.Tensor]:
+    @staticmethod
+    def _svd_cores(weight: torch.Tensor, layer: _TrainLinear) -> list[torch.Tensor]:
+        """TT-SVD cores of the padded ``(in, out)`` weight at the layer's stored ranks."""
         raise NotImplementedError
 
     @classmethod
@@ -188,7 +189,7 @@ class _TrainLinear(GatedTrain):
             device=weight.device,
             dtype=weight.dtype,
         )
-        cores = cls._svd_cores(cls._padded_weight(linear, layer), layer, rank)
+        cores = cls._svd_cores(cls._padded_weight(linear, layer), layer)
         with torch.no_grad():
             for param, core in zip(layer.cores, cores):
                 param.copy_(core)
@@ -262,8 +263,8 @@ class TTLinear(_TrainLinear):
         full = tt_full(self.gated_cores())
         return full.reshape(math.prod(self.in_shape), math.prod(self.out_shape))
 
-    @classmethod
-    def _svd_cores(cls, weight, layer, rank):
+    @staticmethod
+    def _svd_cores(weight, layer):
         return tt_svd(weight.reshape(layer.in_shape + layer.out_shape), layer.max_ranks)
 
 
@@ -337,6 +338,6 @@ class TTMLinear(_TrainLinear):
     def _dense_padded(self) -> torch.Tensor:
         return ttm_full(self.gated_cores())
 
-    @classmethod
-    def _svd_cores(cls, weight, layer, rank):
+    @staticmethod
+    def _svd_cores(weight, layer):
         return ttm_svd(weight, layer.in_shape, layer.out_shape, layer.max_ranks)
