@@ -84,13 +84,14 @@ def ttm_lookup_naive(cores: Sequence[torch.Tensor], indices: torch.Tensor) -> to
     """
     batch = indices.shape[0]
     digits = row_digits(indices, [core.shape[1] for core in cores])
-    first = cores[0]
-    state = first[0, digits[0]]  # (b, n_1, r_1)
+    state = cores[0][0, digits[0]]  # (batch, n_1, r_1)
+    produced = cores[0].shape[2]
     for core, digit in zip(cores[1:], digits[1:]):
         rank_in, _, cols, rank_out = core.shape
         chosen = core.transpose(0, 1)[digit].reshape(batch, rank_in, cols * rank_out)
-        state = torch.bmm(state.reshape(batch, -1, rank_in), chosen)
-    return state.reshape(batch, -1)
+        state = torch.bmm(state, chosen).reshape(batch, produced * cols, rank_out)
+        produced *= cols
+    return state.reshape(batch, produced)
 
 
 def _chunk_rows(left: torch.Tensor, right_rows: torch.Tensor) -> int:
@@ -158,11 +159,11 @@ def ttm_lookup_split(cores: Sequence[torch.Tensor], indices: torch.Tensor, split
     """
     if not 1 <= split < len(cores):
         raise ValueError(f"split must be in [1, {len(cores) - 1}], got {split}")
-    right_size = math.prod(core.shape[1] for core in cores[split:])
+    right_size = math.prod([core.shape[1] for core in cores[split:]])
     left = merge_ttm_left(cores[:split])
     right_rows = merge_ttm_right(cores[split:]).transpose(0, 1).contiguous()
     out = _GatherProduct.apply(indices // right_size, indices % right_size, left, right_rows)
-    return out.reshape(indices.shape[0], -1)
+    return out.reshape(indices.shape[0], left.shape[1] * right_rows.shape[2])
 
 
 def _merge_work(shapes: Sequence[tuple[int, int, int, int]]) -> tuple[int, int]:
@@ -194,8 +195,8 @@ def lookup_split_cost(
     left_macs, left_elements = _merge_work(left_shapes)
     right_macs, right_elements = _merge_work(right_shapes)
     rank = shapes[split][0]
-    cols_left = math.prod(shape[2] for shape in shapes[:split])
-    cols_right = math.prod(shape[2] for shape in shapes[split:])
+    cols_left = math.prod([shape[2] for shape in shapes[:split]])
+    cols_right = math.prod([shape[2] for shape in shapes[split:]])
     row_macs = batch * cols_left * rank * cols_right
     row_elements = batch * ((cols_left + cols_right) * rank + cols_left * cols_right)
     factor = 3 if backward else 1
@@ -216,10 +217,12 @@ def best_lookup_split(
     """The bond (``1..d-1``) at which :func:`ttm_lookup_split` is cheapest for ``batch`` rows."""
     if len(core_shapes) < 2:
         raise ValueError(f"a split lookup needs at least 2 cores, got {len(core_shapes)}")
-    return min(
-        range(1, len(core_shapes)),
-        key=lambda split: lookup_split_cost(batch, core_shapes, split, backward, model),
-    )
+    best, best_cost = 1, math.inf
+    for split in range(1, len(core_shapes)):
+        cost = lookup_split_cost(batch, core_shapes, split, backward, model)
+        if cost < best_cost:
+            best, best_cost = split, cost
+    return best
 
 
 def dedup_threshold(
@@ -231,7 +234,7 @@ def dedup_threshold(
     index, a copy of its row out of the distinct rows and, backward, an accumulation of its gradient.
     """
     shapes = [tuple(shape) for shape in core_shapes]
-    cols = math.prod(shape[2] for shape in shapes)
+    cols = math.prod([shape[2] for shape in shapes])
     if len(shapes) == 1:
         row_time = 3 * model.time(0, 2 * cols, 0)
     else:
