@@ -1,7 +1,7 @@
 """comera: train models directly in compressed tensor-train form, with ranks learned during training."""
 
 from comera.io import load_pretrained, register_model, save_pretrained
-from comera.nn import GatedTrain, TTLinear, TTMLinear
+from comera.nn import GatedTrain, TTLinear, TTMEmbedding, TTMEmbeddingBag, TTMLinear, TTMTiedHead
 from comera.rank import PruneResult, RankAdaptation, param_groups, prune_
 from comera.report import CompressionReport, compression_report
 from comera.tensorize import tensorize_, untensorize_
@@ -16,7 +16,10 @@ __all__ = [
     "RankAdaptation",
     "TensorizeConfig",
     "TTLinear",
+    "TTMEmbedding",
+    "TTMEmbeddingBag",
     "TTMLinear",
+    "TTMTiedHead",
     "__version__",
     "auto_modes",
     "compression_report",

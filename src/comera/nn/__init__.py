@@ -1,6 +1,16 @@
-"""Modules: TT/TTM linear layers (and, later, embeddings) with rank gates."""
+"""Modules: TT/TTM linear layers and TTM embeddings with rank gates."""
 
+from comera.nn.embedding import TTMEmbedding, TTMEmbeddingBag, TTMTiedHead
 from comera.nn.gated import DEFAULT_TAU, GatedTrain, mask_gate
 from comera.nn.linear import TTLinear, TTMLinear
 
-__all__ = ["DEFAULT_TAU", "GatedTrain", "TTLinear", "TTMLinear", "mask_gate"]
+__all__ = [
+    "DEFAULT_TAU",
+    "GatedTrain",
+    "TTLinear",
+    "TTMEmbedding",
+    "TTMEmbeddingBag",
+    "TTMLinear",
+    "TTMTiedHead",
+    "mask_gate",
+]
