@@ -37,9 +37,9 @@ def test_sigkill_mid_run_then_resume_gives_identical_parameters(tmp_path):
     assert child.returncode == -signal.SIGKILL
     checkpoints = [step for step, _ in list_checkpoints(tmp_path / "killed" / "checkpoints")]
     assert checkpoints[-1] == 12, checkpoints  # forced by the prune at the end of the early stage
-    resumed = run_child(tmp_path / "killed", pause=0)
-    output, _ = resumed.communicate(timeout=120)
-    assert resumed.returncode == 0 and output.strip().endswith("DONE"), output
+    resumed = make_model(dead_gate=True)
+    config = TrainConfig(run_dir=str(tmp_path / "killed"), **KILL_CONFIG)
+    assert Trainer(resumed, loss_fn, make_data(), config=config).fit(resume=True).step == 24
 
     model = make_model(dead_gate=True)
     config = TrainConfig(run_dir=str(tmp_path / "whole"), **KILL_CONFIG)
@@ -50,6 +50,7 @@ def test_sigkill_mid_run_then_resume_gives_identical_parameters(tmp_path):
     assert final["model"].keys() == expected.keys()
     for name, value in expected.items():
         assert torch.equal(final["model"][name], value), name
+        assert torch.equal(resumed.state_dict()[name], value), name
     steps = [r["step"] for r in read_metrics(tmp_path / "killed") if r["kind"] == "train"]
     assert steps == list(range(1, 25)), "metrics of the lost steps 13-14 must be replaced, not duplicated"
     events = [r["event"] for r in read_metrics(tmp_path / "killed") if r["kind"] == "event"]
@@ -57,7 +58,9 @@ def test_sigkill_mid_run_then_resume_gives_identical_parameters(tmp_path):
 
 
 def test_checkpoint_holds_everything_and_loads_weights_only(tmp_path):
-    config = TrainConfig(early=1, batch_size=8, checkpoint_every=2, keep_checkpoints=2, run_dir=str(tmp_path))
+    config = TrainConfig(
+        early=1, batch_size=8, checkpoint_every=2, keep_checkpoints=2, run_dir=str(tmp_path), plot=False
+    )
     trainer = Trainer(make_model(), loss_fn, make_data(), config=config)
     trainer.fit()
     directory = tmp_path / "checkpoints"
