@@ -6,6 +6,7 @@ from comera.rank import PruneResult, RankAdaptation, param_groups, prune_
 from comera.report import CompressionReport, compression_report
 from comera.tensorize import tensorize_, untensorize_
 from comera.tensorize_config import TensorizeConfig
+from comera.train import TrainConfig, Trainer, plot_run
 from comera.tt.shapes import auto_modes, factorize, suggest_padding
 from comera.version import __version__
 
@@ -15,6 +16,8 @@ __all__ = [
     "PruneResult",
     "RankAdaptation",
     "TensorizeConfig",
+    "TrainConfig",
+    "Trainer",
     "TTLinear",
     "TTMEmbedding",
     "TTMEmbeddingBag",
@@ -26,6 +29,7 @@ __all__ = [
     "factorize",
     "load_pretrained",
     "param_groups",
+    "plot_run",
     "prune_",
     "register_model",
     "save_pretrained",
