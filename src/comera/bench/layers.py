@@ -13,7 +13,7 @@ import argparse
 import torch
 from torch import nn
 
-from comera.bench.report import machine_description, median_ms, update_section
+from comera.bench.report import interleaved_medians_ms, machine_description, update_section
 from comera.nn.linear import TTLinear, TTMLinear
 from comera.tt.paths import ORDERS
 
@@ -38,28 +38,33 @@ def _merge_flops_and_bytes(batch: int, m: int, n: int, rank: int) -> tuple[float
 
 
 def run_layer_benchmark(shapes, batches, ranks, repeats: int) -> list[dict]:
-    """Time every case; returns one row per (shape, batch, rank) with milliseconds per method."""
+    """Time every case; returns one row per (shape, batch, rank) with milliseconds per method.
+
+    Within a row all methods are timed round-robin (see :func:`interleaved_medians_ms`), ``nn.Linear``
+    included, so every ratio compares runs made under the same machine load.
+    """
     rows = []
     for m, n in shapes:
+        dense = nn.Linear(m, n)
         for batch in batches:
             x = torch.randn(batch, m, requires_grad=True)
             upstream = torch.randn(batch, n)
-            dense_ms = median_ms(_fwd_bwd(nn.Linear(m, n), x, upstream), repeats)
             for rank in ranks:
-                row = {"shape": f"{m}->{n}", "batch": batch, "rank": rank, "nn.Linear": dense_ms}
-                tt = TTLinear(m, n, rank=rank)
-                for order in ORDERS:
-                    tt.order = order
-                    row[f"tt:{order}"] = median_ms(_fwd_bwd(tt, x, upstream), repeats)
-                tt.order = "auto"
-                row["tt:auto"] = median_ms(_fwd_bwd(tt, x, upstream), repeats)
+                tt = TTLinear(m, n, rank=rank, order="auto")
+                fixed = {order: TTLinear(m, n, rank=rank, order=order) for order in ORDERS}
+                for layer in fixed.values():
+                    layer.load_state_dict(tt.state_dict())
+                fns = {"nn.Linear": _fwd_bwd(dense, x, upstream), "tt:auto": _fwd_bwd(tt, x, upstream)}
+                fns.update({f"tt:{order}": _fwd_bwd(layer, x, upstream) for order, layer in fixed.items()})
+                fns["ttm:auto"] = _fwd_bwd(TTMLinear(m, n, rank=rank), x, upstream)
+                row = {"shape": f"{m}->{n}", "batch": batch, "rank": rank}
+                row.update(interleaved_medians_ms(fns, repeats))
                 row["auto picks"] = tt._order_for(batch)
-                row["ttm:auto"] = median_ms(_fwd_bwd(TTMLinear(m, n, rank=rank), x, upstream), repeats)
                 middle = tt.max_ranks[len(tt.in_shape) - 1]
                 flops, traffic = _merge_flops_and_bytes(batch, m, n, middle)
                 row["merge GFLOP/s"] = flops / row["tt:merge"] / 1e6
                 row["merge GB/s"] = traffic / row["tt:merge"] / 1e6
-                row["dense GFLOP/s"] = 2 * 3 * batch * m * n / dense_ms / 1e6
+                row["dense GFLOP/s"] = 2 * 3 * batch * m * n / row["nn.Linear"] / 1e6
                 rows.append(row)
                 print(_format_row(row), flush=True)
     return rows
@@ -109,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             "## Linear layers: forward+backward, fp32\n\n"
             f"Machine: {machine_description()}. Command: `comera bench layers --repeats {args.repeats}`.\n"
             "Columns after the times are speedups over `nn.Linear` (higher is faster), medians of "
-            f"{args.repeats} runs after 2 warm-up runs, all measured in one process. Shapes are the defaults "
+            f"{args.repeats} runs after 2 warm-up runs, all measured in one process; within a row the "
+            "methods are timed round-robin so load changes hit all of them alike. Shapes are the defaults "
             "`TTLinear` picks (in modes ascending, out modes descending); `rank` is the max rank per bond. "
             "GFLOP/s and GB/s count the 6 batch-sized GEMMs of the merge path and the minimal traffic "
             f"(read X twice, dY twice, write Y and dX).\n\n{table}\n"

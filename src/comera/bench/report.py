@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["median_ms", "machine_description", "update_section"]
+__all__ = ["median_ms", "interleaved_medians_ms", "machine_description", "update_section"]
 
 
 def median_ms(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> float:
@@ -25,6 +25,22 @@ def median_ms(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> fl
         fn()
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
+
+
+def interleaved_medians_ms(
+    fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2
+) -> dict[str, float]:
+    """Median milliseconds of each function, timed round-robin so load changes hit all of them alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * statistics.median(values) for name, values in times.items()}
 
 
 def _cpu_model() -> str:
