@@ -268,3 +268,19 @@ def test_empty_batch(cls):
     assert y.shape == (0, 6)
     y.sum().backward()
     assert x.grad.shape == (0, 12)
+
+
+@pytest.mark.parametrize("cls", LAYERS)
+@pytest.mark.parametrize("order", ORDERS)
+def test_bf16_autocast_keeps_fp32_masters_and_bf16_accuracy(cls, order):
+    layer = cls(48, 40, rank=4, in_shape=(4, 12), out_shape=(8, 5), order=order)
+    x = torch.randn(6, 48)
+    reference = layer(x)
+    (reference_grad,) = torch.autograd.grad(reference.square().sum(), [layer.cores[0]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    (grad,) = torch.autograd.grad(y.float().square().sum(), [layer.cores[0]])
+    assert grad.dtype == torch.float32 and layer.cores[0].dtype == torch.float32
+    scale = reference.abs().max()
+    assert (y.float() - reference).abs().max() <= 0.03 * scale
+    assert (grad - reference_grad).norm() <= 0.05 * reference_grad.norm()

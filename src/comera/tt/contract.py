@@ -11,6 +11,10 @@ TTM: with ``A = merge(F_1..F_p)`` of shape ``(M_L, N_L, r)`` and ``C = merge(F_{
 ``(r, M_R, N_R)``, ``Y[b, jl, jr] = sum_{il, ir, a} X[b, il, ir] A[il, jl, a] C[a, ir, jr] + bias``:
 first ``T = X(B*M_L, M_R) @ C'(M_R, r*N_R)``, then the batched ``Y[b] = A'(N_L, M_L*r) @ T[b](M_L*r, N_R)``.
 
+Autocast: the forward runs under whatever autocast state is active (its GEMMs take the autocast dtype, e.g.
+bf16, while cores stay fp32 masters), and the backward re-enters that same state, as
+``torch.amp.custom_bwd`` does, so its GEMMs see matching dtypes; gradients reach fp32 parameters as fp32.
+
 Index legend:
     b      batch (all leading dims of the input flattened)
     il/ir  input (row) modes of the left / right half, M_L / M_R values
@@ -26,11 +30,23 @@ from torch.autograd.function import once_differentiable
 __all__ = ["low_rank_linear", "ttm_split_linear"]
 
 
+def _record_autocast(ctx, x: torch.Tensor) -> None:
+    device_type = x.device.type
+    ctx.autocast_device = device_type
+    ctx.autocast_enabled = torch.is_autocast_enabled(device_type)
+    ctx.autocast_dtype = torch.get_autocast_dtype(device_type)
+
+
+def _replay_autocast(ctx) -> torch.autocast:
+    return torch.autocast(ctx.autocast_device, dtype=ctx.autocast_dtype, enabled=ctx.autocast_enabled)
+
+
 class _LowRankLinear(torch.autograd.Function):
     """``Y = (X @ L) @ R + bias`` for 2-D ``X`` (B, m), ``L`` (m, r), ``R`` (r, n), ``bias`` (n,) or None."""
 
     @staticmethod
     def forward(ctx, x, left, right, bias):
+        _record_autocast(ctx, x)
         rank = left.shape[1]
         inner = x @ left
         if bias is not None:
@@ -43,6 +59,11 @@ class _LowRankLinear(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        with _replay_autocast(ctx):
+            return _LowRankLinear._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         x, inner, left, right = ctx.saved_tensors
         rank = ctx.rank
         needs_x, needs_left, needs_right, needs_bias = ctx.needs_input_grad
@@ -82,6 +103,7 @@ class _TTMSplitLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, left, right, bias):
+        _record_autocast(ctx, x)
         rows_left, cols_left, rank = left.shape
         _, rows_right, cols_right = right.shape
         batch = x.shape[0]
@@ -100,6 +122,11 @@ class _TTMSplitLinear(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        with _replay_autocast(ctx):
+            return _TTMSplitLinear._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         x, inner, left_mat, right_mat = ctx.saved_tensors
         rows_left, cols_left, rank, rows_right, cols_right = ctx.dims
         needs_x, needs_left, needs_right, needs_bias = ctx.needs_input_grad
