@@ -9,6 +9,12 @@ memory bound is visible. ``--write`` replaces the ``layers`` section of a markdo
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -94,25 +100,64 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join([header, *(_format_row(row) for row in rows)])
 
 
+def _allocator_rows(repeats: int, thp: str) -> list[dict]:
+    """The B=4096, r=30 rows measured in a fresh process with ``THP_MEM_ALLOC_ENABLE=thp``."""
+    env = dict(os.environ, THP_MEM_ALLOC_ENABLE=thp)
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "rows.json"
+        command = [sys.executable, "-m", "comera.bench.layers", "--large-only", "--repeats", str(repeats)]
+        subprocess.run([*command, "--json", str(out)], env=env, check=True, stdout=subprocess.DEVNULL)
+        return json.loads(out.read_text())
+
+
+def allocator_table(repeats: int) -> str:
+    """B=4096, r=30 rows with PyTorch's default CPU allocation and with transparent huge pages."""
+    lines = [
+        "| shape | THP_MEM_ALLOC_ENABLE | nn.Linear ms | TT auto ms | nn.Linear / TT auto |",
+        "|---|---|---|---|---|",
+    ]
+    for thp in ("0", "1"):
+        for row in _allocator_rows(repeats, thp):
+            ratio = row["nn.Linear"] / row["tt:auto"]
+            lines.append(
+                f"| {row['shape']} | {thp} | {row['nn.Linear']:.1f} | {row['tt:auto']:.1f} | {ratio:.2f}x |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: ``comera bench layers [--quick] [--repeats N] [--write docs/benchmarks.md]``."""
     parser = argparse.ArgumentParser(prog="comera bench layers", description=__doc__)
     parser.add_argument("--repeats", type=int, default=9, help="timed runs per case (median reported)")
     parser.add_argument("--quick", action="store_true", help="one shape, B=128, r=16: a smoke run")
+    parser.add_argument("--large-only", action="store_true", help="only the B=4096, r=30 rows")
+    parser.add_argument("--allocator", action="store_true", help="also compare CPU allocation settings")
+    parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     parser.add_argument("--write", metavar="MARKDOWN", help="update the 'layers' section of this file")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     torch.manual_seed(0)
-    shapes, batches, ranks = (SHAPES[:1], (128,), (16,)) if args.quick else (SHAPES, BATCHES, RANKS)
+    shapes, batches, ranks = SHAPES, BATCHES, RANKS
+    if args.quick:
+        shapes, batches, ranks = SHAPES[:1], (128,), (16,)
+    elif args.large_only:
+        batches, ranks = (4096,), (30,)
     print(machine_description())
     rows = run_layer_benchmark(shapes, batches, ranks, args.repeats)
     table = format_table(rows)
     print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows))
+    allocation = allocator_table(args.repeats) if args.allocator else ""
+    if allocation:
+        print(allocation)
     if args.write:
         body = (
             "## Linear layers: forward+backward, fp32\n\n"
-            f"Machine: {machine_description()}. Command: `comera bench layers --repeats {args.repeats}`.\n"
+            f"Machine: {machine_description()}. Command: `comera bench layers --repeats {args.repeats}"
+            f"{' --allocator' if args.allocator else ''}` "
+            f"(THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}).\n"
             "Columns after the times are speedups over `nn.Linear` (higher is faster), medians of "
             f"{args.repeats} runs after 2 warm-up runs, all measured in one process; within a row the "
             "methods are timed round-robin so load changes hit all of them alike. Shapes are the defaults "
@@ -120,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
             "GFLOP/s and GB/s count the 6 batch-sized GEMMs of the merge path and the minimal traffic "
             f"(read X twice, dY twice, write Y and dX).\n\n{table}\n"
         )
+        if allocation:
+            body += (
+                "\n### CPU allocation: default vs transparent huge pages\n\n"
+                "The B=4096, r=30 rows again, each setting in a fresh process.\n\n" + allocation + "\n"
+            )
         update_section(args.write, "layers", body)
     return 0
 
