@@ -4,9 +4,12 @@ Two kinds of training data are accepted:
 
 - a map-style dataset (``__len__`` and ``__getitem__``, e.g. ``TensorDataset``): batched here, shuffled with a
   generator seeded from ``(seed, epoch)``; resuming at batch ``b`` slices the index order, loading nothing.
+  With ``world_size > 1`` rank ``r`` takes every ``world_size``-th sample of the epoch's order from ``r``;
+  for training the order is first cut to a multiple of ``world_size`` so every rank has as many batches.
 - any other re-iterable of batches (a ``DataLoader``, a list): iterated once per epoch with the global torch
   RNG temporarily seeded from ``(seed, epoch)`` while the iterator starts, so a shuffling ``DataLoader``
-  gives the same order on every run; resuming at batch ``b`` skips ``b`` batches.
+  gives the same order on every run; resuming at batch ``b`` skips ``b`` batches. Under DDP such data must
+  shard itself (e.g. a ``DistributedSampler``), with the same number of batches on every rank.
 
 Data loading must not draw from the global RNG after that (augmentation should use its own generator),
 or a resumed run draws different numbers than an uninterrupted one.
@@ -48,6 +51,8 @@ class EpochData:
         batch_size, shuffle, drop_last: batching of a map-style dataset (ignored for iterables).
         seed: base seed of the data order.
         collate_fn: turns a list of samples into a batch (default ``torch.utils.data.default_collate``).
+        rank, world_size: this process's shard of a map-style dataset.
+        equal_shards: cut the order to a multiple of ``world_size`` (training) or keep every sample (eval).
     """
 
     def __init__(
@@ -59,6 +64,9 @@ class EpochData:
         drop_last: bool,
         seed: int,
         collate_fn: Callable[[list], Any] | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        equal_shards: bool = True,
     ) -> None:
         self.data = data
         self.batch_size = batch_size
@@ -66,6 +74,9 @@ class EpochData:
         self.drop_last = drop_last
         self.seed = seed
         self.collate_fn = collate_fn or default_collate
+        self.rank = rank
+        self.world_size = world_size
+        self.equal_shards = equal_shards
         self.is_dataset = _is_map_dataset(data)
         if not self.is_dataset and not isinstance(data, Iterable):
             raise TypeError(
@@ -75,9 +86,15 @@ class EpochData:
     def __len__(self) -> int:
         """Batches per epoch; ``TypeError`` for an iterable without ``len``."""
         if self.is_dataset:
-            count = len(self.data)
+            count = self._shard_size()
             return count // self.batch_size if self.drop_last else -(-count // self.batch_size)
         return len(self.data)
+
+    def _shard_size(self) -> int:
+        count = len(self.data)
+        if self.equal_shards:
+            return count // self.world_size
+        return len(range(self.rank, count, self.world_size))
 
     def has_length(self) -> bool:
         """Whether :meth:`__len__` is known."""
@@ -100,6 +117,9 @@ class EpochData:
             order = torch.randperm(count, generator=generator).tolist()
         else:
             order = list(range(count))
+        if self.equal_shards:
+            order = order[: count - count % self.world_size]
+        order = order[self.rank :: self.world_size]
         for batch in range(start, len(self)):
             indices = order[batch * self.batch_size : (batch + 1) * self.batch_size]
             yield self.collate_fn([self.data[index] for index in indices])

@@ -8,10 +8,17 @@ Between steps, in this order: a metrics record every ``log_every`` steps; at an 
 configured; at the end of the early stage, pruning (``"early_end"``) and the switch to the late stage; at the
 last step, pruning (``"end"``); evaluation and checkpoint when due; then the callbacks. A prune that changes
 the model is followed by a checkpoint (when checkpoints are on), so a rollback never has to grow a layer.
+
+Distributed data parallel (``torchrun``, gloo on CPU, nccl on CUDA): when a process group with several ranks
+is running, the model is wrapped in ``DistributedDataParallel`` (rebuilt at every prune point),
+a map-style dataset is sharded by rank, the task loss the objective reads is averaged over ranks (so the
+late-stage switch and targets agree), rank 0 alone writes metrics, plots and checkpoints (which hold every
+rank's RNG state), and evaluation sums over all ranks.
 """
 
 from __future__ import annotations
 
+import gc
 import random
 import sys
 import time
@@ -23,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from comera.rank.adaptation import RankAdaptation
@@ -43,6 +51,7 @@ from comera.train.checkpoint import (
 )
 from comera.train.config import TrainConfig
 from comera.train.data import EpochData
+from comera.train.distributed import barrier, gather_objects, globally_averaged, world
 from comera.train.guard import NonFiniteGuard, total_grad_norm
 from comera.train.metrics import MetricsLog, peak_memory_mib
 from comera.train.structure import apply_structure, model_structure
@@ -134,6 +143,14 @@ class Trainer:
         self.loss_fn = loss_fn
         self.eval_fn = eval_fn
         self.callbacks = list(callbacks)
+        if isinstance(model, DistributedDataParallel):
+            raise TypeError(
+                "model must not be wrapped in DistributedDataParallel: pass the plain model; the Trainer "
+                "wraps it itself because it must rebuild the wrapper after pruning"
+            )
+        self.process_rank, self.world_size = world()
+        if self.world_size > 1:
+            self.model = DistributedDataParallel(self.module)
         self.rank = RankAdaptation(
             self.module, gamma=config.gamma, tau=config.tau, surrogate=config.surrogate
         )
@@ -146,7 +163,13 @@ class Trainer:
                 weight_decay=config.weight_decay,
             )
         )
-        batching = {"batch_size": config.batch_size, "seed": config.seed, "collate_fn": collate_fn}
+        batching = {
+            "batch_size": config.batch_size,
+            "seed": config.seed,
+            "collate_fn": collate_fn,
+            "rank": self.process_rank,
+            "world_size": self.world_size,
+        }
         self.train_data = EpochData(
             train_data, shuffle=config.shuffle, drop_last=config.drop_last, **batching
         )
@@ -157,7 +180,9 @@ class Trainer:
                 "train_data yields no batches (empty, or fewer samples than batch_size with drop_last)"
             )
         self.eval_data = (
-            None if eval_data is None else EpochData(eval_data, shuffle=False, drop_last=False, **batching)
+            None
+            if eval_data is None
+            else EpochData(eval_data, shuffle=False, drop_last=False, equal_shards=False, **batching)
         )
         run_dir = None if config.run_dir is None else Path(config.run_dir)
         self.run_dir = run_dir
@@ -166,7 +191,7 @@ class Trainer:
             if config.checkpoint_dir is not None
             else (None if run_dir is None else run_dir / "checkpoints")
         )
-        self.metrics = MetricsLog(run_dir)
+        self.metrics = MetricsLog(run_dir if self.process_rank == 0 else None)
         self.guard = NonFiniteGuard(config.max_nonfinite, config.max_rollbacks)
         self.step = 0
         self.epoch = 0
@@ -192,7 +217,7 @@ class Trainer:
 
     # one step
     def _forward_backward(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        task = self.loss_fn(self.model, batch)
+        task = globally_averaged(self.loss_fn(self.model, batch))
         objective = self.rank.loss(task)
         objective.backward()
         return task.detach(), objective.detach()
@@ -259,6 +284,7 @@ class Trainer:
         if self.step == 0 and self.early_steps == 0 and self.rank.stage == "early":
             self._begin_late_stage()
         progress = sys.stderr.isatty() if self.config.progress is None else self.config.progress
+        progress = progress and self.process_rank == 0
         self._bar = tqdm(
             total=total, initial=self.step, disable=not progress, dynamic_ncols=True, unit="step"
         )
@@ -268,7 +294,7 @@ class Trainer:
         finally:
             self._bar.close()
             self._bar = None
-        if self.run_dir is not None and self.config.plot:
+        if self.run_dir is not None and self.config.plot and self.process_rank == 0:
             self._plot()
         size = self.rank.size()
         return FitResult(
@@ -341,7 +367,11 @@ class Trainer:
         self._event("late_stage", target_size=self.rank.target_size, target_loss=self.rank.target_loss)
 
     def _prune(self, point: str) -> bool:
+        if self.world_size > 1:
+            self._drop_ddp_wrapper()
         result = prune_(self.module, self.optimizer)
+        if self.world_size > 1:
+            self.model = DistributedDataParallel(self.module)
         if result.changed:
             self._event(
                 "prune",
@@ -353,11 +383,18 @@ class Trainer:
             )
         return result.changed
 
+    def _drop_ddp_wrapper(self) -> None:
+        """Free the DDP wrapper before pruning: it keeps the parameters' gradient accumulators alive, and
+        those would still expect the old shapes after :func:`comera.prune_` swaps the parameters' data."""
+        self.model = self.module
+        gc.collect()
+
     # evaluation
     def evaluate(self) -> dict[str, float]:
         """Mean of ``eval_fn`` (default: the task loss) over the evaluation data; ``{}`` without eval data.
 
-        Runs in eval mode without gradients; the global RNG state is left as it was.
+        Runs in eval mode without gradients on the unwrapped model; the global RNG state is left as it was.
+        Under DDP each rank evaluates its shard and the means cover all ranks' batches.
         """
         if self.eval_data is None:
             return {}
@@ -369,16 +406,22 @@ class Trainer:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 for batch in self.eval_data.epoch(0):
                     values = (
-                        self.eval_fn(self.model, batch)
+                        self.eval_fn(self.module, batch)
                         if self.eval_fn is not None
-                        else {"loss": self.loss_fn(self.model, batch)}
+                        else {"loss": self.loss_fn(self.module, batch)}
                     )
                     for name, value in values.items():
                         sums[name] = sums.get(name, 0.0) + float(value)
                     count += 1
         finally:
             self.model.train(was_training)
-        return {name: total / max(count, 1) for name, total in sums.items()}
+        totals: dict[str, float] = {}
+        batches = 0
+        for rank_sums, rank_count in gather_objects((sums, count)):
+            batches += rank_count
+            for name, value in rank_sums.items():
+                totals[name] = totals.get(name, 0.0) + value
+        return {name: total / max(batches, 1) for name, total in totals.items()}
 
     # records
     def _log_train(self) -> None:
@@ -432,7 +475,11 @@ class Trainer:
 
     # checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The full training state as tensors and plain values (what a checkpoint file holds)."""
+        """The full training state as tensors and plain values (what a checkpoint file holds).
+
+        Under DDP this is collective (it gathers every rank's RNG state).
+        """
+        rng_per_rank = gather_objects(capture_rng())
         return {
             "format": CHECKPOINT_FORMAT,
             "format_version": CHECKPOINT_VERSION,
@@ -443,17 +490,25 @@ class Trainer:
             "rank_adaptation": self.rank.state_dict(),
             "progress": {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch},
             "guard": self.guard.state_dict(),
-            "rng": capture_rng(),
+            "rng": rng_per_rank[self.process_rank],
+            "rng_per_rank": rng_per_rank,
             "config": self.config.to_dict(),
         }
 
     def save_checkpoint(self) -> Path:
-        """Write the state after the current step atomically; keep the newest ``keep_checkpoints`` files."""
+        """Write the state after the current step atomically; keep the newest ``keep_checkpoints`` files.
+
+        Under DDP every rank calls it; rank 0 writes, and all ranks wait until the file is in place.
+        """
         if self.checkpoint_dir is None:
             raise ValueError("no checkpoint folder: set config.run_dir or config.checkpoint_dir")
-        path = save_checkpoint(self.state_dict(), checkpoint_path(self.checkpoint_dir, self.step))
-        for _, old in list_checkpoints(self.checkpoint_dir)[: -self.config.keep_checkpoints]:
-            old.unlink(missing_ok=True)
+        path = checkpoint_path(self.checkpoint_dir, self.step)
+        payload = self.state_dict()
+        if self.process_rank == 0:
+            save_checkpoint(payload, path)
+            for _, old in list_checkpoints(self.checkpoint_dir)[: -self.config.keep_checkpoints]:
+                old.unlink(missing_ok=True)
+        barrier()
         return path
 
     def _restore(self, payload: dict[str, Any], rollback: bool) -> None:
@@ -467,7 +522,8 @@ class Trainer:
         self.batch_in_epoch = int(progress["batch_in_epoch"])
         if not rollback:
             self.guard.load_state_dict(payload["guard"])
-        restore_rng(payload["rng"])
+        per_rank = payload.get("rng_per_rank", [])
+        restore_rng(per_rank[self.process_rank] if len(per_rank) == self.world_size else payload["rng"])
         self._window = {"loss": 0.0, "objective": 0.0, "count": 0, "time": 0.0, "steps": 0}
 
     def _rollback(self) -> None:
