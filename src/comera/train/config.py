@@ -16,9 +16,10 @@ from typing import Any
 
 from comera.rank.surrogate import SURROGATES
 
-__all__ = ["TrainConfig", "PRUNE_POINTS", "UNITS"]
+__all__ = ["TrainConfig", "PRUNE_POINTS", "PRECISIONS", "UNITS"]
 
 UNITS = ("epoch", "step")
+PRECISIONS = ("fp32", "bf16")
 PRUNE_POINTS = ("early_end", "late_epoch", "epoch", "end")
 """Where :func:`comera.prune_` runs: end of the early stage, end of every late-stage epoch, end of every
 epoch, end of training. An empty tuple never prunes."""
@@ -80,6 +81,9 @@ class TrainConfig:
         progress: show a tqdm progress bar; None = only when stderr is a terminal.
         plot: write the PNG plots into ``run_dir`` at the end of :meth:`Trainer.fit`.
         compile: wrap the training step in ``torch.compile``; ``compile_backend`` picks the backend.
+        precision: ``"fp32"``, or ``"bf16"``: forward and objective under ``torch.autocast`` with bfloat16
+            (parameters, gradients and optimizer state stay fp32). On CPUs without native bf16 matrix units
+            this is far slower than fp32.
     """
 
     early: int = 1
@@ -114,12 +118,15 @@ class TrainConfig:
     plot: bool = True
     compile: bool = False
     compile_backend: str = "inductor"
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         _int(self.early, "early", 0)
         _int(self.late, "late", 0)
         if self.early + self.late == 0:
             raise ValueError("early + late must be >= 1: the run has no steps")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.unit not in UNITS:
             raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
         _number(self.gamma, "gamma", 0.0)

@@ -197,6 +197,8 @@ class Trainer:
         self.epoch = 0
         self.batch_in_epoch = 0
         self.last_eval: dict[str, float] = {}
+        self._bf16 = config.precision == "bf16"
+        self._device_type = self._device().type
         self._compute, self._apply = self._step_functions()
         self._window = {"loss": 0.0, "objective": 0.0, "count": 0, "time": 0.0, "steps": 0}
         self._bar = None
@@ -217,8 +219,9 @@ class Trainer:
 
     # one step
     def _forward_backward(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        task = globally_averaged(self.loss_fn(self.model, batch))
-        objective = self.rank.loss(task)
+        with torch.autocast(self._device_type, dtype=torch.bfloat16, enabled=self._bf16):
+            task = globally_averaged(self.loss_fn(self.model, batch))
+            objective = self.rank.loss(task)
         objective.backward()
         return task.detach(), objective.detach()
 
