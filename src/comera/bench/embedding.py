@@ -1,0 +1,304 @@
+"""Embedding lookup benchmark: forward+backward time and peak memory of ``nn.Embedding`` and the TTM lookups.
+
+Run as ``comera bench embedding`` or ``python benchmarks/bench_embedding.py``. Tables: the paper's word
+embedding (30522 x 768 as rows 16 * 20 * 10 * 10, columns 4 * 4 * 8 * 6, rank 32) and a DLRM-size table
+(10M x 16, default shapes, rank 16). Index batches of 10k, 20k and 40k ids drawn uniformly or from a
+Zipf(1.05) law over a shuffled vocabulary. Methods: ``nn.Embedding``, and ``TTMEmbedding`` with each lookup
+(``naive``, ``split`` = optimized without deduplication, ``optimized``, ``auto`` = the default).
+
+Every case runs in a fresh process (``--case``): it builds the table and the batch, then runs one step
+(forward, then backward of a fixed random upstream gradient, parameter gradients reset before each step)
+whose peak memory is the rise of the process's peak resident set size over the resident size just before
+the step (the kernel's high-water mark, reset through ``/proc/self/clear_refs``; on systems without it,
+``ru_maxrss``). That step is also the warm-up; the time is the median of the following repeats.
+``--write`` replaces the ``embedding`` section of a markdown file with the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from comera.bench.report import machine_description, median_ms, update_section
+from comera.nn.embedding import TTMEmbedding
+
+__all__ = ["TABLES", "METHODS", "make_indices", "run_case", "main"]
+
+TABLES = {
+    "paper": {
+        "rows": 30522,
+        "dim": 768,
+        "rank": 32,
+        "row_shape": (16, 20, 10, 10),
+        "col_shape": (4, 4, 8, 6),
+    },
+    "dlrm": {"rows": 10_000_000, "dim": 16, "rank": 16, "row_shape": None, "col_shape": None},
+}
+METHODS = ("nn.Embedding", "naive", "split", "optimized", "auto")
+DISTRIBUTIONS = ("uniform", "zipf")
+SIZES = (10_000, 20_000, 40_000)
+ZIPF_EXPONENT = 1.05
+# The paper authors' published order-4 lookup and nn.Embedding, fwd+bwd on the paper's table with uniform
+# ids, measured on the development machine in one run (issue 3); milliseconds by batch size.
+AUTHORS_MS = {10_000: 262.0, 20_000: 564.0, 40_000: 1163.0}
+AUTHORS_UNIQUE_MS = {10_000: 128.0, 20_000: 276.0, 40_000: 476.0}
+AUTHORS_DENSE_MS = {10_000: 52.0, 20_000: 101.0, 40_000: 157.0}
+
+
+def make_indices(rows: int, count: int, distribution: str, seed: int = 0) -> torch.Tensor:
+    """``count`` ids in ``[0, rows)``: uniform, or Zipf(1.05) ranks mapped through a fixed shuffle of ids."""
+    generator = torch.Generator().manual_seed(seed)
+    if distribution == "uniform":
+        return torch.randint(0, rows, (count,), generator=generator)
+    if distribution != "zipf":
+        raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
+    weights = torch.arange(1, rows + 1, dtype=torch.float64).pow_(-ZIPF_EXPONENT)
+    cdf = weights.cumsum_(0)
+    cdf /= cdf[-1].clone()
+    ranks = torch.searchsorted(cdf, torch.rand(count, generator=generator, dtype=torch.float64))
+    shuffle = torch.randperm(rows, generator=generator)
+    return shuffle[ranks.clamp_(max=rows - 1)]
+
+
+def _build(table: str, method: str) -> nn.Module:
+    spec = TABLES[table]
+    if method == "nn.Embedding":
+        return nn.Embedding(spec["rows"], spec["dim"])
+    return TTMEmbedding(
+        spec["rows"],
+        spec["dim"],
+        row_shape=spec["row_shape"],
+        col_shape=spec["col_shape"],
+        rank=spec["rank"],
+        lookup=method,
+    )
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return _status_kb("VmHWM") is not None
+
+
+def _peak_rise_mb(step) -> float:
+    """Rise of the peak resident set size over the current one while ``step()`` runs, in MiB."""
+    if _reset_peak_rss():
+        before = _status_kb("VmRSS")
+        step()
+        return (_status_kb("VmHWM") - before) / 1024
+    before = _status_kb("VmRSS") or 0
+    step()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+
+
+def run_case(table: str, method: str, distribution: str, count: int, repeats: int) -> dict:
+    """Peak memory of the first step and median time of ``repeats`` more steps, in this process."""
+    module = _build(table, method)
+    indices = make_indices(TABLES[table]["rows"], count, distribution)
+    upstream = torch.randn(count, TABLES[table]["dim"])
+
+    def step() -> None:
+        module.zero_grad(set_to_none=True)
+        module(indices).backward(upstream)
+
+    start = time.perf_counter()
+    peak = _peak_rise_mb(step)
+    first = time.perf_counter() - start
+    repeats = max(1, min(repeats, int(60.0 / max(first, 1e-3))))
+    return {
+        "table": table,
+        "method": method,
+        "distribution": distribution,
+        "count": count,
+        "ms": median_ms(step, repeats=repeats, warmup=0),
+        "peak_mb": peak,
+        "distinct": int(torch.unique(indices).numel()),
+        "parameters": sum(param.numel() for param in module.parameters() if param.dim() > 1),
+    }
+
+
+def _run_in_fresh_process(case: str, repeats: int) -> dict:
+    env = dict(os.environ)
+    env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    command = [sys.executable, "-m", "comera.bench.embedding", "--case", case, "--repeats", str(repeats)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"case {case} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> str:
+    if numerator is None or denominator is None or denominator <= 0:
+        return "n/a"
+    return f"{numerator / denominator:.1f}x"
+
+
+def format_report(results: list[dict], command: str) -> str:
+    """Markdown section: times, peak memory, ratios, the authors' lookup, parameter counts."""
+    by_key = {(r["table"], r["distribution"], r["count"], r["method"]): r for r in results}
+    cases = sorted(
+        {(r["table"], r["distribution"], r["count"]) for r in results}, key=lambda c: (c[0], c[1], c[2])
+    )
+    methods = [m for m in METHODS if any(r["method"] == m for r in results)]
+
+    def value(case, method, field):
+        entry = by_key.get((*case, method))
+        return None if entry is None else entry[field]
+
+    lines = [
+        "## Embedding lookup (forward + backward)",
+        "",
+        f"Machine: {machine_description()}.",
+        f"Command: `{command}`. Each case ran in a fresh process; time = median of repeats after one warm-up",
+        "step; peak = rise of the process's peak RSS over its RSS just before that first step (kernel",
+        "high-water mark reset through `/proc/self/clear_refs`), so it counts everything the step allocated:",
+        "output, upstream-gradient use, autograd state, parameter gradients (the dense table's gradient for",
+        "`nn.Embedding`). `split` is the optimized lookup without deduplication, `auto` the default lookup.",
+        "Tables: `paper` = 30522 x 768 (rows 16*20*10*10, columns 4*4*8*6, rank 32); `dlrm` = 10M x 16",
+        "(default shapes, rank 16). Zipf ids follow a Zipf(1.05) law over a shuffled vocabulary.",
+        "",
+        "Time (ms):",
+        "",
+        "| table | ids | batch | distinct | " + " | ".join(methods) + " |",
+        "|---|---|---|---|" + "---|" * len(methods),
+    ]
+    for case in cases:
+        distinct = next(by_key[(*case, m)]["distinct"] for m in methods if (*case, m) in by_key)
+        cells = " | ".join(_fmt(value(case, m, "ms")) for m in methods)
+        lines.append(f"| {case[0]} | {case[1]} | {case[2]} | {distinct} | {cells} |")
+    lines += ["", "Peak memory (MiB):", "", "| table | ids | batch | " + " | ".join(methods) + " |"]
+    lines.append("|---|---|---|" + "---|" * len(methods))
+    for case in cases:
+        cells = " | ".join(_fmt(value(case, m, "peak_mb")) for m in methods)
+        lines.append(f"| {case[0]} | {case[1]} | {case[2]} | {cells} |")
+    lines += [
+        "",
+        "Ratios (higher is better for the second-named method):",
+        "",
+        "| table | ids | batch | time naive/optimized | memory naive/optimized | time naive/split | "
+        "memory naive/split | time naive/auto | time nn.Embedding/auto | memory nn.Embedding/auto |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case in cases:
+        cells = [
+            _ratio(value(case, "naive", "ms"), value(case, "optimized", "ms")),
+            _ratio(value(case, "naive", "peak_mb"), value(case, "optimized", "peak_mb")),
+            _ratio(value(case, "naive", "ms"), value(case, "split", "ms")),
+            _ratio(value(case, "naive", "peak_mb"), value(case, "split", "peak_mb")),
+            _ratio(value(case, "naive", "ms"), value(case, "auto", "ms")),
+            _ratio(value(case, "nn.Embedding", "ms"), value(case, "auto", "ms")),
+            _ratio(value(case, "nn.Embedding", "peak_mb"), value(case, "auto", "peak_mb")),
+        ]
+        lines.append(f"| {case[0]} | {case[1]} | {case[2]} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Against the paper authors' order-4 lookup (paper table, uniform ids; their times measured once on",
+        "the development machine, given in issue 3). `normalised` divides each lookup's time by the",
+        "`nn.Embedding` time of its own run, so load differences between the two runs cancel.",
+        "",
+        "| batch | authors ms | authors+unique ms | auto ms | speed-up | speed-up vs authors+unique | "
+        "normalised speed-up | normalised vs authors+unique |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for count in sorted(AUTHORS_MS):
+        case = ("paper", "uniform", count)
+        ours, dense = value(case, "auto", "ms"), value(case, "nn.Embedding", "ms")
+        if ours is None:
+            continue
+        norm = None if dense is None else ours / dense
+        cells = [
+            _fmt(AUTHORS_MS[count], 0),
+            _fmt(AUTHORS_UNIQUE_MS[count], 0),
+            _fmt(ours),
+            _ratio(AUTHORS_MS[count], ours),
+            _ratio(AUTHORS_UNIQUE_MS[count], ours),
+            _ratio(AUTHORS_MS[count] / AUTHORS_DENSE_MS[count], norm),
+            _ratio(AUTHORS_UNIQUE_MS[count] / AUTHORS_DENSE_MS[count], norm),
+        ]
+        lines.append(f"| {count} | " + " | ".join(cells) + " |")
+    lines += ["", "Parameters:", "", "| table | dense | TTM | compression |", "|---|---|---|---|"]
+    for table in sorted({r["table"] for r in results}):
+        dense = next(
+            (r["parameters"] for r in results if r["table"] == table and r["method"] == "nn.Embedding"), None
+        )
+        ttm = next(
+            (r["parameters"] for r in results if r["table"] == table and r["method"] != "nn.Embedding"), None
+        )
+        spec = TABLES[table]
+        dense = dense or spec["rows"] * spec["dim"]
+        lines.append(f"| {table} | {dense} | {ttm} | {_ratio(dense, ttm)} |")
+    return "\n".join(lines)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="comera bench embedding", description=__doc__.splitlines()[0])
+    parser.add_argument("--tables", nargs="+", default=list(TABLES), choices=list(TABLES))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument(
+        "--distributions", nargs="+", default=list(DISTRIBUTIONS), choices=list(DISTRIBUTIONS)
+    )
+    parser.add_argument("--sizes", nargs="+", type=int, default=list(SIZES))
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per case (fewer for slow cases)")
+    parser.add_argument("--quick", action="store_true", help="10k ids only, 2 repeats")
+    parser.add_argument("--write", default=None, help="markdown file whose 'embedding' section is replaced")
+    parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (every case in a fresh process), print the tables, optionally write them."""
+    args = _parse_args(argv)
+    if args.case is not None:
+        table, method, distribution, count = args.case.split(":")
+        print(json.dumps(run_case(table, method, distribution, int(count), args.repeats)))
+        return 0
+    sizes = SIZES[:1] if args.quick else tuple(args.sizes)
+    repeats = 2 if args.quick else args.repeats
+    results = []
+    for table in args.tables:
+        for distribution in args.distributions:
+            for count in sizes:
+                for method in args.methods:
+                    result = _run_in_fresh_process(f"{table}:{method}:{distribution}:{count}", repeats)
+                    results.append(result)
+                    print(
+                        f"{table:6s} {distribution:8s} {count:6d} {method:13s} {result['ms']:10.1f} ms "
+                        f"{result['peak_mb']:9.1f} MiB",
+                        flush=True,
+                    )
+    command = "comera bench embedding " + " ".join(argv if argv is not None else sys.argv[1:])
+    report = format_report(results, command.strip())
+    print(report)
+    if args.write:
+        update_section(args.write, "embedding", report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
