@@ -25,6 +25,7 @@ from comera.train import TrainConfig
         ({"surrogate": "l1"}, "surrogate must be one of"),
         ({"run_dir": 3}, "run_dir must be a str path"),
         ({"eval_every": 0}, "eval_every must be an int >= 1"),
+        ({"precision": "fp16"}, "precision must be one of"),
     ],
 )
 def test_bad_values_name_the_argument(overrides, message):

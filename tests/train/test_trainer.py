@@ -137,3 +137,21 @@ def test_bad_arguments_raise_clear_errors():
         Trainer(make_model(), loss_fn, make_data(4), config=TrainConfig(batch_size=8, drop_last=True))
     with pytest.raises(ValueError, match="must have a len"):
         Trainer(make_model(), loss_fn, (batch for batch in batches_of(data, 8)))
+
+
+class Unsized:
+    """A re-iterable of batches without ``len``."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def test_unsized_iterable_counts_steps_and_wraps_epochs(tmp_path):
+    config = TrainConfig(early=8, unit="step", log_every=1, run_dir=str(tmp_path), plot=False)
+    trainer = Trainer(make_model(), loss_fn, Unsized(batches_of(make_data(), 16)), config=config)
+    assert trainer.fit().step == 8
+    epochs = [r["epoch"] for r in read_metrics(tmp_path) if r["kind"] == "train"]
+    assert epochs == [0, 0, 0, 1, 1, 1, 2, 2]  # 3 batches per pass

@@ -137,17 +137,17 @@ class Trainer:
             raise TypeError(
                 f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}"
             )
+        if isinstance(model, DistributedDataParallel):
+            raise TypeError(
+                "model must not be wrapped in DistributedDataParallel: pass the plain model; the Trainer "
+                "wraps it itself because it must rebuild the wrapper after pruning"
+            )
         self.config = config
         self.model = model
         self.module = unwrap_model(model)
         self.loss_fn = loss_fn
         self.eval_fn = eval_fn
         self.callbacks = list(callbacks)
-        if isinstance(model, DistributedDataParallel):
-            raise TypeError(
-                "model must not be wrapped in DistributedDataParallel: pass the plain model; the Trainer "
-                "wraps it itself because it must rebuild the wrapper after pruning"
-            )
         self.process_rank, self.world_size = world()
         if self.world_size > 1:
             self.model = DistributedDataParallel(self.module)
@@ -174,8 +174,12 @@ class Trainer:
             train_data, shuffle=config.shuffle, drop_last=config.drop_last, **batching
         )
         if not self.train_data.has_length():
-            raise ValueError("train_data must have a len() (batches per epoch) to count stages in epochs")
-        if len(self.train_data) == 0:
+            if config.unit == "epoch":
+                raise ValueError(
+                    "train_data must have a len() (batches per epoch) to count stages in epochs; "
+                    "use unit='step' for data without one"
+                )
+        elif len(self.train_data) == 0:
             raise ValueError(
                 "train_data yields no batches (empty, or fewer samples than batch_size with drop_last)"
             )
