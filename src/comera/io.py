@@ -26,9 +26,10 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
+from comera.nn.embedding import TTMEmbedding, TTMEmbeddingBag, TTMTiedHead
 from comera.nn.gated import GatedTrain
 from comera.nn.linear import TTLinear, TTMLinear
-from comera.rank.removed import RemovedEmbedding, RemovedLayer, RemovedLinear
+from comera.rank.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLayer, RemovedLinear
 from comera.tensorize import CONFIG_ATTRIBUTE, set_submodule, tensorize_configs, unwrap_model
 from comera.tensorize_config import TensorizeConfig
 from comera.version import __version__
@@ -81,10 +82,6 @@ def _module_names(root: nn.Module) -> dict[int, str]:
     return {id(module): name for name, module in root.named_modules()}
 
 
-def _is_tied_head(module: nn.Module) -> bool:
-    return type(module).__name__ == "TTMTiedHead"
-
-
 def _layer_spec(module: nn.Module, names: dict[int, str]) -> dict[str, Any]:
     kind = type(module).__name__
     if isinstance(module, (TTLinear, TTMLinear)):
@@ -107,9 +104,18 @@ def _layer_spec(module: nn.Module, names: dict[int, str]) -> dict[str, Any]:
             "out_features": module.out_features,
             "bias": module.bias is not None,
         }
+    if isinstance(module, RemovedEmbeddingBag):
+        return {
+            "type": kind,
+            "num_embeddings": module.num_embeddings,
+            "embedding_dim": module.embedding_dim,
+            "mode": module.mode,
+            "include_last_offset": module.include_last_offset,
+            "padding_idx": module.padding_idx,
+        }
     if isinstance(module, RemovedEmbedding):
         return {"type": kind, "num_embeddings": module.num_embeddings, "embedding_dim": module.embedding_dim}
-    if _is_tied_head(module):
+    if isinstance(module, TTMTiedHead):
         return {"type": kind, "embedding": names[id(module.embedding)], "bias": module.bias is not None}
     if isinstance(module, GatedTrain) and hasattr(module, "num_embeddings"):
         return _embedding_spec(module)
@@ -172,7 +178,7 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
     layers = {
         name: _layer_spec(module, names)
         for name, module in root.named_modules()
-        if isinstance(module, (GatedTrain, RemovedLayer)) or _is_tied_head(module)
+        if isinstance(module, (GatedTrain, RemovedLayer, TTMTiedHead))
     }
     tensors, aliases = _dedupe(root.state_dict())
     config = {
@@ -264,16 +270,22 @@ def _build_layer(spec: dict[str, Any], device, dtype, root: nn.Module) -> nn.Mod
         return RemovedLinear(
             spec["in_features"], spec["out_features"], spec["bias"], device=device, dtype=dtype
         )
+    if kind == "RemovedEmbeddingBag":
+        return RemovedEmbeddingBag(
+            spec["num_embeddings"],
+            spec["embedding_dim"],
+            spec["mode"],
+            include_last_offset=spec["include_last_offset"],
+            padding_idx=spec["padding_idx"],
+            device=device,
+            dtype=dtype,
+        )
     if kind == "RemovedEmbedding":
         return RemovedEmbedding(spec["num_embeddings"], spec["embedding_dim"], device=device, dtype=dtype)
     if kind == "TTMTiedHead":
-        from comera.nn.embedding import TTMTiedHead
-
         return TTMTiedHead(root.get_submodule(spec["embedding"]), bias=spec["bias"])
     if kind in ("TTMEmbedding", "TTMEmbeddingBag"):
-        from comera.nn import embedding
-
-        cls = getattr(embedding, kind)
+        cls = TTMEmbedding if kind == "TTMEmbedding" else TTMEmbeddingBag
         options = {k: spec[k] for k in ("padding_idx", "lookup", "mode", "include_last_offset") if k in spec}
         return cls(
             spec["num_embeddings"],

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from comera.nn.embedding import TTMEmbedding, TTMEmbeddingBag, TTMTiedHead
 from comera.nn.gated import GatedTrain
 from comera.nn.linear import TTLinear, TTMLinear
 from comera.tensorize_config import ALL_LINEAR, TensorizeConfig, pattern_matches, selector_matches
@@ -58,14 +59,6 @@ def set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
 def tensorize_configs(model: nn.Module) -> tuple[TensorizeConfig, ...]:
     """The configs :func:`tensorize_` applied to ``model``, oldest first (empty if none)."""
     return tuple(getattr(unwrap_model(model), CONFIG_ATTRIBUTE, ()))
-
-
-def _embedding_classes() -> dict[type, Any]:
-    try:
-        from comera.nn import embedding
-    except ImportError:
-        return {}
-    return {nn.Embedding: embedding.TTMEmbedding, nn.EmbeddingBag: embedding.TTMEmbeddingBag}
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -167,21 +160,38 @@ def _build_linear(name: str, linear: nn.Linear, config: TensorizeConfig) -> Gate
 
 
 def _build_embedding(name: str, embedding: nn.Module, config: TensorizeConfig) -> GatedTrain:
-    classes = _embedding_classes()
-    if not classes:
-        raise ValueError("embeddings cannot be tensorized yet: comera.nn.embedding is not available")
     shapes = dict(config.shapes_for(name))
     wrong = set(shapes) - {"row_shape", "col_shape"}
     if wrong:
         raise ValueError(
-            f"shape_pattern for embedding module {name!r} may only set row_shape/col_shape, got {wrong}"
+            f"shape_pattern for embedding {name!r} may only set row_shape/col_shape, got {wrong}"
         )
-    cls = classes[type(embedding)]
-    rank = config.rank_for(name)
+    bag = isinstance(embedding, nn.EmbeddingBag)
+    if embedding.max_norm is not None or embedding.scale_grad_by_freq:
+        raise ValueError("an embedding with max_norm or scale_grad_by_freq has no TTM equivalent")
+    options = {"rank": config.rank_for(name), "tau": config.tau, **shapes}
     if config.init == "tt_svd":
-        layer = cls.from_embedding(embedding, rank=rank, tau=config.tau, **shapes)
+        if bag:
+            layer = TTMEmbeddingBag.from_embedding_bag(embedding, **options)
+        else:
+            layer = TTMEmbedding.from_embedding(embedding, **options)
+        return layer.train(embedding.training)
+    weight = embedding.weight
+    placement = {"device": weight.device, "dtype": weight.dtype}
+    if bag:
+        layer = TTMEmbeddingBag(
+            embedding.num_embeddings,
+            embedding.embedding_dim,
+            embedding.mode,
+            include_last_offset=embedding.include_last_offset,
+            padding_idx=embedding.padding_idx,
+            **options,
+            **placement,
+        )
     else:
-        layer = cls.like(embedding, rank=rank, tau=config.tau, **shapes)
+        layer = TTMEmbedding(
+            embedding.num_embeddings, embedding.embedding_dim, embedding.padding_idx, **options, **placement
+        )
     return layer.train(embedding.training)
 
 
@@ -251,8 +261,6 @@ def tensorize_(model: nn.Module, config: TensorizeConfig | None = None, **overri
 
 
 def _tied_head(linear: nn.Linear, embedding: GatedTrain) -> nn.Module:
-    from comera.nn.embedding import TTMTiedHead
-
     head = TTMTiedHead(embedding, bias=linear.bias is not None)
     if linear.bias is not None:
         with torch.no_grad():
@@ -289,7 +297,7 @@ def untensorize_(model: nn.Module) -> nn.Module:
     restored: dict[int, nn.Module] = {}
     later: list[tuple[str, nn.Module]] = []
     for name, module in list(root.named_modules()):
-        if _is_tied_head(module):
+        if isinstance(module, TTMTiedHead):
             later.append((name, module))
         elif isinstance(module, (GatedTrain, RemovedLayer)):
             dense = _dense_of(module)
@@ -297,22 +305,12 @@ def untensorize_(model: nn.Module) -> nn.Module:
             if name:
                 set_submodule(root, name, dense)
     for name, head in later:
-        table = restored.get(id(_head_embedding(head)))
-        weight = (
-            table.weight if table is not None else nn.Parameter(_head_embedding(head).to_dense().detach())
-        )
+        table = restored.get(id(head.embedding))
+        weight = table.weight if table is not None else nn.Parameter(head.embedding.to_dense().detach())
         set_submodule(root, name, _dense_linear(head, weight))
     if hasattr(root, CONFIG_ATTRIBUTE):
         delattr(root, CONFIG_ATTRIBUTE)
     return model
-
-
-def _is_tied_head(module: nn.Module) -> bool:
-    return type(module).__name__ == "TTMTiedHead"
-
-
-def _head_embedding(head: nn.Module) -> GatedTrain:
-    return head.embedding
 
 
 def _dense_of(module: nn.Module) -> nn.Module:

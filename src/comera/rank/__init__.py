@@ -3,7 +3,7 @@
 from comera.rank.adaptation import RankAdaptation
 from comera.rank.groups import param_groups
 from comera.rank.prune import PrunedLayer, PruneResult, prune_
-from comera.rank.removed import RemovedEmbedding, RemovedLayer, RemovedLinear
+from comera.rank.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLayer, RemovedLinear
 from comera.rank.size import gated_trains, live_ranks, mib, total_size, train_size
 from comera.rank.surrogate import SURROGATES, mean_gate_surrogate, size_surrogate
 
@@ -13,6 +13,7 @@ __all__ = [
     "PrunedLayer",
     "RankAdaptation",
     "RemovedEmbedding",
+    "RemovedEmbeddingBag",
     "RemovedLayer",
     "RemovedLinear",
     "gated_trains",

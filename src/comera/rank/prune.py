@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from comera.nn.embedding import TTMEmbeddingBag, TTMTiedHead
 from comera.nn.gated import GatedTrain
-from comera.rank.removed import RemovedEmbedding, RemovedLayer, RemovedLinear
+from comera.rank.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLayer, RemovedLinear
 from comera.rank.size import gated_trains
 from comera.tensorize import set_submodule, unwrap_model
 
@@ -132,11 +133,34 @@ def _stand_in(train: GatedTrain) -> RemovedLayer:
         if getattr(train, "bias", None) is not None:
             removed.bias = train.bias
         return removed
+    if isinstance(train, TTMEmbeddingBag):
+        return RemovedEmbeddingBag(
+            train.num_embeddings,
+            train.embedding_dim,
+            train.mode,
+            include_last_offset=train.include_last_offset,
+            padding_idx=train.padding_idx,
+            device=like.device,
+            dtype=like.dtype,
+        )
     if hasattr(train, "num_embeddings") and hasattr(train, "embedding_dim"):
         return RemovedEmbedding(
             train.num_embeddings, train.embedding_dim, device=like.device, dtype=like.dtype
         )
     raise TypeError(f"cannot remove a {type(train).__name__}: no stand-in for this layer type")
+
+
+def _remove_tied_heads(root: nn.Module, embedding: GatedTrain) -> list[PrunedLayer]:
+    """Replace heads tied to a removed ``embedding`` by linear stand-ins that keep the head's bias."""
+    removed = []
+    for name, head in list(root.named_modules()):
+        if isinstance(head, TTMTiedHead) and head.embedding is embedding:
+            stand_in = RemovedLinear(embedding.embedding_dim, embedding.num_embeddings, bias=False)
+            if head.bias is not None:
+                stand_in.bias = head.bias
+            set_submodule(root, name, stand_in)
+            removed.append(PrunedLayer(name, (), (), True))
+    return removed
 
 
 def _forget(optimizer: torch.optim.Optimizer | None, params: list[nn.Parameter]) -> None:
@@ -180,6 +204,7 @@ def prune_(
             _forget(optimizer, [param for param in train.parameters() if id(param) not in kept])
             set_submodule(root, name, stand_in)
             changed.append(PrunedLayer(name, ranks_before, (), True))
+            changed.extend(_remove_tied_heads(root, train))
             continue
         if all(index.numel() == rank for index, rank in zip(keep, ranks_before)):
             after += stored

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["RemovedLayer", "RemovedLinear", "RemovedEmbedding"]
+__all__ = ["RemovedLayer", "RemovedLinear", "RemovedEmbedding", "RemovedEmbeddingBag"]
 
 
 class RemovedLayer(nn.Module):
@@ -102,3 +102,41 @@ class RemovedEmbedding(RemovedLayer):
 
     def extra_repr(self) -> str:
         return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"
+
+
+class RemovedEmbeddingBag(RemovedEmbedding):
+    """An embedding bag whose table is exactly 0: every bag pools to zeros ``(B, embedding_dim)``."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        mode: str = "mean",
+        *,
+        include_last_offset: bool = False,
+        padding_idx: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(num_embeddings, embedding_dim, device=device, dtype=dtype)
+        self.mode = mode
+        self.include_last_offset = include_last_offset
+        self.padding_idx = padding_idx
+
+    def forward(
+        self,
+        input: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Zeros ``(B, embedding_dim)``: ``B`` rows of a 2-D ``input``, else one per bag of ``offsets``."""
+        if input.dim() == 2:
+            bags = input.shape[0]
+        elif offsets is not None:
+            bags = offsets.shape[0] - (1 if self.include_last_offset else 0)
+        else:
+            raise ValueError(f"input must be 2-D (B, L), or 1-D with offsets; got shape {tuple(input.shape)}")
+        return self._like.new_zeros(bags, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, mode={self.mode!r}"
