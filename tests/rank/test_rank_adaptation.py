@@ -1,0 +1,182 @@
+"""RankAdaptation: the early and late objectives against hand-computed formulas, targets, no host syncs."""
+
+import pytest
+import torch
+from torch import nn
+
+from comera import RankAdaptation, TTLinear, TTMLinear
+from comera.rank import size_surrogate
+
+
+def _model(dtype=torch.float64):
+    return nn.Sequential(
+        TTLinear(16, 16, in_shape=(4, 4), out_shape=(4, 4), rank=4, dtype=dtype),
+        nn.Tanh(),
+        TTMLinear(16, 8, in_shape=(4, 4), out_shape=(2, 4), rank=3, dtype=dtype),
+    )
+
+
+def _kill(layer, bond, entries):
+    with torch.no_grad():
+        layer.gates[bond][list(entries)] = 0.0
+
+
+def test_early_loss_is_task_loss_plus_gamma_times_size_surrogate():
+    model = _model()
+    adaptation = RankAdaptation(model, gamma=0.3)
+    with torch.no_grad():
+        model[0].gates[1].mul_(0.5)
+    task = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+    loss = adaptation.loss(task)
+    expected = 2.0 + 0.3 * float(size_surrogate([model[0], model[2]], adaptation.initial_size).detach())
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-12)
+    loss.backward()
+    assert task.grad.item() == 1.0
+    assert model[0].gates[1].grad is not None and model[0].gates[1].grad.abs().sum() > 0
+
+
+def test_mean_gate_surrogate_option():
+    model = _model()
+    adaptation = RankAdaptation(model, gamma=1.0, surrogate="mean_gate")
+    with torch.no_grad():
+        model[2].gates[0].fill_(3.0)
+    gates = torch.cat([g.detach() for layer in (model[0], model[2]) for g in layer.gates])
+    loss = adaptation.loss(torch.tensor(0.0, dtype=torch.float64))
+    assert float(loss.detach()) == pytest.approx(float(gates.mean()))
+
+
+def test_size_ratio_and_initial_size_count_active_ranks():
+    model = _model()
+    adaptation = RankAdaptation(model)
+    full = model[0].num_parameters() + model[2].num_parameters()
+    assert adaptation.initial_size == full and adaptation.ratio() == 1.0
+    _kill(model[0], 1, [0, 1])
+    assert adaptation.size() == model[0].num_parameters() + model[2].num_parameters() < full
+    assert adaptation.ratio() == pytest.approx(adaptation.size() / full)
+
+
+def test_tau_is_written_to_every_gated_layer():
+    model = _model()
+    RankAdaptation(model, tau=0.2)
+    assert model[0].tau == model[2].tau == 0.2
+
+
+def _late(model, target_ratio=0.5, target_loss=1.0, rho=(0.1, 0.01)):
+    adaptation = RankAdaptation(model)
+    adaptation.begin_late_stage(target_ratio, target_loss, rho=rho, ema=0.0)
+    return adaptation
+
+
+def test_late_stage_targets_and_stage():
+    model = _model()
+    _kill(model[0], 0, [0])
+    adaptation = RankAdaptation(model)
+    for value in (1.0, 3.0):
+        adaptation.loss(torch.tensor(value, dtype=torch.float64))
+    adaptation.begin_late_stage(0.25)
+    assert adaptation.stage == "late"
+    assert adaptation.target_size == pytest.approx(0.25 * adaptation.size())
+    smoothed = (0.98 * 0.02 * 1.0 + 0.02 * 3.0) / (1 - 0.98**2)
+    assert adaptation.smoothed_loss() == pytest.approx(smoothed)
+    assert adaptation.target_loss == pytest.approx(1.05 * smoothed)
+
+
+@pytest.mark.parametrize(
+    "task_value, expect_size_term",
+    [(1.01, True), (5.0, False)],  # loss near its target: push size; loss far above: recover loss
+)
+def test_late_loss_follows_the_switch(task_value, expect_size_term):
+    model = _model()
+    adaptation = _late(model, target_ratio=0.5, target_loss=1.0)
+    task = torch.tensor(task_value, dtype=torch.float64, requires_grad=True)
+    loss = adaptation.loss(task)
+    size = adaptation.size()
+    loss_gap = (task_value - 1.0) / task_value
+    size_gap = (size - adaptation.target_size) / size
+    assert (loss_gap < size_gap) == expect_size_term
+    surrogate = float(size_surrogate([model[0], model[2]], adaptation.initial_size).detach())
+    switch = 1.0 if expect_size_term else 0.0
+    expected = 0.1 * task_value + 0.01 * surrogate + switch * surrogate + (1 - switch) * task_value
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-12)
+    assert float(adaptation.switch) == switch
+    loss.backward()
+    assert task.grad.item() == pytest.approx(0.1 + 1 - switch)
+
+
+def test_late_switch_uses_the_smoothed_loss():
+    model = _model()
+    adaptation = RankAdaptation(model)
+    adaptation.loss(torch.tensor(1.0, dtype=torch.float64))
+    adaptation.begin_late_stage(0.5, target_loss=1.0, ema=0.9)
+    # one noisy batch far above the target does not flip the switch: the average is still near 1.0
+    adaptation.loss(torch.tensor(1.5, dtype=torch.float64))
+    assert float(adaptation.switch) == 1.0
+
+
+def test_loss_runs_in_a_full_graph_without_host_syncs():
+    model = _model(torch.float32)
+    adaptation = RankAdaptation(model)
+    adaptation.loss(torch.tensor(1.0))
+    adaptation.begin_late_stage(0.5)
+    x = torch.randn(4, 16)
+
+    def step(inputs):
+        return adaptation.loss(model(inputs).square().mean())
+
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), step(x))
+
+
+def test_state_dict_round_trip():
+    model = _model()
+    first = RankAdaptation(model)
+    first.loss(torch.tensor(2.0, dtype=torch.float64))
+    first.begin_late_stage(0.4, rho=(0.2, 0.02), ema=0.5)
+    second = RankAdaptation(model)
+    second.load_state_dict(first.state_dict())
+    assert second.state_dict() == first.state_dict()
+    task = torch.tensor(1.3, dtype=torch.float64)
+    assert float(second.loss(task).detach()) == float(first.loss(task).detach())
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"gamma": -1.0}, "gamma"),
+        ({"gamma": float("nan")}, "gamma"),
+        ({"tau": -0.1}, "tau"),
+        ({"surrogate": "l0"}, "surrogate"),
+    ],
+)
+def test_bad_constructor_arguments_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RankAdaptation(_model(), **kwargs)
+
+
+def test_model_without_gated_layers_raises():
+    with pytest.raises(ValueError, match="tensorize_"):
+        RankAdaptation(nn.Linear(4, 4))
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        ((0.0,), {"target_loss": 1.0}, "target_ratio"),
+        ((1.5,), {"target_loss": 1.0}, "target_ratio"),
+        ((0.5,), {"target_loss": -1.0}, "target_loss"),
+        ((0.5,), {"target_loss": 1.0, "rho": (0.1,)}, "rho"),
+        ((0.5,), {"target_loss": 1.0, "ema": 1.0}, "ema"),
+        ((0.5,), {}, "target_loss is required"),
+    ],
+)
+def test_bad_late_stage_arguments_raise(args, kwargs, match):
+    adaptation = RankAdaptation(_model())
+    with pytest.raises(ValueError, match=match):
+        adaptation.begin_late_stage(*args, **kwargs)
+    assert adaptation.stage == "early"
+
+
+def test_task_loss_must_be_a_scalar_tensor():
+    adaptation = RankAdaptation(_model())
+    with pytest.raises(ValueError, match="task_loss"):
+        adaptation.loss(torch.ones(3))
