@@ -69,13 +69,17 @@ def _is_embedding(module: nn.Module) -> bool:
     return type(module) in (nn.Embedding, nn.EmbeddingBag)
 
 
-def _close_names(entry: str, names: Iterable[str]) -> list[str]:
+def _close_names(entry: str, names: Iterable[str], limit: int = 6) -> list[str]:
+    """Module names resembling ``entry``: by full name, by last component, or containing it."""
     names = sorted(set(names))
-    short = {name.rsplit(".", 1)[-1]: name for name in names}
-    close = difflib.get_close_matches(entry, names, n=5, cutoff=0.6)
-    close += [short[s] for s in difflib.get_close_matches(entry, list(short), n=5, cutoff=0.6)]
+    by_short: dict[str, list[str]] = {}
+    for name in names:
+        by_short.setdefault(name.rsplit(".", 1)[-1], []).append(name)
+    close = difflib.get_close_matches(entry, names, n=limit, cutoff=0.6)
+    for short in difflib.get_close_matches(entry, list(by_short), n=3, cutoff=0.6):
+        close += by_short[short]
     close += [name for name in names if entry in name]
-    return list(dict.fromkeys(close))[:5]
+    return list(dict.fromkeys(close))[:limit]
 
 
 def _select(
@@ -130,6 +134,21 @@ def _with_name(name: str, build, *args, **kwargs) -> nn.Module:
         raise ValueError(f"module {name!r}: {error}") from None
 
 
+@torch.no_grad()
+def _match_scale(layer: GatedTrain, weight: torch.Tensor) -> None:
+    """Scale fresh random cores so the layer's entries have the standard deviation of ``weight``.
+
+    Keeps the host model's initialisation conventions (e.g. std 0.02 embeddings in BERT-style models, where
+    an output head is tied to the table). A zero ``weight`` leaves the layer's own initialisation.
+    """
+    target = weight.detach().double().std()
+    current = layer.to_dense().detach().double().std()
+    if target > 0 and current > 0:
+        factor = float(target / current) ** (1.0 / len(layer.cores))
+        for core in layer.cores:
+            core.mul_(factor)
+
+
 def _build_linear(name: str, linear: nn.Linear, config: TensorizeConfig) -> GatedTrain:
     shapes = dict(config.shapes_for(name))
     wrong = set(shapes) - {"in_shape", "out_shape"}
@@ -153,6 +172,7 @@ def _build_linear(name: str, linear: nn.Linear, config: TensorizeConfig) -> Gate
             dtype=weight.dtype,
             **shapes,
         )
+        _match_scale(layer, weight)
         if linear.bias is not None:
             with torch.no_grad():
                 layer.bias.copy_(linear.bias)
@@ -192,6 +212,7 @@ def _build_embedding(name: str, embedding: nn.Module, config: TensorizeConfig) -
         layer = TTMEmbedding(
             embedding.num_embeddings, embedding.embedding_dim, embedding.padding_idx, **options, **placement
         )
+    _match_scale(layer, weight)
     return layer.train(embedding.training)
 
 
@@ -255,9 +276,23 @@ def tensorize_(model: nn.Module, config: TensorizeConfig | None = None, **overri
     for head_name, table_name in tied.items():
         replacements[head_name] = _tied_head(modules[head_name], replacements[table_name])
     for name, module in replacements.items():
+        _repoint_shared_bias(root, name, modules[name], module)
         set_submodule(root, name, module)
     setattr(root, CONFIG_ATTRIBUTE, (*tensorize_configs(root), config))
     return model
+
+
+def _repoint_shared_bias(root: nn.Module, name: str, old: nn.Module, new: nn.Module) -> None:
+    """Where the parent also holds ``old``'s bias as its own parameter (as RoBERTa's LM head does), point it
+    at ``new``'s bias so both stay one parameter."""
+    old_bias, new_bias = getattr(old, "bias", None), getattr(new, "bias", None)
+    if old_bias is None or new_bias is None:
+        return
+    parent_name = name.rpartition(".")[0]
+    parent = root.get_submodule(parent_name) if parent_name else root
+    for key, param in list(parent._parameters.items()):
+        if param is old_bias:
+            parent._parameters[key] = new_bias
 
 
 def _tied_head(linear: nn.Linear, embedding: GatedTrain) -> nn.Module:
@@ -269,10 +304,11 @@ def _tied_head(linear: nn.Linear, embedding: GatedTrain) -> nn.Module:
 
 
 def _dense_linear(layer: nn.Module, weight: torch.Tensor | nn.Parameter) -> nn.Linear:
+    """An ``nn.Linear`` holding ``weight`` (``(out, in)``, shared if a Parameter) and ``layer``'s bias."""
     bias = getattr(layer, "bias", None)
-    like = weight
+    out_features, in_features = weight.shape
     linear = nn.Linear(
-        layer.in_features, layer.out_features, bias=bias is not None, device=like.device, dtype=like.dtype
+        in_features, out_features, bias=bias is not None, device=weight.device, dtype=weight.dtype
     )
     with torch.no_grad():
         if isinstance(weight, nn.Parameter):

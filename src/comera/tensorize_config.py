@@ -100,7 +100,8 @@ class TensorizeConfig:
         embeddings: also convert ``nn.Embedding`` / ``nn.EmbeddingBag`` modules: True for all, False for
             none, or a target (regex / list) selecting which.
         init: ``"random"`` (fresh Gaussian cores, the paper's from-scratch setting; biases are kept) or
-            ``"tt_svd"`` (truncated TT-SVD of the current weights).
+            ``"tt_svd"`` (truncated TT-SVD of the current weights). Random cores are scaled to the standard
+            deviation of the weights they replace.
         tau: gate threshold of the new layers.
         tie_output_head: keep a linear head that shares its weight with a converted embedding tied to it (a
             ``TTMTiedHead``); when False such a head stays dense and becomes untied.

@@ -1,0 +1,234 @@
+"""tensorize_ / untensorize_: target grammar, patterns, inits, loud errors, wrappers, Hugging Face models."""
+
+import pytest
+import torch
+from torch import nn
+
+from comera import (
+    TensorizeConfig,
+    TTLinear,
+    TTMEmbedding,
+    TTMLinear,
+    TTMTiedHead,
+    tensorize_,
+    untensorize_,
+)
+from comera.tensorize import tensorize_configs
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.query = nn.Linear(16, 16)
+        self.value = nn.Linear(16, 16, bias=False)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.norm(self.query(x) + self.value(x))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, tied=True):
+        super().__init__()
+        self.embed = nn.Embedding(40, 16, padding_idx=0)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(16, 40)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+def _types(model):
+    return {name: type(module).__name__ for name, module in model.named_modules() if name}
+
+
+def test_all_linear_skips_the_tied_output_head():
+    model = tensorize_(TinyLM(), rank=4)
+    kinds = _types(model)
+    assert kinds["blocks.0.query"] == kinds["blocks.1.value"] == "TTLinear"
+    assert kinds["head"] == "Linear" and kinds["embed"] == "Embedding"
+    assert model.head.weight is model.embed.weight
+
+
+def test_list_targets_match_dotted_suffixes_and_regex_matches_full_names():
+    model = tensorize_(TinyLM(), target_modules=["query"], format="ttm", rank=3)
+    kinds = _types(model)
+    assert kinds["blocks.0.query"] == kinds["blocks.1.query"] == "TTMLinear"
+    assert kinds["blocks.0.value"] == "Linear"
+    model = tensorize_(TinyLM(), target_modules=r"blocks\.1\..*", rank=3)
+    kinds = _types(model)
+    assert kinds["blocks.1.query"] == kinds["blocks.1.value"] == "TTLinear"
+    assert kinds["blocks.0.query"] == "Linear"
+
+
+def test_exclusions_and_patterns():
+    config = TensorizeConfig(
+        exclude_modules=["blocks.0.value"],
+        rank=4,
+        rank_pattern={r"blocks\.1\.query": 2},
+        shape_pattern={"value": {"in_shape": [2, 8], "out_shape": [8, 2]}},
+    )
+    model = tensorize_(TinyLM(), config)
+    assert isinstance(model.blocks[0].value, nn.Linear)
+    assert model.blocks[1].query.max_ranks == (2,)
+    assert model.blocks[0].query.max_ranks == (4,)
+    assert model.blocks[1].value.in_shape == (2, 8) and model.blocks[1].value.out_shape == (8, 2)
+    assert tensorize_configs(model) == (config,)
+
+
+def test_tt_svd_at_full_rank_reproduces_the_dense_model():
+    torch.manual_seed(0)
+    model = TinyLM().double()
+    ids = torch.randint(0, 40, (3, 5))
+    before = model(ids)
+    tensorize_(model, rank=64, init="tt_svd", embeddings=True)
+    assert isinstance(model.embed, TTMEmbedding) and isinstance(model.head, TTMTiedHead)
+    torch.testing.assert_close(model(ids), before, rtol=1e-9, atol=1e-9)
+    assert model.embed.padding_idx == 0
+
+
+def test_random_init_keeps_biases_and_gives_fresh_cores():
+    model = TinyLM()
+    bias = model.blocks[0].query.bias.detach().clone()
+    weight = model.blocks[0].query.weight.detach().clone()
+    tensorize_(model, rank=4, init="random")
+    torch.testing.assert_close(model.blocks[0].query.bias.detach(), bias)
+    assert not torch.allclose(model.blocks[0].query.to_dense(), weight)
+    assert model.blocks[0].query.to_dense().std().item() == pytest.approx(weight.std().item(), rel=1e-4)
+
+
+def test_untied_head_when_asked():
+    model = tensorize_(TinyLM(), rank=4, embeddings=True, tie_output_head=False)
+    assert isinstance(model.head, nn.Linear) and isinstance(model.embed, TTMEmbedding)
+
+
+def test_untensorize_restores_dense_modules_with_the_same_function():
+    torch.manual_seed(0)
+    model = tensorize_(TinyLM().double(), rank=3, embeddings=True)
+    ids = torch.randint(0, 40, (2, 6))
+    before = model(ids)
+    untensorize_(model)
+    assert {type(m) for m in model.modules()} <= {
+        TinyLM,
+        nn.ModuleList,
+        Block,
+        nn.Linear,
+        nn.LayerNorm,
+        nn.Embedding,
+    }
+    assert model.head.weight is model.embed.weight
+    torch.testing.assert_close(model(ids), before, rtol=1e-10, atol=1e-10)
+    assert tensorize_configs(model) == ()
+
+
+def test_compiled_wrapper_is_looked_through():
+    model = TinyLM()
+    compiled = torch.compile(model, backend="eager")
+    assert tensorize_(compiled, target_modules=["query"], rank=2) is compiled
+    assert isinstance(model.blocks[0].query, TTLinear)
+
+
+def test_unmatched_target_lists_close_names():
+    with pytest.raises(ValueError, match=r"'qurey'.*blocks\.0\.query"):
+        tensorize_(TinyLM(), target_modules=["qurey"])
+
+
+def test_target_of_an_unsupported_type_says_so():
+    with pytest.raises(ValueError, match="unsupported types.*norm"):
+        tensorize_(TinyLM(), target_modules=["norm"])
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"exclude_modules": ["nothing_here"]}, "exclude_modules"),
+        ({"rank_pattern": {"nothing_here": 2}}, "rank_pattern"),
+        ({"shape_pattern": {"query": {"row_shape": [4, 4]}}}, "in_shape/out_shape"),
+        ({"shape_pattern": {"query": {"in_shape": [3, 5]}}}, "blocks.0.query"),
+        ({"target_modules": ["query"], "exclude_modules": ["query"]}, "selects no module"),
+        ({"rank_typo": 3}, "unknown TensorizeConfig field"),
+    ],
+)
+def test_bad_settings_raise_before_changing_the_model(overrides, match):
+    model = TinyLM()
+    with pytest.raises(ValueError, match=match):
+        tensorize_(model, **overrides)
+    assert not any(isinstance(m, (TTLinear, TTMLinear, TTMEmbedding)) for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        ({"format": "cp"}, "format"),
+        ({"rank": 0}, "rank"),
+        ({"rank": [2, 0]}, "rank"),
+        ({"init": "svd"}, "init"),
+        ({"target_modules": "("}, "not a valid regular expression"),
+        ({"target_modules": []}, "target_modules"),
+        ({"tau": -1.0}, "tau"),
+        ({"embeddings": "all-linear"}, "embeddings"),
+        ({"shape_pattern": {"x": {"in_shape": [0, 2]}}}, "shape_pattern"),
+    ],
+)
+def test_bad_configs_raise(fields, match):
+    with pytest.raises(ValueError, match=match):
+        TensorizeConfig(**fields)
+
+
+def test_config_json_round_trip():
+    config = TensorizeConfig(
+        target_modules=["query"], rank=(2, 3), rank_pattern={"q": 4}, embeddings=["embed"]
+    )
+    assert TensorizeConfig.from_dict(config.to_dict()) == config
+
+
+def _train_one_step(model, batch):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss = model(**batch).loss
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    optimizer.step()
+    return loss, grads
+
+
+def test_bert_for_sequence_classification_converts_and_trains():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, vocab_size=1000
+    )
+    model = transformers.BertForSequenceClassification(config)
+    tensorize_(model, rank=8, embeddings=["word_embeddings"])
+    assert isinstance(model.bert.encoder.layer[0].attention.self.query, TTLinear)
+    assert isinstance(model.bert.embeddings.word_embeddings, TTMEmbedding)
+    assert isinstance(model.bert.embeddings.position_embeddings, nn.Embedding)
+    batch = {"input_ids": torch.randint(0, 1000, (4, 12)), "labels": torch.tensor([0, 1, 1, 0])}
+    loss, grads = _train_one_step(model, batch)
+    assert torch.isfinite(loss) and all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_roberta_for_masked_lm_keeps_its_head_tied():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        vocab_size=1000,
+        max_position_embeddings=40,
+    )
+    model = transformers.RobertaForMaskedLM(config)
+    tensorize_(model, rank=8, embeddings=["word_embeddings"], format="ttm")
+    head = model.lm_head.decoder
+    assert isinstance(head, TTMTiedHead) and head.embedding is model.roberta.embeddings.word_embeddings
+    assert isinstance(model.lm_head.dense, TTMLinear)
+    assert model.lm_head.bias is head.bias
+    ids = torch.randint(3, 1000, (2, 10))
+    loss, grads = _train_one_step(model, {"input_ids": ids, "labels": ids})
+    assert torch.isfinite(loss) and all(g is not None and torch.isfinite(g).all() for g in grads)
