@@ -8,6 +8,7 @@ import torch
 from tiny import loss_fn, make_data, make_model, parameters_of
 
 from comera.train import TrainConfig, Trainer
+from comera.train.config import AUTO_COMPILE_MIN_STEPS
 
 
 def run(compile_step: bool):
@@ -38,3 +39,12 @@ def test_compiled_step_matches_eager_across_prune_and_stage_switch():
     got, want = parameters_of(compiled), parameters_of(eager)
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_auto_compiles_only_long_cpu_runs():
+    def compiles(steps, setting):
+        config = TrainConfig(early=steps, unit="step", batch_size=16, compile=setting)
+        return Trainer(make_model(), loss_fn, make_data(), config=config).compiles()
+
+    assert compiles(AUTO_COMPILE_MIN_STEPS, "auto") and not compiles(AUTO_COMPILE_MIN_STEPS - 1, "auto")
+    assert not compiles(AUTO_COMPILE_MIN_STEPS, False) and compiles(5, True)

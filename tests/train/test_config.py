@@ -26,6 +26,7 @@ from comera.train import TrainConfig
         ({"run_dir": 3}, "run_dir must be a str path"),
         ({"eval_every": 0}, "eval_every must be an int >= 1"),
         ({"precision": "fp16"}, "precision must be one of"),
+        ({"compile": "yes"}, "compile must be True, False or 'auto'"),
     ],
 )
 def test_bad_values_name_the_argument(overrides, message):

@@ -16,10 +16,12 @@ from typing import Any
 
 from comera.rank.surrogate import SURROGATES
 
-__all__ = ["TrainConfig", "PRUNE_POINTS", "PRECISIONS", "UNITS"]
+__all__ = ["TrainConfig", "AUTO_COMPILE_MIN_STEPS", "PRUNE_POINTS", "PRECISIONS", "UNITS"]
 
 UNITS = ("epoch", "step")
 PRECISIONS = ("fp32", "bf16")
+AUTO_COMPILE_MIN_STEPS = 1000
+"""With ``compile="auto"``, CPU runs of at least this many steps compile the training step."""
 PRUNE_POINTS = ("early_end", "late_epoch", "epoch", "end")
 """Where :func:`comera.prune_` runs: end of the early stage, end of every late-stage epoch, end of every
 epoch, end of training. An empty tuple never prunes."""
@@ -80,7 +82,11 @@ class TrainConfig:
         max_rollbacks: rollbacks allowed before giving up with ``NonFiniteError``.
         progress: show a tqdm progress bar; None = only when stderr is a terminal.
         plot: write the PNG plots into ``run_dir`` at the end of :meth:`Trainer.fit`.
-        compile: wrap the training step in ``torch.compile``; ``compile_backend`` picks the backend.
+        compile: wrap the training step (forward, objective, backward; optimizer step) in ``torch.compile``:
+            True, False, or ``"auto"``: on CPU when the run has at least :data:`AUTO_COMPILE_MIN_STEPS`
+            steps. Measured on a small comera transformer (``benchmarks/bench_trainer.py``), the compiled
+            step is about 4x faster on CPU, but compiling took minutes there, so short runs stay eager.
+            ``compile_backend`` picks the backend.
         precision: ``"fp32"``, or ``"bf16"``: forward and objective under ``torch.autocast`` with bfloat16
             (parameters, gradients and optimizer state stay fp32). On CPUs without native bf16 matrix units
             this is far slower than fp32.
@@ -116,7 +122,7 @@ class TrainConfig:
     max_rollbacks: int = 2
     progress: bool | None = None
     plot: bool = True
-    compile: bool = False
+    compile: bool | str = "auto"
     compile_backend: str = "inductor"
     precision: str = "fp32"
 
@@ -167,6 +173,8 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name} must be a str path or None, got {value!r}")
+        if self.compile not in (True, False, "auto"):
+            raise ValueError(f"compile must be True, False or 'auto', got {self.compile!r}")
         if not isinstance(self.compile_backend, str) or not self.compile_backend:
             raise ValueError(
                 f"compile_backend must be a torch.compile backend name, got {self.compile_backend!r}"

@@ -49,7 +49,7 @@ from comera.train.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from comera.train.config import TrainConfig
+from comera.train.config import AUTO_COMPILE_MIN_STEPS, TrainConfig
 from comera.train.data import EpochData
 from comera.train.distributed import barrier, gather_objects, globally_averaged, world
 from comera.train.guard import NonFiniteGuard, total_grad_norm
@@ -229,8 +229,14 @@ class Trainer:
         objective.backward()
         return task.detach(), objective.detach()
 
+    def compiles(self) -> bool:
+        """Whether the training step runs under ``torch.compile`` (``config.compile``, "auto" resolved)."""
+        if self.config.compile == "auto":
+            return self._device_type == "cpu" and self.total_steps >= AUTO_COMPILE_MIN_STEPS
+        return bool(self.config.compile)
+
     def _step_functions(self):
-        if not self.config.compile:
+        if not self.compiles():
             return self._forward_backward, self.optimizer.step
         backend = self.config.compile_backend
         return (
