@@ -54,10 +54,17 @@ def reference_skipping(bad_calls, steps, batch_size=8):
 
 
 @pytest.mark.parametrize("kind", ["loss", "grad"])
-def test_non_finite_steps_are_skipped_and_counted(kind, tmp_path):
+def test_non_finite_steps_are_skipped_and_counted(kind, tmp_path, capsys):
     bad = {3, 7}
     config = TrainConfig(
-        early=2, batch_size=8, shuffle=False, log_every=1, run_dir=str(tmp_path), plot=False, **RATES
+        early=2,
+        batch_size=8,
+        shuffle=False,
+        log_every=1,
+        run_dir=str(tmp_path),
+        plot=False,
+        progress=True,
+        **RATES,
     )
     model = make_model()
     trainer = Trainer(model, Poisoned(bad, kind), make_data(), config=config)
@@ -70,6 +77,7 @@ def test_non_finite_steps_are_skipped_and_counted(kind, tmp_path):
     assert trainer.rank.smoothed_loss() == expected_rank.smoothed_loss(), "the loss average saw a NaN"
     counts = [record["nonfinite"] for record in read_metrics(tmp_path) if record["kind"] == "train"]
     assert counts == [0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2]
+    assert "skipped=2" in capsys.readouterr().err
 
 
 def test_rollback_after_consecutive_failures_recovers_the_clean_run(tmp_path):

@@ -84,8 +84,8 @@ class TrainConfig:
         plot: write the PNG plots into ``run_dir`` at the end of :meth:`Trainer.fit`.
         compile: wrap the training step (forward, objective, backward; optimizer step) in ``torch.compile``:
             True, False, or ``"auto"``: on CPU when the run has at least :data:`AUTO_COMPILE_MIN_STEPS`
-            steps. Measured on a small comera transformer (``benchmarks/bench_trainer.py``), the compiled
-            step is about 4x faster on CPU, but compiling took minutes there, so short runs stay eager.
+            steps. Measured on a small comera transformer (``benchmarks/bench_trainer.py``, 1 thread), the
+            compiled step was 1.8-4x faster on CPU, but compiling took 2-3 minutes, so short runs stay eager.
             ``compile_backend`` picks the backend.
         precision: ``"fp32"``, or ``"bf16"``: forward and objective under ``torch.autocast`` with bfloat16
             (parameters, gradients and optimizer state stay fp32). On CPUs without native bf16 matrix units

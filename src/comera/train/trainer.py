@@ -462,9 +462,14 @@ class Trainer:
         }
         self.metrics.write(record)
         if self._bar is not None:
-            self._bar.set_postfix(
-                loss=f"{record['loss']:.4g}", ratio=f"{record['ratio']:.3f}", stage=record["stage"]
-            )
+            shown = {
+                "loss": f"{record['loss']:.4g}",
+                "ratio": f"{record['ratio']:.3f}",
+                "stage": record["stage"],
+            }
+            if self.guard.total:
+                shown["skipped"] = self.guard.total
+            self._bar.set_postfix(shown)
         self._window = {"loss": 0.0, "objective": 0.0, "count": 0, "time": 0.0, "steps": 0}
 
     def _log_eval(self) -> None:
