@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,11 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
+from comera.atomic import atomic_write_bytes
 from comera.nn.embedding import TTMEmbedding, TTMEmbeddingBag, TTMTiedHead
 from comera.nn.gated import GatedTrain
 from comera.nn.linear import TTLinear, TTMLinear
-from comera.rank.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLayer, RemovedLinear
+from comera.nn.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLayer, RemovedLinear
 from comera.tensorize import CONFIG_ATTRIBUTE, set_submodule, tensorize_configs, unwrap_model
 from comera.tensorize_config import TensorizeConfig
 from comera.version import __version__
@@ -63,19 +63,6 @@ def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[.
         return builder
 
     return register
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def _module_names(root: nn.Module) -> dict[int, str]:
@@ -192,8 +179,8 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
         "layers": layers,
         "aliases": aliases,
     }
-    _write_atomic(directory / WEIGHTS_NAME, save_safetensors(tensors, metadata={"format": "pt"}))
-    _write_atomic(directory / CONFIG_NAME, (json.dumps(config, indent=2) + "\n").encode())
+    atomic_write_bytes(directory / WEIGHTS_NAME, save_safetensors(tensors, metadata={"format": "pt"}))
+    atomic_write_bytes(directory / CONFIG_NAME, (json.dumps(config, indent=2) + "\n").encode())
     return directory
 
 

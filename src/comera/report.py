@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from comera.nn.gated import GatedTrain
-from comera.rank.removed import RemovedLayer
+from comera.nn.removed import RemovedLayer
 from comera.rank.size import mib
 from comera.tensorize import unwrap_model
 

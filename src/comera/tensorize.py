@@ -19,6 +19,7 @@ from torch import nn
 from comera.nn.embedding import TTMEmbedding, TTMEmbeddingBag, TTMTiedHead
 from comera.nn.gated import GatedTrain
 from comera.nn.linear import TTLinear, TTMLinear
+from comera.nn.removed import RemovedLayer
 from comera.tensorize_config import ALL_LINEAR, TensorizeConfig, pattern_matches, selector_matches
 
 __all__ = [
@@ -327,8 +328,6 @@ def untensorize_(model: nn.Module) -> nn.Module:
     ``nn.Embedding`` / ``nn.EmbeddingBag``; a tied head becomes an ``nn.Linear`` sharing the restored
     table's weight. Returns ``model``.
     """
-    from comera.rank.removed import RemovedLayer
-
     root = unwrap_model(model)
     restored: dict[int, nn.Module] = {}
     later: list[tuple[str, nn.Module]] = []

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from comera.atomic import atomic_write_bytes
 
 __all__ = ["median_ms", "interleaved_medians_ms", "machine_description", "update_section"]
 
@@ -77,8 +78,4 @@ def update_section(path: str | os.PathLike, name: str, body: str) -> None:
         text = head + block + tail
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
-        handle.write(text)
-        tmp_name = handle.name
-    os.replace(tmp_name, path)
+    atomic_write_bytes(path, text.encode())

@@ -1,7 +1,7 @@
 """Physical rank truncation: slice cores, gates and optimizer state down to the active ranks.
 
 For every gated layer with dead gate entries, :func:`prune_` keeps only the live rank slices of each bond.
-A layer with a fully dead bond is exactly zero and is replaced by a stand-in from :mod:`comera.rank.removed`.
+A layer with a fully dead bond is exactly zero and is replaced by a stand-in from :mod:`comera.nn.removed`.
 Layers without dead entries are left untouched.
 
 Parameters are shrunk in place (``param.data = ...``): the ``nn.Parameter`` objects stay the same, so the
@@ -28,7 +28,7 @@ from torch import nn
 
 from comera.nn.embedding import TTMEmbeddingBag, TTMTiedHead
 from comera.nn.gated import GatedTrain
-from comera.rank.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLayer, RemovedLinear
+from comera.nn.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLayer, RemovedLinear
 from comera.rank.size import gated_trains
 from comera.tensorize import set_submodule, unwrap_model
 

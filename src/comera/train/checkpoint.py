@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import random
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from comera.atomic import atomic_write
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -60,30 +61,9 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
-def _fsync_directory(directory: Path) -> None:
-    handle = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
-
-
 def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike) -> Path:
     """Write ``payload`` to ``path`` atomically (temporary file, fsync, ``os.replace``, folder fsync)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            torch.save(payload, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-    return path
+    return atomic_write(path, lambda file: torch.save(payload, file))
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

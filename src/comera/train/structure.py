@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from comera.nn.removed import RemovedLayer
 from comera.rank.prune import prune_
-from comera.rank.removed import RemovedLayer
 from comera.rank.size import gated_trains
 
 __all__ = ["model_structure", "apply_structure"]
