@@ -1,5 +1,7 @@
 """RankAdaptation: the early and late objectives against hand-computed formulas, targets, no host syncs."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -180,3 +182,17 @@ def test_task_loss_must_be_a_scalar_tensor():
     adaptation = RankAdaptation(_model())
     with pytest.raises(ValueError, match="task_loss"):
         adaptation.loss(torch.ones(3))
+
+
+def test_non_finite_losses_leave_the_moving_average_untouched():
+    adaptation = RankAdaptation(TTLinear(16, 16, rank=2), gamma=0.0)
+    adaptation.loss(torch.tensor(2.0))
+    before = adaptation.smoothed_loss()
+    for bad in (float("nan"), float("inf")):
+        assert not math.isfinite(adaptation.loss(torch.tensor(bad)).item())
+    assert adaptation.smoothed_loss() == before == pytest.approx(2.0)
+    state = adaptation.loss_average_state()
+    adaptation.loss(torch.tensor(10.0))
+    assert adaptation.smoothed_loss() > 2.0
+    adaptation.restore_loss_average(state)
+    assert adaptation.smoothed_loss() == pytest.approx(2.0)

@@ -112,6 +112,15 @@ class RankAdaptation:
         weight = float(self._ema_weight)
         return None if weight == 0 else float(self._ema_sum) / weight
 
+    def loss_average_state(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy of the loss moving average's state, for :meth:`restore_loss_average` (no host sync)."""
+        return self._ema_sum.clone(), self._ema_weight.clone()
+
+    def restore_loss_average(self, state: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Put back a state from :meth:`loss_average_state`, e.g. after a step that was skipped."""
+        self._ema_sum.copy_(state[0])
+        self._ema_weight.copy_(state[1])
+
     def size_surrogate(self) -> torch.Tensor:
         """The differentiable size term ``S_hat`` (0-dim tensor)."""
         trains = self._trains()
@@ -120,12 +129,18 @@ class RankAdaptation:
         return mean_gate_surrogate(trains)
 
     def loss(self, task_loss: torch.Tensor) -> torch.Tensor:
-        """The scalarised objective of the current stage for a 0-dim ``task_loss`` (differentiable)."""
+        """The scalarised objective of the current stage for a 0-dim ``task_loss`` (differentiable).
+
+        A non-finite ``task_loss`` leaves the loss moving average untouched (and the returned objective
+        non-finite, for the caller to skip the step).
+        """
         if not isinstance(task_loss, torch.Tensor) or task_loss.dim() != 0:
             raise ValueError(f"task_loss must be a 0-dim tensor, got {task_loss!r}")
         observed = task_loss.detach().to(self._ema_sum.dtype)
-        self._ema_sum.mul_(self._ema).add_(observed * (1.0 - self._ema))
-        self._ema_weight.mul_(self._ema).add_(1.0 - self._ema)
+        finite = torch.isfinite(observed)
+        decay = torch.where(finite, self._ema, 1.0)
+        self._ema_sum.mul_(decay).add_(torch.where(finite, observed, 0.0) * (1.0 - decay))
+        self._ema_weight.mul_(decay).add_(1.0 - decay)
         surrogate = self.size_surrogate().to(task_loss.dtype)
         if self._stage == "early":
             return task_loss + self.gamma * surrogate

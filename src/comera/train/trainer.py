@@ -249,7 +249,7 @@ class Trainer:
 
     def train_step(self, batch: Any) -> bool:
         """Forward, objective, backward and (if everything is finite) the optimizer step; True if applied."""
-        saved_average = (self.rank._ema_sum.clone(), self.rank._ema_weight.clone())
+        saved_average = self.rank.loss_average_state()
         start = time.perf_counter()
         task, objective = self._compute(batch)
         params = self._parameters()
@@ -264,8 +264,7 @@ class Trainer:
             self._window["objective"] += values[1]
             self._window["count"] += 1
         else:
-            self.rank._ema_sum.copy_(saved_average[0])
-            self.rank._ema_weight.copy_(saved_average[1])
+            self.rank.restore_loss_average(saved_average)
         self.optimizer.zero_grad(set_to_none=True)
         self._window["time"] += time.perf_counter() - start
         self._window["steps"] += 1
