@@ -1,0 +1,267 @@
+"""Whole-step CUDA Graph (:mod:`comera.train.cuda_graph`).
+
+The bucket, padding and argument checks run everywhere. The graph tests need CUDA and are skipped without
+it; they compare replayed steps with eager steps of an identical model (same batches, same capturable
+AdamW), through a prune and a stage switch, and check that a non-finite batch leaves no trace.
+"""
+
+import pytest
+import torch
+from tiny import FEATURES, loss_fn, make_model
+from torch import nn
+
+from comera import RankAdaptation, prune_
+from comera.train.cuda_graph import (
+    STEP_VALUES,
+    CudaGraphStep,
+    batch_length,
+    check_buckets,
+    choose_bucket,
+    fill_static,
+    pad_batch,
+    pad_to,
+)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+
+
+# pure logic (any device)
+def test_check_buckets_accepts_increasing_positive_ints_only():
+    assert check_buckets([8, 16, 32]) == (8, 16, 32)
+    for bad in ([], [16, 8], [8, 8], [0, 4], [4.0], (True, 2), "8"):
+        with pytest.raises(ValueError, match="buckets must be a strictly increasing list of ints >= 1"):
+            check_buckets(bad)
+
+
+def test_choose_bucket_takes_the_smallest_that_fits():
+    buckets = (8, 16, 32)
+    assert [choose_bucket(n, buckets) for n in (1, 8, 9, 16, 17, 32)] == [8, 8, 16, 16, 32, 32]
+    with pytest.raises(ValueError, match=r"batch length 33 exceeds the largest bucket 32"):
+        choose_bucket(33, buckets)
+
+
+def test_pad_to_appends_the_value_along_the_dim():
+    tensor = torch.arange(6.0).reshape(2, 3)
+    padded = pad_to(tensor, 1, 5, -1.0)
+    assert torch.equal(padded, torch.tensor([[0.0, 1, 2, -1, -1], [3, 4, 5, -1, -1]]))
+    assert pad_to(tensor, 0, 2, 9.0) is tensor
+    with pytest.raises(ValueError, match="cannot pad dim 1 of size 3 down to 2"):
+        pad_to(tensor, 1, 2, 0.0)
+
+
+def test_pad_batch_pads_only_the_named_entries():
+    batch = {"ids": torch.ones(2, 3, dtype=torch.long), "labels": torch.tensor([1, 0]), "name": "x"}
+    padded = pad_batch(batch, {"ids": 0}, 5)
+    assert torch.equal(padded["ids"], torch.tensor([[1, 1, 1, 0, 0]] * 2))
+    assert padded["labels"] is batch["labels"] and padded["name"] == "x"
+    as_tuple = pad_batch((torch.ones(2, 3), torch.zeros(2, 3, 4)), {0: 0.5, 1: 7.0}, 4)
+    assert (
+        as_tuple[0][:, 3].eq(0.5).all() and as_tuple[1][:, 3].eq(7.0).all() and as_tuple[1].shape == (2, 4, 4)
+    )
+    with pytest.raises(ValueError, match=r"pad names 'mask', which the batch lacks"):
+        pad_batch(batch, {"mask": 0}, 5)
+    with pytest.raises(ValueError, match=r"batch\['labels'\] must be a tensor with more than 1 dims"):
+        pad_batch(batch, {"labels": 0}, 5)
+
+
+def test_batch_length_requires_one_common_length():
+    batch = {"ids": torch.ones(2, 7), "mask": torch.ones(2, 7), "other": torch.ones(2, 3)}
+    assert batch_length(batch, {"ids": 0, "mask": 0}) == 7
+    with pytest.raises(ValueError, match="must share one length"):
+        batch_length(batch, {"ids": 0, "other": 0})
+
+
+def test_fill_static_copies_pads_and_refuses_shape_changes():
+    static = {"ids": torch.full((2, 6), 5), "labels": torch.zeros(2, dtype=torch.long), "tag": "a"}
+    fill_static(
+        static,
+        {"ids": torch.ones(2, 4, dtype=torch.long), "labels": torch.tensor([3, 4]), "tag": "a"},
+        {"ids": 0},
+    )
+    assert torch.equal(static["ids"], torch.tensor([[1, 1, 1, 1, 0, 0]] * 2))
+    assert torch.equal(static["labels"], torch.tensor([3, 4]))
+    good_ids = torch.ones(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"batch\['labels'\] has shape \(3,\)"):
+        fill_static(static, {"ids": good_ids, "labels": torch.ones(3), "tag": "a"}, {"ids": 0})
+    with pytest.raises(ValueError, match=r"batch\['ids'\] has shape \(2, 7\).*up to the padded length"):
+        fill_static(static, {"ids": torch.ones(2, 7), "labels": torch.ones(2), "tag": "a"}, {"ids": 0})
+    with pytest.raises(ValueError, match=r"batch\['tag'\] = 'b' differs"):
+        fill_static(static, {"ids": good_ids, "labels": torch.ones(2), "tag": "b"}, {"ids": 0})
+    with pytest.raises(ValueError, match="batch has entries"):
+        fill_static(static, {"ids": good_ids}, {"ids": 0})
+
+
+def _parts(capturable=True):
+    model = make_model(dropout=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=capturable)
+    return model, optimizer, RankAdaptation(model)
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        ({"optimizer": "sgd"}, TypeError, "optimizer must be torch.optim.AdamW or torch.optim.Adam"),
+        ({"capturable": False}, ValueError, "capturable=True"),
+        ({"buckets": [8]}, ValueError, "buckets and pad go together"),
+        ({"buckets": [8, 4], "pad": {0: 0}}, ValueError, "buckets must be"),
+        ({"buckets": [8], "pad": {}}, ValueError, "pad must be a non-empty mapping"),
+        ({"length_dim": -1}, ValueError, "length_dim must be an int >= 0"),
+        ({"grad_clip": 0.0}, ValueError, "grad_clip must be a number > 0"),
+        ({"warmup": 0}, ValueError, "warmup must be an int >= 1"),
+        ({"autocast_dtype": torch.float64}, ValueError, "autocast_dtype must be"),
+        ({}, ValueError, "model parameters must all be on one CUDA device"),
+    ],
+)
+def test_bad_arguments_are_named(change, error, match):
+    model, optimizer, rank = _parts(change.pop("capturable", True))
+    if change.pop("optimizer", None) == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(error, match=match):
+        CudaGraphStep(model, loss_fn, optimizer, rank, **change)
+
+
+# CUDA graphs
+def _cuda_parts(seed=0, dead_gate=False):
+    model = make_model(seed=seed, dropout=0.0, dead_gate=dead_gate).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+    return model, optimizer, RankAdaptation(model)
+
+
+def _eager_step(model, optimizer, rank, batch, loss, grad_clip=None):
+    saved = (rank._ema_sum.clone(), rank._ema_weight.clone())
+    task = loss(model, batch)
+    objective = rank.loss(task)
+    objective.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+    applied = bool(torch.isfinite(objective.detach() + norm))
+    if applied:
+        if grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+    else:
+        rank._ema_sum.copy_(saved[0])
+        rank._ema_weight.copy_(saved[1])
+    optimizer.zero_grad(set_to_none=True)
+    return [float(task), float(objective), float(norm), float(applied)]
+
+
+def _batches(count, batch=8, seed=5):
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        (
+            torch.randn(batch, FEATURES, generator=generator),
+            torch.randint(0, 3, (batch,), generator=generator),
+        )
+        for _ in range(count)
+    ]
+
+
+def _cuda_loss(model, batch):
+    inputs, labels = batch
+    return nn.functional.cross_entropy(model(inputs.cuda()), labels.cuda())
+
+
+def _assert_same_state(graph_parts, eager_parts):
+    (g_model, g_opt, g_rank), (e_model, e_opt, e_rank) = graph_parts, eager_parts
+    for (name, got), expected in zip(g_model.state_dict().items(), e_model.state_dict().values()):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, msg=name)
+    for got, expected in zip(g_opt.state.values(), e_opt.state.values()):
+        assert float(got["step"]) == float(expected["step"])
+        torch.testing.assert_close(got["exp_avg"], expected["exp_avg"], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(g_rank._ema_sum, e_rank._ema_sum)
+
+
+@needs_cuda
+def test_replayed_steps_match_eager_steps_and_warmup_leaves_no_trace():
+    graph_parts, eager_parts = _cuda_parts(), _cuda_parts()
+    model, optimizer, rank = graph_parts
+    stepper = CudaGraphStep(model, _cuda_loss, optimizer, rank, warmup=3, grad_clip=1.0)
+    for batch in _batches(6):
+        values = stepper.step(batch).tolist()
+        expected = _eager_step(*eager_parts, batch, _cuda_loss, grad_clip=1.0)
+        assert len(values) == len(STEP_VALUES)
+        assert values == pytest.approx(expected, rel=1e-5, abs=1e-6)
+        _assert_same_state(graph_parts, eager_parts)
+    assert stepper.captured_buckets == (None,)
+    assert all(float(state["step"]) == 6 for state in graph_parts[1].state.values())
+
+
+@needs_cuda
+def test_nonfinite_batch_is_skipped_inside_the_graph():
+    graph_parts, eager_parts = _cuda_parts(), _cuda_parts()
+    stepper = CudaGraphStep(graph_parts[0], _cuda_loss, graph_parts[1], graph_parts[2])
+    batches = _batches(4)
+    batches[2][0][1, 3] = float("nan")
+    for batch in batches:
+        values = stepper.step(batch).tolist()
+        expected = _eager_step(*eager_parts, batch, _cuda_loss)
+        assert values[3] == expected[3]
+        _assert_same_state(graph_parts, eager_parts)
+    assert all(float(state["step"]) == 3 for state in graph_parts[1].state.values())
+
+
+@needs_cuda
+def test_recapture_after_prune_and_stage_switch_matches_eager():
+    graph_parts = _cuda_parts(dead_gate=True)
+    eager_parts = _cuda_parts(dead_gate=True)
+    stepper = CudaGraphStep(graph_parts[0], _cuda_loss, graph_parts[1], graph_parts[2])
+    batches = _batches(9)
+    for index, batch in enumerate(batches):
+        if index == 3:
+            for model, optimizer, _ in (graph_parts, eager_parts):
+                assert prune_(model, optimizer).changed
+            stepper.invalidate()
+        if index == 6:
+            for _, _, rank in (graph_parts, eager_parts):
+                rank.begin_late_stage(0.5, target_loss=0.5)
+            stepper.invalidate()
+        stepper.step(batch)
+        _eager_step(*eager_parts, batch, _cuda_loss)
+        _assert_same_state(graph_parts, eager_parts)
+
+
+class _Tokens(nn.Module):
+    """Per-token comera model: ``(B, L, FEATURES) -> (B, L, 3)`` scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = make_model(dropout=0.0)
+
+    def forward(self, tokens):
+        return self.body(tokens)
+
+
+def _masked_loss(model, batch):
+    scores = model(batch["tokens"])
+    per_token = nn.functional.cross_entropy(scores.transpose(1, 2), batch["labels"], reduction="none")
+    mask = batch["mask"]
+    return (per_token * mask).sum() / mask.sum()
+
+
+@needs_cuda
+def test_length_buckets_pad_without_changing_the_loss_and_match_eager_steps():
+    def parts():
+        model = _Tokens().cuda()
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True), RankAdaptation(model)
+
+    graph_parts, eager_parts = parts(), parts()
+    pad = {"tokens": 0.0, "labels": 0, "mask": 0.0}
+    stepper = CudaGraphStep(
+        graph_parts[0], _masked_loss, graph_parts[1], graph_parts[2], buckets=[8, 16], pad=pad
+    )
+    generator = torch.Generator().manual_seed(2)
+    for length in (5, 12, 8, 3, 16):
+        batch = {
+            "tokens": torch.randn(4, length, FEATURES, generator=generator).cuda(),
+            "labels": torch.randint(0, 3, (4, length), generator=generator).cuda(),
+            "mask": torch.ones(4, length).cuda(),
+        }
+        padded = pad_batch(batch, pad, choose_bucket(length, (8, 16)))
+        with torch.no_grad():
+            unpadded_loss = float(_masked_loss(eager_parts[0], batch))
+        values = stepper.step(batch).tolist()
+        assert values[0] == pytest.approx(unpadded_loss, rel=1e-5)
+        _eager_step(*eager_parts, padded, _masked_loss)
+        _assert_same_state(graph_parts, eager_parts)
+    assert sorted(stepper.captured_buckets) == [8, 16]
