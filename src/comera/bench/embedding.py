@@ -143,16 +143,31 @@ def run_case(table: str, method: str, distribution: str, count: int, repeats: in
     }
 
 
-def _run_in_fresh_process(case: str, repeats: int, threads: int | None) -> dict:
+def _run_in_fresh_process(case: str, repeats: int, threads: int | None, attempts: int = 3) -> dict:
+    """Run one case in a new interpreter; retried after a pause if it fails (e.g. a half-saved checkout)."""
     env = dict(os.environ)
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     command = [sys.executable, "-m", "comera.bench.embedding", "--case", case, "--repeats", str(repeats)]
     if threads is not None:
         command += ["--threads", str(threads)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"case {case} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    for attempt in range(attempts):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            return json.loads(done.stdout.strip().splitlines()[-1])
+        if attempt + 1 < attempts:
+            time.sleep(20)
+    raise RuntimeError(f"case {case} failed {attempts} times:\n{done.stderr[-2000:]}")
+
+
+def _load_results(path: str | None) -> dict[str, dict]:
+    if path is None or not Path(path).exists():
+        return {}
+    entries = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return {_case_name(entry): entry for entry in entries}
+
+
+def _case_name(entry: dict) -> str:
+    return f"{entry['table']}:{entry['method']}:{entry['distribution']}:{entry['count']}"
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -306,6 +321,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="10k ids only, 2 repeats")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per case (default: torch's)")
     parser.add_argument("--write", default=None, help="markdown file whose 'embedding' section is replaced")
+    parser.add_argument(
+        "--results",
+        default=None,
+        help="JSON-lines file: each case is appended as it finishes and reused on rerun",
+    )
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -321,13 +341,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = SIZES[:1] if args.quick else tuple(args.sizes)
     repeats = 2 if args.quick else args.repeats
+    done = _load_results(args.results)
     results = []
     for table in args.tables:
         for distribution in args.distributions:
             for count in sizes:
                 for method in args.methods:
                     case = f"{table}:{method}:{distribution}:{count}"
-                    result = _run_in_fresh_process(case, repeats, args.threads)
+                    result = done.get(case)
+                    if result is None:
+                        result = _run_in_fresh_process(case, repeats, args.threads)
+                        if args.results:
+                            with open(args.results, "a") as handle:
+                                handle.write(json.dumps(result) + "\n")
                     results.append(result)
                     print(
                         f"{table:6s} {distribution:8s} {count:6d} {method:13s} {result['ms']:10.1f} ms "

@@ -247,6 +247,14 @@ def dedup_threshold(
     return min(1.0, overhead / row_time)
 
 
+def _repeats_pay(
+    shapes: list[tuple[int, int, int, int]], count: int, distinct: int, split: int | None
+) -> bool:
+    if split is None and len(shapes) > 1:
+        split = best_lookup_split(distinct, shapes, torch.is_grad_enabled())
+    return 1.0 - distinct / count >= dedup_threshold(shapes, split or 1)
+
+
 def ttm_lookup_rows(
     cores: Sequence[torch.Tensor],
     indices: torch.Tensor,
@@ -276,15 +284,7 @@ def ttm_lookup_rows(
     position = None
     if dedup or (dedup is None and indices.shape[0] > 1 and not in_graph_capture()):
         distinct, inverse = torch.unique(indices, return_inverse=True)
-        repeated = 1.0 - distinct.shape[0] / indices.shape[0] if indices.shape[0] else 0.0
-        threshold = (
-            0.0
-            if len(shapes) == 1
-            else dedup_threshold(
-                shapes, split or best_lookup_split(distinct.shape[0], shapes, torch.is_grad_enabled())
-            )
-        )
-        if dedup or repeated >= threshold:
+        if dedup or _repeats_pay(shapes, indices.shape[0], distinct.shape[0], split):
             indices, position = distinct, inverse
     if len(cores) == 1:
         return cores[0][0, :, :, 0].index_select(0, indices), position
