@@ -284,3 +284,21 @@ def test_bf16_autocast_keeps_fp32_masters_and_bf16_accuracy(cls, order):
     scale = reference.abs().max()
     assert (y.float() - reference).abs().max() <= 0.03 * scale
     assert (grad - reference_grad).norm() <= 0.05 * reference_grad.norm()
+
+
+def test_fp8_gemms_follow_the_fp32_layer_within_fp8_error():
+    from comera.tt.fp8 import fp8_supported
+
+    if not fp8_supported("cpu"):
+        pytest.skip("torch._scaled_mm with FP8 is unavailable on this CPU build")
+    layer = TTLinear(64, 48, rank=6, order="merge")
+    twin = TTLinear(64, 48, rank=6, order="merge", gemm="fp8")
+    twin.load_state_dict(layer.state_dict())
+    x = torch.randn(32, 64)
+    reference, got = layer(x), twin(x)
+    relative = (got - reference).norm() / reference.norm()
+    assert 2.0**-7 < relative < 2.0**-3
+    got.square().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in twin.parameters())
+    with pytest.raises(ValueError, match="gemm must be one of"):
+        layer.gemm = "fp16"

@@ -1,5 +1,6 @@
 """bf16 autocast: the forward really runs in bfloat16, master weights stay fp32, and training follows fp32."""
 
+import pytest
 import torch
 from tiny import loss_fn, make_data, make_model, parameters_of
 
@@ -40,6 +41,25 @@ def test_bf16_autocast_trains_like_fp32():
     assert max(errors.values()) < 0.05, errors
     assert max(errors.values()) > 1e-4, "bf16 and fp32 runs are identical: autocast had no effect"
     initial = make_model(dropout=0.0)
-    start_loss = float(loss_fn(initial, make_data().tensors))
+    start_loss = float(loss_fn(initial, make_data().tensors).detach())
     assert bf16_result.eval["loss"] < start_loss
     assert abs(bf16_result.eval["loss"] - fp32_result.eval["loss"]) < 0.02
+
+
+def test_fp8_precision_switches_tt_layers_to_fp8_gemms_and_trains():
+    from comera import TTLinear
+    from comera.tt.fp8 import fp8_supported
+
+    if not fp8_supported("cpu"):
+        pytest.skip("torch._scaled_mm with FP8 is unavailable on this CPU build")
+    fp8, _, fp8_result = train("fp8")
+    fp32, _, fp32_result = train("fp32")
+    layers = [m for m in fp8.modules() if isinstance(m, TTLinear)]
+    assert layers and all(layer.gemm == "fp8" for layer in layers)
+    assert all(layer.gemm == "fp32" for layer in fp32.modules() if isinstance(layer, TTLinear))
+    got, want = parameters_of(fp8), parameters_of(fp32)
+    errors = [float((got[name] - want[name]).norm() / want[name].norm()) for name in want]
+    assert max(errors) > 1e-4, "fp8 and fp32 runs are identical: fp8 GEMMs had no effect"
+    initial_loss = float(loss_fn(make_model(dropout=0.0), make_data().tensors).detach())
+    assert fp8_result.eval["loss"] < initial_loss
+    assert abs(fp8_result.eval["loss"] - fp32_result.eval["loss"]) < 0.1

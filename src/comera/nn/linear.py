@@ -25,7 +25,9 @@ from torch import nn
 
 from comera.nn.gated import DEFAULT_TAU, GatedTrain, check_float_dtype
 from comera.tt.cores import core_std, tt_core_shapes, tt_full, ttm_core_shapes, ttm_full
+from comera.tt.fp8 import fp8_supported
 from comera.tt.paths import (
+    GEMMS,
     ORDERS,
     choose_order,
     tt_linear,
@@ -211,6 +213,9 @@ class TTLinear(_TrainLinear):
             clipped to what the shapes allow.
         tau: gate threshold; gate entries with ``|g| <= tau`` are dead.
         order: contraction order, ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
+        gemm: ``"fp32"`` (GEMMs in the input dtype) or ``"fp8"``: the merge order's six batch-sized GEMMs
+            run through ``torch._scaled_mm`` with E4M3 operands and E5M2 gradients (:mod:`comera.tt.fp8`);
+            cores stay in their dtype. Other orders are unaffected.
 
     Shape:
         input ``(*, in_features)`` -> output ``(*, out_features)``.
@@ -227,6 +232,7 @@ class TTLinear(_TrainLinear):
         rank: int | Sequence[int] = DEFAULT_RANK,
         tau: float = DEFAULT_TAU,
         order: str = "auto",
+        gemm: str = "fp32",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -244,10 +250,25 @@ class TTLinear(_TrainLinear):
         modes = self.in_shape + self.out_shape
         shapes = tt_core_shapes(modes, resolve_ranks(rank, modes))
         super().__init__(in_features, out_features, bias, shapes, tau, order, device, dtype)
+        self.gemm = gemm
 
     @property
     def bond_sizes(self) -> tuple[int, ...]:
         return self.in_shape + self.out_shape
+
+    @property
+    def gemm(self) -> str:
+        """Number format of the merge order's batch-sized GEMMs: ``"fp32"`` or ``"fp8"``."""
+        return self._gemm
+
+    @gemm.setter
+    def gemm(self, value: str) -> None:
+        if value not in GEMMS:
+            raise ValueError(f"gemm must be one of {GEMMS}, got {value!r}")
+        device = self.cores[0].device
+        if value == "fp8" and not fp8_supported(device):
+            raise ValueError(f"gemm='fp8' needs torch._scaled_mm with FP8 on {device}, which is unavailable")
+        self._gemm = value
 
     def order_costs(self, batch: int, backward: bool = True) -> dict[str, float]:
         """Estimated microseconds of each contraction order for ``batch`` rows (:mod:`comera.tt.paths`)."""
@@ -257,7 +278,9 @@ class TTLinear(_TrainLinear):
         return choose_order(self.order_costs(batch, torch.is_grad_enabled()))
 
     def _contract(self, x: torch.Tensor, order: str) -> torch.Tensor:
-        return tt_linear(x, self.gated_cores(), len(self.in_shape), self.out_features, self.bias, order)
+        return tt_linear(
+            x, self.gated_cores(), len(self.in_shape), self.out_features, self.bias, order, self.gemm
+        )
 
     def _dense_padded(self) -> torch.Tensor:
         full = tt_full(self.gated_cores())

@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from comera.nn.linear import TTLinear
 from comera.rank.adaptation import RankAdaptation
 from comera.rank.groups import param_groups
 from comera.rank.prune import prune_
@@ -202,6 +203,10 @@ class Trainer:
         self.batch_in_epoch = 0
         self.last_eval: dict[str, float] = {}
         self._bf16 = config.precision == "bf16"
+        if config.precision == "fp8":
+            for layer in self.module.modules():
+                if isinstance(layer, TTLinear):
+                    layer.gemm = "fp8"
         self._device_type = self._device().type
         self._compute, self._apply = self._step_functions()
         self._window = {"loss": 0.0, "objective": 0.0, "count": 0, "time": 0.0, "steps": 0}

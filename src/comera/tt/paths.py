@@ -30,10 +30,12 @@ from dataclasses import dataclass
 import torch
 
 from comera.tt.contract import low_rank_linear, ttm_split_linear
+from comera.tt.fp8 import fp8_low_rank_linear
 from comera.tt.merge import merge_tt_left, merge_tt_right, merge_ttm_left, merge_ttm_right
 
 __all__ = [
     "ORDERS",
+    "GEMMS",
     "CostModel",
     "DEFAULT_COST_MODEL",
     "tt_order_costs",
@@ -45,6 +47,9 @@ __all__ = [
 ]
 
 ORDERS = ("merge", "sequential", "dense")
+GEMMS = ("fp32", "fp8")
+"""Number formats of the merge order's batch-sized GEMMs: the input dtype, or FP8 with per-tensor scales
+(:mod:`comera.tt.fp8`). The other orders always run in the input dtype."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +271,7 @@ def tt_linear(
     out_features: int,
     bias: torch.Tensor | None,
     order: str = "merge",
+    gemm: str = "fp32",
 ) -> torch.Tensor:
     """``x @ W + bias`` for a TT-folded weight ``W`` (input modes on the first ``num_in_cores`` cores).
 
@@ -277,16 +283,20 @@ def tt_linear(
         out_features: output columns kept (the product of the output modes may be larger).
         bias: ``(out_features,)`` or None.
         order: one of :data:`ORDERS`.
+        gemm: one of :data:`GEMMS`; ``"fp8"`` affects the ``"merge"`` order only.
 
     Returns:
         ``(B, out_features)``.
     """
     _check_order(order)
+    if gemm not in GEMMS:
+        raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
     in_features = x.shape[1]
     if order == "merge":
         left = merge_tt_left(cores[:num_in_cores])[:in_features]
         right = merge_tt_right(cores[num_in_cores:])[:, :out_features]
-        return low_rank_linear(x, left, right, bias)
+        product = fp8_low_rank_linear if gemm == "fp8" else low_rank_linear
+        return product(x, left, right, bias)
     if order == "sequential":
         padded = _pad_columns(x, math.prod([c.shape[1] for c in cores[:num_in_cores]]))
         return _add_bias(_tt_sequential(padded, cores, num_in_cores, out_features), bias)
