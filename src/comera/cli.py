@@ -1,15 +1,11 @@
 """The ``comera`` command: ``demo``, ``bench NAME``, ``report DIR``, ``plot RUN_DIR``.
 
-``demo`` and ``bench`` run their job (``comera.demo``, ``comera.bench.NAME``) in a fresh Python process
-with PyTorch's transparent huge page allocation enabled (``THP_MEM_ALLOC_ENABLE=1``, which PyTorch reads
-once at start-up; it removes most of the page-fault cost of fresh output-sized tensors on CPU). Set the
-variable yourself to override it.
+``demo`` and ``bench`` run their job (``comera.demo``, ``comera.bench.NAME``) in a fresh Python process.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 
@@ -19,9 +15,7 @@ __all__ = ["main"]
 
 
 def _run_module(module: str, rest: list[str]) -> int:
-    env = dict(os.environ)
-    env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-    return subprocess.call([sys.executable, "-m", module, *rest], env=env)
+    return subprocess.call([sys.executable, "-m", module, *rest])
 
 
 def _report(directory: str) -> int:

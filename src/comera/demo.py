@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from comera.cpu import reuse_freed_memory
 from comera.nn.linear import TTLinear
 
 __all__ = ["DemoResult", "make_task", "build_mlp", "train", "evaluate", "run_demo", "main"]
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--steps must be >= 10, got {args.steps}")
     if args.rank < 1:
         parser.error(f"--rank must be >= 1, got {args.rank}")
+    reuse_freed_memory()
     run_demo(steps=args.steps, rank=args.rank, run_dir=args.run_dir)
     return 0
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from comera.bench.report import interleaved_medians_ms, machine_description, update_section
+from comera.cpu import reuse_freed_memory
 from comera.nn.linear import TTLinear, TTMLinear
 from comera.tt.paths import ORDERS
 
@@ -100,27 +101,35 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join([header, *(_format_row(row) for row in rows)])
 
 
-def _allocator_rows(repeats: int, thp: str) -> list[dict]:
-    """The B=4096, r=30 rows measured in a fresh process with ``THP_MEM_ALLOC_ENABLE=thp``."""
-    env = dict(os.environ, THP_MEM_ALLOC_ENABLE=thp)
+_ALLOCATION_SETTINGS = {
+    "default": ({}, ["--memory", "default"]),
+    "THP_MEM_ALLOC_ENABLE=1": ({"THP_MEM_ALLOC_ENABLE": "1"}, ["--memory", "default"]),
+    "reuse_freed_memory()": ({}, ["--memory", "reuse"]),
+}
+
+
+def _allocator_rows(repeats: int, env_update: dict, flags: list[str]) -> list[dict]:
+    """The B=4096, r=30 rows measured in a fresh process with one allocation setting."""
+    env = {key: value for key, value in os.environ.items() if key != "THP_MEM_ALLOC_ENABLE"}
+    env.update(env_update)
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "rows.json"
         command = [sys.executable, "-m", "comera.bench.layers", "--large-only", "--repeats", str(repeats)]
-        subprocess.run([*command, "--json", str(out)], env=env, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*command, *flags, "--json", str(out)], env=env, check=True, stdout=subprocess.DEVNULL)
         return json.loads(out.read_text())
 
 
 def allocator_table(repeats: int) -> str:
-    """B=4096, r=30 rows with PyTorch's default CPU allocation and with transparent huge pages."""
+    """B=4096, r=30 rows under PyTorch's default CPU allocation, transparent huge pages, and heap reuse."""
     lines = [
-        "| shape | THP_MEM_ALLOC_ENABLE | nn.Linear ms | TT auto ms | nn.Linear / TT auto |",
+        "| shape | allocation | nn.Linear ms | TT auto ms | nn.Linear / TT auto |",
         "|---|---|---|---|---|",
     ]
-    for thp in ("0", "1"):
-        for row in _allocator_rows(repeats, thp):
+    for name, (env_update, flags) in _ALLOCATION_SETTINGS.items():
+        for row in _allocator_rows(repeats, env_update, flags):
             ratio = row["nn.Linear"] / row["tt:auto"]
             lines.append(
-                f"| {row['shape']} | {thp} | {row['nn.Linear']:.1f} | {row['tt:auto']:.1f} | {ratio:.2f}x |"
+                f"| {row['shape']} | {name} | {row['nn.Linear']:.1f} | {row['tt:auto']:.1f} | {ratio:.2f}x |"
             )
     return "\n".join(lines)
 
@@ -133,10 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--large-only", action="store_true", help="only the B=4096, r=30 rows")
     parser.add_argument("--allocator", action="store_true", help="also compare CPU allocation settings")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    parser.add_argument(
+        "--memory",
+        choices=("reuse", "default"),
+        default="reuse",
+        help="'reuse': comera.cpu.reuse_freed_memory() before timing (default); 'default': glibc's setting",
+    )
     parser.add_argument("--write", metavar="MARKDOWN", help="update the 'layers' section of this file")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.memory == "reuse":
+        reuse_freed_memory()
     torch.manual_seed(0)
     shapes, batches, ranks = SHAPES, BATCHES, RANKS
     if args.quick:
@@ -156,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         body = (
             "## Linear layers: forward+backward, fp32\n\n"
             f"Machine: {machine_description()}. Command: `comera bench layers --repeats {args.repeats}"
-            f"{' --allocator' if args.allocator else ''}` "
-            f"(THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}).\n"
+            f"{' --allocator' if args.allocator else ''}` (allocation: "
+            f"{'comera.cpu.reuse_freed_memory()' if args.memory == 'reuse' else 'glibc default'}).\n"
             "Columns after the times are speedups over `nn.Linear` (higher is faster), medians of "
             f"{args.repeats} runs after 2 warm-up runs, all measured in one process; within a row the "
             "methods are timed round-robin so load changes hit all of them alike. Shapes are the defaults "
@@ -167,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         if allocation:
             body += (
-                "\n### CPU allocation: default vs transparent huge pages\n\n"
-                "The B=4096, r=30 rows again, each setting in a fresh process.\n\n" + allocation + "\n"
+                "\n### CPU allocation settings\n\n"
+                "The B=4096, r=30 rows again, each setting in a fresh process: glibc's default, PyTorch's "
+                "transparent huge pages (`THP_MEM_ALLOC_ENABLE=1`), and `comera.cpu.reuse_freed_memory()` "
+                "(freed blocks stay in the heap). Both layers share the setting.\n\n" + allocation + "\n"
             )
         update_section(args.write, "layers", body)
     return 0

@@ -37,7 +37,7 @@ from comera.nn.gated import DEFAULT_TAU, GatedTrain, check_float_dtype
 from comera.nn.linear import DEFAULT_RANK
 from comera.tt.cores import core_std, ttm_core_shapes, ttm_full
 from comera.tt.lookup import in_graph_capture, ttm_lookup_rows
-from comera.tt.paths import ORDERS, choose_order, ttm_best_split, ttm_linear, ttm_order_costs
+from comera.tt.paths import ORDERS, auto_ttm_order, ttm_linear, ttm_merge_split
 from comera.tt.shapes import auto_modes, auto_order, check_modes, resolve_ranks
 from comera.tt.svd import ttm_svd
 
@@ -219,11 +219,10 @@ class _TTMTable(GatedTrain):
         cores = [core.transpose(1, 2) for core in self.gated_cores()]
         backward = torch.is_grad_enabled()
         if order == "auto":
-            costs = ttm_order_costs(x.shape[0], self.col_shape, self.row_shape, self.max_ranks, backward)
-            order = choose_order(costs)
+            order = auto_ttm_order(x.shape[0], self.col_shape, self.row_shape, self.max_ranks, backward)
         split = None
-        if order == "merge" and len(cores) > 1:
-            split = ttm_best_split(x.shape[0], self.col_shape, self.row_shape, self.max_ranks, backward)[0]
+        if order == "merge":
+            split = ttm_merge_split(x.shape[0], self.col_shape, self.row_shape, self.max_ranks, backward)
         logits = ttm_linear(x, cores, self.num_embeddings, bias, order, split)
         if self.padding_idx is not None:
             column = torch.tensor([self.padding_idx], device=logits.device)

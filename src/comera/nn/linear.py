@@ -29,11 +29,12 @@ from comera.tt.fp8 import fp8_supported
 from comera.tt.paths import (
     GEMMS,
     ORDERS,
-    choose_order,
+    auto_tt_order,
+    auto_ttm_order,
     tt_linear,
     tt_order_costs,
-    ttm_best_split,
     ttm_linear,
+    ttm_merge_split,
     ttm_order_costs,
 )
 from comera.tt.shapes import auto_modes, auto_order, check_modes, resolve_ranks
@@ -275,7 +276,7 @@ class TTLinear(_TrainLinear):
         return tt_order_costs(batch, self.in_shape, self.out_shape, self.max_ranks, backward)
 
     def _order_for(self, batch: int) -> str:
-        return choose_order(self.order_costs(batch, torch.is_grad_enabled()))
+        return auto_tt_order(batch, self.in_shape, self.out_shape, self.max_ranks, torch.is_grad_enabled())
 
     def _contract(self, x: torch.Tensor, order: str) -> torch.Tensor:
         return tt_linear(
@@ -348,14 +349,13 @@ class TTMLinear(_TrainLinear):
         return ttm_order_costs(batch, self.in_shape, self.out_shape, self.max_ranks, backward)
 
     def _order_for(self, batch: int) -> str:
-        return choose_order(self.order_costs(batch, torch.is_grad_enabled()))
+        return auto_ttm_order(batch, self.in_shape, self.out_shape, self.max_ranks, torch.is_grad_enabled())
 
     def _contract(self, x: torch.Tensor, order: str) -> torch.Tensor:
         split = None
-        if order == "merge" and len(self.in_shape) > 1:
-            split = ttm_best_split(
-                x.shape[0], self.in_shape, self.out_shape, self.max_ranks, torch.is_grad_enabled()
-            )[0]
+        if order == "merge":
+            backward = torch.is_grad_enabled()
+            split = ttm_merge_split(x.shape[0], self.in_shape, self.out_shape, self.max_ranks, backward)
         return ttm_linear(x, self.gated_cores(), self.out_features, self.bias, order, split)
 
     def _dense_padded(self) -> torch.Tensor:

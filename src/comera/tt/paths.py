@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -42,6 +43,9 @@ __all__ = [
     "ttm_order_costs",
     "ttm_best_split",
     "choose_order",
+    "auto_tt_order",
+    "auto_ttm_order",
+    "ttm_merge_split",
     "tt_linear",
     "ttm_linear",
 ]
@@ -234,6 +238,51 @@ def choose_order(costs: dict[str, float]) -> str:
     if best is None:
         raise ValueError(f"costs must name at least one of {ORDERS}, got {sorted(costs)}")
     return best
+
+
+def _tt_order(batch, in_modes, out_modes, ranks, backward) -> str:
+    return choose_order(tt_order_costs(batch, in_modes, out_modes, ranks, backward))
+
+
+def _ttm_order(batch, row_modes, col_modes, ranks, backward) -> str:
+    return choose_order(ttm_order_costs(batch, row_modes, col_modes, ranks, backward))
+
+
+def _ttm_split(batch, row_modes, col_modes, ranks, backward) -> int | None:
+    if len(row_modes) < 2:
+        return None
+    return ttm_best_split(batch, row_modes, col_modes, ranks, backward)[0]
+
+
+_MEMOISED = {
+    function: lru_cache(maxsize=4096)(function) for function in (_tt_order, _ttm_order, _ttm_split)
+}
+
+
+def _memoised(function, *args):
+    """``function(*args)`` through its cache in eager mode; traced directly under ``torch.compile``."""
+    return function(*args) if torch.compiler.is_compiling() else _MEMOISED[function](*args)
+
+
+def auto_tt_order(
+    batch: int, in_modes: tuple[int, ...], out_modes: tuple[int, ...], ranks: tuple[int, ...], backward: bool
+) -> str:
+    """The cheapest order for a TT layer call (memoised: the cost model runs once per distinct call shape)."""
+    return _memoised(_tt_order, batch, in_modes, out_modes, ranks, backward)
+
+
+def auto_ttm_order(
+    batch: int, row_modes: tuple[int, ...], col_modes: tuple[int, ...], ranks: tuple[int, ...], backward: bool
+) -> str:
+    """The cheapest order for a TTM layer call (memoised)."""
+    return _memoised(_ttm_order, batch, row_modes, col_modes, ranks, backward)
+
+
+def ttm_merge_split(
+    batch: int, row_modes: tuple[int, ...], col_modes: tuple[int, ...], ranks: tuple[int, ...], backward: bool
+) -> int | None:
+    """The bond at which the ``"merge"`` order splits a TTM layer call (None for a single core; memoised)."""
+    return _memoised(_ttm_split, batch, row_modes, col_modes, ranks, backward)
 
 
 def _check_order(order: str) -> None:
