@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -31,15 +32,22 @@ def median_ms(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> fl
 def interleaved_medians_ms(
     fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2
 ) -> dict[str, float]:
-    """Median milliseconds of each function, timed round-robin so load changes hit all of them alike."""
+    """Median milliseconds of each function, timed round-robin so load changes hit all of them alike.
+
+    Each round runs the functions in a fresh (seeded) random order, so no function always runs right after
+    the same other one, which would hand it that one's warm caches and freed buffers.
+    """
     for fn in fns.values():
         for _ in range(warmup):
             fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    shuffler = random.Random(0)
     for _ in range(repeats):
-        for name, fn in fns.items():
+        shuffler.shuffle(names)
+        for name in names:
             start = time.perf_counter()
-            fn()
+            fns[name]()
             times[name].append(time.perf_counter() - start)
     return {name: 1e3 * statistics.median(values) for name, values in times.items()}
 
