@@ -76,6 +76,8 @@ class CostModel:
 
 
 DEFAULT_COST_MODEL = CostModel()
+_EINSUM_OPS = 3
+"""Kernels one input-side step of the sequential order launches (permute copy, batched GEMM, reshape copy)."""
 
 
 def _full_ranks(ranks: Sequence[int]) -> tuple[int, ...]:
@@ -137,8 +139,9 @@ def tt_order_costs(
         seq_macs += batch * produced * full[k] * size * full[k + 1]
         produced *= size
         seq_elements += batch * produced * full[k + 1] + batch * (produced // size) * full[k]
+    seq_ops = _EINSUM_OPS * d + len(out_modes)
     costs["sequential"] = model.time(
-        grad_factor * seq_macs, traffic_factor * seq_elements, grad_factor * (len(full) - 1)
+        grad_factor * seq_macs, traffic_factor * seq_elements, grad_factor * seq_ops
     )
 
     dense_macs = merge_macs + m * mid * n + batch * m * n
@@ -254,9 +257,7 @@ def _ttm_split(batch, row_modes, col_modes, ranks, backward) -> int | None:
     return ttm_best_split(batch, row_modes, col_modes, ranks, backward)[0]
 
 
-_MEMOISED = {
-    function: lru_cache(maxsize=4096)(function) for function in (_tt_order, _ttm_order, _ttm_split)
-}
+_MEMOISED = {function: lru_cache(maxsize=4096)(function) for function in (_tt_order, _ttm_order, _ttm_split)}
 
 
 def _memoised(function, *args):
