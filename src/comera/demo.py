@@ -61,7 +61,7 @@ def build_mlp(features: int, hidden: int, classes: int, rank: int | None) -> nn.
     )
 
 
-def train(model: nn.Module, data, steps: int, batch: int, lr: float, seed: int = 0) -> tuple[float, list]:
+def train(model: nn.Module, data, steps: int, batch: int, lr: float, seed: int = 0) -> float:
     """AdamW on cross-entropy for ``steps`` minibatches; returns mean step ms (after 5 warm-up steps)."""
     inputs, labels = data
     generator = torch.Generator().manual_seed(seed)
@@ -77,7 +77,7 @@ def train(model: nn.Module, data, steps: int, batch: int, lr: float, seed: int =
         optimizer.step()
         if step >= 5:
             times.append(time.perf_counter() - start)
-    return 1e3 * sum(times) / max(len(times), 1), times
+    return 1e3 * sum(times) / max(len(times), 1)
 
 
 @torch.no_grad()
@@ -136,7 +136,7 @@ def run_demo(
     for name, student_rank in (("dense nn.Linear", None), (f"comera TT r={rank}", rank)):
         torch.manual_seed(seed)
         model = build_mlp(features, hidden, classes, student_rank)
-        step_ms, _ = train(model, train_data, steps, batch, lr=1e-3, seed=seed)
+        step_ms = train(model, train_data, steps, batch, lr=1e-3, seed=seed)
         loss, accuracy = evaluate(model, held_out)
         parameters = sum(p.numel() for p in model.parameters())
         results.append(DemoResult(name, parameters, step_ms, loss, accuracy))

@@ -150,13 +150,17 @@ def _match_scale(layer: GatedTrain, weight: torch.Tensor) -> None:
             core.mul_(factor)
 
 
-def _build_linear(name: str, linear: nn.Linear, config: TensorizeConfig) -> GatedTrain:
+def _shapes_for(name: str, config: TensorizeConfig, kind: str, allowed: tuple[str, str]) -> dict:
+    """The ``shape_pattern`` entries for module ``name``; raises if they set keys other than ``allowed``."""
     shapes = dict(config.shapes_for(name))
-    wrong = set(shapes) - {"in_shape", "out_shape"}
+    wrong = set(shapes) - set(allowed)
     if wrong:
-        raise ValueError(
-            f"shape_pattern for linear module {name!r} may only set in_shape/out_shape, got {wrong}"
-        )
+        raise ValueError(f"shape_pattern for {kind} {name!r} may only set {'/'.join(allowed)}, got {wrong}")
+    return shapes
+
+
+def _build_linear(name: str, linear: nn.Linear, config: TensorizeConfig) -> GatedTrain:
+    shapes = _shapes_for(name, config, "linear module", ("in_shape", "out_shape"))
     cls = TTLinear if config.format == "tt" else TTMLinear
     rank = config.rank_for(name)
     if config.init == "tt_svd":
@@ -181,12 +185,7 @@ def _build_linear(name: str, linear: nn.Linear, config: TensorizeConfig) -> Gate
 
 
 def _build_embedding(name: str, embedding: nn.Module, config: TensorizeConfig) -> GatedTrain:
-    shapes = dict(config.shapes_for(name))
-    wrong = set(shapes) - {"row_shape", "col_shape"}
-    if wrong:
-        raise ValueError(
-            f"shape_pattern for embedding {name!r} may only set row_shape/col_shape, got {wrong}"
-        )
+    shapes = _shapes_for(name, config, "embedding", ("row_shape", "col_shape"))
     bag = isinstance(embedding, nn.EmbeddingBag)
     if embedding.max_norm is not None or embedding.scale_grad_by_freq:
         raise ValueError("an embedding with max_norm or scale_grad_by_freq has no TTM equivalent")
