@@ -1,0 +1,39 @@
+"""The embedding benchmark's report: ratios computed from the measured times, methods only where they apply."""
+
+from __future__ import annotations
+
+from comera.bench.embedding import applies, format_report
+
+
+def entry(method, ms, peak, table="paper", count=10_000):
+    return {
+        "table": table,
+        "method": method,
+        "distribution": "uniform",
+        "count": count,
+        "ms": ms,
+        "peak_mb": peak,
+        "distinct": 9000,
+        "parameters": 1000,
+    }
+
+
+def test_report_ratios_come_from_the_times():
+    results = [
+        entry("nn.Embedding", 20.0, 100.0),
+        entry("naive", 900.0, 1000.0),
+        entry("optimized", 90.0, 50.0),
+        entry("auto", 60.0, 40.0),
+        entry("published", 240.0, 400.0),
+        entry("published+unique", 150.0, 300.0),
+    ]
+    report = format_report(results, "comera bench embedding")
+    assert "smallest time ratio 10.0x (target 5x), smallest memory ratio 20.0x" in report
+    assert "| 10000 | 240.0 | 150.0 | 60.0 | 4.0x | 2.5x | 262 | 128 |" in report
+    assert "published order-4 lookup (same run): 4.0x at 10000 (target 1.5x)" in report
+
+
+def test_published_order_needs_an_order_4_table():
+    assert applies("paper", "published") and applies("paper", "published+unique")
+    assert not applies("dlrm", "published")
+    assert applies("dlrm", "auto")
