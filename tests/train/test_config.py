@@ -27,6 +27,25 @@ from comera.train import TrainConfig
         ({"eval_every": 0}, "eval_every must be an int >= 1"),
         ({"precision": "fp16"}, "precision must be one of"),
         ({"compile": "yes"}, "compile must be True, False or 'auto'"),
+        ({"cuda_graph": 1}, "cuda_graph must be True or False"),
+        ({"cuda_graph": True, "compile": True}, "cuda_graph=True excludes compile=True"),
+        (
+            {"cuda_graph": True, "graph_buckets": (16, 8), "graph_pad": {"ids": 0}},
+            "graph_buckets must be None or a strictly increasing tuple of ints >= 1",
+        ),
+        (
+            {"cuda_graph": True, "graph_buckets": (8,), "graph_pad": {}},
+            "graph_pad must be None or a non-empty",
+        ),
+        (
+            {"cuda_graph": True, "graph_buckets": (8,), "graph_pad": {"ids": float("nan")}},
+            "graph_pad must be",
+        ),
+        ({"cuda_graph": True, "graph_buckets": (8,), "graph_pad": {-1: 0}}, "graph_pad must be"),
+        ({"cuda_graph": True, "graph_buckets": (8,)}, "graph_buckets and graph_pad go together"),
+        ({"graph_buckets": (8,), "graph_pad": {"ids": 0}}, "used only with cuda_graph=True"),
+        ({"graph_length_dim": -1}, "graph_length_dim must be an int >= 0"),
+        ({"graph_warmup": 0}, "graph_warmup must be an int >= 1"),
     ],
 )
 def test_bad_values_name_the_argument(overrides, message):
@@ -41,3 +60,11 @@ def test_dict_round_trip_and_unknown_keys():
     assert TrainConfig.from_dict(values) == config
     with pytest.raises(ValueError, match="unknown TrainConfig keys \\['epochs'\\]"):
         TrainConfig.from_dict({**values, "epochs": 3})
+
+
+def test_graph_settings_round_trip():
+    config = TrainConfig(
+        cuda_graph=True, graph_buckets=[8, 16], graph_pad={"ids": 0, 2: -100}, graph_warmup=2
+    )
+    assert config.graph_buckets == (8, 16)
+    assert TrainConfig.from_dict(config.to_dict()) == config

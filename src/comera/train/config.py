@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from comera.rank.surrogate import SURROGATES
+from comera.train.cuda_graph import check_buckets
 
 __all__ = ["TrainConfig", "AUTO_COMPILE_MIN_STEPS", "PRUNE_POINTS", "PRECISIONS", "UNITS"]
 
@@ -45,6 +47,14 @@ def _number(value: object, name: str, low: float, high: float = math.inf, open_l
         bound = f"({low}" if open_low else f"[{low}"
         raise ValueError(f"{name} must be a finite number in {bound}, {high}], got {value!r}")
     return float(value)
+
+
+def _pad_key(key: object) -> bool:
+    return isinstance(key, str) or (isinstance(key, int) and not isinstance(key, bool) and key >= 0)
+
+
+def _pad_value(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,16 @@ class TrainConfig:
             merge order in FP8 (``gemm="fp8"``: E4M3 operands, E5M2 gradients, per-tensor scales); the rest
             of the model stays fp32. Measured 3.4x slower than fp32 on a 2-core AVX2 CPU; meant for GPUs with
             FP8 units (not run on one yet).
+
+    CUDA graph (:class:`comera.train.cuda_graph.CudaGraphStep`; never run on a GPU yet):
+        cuda_graph: capture the whole step (forward, objective, backward, on-device non-finite guard, AdamW
+            step) as a CUDA graph and replay it. Needs a CUDA model, a single process, ``compile`` not True,
+            and AdamW/Adam with ``capturable=True`` (the default optimizer is then built so).
+        graph_buckets: sequence lengths to pad batches to (strictly increasing), one graph each; None for
+            fixed-shape batches (then every batch must have the same shapes: use ``drop_last=True``).
+        graph_pad: with ``graph_buckets``, ``{batch key or tuple index: pad value}`` of the entries to pad.
+        graph_length_dim: the dimension padded (>= 0; default 1, ``(batch, length, ...)``).
+        graph_warmup: warm-up steps before each capture (>= 1); their effects are undone.
     """
 
     early: int = 1
@@ -128,6 +148,11 @@ class TrainConfig:
     compile: bool | str = "auto"
     compile_backend: str = "inductor"
     precision: str = "fp32"
+    cuda_graph: bool = False
+    graph_buckets: tuple[int, ...] | None = None
+    graph_pad: dict[str | int, float] | None = None
+    graph_length_dim: int = 1
+    graph_warmup: int = 3
 
     def __post_init__(self) -> None:
         _int(self.early, "early", 0)
@@ -182,6 +207,44 @@ class TrainConfig:
             raise ValueError(
                 f"compile_backend must be a torch.compile backend name, got {self.compile_backend!r}"
             )
+        self._check_graph()
+
+    def _check_graph(self) -> None:
+        if not isinstance(self.cuda_graph, bool):
+            raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
+        if self.cuda_graph and self.compile is True:
+            raise ValueError(
+                "cuda_graph=True excludes compile=True (the graph replays the eager step); "
+                "set compile=False or 'auto'"
+            )
+        if self.graph_buckets is not None:
+            try:
+                object.__setattr__(self, "graph_buckets", check_buckets(self.graph_buckets))
+            except ValueError:
+                raise ValueError(
+                    "graph_buckets must be None or a strictly increasing tuple of ints >= 1, "
+                    f"got {self.graph_buckets!r}"
+                ) from None
+        if self.graph_pad is not None:
+            if (
+                not isinstance(self.graph_pad, Mapping)
+                or not self.graph_pad
+                or not all(_pad_key(key) and _pad_value(value) for key, value in self.graph_pad.items())
+            ):
+                raise ValueError(
+                    "graph_pad must be None or a non-empty dict {batch key (str) or tuple index (int >= 0): "
+                    f"finite pad value}}, got {self.graph_pad!r}"
+                )
+            object.__setattr__(self, "graph_pad", dict(self.graph_pad))
+        if (self.graph_buckets is None) != (self.graph_pad is None):
+            raise ValueError(
+                "graph_buckets and graph_pad go together: give both (padded lengths) or neither "
+                "(fixed shapes)"
+            )
+        if self.graph_buckets is not None and not self.cuda_graph:
+            raise ValueError("graph_buckets and graph_pad are used only with cuda_graph=True")
+        _int(self.graph_length_dim, "graph_length_dim", 0)
+        _int(self.graph_warmup, "graph_warmup", 1)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (lists for tuples), storable in a ``weights_only`` checkpoint or JSON."""

@@ -5,6 +5,10 @@ included) stay identical across ranks. The rank objective also *reads* the task 
 drives the late-stage switch and the loss target), so :func:`globally_averaged` gives the loss the value of
 the mean over ranks while keeping the local gradient: masks, sizes, the switch and pruning decisions are then
 the same on every rank.
+
+The process group is the caller's to create (``torchrun`` sets the environment): with
+``torch.distributed.init_process_group(backend_for(device))`` it uses nccl for a CUDA model and gloo for a CPU
+one; on CUDA each process also selects its own GPU first (``torch.cuda.set_device(local_rank)``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["world", "is_distributed", "globally_averaged", "gather_objects", "barrier"]
+__all__ = [
+    "world",
+    "is_distributed",
+    "backend_for",
+    "check_backend",
+    "globally_averaged",
+    "gather_objects",
+    "barrier",
+]
 
 
 def is_distributed() -> bool:
@@ -27,6 +39,23 @@ def world() -> tuple[int, int]:
     if not is_distributed():
         return 0, 1
     return dist.get_rank(), dist.get_world_size()
+
+
+def backend_for(device: torch.device | str) -> str:
+    """The process-group backend for a model on ``device``: ``"nccl"`` on CUDA, ``"gloo"`` otherwise."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def check_backend(device: torch.device, backend: str | None = None) -> None:
+    """Raise ``ValueError`` unless ``backend`` (default: the running process group's) is the one
+    :func:`backend_for` names for ``device``; a mixed backend such as ``"cpu:gloo,cuda:nccl"`` passes."""
+    backend = str(dist.get_backend() if backend is None else backend).lower()
+    needed = backend_for(device)
+    if needed not in backend:
+        raise ValueError(
+            f"the process group uses backend {backend!r}, but the model is on {device}, which needs "
+            f"{needed!r}: create it with torch.distributed.init_process_group(backend_for(device))"
+        )
 
 
 def globally_averaged(loss: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,13 @@ configured; at the end of the early stage, pruning (``"early_end"``) and the swi
 last step, pruning (``"end"``); evaluation and checkpoint when due; then the callbacks. A prune that changes
 the model is followed by a checkpoint (when checkpoints are on), so a rollback never has to grow a layer.
 
-Distributed data parallel (``torchrun``, gloo on CPU, nccl on CUDA): when a process group with several ranks
+With ``config.cuda_graph`` the whole step (guard included) is a replayed CUDA graph
+(:class:`comera.train.cuda_graph.CudaGraphStep`) that hands back its four numbers; the graphs are dropped and
+recaptured after a prune that changes the model, at the switch to the late stage and after loading a
+checkpoint.
+
+Distributed data parallel (``torchrun``; the process group must use nccl for a CUDA model, gloo for a CPU one,
+see :func:`comera.train.distributed.backend_for`): when a process group with several ranks
 is running, the model is wrapped in ``DistributedDataParallel`` (rebuilt at every prune point),
 a map-style dataset is sharded by rank, the task loss the objective reads is averaged over ranks (so the
 late-stage switch and targets agree), rank 0 alone writes metrics, plots and checkpoints (which hold every
@@ -51,8 +57,9 @@ from comera.train.checkpoint import (
     save_checkpoint,
 )
 from comera.train.config import AUTO_COMPILE_MIN_STEPS, TrainConfig
+from comera.train.cuda_graph import CudaGraphStep
 from comera.train.data import EpochData
-from comera.train.distributed import barrier, gather_objects, globally_averaged, world
+from comera.train.distributed import barrier, check_backend, gather_objects, globally_averaged, world
 from comera.train.guard import NonFiniteGuard, total_grad_norm
 from comera.train.metrics import MetricsLog, peak_memory_mib
 from comera.train.structure import apply_structure, model_structure
@@ -78,6 +85,17 @@ class FitResult:
     rollbacks: int = 0
 
 
+def _graph_device(device: torch.device) -> bool:
+    """Whether a model on ``device`` can run its step as a CUDA graph."""
+    return device.type == "cuda"
+
+
+def _capturable_adam(optimizer: torch.optim.Optimizer) -> bool:
+    return isinstance(optimizer, (torch.optim.AdamW, torch.optim.Adam)) and all(
+        group.get("capturable", False) for group in optimizer.param_groups
+    )
+
+
 def _with_last(batches: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
     iterator = iter(batches)
     current = next(iterator, _END)
@@ -99,8 +117,9 @@ class Trainer:
         eval_data: dataset or iterable of batches for evaluation, or None.
         eval_fn: ``eval_fn(model, batch) -> {name: number}``, averaged over batches; default
             ``{"loss": loss_fn(model, batch)}``.
-        optimizer: default AdamW on :func:`comera.param_groups` with the config's rates. A custom optimizer
-            must hold the model's parameters; pruning slices its state in place.
+        optimizer: default AdamW on :func:`comera.param_groups` with the config's rates (``capturable=True``
+            with ``config.cuda_graph``). A custom optimizer must hold the model's parameters; pruning slices
+            its state in place. With ``config.cuda_graph`` it must be AdamW or Adam with ``capturable=True``.
         collate_fn: batching of dataset samples (default ``torch.utils.data.default_collate``).
         callbacks: ``callback(trainer)`` after every step's bookkeeping.
 
@@ -108,6 +127,8 @@ class Trainer:
         step, epoch, batch_in_epoch: progress (steps done, epochs done, batches done in this epoch).
         rank: the :class:`comera.RankAdaptation` driving the objective.
         guard: the :class:`comera.train.guard.NonFiniteGuard` with its counters.
+        graph_step: the :class:`comera.train.cuda_graph.CudaGraphStep` running each step, or None (eager or
+            compiled step). A callback that changes learning rates must call its ``invalidate()``.
     """
 
     def __init__(
@@ -150,7 +171,14 @@ class Trainer:
         self.eval_fn = eval_fn
         self.callbacks = list(callbacks)
         self.process_rank, self.world_size = world()
+        if config.cuda_graph and self.world_size > 1:
+            raise ValueError(
+                "cuda_graph=True supports single-process runs only, got a process group of "
+                f"{self.world_size} ranks (DDP): the captured step has no gradient all-reduce; "
+                "set cuda_graph=False"
+            )
         if self.world_size > 1:
+            check_backend(self._device())
             self.model = DistributedDataParallel(self.module)
         self.rank = RankAdaptation(
             self.module, gamma=config.gamma, tau=config.tau, surrogate=config.surrogate
@@ -162,7 +190,8 @@ class Trainer:
                 lr_gates=config.lr_gates,
                 lr_other=config.lr_other,
                 weight_decay=config.weight_decay,
-            )
+            ),
+            capturable=config.cuda_graph,
         )
         batching = {
             "batch_size": config.batch_size,
@@ -209,6 +238,7 @@ class Trainer:
                     layer.gemm = "fp8"
         self._device_type = self._device().type
         self._compute, self._apply = self._step_functions()
+        self.graph_step = self._graph_step() if config.cuda_graph else None
         self._window = {"loss": 0.0, "objective": 0.0, "count": 0, "time": 0.0, "steps": 0}
         self._bar = None
 
@@ -236,6 +266,8 @@ class Trainer:
 
     def compiles(self) -> bool:
         """Whether the training step runs under ``torch.compile`` (``config.compile``, "auto" resolved)."""
+        if self.config.cuda_graph:
+            return False
         if self.config.compile == "auto":
             return self._device_type == "cpu" and self.total_steps >= AUTO_COMPILE_MIN_STEPS
         return bool(self.config.compile)
@@ -249,13 +281,38 @@ class Trainer:
             torch.compile(self.optimizer.step, backend=backend),
         )
 
+    def _graph_step(self) -> CudaGraphStep:
+        device = self._device()
+        if not _graph_device(device):
+            raise ValueError(f"cuda_graph needs a CUDA model; on CPU use compile (the model is on {device})")
+        if not _capturable_adam(self.optimizer):
+            raise ValueError(
+                "optimizer must be torch.optim.AdamW or torch.optim.Adam built with capturable=True in every "
+                f"param group when cuda_graph=True, got {type(self.optimizer).__name__}"
+            )
+        config = self.config
+        return CudaGraphStep(
+            self.module,
+            self.loss_fn,
+            self.optimizer,
+            self.rank,
+            buckets=config.graph_buckets,
+            pad=config.graph_pad,
+            length_dim=config.graph_length_dim,
+            grad_clip=config.grad_clip,
+            warmup=config.graph_warmup,
+            autocast_dtype=torch.bfloat16 if self._bf16 else None,
+        )
+
+    def _invalidate_graph(self) -> None:
+        if self.graph_step is not None:
+            self.graph_step.invalidate()
+
     def _parameters(self) -> list[torch.Tensor]:
         return [param for group in self.optimizer.param_groups for param in group["params"]]
 
-    def train_step(self, batch: Any) -> bool:
-        """Forward, objective, backward and (if everything is finite) the optimizer step; True if applied."""
+    def _eager_step(self, batch: Any) -> tuple[float, float, bool]:
         saved_average = self.rank.loss_average_state()
-        start = time.perf_counter()
         task, objective = self._compute(batch)
         params = self._parameters()
         norm = total_grad_norm(params).to(objective.device)
@@ -265,12 +322,28 @@ class Trainer:
             if self.config.grad_clip is not None:
                 torch.nn.utils.clip_grads_with_norm_(params, self.config.grad_clip, norm)
             self._apply()
-            self._window["loss"] += values[0]
-            self._window["objective"] += values[1]
-            self._window["count"] += 1
         else:
             self.rank.restore_loss_average(saved_average)
         self.optimizer.zero_grad(set_to_none=True)
+        return values[0], values[1], finite
+
+    def train_step(self, batch: Any) -> bool:
+        """Forward, objective, backward and (if everything is finite) the optimizer step; True if applied.
+
+        With ``config.cuda_graph`` this is one replay of :attr:`graph_step` (a capture first when needed) on
+        the unwrapped model; gradients then stay in the graph's memory between steps instead of being set
+        to None.
+        """
+        start = time.perf_counter()
+        if self.graph_step is None:
+            task, objective, finite = self._eager_step(batch)
+        else:
+            task, objective, _, applied = self.graph_step.step(batch).tolist()
+            finite = applied == 1.0
+        if finite:
+            self._window["loss"] += task
+            self._window["objective"] += objective
+            self._window["count"] += 1
         self._window["time"] += time.perf_counter() - start
         self._window["steps"] += 1
         return finite
@@ -381,6 +454,7 @@ class Trainer:
     def _begin_late_stage(self) -> None:
         config = self.config
         self.rank.begin_late_stage(config.target_ratio, config.target_loss, config.rho, config.ema)
+        self._invalidate_graph()
         self._event("late_stage", target_size=self.rank.target_size, target_loss=self.rank.target_loss)
 
     def _prune(self, point: str) -> bool:
@@ -390,6 +464,7 @@ class Trainer:
         if self.world_size > 1:
             self.model = DistributedDataParallel(self.module)
         if result.changed:
+            self._invalidate_graph()
             self._event(
                 "prune",
                 point=point,
@@ -547,6 +622,7 @@ class Trainer:
         per_rank = payload.get("rng_per_rank", [])
         restore_rng(per_rank[self.process_rank] if len(per_rank) == self.world_size else payload["rng"])
         self._window = {"loss": 0.0, "objective": 0.0, "count": 0, "time": 0.0, "steps": 0}
+        self._invalidate_graph()
 
     def _rollback(self) -> None:
         failed_at = self.step
