@@ -1,4 +1,4 @@
-"""The embedding benchmark's report: ratios computed from the measured times, methods only where they apply."""
+"""The embedding benchmark report: ratios come from the measured times; methods run only where they apply."""
 
 from __future__ import annotations
 
