@@ -182,6 +182,13 @@ def test_refusals_name_the_option(fakes, monkeypatch, tmp_path):
     assert not fakes
 
 
+def test_uneven_last_batch_is_refused_without_buckets(fakes, tmp_path):
+    with pytest.raises(ValueError, match="50 samples leave a last batch of 2 \\(batch_size=16\\)"):
+        Trainer(make_model(), loss_fn, make_data(50), config=config(tmp_path, True))
+    trainer = Trainer(make_model(), loss_fn, make_data(50), config=config(tmp_path, True, drop_last=True))
+    assert len(trainer.train_data) == 3
+
+
 def test_cpu_model_is_refused(tmp_path):
     with pytest.raises(ValueError, match="cuda_graph needs a CUDA model; on CPU use compile"):
         Trainer(make_model(), loss_fn, make_data(), config=config(tmp_path, True))

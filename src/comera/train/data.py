@@ -86,11 +86,12 @@ class EpochData:
     def __len__(self) -> int:
         """Batches per epoch; ``TypeError`` for an iterable without ``len``."""
         if self.is_dataset:
-            count = self._shard_size()
+            count = self.shard_size()
             return count // self.batch_size if self.drop_last else -(-count // self.batch_size)
         return len(self.data)
 
-    def _shard_size(self) -> int:
+    def shard_size(self) -> int:
+        """Samples of this process's shard of a map-style dataset."""
         count = len(self.data)
         if self.equal_shards:
             return count // self.world_size

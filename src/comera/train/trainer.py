@@ -213,6 +213,14 @@ class Trainer:
             raise ValueError(
                 "train_data yields no batches (empty, or fewer samples than batch_size with drop_last)"
             )
+        if config.cuda_graph and config.graph_buckets is None and self.train_data.is_dataset:
+            samples = self.train_data.shard_size()
+            if not config.drop_last and samples % config.batch_size:
+                raise ValueError(
+                    f"cuda_graph=True without graph_buckets needs batches of one shape, but train_data's "
+                    f"{samples} samples leave a last batch of {samples % config.batch_size} (batch_size="
+                    f"{config.batch_size}): set drop_last=True, or graph_buckets and graph_pad"
+                )
         self.eval_data = (
             None
             if eval_data is None
