@@ -14,15 +14,15 @@ upstream gradient; parameter gradients are reset before each step) whose peak me
 process's peak resident set size over the resident size just before it (the kernel's high-water mark,
 reset through ``/proc/self/clear_refs``; on systems without it, ``ru_maxrss``). That step is also the
 warm-up; the time is the median of the following repeats. ``--threads`` sets torch's thread count in
-every case (the published run used 1, because the machine's two cores were shared).
-``--write`` replaces the ``embedding`` section of a markdown file with the tables.
+every case. ``--memory`` picks the allocation setting of every case: ``reuse`` (default) calls
+:func:`comera.cpu.reuse_freed_memory` first, ``default`` keeps glibc's. ``--write`` replaces the
+``embedding`` section of a markdown file with the tables.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -35,6 +35,7 @@ from torch import nn
 
 from comera.bench.published_lookup import PublishedOrderLookup
 from comera.bench.report import machine_description, median_ms, update_section
+from comera.cpu import reuse_freed_memory
 from comera.nn.embedding import TTMEmbedding
 
 __all__ = ["TABLES", "METHODS", "PUBLISHED_METHODS", "applies", "make_indices", "run_case", "main"]
@@ -51,6 +52,7 @@ TABLES = {
 }
 METHODS = ("nn.Embedding", "naive", "split", "optimized", "auto", "published", "published+unique")
 PUBLISHED_METHODS = ("published", "published+unique")
+ALLOCATION = {"reuse": "`comera.cpu.reuse_freed_memory()`", "default": "glibc's default"}
 DISTRIBUTIONS = ("uniform", "zipf")
 SIZES = (10_000, 20_000, 40_000)
 ZIPF_EXPONENT = 1.05
@@ -156,15 +158,16 @@ def run_case(table: str, method: str, distribution: str, count: int, repeats: in
     }
 
 
-def _run_in_fresh_process(case: str, repeats: int, threads: int | None, attempts: int = 3) -> dict:
+def _run_in_fresh_process(
+    case: str, repeats: int, threads: int | None, memory: str, attempts: int = 3
+) -> dict:
     """Run one case in a new interpreter; retried after a pause if it fails (e.g. a half-saved checkout)."""
-    env = dict(os.environ)
-    env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     command = [sys.executable, "-m", "comera.bench.embedding", "--case", case, "--repeats", str(repeats)]
+    command += ["--memory", memory]
     if threads is not None:
         command += ["--threads", str(threads)]
     for attempt in range(attempts):
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode == 0:
             return json.loads(done.stdout.strip().splitlines()[-1])
         if attempt + 1 < attempts:
@@ -203,7 +206,7 @@ def _least(values: list[float | None]) -> float | None:
     return min(known) if known else None
 
 
-def format_report(results: list[dict], command: str) -> str:
+def format_report(results: list[dict], command: str, memory: str = "reuse") -> str:
     """Markdown section: times, peak memory, ratios, the authors' lookup, parameter counts."""
     by_key = {(r["table"], r["distribution"], r["count"], r["method"]): r for r in results}
     cases = sorted(
@@ -220,7 +223,8 @@ def format_report(results: list[dict], command: str) -> str:
         "",
         f"Machine: {machine_description()}.",
         f"Command: `{command}` ({torch.get_num_threads()} torch thread(s) per case). Each case ran in a",
-        "fresh process; after a 64-id step that loads code, time = median of repeats after one warm-up",
+        f"fresh process (allocation: {ALLOCATION[memory]}, the same for every method); after a 64-id step",
+        "that loads code, time = median of repeats after one warm-up",
         "full step; peak = rise of the process's peak RSS over its RSS just before that step (kernel",
         "high-water mark reset through `/proc/self/clear_refs`), so it counts everything the step allocated:",
         "output, upstream-gradient use, autograd state, parameter gradients (the dense table's gradient for",
@@ -333,6 +337,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="10k ids only, 2 repeats")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per case (default: torch's)")
+    parser.add_argument(
+        "--memory",
+        choices=("reuse", "default"),
+        default="reuse",
+        help="'reuse': comera.cpu.reuse_freed_memory() in every case (default); 'default': glibc's setting",
+    )
     parser.add_argument("--write", default=None, help="markdown file whose 'embedding' section is replaced")
     parser.add_argument(
         "--results",
@@ -349,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.case is not None:
+        if args.memory == "reuse":
+            reuse_freed_memory()
         table, method, distribution, count = args.case.split(":")
         print(json.dumps(run_case(table, method, distribution, int(count), args.repeats)))
         return 0
@@ -363,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                     case = f"{table}:{method}:{distribution}:{count}"
                     result = done.get(case)
                     if result is None:
-                        result = _run_in_fresh_process(case, repeats, args.threads)
+                        result = _run_in_fresh_process(case, repeats, args.threads, args.memory)
                         if args.results:
                             with open(args.results, "a") as handle:
                                 handle.write(json.dumps(result) + "\n")
@@ -374,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
     command = "comera bench embedding " + " ".join(argv if argv is not None else sys.argv[1:])
-    report = format_report(results, command.strip())
+    report = format_report(results, command.strip(), args.memory)
     print(report)
     if args.write:
         update_section(args.write, "embedding", report)

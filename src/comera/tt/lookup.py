@@ -108,23 +108,28 @@ def _chunks(batch: int, size: int) -> list[tuple[int, int]]:
 class _GatherProduct(torch.autograd.Function):
     """``out[b] = left[left_idx[b]] @ right_rows[right_idx[b]]`` without keeping the gathered slices.
 
-    ``left`` is ``(M_L, N_L, r)``, ``right_rows`` is ``(M_R, r, N_R)``; ``out`` is ``(B, N_L, N_R)``.
+    ``left`` is ``(M_L, N_L, r)``, ``right_rows`` is ``(M_R, r, N_R)``; ``out`` is ``(B, N_L, N_R)``. Batches
+    larger than one chunk are done chunk by chunk through buffers allocated once per call, so the gathered
+    slices stay in cache and the allocator is not asked for (and the kernel does not fault in) fresh pages
+    for every chunk.
     """
 
     @staticmethod
     def forward(ctx, left_idx, right_idx, left, right_rows):
         ctx.save_for_backward(left_idx, right_idx, left, right_rows)
         batch = left_idx.shape[0]
-        chunks = _chunks(batch, _chunk_rows(left, right_rows))
+        size = _chunk_rows(left, right_rows)
+        chunks = _chunks(batch, size)
         if len(chunks) == 1:
             return torch.bmm(left.index_select(0, left_idx), right_rows.index_select(0, right_idx))
         out = left.new_empty(batch, left.shape[1], right_rows.shape[2])
+        gathered_left = left.new_empty(size, *left.shape[1:])
+        gathered_right = right_rows.new_empty(size, *right_rows.shape[1:])
         for start, stop in chunks:
-            torch.bmm(
-                left.index_select(0, left_idx[start:stop]),
-                right_rows.index_select(0, right_idx[start:stop]),
-                out=out[start:stop],
-            )
+            rows = stop - start
+            torch.index_select(left, 0, left_idx[start:stop], out=gathered_left[:rows])
+            torch.index_select(right_rows, 0, right_idx[start:stop], out=gathered_right[:rows])
+            torch.bmm(gathered_left[:rows], gathered_right[:rows], out=out[start:stop])
         return out
 
     @staticmethod
@@ -134,15 +139,24 @@ class _GatherProduct(torch.autograd.Function):
         needs_left, needs_right = ctx.needs_input_grad[2:4]
         grad_left = torch.zeros_like(left) if needs_left else None
         grad_right = torch.zeros_like(right_rows) if needs_right else None
-        for start, stop in _chunks(left_idx.shape[0], _chunk_rows(left, right_rows)):
+        size = _chunk_rows(left, right_rows)
+        chunks = _chunks(left_idx.shape[0], size)
+        size = min(size, left_idx.shape[0])
+        # gathered[0]/[1]: slices of left/right; slice_grad[0]/[1]: their gradients (one chunk each).
+        gathered = (left.new_empty(size, *left.shape[1:]), right_rows.new_empty(size, *right_rows.shape[1:]))
+        slice_grad = (torch.empty_like(gathered[0]), torch.empty_like(gathered[1]))
+        for start, stop in chunks:
+            rows = stop - start
             grad = grad_out[start:stop]
             rows_left, rows_right = left_idx[start:stop], right_idx[start:stop]
             if needs_left:
-                slice_grad = torch.bmm(grad, right_rows.index_select(0, rows_right).transpose(1, 2))
-                grad_left.index_add_(0, rows_left, slice_grad)
+                torch.index_select(right_rows, 0, rows_right, out=gathered[1][:rows])
+                torch.bmm(grad, gathered[1][:rows].transpose(1, 2), out=slice_grad[0][:rows])
+                grad_left.index_add_(0, rows_left, slice_grad[0][:rows])
             if needs_right:
-                slice_grad = torch.bmm(left.index_select(0, rows_left).transpose(1, 2), grad)
-                grad_right.index_add_(0, rows_right, slice_grad)
+                torch.index_select(left, 0, rows_left, out=gathered[0][:rows])
+                torch.bmm(gathered[0][:rows].transpose(1, 2), grad, out=slice_grad[1][:rows])
+                grad_right.index_add_(0, rows_right, slice_grad[1][:rows])
         return None, None, grad_left, grad_right
 
 
