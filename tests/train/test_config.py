@@ -28,6 +28,7 @@ from comera.train import TrainConfig
         ({"precision": "fp16"}, "precision must be one of"),
         ({"compile": "yes"}, "compile must be True, False or 'auto'"),
         ({"cuda_graph": 1}, "cuda_graph must be True or False"),
+        ({"reuse_cpu_memory": "yes"}, "reuse_cpu_memory must be True or False"),
         ({"cuda_graph": True, "compile": True}, "cuda_graph=True excludes compile=True"),
         (
             {"cuda_graph": True, "graph_buckets": (16, 8), "graph_pad": {"ids": 0}},

@@ -5,6 +5,7 @@ import torch
 from tiny import accuracy_fn, loss_fn, make_data, make_model, parameters_of
 from torch import nn
 
+import comera.train.trainer as trainer_module
 from comera import RankAdaptation, param_groups, prune_
 from comera.train import TrainConfig, Trainer, read_metrics
 
@@ -155,3 +156,11 @@ def test_unsized_iterable_counts_steps_and_wraps_epochs(tmp_path):
     assert trainer.fit().step == 8
     epochs = [r["epoch"] for r in read_metrics(tmp_path) if r["kind"] == "train"]
     assert epochs == [0, 0, 0, 1, 1, 1, 2, 2]  # 3 batches per pass
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_cpu_trainer_applies_the_allocation_setting_when_asked(monkeypatch, reuse):
+    calls = []
+    monkeypatch.setattr(trainer_module, "reuse_freed_memory", lambda: calls.append(True))
+    Trainer(make_model(), loss_fn, make_data(), config=TrainConfig(reuse_cpu_memory=reuse, plot=False))
+    assert calls == ([True] if reuse else [])

@@ -12,10 +12,10 @@ Every case runs in a fresh process (``--case``): it builds the table and the bat
 (so that code pages and threads are loaded), then one full step (forward, then backward of a fixed random
 upstream gradient; parameter gradients are reset before each step) whose peak memory is the rise of the
 process's peak resident set size over the resident size just before it (the kernel's high-water mark,
-reset through ``/proc/self/clear_refs``; on systems without it, ``ru_maxrss``). That step is also the
-warm-up; the time is the median of the following repeats. ``--threads`` sets torch's thread count in
-every case. ``--memory`` picks the allocation setting of every case: ``reuse`` (default) calls
-:func:`comera.cpu.reuse_freed_memory` first, ``default`` keeps glibc's. ``--write`` replaces the
+reset through ``/proc/self/clear_refs``; on systems without it, ``ru_maxrss``), taken with glibc's default
+allocation setting. The allocation setting of ``--memory`` is then applied, and the time is the median of
+the repeats after one more warm-up step: ``reuse`` (default) calls :func:`comera.cpu.reuse_freed_memory`,
+``default`` keeps glibc's. ``--threads`` sets torch's thread count in every case. ``--write`` replaces the
 ``embedding`` section of a markdown file with the tables.
 """
 
@@ -130,8 +130,15 @@ def _peak_rise_mb(step) -> float:
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
 
 
-def run_case(table: str, method: str, distribution: str, count: int, repeats: int) -> dict:
-    """Peak memory of the first step and median time of ``repeats`` more steps, in this process."""
+def run_case(
+    table: str, method: str, distribution: str, count: int, repeats: int, memory: str = "reuse"
+) -> dict:
+    """Peak memory of the first step and median time of ``repeats`` more steps, in this process.
+
+    The first step runs with glibc's allocation setting, so that memory freed while building the case is
+    returned to the kernel and the step's peak shows as a rise of the resident size; with ``memory="reuse"``
+    :func:`comera.cpu.reuse_freed_memory` is applied after it (one more warm-up step, then the timed ones).
+    """
     module = _build(table, method)
     indices = make_indices(TABLES[table]["rows"], count, distribution)
     upstream = torch.randn(count, TABLES[table]["dim"])
@@ -146,12 +153,16 @@ def run_case(table: str, method: str, distribution: str, count: int, repeats: in
     peak = _peak_rise_mb(step)
     first = time.perf_counter() - start
     repeats = max(3, min(repeats, int(30.0 / max(first, 1e-3))))
+    warmup = 0
+    if memory == "reuse":
+        reuse_freed_memory()
+        warmup = 1
     return {
         "table": table,
         "method": method,
         "distribution": distribution,
         "count": count,
-        "ms": median_ms(step, repeats=repeats, warmup=0),
+        "ms": median_ms(step, repeats=repeats, warmup=warmup),
         "peak_mb": peak,
         "distinct": int(torch.unique(indices).numel()),
         "parameters": sum(param.numel() for param in module.parameters() if param.dim() > 1),
@@ -223,12 +234,14 @@ def format_report(results: list[dict], command: str, memory: str = "reuse") -> s
         "",
         f"Machine: {machine_description()}.",
         f"Command: `{command}` ({torch.get_num_threads()} torch thread(s) per case). Each case ran in a",
-        f"fresh process (allocation: {ALLOCATION[memory]}, the same for every method); after a 64-id step",
-        "that loads code, time = median of repeats after one warm-up",
-        "full step; peak = rise of the process's peak RSS over its RSS just before that step (kernel",
+        f"fresh process (timed steps' allocation: {ALLOCATION[memory]}, the same for every method); after a",
+        "64-id step that loads code, one full step measures memory with glibc's default setting: peak =",
+        "rise of the process's peak RSS over its RSS just before that step (kernel",
         "high-water mark reset through `/proc/self/clear_refs`), so it counts everything the step allocated:",
         "output, upstream-gradient use, autograd state, parameter gradients (the dense table's gradient for",
-        "`nn.Embedding`). `split` is the optimized lookup without deduplication, `auto` the default lookup.",
+        "`nn.Embedding`). Then the allocation setting is applied, one more warm-up step runs, and time =",
+        "median of the repeats that follow. `split` is the optimized lookup without deduplication, `auto`",
+        "the default lookup.",
         "Tables: `paper` = 30522 x 768 (rows 16*20*10*10, columns 4*4*8*6, rank 32); `dlrm` = 10M x 16",
         "(default shapes, rank 16). Zipf ids follow a Zipf(1.05) law over a shuffled vocabulary.",
         "",
@@ -359,10 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.case is not None:
-        if args.memory == "reuse":
-            reuse_freed_memory()
         table, method, distribution, count = args.case.split(":")
-        print(json.dumps(run_case(table, method, distribution, int(count), args.repeats)))
+        print(json.dumps(run_case(table, method, distribution, int(count), args.repeats, args.memory)))
         return 0
     sizes = SIZES[:1] if args.quick else tuple(args.sizes)
     repeats = 2 if args.quick else args.repeats

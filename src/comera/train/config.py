@@ -103,6 +103,11 @@ class TrainConfig:
             merge order in FP8 (``gemm="fp8"``: E4M3 operands, E5M2 gradients, per-tensor scales); the rest
             of the model stays fp32. Measured 3.4x slower than fp32 on a 2-core AVX2 CPU; meant for GPUs with
             FP8 units (not run on one yet).
+        reuse_cpu_memory: on CPU, call :func:`comera.cpu.reuse_freed_memory` when the Trainer is built, so
+            freed activation-sized blocks are reused instead of faulted in again every step (faster
+            layers and embedding lookups on a 2-core CPU: docs/benchmarks.md, allocation sections). It is
+            a process-wide glibc setting; memory freed after a peak stays mapped. No effect on CUDA models
+            or where the C library is not glibc.
 
     CUDA graph (:class:`comera.train.cuda_graph.CudaGraphStep`; never run on a GPU yet):
         cuda_graph: capture the whole step (forward, objective, backward, on-device non-finite guard, AdamW
@@ -148,6 +153,7 @@ class TrainConfig:
     compile: bool | str = "auto"
     compile_backend: str = "inductor"
     precision: str = "fp32"
+    reuse_cpu_memory: bool = True
     cuda_graph: bool = False
     graph_buckets: tuple[int, ...] | None = None
     graph_pad: dict[str | int, float] | None = None
@@ -207,6 +213,8 @@ class TrainConfig:
             raise ValueError(
                 f"compile_backend must be a torch.compile backend name, got {self.compile_backend!r}"
             )
+        if not isinstance(self.reuse_cpu_memory, bool):
+            raise ValueError(f"reuse_cpu_memory must be True or False, got {self.reuse_cpu_memory!r}")
         self._check_graph()
 
     def _check_graph(self) -> None:

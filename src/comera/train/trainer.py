@@ -39,6 +39,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from comera.cpu import reuse_freed_memory
 from comera.nn.linear import TTLinear
 from comera.rank.adaptation import RankAdaptation
 from comera.rank.groups import param_groups
@@ -245,6 +246,8 @@ class Trainer:
                 if isinstance(layer, TTLinear):
                     layer.gemm = "fp8"
         self._device_type = self._device().type
+        if config.reuse_cpu_memory and self._device_type == "cpu":
+            reuse_freed_memory()
         self._compute, self._apply = self._step_functions()
         self.graph_step = self._graph_step() if config.cuda_graph else None
         self._window = {"loss": 0.0, "objective": 0.0, "count": 0, "time": 0.0, "steps": 0}
