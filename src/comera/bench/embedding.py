@@ -15,8 +15,8 @@ process's peak resident set size over the resident size just before it (the kern
 reset through ``/proc/self/clear_refs``; on systems without it, ``ru_maxrss``), taken with glibc's default
 allocation setting. The allocation setting of ``--memory`` is then applied, and the time is the median of
 the repeats after one more warm-up step: ``reuse`` (default) calls :func:`comera.cpu.reuse_freed_memory`,
-``default`` keeps glibc's. ``--threads`` sets torch's thread count in every case. ``--write`` replaces the
-``embedding`` section of a markdown file with the tables.
+``default`` keeps glibc's. ``--threads`` sets torch's thread count in every case. ``--write`` replaces a
+section of a markdown file (``--section``, default ``embedding``) with the tables.
 """
 
 from __future__ import annotations
@@ -230,7 +230,8 @@ def format_report(results: list[dict], command: str, memory: str = "reuse") -> s
         return None if entry is None else entry[field]
 
     lines = [
-        "## Embedding lookup (forward + backward)",
+        "## Embedding lookup (forward + backward)"
+        + ("" if memory == "reuse" else ", glibc's default allocation"),
         "",
         f"Machine: {machine_description()}.",
         f"Command: `{command}` ({torch.get_num_threads()} torch thread(s) per case). Each case ran in a",
@@ -356,7 +357,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="reuse",
         help="'reuse': comera.cpu.reuse_freed_memory() in every case (default); 'default': glibc's setting",
     )
-    parser.add_argument("--write", default=None, help="markdown file whose 'embedding' section is replaced")
+    parser.add_argument("--write", default=None, help="markdown file whose section (--section) is replaced")
+    parser.add_argument("--section", default="embedding", help="name of the section --write replaces")
     parser.add_argument(
         "--results",
         default=None,
@@ -400,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     report = format_report(results, command.strip(), args.memory)
     print(report)
     if args.write:
-        update_section(args.write, "embedding", report)
+        update_section(args.write, args.section, report)
     return 0
 
 
