@@ -32,6 +32,10 @@ lint: install-dev
 bench: install-dev
 	$(BIN)/comera bench layers --write docs/benchmarks.md
 	$(BIN)/comera bench embedding --write docs/benchmarks.md
+	$(BIN)/comera bench embedding --memory default --distributions uniform \
+		--methods nn.Embedding naive split auto published published+unique \
+		--write docs/benchmarks.md --section embedding-glibc
+	$(BIN)/python benchmarks/bench_trainer.py --threads 2 --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

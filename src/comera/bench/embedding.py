@@ -311,6 +311,8 @@ def format_report(results: list[dict], command: str, memory: str = "reuse") -> s
         memory = [
             _quotient(value(c, "naive", "peak_mb"), value(c, "optimized", "peak_mb")) for c in table_cases
         ]
+        if _least(speed) is None or _least(memory) is None:
+            continue
         lines.append(
             f"- {table}: optimized vs naive, smallest time ratio {_fmt(_least(speed))}x (target 5x), "
             f"smallest memory ratio {_fmt(_least(memory))}x (target 3x)."

@@ -22,7 +22,7 @@ __all__ = ["TrainConfig", "AUTO_COMPILE_MIN_STEPS", "PRUNE_POINTS", "PRECISIONS"
 
 UNITS = ("epoch", "step")
 PRECISIONS = ("fp32", "bf16", "fp8")
-AUTO_COMPILE_MIN_STEPS = 1000
+AUTO_COMPILE_MIN_STEPS = 10_000
 """With ``compile="auto"``, CPU runs of at least this many steps compile the training step."""
 PRUNE_POINTS = ("early_end", "late_epoch", "epoch", "end")
 """Where :func:`comera.prune_` runs: end of the early stage, end of every late-stage epoch, end of every
@@ -94,9 +94,10 @@ class TrainConfig:
         plot: write the PNG plots into ``run_dir`` at the end of :meth:`Trainer.fit`.
         compile: wrap the training step (forward, objective, backward; optimizer step) in ``torch.compile``:
             True, False, or ``"auto"``: on CPU when the run has at least :data:`AUTO_COMPILE_MIN_STEPS`
-            steps. Measured on a small comera transformer (``benchmarks/bench_trainer.py``, 1 thread), the
-            compiled step was 1.8-4x faster on CPU, but compiling took 2-3 minutes, so short runs stay eager.
-            ``compile_backend`` picks the backend.
+            steps. Measured on a small comera transformer (``benchmarks/bench_trainer.py``, 2 threads), the
+            compiled step took 0.60x the eager time, but compiling took about 3 minutes: the whole run is
+            faster compiled only after about 6000 steps, and every prune that changes shapes compiles again,
+            hence the threshold. ``compile_backend`` picks the backend.
         precision: ``"fp32"``, or ``"bf16"``: forward and objective under ``torch.autocast`` with bfloat16
             (parameters, gradients and optimizer state stay fp32). On CPUs without native bf16 matrix units
             this is far slower than fp32. ``"fp8"``: every ``TTLinear`` runs the batch-sized GEMMs of its
