@@ -90,13 +90,23 @@ def evaluate(model: nn.Module, data) -> tuple[float, float]:
     ).float().mean().item()
 
 
-def _train_rank_adaptive(model: nn.Module, data, steps: int, batch: int, seed: int, run_dir: str | None):
-    """CoMERA's two stages with the Trainer: ``steps`` early steps, ``steps // 2`` late steps to half size."""
+def _train_rank_adaptive(
+    model: nn.Module, data, held_out, steps: int, batch: int, seed: int, run_dir: str | None
+) -> float:
+    """CoMERA's two stages with the Trainer: ``steps`` early steps, ``steps // 2`` late steps to half size.
+
+    Evaluates on ``held_out`` (loss and accuracy) five times during the run; returns wall-clock ms per step,
+    evaluation and checkpoints included.
+    """
     from comera.train import TrainConfig, Trainer
 
     def loss_fn(module: nn.Module, pair) -> torch.Tensor:
         inputs, labels = pair
         return nn.functional.cross_entropy(module(inputs), labels)
+
+    def eval_fn(module: nn.Module, pair) -> dict[str, float]:
+        loss, accuracy = evaluate(module, pair)
+        return {"loss": loss, "accuracy": accuracy}
 
     config = TrainConfig(
         early=steps,
@@ -113,9 +123,11 @@ def _train_rank_adaptive(model: nn.Module, data, steps: int, batch: int, seed: i
         run_dir=run_dir,
         compile=False,
         log_every=max(steps // 20, 1),
+        eval_every=max((steps + steps // 2) // 5, 1),
     )
     start = time.perf_counter()
-    Trainer(model, loss_fn, torch.utils.data.TensorDataset(*data), config=config).fit()
+    dataset, held_out = (torch.utils.data.TensorDataset(*pair) for pair in (data, held_out))
+    Trainer(model, loss_fn, dataset, eval_data=held_out, eval_fn=eval_fn, config=config).fit()
     return 1e3 * (time.perf_counter() - start) / (steps + steps // 2)
 
 
@@ -142,7 +154,7 @@ def run_demo(
         results.append(DemoResult(name, parameters, step_ms, loss, accuracy))
     torch.manual_seed(seed)
     adaptive = build_mlp(features, hidden, classes, rank)
-    step_ms = _train_rank_adaptive(adaptive, train_data, steps, batch, seed, run_dir)
+    step_ms = _train_rank_adaptive(adaptive, train_data, held_out, steps, batch, seed, run_dir)
     report = compression_report(adaptive)
     loss, accuracy = evaluate(adaptive, held_out)
     results.append(
