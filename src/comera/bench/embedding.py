@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ import torch
 from torch import nn
 
 from comera.bench.published_lookup import PublishedOrderLookup
-from comera.bench.report import machine_description, median_ms, update_section
+from comera.bench.report import machine_description, median_ms, peak_rise_mib, update_section
 from comera.cpu import reuse_freed_memory
 from comera.nn.embedding import TTMEmbedding
 
@@ -101,35 +100,6 @@ def _build(table: str, method: str) -> nn.Module:
     return embedding
 
 
-def _status_kb(field: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return _status_kb("VmHWM") is not None
-
-
-def _peak_rise_mb(step) -> float:
-    """Rise of the peak resident set size over the current one while ``step()`` runs, in MiB."""
-    if _reset_peak_rss():
-        before = _status_kb("VmRSS")
-        step()
-        return (_status_kb("VmHWM") - before) / 1024
-    before = _status_kb("VmRSS") or 0
-    step()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-
-
 def run_case(
     table: str, method: str, distribution: str, count: int, repeats: int, memory: str = "reuse"
 ) -> dict:
@@ -150,7 +120,7 @@ def run_case(
     step(indices[:64], upstream[:64])  # loads code and starts threads outside the measured step
     module.zero_grad(set_to_none=True)
     start = time.perf_counter()
-    peak = _peak_rise_mb(step)
+    peak = peak_rise_mib(step)
     first = time.perf_counter() - start
     repeats = max(3, min(repeats, int(30.0 / max(first, 1e-3))))
     warmup = 0

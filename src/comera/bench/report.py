@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import random
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ import torch
 
 from comera.atomic import atomic_write_bytes
 
-__all__ = ["median_ms", "interleaved_medians_ms", "machine_description", "update_section"]
+__all__ = ["median_ms", "interleaved_medians_ms", "machine_description", "update_section", "peak_rise_mib"]
 
 
 def median_ms(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> float:
@@ -87,3 +88,36 @@ def update_section(path: str | os.PathLike, name: str, body: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     atomic_write_bytes(path, text.encode())
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return _status_kb("VmHWM") is not None
+
+
+def peak_rise_mib(step: Callable[[], object]) -> float:
+    """Rise of the peak resident set size over the current one while ``step()`` runs, in MiB.
+
+    Uses the kernel's high-water mark, reset through ``/proc/self/clear_refs``; elsewhere ``ru_maxrss``
+    (then only a rise above the process's earlier peak shows).
+    """
+    if _reset_peak_rss():
+        before = _status_kb("VmRSS")
+        step()
+        return (_status_kb("VmHWM") - before) / 1024
+    before = _status_kb("VmRSS") or 0
+    step()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024

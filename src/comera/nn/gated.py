@@ -76,13 +76,21 @@ class GatedTrain(nn.Module):
         """Parameters of the dense tensor this train stands for (without padding)."""
         raise NotImplementedError
 
+    def core_list(self) -> list[torch.Tensor]:
+        """The cores in order (a plain list; iterating the ``ParameterList`` costs ~1.5 us per item)."""
+        return list(self.cores._parameters.values())
+
+    def gate_list(self) -> list[torch.Tensor]:
+        """The gate vectors in order, one per bond (a plain list)."""
+        return list(self.gates._parameters.values())
+
     def masked_gates(self) -> list[torch.Tensor]:
         """The gate vectors with dead entries zeroed, one per bond (differentiable, no host sync)."""
-        return [mask_gate(gate, self.tau) for gate in self.gates]
+        return [mask_gate(gate, self.tau) for gate in self.gate_list()]
 
     def gated_cores(self) -> list[torch.Tensor]:
         """Cores with each bond's masked gate folded into the right-rank axis of the core on its left."""
-        cores = list(self.cores)
+        cores = self.core_list()
         gated = [core * mask for core, mask in zip(cores[:-1], self.masked_gates())]
         gated.append(cores[-1])
         return gated
@@ -90,7 +98,7 @@ class GatedTrain(nn.Module):
     @property
     def max_ranks(self) -> tuple[int, ...]:
         """The stored (physical) rank of every bond."""
-        return tuple(core.shape[-1] for core in list(self.cores)[:-1])
+        return tuple(core.shape[-1] for core in self.core_list()[:-1])
 
     @property
     def ranks(self) -> tuple[int, ...]:

@@ -26,6 +26,7 @@ from torch import nn
 from comera.nn.gated import DEFAULT_TAU, GatedTrain, check_float_dtype
 from comera.tt.cores import core_std, tt_core_shapes, tt_full, ttm_core_shapes, ttm_full
 from comera.tt.fp8 import fp8_supported
+from comera.tt.merge import merge_tt_left, merge_tt_right
 from comera.tt.paths import (
     GEMMS,
     ORDERS,
@@ -135,8 +136,17 @@ class _TrainLinear(GatedTrain):
         self._check_input(input)
         lead = input.shape[:-1]
         x = input.reshape(-1, self.in_features)
+        if self._serves_from_cache():
+            return self._from_cache(x).reshape(*lead, self.out_features)
         order = self._order_for(x.shape[0]) if self.order == "auto" else self.order
         return self._contract(x, order).reshape(*lead, self.out_features)
+
+    def _serves_from_cache(self) -> bool:
+        """Whether this call is answered from an inference cache (see :class:`TTLinear`)."""
+        return False
+
+    def _from_cache(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def _dense_padded(self) -> torch.Tensor:
         raise NotImplementedError
@@ -218,6 +228,14 @@ class TTLinear(_TrainLinear):
             run through ``torch._scaled_mm`` with E4M3 operands and E5M2 gradients (:mod:`comera.tt.fp8`);
             cores stay in their dtype. Other orders are unaffected.
 
+    Inference: in eval mode without autograd (``model.eval()`` and ``torch.no_grad()`` or
+    ``torch.inference_mode()``), with ``order`` "auto" or "merge" and fp32 GEMMs, the layer keeps the
+    merged halves ``(in_features, r)`` and ``(r, out_features)`` and answers each call with two GEMMs.
+    They are rebuilt when a core or gate is replaced or changed in place through autograd-visible ops
+    (optimizer steps, ``load_state_dict``, :func:`comera.prune_`), or when ``tau`` changes; writes through
+    ``.data`` are invisible to that check, so call :meth:`clear_cache` after them. The cache is not part
+    of the state dict.
+
     Shape:
         input ``(*, in_features)`` -> output ``(*, out_features)``.
     """
@@ -282,6 +300,52 @@ class TTLinear(_TrainLinear):
         return tt_linear(
             x, self.gated_cores(), len(self.in_shape), self.out_features, self.bias, order, self.gemm
         )
+
+    def _serves_from_cache(self) -> bool:
+        return (
+            not self.training
+            and not torch.is_grad_enabled()
+            and self.order in ("auto", "merge")
+            and self.gemm == "fp32"
+            and not torch.compiler.is_compiling()
+        )
+
+    def _from_cache(self, x: torch.Tensor) -> torch.Tensor:
+        left, right = self._cached_factors()
+        hidden = x @ left
+        return hidden @ right if self.bias is None else torch.addmm(self.bias, hidden, right)
+
+    def _cached_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The merged halves ``(in_features, r)`` and ``(r, out_features)``, rebuilt when stale.
+
+        The cache keeps aliases of the core and gate storages it was built from (so no new tensor can take
+        their addresses while it lives), their version counters and ``tau``; a replaced storage (``prune_``,
+        ``.to()``), an in-place update or a new ``tau`` makes it stale.
+        """
+        tensors = (*self.core_list(), *self.gate_list())
+        key = (
+            self.tau,
+            tuple(tensor._version for tensor in tensors),
+            tuple(tensor.data_ptr() for tensor in tensors),
+            tuple(tensor.shape for tensor in tensors),
+            tuple(tensor.dtype for tensor in tensors),
+        )
+        cached = self.__dict__.get("_factors")
+        fresh = cached is not None and cached["key"] == key
+        if not fresh:
+            cores, split = self.gated_cores(), len(self.in_shape)
+            cached = {
+                "key": key,
+                "storages": tuple(tensor.detach() for tensor in tensors),
+                "left": merge_tt_left(cores[:split])[: self.in_features].contiguous(),
+                "right": merge_tt_right(cores[split:])[:, : self.out_features].contiguous(),
+            }
+            self.__dict__["_factors"] = cached
+        return cached["left"], cached["right"]
+
+    def clear_cache(self) -> None:
+        """Drop the inference cache of merged factors (rebuilt on the next eval-mode, no-grad call)."""
+        self.__dict__.pop("_factors", None)
 
     def _dense_padded(self) -> torch.Tensor:
         full = tt_full(self.gated_cores())

@@ -1,0 +1,155 @@
+"""Inference benchmark: forward time and memory of ``nn.Linear`` and ``TTLinear`` with and without its cache.
+
+Run as ``comera bench inference``. Shapes 768->768, 768->3072 and 3072->768 at rank 30 (the paper's
+transformer layers), batches of 1, 8 and 128 rows, forward only under ``torch.no_grad()``. Methods:
+
+- ``nn.Linear``: the dense layer in eval mode;
+- ``TT merge``: ``TTLinear`` merging its cores on every call (train mode, so the cache is off);
+- ``TT cached``: ``TTLinear`` in eval mode, answering from its merged factors (two GEMMs per call).
+
+Time: each timed sample runs ``--calls`` forward calls; the methods of a row are sampled round-robin in a
+fresh random order each round (:func:`comera.bench.report.interleaved_medians_ms`), median of
+``--repeats`` samples, reported per call. Memory: for each shape and method, a fresh process builds the
+layer and runs one call; the rise of its peak resident size over the size before building is reported
+(:func:`comera.bench.report.peak_rise_mib`): the weights, the cache and the call's temporaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from comera.bench.report import interleaved_medians_ms, machine_description, peak_rise_mib, update_section
+from comera.nn.linear import TTLinear
+
+__all__ = ["SHAPES", "METHODS", "build", "main"]
+
+SHAPES = ((768, 768), (768, 3072), (3072, 768))
+BATCHES = (1, 8, 128)
+RANK = 30
+METHODS = ("nn.Linear", "TT merge", "TT cached")
+
+
+def build(method: str, in_features: int, out_features: int) -> nn.Module:
+    """The layer of ``method``, in the mode the method names."""
+    if method == "nn.Linear":
+        return nn.Linear(in_features, out_features).eval()
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    layer = TTLinear(in_features, out_features, rank=RANK)
+    return layer.train() if method == "TT merge" else layer.eval()
+
+
+def _calls(layer: nn.Module, x: torch.Tensor, calls: int) -> Callable[[], None]:
+    def run() -> None:
+        with torch.no_grad():
+            for _ in range(calls):
+                layer(x)
+
+    return run
+
+
+def time_row(in_features: int, out_features: int, batch: int, calls: int, repeats: int) -> dict[str, float]:
+    """Milliseconds per forward call of every method at one shape and batch."""
+    torch.manual_seed(0)
+    x = torch.randn(batch, in_features)
+    runs = {method: _calls(build(method, in_features, out_features), x, calls) for method in METHODS}
+    return {name: ms / calls for name, ms in interleaved_medians_ms(runs, repeats=repeats).items()}
+
+
+def memory_case(method: str, in_features: int, out_features: int) -> float:
+    """MiB the process's peak resident size rises by while building the layer and running one call."""
+    x = torch.randn(1, in_features)
+    _calls(nn.Linear(8, 8), torch.randn(1, 8), 1)()  # loads kernels before the measurement
+
+    def step() -> None:
+        _calls(build(method, in_features, out_features), x, 1)()
+
+    return peak_rise_mib(step)
+
+
+def _memory_in_fresh_process(method: str, in_features: int, out_features: int) -> float:
+    command = [sys.executable, "-m", "comera.bench.inference", "--memory-case"]
+    command += [method, str(in_features), str(out_features)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def format_report(rows: list[dict], memory: dict, command: str, calls: int, repeats: int) -> str:
+    """Markdown section: per-call times, speed-ups over ``nn.Linear`` and memory."""
+    lines = [
+        "## Inference: TTLinear forward with and without its cache, fp32",
+        "",
+        f"Machine: {machine_description()}. Command: `{command}`. Forward only under `torch.no_grad()`, "
+        f"rank {RANK}; time per call = median of {repeats} samples of {calls} calls, methods sampled "
+        "round-robin in one process. `TT merge` merges the cores on every call (train mode); `TT cached` "
+        "is the eval-mode layer answering from its merged factors. Memory: rise of peak RSS while a fresh "
+        "process builds the layer and runs one call.",
+        "",
+        "| shape | B | nn.Linear ms | TT merge ms | TT cached ms | cached vs nn.Linear | cached vs merge |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        dense, merge, cache = (row["ms"][method] for method in METHODS)
+        lines.append(
+            f"| {row['in']}->{row['out']} | {row['batch']} | {dense:.4f} | {merge:.4f} | {cache:.4f} | "
+            f"{dense / cache:.2f}x | {merge / cache:.2f}x |"
+        )
+    lines += ["", "| shape | " + " | ".join(f"{m} MiB" for m in METHODS) + " |", "|---|---|---|---|"]
+    for (in_features, out_features), values in memory.items():
+        cells = " | ".join(f"{values[m]:.2f}" for m in METHODS)
+        lines.append(f"| {in_features}->{out_features} | {cells} |")
+    return "\n".join(lines)
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="comera bench inference", description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=50, help="forward calls per timed sample (>= 1)")
+    parser.add_argument("--repeats", type=int, default=9, help="timed samples per method (>= 1)")
+    parser.add_argument("--quick", action="store_true", help="one shape, B=1, few samples: a smoke run")
+    parser.add_argument("--write", metavar="MARKDOWN", help="update the 'inference' section of this file")
+    parser.add_argument("--memory-case", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("calls", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry: ``comera bench inference [--quick] [--write docs/benchmarks.md]``."""
+    args = _parse(argv)
+    if args.memory_case is not None:
+        method, in_features, out_features = args.memory_case
+        print(json.dumps(memory_case(method, int(in_features), int(out_features))))
+        return 0
+    shapes, batches, repeats = (SHAPES[:1], BATCHES[:1], 3) if args.quick else (SHAPES, BATCHES, args.repeats)
+    print(machine_description())
+    rows = []
+    for in_features, out_features in shapes:
+        for batch in batches:
+            times = time_row(in_features, out_features, batch, args.calls, repeats)
+            rows.append({"in": in_features, "out": out_features, "batch": batch, "ms": times})
+            print(
+                f"{in_features}->{out_features} B={batch}: "
+                + ", ".join(f"{k} {v:.4f} ms" for k, v in times.items())
+            )
+    memory = {
+        shape: {method: _memory_in_fresh_process(method, *shape) for method in METHODS} for shape in shapes
+    }
+    command = "comera bench inference " + " ".join(argv if argv is not None else sys.argv[1:])
+    report = format_report(rows, memory, command.strip(), args.calls, repeats)
+    print(report)
+    if args.write:
+        update_section(args.write, "inference", report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
