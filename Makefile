@@ -35,6 +35,7 @@ bench: install-dev
 	$(BIN)/comera bench embedding --memory default --distributions uniform \
 		--methods nn.Embedding naive split auto published published+unique \
 		--write docs/benchmarks.md --section embedding-glibc
+	$(BIN)/comera bench inference --write docs/benchmarks.md
 	$(BIN)/python benchmarks/bench_trainer.py --threads 2 --write docs/benchmarks.md
 
 clean:
