@@ -133,3 +133,9 @@ def test_bad_bag_arguments_raise():
         bag(torch.tensor([[1, 2]]), per_sample_weights=torch.ones(1, 2, dtype=torch.float64))
     with pytest.raises(IndexError, match=r"index 60 is out of range.*\[0, 59\]"):
         bag(torch.tensor([1, 60]), torch.tensor([0]))
+
+
+def test_float_offsets_are_refused():
+    bag = TTMEmbeddingBag(20, 4, row_shape=(4, 5), col_shape=(2, 2), rank=2)
+    with pytest.raises(TypeError, match="offsets must hold integer positions .* got dtype torch.float32"):
+        bag(torch.tensor([1, 2, 3]), torch.tensor([0.0, 2.0]))

@@ -1,4 +1,4 @@
-"""TTLinear's inference cache: eval-mode no-grad calls use merged factors that follow every change of the layer."""
+"""TTLinear inference cache: eval-mode no-grad calls use merged factors that follow every layer change."""
 
 from __future__ import annotations
 

@@ -405,6 +405,11 @@ class TTMEmbeddingBag(_TTMTable):
             position = torch.where(flat == self.padding_idx, padding, position)
             rows = torch.cat([rows, rows.new_zeros(1, self.embedding_dim)])
         if isinstance(offsets, torch.Tensor):
+            if offsets.dtype not in _INDEX_DTYPES:
+                raise TypeError(
+                    "offsets must hold integer positions (torch.int64 or torch.int32), "
+                    f"got dtype {offsets.dtype}"
+                )
             offsets = offsets.to(position.dtype)
         return functional.embedding_bag(
             position.reshape(input.shape),
