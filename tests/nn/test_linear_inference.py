@@ -27,7 +27,7 @@ def make_layer(**kwargs) -> TTLinear:
 
 
 def cached(layer: TTLinear) -> bool:
-    return "_factors" in layer.__dict__
+    return "_inference_cache" in layer.__dict__
 
 
 @settings(max_examples=15, deadline=None)

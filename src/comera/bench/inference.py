@@ -1,11 +1,15 @@
-"""Inference benchmark: forward time and memory of ``nn.Linear`` and ``TTLinear`` with and without its cache.
+"""Inference benchmark: forward time and memory of dense and comera layers, with and without the cache.
 
-Run as ``comera bench inference``. Shapes 768->768, 768->3072 and 3072->768 at rank 30 (the paper's
-transformer layers), batches of 1, 8 and 128 rows, forward only under ``torch.no_grad()``. Methods:
+Run as ``comera bench inference``. Forward only under ``torch.no_grad()``.
 
-- ``nn.Linear``: the dense layer in eval mode;
-- ``TT merge``: ``TTLinear`` merging its cores on every call (train mode, so the cache is off);
-- ``TT cached``: ``TTLinear`` in eval mode, answering from its merged factors (two GEMMs per call).
+Linear layers: shapes 768->768, 768->3072 and 3072->768 at rank 30 (the paper's transformer layers),
+batches of 1, 8 and 128 rows. Methods: ``nn.Linear`` (eval mode); ``TT merge``, ``TTLinear`` merging its
+cores on every call (train mode, so the cache is off); ``TT cached``, ``TTLinear`` in eval mode answering
+from its merged factors (two GEMMs per call).
+
+Embedding: the paper's 30522 x 768 word embedding (rows 16*20*10*10, columns 4*4*8*6, rank 32), 1, 64 and
+512 uniform ids per call. Methods: ``nn.Embedding``; ``TTM lookup``, ``TTMEmbedding`` merging its halves on
+every call (train mode); ``TTM cached``, ``TTMEmbedding`` in eval mode reusing its merged halves.
 
 Time: each timed sample runs ``--calls`` forward calls; the methods of a row are sampled round-robin in a
 fresh random order each round (:func:`comera.bench.report.interleaved_medians_ms`), median of
@@ -26,22 +30,37 @@ import torch
 from torch import nn
 
 from comera.bench.report import interleaved_medians_ms, machine_description, peak_rise_mib, update_section
+from comera.nn.embedding import TTMEmbedding
 from comera.nn.linear import TTLinear
 
-__all__ = ["SHAPES", "METHODS", "build", "main"]
+__all__ = ["SHAPES", "METHODS", "EMBEDDING_METHODS", "build", "main"]
 
 SHAPES = ((768, 768), (768, 3072), (3072, 768))
 BATCHES = (1, 8, 128)
 RANK = 30
 METHODS = ("nn.Linear", "TT merge", "TT cached")
+EMBEDDING_METHODS = ("nn.Embedding", "TTM lookup", "TTM cached")
+EMBEDDING_IDS = (1, 64, 512)
+TABLE = {"rows": 30522, "dim": 768, "row_shape": (16, 20, 10, 10), "col_shape": (4, 4, 8, 6), "rank": 32}
 
 
 def build(method: str, in_features: int, out_features: int) -> nn.Module:
-    """The layer of ``method``, in the mode the method names."""
+    """The layer of ``method``, in the mode the method names (the embedding methods ignore the sizes)."""
     if method == "nn.Linear":
         return nn.Linear(in_features, out_features).eval()
+    if method == "nn.Embedding":
+        return nn.Embedding(TABLE["rows"], TABLE["dim"]).eval()
+    if method in EMBEDDING_METHODS:
+        table = TTMEmbedding(
+            TABLE["rows"],
+            TABLE["dim"],
+            row_shape=TABLE["row_shape"],
+            col_shape=TABLE["col_shape"],
+            rank=TABLE["rank"],
+        )
+        return table.train() if method == "TTM lookup" else table.eval()
     if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        raise ValueError(f"method must be one of {METHODS + EMBEDDING_METHODS}, got {method!r}")
     layer = TTLinear(in_features, out_features, rank=RANK)
     return layer.train() if method == "TT merge" else layer.eval()
 
@@ -63,9 +82,17 @@ def time_row(in_features: int, out_features: int, batch: int, calls: int, repeat
     return {name: ms / calls for name, ms in interleaved_medians_ms(runs, repeats=repeats).items()}
 
 
+def time_embedding_row(count: int, calls: int, repeats: int) -> dict[str, float]:
+    """Milliseconds per lookup call of ``count`` uniform ids for every embedding method."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, TABLE["rows"], (count,))
+    runs = {method: _calls(build(method, 0, 0), ids, calls) for method in EMBEDDING_METHODS}
+    return {name: ms / calls for name, ms in interleaved_medians_ms(runs, repeats=repeats).items()}
+
+
 def memory_case(method: str, in_features: int, out_features: int) -> float:
     """MiB the process's peak resident size rises by while building the layer and running one call."""
-    x = torch.randn(1, in_features)
+    x = torch.randint(0, TABLE["rows"], (1,)) if method in EMBEDDING_METHODS else torch.randn(1, in_features)
     _calls(nn.Linear(8, 8), torch.randn(1, 8), 1)()  # loads kernels before the measurement
 
     def step() -> None:
@@ -81,7 +108,9 @@ def _memory_in_fresh_process(method: str, in_features: int, out_features: int) -
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def format_report(rows: list[dict], memory: dict, command: str, calls: int, repeats: int) -> str:
+def format_report(
+    rows: list[dict], memory: dict, embedding_rows: list[dict], command: str, calls: int, repeats: int
+) -> str:
     """Markdown section: per-call times, speed-ups over ``nn.Linear`` and memory."""
     lines = [
         "## Inference: TTLinear forward with and without its cache, fp32",
@@ -103,8 +132,29 @@ def format_report(rows: list[dict], memory: dict, command: str, calls: int, repe
         )
     lines += ["", "| shape | " + " | ".join(f"{m} MiB" for m in METHODS) + " |", "|---|---|---|---|"]
     for (in_features, out_features), values in memory.items():
+        if in_features == 0:
+            continue
         cells = " | ".join(f"{values[m]:.2f}" for m in METHODS)
         lines.append(f"| {in_features}->{out_features} | {cells} |")
+    if embedding_rows:
+        lines += [
+            "",
+            "Embedding (30522 x 768, rank 32):",
+            "",
+            "| ids | nn.Embedding ms | TTM lookup ms | TTM cached ms | cached vs lookup | "
+            "cached vs nn.Embedding |",
+            "|---|---|---|---|---|---|",
+        ]
+        for row in embedding_rows:
+            dense, lookup, cache = (row["ms"][method] for method in EMBEDDING_METHODS)
+            lines.append(
+                f"| {row['count']} | {dense:.4f} | {lookup:.4f} | {cache:.4f} | {lookup / cache:.2f}x | "
+                f"{dense / cache:.2f}x |"
+            )
+        values = memory.get((0, 0), {})
+        if values:
+            cells = ", ".join(f"{m} {values[m]:.2f} MiB" for m in EMBEDDING_METHODS)
+            lines += ["", f"Memory (build + one call of 1 id): {cells}."]
     return "\n".join(lines)
 
 
@@ -140,11 +190,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"{in_features}->{out_features} B={batch}: "
                 + ", ".join(f"{k} {v:.4f} ms" for k, v in times.items())
             )
+    embedding_rows = []
+    for count in EMBEDDING_IDS[:1] if args.quick else EMBEDDING_IDS:
+        times = time_embedding_row(count, args.calls, repeats)
+        embedding_rows.append({"count": count, "ms": times})
+        print(f"embedding ids={count}: " + ", ".join(f"{k} {v:.4f} ms" for k, v in times.items()))
     memory = {
         shape: {method: _memory_in_fresh_process(method, *shape) for method in METHODS} for shape in shapes
     }
+    memory[(0, 0)] = {method: _memory_in_fresh_process(method, 0, 0) for method in EMBEDDING_METHODS}
     command = "comera bench inference " + " ".join(argv if argv is not None else sys.argv[1:])
-    report = format_report(rows, memory, command.strip(), args.calls, repeats)
+    report = format_report(rows, memory, embedding_rows, command.strip(), args.calls, repeats)
     print(report)
     if args.write:
         update_section(args.write, "inference", report)

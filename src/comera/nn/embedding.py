@@ -19,6 +19,9 @@ Lookup (``lookup=``):
   (:func:`comera.tt.lookup.dedup_threshold`), else ``"split"``; always ``"split"`` while ``torch.compile``
   traces or a CUDA graph captures, where ``torch.unique`` cannot run.
 
+Inference: in eval mode without autograd, the split and optimized lookups reuse the merged halves between
+calls (:meth:`comera.nn.gated.GatedTrain.inference_cached`; rebuilt when a core, a gate or ``tau`` changes).
+
 ``padding_idx`` behaves as in ``nn.Embedding``: that row reads as zeros (also in :meth:`to_dense` and the tied
 head) and receives no gradient. Index checks (range and dtype) sync with the device once per call; they are
 skipped inside a captured or compiled graph.
@@ -36,7 +39,7 @@ from torch.nn import functional
 from comera.nn.gated import DEFAULT_TAU, GatedTrain, check_float_dtype
 from comera.nn.linear import DEFAULT_RANK
 from comera.tt.cores import core_std, ttm_core_shapes, ttm_full
-from comera.tt.lookup import in_graph_capture, ttm_lookup_rows
+from comera.tt.lookup import in_graph_capture, split_halves, ttm_lookup_rows
 from comera.tt.paths import ORDERS, auto_ttm_order, ttm_linear, ttm_merge_split
 from comera.tt.shapes import auto_modes, auto_order, check_modes, resolve_ranks
 from comera.tt.svd import ttm_svd
@@ -174,10 +177,18 @@ class _TTMTable(GatedTrain):
         """Rows ``(R, embedding_dim)`` for 1-D ``indices`` and where each index finds its row (None: in
         order)."""
         path, dedup = _LOOKUP_SETTINGS[self.lookup]
-        rows, position = ttm_lookup_rows(self.gated_cores(), indices, path, dedup)
+        if path == "optimized" and self.serves_from_cache():
+            rows, position = ttm_lookup_rows(
+                self.core_list(), indices, path, dedup, halves=self._cached_halves
+            )
+        else:
+            rows, position = ttm_lookup_rows(self.gated_cores(), indices, path, dedup)
         if rows.shape[1] != self.embedding_dim:
             rows = rows[:, : self.embedding_dim]
         return rows, position
+
+    def _cached_halves(self, split: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inference_cached(("halves", split), lambda: split_halves(self.gated_cores(), split))
 
     def to_dense(self) -> torch.Tensor:
         """The table as ``nn.Embedding.weight`` holds it: ``(num_embeddings, embedding_dim)``, gates applied,

@@ -6,12 +6,21 @@ A train of ``K`` cores has ``K - 1`` bonds. Bond ``k`` (between cores ``k`` and 
 (``|g| <= tau``) contributes nothing and receives no gradient, and gates add no cost to the contraction.
 The active rank of a bond is its number of live gate entries; a train with a fully dead bond represents
 exactly zero.
+
+Inference cache: in eval mode without autograd (``module.eval()`` under ``torch.no_grad()`` or
+``torch.inference_mode()``), not while ``torch.compile`` traces, a module may keep tensors derived from its
+cores and gates (:meth:`GatedTrain.inference_cached`), such as merged halves, and reuse them across calls.
+Such a value is rebuilt when a core or gate is replaced, changes storage, dtype or shape, is updated in
+place through an autograd-visible op (optimizer steps, ``load_state_dict``, ``copy_`` under ``no_grad``), or
+when ``tau`` changes. Writes through ``.data`` are invisible to the version counter: call
+:meth:`GatedTrain.clear_cache` after them. The cache is not part of the state dict.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -21,6 +30,7 @@ from comera.tt.cores import num_train_parameters
 __all__ = ["GatedTrain", "mask_gate", "DEFAULT_TAU"]
 
 DEFAULT_TAU = 1e-2
+_Cached = TypeVar("_Cached")
 
 
 def mask_gate(gate: torch.Tensor, tau: float) -> torch.Tensor:
@@ -94,6 +104,41 @@ class GatedTrain(nn.Module):
         gated = [core * mask for core, mask in zip(cores[:-1], self.masked_gates())]
         gated.append(cores[-1])
         return gated
+
+    def serves_from_cache(self) -> bool:
+        """Whether this call may use the inference cache: eval mode, autograd off, not being compiled."""
+        return not self.training and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+    def _parameter_key(self) -> tuple:
+        tensors = (*self.core_list(), *self.gate_list())
+        return (
+            self.tau,
+            tuple(tensor._version for tensor in tensors),
+            tuple(tensor.data_ptr() for tensor in tensors),
+            tuple(tensor.shape for tensor in tensors),
+            tuple(tensor.dtype for tensor in tensors),
+        )
+
+    def inference_cached(self, name: Hashable, build: Callable[[], _Cached]) -> _Cached:
+        """``build()``, reused while the cores, gates and ``tau`` are unchanged (see the module docstring).
+
+        The cache keeps aliases of the core and gate storages its values were built from, so no new tensor
+        can take their addresses while it lives.
+        """
+        key = self._parameter_key()
+        cache = self.__dict__.get("_inference_cache")
+        if cache is None or cache["key"] != key:
+            storages = tuple(tensor.detach() for tensor in (*self.core_list(), *self.gate_list()))
+            cache = {"key": key, "storages": storages, "values": {}}
+            self.__dict__["_inference_cache"] = cache
+        values = cache["values"]
+        if name not in values:
+            values[name] = build()
+        return values[name]
+
+    def clear_cache(self) -> None:
+        """Drop the inference cache (rebuilt on the next eval-mode, no-grad call)."""
+        self.__dict__.pop("_inference_cache", None)
 
     @property
     def max_ranks(self) -> tuple[int, ...]:

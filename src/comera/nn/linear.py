@@ -302,50 +302,19 @@ class TTLinear(_TrainLinear):
         )
 
     def _serves_from_cache(self) -> bool:
-        return (
-            not self.training
-            and not torch.is_grad_enabled()
-            and self.order in ("auto", "merge")
-            and self.gemm == "fp32"
-            and not torch.compiler.is_compiling()
-        )
+        return self.serves_from_cache() and self.order in ("auto", "merge") and self.gemm == "fp32"
 
     def _from_cache(self, x: torch.Tensor) -> torch.Tensor:
-        left, right = self._cached_factors()
+        left, right = self.inference_cached("factors", self._merged_factors)
         hidden = x @ left
         return hidden @ right if self.bias is None else torch.addmm(self.bias, hidden, right)
 
-    def _cached_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The merged halves ``(in_features, r)`` and ``(r, out_features)``, rebuilt when stale.
-
-        The cache keeps aliases of the core and gate storages it was built from (so no new tensor can take
-        their addresses while it lives), their version counters and ``tau``; a replaced storage (``prune_``,
-        ``.to()``), an in-place update or a new ``tau`` makes it stale.
-        """
-        tensors = (*self.core_list(), *self.gate_list())
-        key = (
-            self.tau,
-            tuple(tensor._version for tensor in tensors),
-            tuple(tensor.data_ptr() for tensor in tensors),
-            tuple(tensor.shape for tensor in tensors),
-            tuple(tensor.dtype for tensor in tensors),
-        )
-        cached = self.__dict__.get("_factors")
-        fresh = cached is not None and cached["key"] == key
-        if not fresh:
-            cores, split = self.gated_cores(), len(self.in_shape)
-            cached = {
-                "key": key,
-                "storages": tuple(tensor.detach() for tensor in tensors),
-                "left": merge_tt_left(cores[:split])[: self.in_features].contiguous(),
-                "right": merge_tt_right(cores[split:])[:, : self.out_features].contiguous(),
-            }
-            self.__dict__["_factors"] = cached
-        return cached["left"], cached["right"]
-
-    def clear_cache(self) -> None:
-        """Drop the inference cache of merged factors (rebuilt on the next eval-mode, no-grad call)."""
-        self.__dict__.pop("_factors", None)
+    def _merged_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The merged halves ``(in_features, r)`` and ``(r, out_features)`` of the gated train."""
+        cores, split = self.gated_cores(), len(self.in_shape)
+        left = merge_tt_left(cores[:split])[: self.in_features].contiguous()
+        right = merge_tt_right(cores[split:])[:, : self.out_features].contiguous()
+        return left, right
 
     def _dense_padded(self) -> torch.Tensor:
         full = tt_full(self.gated_cores())

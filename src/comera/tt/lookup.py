@@ -21,7 +21,7 @@ Row-level deduplication (:func:`ttm_lookup` with ``dedup=True``) computes each d
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -34,6 +34,7 @@ __all__ = [
     "in_graph_capture",
     "row_digits",
     "ttm_lookup_naive",
+    "split_halves",
     "ttm_lookup_split",
     "lookup_split_cost",
     "best_lookup_split",
@@ -160,22 +161,40 @@ class _GatherProduct(torch.autograd.Function):
         return None, None, grad_left, grad_right
 
 
-def ttm_lookup_split(cores: Sequence[torch.Tensor], indices: torch.Tensor, split: int) -> torch.Tensor:
+def split_halves(cores: Sequence[torch.Tensor], split: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two halves of the split path: ``A (M_L, N_L, r)`` and ``C`` by rows, ``(M_R, r, N_R)``.
+
+    Args:
+        cores: TTM cores ``(r_{k-1}, m_k, n_k, r_k)``, gates folded in, at least two.
+        split: number of cores in the left half, ``1 <= split < d``.
+    """
+    if not 1 <= split < len(cores):
+        raise ValueError(f"split must be in [1, {len(cores) - 1}], got {split}")
+    left = merge_ttm_left(cores[:split])
+    right_rows = merge_ttm_right(cores[split:]).transpose(0, 1).contiguous()
+    return left, right_rows
+
+
+def ttm_lookup_split(
+    cores: Sequence[torch.Tensor],
+    indices: torch.Tensor,
+    split: int,
+    halves: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Rows of a TTM matrix by the two-half path, split after core ``split`` (``1 <= split < d``).
 
     Args:
         cores: TTM cores ``(r_{k-1}, m_k, n_k, r_k)``, gates folded in, at least two.
         indices: 1-D integer tensor of rows in ``[0, prod m_k)`` (not checked).
         split: number of cores in the left half.
+        halves: :func:`split_halves` of ``cores`` at ``split`` when already at hand (then ``cores`` serve for
+            their shapes only).
 
     Returns:
         ``(len(indices), prod n_k)``, the same as :func:`ttm_lookup_naive`.
     """
-    if not 1 <= split < len(cores):
-        raise ValueError(f"split must be in [1, {len(cores) - 1}], got {split}")
-    right_size = math.prod([core.shape[1] for core in cores[split:]])
-    left = merge_ttm_left(cores[:split])
-    right_rows = merge_ttm_right(cores[split:]).transpose(0, 1).contiguous()
+    left, right_rows = split_halves(cores, split) if halves is None else halves
+    right_size = right_rows.shape[0]
     out = _GatherProduct.apply(indices // right_size, indices % right_size, left, right_rows)
     return out.reshape(indices.shape[0], left.shape[1] * right_rows.shape[2])
 
@@ -276,6 +295,7 @@ def ttm_lookup_rows(
     path: str = "optimized",
     dedup: bool | None = None,
     split: int | None = None,
+    halves: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The rows needed for ``indices`` and where each index finds its row.
 
@@ -287,6 +307,8 @@ def ttm_lookup_rows(
             ``False``: one row per index. ``None``: deduplicate when the batch's fraction of repeated indices
             exceeds :func:`dedup_threshold`, never while :func:`in_graph_capture`.
         split: bond of the optimized path; default :func:`best_lookup_split` for the rows computed.
+        halves: ``halves(split)`` returns :func:`split_halves` of the gated cores (e.g. from a cache); with
+            it, the optimized path uses ``cores`` for their shapes only (and a one-core train as is).
 
     Returns:
         ``(rows, position)``: ``rows`` is ``(R, prod n_k)``; ``position`` is None when ``rows[b]`` belongs to
@@ -307,7 +329,7 @@ def ttm_lookup_rows(
         return ttm_lookup_naive(cores, indices), position
     if split is None:
         split = best_lookup_split(indices.shape[0], shapes, torch.is_grad_enabled())
-    return ttm_lookup_split(cores, indices, split), position
+    return ttm_lookup_split(cores, indices, split, None if halves is None else halves(split)), position
 
 
 def ttm_lookup(
