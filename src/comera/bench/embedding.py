@@ -37,7 +37,16 @@ from comera.bench.report import machine_description, median_ms, peak_rise_mib, u
 from comera.cpu import reuse_freed_memory
 from comera.nn.embedding import TTMEmbedding
 
-__all__ = ["TABLES", "METHODS", "PUBLISHED_METHODS", "applies", "make_indices", "run_case", "main"]
+__all__ = [
+    "TABLES",
+    "METHODS",
+    "PUBLISHED_METHODS",
+    "applies",
+    "build_table",
+    "make_indices",
+    "run_case",
+    "main",
+]
 
 TABLES = {
     "paper": {
@@ -83,18 +92,24 @@ def applies(table: str, method: str) -> bool:
     return method not in PUBLISHED_METHODS or (row_shape is not None and len(row_shape) == 4)
 
 
-def _build(table: str, method: str) -> nn.Module:
+def build_table(table: str, lookup: str = "auto") -> TTMEmbedding:
+    """The ``TTMEmbedding`` of :data:`TABLES` entry ``table``."""
     spec = TABLES[table]
-    if method == "nn.Embedding":
-        return nn.Embedding(spec["rows"], spec["dim"])
-    embedding = TTMEmbedding(
+    return TTMEmbedding(
         spec["rows"],
         spec["dim"],
         row_shape=spec["row_shape"],
         col_shape=spec["col_shape"],
         rank=spec["rank"],
-        lookup="auto" if method in PUBLISHED_METHODS else method,
+        lookup=lookup,
     )
+
+
+def _build(table: str, method: str) -> nn.Module:
+    spec = TABLES[table]
+    if method == "nn.Embedding":
+        return nn.Embedding(spec["rows"], spec["dim"])
+    embedding = build_table(table, "auto" if method in PUBLISHED_METHODS else method)
     if method in PUBLISHED_METHODS:
         return PublishedOrderLookup(embedding, unique=method == "published+unique")
     return embedding

@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from comera.bench.embedding import TABLES, build_table
 from comera.bench.report import interleaved_medians_ms, machine_description, peak_rise_mib, update_section
-from comera.nn.embedding import TTMEmbedding
 from comera.nn.linear import TTLinear
 
 __all__ = ["SHAPES", "METHODS", "EMBEDDING_METHODS", "build", "main"]
@@ -41,7 +41,6 @@ RANK = 30
 METHODS = ("nn.Linear", "TT merge", "TT cached")
 EMBEDDING_METHODS = ("nn.Embedding", "TTM lookup", "TTM cached")
 EMBEDDING_IDS = (1, 64, 512)
-TABLE = {"rows": 30522, "dim": 768, "row_shape": (16, 20, 10, 10), "col_shape": (4, 4, 8, 6), "rank": 32}
 
 
 def build(method: str, in_features: int, out_features: int) -> nn.Module:
@@ -49,15 +48,9 @@ def build(method: str, in_features: int, out_features: int) -> nn.Module:
     if method == "nn.Linear":
         return nn.Linear(in_features, out_features).eval()
     if method == "nn.Embedding":
-        return nn.Embedding(TABLE["rows"], TABLE["dim"]).eval()
+        return nn.Embedding(TABLES["paper"]["rows"], TABLES["paper"]["dim"]).eval()
     if method in EMBEDDING_METHODS:
-        table = TTMEmbedding(
-            TABLE["rows"],
-            TABLE["dim"],
-            row_shape=TABLE["row_shape"],
-            col_shape=TABLE["col_shape"],
-            rank=TABLE["rank"],
-        )
+        table = build_table("paper")
         return table.train() if method == "TTM lookup" else table.eval()
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS + EMBEDDING_METHODS}, got {method!r}")
@@ -85,14 +78,18 @@ def time_row(in_features: int, out_features: int, batch: int, calls: int, repeat
 def time_embedding_row(count: int, calls: int, repeats: int) -> dict[str, float]:
     """Milliseconds per lookup call of ``count`` uniform ids for every embedding method."""
     torch.manual_seed(0)
-    ids = torch.randint(0, TABLE["rows"], (count,))
+    ids = torch.randint(0, TABLES["paper"]["rows"], (count,))
     runs = {method: _calls(build(method, 0, 0), ids, calls) for method in EMBEDDING_METHODS}
     return {name: ms / calls for name, ms in interleaved_medians_ms(runs, repeats=repeats).items()}
 
 
 def memory_case(method: str, in_features: int, out_features: int) -> float:
     """MiB the process's peak resident size rises by while building the layer and running one call."""
-    x = torch.randint(0, TABLE["rows"], (1,)) if method in EMBEDDING_METHODS else torch.randn(1, in_features)
+    x = (
+        torch.randint(0, TABLES["paper"]["rows"], (1,))
+        if method in EMBEDDING_METHODS
+        else torch.randn(1, in_features)
+    )
     _calls(nn.Linear(8, 8), torch.randn(1, 8), 1)()  # loads kernels before the measurement
 
     def step() -> None:
@@ -108,53 +105,53 @@ def _memory_in_fresh_process(method: str, in_features: int, out_features: int) -
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def format_report(
-    rows: list[dict], memory: dict, embedding_rows: list[dict], command: str, calls: int, repeats: int
-) -> str:
-    """Markdown section: per-call times, speed-ups over ``nn.Linear`` and memory."""
+def _speed_table(rows: list[dict], label: str, key: str, methods: Sequence[str]) -> list[str]:
+    """Markdown rows: per-call times of ``methods`` and the cached method's speed-ups over the other two."""
+    first, second, cache = methods
     lines = [
-        "## Inference: TTLinear forward with and without its cache, fp32",
-        "",
-        f"Machine: {machine_description()}. Command: `{command}`. Forward only under `torch.no_grad()`, "
-        f"rank {RANK}; time per call = median of {repeats} samples of {calls} calls, methods sampled "
-        "round-robin in one process. `TT merge` merges the cores on every call (train mode); `TT cached` "
-        "is the eval-mode layer answering from its merged factors. Memory: rise of peak RSS while a fresh "
-        "process builds the layer and runs one call.",
-        "",
-        "| shape | B | nn.Linear ms | TT merge ms | TT cached ms | cached vs nn.Linear | cached vs merge |",
-        "|---|---|---|---|---|---|---|",
+        f"| {label} | {first} ms | {second} ms | {cache} ms | cached vs {first} | cached vs {second} |",
+        "|---|---|---|---|---|---|",
     ]
     for row in rows:
-        dense, merge, cache = (row["ms"][method] for method in METHODS)
-        lines.append(
-            f"| {row['in']}->{row['out']} | {row['batch']} | {dense:.4f} | {merge:.4f} | {cache:.4f} | "
-            f"{dense / cache:.2f}x | {merge / cache:.2f}x |"
-        )
-    lines += ["", "| shape | " + " | ".join(f"{m} MiB" for m in METHODS) + " |", "|---|---|---|---|"]
-    for (in_features, out_features), values in memory.items():
-        if in_features == 0:
-            continue
-        cells = " | ".join(f"{values[m]:.2f}" for m in METHODS)
-        lines.append(f"| {in_features}->{out_features} | {cells} |")
-    if embedding_rows:
-        lines += [
-            "",
-            "Embedding (30522 x 768, rank 32):",
-            "",
-            "| ids | nn.Embedding ms | TTM lookup ms | TTM cached ms | cached vs lookup | "
-            "cached vs nn.Embedding |",
-            "|---|---|---|---|---|---|",
-        ]
-        for row in embedding_rows:
-            dense, lookup, cache = (row["ms"][method] for method in EMBEDDING_METHODS)
-            lines.append(
-                f"| {row['count']} | {dense:.4f} | {lookup:.4f} | {cache:.4f} | {lookup / cache:.2f}x | "
-                f"{dense / cache:.2f}x |"
-            )
-        values = memory.get((0, 0), {})
-        if values:
-            cells = ", ".join(f"{m} {values[m]:.2f} MiB" for m in EMBEDDING_METHODS)
-            lines += ["", f"Memory (build + one call of 1 id): {cells}."]
+        times = [row["ms"][method] for method in methods]
+        cells = " | ".join(f"{value:.4f}" for value in times)
+        lines.append(f"| {row[key]} | {cells} | {times[0] / times[2]:.2f}x | {times[1] / times[2]:.2f}x |")
+    return lines
+
+
+def format_report(
+    linear_rows: list[dict],
+    embedding_rows: list[dict],
+    memory: dict[str, dict[str, float]],
+    command: str,
+    calls: int,
+    repeats: int,
+) -> str:
+    """Markdown section: per-call times, speed-ups and memory of the linear and embedding methods."""
+    lines = [
+        "## Inference: comera layers with and without their cache, fp32",
+        "",
+        f"Machine: {machine_description()}. Command: `{command}`. Forward only under `torch.no_grad()`; "
+        f"time per call = median of {repeats} samples of {calls} calls, the methods of a row sampled "
+        "round-robin in one process. `TT merge` / `TTM lookup` merge the cores on every call (train mode); "
+        "`TT cached` / `TTM cached` are the eval-mode layers answering from their cache. Memory: rise of "
+        "peak RSS while a fresh process builds the layer and runs one call (1 row, or 1 id).",
+        "",
+        f"Linear layers (rank {RANK}):",
+        "",
+        *_speed_table(linear_rows, "shape, B", "case", METHODS),
+        "",
+        "Embedding (30522 x 768, rank 32), uniform ids:",
+        "",
+        *_speed_table(embedding_rows, "ids", "case", EMBEDDING_METHODS),
+        "",
+        "Memory (MiB):",
+        "",
+        "| layer | dense | uncached | cached |",
+        "|---|---|---|---|",
+    ]
+    for layer, values in memory.items():
+        lines.append(f"| {layer} | " + " | ".join(f"{value:.2f}" for value in values.values()) + " |")
     return "\n".join(lines)
 
 
@@ -181,26 +178,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     shapes, batches, repeats = (SHAPES[:1], BATCHES[:1], 3) if args.quick else (SHAPES, BATCHES, args.repeats)
     print(machine_description())
-    rows = []
+    linear_rows, embedding_rows, memory = [], [], {}
     for in_features, out_features in shapes:
         for batch in batches:
             times = time_row(in_features, out_features, batch, args.calls, repeats)
-            rows.append({"in": in_features, "out": out_features, "batch": batch, "ms": times})
-            print(
-                f"{in_features}->{out_features} B={batch}: "
-                + ", ".join(f"{k} {v:.4f} ms" for k, v in times.items())
-            )
-    embedding_rows = []
+            linear_rows.append({"case": f"{in_features}->{out_features}, {batch}", "ms": times})
+            print(f"{in_features}->{out_features} B={batch}: {times}")
+        memory[f"{in_features}->{out_features}"] = {
+            method: _memory_in_fresh_process(method, in_features, out_features) for method in METHODS
+        }
     for count in EMBEDDING_IDS[:1] if args.quick else EMBEDDING_IDS:
         times = time_embedding_row(count, args.calls, repeats)
-        embedding_rows.append({"count": count, "ms": times})
-        print(f"embedding ids={count}: " + ", ".join(f"{k} {v:.4f} ms" for k, v in times.items()))
-    memory = {
-        shape: {method: _memory_in_fresh_process(method, *shape) for method in METHODS} for shape in shapes
-    }
-    memory[(0, 0)] = {method: _memory_in_fresh_process(method, 0, 0) for method in EMBEDDING_METHODS}
+        embedding_rows.append({"case": count, "ms": times})
+        print(f"embedding ids={count}: {times}")
+    memory["embedding"] = {method: _memory_in_fresh_process(method, 0, 0) for method in EMBEDDING_METHODS}
     command = "comera bench inference " + " ".join(argv if argv is not None else sys.argv[1:])
-    report = format_report(rows, memory, embedding_rows, command.strip(), args.calls, repeats)
+    report = format_report(linear_rows, embedding_rows, memory, command.strip(), args.calls, repeats)
     print(report)
     if args.write:
         update_section(args.write, "inference", report)
