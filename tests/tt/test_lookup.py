@@ -132,6 +132,24 @@ def test_chunked_batched_gemm_matches_single_chunk(monkeypatch):
     assert_lookup_matches(cores, indices, path="optimized", dedup=False)
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    modes=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3)), min_size=2, max_size=4),
+    rank=st.integers(1, 4),
+    batch=st.integers(1, 40),
+    chunk_elements=st.integers(1, 200),
+    seed=st.integers(0, 2**16),
+)
+def test_chunked_gemm_with_reused_buffers_matches_dense(modes, rank, batch, chunk_elements, seed):
+    """Any chunk size (down to one row per chunk, a short last chunk) gives the dense rows and gradients."""
+    row_modes, col_modes = zip(*modes)
+    cores = random_cores(row_modes, col_modes, rank, seed)
+    indices = torch.randint(0, math.prod(row_modes), (batch,), generator=torch.Generator().manual_seed(seed))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lookup_module, "_CHUNK_ELEMENTS", chunk_elements)
+        assert_lookup_matches(cores, indices, path="optimized", dedup=False)
+
+
 def test_split_lookup_saves_no_per_row_or_table_sized_tensors():
     cores = random_cores((8, 8, 8), (4, 4, 4), 4)
     table_size = 512 * 64
