@@ -126,5 +126,7 @@ def test_backend_follows_the_device():
     check_backend(torch.device("cuda", 0), "cpu:gloo,cuda:nccl")
     with pytest.raises(ValueError, match="backend 'nccl', but the model is on cpu, which needs 'gloo'"):
         check_backend(torch.device("cpu"), "nccl")
-    with pytest.raises(ValueError, match="which needs 'nccl'"):
+    with pytest.warns(UserWarning, match="which needs 'nccl'.*gloo works on CUDA tensors, but slowly"):
         check_backend(torch.device("cuda", 0), "gloo")
+    with pytest.raises(ValueError, match="backend 'mpi', but the model is on cuda:0, which needs 'nccl'"):
+        check_backend(torch.device("cuda", 0), "mpi")

@@ -13,6 +13,7 @@ one; on CUDA each process also selects its own GPU first (``torch.cuda.set_devic
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -47,15 +48,24 @@ def backend_for(device: torch.device | str) -> str:
 
 
 def check_backend(device: torch.device, backend: str | None = None) -> None:
-    """Raise ``ValueError`` unless ``backend`` (default: the running process group's) is the one
-    :func:`backend_for` names for ``device``; a mixed backend such as ``"cpu:gloo,cuda:nccl"`` passes."""
+    """Check ``backend`` (default: the running process group's) against the model's ``device``.
+
+    A CPU model needs gloo: any other backend raises ``ValueError``. A CUDA model should use nccl; gloo also
+    moves CUDA tensors, only slowly, so it gets a ``UserWarning``. A mixed backend such as
+    ``"cpu:gloo,cuda:nccl"`` passes.
+    """
     backend = str(dist.get_backend() if backend is None else backend).lower()
     needed = backend_for(device)
-    if needed not in backend:
-        raise ValueError(
-            f"the process group uses backend {backend!r}, but the model is on {device}, which needs "
-            f"{needed!r}: create it with torch.distributed.init_process_group(backend_for(device))"
-        )
+    if needed in backend:
+        return
+    message = (
+        f"the process group uses backend {backend!r}, but the model is on {device}, which needs "
+        f"{needed!r}: create it with torch.distributed.init_process_group(backend_for(device))"
+    )
+    if needed == "nccl" and "gloo" in backend:
+        warnings.warn(message + " (gloo works on CUDA tensors, but slowly)", UserWarning, stacklevel=2)
+        return
+    raise ValueError(message)
 
 
 def globally_averaged(loss: torch.Tensor) -> torch.Tensor:
