@@ -28,6 +28,7 @@ test: install-dev
 
 lint: install-dev
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 bench: install-dev
 	$(BIN)/comera bench layers --write docs/benchmarks.md
