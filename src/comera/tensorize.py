@@ -162,25 +162,11 @@ def _shapes_for(name: str, config: TensorizeConfig, kind: str, allowed: tuple[st
 def _build_linear(name: str, linear: nn.Linear, config: TensorizeConfig) -> GatedTrain:
     shapes = _shapes_for(name, config, "linear module", ("in_shape", "out_shape"))
     cls = TTLinear if config.format == "tt" else TTMLinear
-    rank = config.rank_for(name)
+    layer = cls._like(linear, rank=config.rank_for(name), tau=config.tau, **shapes)
     if config.init == "tt_svd":
-        layer = cls.from_linear(linear, rank=rank, tau=config.tau, **shapes)
+        layer._load_svd(linear)
     else:
-        weight = linear.weight
-        layer = cls(
-            linear.in_features,
-            linear.out_features,
-            bias=linear.bias is not None,
-            rank=rank,
-            tau=config.tau,
-            device=weight.device,
-            dtype=weight.dtype,
-            **shapes,
-        )
-        _match_scale(layer, weight)
-        if linear.bias is not None:
-            with torch.no_grad():
-                layer.bias.copy_(linear.bias)
+        _match_scale(layer, linear.weight)
     return layer.train(linear.training)
 
 
@@ -189,30 +175,12 @@ def _build_embedding(name: str, embedding: nn.Module, config: TensorizeConfig) -
     bag = isinstance(embedding, nn.EmbeddingBag)
     if embedding.max_norm is not None or embedding.scale_grad_by_freq:
         raise ValueError("an embedding with max_norm or scale_grad_by_freq has no TTM equivalent")
-    options = {"rank": config.rank_for(name), "tau": config.tau, **shapes}
+    cls = TTMEmbeddingBag if bag else TTMEmbedding
+    layer = cls._like(embedding, rank=config.rank_for(name), tau=config.tau, **shapes)
     if config.init == "tt_svd":
-        if bag:
-            layer = TTMEmbeddingBag.from_embedding_bag(embedding, **options)
-        else:
-            layer = TTMEmbedding.from_embedding(embedding, **options)
-        return layer.train(embedding.training)
-    weight = embedding.weight
-    placement = {"device": weight.device, "dtype": weight.dtype}
-    if bag:
-        layer = TTMEmbeddingBag(
-            embedding.num_embeddings,
-            embedding.embedding_dim,
-            embedding.mode,
-            include_last_offset=embedding.include_last_offset,
-            padding_idx=embedding.padding_idx,
-            **options,
-            **placement,
-        )
+        layer._load_table(embedding.weight)
     else:
-        layer = TTMEmbedding(
-            embedding.num_embeddings, embedding.embedding_dim, embedding.padding_idx, **options, **placement
-        )
-    _match_scale(layer, weight)
+        _match_scale(layer, embedding.weight)
     return layer.train(embedding.training)
 
 

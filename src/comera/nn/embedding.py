@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -334,21 +335,25 @@ class TTMEmbedding(_TTMTable):
         ``padding_idx``, device and dtype follow ``embedding``.
         """
         _check_source(embedding, nn.Embedding)
+        layer = cls._like(
+            embedding, row_shape=row_shape, col_shape=col_shape, rank=rank, tau=tau, lookup=lookup
+        )
+        layer._load_table(embedding.weight)
+        return layer
+
+    @classmethod
+    def _like(cls, embedding: nn.Embedding, **options: Any) -> TTMEmbedding:
+        """A table with ``embedding``'s sizes, ``padding_idx``, device and dtype; cores freshly initialised.
+        ``options``: the constructor's keyword arguments (shapes, rank, tau, lookup)."""
         weight = embedding.weight
-        layer = cls(
+        return cls(
             embedding.num_embeddings,
             embedding.embedding_dim,
             embedding.padding_idx,
-            row_shape=row_shape,
-            col_shape=col_shape,
-            rank=rank,
-            tau=tau,
-            lookup=lookup,
             device=weight.device,
             dtype=weight.dtype,
+            **options,
         )
-        layer._load_table(weight)
-        return layer
 
 
 class TTMEmbeddingBag(_TTMTable):
@@ -446,23 +451,25 @@ class TTMEmbeddingBag(_TTMTable):
         """A bag initialised from ``bag`` by TT-SVD; mode, ``include_last_offset``, ``padding_idx``, device
         and dtype follow ``bag``."""
         _check_source(bag, nn.EmbeddingBag)
+        layer = cls._like(bag, row_shape=row_shape, col_shape=col_shape, rank=rank, tau=tau, lookup=lookup)
+        layer._load_table(bag.weight)
+        return layer
+
+    @classmethod
+    def _like(cls, bag: nn.EmbeddingBag, **options: Any) -> TTMEmbeddingBag:
+        """A bag with ``bag``'s sizes, mode, ``include_last_offset``, ``padding_idx``, device and dtype; cores
+        freshly initialised. ``options``: the constructor's keyword arguments (shapes, rank, tau, lookup)."""
         weight = bag.weight
-        layer = cls(
+        return cls(
             bag.num_embeddings,
             bag.embedding_dim,
             bag.mode,
             include_last_offset=bag.include_last_offset,
             padding_idx=bag.padding_idx,
-            row_shape=row_shape,
-            col_shape=col_shape,
-            rank=rank,
-            tau=tau,
-            lookup=lookup,
             device=weight.device,
             dtype=weight.dtype,
+            **options,
         )
-        layer._load_table(weight)
-        return layer
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, mode={self.mode!r}"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -190,25 +191,34 @@ class _TrainLinear(GatedTrain):
         """
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        layer = cls._like(linear, in_shape=in_shape, out_shape=out_shape, rank=rank, tau=tau)
+        layer._load_svd(linear)
+        return layer
+
+    @classmethod
+    def _like(cls, linear: nn.Linear, **options: Any):
+        """A layer with ``linear``'s sizes, device and dtype, and its bias copied; cores freshly
+        initialised. ``options``: the constructor's keyword arguments (shapes, rank, tau, order)."""
         weight = linear.weight
         layer = cls(
             linear.in_features,
             linear.out_features,
             bias=linear.bias is not None,
-            in_shape=in_shape,
-            out_shape=out_shape,
-            rank=rank,
-            tau=tau,
             device=weight.device,
             dtype=weight.dtype,
+            **options,
         )
-        cores = cls._svd_cores(cls._padded_weight(linear, layer), layer)
-        with torch.no_grad():
-            for param, core in zip(layer.cores, cores):
-                param.copy_(core)
-            if linear.bias is not None:
+        if linear.bias is not None:
+            with torch.no_grad():
                 layer.bias.copy_(linear.bias)
         return layer
+
+    def _load_svd(self, linear: nn.Linear) -> None:
+        """Set the cores to the TT-SVD of ``linear``'s weight at the stored ranks."""
+        cores = self._svd_cores(self._padded_weight(linear, self), self)
+        with torch.no_grad():
+            for param, core in zip(self.cores, cores):
+                param.copy_(core)
 
 
 class TTLinear(_TrainLinear):
