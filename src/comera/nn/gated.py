@@ -109,8 +109,7 @@ class GatedTrain(nn.Module):
         """Whether this call may use the inference cache: eval mode, autograd off, not being compiled."""
         return not self.training and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
-    def _parameter_key(self) -> tuple:
-        tensors = (*self.core_list(), *self.gate_list())
+    def _parameter_key(self, tensors: tuple[torch.Tensor, ...]) -> tuple:
         return (
             self.tau,
             tuple(tensor._version for tensor in tensors),
@@ -125,10 +124,11 @@ class GatedTrain(nn.Module):
         The cache keeps aliases of the core and gate storages its values were built from, so no new tensor
         can take their addresses while it lives.
         """
-        key = self._parameter_key()
+        tensors = (*self.core_list(), *self.gate_list())
+        key = self._parameter_key(tensors)
         cache = self.__dict__.get("_inference_cache")
         if cache is None or cache["key"] != key:
-            storages = tuple(tensor.detach() for tensor in (*self.core_list(), *self.gate_list()))
+            storages = tuple(tensor.detach() for tensor in tensors)
             cache = {"key": key, "storages": storages, "values": {}}
             self.__dict__["_inference_cache"] = cache
         values = cache["values"]
