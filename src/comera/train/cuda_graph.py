@@ -51,6 +51,7 @@ from comera.rank.adaptation import RankAdaptation
 from comera.train.guard import total_grad_norm
 
 __all__ = [
+    "capturable_adam",
     "STEP_VALUES",
     "CudaGraphStep",
     "check_buckets",
@@ -64,6 +65,13 @@ __all__ = [
 STEP_VALUES = ("task", "objective", "grad_norm", "applied")
 """Order of the numbers in the tensor :meth:`CudaGraphStep.step` returns (``applied`` is 1.0 or 0.0)."""
 _ADAM_TYPES = (torch.optim.AdamW, torch.optim.Adam)
+
+
+def capturable_adam(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` is ``AdamW``/``Adam`` with ``capturable=True`` in every group (graph capture)."""
+    return isinstance(optimizer, _ADAM_TYPES) and all(
+        group.get("capturable", False) for group in optimizer.param_groups
+    )
 
 
 def check_buckets(buckets: Sequence[int]) -> tuple[int, ...]:
@@ -236,7 +244,7 @@ class CudaGraphStep:
                 "optimizer must be torch.optim.AdamW or torch.optim.Adam (their fresh state is zeros, which "
                 f"the warm-up undo relies on), got {type(optimizer).__name__}"
             )
-        if not all(group.get("capturable", False) for group in optimizer.param_groups):
+        if not capturable_adam(optimizer):
             raise ValueError("optimizer must be built with capturable=True in every param group")
         if not isinstance(rank, RankAdaptation):
             raise TypeError(f"rank must be a comera.RankAdaptation, got {type(rank).__name__}")

@@ -58,7 +58,7 @@ from comera.train.checkpoint import (
     save_checkpoint,
 )
 from comera.train.config import AUTO_COMPILE_MIN_STEPS, TrainConfig
-from comera.train.cuda_graph import CudaGraphStep
+from comera.train.cuda_graph import CudaGraphStep, capturable_adam
 from comera.train.data import EpochData
 from comera.train.distributed import barrier, check_backend, gather_objects, globally_averaged, world
 from comera.train.guard import NonFiniteGuard, total_grad_norm
@@ -89,12 +89,6 @@ class FitResult:
 def _graph_device(device: torch.device) -> bool:
     """Whether a model on ``device`` can run its step as a CUDA graph."""
     return device.type == "cuda"
-
-
-def _capturable_adam(optimizer: torch.optim.Optimizer) -> bool:
-    return isinstance(optimizer, (torch.optim.AdamW, torch.optim.Adam)) and all(
-        group.get("capturable", False) for group in optimizer.param_groups
-    )
 
 
 def _with_last(batches: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
@@ -296,7 +290,7 @@ class Trainer:
         device = self._device()
         if not _graph_device(device):
             raise ValueError(f"cuda_graph needs a CUDA model; on CPU use compile (the model is on {device})")
-        if not _capturable_adam(self.optimizer):
+        if not capturable_adam(self.optimizer):
             raise ValueError(
                 "optimizer must be torch.optim.AdamW or torch.optim.Adam built with capturable=True in every "
                 f"param group when cuda_graph=True, got {type(self.optimizer).__name__}"
