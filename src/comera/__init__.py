@@ -5,7 +5,7 @@ from comera.nn import GatedTrain, TTLinear, TTMEmbedding, TTMEmbeddingBag, TTMLi
 from comera.rank import PruneResult, RankAdaptation, param_groups, prune_
 from comera.report import CompressionReport, compression_report
 from comera.tensorize import tensorize_, untensorize_
-from comera.tensorize_config import TensorizeConfig
+from comera.tensorize_config import TensorizeConfig, register_preset, tensorize_preset
 from comera.train import TrainConfig, Trainer, plot_run
 from comera.tt.shapes import auto_modes, factorize, suggest_padding
 from comera.version import __version__
@@ -32,8 +32,10 @@ __all__ = [
     "plot_run",
     "prune_",
     "register_model",
+    "register_preset",
     "save_pretrained",
     "suggest_padding",
     "tensorize_",
+    "tensorize_preset",
     "untensorize_",
 ]

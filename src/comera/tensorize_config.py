@@ -30,6 +30,9 @@ __all__ = [
     "pattern_matches",
     "first_matching_key",
     "selector_matches",
+    "register_preset",
+    "tensorize_preset",
+    "preset_names",
 ]
 
 ALL_LINEAR = "all-linear"
@@ -212,3 +215,37 @@ def selector_matches(selector: str | tuple[str, ...], name: str) -> bool:
     if isinstance(selector, str):
         return re.fullmatch(selector, name) is not None
     return any(name == entry or name.endswith("." + entry) for entry in selector)
+
+
+_PRESETS: dict[str, TensorizeConfig] = {}
+
+
+def register_preset(name: str, config: TensorizeConfig, *, replace: bool = False) -> TensorizeConfig:
+    """Register ``config`` under ``name`` for :func:`tensorize_preset` and the CLI's ``tensorize.preset``.
+
+    Registering a name twice raises ``ValueError`` unless ``replace`` is True. Returns ``config``.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"preset name must be a non-empty str, got {name!r}")
+    if not isinstance(config, TensorizeConfig):
+        raise TypeError(f"config must be a TensorizeConfig, got {type(config).__name__}")
+    if name in _PRESETS and not replace and _PRESETS[name] != config:
+        raise ValueError(f"a tensorization preset named {name!r} is already registered")
+    _PRESETS[name] = config
+    return config
+
+
+def preset_names() -> tuple[str, ...]:
+    """Names of the registered tensorization presets, sorted."""
+    return tuple(sorted(_PRESETS))
+
+
+def tensorize_preset(name: str, **overrides: Any) -> TensorizeConfig:
+    """The registered preset ``name`` with ``overrides`` applied (:meth:`TensorizeConfig.with_overrides`).
+
+    Raises ``ValueError`` naming the registered presets when ``name`` is unknown.
+    """
+    if name not in _PRESETS:
+        raise ValueError(f"unknown tensorization preset {name!r}; registered presets: {list(preset_names())}")
+    config = _PRESETS[name]
+    return config.with_overrides(**overrides) if overrides else config

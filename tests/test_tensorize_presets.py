@@ -1,0 +1,35 @@
+import pytest
+
+import comera
+from comera.tensorize_config import TensorizeConfig, preset_names, register_preset, tensorize_preset
+
+
+def test_registered_preset_comes_back_with_overrides():
+    config = TensorizeConfig(rank=7, format="ttm")
+    register_preset("test-rank7", config)
+    assert tensorize_preset("test-rank7") == config
+    assert tensorize_preset("test-rank7", rank=3) == TensorizeConfig(rank=3, format="ttm")
+    assert "test-rank7" in preset_names()
+    assert comera.tensorize_preset("test-rank7") is config
+
+
+def test_unknown_preset_names_the_registered_ones():
+    register_preset("test-known", TensorizeConfig())
+    with pytest.raises(ValueError, match="test-known"):
+        tensorize_preset("test-unknown")
+
+
+def test_a_name_cannot_be_taken_twice_with_another_config():
+    register_preset("test-twice", TensorizeConfig(rank=2))
+    register_preset("test-twice", TensorizeConfig(rank=2))
+    with pytest.raises(ValueError, match="already registered"):
+        register_preset("test-twice", TensorizeConfig(rank=3))
+    register_preset("test-twice", TensorizeConfig(rank=3), replace=True)
+    assert tensorize_preset("test-twice").rank == 3
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="preset name"):
+        register_preset("", TensorizeConfig())
+    with pytest.raises(TypeError, match="config"):
+        register_preset("x", {"rank": 2})
