@@ -121,6 +121,11 @@ class RankAdaptation:
         self._ema_sum.copy_(state[0])
         self._ema_weight.copy_(state[1])
 
+    def device_state(self) -> list[torch.Tensor]:
+        """The device tensors :meth:`loss` updates in place (loss average and switch), for callers that must
+        undo a step, e.g. a CUDA-graph warm-up."""
+        return [self._ema_sum, self._ema_weight, self.switch]
+
     def size_surrogate(self) -> torch.Tensor:
         """The differentiable size term ``S_hat`` (0-dim tensor)."""
         trains = self._trains()
