@@ -8,7 +8,8 @@ Usage: ``python tools/import_graph.py src/comera`` (standard library only; nothi
   ``tt/__init__.py``; imports inside functions count like top-level ones. Running a parent package's
   ``__init__`` on import is not counted as an arrow.
 - **floors**: a file that imports no internal file is on floor 0; any other file is one floor above the
-  highest file it imports. The number of floors is the length of the longest import chain plus one.
+  highest file it imports. The number of floors is the length of the longest import chain plus one; one
+  such chain is printed.
 - **cycles**: the graph must be acyclic; the script names one cycle and exits with status 1 if it is not.
 - **upward arrows**: each file belongs to the layer named by its first path part (``tt/lookup.py`` -> ``tt``,
   ``io.py`` -> ``io``), ranked by ``LAYERS``; an arrow from a lower layer to a higher one is upward. Top-level
@@ -114,6 +115,14 @@ def floors(edges: dict[str, set[str]]) -> dict[str, int]:
     return floor
 
 
+def longest_chain(edges: dict[str, set[str]], floor: dict[str, int]) -> list[str]:
+    """One import chain through every floor, from a file on the top floor down to floor 0."""
+    chain = [min(f for f in floor if floor[f] == max(floor.values()))]
+    while floor[chain[-1]] > 0:
+        chain.append(min(t for t in edges[chain[-1]] if floor[t] == floor[chain[-1]] - 1))
+    return chain
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("package", type=Path, help="package folder, e.g. src/comera")
@@ -132,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"floors: {max(floor.values()) + 1}\narrows: {arrows}\ncycles: 0")
     for level in range(max(floor.values()) + 1):
         print(f"  floor {level}: {' '.join(sorted(f for f in floor if floor[f] == level))}")
+    print(f"longest chain: {' -> '.join(longest_chain(edges, floor))}")
     upward = sorted(
         (layer_of(source), layer_of(target), source, target)
         for source, targets in edges.items()
