@@ -1,4 +1,4 @@
-"""Rank-adaptive multi-objective training: task loss against model size (method.md section 4).
+"""Rank-adaptive multi-objective training: task loss against model size (docs/method.md section 4).
 
 Early stage (weighted sum):  ``loss = L + gamma * S_hat``.
 

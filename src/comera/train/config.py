@@ -1,4 +1,4 @@
-"""``TrainConfig``: every setting of a CoMERA training run, checked on construction (method.md sections 4, 7).
+"""``TrainConfig``: every setting of a CoMERA training run, checked on construction (docs/method.md §4, §7).
 
 A run has an early stage (weighted sum of task loss and size surrogate) and, when ``late > 0``, a late stage
 (achievement scalarisation toward ``target_ratio`` of the size reached at the end of the early stage). Stage

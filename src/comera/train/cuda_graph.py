@@ -1,5 +1,5 @@
-"""Whole-step CUDA Graph: forward, CoMERA objective, backward and AdamW step replayed as one graph (method.md
-section 7).
+"""Whole-step CUDA Graph: forward, CoMERA objective, backward and AdamW step replayed as one graph
+(docs/method.md section 7).
 
 :class:`CudaGraphStep` captures one training step into a ``torch.cuda.CUDAGraph`` and replays it for every
 later batch, so the many small kernels of a tensorized model cost one launch. What a graph needs, and how this
