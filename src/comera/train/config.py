@@ -76,7 +76,7 @@ class TrainConfig:
         plot: write the PNG plots into ``run_dir`` at the end of :meth:`Trainer.fit`.
         compile: wrap the training step (forward, objective, backward; optimizer step) in ``torch.compile``:
             True, False, or ``"auto"``: on CPU when the run has at least :data:`AUTO_COMPILE_MIN_STEPS`
-            steps. Measured on a small comera transformer (``benchmarks/bench_trainer.py``, 2 threads), the
+            steps. Measured on a small comera transformer (``comera bench trainer``, 2 threads), the
             compiled step took 0.60x the eager time, but compiling took about 3 minutes: the whole run is
             faster compiled only after about 6000 steps, and every prune that changes shapes compiles again,
             hence the threshold. ``compile_backend`` picks the backend.
