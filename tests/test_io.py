@@ -49,8 +49,8 @@ def test_round_trip_after_pruning_reproduces_outputs(tmp_path):
     ids = torch.randint(0, 40, (3, 7))
     save_pretrained(model, tmp_path)
     config = json.loads((tmp_path / CONFIG_NAME).read_text())
-    assert config["layers"]["mix"]["ranks"] == list(model.mix.max_ranks)
-    assert config["layers"]["gate"]["type"] == "RemovedLinear"
+    assert config["layers"]["mix"]["rank"] == list(model.mix.max_ranks)
+    assert config["layers"]["gate"]["kind"] == "RemovedLinear"
     assert config["dtype"] == "float64" and config["library_version"]
     assert not list(tmp_path.glob("*.tmp"))
     loaded = load_pretrained(tmp_path, base_model=Net().double())

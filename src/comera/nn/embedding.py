@@ -30,7 +30,7 @@ skipped inside a captured or compiled graph.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -38,7 +38,9 @@ from torch import nn
 from torch.nn import functional
 
 from comera.nn.gated import DEFAULT_TAU, GatedTrain, check_float_dtype
-from comera.nn.linear import DEFAULT_RANK
+from comera.nn.layer import ComeraLayer, NameOf, Resolve, register_layer, spec_arguments
+from comera.nn.linear import _INITS, DEFAULT_RANK
+from comera.nn.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLinear
 from comera.tt.cores import core_std, ttm_core_shapes, ttm_full
 from comera.tt.lookup import in_graph_capture, split_halves, ttm_lookup_rows
 from comera.tt.paths import ORDERS, auto_ttm_order, ttm_linear, ttm_merge_split
@@ -103,7 +105,18 @@ def _table_shapes(
 
 
 class _TTMTable(GatedTrain):
-    """Common part of the TTM tables: shapes, cores, gates, index checks, row lookup, tied logits."""
+    """Common part of the TTM tables: shapes, cores, gates, index checks, row lookup, tied logits, and the
+    layer protocol (:mod:`comera.nn.layer`).
+
+    ``sparse`` records the dense module's gradient format for :meth:`to_dense_module`; the cores'
+    gradients are dense whatever it says.
+    """
+
+    role = "embedding"
+    format = "ttm"
+    report_format = "ttm"
+    shape_options = ("row_shape", "col_shape")
+    sparse = False
 
     def __init__(
         self,
@@ -254,6 +267,94 @@ class _TTMTable(GatedTrain):
         for gate in self.gates:
             gate.fill_(1.0)
 
+    def _dense_keywords(self) -> dict[str, Any]:
+        """Constructor keywords the dense module and this table share beyond the two sizes."""
+        raise NotImplementedError
+
+    def spec(self, name_of: NameOf | None = None) -> dict[str, Any]:
+        """``{"kind", num_embeddings, embedding_dim, padding_idx, row_shape, col_shape, rank (stored), tau,
+        lookup, sparse}``; a bag adds ``mode`` and ``include_last_offset``."""
+        return {
+            "kind": self.kind,
+            "num_embeddings": self.num_embeddings,
+            "embedding_dim": self.embedding_dim,
+            **self._dense_keywords(),
+            "row_shape": list(self.row_shape),
+            "col_shape": list(self.col_shape),
+            "rank": list(self.max_ranks),
+            "tau": self.tau,
+            "lookup": self.lookup,
+            "sparse": self.sparse,
+        }
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: Mapping[str, Any],
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        resolve: Resolve | None = None,
+    ) -> _TTMTable:
+        """A fresh table with the sizes, shapes, stored ranks and settings recorded in ``spec``."""
+        arguments = spec_arguments(cls, spec)
+        sparse = arguments.pop("sparse", False)
+        if not isinstance(sparse, bool):
+            raise ValueError(f"sparse must be a bool, got {sparse!r}")
+        size, dim = arguments.pop("num_embeddings"), arguments.pop("embedding_dim")
+        layer = cls(size, dim, **arguments, device=device, dtype=dtype)
+        layer.sparse = sparse
+        return layer
+
+    @classmethod
+    def converts(cls, module: nn.Module) -> bool:
+        """Only the exact dense type (subclasses may change the lookup)."""
+        return type(module) is cls.dense_type
+
+    @classmethod
+    def from_dense(cls, module: nn.Module, *, init: str = "tt_svd", **options: Any) -> _TTMTable:
+        """The table standing for the dense ``module``: its sizes, ``padding_idx`` (bag: ``mode``,
+        ``include_last_offset``), ``sparse``, device, dtype and training mode; cores by TT-SVD of its weight
+        or random at the weight's scale. ``options``: constructor keywords (shapes, rank, tau, lookup).
+        ``max_norm`` and ``scale_grad_by_freq`` have no TTM equivalent and are refused."""
+        _check_source(module, cls.dense_type)
+        if init not in _INITS:
+            raise ValueError(f"init must be one of {_INITS}, got {init!r}")
+        layer = cls._like(module, **options)
+        if init == "tt_svd":
+            layer._load_table(module.weight)
+        else:
+            layer.match_scale_(module.weight)
+        layer.sparse = bool(module.sparse)
+        return layer.train(module.training)
+
+    def to_dense_module(self, dense_of: Callable[[nn.Module], nn.Module | None] | None = None) -> nn.Module:
+        """The dense ``nn.Embedding`` / ``nn.EmbeddingBag`` with table :meth:`to_dense` and every attribute
+        of this table (``padding_idx``, ``sparse``; bag: ``mode``, ``include_last_offset``)."""
+        like = self.cores[0]
+        dense = self.dense_type(
+            self.num_embeddings,
+            self.embedding_dim,
+            **self._dense_keywords(),
+            sparse=self.sparse,
+            device=like.device,
+            dtype=like.dtype,
+        )
+        with torch.no_grad():
+            dense.weight.copy_(self.to_dense())
+        return dense.train(self.training)
+
+    def dense_attributes(self) -> dict[str, Any]:
+        return {
+            "num_embeddings": self.num_embeddings,
+            "embedding_dim": self.embedding_dim,
+            **self._dense_keywords(),
+        }
+
+    @property
+    def mode_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return (tuple(self.row_shape), tuple(self.col_shape))
+
     def extra_repr(self) -> str:
         padding = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
         return (
@@ -273,6 +374,7 @@ def _check_source(module: nn.Module, kind: type) -> None:
         )
 
 
+@register_layer
 class TTMEmbedding(_TTMTable):
     """Drop-in for ``nn.Embedding`` whose table is a TTM with rank gates on every bond.
 
@@ -290,6 +392,8 @@ class TTMEmbedding(_TTMTable):
     Shape:
         input: integer tensor of any shape ``(*)``, values in ``[0, V)`` -> output ``(*, D)``.
     """
+
+    dense_type = nn.Embedding
 
     def __init__(
         self,
@@ -318,6 +422,22 @@ class TTMEmbedding(_TTMTable):
         if self.padding_idx is not None:
             out = out * (flat != self.padding_idx).unsqueeze(1).to(out.dtype)
         return out.reshape(*input.shape, self.embedding_dim)
+
+    def _dense_keywords(self) -> dict[str, Any]:
+        return {"padding_idx": self.padding_idx}
+
+    def pruned_stand_in(self) -> RemovedEmbedding:
+        """A :class:`RemovedEmbedding` with this table's sizes, ``padding_idx`` and ``sparse``."""
+        like = self.cores[0]
+        removed = RemovedEmbedding(
+            self.num_embeddings,
+            self.embedding_dim,
+            padding_idx=self.padding_idx,
+            sparse=self.sparse,
+            device=like.device,
+            dtype=like.dtype,
+        )
+        return removed.train(self.training)
 
     @classmethod
     def from_embedding(
@@ -356,6 +476,7 @@ class TTMEmbedding(_TTMTable):
         )
 
 
+@register_layer
 class TTMEmbeddingBag(_TTMTable):
     """Drop-in for ``nn.EmbeddingBag``: sums, means or maxima of bags of TTM table rows.
 
@@ -374,6 +495,8 @@ class TTMEmbeddingBag(_TTMTable):
         (start of each bag); ``per_sample_weights`` (``mode="sum"`` only) shaped like ``input``;
         output ``(B, D)``. Empty bags give zeros.
     """
+
+    dense_type = nn.EmbeddingBag
 
     def __init__(
         self,
@@ -437,6 +560,27 @@ class TTMEmbeddingBag(_TTMTable):
             padding_idx=padding,
         )
 
+    def _dense_keywords(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "include_last_offset": self.include_last_offset,
+            "padding_idx": self.padding_idx,
+        }
+
+    def pruned_stand_in(self) -> RemovedEmbeddingBag:
+        """A :class:`RemovedEmbeddingBag` with this bag's sizes, mode, offsets convention, ``padding_idx``
+        and ``sparse``."""
+        like = self.cores[0]
+        removed = RemovedEmbeddingBag(
+            self.num_embeddings,
+            self.embedding_dim,
+            **self._dense_keywords(),
+            sparse=self.sparse,
+            device=like.device,
+            dtype=like.dtype,
+        )
+        return removed.train(self.training)
+
     @classmethod
     def from_embedding_bag(
         cls,
@@ -475,7 +619,8 @@ class TTMEmbeddingBag(_TTMTable):
         return f"{super().extra_repr()}, mode={self.mode!r}"
 
 
-class TTMTiedHead(nn.Module):
+@register_layer
+class TTMTiedHead(ComeraLayer, nn.Module):
     """Output projection tied to a TTM table, as BERT/RoBERTa tie the decoder to the word embedding.
 
     ``logits = hidden @ E^T + bias`` with ``E`` the table of ``embedding``
@@ -489,7 +634,15 @@ class TTMTiedHead(nn.Module):
 
     Shape:
         input ``(*, embedding_dim)`` -> output ``(*, num_embeddings)``.
+
+    Layer protocol: the spec names the embedding (``{"kind", "embedding": its name, "bias", "order"}``); the
+    dense module is an ``nn.Linear`` sharing the restored table's weight; the pruned stand-in (when the
+    table is removed) a :class:`RemovedLinear` holding the head's bias.
     """
+
+    dense_type = nn.Linear
+    report_format = "ttm"
+    owns_weight = False
 
     def __init__(self, embedding: _TTMTable, bias: bool = True, *, order: str = "auto") -> None:
         super().__init__()
@@ -510,6 +663,103 @@ class TTMTiedHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the table's rows: ``(*, embedding_dim) -> (*, num_embeddings)``."""
         return self.embedding.tied_logits(hidden, self.bias, self.order)
+
+    def spec(self, name_of: NameOf | None = None) -> dict[str, Any]:
+        """``{"kind", "embedding": name_of(self.embedding), "bias", "order"}``."""
+        if name_of is None:
+            raise ValueError("a TTMTiedHead spec names its embedding: pass name_of=")
+        return {
+            "kind": self.kind,
+            "embedding": name_of(self.embedding),
+            "bias": self.bias is not None,
+            "order": self.order,
+        }
+
+    @classmethod
+    def spec_references(cls, spec: Mapping[str, Any]) -> tuple[str, ...]:
+        return (spec["embedding"],)
+
+    def references(self) -> tuple[nn.Module, ...]:
+        return (self.embedding,)
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: Mapping[str, Any],
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        resolve: Resolve | None = None,
+    ) -> TTMTiedHead:
+        """A head tied to ``resolve(spec["embedding"])`` (device and dtype follow that table)."""
+        arguments = spec_arguments(cls, spec)
+        if resolve is None:
+            raise ValueError("a TTMTiedHead is tied to a module of the model: pass resolve=")
+        return cls(resolve(arguments.pop("embedding")), **arguments)
+
+    @classmethod
+    def converts(cls, module: nn.Module) -> bool:
+        """A head is built from a linear only together with its table (:meth:`from_dense`'s ``embedding``)."""
+        return False
+
+    @classmethod
+    def from_dense(
+        cls, module: nn.Module, *, init: str = "tt_svd", embedding: _TTMTable | None = None, **options: Any
+    ) -> TTMTiedHead:
+        """The head standing for the linear ``module`` whose weight is ``embedding``'s table: bias copied,
+        training mode kept; ``init`` is unused (the weight is the table's)."""
+        if not isinstance(module, nn.Linear):
+            raise TypeError(f"module must be an nn.Linear, got {type(module).__name__}")
+        if embedding is None:
+            raise ValueError("a TTMTiedHead needs the embedding= table it is tied to")
+        head = cls(embedding, bias=module.bias is not None, **options)
+        if module.bias is not None:
+            with torch.no_grad():
+                head.bias.copy_(module.bias)
+        return head.train(module.training)
+
+    def to_dense_module(self, dense_of: Callable[[nn.Module], nn.Module | None] | None = None) -> nn.Linear:
+        """An ``nn.Linear`` whose weight is the restored table's weight (``dense_of(self.embedding)``, shared)
+        or, without one, a copy of the table; the bias is copied."""
+        table = None if dense_of is None else dense_of(self.embedding)
+        weight = table.weight if table is not None else nn.Parameter(self.embedding.to_dense().detach())
+        linear = nn.Linear(
+            self.embedding.embedding_dim,
+            self.embedding.num_embeddings,
+            bias=self.bias is not None,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        linear.weight = weight
+        if self.bias is not None:
+            with torch.no_grad():
+                linear.bias.copy_(self.bias)
+        return linear.train(self.training)
+
+    def pruned_stand_in(self) -> RemovedLinear:
+        """A :class:`RemovedLinear` ``embedding_dim -> num_embeddings`` holding this head's bias."""
+        like = self.embedding.cores[0]
+        removed = RemovedLinear(
+            self.embedding.embedding_dim,
+            self.embedding.num_embeddings,
+            bias=False,
+            device=like.device,
+            dtype=like.dtype,
+        )
+        if self.bias is not None:
+            removed.bias = self.bias
+        return removed.train(self.training)
+
+    def dense_attributes(self) -> dict[str, Any]:
+        return {
+            "in_features": self.embedding.embedding_dim,
+            "out_features": self.embedding.num_embeddings,
+            "bias": self.bias is not None,
+        }
+
+    @property
+    def mode_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return (tuple(self.embedding.col_shape), tuple(self.embedding.row_shape))
 
     def extra_repr(self) -> str:
         return f"bias={self.bias is not None}, order={self.order!r}"

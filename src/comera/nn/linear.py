@@ -18,13 +18,15 @@ fixed with ``order``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from comera.nn.gated import DEFAULT_TAU, GatedTrain, check_float_dtype
+from comera.nn.layer import NameOf, Resolve, register_layer, spec_arguments
+from comera.nn.removed import RemovedLinear
 from comera.tt.cores import core_std, tt_core_shapes, tt_full, ttm_core_shapes, ttm_full
 from comera.tt.fp8 import fp8_supported
 from comera.tt.merge import merge_tt_left, merge_tt_right
@@ -54,11 +56,18 @@ def _check_features(value: object, name: str) -> int:
     return value
 
 
+_INITS = ("tt_svd", "random")
+
+
 class _TrainLinear(GatedTrain):
-    """Common part of the TT and TTM linear layers: features, bias, checks, init, conversion."""
+    """Common part of the TT and TTM linear layers: features, bias, checks, init, conversion, and the layer
+    protocol (:mod:`comera.nn.layer`)."""
 
     in_shape: tuple[int, ...]
     out_shape: tuple[int, ...]
+    dense_type = nn.Linear
+    role = "linear"
+    shape_options = ("in_shape", "out_shape")
 
     def __init__(
         self,
@@ -220,7 +229,94 @@ class _TrainLinear(GatedTrain):
             for param, core in zip(self.cores, cores):
                 param.copy_(core)
 
+    def spec(self, name_of: NameOf | None = None) -> dict[str, Any]:
+        """``{"kind", in_features, out_features, bias, in_shape, out_shape, rank (stored), tau, order}``."""
+        return {
+            "kind": self.kind,
+            "in_features": self.in_features,
+            "out_features": self.out_features,
+            "bias": self.bias is not None,
+            "in_shape": list(self.in_shape),
+            "out_shape": list(self.out_shape),
+            "rank": list(self.max_ranks),
+            "tau": self.tau,
+            "order": self.order,
+        }
 
+    @classmethod
+    def from_spec(
+        cls,
+        spec: Mapping[str, Any],
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        resolve: Resolve | None = None,
+    ):
+        """A fresh layer with the sizes, shapes, stored ranks and settings recorded in ``spec``."""
+        arguments = spec_arguments(cls, spec)
+        return cls(
+            arguments.pop("in_features"),
+            arguments.pop("out_features"),
+            **arguments,
+            device=device,
+            dtype=dtype,
+        )
+
+    @classmethod
+    def from_dense(cls, module: nn.Module, *, init: str = "tt_svd", **options: Any):
+        """The layer standing for the ``nn.Linear`` ``module``: its sizes, bias (copied), device, dtype and
+        training mode; cores by TT-SVD of its weight (``init="tt_svd"``) or random at the weight's scale
+        (``init="random"``). ``options``: constructor keywords (shapes, rank, tau, order)."""
+        if not cls.converts(module):
+            raise TypeError(f"module must be an nn.Linear, got {type(module).__name__}")
+        if init not in _INITS:
+            raise ValueError(f"init must be one of {_INITS}, got {init!r}")
+        layer = cls._like(module, **options)
+        if init == "tt_svd":
+            layer._load_svd(module)
+        else:
+            layer.match_scale_(module.weight)
+        return layer.train(module.training)
+
+    def to_dense_module(self, dense_of: Callable[[nn.Module], nn.Module | None] | None = None) -> nn.Linear:
+        """An ``nn.Linear`` with weight :meth:`to_dense` and a copy of the bias, in this layer's mode."""
+        like = self.cores[0]
+        linear = nn.Linear(
+            self.in_features,
+            self.out_features,
+            bias=self.bias is not None,
+            device=like.device,
+            dtype=like.dtype,
+        )
+        with torch.no_grad():
+            linear.weight.copy_(self.to_dense())
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear.train(self.training)
+
+    def pruned_stand_in(self) -> RemovedLinear:
+        """A :class:`RemovedLinear` of the same sizes holding this layer's bias (the same parameter)."""
+        like = self.cores[0]
+        removed = RemovedLinear(
+            self.in_features, self.out_features, bias=False, device=like.device, dtype=like.dtype
+        )
+        if self.bias is not None:
+            removed.bias = self.bias
+        return removed.train(self.training)
+
+    def dense_attributes(self) -> dict[str, Any]:
+        return {
+            "in_features": self.in_features,
+            "out_features": self.out_features,
+            "bias": self.bias is not None,
+        }
+
+    @property
+    def mode_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return (tuple(self.in_shape), tuple(self.out_shape))
+
+
+@register_layer
 class TTLinear(_TrainLinear):
     """Linear layer with a tensor-train weight over ``in_shape + out_shape`` modes.
 
@@ -249,6 +345,9 @@ class TTLinear(_TrainLinear):
     Shape:
         input ``(*, in_features)`` -> output ``(*, out_features)``.
     """
+
+    format = "tt"
+    report_format = "tt"
 
     def __init__(
         self,
@@ -280,6 +379,10 @@ class TTLinear(_TrainLinear):
         shapes = tt_core_shapes(modes, resolve_ranks(rank, modes))
         super().__init__(in_features, out_features, bias, shapes, tau, order, device, dtype)
         self.gemm = gemm
+
+    def spec(self, name_of: NameOf | None = None) -> dict[str, Any]:
+        """As :meth:`_TrainLinear.spec`, plus ``gemm``."""
+        return {**super().spec(name_of), "gemm": self.gemm}
 
     @property
     def bond_sizes(self) -> tuple[int, ...]:
@@ -335,6 +438,7 @@ class TTLinear(_TrainLinear):
         return tt_svd(weight.reshape(layer.in_shape + layer.out_shape), layer.max_ranks)
 
 
+@register_layer
 class TTMLinear(_TrainLinear):
     """Linear layer with a matrix tensor-train (TTM) weight: cores ``(r_{k-1}, m_k, n_k, r_k)``.
 
@@ -349,6 +453,9 @@ class TTMLinear(_TrainLinear):
     Shape:
         input ``(*, in_features)`` -> output ``(*, out_features)``.
     """
+
+    format = "ttm"
+    report_format = "ttm"
 
     def __init__(
         self,

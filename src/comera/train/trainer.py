@@ -40,12 +40,12 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from comera.cpu import reuse_freed_memory
+from comera.modules import unwrap_model
 from comera.nn.linear import TTLinear
 from comera.rank.adaptation import RankAdaptation
 from comera.rank.groups import param_groups
 from comera.rank.prune import prune_
 from comera.rank.size import gated_trains
-from comera.tensorize import unwrap_model
 from comera.train.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
