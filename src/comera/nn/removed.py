@@ -91,6 +91,7 @@ class RemovedLinear(RemovedLayer):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
+        self.register_buffer("_like", torch.empty(0, device=device, dtype=dtype), persistent=False)
         if bias:
             self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype))
         else:
@@ -109,11 +110,8 @@ class RemovedLinear(RemovedLayer):
         }
 
     def _placement(self) -> dict[str, Any]:
-        like = self.bias
-        return {
-            "device": None if like is None else like.device,
-            "dtype": None if like is None else like.dtype,
-        }
+        like = self._like if self.bias is None else self.bias
+        return {"device": like.device, "dtype": like.dtype}
 
     @property
     def mode_shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -121,13 +119,8 @@ class RemovedLinear(RemovedLayer):
 
     def to_dense(self) -> torch.Tensor:
         """The weight, zeros of shape ``(out_features, in_features)``."""
-        like = self.bias
-        return torch.zeros(
-            self.out_features,
-            self.in_features,
-            device=None if like is None else like.device,
-            dtype=None if like is None else like.dtype,
-        )
+        like = self._like if self.bias is None else self.bias
+        return like.new_zeros(self.out_features, self.in_features)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """The bias (or zeros) broadcast to ``(*, out_features)``."""
