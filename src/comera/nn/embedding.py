@@ -180,7 +180,7 @@ class _TTMTable(GatedTrain):
                 f"input must hold integer indices (torch.int64 or torch.int32) in {valid}, "
                 f"got dtype {indices.dtype}"
             )
-        if indices.numel() == 0 or in_graph_capture():
+        if indices.numel() == 0 or indices.is_meta or in_graph_capture():
             return
         low, high = torch.stack(torch.aminmax(indices)).tolist()
         bad = low if low < 0 else high if high >= self.num_embeddings else None
@@ -239,7 +239,15 @@ class _TTMTable(GatedTrain):
                 f"hidden must have shape (*, {self.embedding_dim}) (embedding_dim={self.embedding_dim}), "
                 f"got {tuple(hidden.shape)}"
             )
+        weight_dtype = self.cores[0].dtype
+        if hidden.dtype != weight_dtype and not torch.is_autocast_enabled(hidden.device.type):
+            raise ValueError(
+                f"hidden dtype {hidden.dtype} does not match the table's parameters ({weight_dtype}); "
+                "convert one of them, e.g. head.to(hidden.dtype)"
+            )
         lead = hidden.shape[:-1]
+        if self.shapes_only(hidden):
+            return hidden.new_empty(*lead, self.num_embeddings)
         x = hidden.reshape(-1, self.embedding_dim)
         cores = [core.transpose(1, 2) for core in self.gated_cores()]
         backward = torch.is_grad_enabled()
@@ -416,6 +424,8 @@ class TTMEmbedding(_TTMTable):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """Rows of the table: ``(*) -> (*, embedding_dim)``."""
         self._check_indices(input)
+        if self.shapes_only(input):
+            return self.cores[0].new_empty(*input.shape, self.embedding_dim, device="meta")
         flat = input.reshape(-1)
         rows, position = self._lookup_rows(flat)
         out = rows if position is None else functional.embedding(position, rows)
@@ -534,6 +544,9 @@ class TTMEmbeddingBag(_TTMTable):
             raise ValueError(
                 f"input must be 1-D (with offsets) or 2-D (B, L), got shape {tuple(input.shape)}"
             )
+        bags = self._check_offsets(input, offsets)
+        if self.shapes_only(input):
+            return self.cores[0].new_empty(bags, self.embedding_dim, device="meta")
         flat = input.reshape(-1)
         rows, position = self._lookup_rows(flat)
         if position is None:
@@ -544,11 +557,6 @@ class TTMEmbeddingBag(_TTMTable):
             position = torch.where(flat == self.padding_idx, padding, position)
             rows = torch.cat([rows, rows.new_zeros(1, self.embedding_dim)])
         if isinstance(offsets, torch.Tensor):
-            if offsets.dtype not in _INDEX_DTYPES:
-                raise TypeError(
-                    "offsets must hold integer positions (torch.int64 or torch.int32), "
-                    f"got dtype {offsets.dtype}"
-                )
             offsets = offsets.to(position.dtype)
         return functional.embedding_bag(
             position.reshape(input.shape),
@@ -559,6 +567,35 @@ class TTMEmbeddingBag(_TTMTable):
             include_last_offset=self.include_last_offset,
             padding_idx=padding,
         )
+
+    def _check_offsets(self, input: torch.Tensor, offsets: torch.Tensor | None) -> int:
+        """The number of bags; ``TypeError`` / ``ValueError`` naming ``offsets`` unless they are the starts
+        of the bags of a 1-D ``input``: integers, 1-D, from 0, never decreasing, at most ``input.numel()``
+        (values are checked with one device sync, skipped inside a captured or compiled graph)."""
+        if input.dim() == 2:
+            if offsets is not None:
+                raise ValueError(f"offsets must be None for a 2-D input (B, L), got {type(offsets).__name__}")
+            return input.shape[0]
+        if not isinstance(offsets, torch.Tensor):
+            raise TypeError(f"a 1-D input needs offsets, a 1-D integer torch.Tensor; got {offsets!r:.40}")
+        if offsets.dtype not in _INDEX_DTYPES:
+            raise TypeError(
+                f"offsets must hold integer positions (torch.int64 or torch.int32), got dtype {offsets.dtype}"
+            )
+        if offsets.dim() != 1:
+            raise ValueError(f"offsets must be 1-D, got shape {tuple(offsets.shape)}")
+        bags = offsets.shape[0] - (1 if self.include_last_offset else 0)
+        if offsets.numel() == 0 or offsets.is_meta or in_graph_capture():
+            return max(bags, 0)
+        first, last, falls = torch.stack(
+            [offsets[0], offsets[-1], (offsets[1:] < offsets[:-1]).any().to(offsets.dtype)]
+        ).tolist()
+        if first != 0 or falls or last > input.shape[0]:
+            raise ValueError(
+                f"offsets must start at 0, never decrease and not exceed the number of indices "
+                f"({input.shape[0]}); got {offsets.tolist() if offsets.numel() <= 16 else 'other values'}"
+            )
+        return max(bags, 0)
 
     def _dense_keywords(self) -> dict[str, Any]:
         return {

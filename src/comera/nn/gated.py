@@ -164,6 +164,20 @@ class GatedTrain(ComeraLayer, nn.Module):
         """Whether the cores live on the meta device (shapes only, no values)."""
         return self.core_list()[0].is_meta
 
+    def shapes_only(self, input: torch.Tensor) -> bool:
+        """Whether a call with ``input`` only propagates shapes: True for a meta ``input`` (the caller then
+        returns an empty meta tensor of the output's shape); ``ValueError`` for a real ``input`` while the
+        cores are on the meta device."""
+        if input.is_meta:
+            return True
+        if self.is_meta():
+            raise ValueError(
+                f"the layer's cores are on the meta device (shapes only) but input is on {input.device}; "
+                "call it with meta tensors, or materialise it first (to_empty(device=...) then "
+                "reset_parameters())"
+            )
+        return False
+
     @property
     def max_ranks(self) -> tuple[int, ...]:
         """The stored (physical) rank of every bond."""

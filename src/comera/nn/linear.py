@@ -145,6 +145,8 @@ class _TrainLinear(GatedTrain):
         """``input @ W^T + bias``: ``(*, in_features) -> (*, out_features)``."""
         self._check_input(input)
         lead = input.shape[:-1]
+        if self.shapes_only(input):
+            return input.new_empty(*lead, self.out_features)
         x = input.reshape(-1, self.in_features)
         if self._serves_from_cache():
             return self._from_cache(x).reshape(*lead, self.out_features)
