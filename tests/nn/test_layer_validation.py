@@ -69,3 +69,12 @@ def test_meta_layer_called_with_real_input_says_so():
     layer = TTLinear(12, 10, rank=3, device="meta")
     with pytest.raises(ValueError, match=r"meta device.*input is on cpu"):
         layer(torch.randn(2, 12))
+
+
+def test_table_shapes_of_different_lengths_are_padded_with_size_1_modes():
+    torch.manual_seed(0)
+    dense = torch.nn.Embedding(30, 8, padding_idx=2, dtype=torch.float64)
+    table = TTMEmbedding.from_embedding(dense, row_shape=(2, 3, 5), col_shape=(8,), rank=10_000)
+    assert table.row_shape == (2, 3, 5) and table.col_shape == (8, 1, 1)
+    ids = torch.tensor([[0, 2, 29], [7, 7, 13]])
+    torch.testing.assert_close(table(ids), dense(ids), rtol=1e-10, atol=1e-10)

@@ -39,7 +39,7 @@ from torch.nn import functional
 
 from comera.nn.gated import DEFAULT_TAU, GatedTrain, check_float_dtype
 from comera.nn.layer import ComeraLayer, NameOf, Resolve, register_layer, spec_arguments
-from comera.nn.linear import _INITS, DEFAULT_RANK
+from comera.nn.linear import _INITS, DEFAULT_RANK, pad_mode_counts
 from comera.nn.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLinear
 from comera.tt.cores import core_std, ttm_core_shapes, ttm_full
 from comera.tt.lookup import in_graph_capture, split_halves, ttm_lookup_rows
@@ -92,10 +92,8 @@ def _table_shapes(
         row_shape = check_modes(row_shape, num_embeddings, "row_shape", allow_padding=True)
     if col_shape is not None:
         col_shape = check_modes(col_shape, embedding_dim, "col_shape", allow_padding=True)
-    if row_shape is not None and col_shape is not None and len(row_shape) != len(col_shape):
-        raise ValueError(
-            f"row_shape and col_shape must have the same length, got {row_shape} and {col_shape}"
-        )
+    if row_shape is not None and col_shape is not None:
+        row_shape, col_shape = pad_mode_counts(row_shape, col_shape)
     given = row_shape or col_shape
     order = len(given) if given else auto_order(num_embeddings)
     return (
@@ -392,7 +390,8 @@ class TTMEmbedding(_TTMTable):
         padding_idx: a row that reads as zeros and gets no gradient (negative counts from the end).
         row_shape: row modes ``m_k``, product ``>= V`` (extra rows are never returned); default
             :func:`comera.tt.shapes.auto_modes` (balanced, padded when ``V`` folds badly).
-        col_shape: column modes ``n_k`` (same count), product ``>= D``; default balanced, descending.
+        col_shape: column modes ``n_k``, product ``>= D``; default balanced, descending. Shapes of different
+            lengths are padded at the end with modes of size 1.
         rank: max rank per bond (int) or ``d - 1`` ints, clipped to what the shapes allow.
         tau: gate threshold; entries with ``|g| <= tau`` are dead.
         lookup: one of :data:`LOOKUPS` (module docstring).

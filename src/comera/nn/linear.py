@@ -50,6 +50,16 @@ DEFAULT_RANK = 16
 _ORDER_CHOICES = ("auto", *ORDERS)
 
 
+def pad_mode_counts(rows: tuple[int, ...], cols: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``rows`` and ``cols`` with the shorter one padded at the end by modes of size 1 to the same length.
+
+    A size-1 mode leaves the row-major index of every entry unchanged, so a TTM over the padded shapes
+    represents a matrix of the same size with the same layout.
+    """
+    length = max(len(rows), len(cols))
+    return tuple(rows) + (1,) * (length - len(rows)), tuple(cols) + (1,) * (length - len(cols))
+
+
 def _check_features(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -447,7 +457,8 @@ class TTMLinear(_TrainLinear):
     Args:
         in_features, out_features, bias: as ``nn.Linear``.
         in_shape: row modes ``m_k`` (product ``== in_features``); default balanced, padded if needed.
-        out_shape: column modes ``n_k``, the same number as ``in_shape``.
+        out_shape: column modes ``n_k``; when it and ``in_shape`` differ in length, the shorter is padded
+            at the end with modes of size 1 (which change no index), so any two factorisations work.
         rank: max rank per bond (int) or ``d - 1`` ints; clipped to what the shapes allow.
         tau: gate threshold.
         order: contraction order, ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
@@ -480,10 +491,8 @@ class TTMLinear(_TrainLinear):
             in_shape = check_modes(in_shape, in_features, "in_shape")
         if out_shape is not None:
             out_shape = check_modes(out_shape, out_features, "out_shape")
-        if in_shape is not None and out_shape is not None and len(in_shape) != len(out_shape):
-            raise ValueError(
-                f"in_shape and out_shape must have the same length for TTM, got {in_shape} and {out_shape}"
-            )
+        if in_shape is not None and out_shape is not None:
+            in_shape, out_shape = pad_mode_counts(in_shape, out_shape)
         given = in_shape or out_shape
         order_count = len(given) if given else max(auto_order(in_features), auto_order(out_features))
         self.in_shape = in_shape or auto_modes(in_features, order_count)
