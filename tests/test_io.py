@@ -247,7 +247,7 @@ class Other(Net):
 @pytest.mark.parametrize(
     "change, match",
     [
-        ("type", r"module 'mix': expected an Linear .* found a Conv1d"),
+        ("type", r"module 'mix': expected Linear with .* found Conv1d"),
         (
             "size",
             r"module 'mix': expected Linear attributes .*'out_features': 24.*found .*'out_features': 30",
@@ -323,3 +323,22 @@ def test_saves_of_format_1_still_load(tmp_path):
     loaded = load_pretrained(tmp_path, base_model=Net().double())
     ids = torch.randint(0, 40, (3, 7))
     assert torch.equal(loaded(ids), model(ids))
+
+
+def test_registered_model_built_with_layers_loads_after_a_layer_was_removed(tmp_path):
+    @register_model("test-io-built-with-layers")
+    class Built(nn.Sequential):
+        def __init__(self):
+            super().__init__(TTLinear(16, 12, rank=3), nn.Tanh(), TTLinear(12, 4, rank=3))
+            self.comera_model = {"name": "test-io-built-with-layers", "kwargs": {}}
+
+    model = Built()
+    with torch.no_grad():
+        model[0].gates[0].zero_()
+        model[2].gates[0][1:] = 0.0
+    prune_(model)
+    save_pretrained(model, tmp_path)
+    loaded = load_pretrained(tmp_path)
+    x = torch.randn(2, 16)
+    assert type(loaded[0]).__name__ == "RemovedLinear" and loaded[2].max_ranks == model[2].max_ranks
+    assert torch.equal(loaded(x), model(x))

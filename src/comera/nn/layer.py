@@ -125,18 +125,19 @@ class ComeraLayer:
         raise NotImplementedError
 
     def dense_mismatch(self, module: nn.Module) -> str | None:
-        """None if ``module`` is a dense module this layer can stand for (or a layer of the same kind and
-        attributes), else what differs."""
+        """None if ``module`` is a dense module this layer can stand for, or a layer standing for the same
+        dense module (e.g. a ``TTLinear`` where a pruned ``RemovedLinear`` is recorded); else what differs."""
         expected = self.dense_attributes()
-        if type(module) is type(self):
+        wanted = self.dense_type.__name__ if self.dense_type is not None else type(self).__name__
+        if isinstance(module, ComeraLayer) and module.dense_type is self.dense_type:
             found = module.dense_attributes()
         elif self.dense_type is not None and isinstance(module, self.dense_type):
             found = {key: _dense_attribute(module, key) for key in expected}
         else:
-            wanted = self.dense_type.__name__ if self.dense_type is not None else type(self).__name__
-            return f"expected an {wanted} with {expected}, found a {type(module).__name__}"
+            found_type = type(module).__name__
+            return f"expected {wanted} with {expected} (or a layer standing for it), found {found_type}"
         if found != expected:
-            return f"expected {type(self).dense_type.__name__} attributes {expected}, found {found}"
+            return f"expected {wanted} attributes {expected}, found {found}"
         return None
 
     def weight_parameters(self) -> list[nn.Parameter]:
