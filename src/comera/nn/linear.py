@@ -48,6 +48,7 @@ __all__ = ["TTLinear", "TTMLinear"]
 
 DEFAULT_RANK = 16
 _ORDER_CHOICES = ("auto", *ORDERS)
+_INITS = ("tt_svd", "random")
 
 
 def pad_mode_counts(rows: tuple[int, ...], cols: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -64,9 +65,6 @@ def _check_features(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     return value
-
-
-_INITS = ("tt_svd", "random")
 
 
 class _TrainLinear(GatedTrain):
