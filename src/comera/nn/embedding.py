@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from comera.nn.gated import DEFAULT_TAU, GatedTrain, check_float_dtype
+from comera.nn.gated import DEFAULT_TAU, GatedTrain, autocast_output, check_float_dtype
 from comera.nn.layer import ComeraLayer, NameOf, Resolve, register_layer, spec_arguments
 from comera.nn.linear import _INITS, DEFAULT_RANK, pad_mode_counts
 from comera.nn.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLinear
@@ -226,7 +226,7 @@ class _TTMTable(GatedTrain):
             order: ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
 
         Returns:
-            ``(*, num_embeddings)`` logits.
+            ``(*, num_embeddings)`` logits (in the autocast dtype under autocast, as ``nn.Linear``'s).
         """
         if order not in _ORDER_CHOICES:
             raise ValueError(f"order must be one of {_ORDER_CHOICES}, got {order!r}")
@@ -258,8 +258,8 @@ class _TTMTable(GatedTrain):
         if self.padding_idx is not None:
             column = torch.tensor([self.padding_idx], device=logits.device)
             filler = logits.new_zeros(x.shape[0], 1) if bias is None else bias[column].expand(x.shape[0], 1)
-            logits = logits.index_copy(1, column, filler)
-        return logits.reshape(*lead, self.num_embeddings)
+            logits = logits.index_copy(1, column, filler.to(logits.dtype))
+        return autocast_output(logits).reshape(*lead, self.num_embeddings)
 
     @torch.no_grad()
     def _load_table(self, weight: torch.Tensor) -> None:

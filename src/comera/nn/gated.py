@@ -45,6 +45,16 @@ def check_float_dtype(dtype: torch.dtype | None, name: str = "dtype") -> None:
         raise ValueError(f"{name} must be a floating-point torch.dtype (e.g. torch.float32), got {dtype!r}")
 
 
+def autocast_output(output: torch.Tensor) -> torch.Tensor:
+    """``output`` in the autocast dtype when autocast is on for its device, as ``nn.Linear`` returns it;
+    unchanged otherwise. Contraction orders end in different ops (some autocast-eligible, some not), so the
+    layer output is cast once here and its dtype never depends on the order or the batch size."""
+    device_type = output.device.type
+    if output.is_floating_point() and torch.is_autocast_enabled(device_type):
+        return output.to(torch.get_autocast_dtype(device_type))
+    return output
+
+
 def check_tau(tau: float) -> float:
     """Raise ``ValueError`` unless ``tau`` is a finite number >= 0."""
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau < 0:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.nn.gated import DEFAULT_TAU, GatedTrain, check_float_dtype
+from comera.nn.gated import DEFAULT_TAU, GatedTrain, autocast_output, check_float_dtype
 from comera.nn.layer import NameOf, Resolve, register_layer, spec_arguments
 from comera.nn.removed import RemovedLinear
 from comera.tt.cores import core_std, tt_core_shapes, tt_full, ttm_core_shapes, ttm_full
@@ -150,16 +150,17 @@ class _TrainLinear(GatedTrain):
         raise NotImplementedError
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        """``input @ W^T + bias``: ``(*, in_features) -> (*, out_features)``."""
+        """``input @ W^T + bias``: ``(*, in_features) -> (*, out_features)``; under autocast the output has
+        the autocast dtype whatever the contraction order, as ``nn.Linear``'s."""
         self._check_input(input)
         lead = input.shape[:-1]
         if self.shapes_only(input):
             return input.new_empty(*lead, self.out_features)
         x = input.reshape(-1, self.in_features)
         if self._serves_from_cache():
-            return self._from_cache(x).reshape(*lead, self.out_features)
+            return autocast_output(self._from_cache(x)).reshape(*lead, self.out_features)
         order = self._order_for(x.shape[0]) if self.order == "auto" else self.order
-        return self._contract(x, order).reshape(*lead, self.out_features)
+        return autocast_output(self._contract(x, order)).reshape(*lead, self.out_features)
 
     def _serves_from_cache(self) -> bool:
         """Whether this call is answered from an inference cache (see :class:`TTLinear`)."""
