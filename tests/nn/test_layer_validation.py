@@ -78,3 +78,20 @@ def test_table_shapes_of_different_lengths_are_padded_with_size_1_modes():
     assert table.row_shape == (2, 3, 5) and table.col_shape == (8, 1, 1)
     ids = torch.tensor([[0, 2, 29], [7, 7, 13]])
     torch.testing.assert_close(table(ids), dense(ids), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("cls", [TTLinear, TTMLinear])
+@pytest.mark.parametrize("order", ["dense", "merge", "sequential"])
+def test_a_non_finite_input_row_stays_in_its_row_as_documented(cls, order):
+    torch.manual_seed(0)
+    layer = cls(12, 10, in_shape=(3, 4), out_shape=(2, 5), rank=3, order=order, dtype=torch.float64)
+    weight = layer.to_dense().detach()
+    x = torch.randn(4, 12, dtype=torch.float64)
+    x[1, 5] = float("inf")
+    out = layer(x).detach()
+    dense = x @ weight.T + layer.bias.detach()
+    finite_rows = [0, 2, 3]
+    torch.testing.assert_close(out[finite_rows], dense[finite_rows], rtol=1e-10, atol=1e-10)
+    assert not torch.isfinite(out[1]).any()
+    if order == "dense":
+        assert torch.equal(out[1], dense[1])

@@ -6,13 +6,19 @@ where ``W`` (``(out_features, in_features)``, as ``nn.Linear.weight``) is repres
 - ``TTLinear``: a tensor train over ``in_shape + out_shape``: cores ``(r_{k-1}, n_k, r_k)``, the first
   ``len(in_shape)`` carrying input modes, the rest output modes (the paper's layout).
 - ``TTMLinear``: a matrix train: cores ``(r_{k-1}, m_k, n_k, r_k)`` with ``m_k`` from ``in_shape`` and ``n_k``
-  from ``out_shape`` (both of the same length).
+  from ``out_shape`` (a shorter one is padded with size-1 modes to the same length).
 
 When ``in_shape`` / ``out_shape`` are not given they are chosen by :func:`comera.tt.shapes.auto_modes`: a
 balanced factorisation, padded up when the size folds badly (``in_features=97`` folds as ``98 = 7 x 14``).
 The padded rows of ``W`` multiply zeros and padded outputs are sliced off, so padding never changes results.
 The contraction order (:mod:`comera.tt.paths`) is picked per call from the batch size by a cost model, or
 fixed with ``order``.
+
+Non-finite inputs: rows are independent, so a row holding ``inf`` or ``NaN`` never affects another row.
+Within that row every output entry is non-finite: ``order="dense"`` gives what ``nn.Linear`` gives
+(``+-inf``, or ``NaN`` where the weight entry is 0), while the factored orders pass the value through
+``r`` intermediate sums of both signs and generally give ``NaN``. Matching ``nn.Linear`` there would need a
+check of every input (a device sync) on every call; filter inputs with ``torch.isfinite`` where it matters.
 """
 
 from __future__ import annotations
