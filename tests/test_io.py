@@ -342,3 +342,16 @@ def test_registered_model_built_with_layers_loads_after_a_layer_was_removed(tmp_
     x = torch.randn(2, 16)
     assert type(loaded[0]).__name__ == "RemovedLinear" and loaded[2].max_ranks == model[2].max_ranks
     assert torch.equal(loaded(x), model(x))
+
+
+def test_saving_through_a_symlinked_folder_keeps_the_link(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    save_pretrained(_sequential(4), tmp_path / "link")
+    second = _sequential(2)
+    save_pretrained(second, tmp_path / "link")
+    assert (tmp_path / "link").is_symlink()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["link", "real"]
+    loaded = load_pretrained(tmp_path / "real", base_model=nn.Sequential(nn.Linear(32, 64)))
+    x = torch.randn(2, 32)
+    assert torch.equal(loaded(x), second(x))

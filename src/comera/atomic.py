@@ -87,6 +87,8 @@ def atomic_replace_folder(directory: str | os.PathLike, files: Mapping[str, byte
     folder is removed.
     """
     directory = Path(directory)
+    if directory.is_symlink():  # replace the folder the link points to, keep the link
+        directory = directory.resolve()
     for name in files:
         if not name or Path(name).name != name:
             raise ValueError(f"files must map plain file names to bytes, got name {name!r}")

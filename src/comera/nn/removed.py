@@ -63,15 +63,15 @@ class RemovedLayer(ComeraLayer, nn.Module):
 
     def to_dense_module(self, dense_of: Callable[[nn.Module], nn.Module | None] | None = None) -> nn.Module:
         """The dense module (zero weight) with this stand-in's attributes."""
-        dense = self.dense_type(**self.spec_without_kind(), **self._placement())
+        dense = self.dense_type(**self._dense_arguments(), **self._placement())
         with torch.no_grad():
             dense.weight.zero_()
             if getattr(self, "bias", None) is not None:
                 dense.bias.copy_(self.bias)
         return dense.train(self.training)
 
-    def spec_without_kind(self) -> dict[str, Any]:
-        """The constructor arguments of the spec (shared by the stand-in and its dense module)."""
+    def _dense_arguments(self) -> dict[str, Any]:
+        """The spec without its kind: the constructor arguments the stand-in and its dense module share."""
         return {key: value for key, value in self.spec().items() if key != "kind"}
 
 
