@@ -268,7 +268,7 @@ class _TrainLinear(GatedTrain):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         resolve: Resolve | None = None,
-    ):
+    ) -> _TrainLinear:
         """A fresh layer with the sizes, shapes, stored ranks and settings recorded in ``spec``."""
         arguments = spec_arguments(cls, spec)
         return cls(
@@ -280,7 +280,7 @@ class _TrainLinear(GatedTrain):
         )
 
     @classmethod
-    def from_dense(cls, module: nn.Module, *, init: str = "tt_svd", **options: Any):
+    def from_dense(cls, module: nn.Module, *, init: str = "tt_svd", **options: Any) -> _TrainLinear:
         """The layer standing for the ``nn.Linear`` ``module``: its sizes, bias (copied), device, dtype and
         training mode; cores by TT-SVD of its weight (``init="tt_svd"``) or random at the weight's scale
         (``init="random"``). ``options``: constructor keywords (shapes, rank, tau, order)."""
