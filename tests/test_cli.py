@@ -80,3 +80,58 @@ def test_report_and_plot_fail_cleanly_on_missing_folders(tmp_path, capsys):
     assert main(["plot", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert "comera_config.json" in err and "metrics" in err
+
+
+def _run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "comera.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def _saved_unregistered_model(directory):
+    import torch
+    from torch import nn
+
+    from comera import prune_, save_pretrained, tensorize_
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Embedding(40, 12), nn.Linear(12, 12), nn.ReLU(), nn.Linear(12, 20), nn.Linear(12, 40)
+    )
+    model[4].weight = model[0].weight  # a head tied to the table
+    tensorize_(model, rank=3, embeddings=True, target_modules=["1", "3"])
+    with torch.no_grad():
+        model[1].gates[0][1:] = 0.0
+        model[3].gates[1].zero_()
+    prune_(model)
+    save_pretrained(model, directory)
+    return model
+
+
+def test_report_works_in_a_fresh_process_for_an_unregistered_model(tmp_path):
+    """A new process has an empty model registry; the report needs only the recorded layers."""
+    from comera import compression_report
+
+    model = _saved_unregistered_model(tmp_path)
+    result = _run_cli("report", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(compression_report(model))
+
+
+def test_report_of_a_run_folder_shows_the_model_and_the_results(tmp_path):
+    import json
+
+    from comera import compression_report
+
+    model = _saved_unregistered_model(tmp_path / "model")
+    (tmp_path / "results.json").write_text(json.dumps({"eval": {"accuracy": 0.75}, "steps": 10}))
+    result = _run_cli("report", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert str(compression_report(model)) in result.stdout
+    assert "eval.accuracy: 0.75" in result.stdout and "steps: 10" in result.stdout
+    (tmp_path / "results.json").unlink()
+    assert (
+        _run_cli("report", str(tmp_path))
+        .stdout.strip()
+        .endswith(str(compression_report(model)).splitlines()[-1])
+    )

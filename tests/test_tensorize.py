@@ -232,3 +232,56 @@ def test_roberta_for_masked_lm_keeps_its_head_tied():
     ids = torch.randint(3, 1000, (2, 10))
     loss, grads = _train_one_step(model, {"input_ids": ids, "labels": ids})
     assert torch.isfinite(loss) and all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+class SharedModule(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = self.a
+        self.c = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.c(self.b(torch.tanh(self.a(x))))
+
+
+def test_a_module_reachable_under_two_names_becomes_one_layer_under_both():
+    torch.manual_seed(0)
+    model = SharedModule().double()
+    x = torch.randn(3, 16, dtype=torch.float64)
+    before = model(x)
+    tensorize_(model, rank=64, init="tt_svd")
+    assert isinstance(model.a, TTLinear) and model.a is model.b
+    torch.testing.assert_close(model(x), before, rtol=1e-9, atol=1e-9)
+    assert sum(isinstance(m, TTLinear) for m in model.modules()) == 2
+    untensorize_(model)
+    assert isinstance(model.a, nn.Linear) and model.a is model.b
+    torch.testing.assert_close(model(x), before, rtol=1e-9, atol=1e-9)
+
+
+def test_selecting_one_name_of_a_shared_module_converts_it_everywhere():
+    model = tensorize_(SharedModule(), target_modules=["b"], rank=2)
+    assert isinstance(model.a, TTLinear) and model.a is model.b and isinstance(model.c, nn.Linear)
+
+
+def test_excluding_one_name_of_a_shared_module_while_selecting_another_is_refused():
+    model = SharedModule()
+    with pytest.raises(ValueError, match=r"'a' is the same module as 'b'.*every name or none"):
+        tensorize_(model, exclude_modules=["b"], rank=2)
+    assert isinstance(model.a, nn.Linear)
+
+
+def test_linears_sharing_a_weight_parameter_are_refused_naming_both():
+    model = SharedModule()
+    model.b = nn.Linear(16, 16)
+    model.b.weight = model.a.weight
+    with pytest.raises(ValueError, match=r"'a' shares its weight Parameter with 'b'"):
+        tensorize_(model, rank=2)
+    assert type(model.a) is type(model.b) is nn.Linear and model.a.weight is model.b.weight
+
+
+def test_a_head_tied_to_an_unconverted_embedding_is_refused():
+    model = TinyLM()
+    with pytest.raises(ValueError, match=r"'head' shares its weight Parameter with 'embed'"):
+        tensorize_(model, target_modules=["head"], rank=2)
+    assert model.head.weight is model.embed.weight

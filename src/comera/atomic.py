@@ -1,18 +1,27 @@
-"""Atomic file writes: a temporary file in the target folder, fsync, ``os.replace``, then a folder fsync.
+"""Atomic writes of a file, or of a set of files that must change together.
 
-A reader (or a resumed run) sees either the old file or the complete new one, never a partial write, even
-if the process is killed mid-write.
+A file: a temporary file in the target folder, fsync, ``os.replace``, then a folder fsync. A set of files
+(:func:`atomic_replace_folder`): a new folder beside the target holding the new files (and links to the
+target's other entries), swapped with the target in one ``renameat2(RENAME_EXCHANGE)`` where the system has
+it. A reader (or a resumed run) sees either the old files or the complete new ones, never a partial write,
+even if the process is killed mid-write.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write", "atomic_write_bytes"]
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_replace_folder"]
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -48,3 +57,87 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """:func:`atomic_write` of a bytes payload."""
     return atomic_write(path, lambda file: file.write(data))
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths in one step (Linux ``renameat2``); False where the system cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    result = renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE)
+    return result == 0
+
+
+def atomic_replace_folder(directory: str | os.PathLike, files: Mapping[str, bytes]) -> Path:
+    """Make ``directory`` hold ``files`` (``{file name: content}``) in one step; returns it as a ``Path``.
+
+    The new files are written and synced into a temporary folder in the same parent, beside hard links (or
+    copies) of the folder's other entries, and the two folders are exchanged atomically; the old folder is
+    then deleted. Where the system has no atomic exchange, the old folder is renamed aside just before the
+    new one is renamed in. On any error before the exchange, ``directory`` is unchanged and the temporary
+    folder is removed.
+    """
+    directory = Path(directory)
+    if directory.is_symlink():  # replace the folder the link points to, keep the link
+        directory = directory.resolve()
+    for name in files:
+        if not name or Path(name).name != name:
+            raise ValueError(f"files must map plain file names to bytes, got name {name!r}")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = directory.parent / f".{directory.name}.{uuid.uuid4().hex}.tmp"
+    staging.mkdir()  # the process's umask applies, as for a folder made by mkdir
+    try:
+        if directory.is_dir():
+            shutil.copymode(directory, staging)
+            for entry in directory.iterdir():
+                if entry.name in files:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.copytree(entry, staging / entry.name, symlinks=True, copy_function=_link_or_copy)
+                elif entry.is_symlink():
+                    os.symlink(os.readlink(entry), staging / entry.name)
+                else:
+                    _link_or_copy(str(entry), str(staging / entry.name))
+        elif directory.exists():
+            raise NotADirectoryError(f"{directory} exists and is not a folder")
+        for name, data in files.items():
+            with open(staging / name, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+        _fsync_directory(staging)
+        if not directory.exists():
+            os.rename(staging, directory)
+            staging = None
+        elif _exchange(staging, directory):
+            pass
+        else:
+            _swap_aside(directory, staging)
+            staging = None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    _fsync_directory(directory.parent)
+    return directory
+
+
+def _swap_aside(directory: Path, staging: Path) -> None:
+    """Rename ``directory`` aside, ``staging`` in its place, then delete the old one (restored on failure)."""
+    aside = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".old"))
+    os.rename(directory, aside / "old")
+    try:
+        os.rename(staging, directory)
+    except BaseException:
+        os.rename(aside / "old", directory)
+        aside.rmdir()
+        raise
+    shutil.rmtree(aside, ignore_errors=True)

@@ -19,15 +19,14 @@ def _run_module(module: str, rest: list[str]) -> int:
 
 
 def _report(directory: str) -> int:
-    from comera.io import load_pretrained
-    from comera.report import compression_report
+    from comera.report import describe_folder
 
     try:
-        model = load_pretrained(directory)
+        text = describe_folder(directory)
     except (FileNotFoundError, ValueError) as error:
         print(f"comera report: {error}", file=sys.stderr)
         return 2
-    print(compression_report(model))
+    print(text)
     return 0
 
 
@@ -53,8 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("train", help="train a workload: comera train WORKLOAD --help", add_help=False)
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
     bench.add_argument("name", choices=BENCHMARKS)
-    report = sub.add_parser("report", help="print the compression report of a saved model directory")
-    report.add_argument("directory", help="a folder written by comera.save_pretrained")
+    report = sub.add_parser(
+        "report", help="print the compression report of a saved model folder or a training run folder"
+    )
+    report.add_argument(
+        "directory", help="a folder written by comera.save_pretrained, or a run folder of comera train"
+    )
     plot = sub.add_parser("plot", help="write the PNG plots of a training run")
     plot.add_argument("run_dir", help="a run folder holding metrics.jsonl")
     plot.add_argument("--out", default=None, help="output folder (default: the run folder)")

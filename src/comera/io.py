@@ -1,21 +1,29 @@
 """Save and load tensorized models: ``comera_config.json`` plus ``model.safetensors``, never pickle.
 
-The JSON records the library version, the tensorize configs applied, the dtype, and every tensorized layer
-with its shapes and *current* stored ranks (after :func:`comera.prune_` these are the pruned ranks), so
-loading rebuilds each layer with exactly the shapes of the saved tensors. Loading re-applies those layers to
-``base_model`` (the untensorized model, e.g. a Hugging Face model built from its config), or builds the
-comera model the config names (models register themselves with :func:`register_model` and carry their
-constructor arguments in a ``comera_model`` attribute ``{"name": ..., "kwargs": {...}}``).
+The JSON records the library version, the tensorize configs applied, the dtype, and every comera layer's
+spec (:mod:`comera.nn.layer`: its kind and constructor attributes, with the *current* stored ranks; after
+:func:`comera.prune_` these are the pruned ranks), so loading rebuilds each layer with exactly the shapes of
+the saved tensors. Loading re-applies those layers to ``base_model`` (the untensorized model, e.g. a Hugging
+Face model built from its config), or builds the comera model the config names (models register
+themselves with :func:`register_model` and carry their constructor arguments in a ``comera_model``
+attribute ``{"name": ..., "kwargs": {...}}``).
 
-Both files are written atomically (temporary file, fsync, ``os.replace``); the config is written last.
-Shared tensors (a tied head and its embedding) are stored once and listed under ``"aliases"``.
+Transactions. A save encodes and checks everything first, writes both files into a new folder beside the
+target and swaps it in (:func:`comera.atomic.atomic_replace_folder`): the folder holds the complete old save
+or the complete new one, whatever fails. A load reads and checks the config, every weight's key and shape,
+and every recorded module of the base model before it changes the base model; on any error the base model
+is left as it was.
+
+Shared tensors (a tied head and its embedding) are stored once and listed under ``"aliases"``; the keys of
+persistent buffers are listed under ``"buffers"`` (so that reports can count parameters from the files).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +33,10 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
-from comera.atomic import atomic_write_bytes
-from comera.nn.embedding import TTMEmbedding, TTMEmbeddingBag, TTMTiedHead
-from comera.nn.gated import GatedTrain
-from comera.nn.linear import TTLinear, TTMLinear
-from comera.nn.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLayer, RemovedLinear
-from comera.tensorize import CONFIG_ATTRIBUTE, set_submodule, tensorize_configs, unwrap_model
+from comera.atomic import atomic_replace_folder
+from comera.modules import replace_module, state_shapes, unwrap_model
+from comera.nn.layer import is_layer, layer_type
+from comera.tensorize import CONFIG_ATTRIBUTE, tensorize_configs
 from comera.tensorize_config import TensorizeConfig
 from comera.version import __version__
 
@@ -39,16 +45,21 @@ __all__ = [
     "WEIGHTS_NAME",
     "FORMAT_VERSION",
     "MODEL_ATTRIBUTE",
+    "SavedModel",
     "register_model",
     "save_pretrained",
     "load_pretrained",
+    "read_saved",
+    "rebuild_layers",
 ]
 
 CONFIG_NAME = "comera_config.json"
 WEIGHTS_NAME = "model.safetensors"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MODEL_ATTRIBUTE = "comera_model"
 _REQUIRED_KEYS = ("format_version", "library_version", "dtype", "layers", "tensorize_configs", "aliases")
+# format 1 named the kind "type" and the stored ranks "ranks", and recorded "active_ranks" beside them
+_FORMAT_1_KEYS = {"type": "kind", "ranks": "rank"}
 
 _MODEL_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 
@@ -63,67 +74,6 @@ def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[.
         return builder
 
     return register
-
-
-def _module_names(root: nn.Module) -> dict[int, str]:
-    return {id(module): name for name, module in root.named_modules()}
-
-
-def _layer_spec(module: nn.Module, names: dict[int, str]) -> dict[str, Any]:
-    kind = type(module).__name__
-    if isinstance(module, (TTLinear, TTMLinear)):
-        return {
-            "type": kind,
-            "in_features": module.in_features,
-            "out_features": module.out_features,
-            "bias": module.bias is not None,
-            "in_shape": list(module.in_shape),
-            "out_shape": list(module.out_shape),
-            "ranks": list(module.max_ranks),
-            "active_ranks": list(module.ranks),
-            "tau": module.tau,
-            "order": module.order,
-        }
-    if isinstance(module, RemovedLinear):
-        return {
-            "type": kind,
-            "in_features": module.in_features,
-            "out_features": module.out_features,
-            "bias": module.bias is not None,
-        }
-    if isinstance(module, RemovedEmbeddingBag):
-        return {
-            "type": kind,
-            "num_embeddings": module.num_embeddings,
-            "embedding_dim": module.embedding_dim,
-            "mode": module.mode,
-            "include_last_offset": module.include_last_offset,
-            "padding_idx": module.padding_idx,
-        }
-    if isinstance(module, RemovedEmbedding):
-        return {"type": kind, "num_embeddings": module.num_embeddings, "embedding_dim": module.embedding_dim}
-    if isinstance(module, TTMTiedHead):
-        return {"type": kind, "embedding": names[id(module.embedding)], "bias": module.bias is not None}
-    if isinstance(module, GatedTrain) and hasattr(module, "num_embeddings"):
-        return _embedding_spec(module)
-    raise TypeError(f"cannot save a {kind}: no layer spec for this type")
-
-
-def _embedding_spec(module: GatedTrain) -> dict[str, Any]:
-    spec = {
-        "type": type(module).__name__,
-        "num_embeddings": module.num_embeddings,
-        "embedding_dim": module.embedding_dim,
-        "row_shape": list(module.row_shape),
-        "col_shape": list(module.col_shape),
-        "ranks": list(module.max_ranks),
-        "active_ranks": list(module.ranks),
-        "tau": module.tau,
-    }
-    for optional in ("padding_idx", "lookup", "mode", "include_last_offset"):
-        if hasattr(module, optional):
-            spec[optional] = getattr(module, optional)
-    return spec
 
 
 def _dedupe(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -153,21 +103,34 @@ def _model_dtype(root: nn.Module) -> str:
     return str(first.dtype if first is not None else torch.get_default_dtype()).removeprefix("torch.")
 
 
+def _layer_specs(root: nn.Module) -> dict[str, dict[str, Any]]:
+    """``{name: spec}`` of every comera layer under ``root`` (each once, under its first name)."""
+    first_names = {id(module): name for name, module in root.named_modules()}
+
+    def name_of(module: nn.Module) -> str:
+        if id(module) not in first_names:
+            raise ValueError(f"a layer refers to a {type(module).__name__} that is not part of the model")
+        return first_names[id(module)]
+
+    return {name: module.spec(name_of) for name, module in root.named_modules() if name and is_layer(module)}
+
+
 def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
     """Write ``comera_config.json`` and ``model.safetensors`` for ``model`` into ``directory``.
 
-    Returns the directory as a ``Path``. The model is not modified.
+    One transaction: the config and weights are encoded and checked before anything is written, then both
+    files replace the folder's old save at once (other files in the folder are kept). Returns the directory
+    as a ``Path``. The model is not modified.
+
+    Raises:
+        TypeError: the config (e.g. the model's ``comera_model`` kwargs) is not JSON-serializable. ValueError:
+            a layer cannot describe itself. Either way ``directory`` is unchanged.
     """
     root = unwrap_model(model)
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    names = _module_names(root)
-    layers = {
-        name: _layer_spec(module, names)
-        for name, module in root.named_modules()
-        if isinstance(module, (GatedTrain, RemovedLayer, TTMTiedHead))
-    }
-    tensors, aliases = _dedupe(root.state_dict())
+    state = root.state_dict()
+    parameter_keys = {name for name, _ in root.named_parameters(remove_duplicate=False)}
+    tensors, aliases = _dedupe(state)
     config = {
         "format_version": FORMAT_VERSION,
         "library": "comera",
@@ -176,12 +139,77 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
         "model": getattr(root, MODEL_ATTRIBUTE, None),
         "model_class": f"{type(root).__module__}.{type(root).__qualname__}",
         "tensorize_configs": [config.to_dict() for config in tensorize_configs(root)],
-        "layers": layers,
+        "layers": _layer_specs(root),
         "aliases": aliases,
+        "buffers": [key for key in state if key not in parameter_keys],
     }
-    atomic_write_bytes(directory / WEIGHTS_NAME, save_safetensors(tensors, metadata={"format": "pt"}))
-    atomic_write_bytes(directory / CONFIG_NAME, (json.dumps(config, indent=2) + "\n").encode())
-    return directory
+    try:
+        text = json.dumps(config, indent=2, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"cannot save to {directory}: the config is not JSON-serializable ({error}); check the model's "
+            f"{MODEL_ATTRIBUTE!r} attribute; nothing was written"
+        ) from None
+    _check_config(json.loads(text), directory / CONFIG_NAME)
+    weights = save_safetensors(tensors, metadata={"format": "pt"})
+    return atomic_replace_folder(directory, {WEIGHTS_NAME: weights, CONFIG_NAME: text.encode()})
+
+
+def _upgrade_format_1(layers: dict[str, Any]) -> dict[str, Any]:
+    upgraded = {}
+    for name, spec in layers.items():
+        if isinstance(spec, dict):
+            spec = {
+                _FORMAT_1_KEYS.get(key, key): value for key, value in spec.items() if key != "active_ranks"
+            }
+        upgraded[name] = spec
+    return upgraded
+
+
+def _check_config(config: object, path: Path) -> dict[str, Any]:
+    """``config`` if it is a well-formed comera config; ``ValueError`` naming ``path`` and the key if not."""
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object at the top level")
+    for key in _REQUIRED_KEYS:
+        if key not in config:
+            raise ValueError(f"{path}: missing key {key!r}")
+    version = config["format_version"]
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: key 'format_version' is {version!r}; comera {__version__} reads versions 1 to "
+            f"{FORMAT_VERSION}"
+        )
+    if not isinstance(config["dtype"], str) or not isinstance(
+        getattr(torch, config["dtype"], None), torch.dtype
+    ):
+        raise ValueError(f"{path}: key 'dtype' is {config['dtype']!r}, not a torch dtype name")
+    aliases = config["aliases"]
+    if not isinstance(aliases, dict) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in aliases.items()
+    ):
+        raise ValueError(f"{path}: key 'aliases' must be an object {{tensor name: stored tensor name}}")
+    buffers = config.get("buffers", [])
+    if not isinstance(buffers, list) or not all(isinstance(key, str) for key in buffers):
+        raise ValueError(f"{path}: key 'buffers' must be a list of tensor names")
+    if not isinstance(config["layers"], dict):
+        raise ValueError(f"{path}: key 'layers' must be an object {{module name: layer spec}}")
+    if version == 1:
+        config = {**config, "layers": _upgrade_format_1(config["layers"])}
+    for name, spec in config["layers"].items():
+        if not isinstance(spec, dict) or "kind" not in spec:
+            raise ValueError(f"{path}: key 'layers.{name}': a layer spec must be an object with a 'kind'")
+        try:
+            layer_type(spec["kind"])
+        except ValueError as error:
+            raise ValueError(f"{path}: key 'layers.{name}.kind': {error}") from None
+    if not isinstance(config["tensorize_configs"], list):
+        raise ValueError(f"{path}: key 'tensorize_configs' must be a list")
+    try:
+        for entry in config["tensorize_configs"]:
+            TensorizeConfig.from_dict(entry)
+    except (ValueError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path}: key 'tensorize_configs': {error}") from None
+    return config
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -191,19 +219,83 @@ def _read_config(path: Path) -> dict[str, Any]:
         config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: expected a JSON object at the top level")
-    for key in _REQUIRED_KEYS:
-        if key not in config:
-            raise ValueError(f"{path}: missing key {key!r}")
-    if not isinstance(config["format_version"], int) or config["format_version"] > FORMAT_VERSION:
-        raise ValueError(
-            f"{path}: key 'format_version' is {config['format_version']!r}; comera {__version__} reads "
-            f"versions up to {FORMAT_VERSION}"
-        )
-    if not isinstance(config["layers"], dict):
-        raise ValueError(f"{path}: key 'layers' must be an object {{module name: layer spec}}")
-    return config
+    return _check_config(config, path)
+
+
+def _read_weights(path: Path, aliases: Mapping[str, str]) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: weights file not found")
+    try:
+        tensors = load_safetensors(path.read_bytes())
+    except (SafetensorError, ValueError) as error:
+        raise ValueError(f"{path}: not a readable safetensors file, truncated or corrupt ({error})") from None
+    for alias, source in aliases.items():
+        if source not in tensors:
+            raise ValueError(f"{path}: key {source!r} (aliased by {alias!r}) is missing")
+        tensors[alias] = tensors[source]
+    return tensors
+
+
+@dataclass(frozen=True)
+class SavedModel:
+    """What a :func:`save_pretrained` folder holds, read and checked: the config (format upgraded) and every
+    tensor by name (aliases included, sharing the stored tensor)."""
+
+    directory: Path
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's recorded dtype."""
+        return getattr(torch, self.config["dtype"])
+
+    def stored_name(self, key: str) -> str:
+        """The name under which tensor ``key`` is stored (itself unless it is an alias)."""
+        return self.config["aliases"].get(key, key)
+
+
+def read_saved(directory: str | os.PathLike) -> SavedModel:
+    """Read and check a :func:`save_pretrained` folder without building any model.
+
+    Raises:
+        FileNotFoundError: a file is missing. ValueError: a file is corrupt or truncated (naming it and the
+            key).
+    """
+    directory = Path(directory)
+    config = _read_config(directory / CONFIG_NAME)
+    tensors = _read_weights(directory / WEIGHTS_NAME, config["aliases"])
+    return SavedModel(directory, config, tensors)
+
+
+def _in_spec_order(layers: Mapping[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Layers that refer to others (a tied head) after the ones they refer to."""
+    return sorted(layers.items(), key=lambda item: bool(layer_type(item[1]["kind"]).spec_references(item[1])))
+
+
+def rebuild_layers(
+    config: Mapping[str, Any],
+    path: Path,
+    placement: Callable[[str], tuple[torch.device, torch.dtype]],
+) -> dict[str, nn.Module]:
+    """Fresh layers from the specs of a checked config, ``{name: layer}``; ``placement(name)`` gives each
+    layer's device and dtype. ``ValueError`` naming ``path`` and the layer's key when a spec is invalid."""
+    built: dict[str, nn.Module] = {}
+
+    def resolve(name: str) -> nn.Module:
+        if name not in built:
+            raise ValueError(f"it refers to {name!r}, which is not a recorded layer")
+        return built[name]
+
+    for name, spec in _in_spec_order(config["layers"]):
+        try:
+            device, dtype = placement(name)
+            built[name] = layer_type(spec["kind"]).from_spec(
+                spec, device=device, dtype=dtype, resolve=resolve
+            )
+        except (KeyError, ValueError, TypeError) as error:
+            raise ValueError(f"{path}: key 'layers.{name}': cannot rebuild the layer ({error})") from None
+    return built
 
 
 def _build_base(config: dict[str, Any], path: Path) -> nn.Module:
@@ -219,123 +311,55 @@ def _build_base(config: dict[str, Any], path: Path) -> nn.Module:
             f"{path}: key 'model.name' is {spec['name']!r}, not a registered model; registered: "
             f"{sorted(_MODEL_REGISTRY)}"
         )
-    model = builder(**spec.get("kwargs", {}))
+    kwargs = spec.get("kwargs", {})
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"{path}: key 'model.kwargs' must be an object of keyword arguments")
+    model = builder(**kwargs)
     setattr(model, MODEL_ATTRIBUTE, spec)
     return model
 
 
-def _placement(root: nn.Module, name: str, default_dtype: torch.dtype) -> tuple[torch.device, torch.dtype]:
-    try:
-        module = root.get_submodule(name)
-    except AttributeError:
-        module = None
-    tensor = None if module is None else next(iter(module.parameters()), None)
-    if tensor is None:
-        tensor = next(iter(root.parameters()), None)
-    if tensor is None:
-        return torch.device("cpu"), default_dtype
-    return tensor.device, tensor.dtype if tensor.is_floating_point() else default_dtype
-
-
-def _build_layer(spec: dict[str, Any], device, dtype, root: nn.Module) -> nn.Module:
-    kind = spec["type"]
-    if kind in ("TTLinear", "TTMLinear"):
-        cls = TTLinear if kind == "TTLinear" else TTMLinear
-        return cls(
-            spec["in_features"],
-            spec["out_features"],
-            bias=spec["bias"],
-            in_shape=spec["in_shape"],
-            out_shape=spec["out_shape"],
-            rank=tuple(spec["ranks"]),
-            tau=spec["tau"],
-            order=spec["order"],
-            device=device,
-            dtype=dtype,
-        )
-    if kind == "RemovedLinear":
-        return RemovedLinear(
-            spec["in_features"], spec["out_features"], spec["bias"], device=device, dtype=dtype
-        )
-    if kind == "RemovedEmbeddingBag":
-        return RemovedEmbeddingBag(
-            spec["num_embeddings"],
-            spec["embedding_dim"],
-            spec["mode"],
-            include_last_offset=spec["include_last_offset"],
-            padding_idx=spec["padding_idx"],
-            device=device,
-            dtype=dtype,
-        )
-    if kind == "RemovedEmbedding":
-        return RemovedEmbedding(spec["num_embeddings"], spec["embedding_dim"], device=device, dtype=dtype)
-    if kind == "TTMTiedHead":
-        return TTMTiedHead(root.get_submodule(spec["embedding"]), bias=spec["bias"])
-    if kind in ("TTMEmbedding", "TTMEmbeddingBag"):
-        cls = TTMEmbedding if kind == "TTMEmbedding" else TTMEmbeddingBag
-        options = {k: spec[k] for k in ("padding_idx", "lookup", "mode", "include_last_offset") if k in spec}
-        return cls(
-            spec["num_embeddings"],
-            spec["embedding_dim"],
-            row_shape=spec["row_shape"],
-            col_shape=spec["col_shape"],
-            rank=tuple(spec["ranks"]),
-            tau=spec["tau"],
-            device=device,
-            dtype=dtype,
-            **options,
-        )
-    raise ValueError(f"unknown layer type {kind!r}")
-
-
-def _apply_layers(root: nn.Module, config: dict[str, Any], path: Path) -> None:
-    recorded = getattr(torch, config["dtype"], None)
-    if not isinstance(recorded, torch.dtype):
-        raise ValueError(f"{path}: key 'dtype' is {config['dtype']!r}, not a torch dtype")
-    ordered = sorted(config["layers"].items(), key=lambda item: item[1].get("type") == "TTMTiedHead")
-    for name, spec in ordered:
+def _recorded_modules(root: nn.Module, config: dict[str, Any], path: Path) -> dict[str, nn.Module]:
+    """The base model's module at every recorded layer name; ``ValueError`` naming a missing one."""
+    found = {}
+    for name, spec in config["layers"].items():
         try:
-            if not isinstance(spec, dict) or "type" not in spec:
-                raise ValueError("a layer spec must be an object with a 'type'")
-            device, dtype = _placement(root, name, recorded)
-            layer = _build_layer(spec, device, dtype, root)
-            set_submodule(root, name, layer)
-        except (KeyError, ValueError, TypeError, AttributeError) as error:
-            raise ValueError(f"{path}: key 'layers.{name}': cannot rebuild the layer ({error!r})") from None
-
-
-def _read_weights(path: Path, aliases: dict[str, str]) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: weights file not found")
-    try:
-        tensors = load_safetensors(path.read_bytes())
-    except (SafetensorError, ValueError) as error:
-        raise ValueError(f"{path}: not a readable safetensors file, truncated or corrupt ({error})") from None
-    for alias, source in aliases.items():
-        if source not in tensors:
-            raise ValueError(f"{path}: key {source!r} (aliased by {alias!r}) is missing")
-        tensors[alias] = tensors[source]
-    return tensors
-
-
-def _load_state(root: nn.Module, tensors: dict[str, torch.Tensor], path: Path) -> None:
-    expected = root.state_dict()
-    for key, value in expected.items():
-        if key not in tensors:
-            raise ValueError(f"{path}: missing key {key!r} (expected shape {tuple(value.shape)})")
-        if tuple(tensors[key].shape) != tuple(value.shape):
+            found[name] = root.get_submodule(name)
+        except AttributeError:
             raise ValueError(
-                f"{path}: key {key!r} has shape {tuple(tensors[key].shape)}, "
-                f"the model expects {tuple(value.shape)}"
+                f"{path}: key 'layers.{name}': the base model has no module {name!r} (recorded: a "
+                f"{spec['kind']}); pass the untensorized model this save was made from"
+            ) from None
+    return found
+
+
+def _placement_of(module: nn.Module, default: torch.dtype) -> tuple[torch.device, torch.dtype]:
+    tensor = next(iter(module.parameters()), None)
+    if tensor is None:
+        return torch.device("cpu"), default
+    return tensor.device, tensor.dtype if tensor.is_floating_point() else default
+
+
+def _check_state(expected: Mapping[str, torch.Size], tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+    for key, shape in expected.items():
+        if key not in tensors:
+            raise ValueError(f"{path}: missing key {key!r} (expected shape {tuple(shape)})")
+        if tuple(tensors[key].shape) != tuple(shape):
+            raise ValueError(
+                f"{path}: key {key!r} has shape {tuple(tensors[key].shape)}, the model expects {tuple(shape)}"
             )
     unexpected = sorted(set(tensors) - set(expected))
     if unexpected:
         raise ValueError(f"{path}: unexpected key {unexpected[0]!r} (and {len(unexpected) - 1} more)")
-    root.load_state_dict(tensors, strict=True)
 
 
 def load_pretrained(directory: str | os.PathLike, base_model: nn.Module | None = None) -> nn.Module:
     """Rebuild a model saved by :func:`save_pretrained` and load its weights.
+
+    Everything is checked before ``base_model`` is changed: the config, every weight's key and shape, and
+    the base model's module at every recorded name (it must exist and be the dense module the recorded
+    layer stands for, e.g. an ``nn.Linear`` of the recorded sizes, or a layer of the recorded kind). On any
+    error ``base_model`` is left as it was. A module reachable under several names is replaced under all.
 
     Args:
         directory: the folder holding ``comera_config.json`` and ``model.safetensors``.
@@ -347,21 +371,36 @@ def load_pretrained(directory: str | os.PathLike, base_model: nn.Module | None =
 
     Raises:
         FileNotFoundError: a file is missing. ValueError: a file is corrupt, truncated, or does not match the
-            model; the message names the file and the key.
+            model; the message names the file and the key or module.
     """
-    directory = Path(directory)
-    config_path = directory / CONFIG_NAME
-    config = _read_config(config_path)
+    saved = read_saved(directory)
+    config_path, weights_path = saved.directory / CONFIG_NAME, saved.directory / WEIGHTS_NAME
+    config = saved.config
     model = _build_base(config, config_path) if base_model is None else base_model
     root = unwrap_model(model)
     if base_model is None:
-        root.to(getattr(torch, str(config["dtype"]), torch.float32))
-    _apply_layers(root, config, config_path)
+        root.to(saved.dtype)
+    found = _recorded_modules(root, config, config_path)
+    layers = rebuild_layers(config, config_path, lambda name: _placement_of(found[name], saved.dtype))
+    for name, layer in layers.items():
+        mismatch = layer.dense_mismatch(found[name])
+        if mismatch is not None:
+            raise ValueError(
+                f"{config_path}: key 'layers.{name}': the base model's module {name!r}: {mismatch}"
+            )
+    swaps = {id(found[name]): layer for name, layer in layers.items()}
+    _check_state(state_shapes(root, swaps), saved.tensors, weights_path)
+    configs = tuple(TensorizeConfig.from_dict(entry) for entry in config["tensorize_configs"])
+    done: list[tuple[nn.Module, nn.Module]] = []
     try:
-        configs = tuple(TensorizeConfig.from_dict(entry) for entry in config["tensorize_configs"])
-    except (ValueError, TypeError) as error:
-        raise ValueError(f"{config_path}: key 'tensorize_configs': {error}") from None
+        for name, layer in layers.items():
+            replace_module(root, found[name], layer)
+            done.append((found[name], layer))
+        root.load_state_dict(saved.tensors, strict=True)
+    except BaseException:
+        for old, new in reversed(done):
+            replace_module(root, new, old)
+        raise
     if configs:
         setattr(root, CONFIG_ATTRIBUTE, configs)
-    _load_state(root, _read_weights(directory / WEIGHTS_NAME, config["aliases"]), directory / WEIGHTS_NAME)
     return model

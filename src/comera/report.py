@@ -1,5 +1,10 @@
 """``compression_report(model)``: per-layer ranks and exact parameter counts, whole model and tensorized part.
 
+``saved_compression_report(directory)`` gives the same report for a :func:`comera.save_pretrained` folder
+without the model's class: the recorded layer specs are rebuilt (:mod:`comera.nn.layer`) and loaded from
+the weights file, and the other parameters are counted from the file. ``describe_folder`` adds a training
+run folder (a ``model/`` save and ``results.json``), for ``comera report``.
+
 Counts are exact entries of the active-rank model (docs/method.md section 4): a gated layer holds
 ``sum_k c_k r_{k-1} r_k`` core entries at its active ranks, 0 with a dead bond; gates are not counted (they
 fold into the cores on export). Every other parameter counts its ``numel``, shared parameters once. "Dense"
@@ -8,17 +13,31 @@ counts replace each tensorized layer by the dense weight it stands for. MiB are 
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from torch import nn
 
-from comera.nn.gated import GatedTrain
-from comera.nn.removed import RemovedLayer
+from comera.io import CONFIG_NAME, SavedModel, read_saved, rebuild_layers
+from comera.modules import unwrap_model
+from comera.nn.layer import is_layer
 from comera.rank.size import mib
-from comera.tensorize import unwrap_model
 
-__all__ = ["LayerReport", "CompressionReport", "compression_report"]
+__all__ = [
+    "LayerReport",
+    "CompressionReport",
+    "compression_report",
+    "saved_compression_report",
+    "describe_folder",
+    "RUN_MODEL_DIR",
+    "RESULTS_NAME",
+]
+
+RUN_MODEL_DIR = "model"
+RESULTS_NAME = "results.json"
 
 
 def _ratio(dense: int, params: int) -> float:
@@ -112,50 +131,109 @@ class CompressionReport:
         return "\n".join([line(header), rule, *map(line, rows), rule, *totals])
 
 
-def _shapes(module: nn.Module) -> tuple[tuple[int, ...], ...]:
-    for first, second in (("in_shape", "out_shape"), ("row_shape", "col_shape")):
-        if hasattr(module, first) and hasattr(module, second):
-            return (tuple(getattr(module, first)), tuple(getattr(module, second)))
-    if isinstance(module, GatedTrain):
-        cores = list(module.cores)
-        if cores[0].dim() == 4:
-            return (tuple(c.shape[1] for c in cores), tuple(c.shape[2] for c in cores))
-        return (tuple(c.shape[1] for c in cores),)
-    if hasattr(module, "in_features"):
-        return ((module.in_features,), (module.out_features,))
-    return ((module.num_embeddings,), (module.embedding_dim,))
-
-
-def _layer_report(name: str, module: nn.Module) -> LayerReport:
-    if isinstance(module, RemovedLayer):
-        return LayerReport(name, "removed", _shapes(module), (), (), 0, module.dense_num_parameters())
-    fmt = "ttm" if module.cores[0].dim() == 4 else "tt"
+def _layer_report(name: str, layer: nn.Module) -> LayerReport:
     return LayerReport(
         name,
-        fmt,
-        _shapes(module),
-        module.max_ranks,
-        module.ranks,
-        module.num_parameters(),
-        module.dense_num_parameters(),
+        layer.report_format,
+        layer.mode_shapes,
+        tuple(layer.max_ranks),
+        tuple(layer.ranks),
+        layer.num_parameters(),
+        layer.dense_num_parameters(),
     )
+
+
+def _report(layers: list[tuple[str, nn.Module]], other: int) -> CompressionReport:
+    """The report of ``layers`` (those owning their weight) plus ``other`` parameters outside them."""
+    rows = [_layer_report(name, layer) for name, layer in layers if layer.owns_weight]
+    active = sum(row.params for row in rows)
+    dense = sum(row.dense_params for row in rows)
+    return CompressionReport(tuple(rows), other + active, other + dense)
 
 
 def compression_report(model: nn.Module) -> CompressionReport:
     """Exact parameter counts of ``model`` at its active ranks, per tensorized layer and in total."""
     root = unwrap_model(model)
-    layers = [
-        _layer_report(name, module)
-        for name, module in root.named_modules()
-        if isinstance(module, (GatedTrain, RemovedLayer))
-    ]
-    train_params = {
-        id(param)
-        for module in root.modules()
-        if isinstance(module, GatedTrain)
-        for param in (*module.cores, *module.gates)
-    }
-    other = sum(param.numel() for param in root.parameters() if id(param) not in train_params)
-    active = sum(layer.params for layer in layers)
-    dense = sum(layer.dense_params for layer in layers)
-    return CompressionReport(tuple(layers), other + active, other + dense)
+    layers = [(name, module) for name, module in root.named_modules() if is_layer(module)]
+    counted = {id(param) for _, layer in layers for param in layer.weight_parameters()}
+    other = sum(param.numel() for param in root.parameters() if id(param) not in counted)
+    return _report(layers, other)
+
+
+def _load_layer_state(saved: SavedModel, name: str, layer: nn.Module) -> None:
+    prefix = f"{name}."
+    state = {key[len(prefix) :]: value for key, value in saved.tensors.items() if key.startswith(prefix)}
+    try:
+        layer.load_state_dict(state, strict=True)
+    except RuntimeError as error:
+        raise ValueError(
+            f"{saved.directory}: the weights of layer {name!r} do not match its spec ({error})"
+        ) from None
+
+
+def saved_compression_report(directory: str | os.PathLike) -> CompressionReport:
+    """:func:`compression_report` of the model saved in ``directory``, from its files alone.
+
+    Raises:
+        FileNotFoundError: a file is missing. ValueError: a file is corrupt or does not match its config.
+    """
+    saved = read_saved(directory)
+    layers = rebuild_layers(saved.config, saved.directory / CONFIG_NAME, lambda name: ("cpu", saved.dtype))
+    weight_keys = set()
+    for name, layer in layers.items():
+        _load_layer_state(saved, name, layer)
+        counted = {id(param) for param in layer.weight_parameters()}
+        weight_keys |= {f"{name}.{key}" for key, param in layer.named_parameters() if id(param) in counted}
+    counted_stored = {saved.stored_name(key) for key in weight_keys}
+    skipped = counted_stored | {saved.stored_name(key) for key in saved.config.get("buffers", [])}
+    other = sum(
+        tensor.numel()
+        for key, tensor in saved.tensors.items()
+        if key not in saved.config["aliases"] and key not in skipped
+    )
+    return _report(list(layers.items()), other)
+
+
+def _results_lines(path: Path) -> list[str]:
+    try:
+        results = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(results, dict):
+        raise ValueError(f"{path}: expected a JSON object at the top level")
+    lines: list[str] = []
+
+    def add(prefix: str, value: object) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                add(f"{prefix}.{key}" if prefix else str(key), inner)
+        else:
+            lines.append(f"{prefix}: {json.dumps(value)}")
+
+    add("", results)
+    return lines
+
+
+def describe_folder(directory: str | os.PathLike) -> str:
+    """The text ``comera report`` prints: the compression report of a :func:`comera.save_pretrained` folder,
+    or of a training run folder's ``model/`` save followed by its ``results.json`` (whichever are there).
+
+    Raises:
+        FileNotFoundError: ``directory`` holds neither a save nor run results (naming what was looked for).
+        ValueError: a file is corrupt.
+    """
+    directory = Path(directory)
+    if (directory / CONFIG_NAME).is_file():
+        return str(saved_compression_report(directory))
+    model_dir, results = directory / RUN_MODEL_DIR, directory / RESULTS_NAME
+    parts = []
+    if (model_dir / CONFIG_NAME).is_file():
+        parts.append(f"model ({model_dir}):\n{saved_compression_report(model_dir)}")
+    if results.is_file():
+        parts.append(f"results ({results}):\n" + "\n".join(_results_lines(results)))
+    if not parts:
+        raise FileNotFoundError(
+            f"{directory}: neither a saved model ({CONFIG_NAME}) nor a run folder "
+            f"({RUN_MODEL_DIR}/{CONFIG_NAME} or {RESULTS_NAME})"
+        )
+    return "\n\n".join(parts)

@@ -16,58 +16,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.nn.embedding import TTMEmbedding, TTMEmbeddingBag, TTMTiedHead
-from comera.nn.gated import GatedTrain
-from comera.nn.linear import TTLinear, TTMLinear
-from comera.nn.removed import RemovedLayer
+from comera.modules import names_of, replace_module, unwrap_model
+from comera.nn.embedding import TTMTiedHead
+from comera.nn.layer import ComeraLayer, is_layer, layer_for_dense
 from comera.tensorize_config import ALL_LINEAR, TensorizeConfig, pattern_matches, selector_matches
 
-__all__ = [
-    "tensorize_",
-    "untensorize_",
-    "unwrap_model",
-    "set_submodule",
-    "tensorize_configs",
-    "CONFIG_ATTRIBUTE",
-]
+__all__ = ["tensorize_", "untensorize_", "tensorize_configs", "CONFIG_ATTRIBUTE"]
 
 CONFIG_ATTRIBUTE = "comera_tensorize_configs"
-_WRAPPER_NAMES = ("DistributedDataParallel", "DataParallel")
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The module inside ``torch.compile`` (``_orig_mod``) and DDP / DataParallel (``module``) wrappers."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    while True:
-        inner = model._modules.get("_orig_mod")
-        if inner is None and type(model).__name__ in _WRAPPER_NAMES:
-            inner = model._modules.get("module")
-        if inner is None:
-            return model
-        model = inner
-
-
-def set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
-    """Put ``module`` at dotted ``name`` inside ``root`` (the root itself cannot be replaced)."""
-    if not name:
-        raise ValueError("cannot replace the root module in place; convert a model that contains it")
-    parent_name, _, child = name.rpartition(".")
-    parent = root.get_submodule(parent_name) if parent_name else root
-    setattr(parent, child, module)
 
 
 def tensorize_configs(model: nn.Module) -> tuple[TensorizeConfig, ...]:
     """The configs :func:`tensorize_` applied to ``model``, oldest first (empty if none)."""
     return tuple(getattr(unwrap_model(model), CONFIG_ATTRIBUTE, ()))
-
-
-def _is_linear(module: nn.Module) -> bool:
-    return isinstance(module, nn.Linear)
-
-
-def _is_embedding(module: nn.Module) -> bool:
-    return type(module) in (nn.Embedding, nn.EmbeddingBag)
 
 
 def _close_names(entry: str, names: Iterable[str], limit: int = 6) -> list[str]:
@@ -128,64 +89,92 @@ def _check_patterns_used(config: TensorizeConfig, names: list[str]) -> None:
                 )
 
 
-def _with_name(name: str, build, *args, **kwargs) -> nn.Module:
+def _shapes_for(name: str, config: TensorizeConfig, layer: type[ComeraLayer]) -> dict:
+    """The ``shape_pattern`` entries for module ``name``; raises if they set keys the layer does not take."""
+    shapes = dict(config.shapes_for(name))
+    wrong = set(shapes) - set(layer.shape_options)
+    if wrong:
+        allowed = "/".join(layer.shape_options)
+        raise ValueError(f"shape_pattern for {layer.role} {name!r} may only set {allowed}, got {wrong}")
+    return shapes
+
+
+def _build(name: str, module: nn.Module, layer: type[ComeraLayer], config: TensorizeConfig) -> nn.Module:
     try:
-        return build(*args, **kwargs)
+        shapes = _shapes_for(name, config, layer)
+        return layer.from_dense(
+            module, init=config.init, rank=config.rank_for(name), tau=config.tau, **shapes
+        )
     except ValueError as error:
         raise ValueError(f"module {name!r}: {error}") from None
 
 
-@torch.no_grad()
-def _match_scale(layer: GatedTrain, weight: torch.Tensor) -> None:
-    """Scale fresh random cores so the layer's entries have the standard deviation of ``weight``.
-
-    Keeps the host model's initialisation conventions (e.g. std 0.02 embeddings in BERT-style models, where
-    an output head is tied to the table). A zero ``weight`` leaves the layer's own initialisation.
-    """
-    target = weight.detach().double().std()
-    current = layer.to_dense().detach().double().std()
-    if target > 0 and current > 0:
-        factor = float(target / current) ** (1.0 / len(layer.cores))
-        for core in layer.cores:
-            core.mul_(factor)
+def _role(module: nn.Module, format: str = "tt") -> str | None:
+    """``"linear"`` or ``"embedding"``: the selection a dense module belongs to (None: not convertible)."""
+    layer = layer_for_dense(module, format)
+    return None if layer is None else layer.role
 
 
-def _shapes_for(name: str, config: TensorizeConfig, kind: str, allowed: tuple[str, str]) -> dict:
-    """The ``shape_pattern`` entries for module ``name``; raises if they set keys other than ``allowed``."""
-    shapes = dict(config.shapes_for(name))
-    wrong = set(shapes) - set(allowed)
-    if wrong:
-        raise ValueError(f"shape_pattern for {kind} {name!r} may only set {'/'.join(allowed)}, got {wrong}")
-    return shapes
+def _resolve_shared(
+    chosen: list[str], excluded: set[str], modules: dict[str, nn.Module], all_names: dict[int, list[str]]
+) -> dict[int, str]:
+    """The modules to convert, ``{id(module): the first chosen name}``; a module reachable under several
+    names is converted once, under all of them, and may not be both chosen and excluded."""
+    picked: dict[int, str] = {}
+    for name in chosen:
+        module = modules[name]
+        names = all_names[id(module)]
+        blocked = [other for other in names if other in excluded]
+        if name in excluded:
+            continue
+        if blocked:
+            raise ValueError(
+                f"module {name!r} is the same module as {blocked[0]!r}, which exclude_modules excludes; a "
+                "shared module is converted under every name or none: exclude or select all of "
+                f"{names}"
+            )
+        picked.setdefault(id(module), name)
+    return picked
 
 
-def _build_linear(name: str, linear: nn.Linear, config: TensorizeConfig) -> GatedTrain:
-    shapes = _shapes_for(name, config, "linear module", ("in_shape", "out_shape"))
-    cls = TTLinear if config.format == "tt" else TTMLinear
-    layer = cls._like(linear, rank=config.rank_for(name), tau=config.tau, **shapes)
-    if config.init == "tt_svd":
-        layer._load_svd(linear)
-    else:
-        _match_scale(layer, linear.weight)
-    return layer.train(linear.training)
-
-
-def _build_embedding(name: str, embedding: nn.Module, config: TensorizeConfig) -> GatedTrain:
-    shapes = _shapes_for(name, config, "embedding", ("row_shape", "col_shape"))
-    bag = isinstance(embedding, nn.EmbeddingBag)
-    if embedding.max_norm is not None or embedding.scale_grad_by_freq:
-        raise ValueError("an embedding with max_norm or scale_grad_by_freq has no TTM equivalent")
-    cls = TTMEmbeddingBag if bag else TTMEmbedding
-    layer = cls._like(embedding, rank=config.rank_for(name), tau=config.tau, **shapes)
-    if config.init == "tt_svd":
-        layer._load_table(embedding.weight)
-    else:
-        _match_scale(layer, embedding.weight)
-    return layer.train(embedding.training)
+def _check_shared_weights(
+    root: nn.Module, picked: dict[int, str], tied: dict[int, str], modules: dict[str, nn.Module], tie: bool
+) -> None:
+    """Refuse a converted module whose weight ``Parameter`` another module also holds (the rule in
+    :func:`tensorize_`)."""
+    holders: dict[int, list[tuple[str, nn.Module]]] = {}
+    for name, module in root.named_modules():
+        for param in module._parameters.values():
+            if param is not None:
+                holders.setdefault(id(param), []).append((name, module))
+    for name in picked.values():
+        module = modules[name]
+        weight = module._parameters.get("weight")
+        if weight is None:
+            continue
+        is_table = _role(module) == "embedding"
+        for other_name, other in holders[id(weight)]:
+            if other is module or id(other) in tied:
+                continue
+            keeps_dense_head = is_table and not tie and id(other) not in picked and _role(other) == "linear"
+            if not keeps_dense_head:
+                raise ValueError(
+                    f"module {name!r} shares its weight Parameter with {other_name!r}; a TT layer cannot "
+                    "share a weight with another module: share the module itself (model.b = model.a) so it "
+                    "becomes one layer under both names, tie a linear head to a converted embedding "
+                    "(tie_output_head=True), or exclude one of them"
+                )
 
 
 def tensorize_(model: nn.Module, config: TensorizeConfig | None = None, **overrides: Any) -> nn.Module:
     """Convert the modules of ``model`` selected by ``config`` into gated TT/TTM layers, in place.
+
+    Sharing rules: a module reachable under several names (``model.b = model.a``) becomes one layer placed
+    under every name (selecting any of its names selects it; excluding one name while selecting another is
+    an error). A weight ``Parameter`` shared by different modules is kept shared only in one case: linears
+    whose weight is a converted embedding's table become :class:`TTMTiedHead` s of that table
+    (``tie_output_head=True``; with ``False`` they stay dense and keep the old table as their own weight).
+    Any other converted module whose weight another module also holds is refused with an error naming both.
 
     Args:
         model: any ``nn.Module`` (``torch.compile`` and DDP wrappers are looked through).
@@ -197,7 +186,8 @@ def tensorize_(model: nn.Module, config: TensorizeConfig | None = None, **overri
 
     Raises:
         ValueError: a target, exclusion or pattern key matches nothing (with close names), a setting does
-            not fit a module (naming it), or no module is selected.
+            not fit a module (naming it), a sharing rule is broken, or no module is selected; the model is
+            unchanged.
     """
     if config is None:
         config = TensorizeConfig()
@@ -206,136 +196,73 @@ def tensorize_(model: nn.Module, config: TensorizeConfig | None = None, **overri
     if overrides:
         config = config.with_overrides(**overrides)
     root = unwrap_model(model)
-    modules = dict(root.named_modules())
-    all_names = [name for name in modules if name]
-    linears = {name: m for name, m in modules.items() if name and _is_linear(m)}
-    tables = {name: m for name, m in modules.items() if name and _is_embedding(m)}
+    modules = {name: module for name, module in root.named_modules(remove_duplicate=False) if name}
+    all_names = names_of(root)
+    layer_types = {name: layer_for_dense(module, config.format) for name, module in modules.items()}
+    linears = {name: m for name, m in modules.items() if getattr(layer_types[name], "role", None) == "linear"}
+    tables = {
+        name: m for name, m in modules.items() if getattr(layer_types[name], "role", None) == "embedding"
+    }
+    names = list(modules)
     heads = _output_heads(root, linears, tables)
     if config.target_modules == ALL_LINEAR:
         chosen = [name for name in linears if name not in heads]
     else:
-        chosen = _select(config.target_modules, {**linears, **tables}, all_names, "target_modules")
+        chosen = _select(config.target_modules, {**linears, **tables}, names, "target_modules")
     if config.embeddings is True:
         chosen += list(tables)
     elif config.embeddings:
-        chosen += _select(config.embeddings, tables, all_names, "embeddings")
+        chosen += _select(config.embeddings, tables, names, "embeddings")
+    excluded: set[str] = set()
     if config.exclude_modules is not None:
-        excluded = set(_select(config.exclude_modules, {**linears, **tables}, all_names, "exclude_modules"))
-        chosen = [name for name in chosen if name not in excluded]
-    chosen = list(dict.fromkeys(chosen))
-    if not chosen:
+        excluded = set(_select(config.exclude_modules, {**linears, **tables}, names, "exclude_modules"))
+    picked = _resolve_shared(list(dict.fromkeys(chosen)), excluded, modules, all_names)
+    if not picked:
         raise ValueError("the config selects no module to tensorize (all targets excluded?)")
-    tied = {}
+    tied: dict[int, str] = {}
     if config.tie_output_head:
-        chosen_tables = {id(modules[name].weight): name for name in chosen if name in tables}
+        picked_tables = {id(modules[name].weight): name for name in picked.values() if name in tables}
         tied = {
-            name: chosen_tables[id(linear.weight)]
-            for name, linear in linears.items()
-            if id(linear.weight) in chosen_tables
+            id(linear): picked_tables[id(linear.weight)]
+            for linear in {id(m): m for m in linears.values()}.values()
+            if id(linear.weight) in picked_tables
         }
-        chosen = [name for name in chosen if name not in tied]
-    _check_patterns_used(config, chosen)
+        picked = {key: name for key, name in picked.items() if key not in tied}
+    _check_shared_weights(root, picked, tied, modules, config.tie_output_head)
+    _check_patterns_used(config, [name for key in picked for name in all_names[key]])
 
-    replacements: dict[str, nn.Module] = {}
-    for name in chosen:
+    replacements: dict[int, tuple[nn.Module, nn.Module]] = {}
+    for name in picked.values():
         module = modules[name]
-        build = _build_linear if name in linears else _build_embedding
-        replacements[name] = _with_name(name, build, name, module, config)
-    for head_name, table_name in tied.items():
-        replacements[head_name] = _tied_head(modules[head_name], replacements[table_name])
-    for name, module in replacements.items():
-        _repoint_shared_bias(root, name, modules[name], module)
-        set_submodule(root, name, module)
+        layer = layer_for_dense(module, config.format)
+        replacements[id(module)] = (module, _build(name, module, layer, config))
+    for key, table_name in tied.items():
+        linear = next(m for m in linears.values() if id(m) == key)
+        table = replacements[id(modules[table_name])][1]
+        replacements[key] = (linear, TTMTiedHead.from_dense(linear, embedding=table))
+    for old, new in replacements.values():
+        replace_module(root, old, new)
     setattr(root, CONFIG_ATTRIBUTE, (*tensorize_configs(root), config))
     return model
 
 
-def _repoint_shared_bias(root: nn.Module, name: str, old: nn.Module, new: nn.Module) -> None:
-    """Where the parent also holds ``old``'s bias as its own parameter (as RoBERTa's LM head does), point it
-    at ``new``'s bias so both stay one parameter."""
-    old_bias, new_bias = getattr(old, "bias", None), getattr(new, "bias", None)
-    if old_bias is None or new_bias is None:
-        return
-    parent_name = name.rpartition(".")[0]
-    parent = root.get_submodule(parent_name) if parent_name else root
-    for key, param in list(parent._parameters.items()):
-        if param is old_bias:
-            parent._parameters[key] = new_bias
-
-
-def _tied_head(linear: nn.Linear, embedding: GatedTrain) -> nn.Module:
-    head = TTMTiedHead(embedding, bias=linear.bias is not None)
-    if linear.bias is not None:
-        with torch.no_grad():
-            head.bias.copy_(linear.bias)
-    return head.train(linear.training)
-
-
-def _dense_linear(layer: nn.Module, weight: torch.Tensor | nn.Parameter) -> nn.Linear:
-    """An ``nn.Linear`` holding ``weight`` (``(out, in)``, shared if a Parameter) and ``layer``'s bias."""
-    bias = getattr(layer, "bias", None)
-    out_features, in_features = weight.shape
-    linear = nn.Linear(
-        in_features, out_features, bias=bias is not None, device=weight.device, dtype=weight.dtype
-    )
-    with torch.no_grad():
-        if isinstance(weight, nn.Parameter):
-            linear.weight = weight
-        else:
-            linear.weight.copy_(weight)
-        if bias is not None:
-            linear.bias.copy_(bias)
-    return linear.train(layer.training)
-
-
 def untensorize_(model: nn.Module) -> nn.Module:
-    """Replace every gated layer (and removed-layer stand-in) of ``model`` by its dense module, in place.
+    """Replace every comera layer of ``model`` (removed-layer stand-ins included) by the dense module it
+    stands for (:meth:`~comera.nn.layer.ComeraLayer.to_dense_module`), in place, under every name it has.
 
     ``TTLinear`` / ``TTMLinear`` become ``nn.Linear`` with ``to_dense()`` as weight; TTM embeddings become
-    ``nn.Embedding`` / ``nn.EmbeddingBag``; a tied head becomes an ``nn.Linear`` sharing the restored
-    table's weight. Returns ``model``.
+    ``nn.Embedding`` / ``nn.EmbeddingBag`` with their ``padding_idx``, ``mode``, ``include_last_offset`` and
+    ``sparse``; a tied head becomes an ``nn.Linear`` sharing the restored table's weight. Returns ``model``.
     """
     root = unwrap_model(model)
+    layers = {id(m): m for name, m in root.named_modules() if name and is_layer(m)}
+    ordered = sorted(layers.values(), key=lambda layer: bool(layer.references()))
     restored: dict[int, nn.Module] = {}
-    later: list[tuple[str, nn.Module]] = []
-    for name, module in list(root.named_modules()):
-        if isinstance(module, TTMTiedHead):
-            later.append((name, module))
-        elif isinstance(module, (GatedTrain, RemovedLayer)):
-            dense = _dense_of(module)
-            restored[id(module)] = dense
-            if name:
-                set_submodule(root, name, dense)
-    for name, head in later:
-        table = restored.get(id(head.embedding))
-        weight = table.weight if table is not None else nn.Parameter(head.embedding.to_dense().detach())
-        set_submodule(root, name, _dense_linear(head, weight))
+    with torch.no_grad():
+        for layer in ordered:
+            restored[id(layer)] = layer.to_dense_module(lambda module: restored.get(id(module)))
+    for layer in ordered:
+        replace_module(root, layer, restored[id(layer)])
     if hasattr(root, CONFIG_ATTRIBUTE):
         delattr(root, CONFIG_ATTRIBUTE)
     return model
-
-
-def _dense_of(module: nn.Module) -> nn.Module:
-    with torch.no_grad():
-        weight = module.to_dense().detach()
-    if hasattr(module, "in_features"):
-        return _dense_linear(module, weight)
-    if type(module).__name__.endswith("Bag"):
-        dense = nn.EmbeddingBag(
-            module.num_embeddings,
-            module.embedding_dim,
-            mode=module.mode,
-            device=weight.device,
-            dtype=weight.dtype,
-        )
-    else:
-        dense = nn.Embedding(
-            module.num_embeddings,
-            module.embedding_dim,
-            padding_idx=getattr(module, "padding_idx", None),
-            device=weight.device,
-            dtype=weight.dtype,
-        )
-    with torch.no_grad():
-        dense.weight.copy_(weight)
-    return dense.train(module.training)

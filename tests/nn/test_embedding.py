@@ -214,7 +214,6 @@ def test_bad_indices_raise_with_value_and_range(indices, error, message):
         ({"embedding_dim": 2.5}, "embedding_dim must be an int >= 1"),
         ({"lookup": "fast"}, "lookup must be one of"),
         ({"row_shape": (3, 3)}, r"prod\(row_shape\) = 9 must be >= 97"),
-        ({"row_shape": (10, 10), "col_shape": (2, 5, 1)}, "same length"),
         ({"rank": 0}, "rank must be >= 1"),
         ({"dtype": torch.int64}, "floating-point"),
     ],

@@ -255,9 +255,26 @@ def test_bad_arguments_raise_value_error_naming_them(cls):
         layer(torch.ones(3, 16, dtype=torch.float64))
 
 
-def test_ttm_shapes_must_have_equal_length():
-    with pytest.raises(ValueError, match="same length"):
-        TTMLinear(16, 16, in_shape=(4, 4), out_shape=(16,))
+@pytest.mark.parametrize(
+    ("in_features", "out_features", "in_shape", "out_shape"),
+    [(64, 10, (4, 4, 4), (10,)), (10, 64, (10,), (4, 4, 4)), (24, 20, (2, 3, 4), (4, 5))],
+)
+def test_ttm_shapes_of_different_lengths_are_padded_with_size_1_modes(
+    in_features, out_features, in_shape, out_shape
+):
+    torch.manual_seed(0)
+    layer = TTMLinear(
+        in_features, out_features, in_shape=in_shape, out_shape=out_shape, rank=64, dtype=torch.float64
+    )
+    length = max(len(in_shape), len(out_shape))
+    assert len(layer.in_shape) == len(layer.out_shape) == length
+    assert layer.in_shape[: len(in_shape)] == in_shape and set(layer.in_shape[len(in_shape) :]) <= {1}
+    weight = _independent_dense(layer)
+    x = torch.randn(5, in_features, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), x @ weight.T + layer.bias, rtol=1e-10, atol=1e-10)
+    dense = torch.nn.Linear(in_features, out_features, dtype=torch.float64)
+    exact = TTMLinear.from_linear(dense, in_shape=in_shape, out_shape=out_shape, rank=10_000)
+    torch.testing.assert_close(exact(x), dense(x), rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("cls", LAYERS)

@@ -2,9 +2,11 @@
 
 from comera.nn.embedding import TTMEmbedding, TTMEmbeddingBag, TTMTiedHead
 from comera.nn.gated import DEFAULT_TAU, GatedTrain, mask_gate
+from comera.nn.layer import ComeraLayer, layer_kinds, layer_type, register_layer
 from comera.nn.linear import TTLinear, TTMLinear
 
 __all__ = [
+    "ComeraLayer",
     "DEFAULT_TAU",
     "GatedTrain",
     "TTLinear",
@@ -12,5 +14,8 @@ __all__ = [
     "TTMEmbeddingBag",
     "TTMLinear",
     "TTMTiedHead",
+    "layer_kinds",
+    "layer_type",
     "mask_gate",
+    "register_layer",
 ]

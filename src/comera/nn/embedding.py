@@ -30,15 +30,17 @@ skipped inside a captured or compiled graph.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional
 
-from comera.nn.gated import DEFAULT_TAU, GatedTrain, check_float_dtype
-from comera.nn.linear import DEFAULT_RANK
+from comera.nn.gated import DEFAULT_TAU, GatedTrain, autocast_output, check_float_dtype
+from comera.nn.layer import ComeraLayer, NameOf, Resolve, register_layer, spec_arguments
+from comera.nn.linear import _INITS, DEFAULT_RANK, pad_mode_counts
+from comera.nn.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLinear
 from comera.tt.cores import core_std, ttm_core_shapes, ttm_full
 from comera.tt.lookup import in_graph_capture, split_halves, ttm_lookup_rows
 from comera.tt.paths import ORDERS, auto_ttm_order, ttm_linear, ttm_merge_split
@@ -90,10 +92,8 @@ def _table_shapes(
         row_shape = check_modes(row_shape, num_embeddings, "row_shape", allow_padding=True)
     if col_shape is not None:
         col_shape = check_modes(col_shape, embedding_dim, "col_shape", allow_padding=True)
-    if row_shape is not None and col_shape is not None and len(row_shape) != len(col_shape):
-        raise ValueError(
-            f"row_shape and col_shape must have the same length, got {row_shape} and {col_shape}"
-        )
+    if row_shape is not None and col_shape is not None:
+        row_shape, col_shape = pad_mode_counts(row_shape, col_shape)
     given = row_shape or col_shape
     order = len(given) if given else auto_order(num_embeddings)
     return (
@@ -103,7 +103,18 @@ def _table_shapes(
 
 
 class _TTMTable(GatedTrain):
-    """Common part of the TTM tables: shapes, cores, gates, index checks, row lookup, tied logits."""
+    """Common part of the TTM tables: shapes, cores, gates, index checks, row lookup, tied logits, and the
+    layer protocol (:mod:`comera.nn.layer`).
+
+    ``sparse`` records the dense module's gradient format for :meth:`to_dense_module`; the cores'
+    gradients are dense whatever it says.
+    """
+
+    role = "embedding"
+    format = "ttm"
+    report_format = "ttm"
+    shape_options = ("row_shape", "col_shape")
+    sparse = False
 
     def __init__(
         self,
@@ -167,7 +178,7 @@ class _TTMTable(GatedTrain):
                 f"input must hold integer indices (torch.int64 or torch.int32) in {valid}, "
                 f"got dtype {indices.dtype}"
             )
-        if indices.numel() == 0 or in_graph_capture():
+        if indices.numel() == 0 or indices.is_meta or in_graph_capture():
             return
         low, high = torch.stack(torch.aminmax(indices)).tolist()
         bad = low if low < 0 else high if high >= self.num_embeddings else None
@@ -215,7 +226,7 @@ class _TTMTable(GatedTrain):
             order: ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
 
         Returns:
-            ``(*, num_embeddings)`` logits.
+            ``(*, num_embeddings)`` logits (in the autocast dtype under autocast, as ``nn.Linear``'s).
         """
         if order not in _ORDER_CHOICES:
             raise ValueError(f"order must be one of {_ORDER_CHOICES}, got {order!r}")
@@ -226,7 +237,15 @@ class _TTMTable(GatedTrain):
                 f"hidden must have shape (*, {self.embedding_dim}) (embedding_dim={self.embedding_dim}), "
                 f"got {tuple(hidden.shape)}"
             )
+        weight_dtype = self.cores[0].dtype
+        if hidden.dtype != weight_dtype and not torch.is_autocast_enabled(hidden.device.type):
+            raise ValueError(
+                f"hidden dtype {hidden.dtype} does not match the table's parameters ({weight_dtype}); "
+                "convert one of them, e.g. head.to(hidden.dtype)"
+            )
         lead = hidden.shape[:-1]
+        if self.shapes_only(hidden):
+            return hidden.new_empty(*lead, self.num_embeddings)
         x = hidden.reshape(-1, self.embedding_dim)
         cores = [core.transpose(1, 2) for core in self.gated_cores()]
         backward = torch.is_grad_enabled()
@@ -239,8 +258,8 @@ class _TTMTable(GatedTrain):
         if self.padding_idx is not None:
             column = torch.tensor([self.padding_idx], device=logits.device)
             filler = logits.new_zeros(x.shape[0], 1) if bias is None else bias[column].expand(x.shape[0], 1)
-            logits = logits.index_copy(1, column, filler)
-        return logits.reshape(*lead, self.num_embeddings)
+            logits = logits.index_copy(1, column, filler.to(logits.dtype))
+        return autocast_output(logits).reshape(*lead, self.num_embeddings)
 
     @torch.no_grad()
     def _load_table(self, weight: torch.Tensor) -> None:
@@ -253,6 +272,94 @@ class _TTMTable(GatedTrain):
             param.copy_(core)
         for gate in self.gates:
             gate.fill_(1.0)
+
+    def _dense_keywords(self) -> dict[str, Any]:
+        """Constructor keywords the dense module and this table share beyond the two sizes."""
+        raise NotImplementedError
+
+    def spec(self, name_of: NameOf | None = None) -> dict[str, Any]:
+        """``{"kind", num_embeddings, embedding_dim, padding_idx, row_shape, col_shape, rank (stored), tau,
+        lookup, sparse}``; a bag adds ``mode`` and ``include_last_offset``."""
+        return {
+            "kind": self.kind,
+            "num_embeddings": self.num_embeddings,
+            "embedding_dim": self.embedding_dim,
+            **self._dense_keywords(),
+            "row_shape": list(self.row_shape),
+            "col_shape": list(self.col_shape),
+            "rank": list(self.max_ranks),
+            "tau": self.tau,
+            "lookup": self.lookup,
+            "sparse": self.sparse,
+        }
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: Mapping[str, Any],
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        resolve: Resolve | None = None,
+    ) -> _TTMTable:
+        """A fresh table with the sizes, shapes, stored ranks and settings recorded in ``spec``."""
+        arguments = spec_arguments(cls, spec)
+        sparse = arguments.pop("sparse", False)
+        if not isinstance(sparse, bool):
+            raise ValueError(f"sparse must be a bool, got {sparse!r}")
+        size, dim = arguments.pop("num_embeddings"), arguments.pop("embedding_dim")
+        layer = cls(size, dim, **arguments, device=device, dtype=dtype)
+        layer.sparse = sparse
+        return layer
+
+    @classmethod
+    def converts(cls, module: nn.Module) -> bool:
+        """Only the exact dense type (subclasses may change the lookup)."""
+        return type(module) is cls.dense_type
+
+    @classmethod
+    def from_dense(cls, module: nn.Module, *, init: str = "tt_svd", **options: Any) -> _TTMTable:
+        """The table standing for the dense ``module``: its sizes, ``padding_idx`` (bag: ``mode``,
+        ``include_last_offset``), ``sparse``, device, dtype and training mode; cores by TT-SVD of its weight
+        or random at the weight's scale. ``options``: constructor keywords (shapes, rank, tau, lookup).
+        ``max_norm`` and ``scale_grad_by_freq`` have no TTM equivalent and are refused."""
+        _check_source(module, cls.dense_type)
+        if init not in _INITS:
+            raise ValueError(f"init must be one of {_INITS}, got {init!r}")
+        layer = cls._like(module, **options)
+        if init == "tt_svd":
+            layer._load_table(module.weight)
+        else:
+            layer.match_scale_(module.weight)
+        layer.sparse = bool(module.sparse)
+        return layer.train(module.training)
+
+    def to_dense_module(self, dense_of: Callable[[nn.Module], nn.Module | None] | None = None) -> nn.Module:
+        """The dense ``nn.Embedding`` / ``nn.EmbeddingBag`` with table :meth:`to_dense` and every attribute
+        of this table (``padding_idx``, ``sparse``; bag: ``mode``, ``include_last_offset``)."""
+        like = self.cores[0]
+        dense = self.dense_type(
+            self.num_embeddings,
+            self.embedding_dim,
+            **self._dense_keywords(),
+            sparse=self.sparse,
+            device=like.device,
+            dtype=like.dtype,
+        )
+        with torch.no_grad():
+            dense.weight.copy_(self.to_dense())
+        return dense.train(self.training)
+
+    def dense_attributes(self) -> dict[str, Any]:
+        return {
+            "num_embeddings": self.num_embeddings,
+            "embedding_dim": self.embedding_dim,
+            **self._dense_keywords(),
+        }
+
+    @property
+    def mode_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return (tuple(self.row_shape), tuple(self.col_shape))
 
     def extra_repr(self) -> str:
         padding = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
@@ -273,6 +380,7 @@ def _check_source(module: nn.Module, kind: type) -> None:
         )
 
 
+@register_layer
 class TTMEmbedding(_TTMTable):
     """Drop-in for ``nn.Embedding`` whose table is a TTM with rank gates on every bond.
 
@@ -282,7 +390,8 @@ class TTMEmbedding(_TTMTable):
         padding_idx: a row that reads as zeros and gets no gradient (negative counts from the end).
         row_shape: row modes ``m_k``, product ``>= V`` (extra rows are never returned); default
             :func:`comera.tt.shapes.auto_modes` (balanced, padded when ``V`` folds badly).
-        col_shape: column modes ``n_k`` (same count), product ``>= D``; default balanced, descending.
+        col_shape: column modes ``n_k``, product ``>= D``; default balanced, descending. Shapes of different
+            lengths are padded at the end with modes of size 1.
         rank: max rank per bond (int) or ``d - 1`` ints, clipped to what the shapes allow.
         tau: gate threshold; entries with ``|g| <= tau`` are dead.
         lookup: one of :data:`LOOKUPS` (module docstring).
@@ -290,6 +399,8 @@ class TTMEmbedding(_TTMTable):
     Shape:
         input: integer tensor of any shape ``(*)``, values in ``[0, V)`` -> output ``(*, D)``.
     """
+
+    dense_type = nn.Embedding
 
     def __init__(
         self,
@@ -312,12 +423,30 @@ class TTMEmbedding(_TTMTable):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """Rows of the table: ``(*) -> (*, embedding_dim)``."""
         self._check_indices(input)
+        if self.shapes_only(input):
+            return self.cores[0].new_empty(*input.shape, self.embedding_dim, device="meta")
         flat = input.reshape(-1)
         rows, position = self._lookup_rows(flat)
         out = rows if position is None else functional.embedding(position, rows)
         if self.padding_idx is not None:
             out = out * (flat != self.padding_idx).unsqueeze(1).to(out.dtype)
         return out.reshape(*input.shape, self.embedding_dim)
+
+    def _dense_keywords(self) -> dict[str, Any]:
+        return {"padding_idx": self.padding_idx}
+
+    def pruned_stand_in(self) -> RemovedEmbedding:
+        """A :class:`RemovedEmbedding` with this table's sizes, ``padding_idx`` and ``sparse``."""
+        like = self.cores[0]
+        removed = RemovedEmbedding(
+            self.num_embeddings,
+            self.embedding_dim,
+            padding_idx=self.padding_idx,
+            sparse=self.sparse,
+            device=like.device,
+            dtype=like.dtype,
+        )
+        return removed.train(self.training)
 
     @classmethod
     def from_embedding(
@@ -356,6 +485,7 @@ class TTMEmbedding(_TTMTable):
         )
 
 
+@register_layer
 class TTMEmbeddingBag(_TTMTable):
     """Drop-in for ``nn.EmbeddingBag``: sums, means or maxima of bags of TTM table rows.
 
@@ -374,6 +504,8 @@ class TTMEmbeddingBag(_TTMTable):
         (start of each bag); ``per_sample_weights`` (``mode="sum"`` only) shaped like ``input``;
         output ``(B, D)``. Empty bags give zeros.
     """
+
+    dense_type = nn.EmbeddingBag
 
     def __init__(
         self,
@@ -411,6 +543,9 @@ class TTMEmbeddingBag(_TTMTable):
             raise ValueError(
                 f"input must be 1-D (with offsets) or 2-D (B, L), got shape {tuple(input.shape)}"
             )
+        bags = self._check_offsets(input, offsets)
+        if self.shapes_only(input):
+            return self.cores[0].new_empty(bags, self.embedding_dim, device="meta")
         flat = input.reshape(-1)
         rows, position = self._lookup_rows(flat)
         if position is None:
@@ -421,11 +556,6 @@ class TTMEmbeddingBag(_TTMTable):
             position = torch.where(flat == self.padding_idx, padding, position)
             rows = torch.cat([rows, rows.new_zeros(1, self.embedding_dim)])
         if isinstance(offsets, torch.Tensor):
-            if offsets.dtype not in _INDEX_DTYPES:
-                raise TypeError(
-                    "offsets must hold integer positions (torch.int64 or torch.int32), "
-                    f"got dtype {offsets.dtype}"
-                )
             offsets = offsets.to(position.dtype)
         return functional.embedding_bag(
             position.reshape(input.shape),
@@ -436,6 +566,56 @@ class TTMEmbeddingBag(_TTMTable):
             include_last_offset=self.include_last_offset,
             padding_idx=padding,
         )
+
+    def _check_offsets(self, input: torch.Tensor, offsets: torch.Tensor | None) -> int:
+        """The number of bags; ``TypeError`` / ``ValueError`` naming ``offsets`` unless they are the starts
+        of the bags of a 1-D ``input``: integers, 1-D, from 0, never decreasing, at most ``input.numel()``
+        (values are checked with one device sync, skipped inside a captured or compiled graph)."""
+        if input.dim() == 2:
+            if offsets is not None:
+                raise ValueError(f"offsets must be None for a 2-D input (B, L), got {type(offsets).__name__}")
+            return input.shape[0]
+        if not isinstance(offsets, torch.Tensor):
+            raise TypeError(f"a 1-D input needs offsets, a 1-D integer torch.Tensor; got {offsets!r:.40}")
+        if offsets.dtype not in _INDEX_DTYPES:
+            raise TypeError(
+                f"offsets must hold integer positions (torch.int64 or torch.int32), got dtype {offsets.dtype}"
+            )
+        if offsets.dim() != 1:
+            raise ValueError(f"offsets must be 1-D, got shape {tuple(offsets.shape)}")
+        bags = offsets.shape[0] - (1 if self.include_last_offset else 0)
+        if offsets.numel() == 0 or offsets.is_meta or in_graph_capture():
+            return max(bags, 0)
+        first, last, falls = torch.stack(
+            [offsets[0], offsets[-1], (offsets[1:] < offsets[:-1]).any().to(offsets.dtype)]
+        ).tolist()
+        if first != 0 or falls or last > input.shape[0]:
+            raise ValueError(
+                f"offsets must start at 0, never decrease and not exceed the number of indices "
+                f"({input.shape[0]}); got {offsets.tolist() if offsets.numel() <= 16 else 'other values'}"
+            )
+        return max(bags, 0)
+
+    def _dense_keywords(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "include_last_offset": self.include_last_offset,
+            "padding_idx": self.padding_idx,
+        }
+
+    def pruned_stand_in(self) -> RemovedEmbeddingBag:
+        """A :class:`RemovedEmbeddingBag` with this bag's sizes, mode, offsets convention, ``padding_idx``
+        and ``sparse``."""
+        like = self.cores[0]
+        removed = RemovedEmbeddingBag(
+            self.num_embeddings,
+            self.embedding_dim,
+            **self._dense_keywords(),
+            sparse=self.sparse,
+            device=like.device,
+            dtype=like.dtype,
+        )
+        return removed.train(self.training)
 
     @classmethod
     def from_embedding_bag(
@@ -475,7 +655,8 @@ class TTMEmbeddingBag(_TTMTable):
         return f"{super().extra_repr()}, mode={self.mode!r}"
 
 
-class TTMTiedHead(nn.Module):
+@register_layer
+class TTMTiedHead(ComeraLayer, nn.Module):
     """Output projection tied to a TTM table, as BERT/RoBERTa tie the decoder to the word embedding.
 
     ``logits = hidden @ E^T + bias`` with ``E`` the table of ``embedding``
@@ -489,7 +670,15 @@ class TTMTiedHead(nn.Module):
 
     Shape:
         input ``(*, embedding_dim)`` -> output ``(*, num_embeddings)``.
+
+    Layer protocol: the spec names the embedding (``{"kind", "embedding": its name, "bias", "order"}``); the
+    dense module is an ``nn.Linear`` sharing the restored table's weight; the pruned stand-in (when the
+    table is removed) a :class:`RemovedLinear` holding the head's bias.
     """
+
+    dense_type = nn.Linear
+    report_format = "ttm"
+    owns_weight = False
 
     def __init__(self, embedding: _TTMTable, bias: bool = True, *, order: str = "auto") -> None:
         super().__init__()
@@ -510,6 +699,103 @@ class TTMTiedHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the table's rows: ``(*, embedding_dim) -> (*, num_embeddings)``."""
         return self.embedding.tied_logits(hidden, self.bias, self.order)
+
+    def spec(self, name_of: NameOf | None = None) -> dict[str, Any]:
+        """``{"kind", "embedding": name_of(self.embedding), "bias", "order"}``."""
+        if name_of is None:
+            raise ValueError("a TTMTiedHead spec names its embedding: pass name_of=")
+        return {
+            "kind": self.kind,
+            "embedding": name_of(self.embedding),
+            "bias": self.bias is not None,
+            "order": self.order,
+        }
+
+    @classmethod
+    def spec_references(cls, spec: Mapping[str, Any]) -> tuple[str, ...]:
+        return (spec["embedding"],)
+
+    def references(self) -> tuple[nn.Module, ...]:
+        return (self.embedding,)
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: Mapping[str, Any],
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        resolve: Resolve | None = None,
+    ) -> TTMTiedHead:
+        """A head tied to ``resolve(spec["embedding"])`` (device and dtype follow that table)."""
+        arguments = spec_arguments(cls, spec)
+        if resolve is None:
+            raise ValueError("a TTMTiedHead is tied to a module of the model: pass resolve=")
+        return cls(resolve(arguments.pop("embedding")), **arguments)
+
+    @classmethod
+    def converts(cls, module: nn.Module) -> bool:
+        """A head is built from a linear only together with its table (:meth:`from_dense`'s ``embedding``)."""
+        return False
+
+    @classmethod
+    def from_dense(
+        cls, module: nn.Module, *, init: str = "tt_svd", embedding: _TTMTable | None = None, **options: Any
+    ) -> TTMTiedHead:
+        """The head standing for the linear ``module`` whose weight is ``embedding``'s table: bias copied,
+        training mode kept; ``init`` is unused (the weight is the table's)."""
+        if not isinstance(module, nn.Linear):
+            raise TypeError(f"module must be an nn.Linear, got {type(module).__name__}")
+        if embedding is None:
+            raise ValueError("a TTMTiedHead needs the embedding= table it is tied to")
+        head = cls(embedding, bias=module.bias is not None, **options)
+        if module.bias is not None:
+            with torch.no_grad():
+                head.bias.copy_(module.bias)
+        return head.train(module.training)
+
+    def to_dense_module(self, dense_of: Callable[[nn.Module], nn.Module | None] | None = None) -> nn.Linear:
+        """An ``nn.Linear`` whose weight is the restored table's weight (``dense_of(self.embedding)``, shared)
+        or, without one, a copy of the table; the bias is copied."""
+        table = None if dense_of is None else dense_of(self.embedding)
+        weight = table.weight if table is not None else nn.Parameter(self.embedding.to_dense().detach())
+        linear = nn.Linear(
+            self.embedding.embedding_dim,
+            self.embedding.num_embeddings,
+            bias=self.bias is not None,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        linear.weight = weight
+        if self.bias is not None:
+            with torch.no_grad():
+                linear.bias.copy_(self.bias)
+        return linear.train(self.training)
+
+    def pruned_stand_in(self) -> RemovedLinear:
+        """A :class:`RemovedLinear` ``embedding_dim -> num_embeddings`` holding this head's bias."""
+        like = self.embedding.cores[0]
+        removed = RemovedLinear(
+            self.embedding.embedding_dim,
+            self.embedding.num_embeddings,
+            bias=False,
+            device=like.device,
+            dtype=like.dtype,
+        )
+        if self.bias is not None:
+            removed.bias = self.bias
+        return removed.train(self.training)
+
+    def dense_attributes(self) -> dict[str, Any]:
+        return {
+            "in_features": self.embedding.embedding_dim,
+            "out_features": self.embedding.num_embeddings,
+            "bias": self.bias is not None,
+        }
+
+    @property
+    def mode_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return (tuple(self.embedding.col_shape), tuple(self.embedding.row_shape))
 
     def extra_repr(self) -> str:
         return f"bias={self.bias is not None}, order={self.order!r}"

@@ -25,6 +25,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from comera.nn.layer import ComeraLayer
 from comera.tt.cores import num_train_parameters
 
 __all__ = ["GatedTrain", "mask_gate", "DEFAULT_TAU"]
@@ -44,6 +45,16 @@ def check_float_dtype(dtype: torch.dtype | None, name: str = "dtype") -> None:
         raise ValueError(f"{name} must be a floating-point torch.dtype (e.g. torch.float32), got {dtype!r}")
 
 
+def autocast_output(output: torch.Tensor) -> torch.Tensor:
+    """``output`` in the autocast dtype when autocast is on for its device, as ``nn.Linear`` returns it;
+    unchanged otherwise. Contraction orders end in different ops (some autocast-eligible, some not), so the
+    layer output is cast once here and its dtype never depends on the order or the batch size."""
+    device_type = output.device.type
+    if output.is_floating_point() and torch.is_autocast_enabled(device_type):
+        return output.to(torch.get_autocast_dtype(device_type))
+    return output
+
+
 def check_tau(tau: float) -> float:
     """Raise ``ValueError`` unless ``tau`` is a finite number >= 0."""
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau < 0:
@@ -51,11 +62,12 @@ def check_tau(tau: float) -> float:
     return float(tau)
 
 
-class GatedTrain(nn.Module):
+class GatedTrain(ComeraLayer, nn.Module):
     """Cores in ``self.cores`` (``nn.ParameterList``) and gates in ``self.gates``, one per bond.
 
     Subclasses set ``bond_sizes`` (the per-core factor ``c_k`` of the parameter count: ``n_k`` for TT,
-    ``m_k * n_k`` for TTM) and ``dense_num_parameters()``.
+    ``m_k * n_k`` for TTM) and ``dense_num_parameters()``, and follow the layer protocol
+    (:mod:`comera.nn.layer`).
     """
 
     cores: nn.ParameterList
@@ -140,6 +152,42 @@ class GatedTrain(nn.Module):
         """Drop the inference cache (rebuilt on the next eval-mode, no-grad call)."""
         self.__dict__.pop("_inference_cache", None)
 
+    def weight_parameters(self) -> list[nn.Parameter]:
+        """The cores and gates (what :meth:`num_parameters` counts at the active ranks)."""
+        return [*self.core_list(), *self.gate_list()]
+
+    @torch.no_grad()
+    def match_scale_(self, weight: torch.Tensor) -> None:
+        """Scale the cores so the entries of :meth:`to_dense` have the standard deviation of ``weight``.
+
+        Keeps a host model's initialisation conventions (e.g. std 0.02 embeddings in BERT-style models)
+        for freshly initialised cores. A zero ``weight`` leaves the cores as they are.
+        """
+        target = weight.detach().double().std()
+        current = self.to_dense().detach().double().std()
+        if target > 0 and current > 0:
+            factor = float(target / current) ** (1.0 / len(self.cores))
+            for core in self.cores:
+                core.mul_(factor)
+
+    def is_meta(self) -> bool:
+        """Whether the cores live on the meta device (shapes only, no values)."""
+        return self.core_list()[0].is_meta
+
+    def shapes_only(self, input: torch.Tensor) -> bool:
+        """Whether a call with ``input`` only propagates shapes: True for a meta ``input`` (the caller then
+        returns an empty meta tensor of the output's shape); ``ValueError`` for a real ``input`` while the
+        cores are on the meta device."""
+        if input.is_meta:
+            return True
+        if self.is_meta():
+            raise ValueError(
+                f"the layer's cores are on the meta device (shapes only) but input is on {input.device}; "
+                "call it with meta tensors, or materialise it first (to_empty(device=...) then "
+                "reset_parameters())"
+            )
+        return False
+
     @property
     def max_ranks(self) -> tuple[int, ...]:
         """The stored (physical) rank of every bond."""
@@ -147,7 +195,10 @@ class GatedTrain(nn.Module):
 
     @property
     def ranks(self) -> tuple[int, ...]:
-        """The active rank of every bond: its number of live gate entries (syncs with the device)."""
+        """The active rank of every bond: its number of live gate entries (syncs with the device; the stored
+        ranks on the meta device, where gates have no values)."""
+        if self.is_meta():
+            return self.max_ranks
         return tuple(int((gate.detach().abs() > self.tau).sum()) for gate in self.gates)
 
     def num_parameters(self) -> int:

@@ -6,25 +6,33 @@ where ``W`` (``(out_features, in_features)``, as ``nn.Linear.weight``) is repres
 - ``TTLinear``: a tensor train over ``in_shape + out_shape``: cores ``(r_{k-1}, n_k, r_k)``, the first
   ``len(in_shape)`` carrying input modes, the rest output modes (the paper's layout).
 - ``TTMLinear``: a matrix train: cores ``(r_{k-1}, m_k, n_k, r_k)`` with ``m_k`` from ``in_shape`` and ``n_k``
-  from ``out_shape`` (both of the same length).
+  from ``out_shape`` (a shorter one is padded with size-1 modes to the same length).
 
 When ``in_shape`` / ``out_shape`` are not given they are chosen by :func:`comera.tt.shapes.auto_modes`: a
 balanced factorisation, padded up when the size folds badly (``in_features=97`` folds as ``98 = 7 x 14``).
 The padded rows of ``W`` multiply zeros and padded outputs are sliced off, so padding never changes results.
 The contraction order (:mod:`comera.tt.paths`) is picked per call from the batch size by a cost model, or
 fixed with ``order``.
+
+Non-finite inputs: rows are independent, so a row holding ``inf`` or ``NaN`` never affects another row.
+Within that row every output entry is non-finite: ``order="dense"`` gives what ``nn.Linear`` gives
+(``+-inf``, or ``NaN`` where the weight entry is 0), while the factored orders pass the value through
+``r`` intermediate sums of both signs and generally give ``NaN``. Matching ``nn.Linear`` there would need a
+check of every input (a device sync) on every call; filter inputs with ``torch.isfinite`` where it matters.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from comera.nn.gated import DEFAULT_TAU, GatedTrain, check_float_dtype
+from comera.nn.gated import DEFAULT_TAU, GatedTrain, autocast_output, check_float_dtype
+from comera.nn.layer import NameOf, Resolve, register_layer, spec_arguments
+from comera.nn.removed import RemovedLinear
 from comera.tt.cores import core_std, tt_core_shapes, tt_full, ttm_core_shapes, ttm_full
 from comera.tt.fp8 import fp8_supported
 from comera.tt.merge import merge_tt_left, merge_tt_right
@@ -46,6 +54,17 @@ __all__ = ["TTLinear", "TTMLinear"]
 
 DEFAULT_RANK = 16
 _ORDER_CHOICES = ("auto", *ORDERS)
+_INITS = ("tt_svd", "random")
+
+
+def pad_mode_counts(rows: tuple[int, ...], cols: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``rows`` and ``cols`` with the shorter one padded at the end by modes of size 1 to the same length.
+
+    A size-1 mode leaves the row-major index of every entry unchanged, so a TTM over the padded shapes
+    represents a matrix of the same size with the same layout.
+    """
+    length = max(len(rows), len(cols))
+    return tuple(rows) + (1,) * (length - len(rows)), tuple(cols) + (1,) * (length - len(cols))
 
 
 def _check_features(value: object, name: str) -> int:
@@ -55,10 +74,14 @@ def _check_features(value: object, name: str) -> int:
 
 
 class _TrainLinear(GatedTrain):
-    """Common part of the TT and TTM linear layers: features, bias, checks, init, conversion."""
+    """Common part of the TT and TTM linear layers: features, bias, checks, init, conversion, and the layer
+    protocol (:mod:`comera.nn.layer`)."""
 
     in_shape: tuple[int, ...]
     out_shape: tuple[int, ...]
+    dense_type = nn.Linear
+    role = "linear"
+    shape_options = ("in_shape", "out_shape")
 
     def __init__(
         self,
@@ -133,14 +156,17 @@ class _TrainLinear(GatedTrain):
         raise NotImplementedError
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        """``input @ W^T + bias``: ``(*, in_features) -> (*, out_features)``."""
+        """``input @ W^T + bias``: ``(*, in_features) -> (*, out_features)``; under autocast the output has
+        the autocast dtype whatever the contraction order, as ``nn.Linear``'s."""
         self._check_input(input)
         lead = input.shape[:-1]
+        if self.shapes_only(input):
+            return input.new_empty(*lead, self.out_features)
         x = input.reshape(-1, self.in_features)
         if self._serves_from_cache():
-            return self._from_cache(x).reshape(*lead, self.out_features)
+            return autocast_output(self._from_cache(x)).reshape(*lead, self.out_features)
         order = self._order_for(x.shape[0]) if self.order == "auto" else self.order
-        return self._contract(x, order).reshape(*lead, self.out_features)
+        return autocast_output(self._contract(x, order)).reshape(*lead, self.out_features)
 
     def _serves_from_cache(self) -> bool:
         """Whether this call is answered from an inference cache (see :class:`TTLinear`)."""
@@ -220,7 +246,94 @@ class _TrainLinear(GatedTrain):
             for param, core in zip(self.cores, cores):
                 param.copy_(core)
 
+    def spec(self, name_of: NameOf | None = None) -> dict[str, Any]:
+        """``{"kind", in_features, out_features, bias, in_shape, out_shape, rank (stored), tau, order}``."""
+        return {
+            "kind": self.kind,
+            "in_features": self.in_features,
+            "out_features": self.out_features,
+            "bias": self.bias is not None,
+            "in_shape": list(self.in_shape),
+            "out_shape": list(self.out_shape),
+            "rank": list(self.max_ranks),
+            "tau": self.tau,
+            "order": self.order,
+        }
 
+    @classmethod
+    def from_spec(
+        cls,
+        spec: Mapping[str, Any],
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        resolve: Resolve | None = None,
+    ) -> _TrainLinear:
+        """A fresh layer with the sizes, shapes, stored ranks and settings recorded in ``spec``."""
+        arguments = spec_arguments(cls, spec)
+        return cls(
+            arguments.pop("in_features"),
+            arguments.pop("out_features"),
+            **arguments,
+            device=device,
+            dtype=dtype,
+        )
+
+    @classmethod
+    def from_dense(cls, module: nn.Module, *, init: str = "tt_svd", **options: Any) -> _TrainLinear:
+        """The layer standing for the ``nn.Linear`` ``module``: its sizes, bias (copied), device, dtype and
+        training mode; cores by TT-SVD of its weight (``init="tt_svd"``) or random at the weight's scale
+        (``init="random"``). ``options``: constructor keywords (shapes, rank, tau, order)."""
+        if not cls.converts(module):
+            raise TypeError(f"module must be an nn.Linear, got {type(module).__name__}")
+        if init not in _INITS:
+            raise ValueError(f"init must be one of {_INITS}, got {init!r}")
+        layer = cls._like(module, **options)
+        if init == "tt_svd":
+            layer._load_svd(module)
+        else:
+            layer.match_scale_(module.weight)
+        return layer.train(module.training)
+
+    def to_dense_module(self, dense_of: Callable[[nn.Module], nn.Module | None] | None = None) -> nn.Linear:
+        """An ``nn.Linear`` with weight :meth:`to_dense` and a copy of the bias, in this layer's mode."""
+        like = self.cores[0]
+        linear = nn.Linear(
+            self.in_features,
+            self.out_features,
+            bias=self.bias is not None,
+            device=like.device,
+            dtype=like.dtype,
+        )
+        with torch.no_grad():
+            linear.weight.copy_(self.to_dense())
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear.train(self.training)
+
+    def pruned_stand_in(self) -> RemovedLinear:
+        """A :class:`RemovedLinear` of the same sizes holding this layer's bias (the same parameter)."""
+        like = self.cores[0]
+        removed = RemovedLinear(
+            self.in_features, self.out_features, bias=False, device=like.device, dtype=like.dtype
+        )
+        if self.bias is not None:
+            removed.bias = self.bias
+        return removed.train(self.training)
+
+    def dense_attributes(self) -> dict[str, Any]:
+        return {
+            "in_features": self.in_features,
+            "out_features": self.out_features,
+            "bias": self.bias is not None,
+        }
+
+    @property
+    def mode_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return (tuple(self.in_shape), tuple(self.out_shape))
+
+
+@register_layer
 class TTLinear(_TrainLinear):
     """Linear layer with a tensor-train weight over ``in_shape + out_shape`` modes.
 
@@ -249,6 +362,9 @@ class TTLinear(_TrainLinear):
     Shape:
         input ``(*, in_features)`` -> output ``(*, out_features)``.
     """
+
+    format = "tt"
+    report_format = "tt"
 
     def __init__(
         self,
@@ -280,6 +396,10 @@ class TTLinear(_TrainLinear):
         shapes = tt_core_shapes(modes, resolve_ranks(rank, modes))
         super().__init__(in_features, out_features, bias, shapes, tau, order, device, dtype)
         self.gemm = gemm
+
+    def spec(self, name_of: NameOf | None = None) -> dict[str, Any]:
+        """As :meth:`_TrainLinear.spec`, plus ``gemm``."""
+        return {**super().spec(name_of), "gemm": self.gemm}
 
     @property
     def bond_sizes(self) -> tuple[int, ...]:
@@ -335,13 +455,15 @@ class TTLinear(_TrainLinear):
         return tt_svd(weight.reshape(layer.in_shape + layer.out_shape), layer.max_ranks)
 
 
+@register_layer
 class TTMLinear(_TrainLinear):
     """Linear layer with a matrix tensor-train (TTM) weight: cores ``(r_{k-1}, m_k, n_k, r_k)``.
 
     Args:
         in_features, out_features, bias: as ``nn.Linear``.
         in_shape: row modes ``m_k`` (product ``== in_features``); default balanced, padded if needed.
-        out_shape: column modes ``n_k``, the same number as ``in_shape``.
+        out_shape: column modes ``n_k``; when it and ``in_shape`` differ in length, the shorter is padded
+            at the end with modes of size 1 (which change no index), so any two factorisations work.
         rank: max rank per bond (int) or ``d - 1`` ints; clipped to what the shapes allow.
         tau: gate threshold.
         order: contraction order, ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
@@ -349,6 +471,9 @@ class TTMLinear(_TrainLinear):
     Shape:
         input ``(*, in_features)`` -> output ``(*, out_features)``.
     """
+
+    format = "ttm"
+    report_format = "ttm"
 
     def __init__(
         self,
@@ -371,10 +496,8 @@ class TTMLinear(_TrainLinear):
             in_shape = check_modes(in_shape, in_features, "in_shape")
         if out_shape is not None:
             out_shape = check_modes(out_shape, out_features, "out_shape")
-        if in_shape is not None and out_shape is not None and len(in_shape) != len(out_shape):
-            raise ValueError(
-                f"in_shape and out_shape must have the same length for TTM, got {in_shape} and {out_shape}"
-            )
+        if in_shape is not None and out_shape is not None:
+            in_shape, out_shape = pad_mode_counts(in_shape, out_shape)
         given = in_shape or out_shape
         order_count = len(given) if given else max(auto_order(in_features), auto_order(out_features))
         self.in_shape = in_shape or auto_modes(in_features, order_count)

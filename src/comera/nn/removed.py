@@ -6,14 +6,27 @@ output shape, hold no cores, and return the bias (linear) or zeros (embedding).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 import torch
 from torch import nn
+
+from comera.nn.layer import ComeraLayer, NameOf, Resolve, register_layer, spec_arguments
 
 __all__ = ["RemovedLayer", "RemovedLinear", "RemovedEmbedding", "RemovedEmbeddingBag"]
 
 
-class RemovedLayer(nn.Module):
-    """Base of the removed-layer stand-ins; ``dense_num_parameters()`` counts the weight it replaced."""
+class RemovedLayer(ComeraLayer, nn.Module):
+    """Base of the removed-layer stand-ins; ``dense_num_parameters()`` counts the weight it replaced.
+
+    Stand-ins follow the layer protocol (:mod:`comera.nn.layer`): their spec holds every constructor
+    attribute, and ``to_dense_module()`` gives the dense module with a zero weight.
+    """
+
+    report_format = "removed"
+    max_ranks: tuple[int, ...] = ()
+    ranks: tuple[int, ...] = ()
 
     def dense_num_parameters(self) -> int:
         """Entries of the dense weight this layer replaced."""
@@ -23,7 +36,46 @@ class RemovedLayer(nn.Module):
         """Weight entries still held: always 0."""
         return 0
 
+    @classmethod
+    def converts(cls, module: nn.Module) -> bool:
+        """Stand-ins are never built from a dense module."""
+        return False
 
+    def spec(self, name_of: NameOf | None = None) -> dict[str, Any]:
+        return {"kind": self.kind, **self.dense_attributes(), **self._extra_spec()}
+
+    def _extra_spec(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: Mapping[str, Any],
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        resolve: Resolve | None = None,
+    ) -> RemovedLayer:
+        return cls(**spec_arguments(cls, spec), device=device, dtype=dtype)
+
+    def _placement(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_dense_module(self, dense_of: Callable[[nn.Module], nn.Module | None] | None = None) -> nn.Module:
+        """The dense module (zero weight) with this stand-in's attributes."""
+        dense = self.dense_type(**self._dense_arguments(), **self._placement())
+        with torch.no_grad():
+            dense.weight.zero_()
+            if getattr(self, "bias", None) is not None:
+                dense.bias.copy_(self.bias)
+        return dense.train(self.training)
+
+    def _dense_arguments(self) -> dict[str, Any]:
+        """The spec without its kind: the constructor arguments the stand-in and its dense module share."""
+        return {key: value for key, value in self.spec().items() if key != "kind"}
+
+
+@register_layer
 class RemovedLinear(RemovedLayer):
     """A linear layer with weight 0: ``(*, in_features) -> (*, out_features)``, returns the bias (or 0)."""
 
@@ -39,23 +91,36 @@ class RemovedLinear(RemovedLayer):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
+        self.register_buffer("_like", torch.empty(0, device=device, dtype=dtype), persistent=False)
         if bias:
             self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype))
         else:
             self.register_parameter("bias", None)
 
+    dense_type = nn.Linear
+
     def dense_num_parameters(self) -> int:
         return self.in_features * self.out_features
 
+    def dense_attributes(self) -> dict[str, Any]:
+        return {
+            "in_features": self.in_features,
+            "out_features": self.out_features,
+            "bias": self.bias is not None,
+        }
+
+    def _placement(self) -> dict[str, Any]:
+        like = self._like if self.bias is None else self.bias
+        return {"device": like.device, "dtype": like.dtype}
+
+    @property
+    def mode_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return ((self.in_features,), (self.out_features,))
+
     def to_dense(self) -> torch.Tensor:
         """The weight, zeros of shape ``(out_features, in_features)``."""
-        like = self.bias
-        return torch.zeros(
-            self.out_features,
-            self.in_features,
-            device=None if like is None else like.device,
-            dtype=None if like is None else like.dtype,
-        )
+        like = self._like if self.bias is None else self.bias
+        return like.new_zeros(self.out_features, self.in_features)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """The bias (or zeros) broadcast to ``(*, out_features)``."""
@@ -73,24 +138,51 @@ class RemovedLinear(RemovedLayer):
         )
 
 
+@register_layer
 class RemovedEmbedding(RemovedLayer):
-    """An embedding table that is exactly 0: indices ``(*)`` -> zeros ``(*, embedding_dim)``."""
+    """An embedding table that is exactly 0: indices ``(*)`` -> zeros ``(*, embedding_dim)``.
+
+    ``padding_idx`` and ``sparse`` are kept for :meth:`to_dense_module` (the dense table they describe).
+    """
+
+    dense_type = nn.Embedding
 
     def __init__(
         self,
         num_embeddings: int,
         embedding_dim: int,
         *,
+        padding_idx: int | None = None,
+        sparse: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
+        self.padding_idx = padding_idx
+        self.sparse = bool(sparse)
         self.register_buffer("_like", torch.empty(0, device=device, dtype=dtype), persistent=False)
 
     def dense_num_parameters(self) -> int:
         return self.num_embeddings * self.embedding_dim
+
+    def dense_attributes(self) -> dict[str, Any]:
+        return {
+            "num_embeddings": self.num_embeddings,
+            "embedding_dim": self.embedding_dim,
+            "padding_idx": self.padding_idx,
+        }
+
+    def _extra_spec(self) -> dict[str, Any]:
+        return {"sparse": self.sparse}
+
+    def _placement(self) -> dict[str, Any]:
+        return {"device": self._like.device, "dtype": self._like.dtype}
+
+    @property
+    def mode_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return ((self.num_embeddings,), (self.embedding_dim,))
 
     def to_dense(self) -> torch.Tensor:
         """The table, zeros of shape ``(num_embeddings, embedding_dim)``."""
@@ -104,8 +196,11 @@ class RemovedEmbedding(RemovedLayer):
         return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"
 
 
+@register_layer
 class RemovedEmbeddingBag(RemovedEmbedding):
     """An embedding bag whose table is exactly 0: every bag pools to zeros ``(B, embedding_dim)``."""
+
+    dense_type = nn.EmbeddingBag
 
     def __init__(
         self,
@@ -115,13 +210,15 @@ class RemovedEmbeddingBag(RemovedEmbedding):
         *,
         include_last_offset: bool = False,
         padding_idx: int | None = None,
+        sparse: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(num_embeddings, embedding_dim, device=device, dtype=dtype)
+        super().__init__(
+            num_embeddings, embedding_dim, padding_idx=padding_idx, sparse=sparse, device=device, dtype=dtype
+        )
         self.mode = mode
-        self.include_last_offset = include_last_offset
-        self.padding_idx = padding_idx
+        self.include_last_offset = bool(include_last_offset)
 
     def forward(
         self,
@@ -137,6 +234,13 @@ class RemovedEmbeddingBag(RemovedEmbedding):
         else:
             raise ValueError(f"input must be 2-D (B, L), or 1-D with offsets; got shape {tuple(input.shape)}")
         return self._like.new_zeros(bags, self.embedding_dim)
+
+    def dense_attributes(self) -> dict[str, Any]:
+        return {
+            **super().dense_attributes(),
+            "mode": self.mode,
+            "include_last_offset": self.include_last_offset,
+        }
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, mode={self.mode!r}"

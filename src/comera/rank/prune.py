@@ -1,7 +1,8 @@
 """Physical rank truncation: slice cores, gates and optimizer state down to the active ranks.
 
 For every gated layer with dead gate entries, :func:`prune_` keeps only the live rank slices of each bond.
-A layer with a fully dead bond is exactly zero and is replaced by a stand-in from :mod:`comera.nn.removed`.
+A layer with a fully dead bond is exactly zero and is replaced by its ``pruned_stand_in()`` (a stand-in from
+:mod:`comera.nn.removed`), as are the layers referring to it (a head tied to a removed table).
 Layers without dead entries are left untouched.
 
 Parameters are shrunk in place (``param.data = ...``): the ``nn.Parameter`` objects stay the same, so the
@@ -26,11 +27,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from comera.nn.embedding import TTMEmbeddingBag, TTMTiedHead
+from comera.modules import replace_module, unwrap_model
 from comera.nn.gated import GatedTrain
-from comera.nn.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLayer, RemovedLinear
+from comera.nn.layer import is_layer
 from comera.rank.size import gated_trains
-from comera.tensorize import set_submodule, unwrap_model
 
 __all__ = ["PrunedLayer", "PruneResult", "prune_"]
 
@@ -124,43 +124,14 @@ def _shrink(train: GatedTrain, keep: list[torch.Tensor], optimizer, fold_gates: 
             _replace_data(gate, torch.ones_like(kept) if fold_gates else kept)
 
 
-def _stand_in(train: GatedTrain) -> RemovedLayer:
-    like = train.cores[0]
-    if hasattr(train, "in_features") and hasattr(train, "out_features"):
-        removed = RemovedLinear(
-            train.in_features, train.out_features, bias=False, device=like.device, dtype=like.dtype
-        )
-        if getattr(train, "bias", None) is not None:
-            removed.bias = train.bias
-        return removed
-    if isinstance(train, TTMEmbeddingBag):
-        return RemovedEmbeddingBag(
-            train.num_embeddings,
-            train.embedding_dim,
-            train.mode,
-            include_last_offset=train.include_last_offset,
-            padding_idx=train.padding_idx,
-            device=like.device,
-            dtype=like.dtype,
-        )
-    if hasattr(train, "num_embeddings") and hasattr(train, "embedding_dim"):
-        return RemovedEmbedding(
-            train.num_embeddings, train.embedding_dim, device=like.device, dtype=like.dtype
-        )
-    raise TypeError(f"cannot remove a {type(train).__name__}: no stand-in for this layer type")
-
-
-def _remove_tied_heads(root: nn.Module, embedding: GatedTrain) -> list[PrunedLayer]:
-    """Replace heads tied to a removed ``embedding`` by linear stand-ins that keep the head's bias."""
-    removed = []
-    for name, head in list(root.named_modules()):
-        if isinstance(head, TTMTiedHead) and head.embedding is embedding:
-            stand_in = RemovedLinear(embedding.embedding_dim, embedding.num_embeddings, bias=False)
-            if head.bias is not None:
-                stand_in.bias = head.bias
-            set_submodule(root, name, stand_in)
-            removed.append(PrunedLayer(name, (), (), True))
-    return removed
+def _remove_dependents(root: nn.Module, removed: nn.Module) -> list[PrunedLayer]:
+    """Replace the layers referring to ``removed`` (a head tied to a removed table) by their stand-ins."""
+    changed = []
+    for name, layer in list(root.named_modules()):
+        if is_layer(layer) and any(ref is removed for ref in layer.references()):
+            replace_module(root, layer, layer.pruned_stand_in())
+            changed.append(PrunedLayer(name, (), (), True))
+    return changed
 
 
 def _forget(optimizer: torch.optim.Optimizer | None, params: list[nn.Parameter]) -> None:
@@ -199,12 +170,13 @@ def prune_(
         keep = [(gate.detach().abs() > train.tau).nonzero().flatten() for gate in train.gates]
         ranks_before = train.max_ranks
         if any(index.numel() == 0 for index in keep):
-            stand_in = _stand_in(train)
+            stand_in = train.pruned_stand_in()
             kept = {id(param) for param in stand_in.parameters()}
             _forget(optimizer, [param for param in train.parameters() if id(param) not in kept])
-            set_submodule(root, name, stand_in)
+            dependents = _remove_dependents(root, train)
+            replace_module(root, train, stand_in)
             changed.append(PrunedLayer(name, ranks_before, (), True))
-            changed.extend(_remove_tied_heads(root, train))
+            changed.extend(dependents)
             continue
         if all(index.numel() == rank for index, rank in zip(keep, ranks_before)):
             after += stored

@@ -46,8 +46,8 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from comera.cpu import reuse_freed_memory
+from comera.modules import unwrap_model
 from comera.nn.linear import TTLinear
-from comera.tensorize import unwrap_model
 from comera.train.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
