@@ -41,6 +41,7 @@ from comera.tt.paths import (
 )
 from comera.tt.shapes import auto_modes, auto_order, check_modes, resolve_ranks
 from comera.tt.svd import tt_svd, ttm_svd
+from comera.tt.workspace import Workspace
 
 __all__ = ["TTLinear", "TTMLinear"]
 
@@ -145,6 +146,18 @@ class _TrainLinear(GatedTrain):
     def _serves_from_cache(self) -> bool:
         """Whether this call is answered from an inference cache (see :class:`TTLinear`)."""
         return False
+
+    @property
+    def workspace(self) -> Workspace:
+        """Scratch buffers of the merge order's backward, reused across calls and sized to the largest."""
+        workspace = self.__dict__.get("_workspace")
+        if workspace is None:
+            workspace = self.__dict__["_workspace"] = Workspace()
+        return workspace
+
+    def release_workspace(self) -> None:
+        """Free the scratch buffers (e.g. after a peak batch); later calls regrow them."""
+        self.workspace.release()
 
     def _from_cache(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -308,7 +321,14 @@ class TTLinear(_TrainLinear):
 
     def _contract(self, x: torch.Tensor, order: str) -> torch.Tensor:
         return tt_linear(
-            x, self.gated_cores(), len(self.in_shape), self.out_features, self.bias, order, self.gemm
+            x,
+            self.gated_cores(),
+            len(self.in_shape),
+            self.out_features,
+            self.bias,
+            order,
+            self.gemm,
+            self.workspace,
         )
 
     def _serves_from_cache(self) -> bool:
@@ -399,7 +419,7 @@ class TTMLinear(_TrainLinear):
         if order == "merge":
             backward = torch.is_grad_enabled()
             split = ttm_merge_split(x.shape[0], self.in_shape, self.out_shape, self.max_ranks, backward)
-        return ttm_linear(x, self.gated_cores(), self.out_features, self.bias, order, split)
+        return ttm_linear(x, self.gated_cores(), self.out_features, self.bias, order, split, self.workspace)
 
     def _dense_padded(self) -> torch.Tensor:
         return ttm_full(self.gated_cores())

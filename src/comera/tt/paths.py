@@ -33,6 +33,7 @@ import torch
 from comera.tt.contract import low_rank_linear, ttm_split_linear
 from comera.tt.fp8 import fp8_low_rank_linear
 from comera.tt.merge import merge_tt_left, merge_tt_right, merge_ttm_left, merge_ttm_right
+from comera.tt.workspace import Workspace
 
 __all__ = [
     "ORDERS",
@@ -322,6 +323,7 @@ def tt_linear(
     bias: torch.Tensor | None,
     order: str = "merge",
     gemm: str = "fp32",
+    workspace: Workspace | None = None,
 ) -> torch.Tensor:
     """``x @ W + bias`` for a TT-folded weight ``W`` (input modes on the first ``num_in_cores`` cores).
 
@@ -334,6 +336,7 @@ def tt_linear(
         bias: ``(out_features,)`` or None.
         order: one of :data:`ORDERS`.
         gemm: one of :data:`GEMMS`; ``"fp8"`` affects the ``"merge"`` order only.
+        workspace: scratch buffers of the ``"merge"`` order's backward, reused across calls.
 
     Returns:
         ``(B, out_features)``.
@@ -345,8 +348,9 @@ def tt_linear(
     if order == "merge":
         left = merge_tt_left(cores[:num_in_cores])[:in_features]
         right = merge_tt_right(cores[num_in_cores:])[:, :out_features]
-        product = fp8_low_rank_linear if gemm == "fp8" else low_rank_linear
-        return product(x, left, right, bias)
+        if gemm == "fp8":
+            return fp8_low_rank_linear(x, left, right, bias)
+        return low_rank_linear(x, left, right, bias, workspace)
     if order == "sequential":
         padded = _pad_columns(x, math.prod([c.shape[1] for c in cores[:num_in_cores]]))
         return _add_bias(_tt_sequential(padded, cores, num_in_cores, out_features), bias)
@@ -375,6 +379,7 @@ def ttm_linear(
     bias: torch.Tensor | None,
     order: str = "merge",
     split: int | None = None,
+    workspace: Workspace | None = None,
 ) -> torch.Tensor:
     """``x @ W + bias`` for a TTM weight ``W`` whose cores ``(r_{k-1}, m_k, n_k, r_k)`` have gates folded in.
 
@@ -385,6 +390,7 @@ def ttm_linear(
         bias: ``(out_features,)`` or None.
         order: one of :data:`ORDERS`; ``"merge"`` needs at least two cores (one core is a dense matrix).
         split: bond at which ``"merge"`` splits the train (default: the middle).
+        workspace: scratch buffers of the ``"merge"`` order's backward, reused across calls.
 
     Returns:
         ``(B, out_features)``.
@@ -403,7 +409,7 @@ def ttm_linear(
         padded_bias = bias
         if bias is not None and out_features < cols:
             padded_bias = torch.nn.functional.pad(bias, (0, cols - out_features))
-        y = ttm_split_linear(_pad_columns(x, rows), left, right, padded_bias)
+        y = ttm_split_linear(_pad_columns(x, rows), left, right, padded_bias, workspace)
         return y[:, :out_features]
     if order == "sequential":
         return _add_bias(_ttm_sequential(_pad_columns(x, rows), cores, out_features), bias)
