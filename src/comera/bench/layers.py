@@ -22,7 +22,7 @@ from torch import nn
 from comera.bench.report import interleaved_medians_ms, machine_description, update_section
 from comera.cpu import reuse_freed_memory
 from comera.nn.linear import TTLinear, TTMLinear
-from comera.tt.paths import ORDERS
+from comera.tt.costs import ORDERS
 
 SHAPES = ((768, 768), (768, 3072), (3072, 768))
 BATCHES = (1, 128, 4096)

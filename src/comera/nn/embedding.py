@@ -43,8 +43,9 @@ from torch.nn import functional
 from comera.nn.gated import DEFAULT_TAU, GatedTrain, check_float_dtype
 from comera.nn.linear import DEFAULT_RANK
 from comera.tt.cores import core_std, ttm_core_shapes, ttm_full
+from comera.tt.costs import ORDERS, auto_ttm_order, ttm_merge_split
 from comera.tt.lookup import in_graph_capture, split_halves, ttm_lookup_rows
-from comera.tt.paths import ORDERS, auto_ttm_order, ttm_linear, ttm_merge_split
+from comera.tt.paths import ttm_linear
 from comera.tt.shapes import auto_modes, auto_order, check_modes, resolve_ranks
 from comera.tt.svd import ttm_svd
 from comera.tt.workspace import Workspace
@@ -230,7 +231,7 @@ class _TTMTable(GatedTrain):
         Args:
             hidden: ``(*, embedding_dim)`` floating-point activations.
             bias: ``(num_embeddings,)`` or None.
-            order: ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
+            order: ``"auto"`` or one of :data:`comera.tt.costs.ORDERS`.
 
         Returns:
             ``(*, num_embeddings)`` logits.
@@ -503,7 +504,7 @@ class TTMTiedHead(nn.Module):
     Args:
         embedding: the :class:`TTMEmbedding` (or :class:`TTMEmbeddingBag`) to tie to.
         bias: learn a bias of size ``num_embeddings`` (initialised to zero).
-        order: contraction order, ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
+        order: contraction order, ``"auto"`` or one of :data:`comera.tt.costs.ORDERS`.
 
     Shape:
         input ``(*, embedding_dim)`` -> output ``(*, num_embeddings)``.

@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.autograd.function import once_differentiable
 
+from comera.tt.costs import DEFAULT_COST_MODEL, CostModel
 from comera.tt.merge import merge_ttm_left, merge_ttm_right
-from comera.tt.paths import DEFAULT_COST_MODEL, CostModel
 from comera.tt.workspace import Workspace, in_graph_capture, scratch
 
 __all__ = [
