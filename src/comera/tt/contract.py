@@ -72,6 +72,8 @@ class _LowRankLinear(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        if not ctx.autocast_enabled and not torch.is_autocast_enabled(ctx.autocast_device):
+            return _LowRankLinear._backward(ctx, grad_out)  # nothing to replay: skip the context's cost
         with _replay_autocast(ctx):
             return _LowRankLinear._backward(ctx, grad_out)
 
@@ -151,6 +153,8 @@ class _TTMSplitLinear(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        if not ctx.autocast_enabled and not torch.is_autocast_enabled(ctx.autocast_device):
+            return _TTMSplitLinear._backward(ctx, grad_out)  # nothing to replay: skip the context's cost
         with _replay_autocast(ctx):
             return _TTMSplitLinear._backward(ctx, grad_out)
 
