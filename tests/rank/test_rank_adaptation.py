@@ -239,7 +239,7 @@ def test_trim_when_close_then_recover_with_the_structure_held():
     before = adaptation.size()
     assert target < before <= (1 + TRIM_MARGIN) * target or before <= target
     event = adaptation.after_step(7)
-    assert event is not None and event.kind == "trim" and event.step == 7
+    assert event is not None and event.action == "trim" and event.step == 7
     assert event.size_before == before
     assert event.size_after == adaptation.size() <= (1 + TARGET_TOLERANCE) * target
     assert adaptation.phase == "recover" and adaptation.target_reached and adaptation.reached_at_step == 7
@@ -264,7 +264,7 @@ def test_deadline_trims_even_when_far_from_the_target():
     assert all(event is None for event in events[:4])
     assert (
         events[4] is not None
-        and events[4].kind == "trim"
+        and events[4].action == "trim"
         and events[4].size_after <= (1 + TARGET_TOLERANCE) * adaptation.target_size
     )
     assert all(event is None for event in events[5:])
@@ -355,3 +355,24 @@ def test_after_step_needs_an_int_step():
     adaptation = _late(_model())
     with pytest.raises(ValueError, match="step"):
         adaptation.after_step(1.5)
+
+
+def test_trim_event_reads_as_a_log_mapping():
+    adaptation = RankAdaptation(_model())
+    adaptation.begin_late_stage(0.5, target_loss=1.0, late_steps=1, recovery=0.0)
+    event = adaptation.after_step(3)
+    logged = {"kind": "event", "step": 3, "event": "objective", **event}
+    assert logged["kind"] == "event" and logged["step"] == 3 and event.step == 3
+    assert event.get("changed") is True and logged["action"] == "trim"
+    assert logged["size_after"] == event.size_after == adaptation.size()
+    assert logged["target_reached"] == adaptation.target_reached
+    assert set(event) == {
+        "action",
+        "changed",
+        "size_before",
+        "size_after",
+        "target_size",
+        "removed",
+        "revived",
+        "target_reached",
+    }

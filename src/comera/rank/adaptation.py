@@ -26,6 +26,7 @@ in :meth:`RankAdaptation.after_step`, outside the step; recompile/recapture afte
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -60,20 +61,45 @@ _PHASES = ("early", "descend", "recover")
 
 
 @dataclass(frozen=True)
-class LateStageEvent:
-    """What :meth:`RankAdaptation.after_step` did at ``step`` when it changed the gates (``kind="trim"``).
+class LateStageEvent(Mapping):
+    """What :meth:`RankAdaptation.after_step` did at ``step`` when it changed the gates (``action="trim"``).
 
     ``size_before`` / ``size_after`` are exact sizes around the trim, ``target_size`` the budget ``S*``,
     ``removed`` the live entries cut and ``revived`` the dead ones brought back to fill the budget.
+
+    It also reads as a mapping (for event logs): ``action``, ``changed`` (always True: gate values and the
+    objective changed), ``size_before``, ``size_after``, ``target_size``, ``removed``, ``revived`` and
+    ``target_reached``; the step is left to the caller's record.
     """
 
-    kind: str
+    action: str
     step: int
     size_before: int
     size_after: int
     target_size: float
     removed: int
     revived: int
+
+    def _entries(self) -> dict:
+        return {
+            "action": self.action,
+            "changed": True,
+            "size_before": self.size_before,
+            "size_after": self.size_after,
+            "target_size": self.target_size,
+            "removed": self.removed,
+            "revived": self.revived,
+            "target_reached": self.size_after <= (1.0 + TARGET_TOLERANCE) * self.target_size,
+        }
+
+    def __getitem__(self, key: str):
+        return self._entries()[key]
+
+    def __iter__(self):
+        return iter(self._entries())
+
+    def __len__(self) -> int:
+        return len(self._entries())
 
 
 def _check_number(
