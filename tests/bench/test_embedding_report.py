@@ -30,7 +30,25 @@ def test_report_ratios_come_from_the_times():
     report = format_report(results, "comera bench embedding")
     assert "smallest time ratio 10.0x (target 5x), smallest memory ratio 20.0x" in report
     assert "| 10000 | 240.0 | 150.0 | 60.0 | 4.0x | 2.5x | 262 | 128 |" in report
-    assert "published order-4 lookup (same run): 4.0x at 10000 (target 1.5x)" in report
+    assert "published order-4 lookup (same run): 4.0x at 10000." in report
+    assert "with its unique step (same run): 2.5x at 10000 (target 1.5x at every batch: met)" in report
+
+
+def test_report_flags_a_time_that_falls_as_the_batch_grows():
+    results = [
+        entry("auto", 60.0, 40.0, count=10_000),
+        entry("published+unique", 80.0, 300.0, count=10_000),
+        entry("auto", 50.0, 40.0, count=20_000),
+        entry("published+unique", 160.0, 300.0, count=20_000),
+        entry("auto", 90.0, 40.0, count=40_000),
+    ]
+    report = format_report(results, "comera bench embedding")
+    assert (
+        "paper, uniform ids: the default lookup's time falls: 10000 -> 20000 ids: 60.0 -> 50.0 ms." in report
+    )
+    assert "1.3x at 10000, 3.2x at 20000 (target 1.5x at every batch: missed)" in report
+    rising = [entry("auto", 60.0 + count / 1000, 40.0, count=count) for count in (10_000, 20_000, 40_000)]
+    assert "the default lookup's time never falls as the batch grows" in format_report(rising, "c")
 
 
 def test_published_order_needs_an_order_4_table():

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from comera import TTLinear, TTMLinear
 from comera.tt.cores import tt_full, ttm_full
-from comera.tt.paths import ORDERS
+from comera.tt.costs import ORDERS
 from comera.tt.shapes import auto_modes
 
 LAYERS = (TTLinear, TTMLinear)

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from comera import RankAdaptation, TTLinear, TTMLinear
+from comera import RankAdaptation, TTLinear, TTMLinear, prune_
 from comera.rank import size_surrogate
+from comera.rank.adaptation import DUAL_RATE, TARGET_TOLERANCE, TRIM_MARGIN
 
 
 def _model(dtype=torch.float64):
@@ -196,3 +197,182 @@ def test_non_finite_losses_leave_the_moving_average_untouched():
     assert adaptation.smoothed_loss() > 2.0
     adaptation.restore_loss_average(state)
     assert adaptation.smoothed_loss() == pytest.approx(2.0)
+
+
+def test_after_step_does_nothing_in_the_early_stage():
+    model = _model()
+    adaptation = RankAdaptation(model)
+    gates = [gate.detach().clone() for gate in model.parameters()]
+    assert adaptation.after_step(1) is None
+    assert all(torch.equal(a, b.detach()) for a, b in zip(gates, model.parameters()))
+    assert adaptation.phase == "early" and not adaptation.target_reached
+
+
+def test_dual_weight_rises_while_the_size_is_above_the_target():
+    model = _model()
+    adaptation = _late(model, target_ratio=0.25)
+    size, target = adaptation.size(), adaptation.target_size
+    expected = 1.0
+    for step in range(1, 6):
+        assert adaptation.after_step(step) is None
+        expected *= math.exp(DUAL_RATE * min(1.0, size / target - 1.0))
+        assert float(adaptation.size_weight) == pytest.approx(expected)
+    # the descend objective scales the size term by the dual weight
+    task = torch.tensor(1.01, dtype=torch.float64)
+    surrogate = float(adaptation.size_surrogate().detach())
+    switch = 1.0
+    expected_loss = 0.1 * 1.01 + (0.01 + switch) * expected * surrogate
+    assert float(adaptation.loss(task).detach()) == pytest.approx(expected_loss, rel=1e-9)
+    assert not adaptation.target_reached and adaptation.phase == "descend"
+
+
+def test_trim_when_close_then_recover_with_the_structure_held():
+    model = _model()
+    adaptation = _late(model, target_ratio=0.5)
+    target = adaptation.target_size
+    # kill entries by hand until the size is within TRIM_MARGIN of the target, as the descent would
+    for layer, bond in ((model[0], 1), (model[0], 2), (model[0], 0), (model[2], 0)):
+        for entry in range(layer.gates[bond].numel() - 1, 0, -1):
+            if adaptation.size() <= (1 + TRIM_MARGIN) * target:
+                break
+            _kill(layer, bond, [entry])
+    before = adaptation.size()
+    assert target < before <= (1 + TRIM_MARGIN) * target or before <= target
+    event = adaptation.after_step(7)
+    assert event is not None and event.action == "trim" and event.step == 7
+    assert event.size_before == before
+    assert event.size_after == adaptation.size() <= (1 + TARGET_TOLERANCE) * target
+    assert adaptation.phase == "recover" and adaptation.target_reached and adaptation.reached_at_step == 7
+    # recovery: the objective is the task loss; optimizer momentum cannot revive a trimmed entry
+    task = torch.tensor(2.5, dtype=torch.float64, requires_grad=True)
+    assert float(adaptation.loss(task).detach()) == 2.5
+    held = [layer.ranks for layer in (model[0], model[2])]
+    with torch.no_grad():
+        for layer in (model[0], model[2]):
+            for gate in layer.gates:
+                gate.add_(0.3)  # what a stale Adam step could do to a dead entry
+    assert adaptation.after_step(8) is None
+    assert [layer.ranks for layer in (model[0], model[2])] == held
+    assert adaptation.size() == event.size_after
+
+
+def test_deadline_trims_even_when_far_from_the_target():
+    model = _model()
+    adaptation = RankAdaptation(model)
+    adaptation.begin_late_stage(0.3, target_loss=1.0, late_steps=10, recovery=0.5)
+    events = [adaptation.after_step(step) for step in range(1, 11)]
+    assert all(event is None for event in events[:4])
+    assert (
+        events[4] is not None
+        and events[4].action == "trim"
+        and events[4].size_after <= (1 + TARGET_TOLERANCE) * adaptation.target_size
+    )
+    assert all(event is None for event in events[5:])
+    assert adaptation.reached_at_step == 5
+
+
+def test_prune_after_the_trim_keeps_the_held_structure():
+    model = _model()
+    adaptation = RankAdaptation(model)
+    adaptation.begin_late_stage(0.4, target_loss=1.0, late_steps=2, recovery=0.5)
+    assert adaptation.after_step(1) is not None
+    x = torch.randn(3, 16, dtype=torch.float64)
+    before, size = model(x), adaptation.size()
+    prune_(model)
+    assert adaptation.after_step(2) is None
+    torch.testing.assert_close(model(x), before)
+    assert adaptation.size() == size
+
+
+def test_recover_phase_loss_runs_in_a_full_graph():
+    model = _model(torch.float32)
+    adaptation = RankAdaptation(model)
+    adaptation.begin_late_stage(0.5, target_loss=1.0, late_steps=1, recovery=0.0)
+    assert adaptation.after_step(1) is not None
+    x = torch.randn(4, 16)
+
+    def step(inputs):
+        return adaptation.loss(model(inputs).square().mean())
+
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), step(x))
+
+
+def test_state_dict_round_trip_in_the_recover_phase():
+    model = _model()
+    first = RankAdaptation(model)
+    first.begin_late_stage(0.5, target_loss=1.0, late_steps=4, recovery=0.5)
+    for step in range(1, 4):
+        first.after_step(step)
+    assert first.phase == "recover"
+    state = first.state_dict()
+    second = RankAdaptation(model)
+    second.load_state_dict(state)
+    assert second.state_dict() == state
+    assert second.phase == "recover" and second.reached_at_step == first.reached_at_step
+    with torch.no_grad():
+        model[0].gates[0].fill_(1.0)  # revive everything on bond 0; the loaded held structure undoes it
+    second.after_step(4)
+    assert second.size() == first.size() <= (1 + TARGET_TOLERANCE) * first.target_size
+
+
+def test_state_without_the_controller_keys_loads_as_descend():
+    model = _model()
+    first = RankAdaptation(model)
+    first.begin_late_stage(0.5, target_loss=1.0)
+    state = {key: value for key, value in first.state_dict().items() if key in _OLD_KEYS}
+    second = RankAdaptation(model)
+    second.load_state_dict(state)
+    assert second.stage == "late" and second.phase == "descend" and float(second.size_weight) == 1.0
+
+
+_OLD_KEYS = {
+    "stage",
+    "gamma",
+    "tau",
+    "surrogate",
+    "initial_size",
+    "target_size",
+    "target_loss",
+    "rho",
+    "ema",
+    "ema_sum",
+    "ema_weight",
+}
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"late_steps": 0}, "late_steps"), ({"late_steps": 2.5}, "late_steps"), ({"recovery": 1.0}, "recovery")],
+)
+def test_bad_controller_arguments_raise(kwargs, match):
+    adaptation = RankAdaptation(_model())
+    with pytest.raises(ValueError, match=match):
+        adaptation.begin_late_stage(0.5, target_loss=1.0, **kwargs)
+
+
+def test_after_step_needs_an_int_step():
+    adaptation = _late(_model())
+    with pytest.raises(ValueError, match="step"):
+        adaptation.after_step(1.5)
+
+
+def test_trim_event_reads_as_a_log_mapping():
+    adaptation = RankAdaptation(_model())
+    adaptation.begin_late_stage(0.5, target_loss=1.0, late_steps=1, recovery=0.0)
+    event = adaptation.after_step(3)
+    logged = {"kind": "event", "step": 3, "event": "objective", **event}
+    assert logged["kind"] == "event" and logged["step"] == 3 and event.step == 3
+    assert event.get("changed") is True and logged["action"] == "trim"
+    assert logged["size_after"] == event.size_after == adaptation.size()
+    assert logged["target_reached"] == adaptation.target_reached
+    assert set(event) == {
+        "action",
+        "changed",
+        "size_before",
+        "size_after",
+        "target_size",
+        "removed",
+        "revived",
+        "target_reached",
+    }

@@ -22,6 +22,7 @@ def reference_run(config: TrainConfig, batches: list, epochs_early: int, epochs_
     optimizer = torch.optim.AdamW(
         param_groups(model, lr_cores=config.lr_cores, lr_gates=config.lr_gates, lr_other=config.lr_other)
     )
+    step = 0
     for epoch in range(epochs_early + epochs_late):
         if epoch == epochs_early:
             prune_(model, optimizer)
@@ -30,6 +31,8 @@ def reference_run(config: TrainConfig, batches: list, epochs_early: int, epochs_
             rank.loss(loss_fn(model, (inputs, labels))).backward()
             optimizer.step()
             optimizer.zero_grad()
+            step += 1
+            rank.after_step(step)  # the late-stage controller's host-side step, as the Trainer calls it
         if epoch >= epochs_early:
             prune_(model, optimizer)
     return model

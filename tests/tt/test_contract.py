@@ -5,7 +5,7 @@ import torch
 
 from comera import TTLinear
 from comera.tt.contract import low_rank_linear, ttm_split_linear
-from comera.tt.paths import choose_order, tt_order_costs, ttm_best_split, ttm_order_costs
+from comera.tt.costs import choose_order, tt_order_costs, ttm_best_split, ttm_order_costs
 
 
 @pytest.mark.parametrize("with_bias", [True, False])

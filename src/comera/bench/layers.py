@@ -1,9 +1,15 @@
-"""Forward+backward time of ``nn.Linear`` against ``TTLinear`` (every order and auto) and ``TTMLinear``.
+"""Forward+backward time of ``nn.Linear`` against ``TTLinear`` (every order, auto, and the published layer)
+and ``TTMLinear``.
 
 Run as ``comera bench layers``. Every case is timed in one process,
 one after the other, as the median of ``--repeats`` runs after warm-up; the table reports each time and its
 ratio to ``nn.Linear`` (higher is faster), plus achieved GFLOP/s and GB/s of the merge-first path so the
-memory bound is visible. ``--write`` replaces the ``layers`` section of a markdown file.
+memory bound is visible. Two checks follow the table: the order the cost model picks must be within
+``ORDER_TOLERANCE`` (10 %) of the fastest order measured in the same run, for every shape and batch (the
+violators are listed), and the B=4096, r=30 targets (TT auto at least 5x faster than ``nn.Linear`` and 1.2x
+faster than the published TT layer, :mod:`comera.bench.published_linear`). ``--memory default`` runs in a
+process that never calls :func:`comera.cpu.reuse_freed_memory`. ``--write`` replaces the ``layers`` section
+of a markdown file.
 """
 
 from __future__ import annotations
@@ -19,14 +25,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from comera.bench.published_linear import PublishedTTLinear
 from comera.bench.report import interleaved_medians_ms, machine_description, update_section
 from comera.cpu import reuse_freed_memory
 from comera.nn.linear import TTLinear, TTMLinear
-from comera.tt.paths import ORDERS
+from comera.tt.costs import ORDERS
 
 SHAPES = ((768, 768), (768, 3072), (3072, 768))
 BATCHES = (1, 128, 4096)
 RANKS = (8, 16, 30)
+ORDER_TOLERANCE = 0.10
+TARGET_BATCH, TARGET_RANK = 4096, 30
+TARGET_VS_LINEAR, TARGET_VS_PUBLISHED = 5.0, 1.2
 
 
 def _fwd_bwd(layer: nn.Module, x: torch.Tensor, upstream: torch.Tensor):
@@ -63,6 +73,7 @@ def run_layer_benchmark(shapes, batches, ranks, repeats: int) -> list[dict]:
                     layer.load_state_dict(tt.state_dict())
                 fns = {"nn.Linear": _fwd_bwd(dense, x, upstream), "tt:auto": _fwd_bwd(tt, x, upstream)}
                 fns.update({f"tt:{order}": _fwd_bwd(layer, x, upstream) for order, layer in fixed.items()})
+                fns["tt:published"] = _fwd_bwd(PublishedTTLinear(fixed["merge"]), x, upstream)
                 fns["ttm:auto"] = _fwd_bwd(TTMLinear(m, n, rank=rank), x, upstream)
                 row = {"shape": f"{m}->{n}", "batch": batch, "rank": rank}
                 row.update(interleaved_medians_ms(fns, repeats))
@@ -77,7 +88,7 @@ def run_layer_benchmark(shapes, batches, ranks, repeats: int) -> list[dict]:
     return rows
 
 
-_COLUMNS = ("tt:merge", "tt:sequential", "tt:dense", "tt:auto", "ttm:auto")
+_COLUMNS = ("tt:merge", "tt:sequential", "tt:dense", "tt:auto", "tt:published", "ttm:auto")
 
 
 def _format_row(row: dict) -> str:
@@ -96,11 +107,50 @@ def format_table(rows: list[dict]) -> str:
     """Markdown table: times in ms and speedups over ``nn.Linear`` (fwd+bwd, higher is faster)."""
     header = (
         "| shape | B | r | nn.Linear ms | TT auto ms | TT merge | TT sequential | TT dense | TT auto "
-        "| TTM auto | auto picks | picked / fastest order | auto / fastest TT | merge GFLOP/s | merge GB/s "
-        "| nn.Linear GFLOP/s |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| TT published | TTM auto | auto picks | picked / fastest order | auto / fastest TT | merge GFLOP/s "
+        "| merge GB/s | nn.Linear GFLOP/s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     return "\n".join([header, *(_format_row(row) for row in rows)])
+
+
+def order_violations(rows: list[dict], tolerance: float = ORDER_TOLERANCE) -> list[dict]:
+    """Rows whose automatically picked order took more than ``1 + tolerance`` times the fastest order."""
+    return [row for row in rows if row[f"tt:{row['auto picks']}"] > (1.0 + tolerance) * _fastest(row)[1]]
+
+
+def _fastest(row: dict) -> tuple[str, float]:
+    return min(((order, row[f"tt:{order}"]) for order in ORDERS), key=lambda item: item[1])
+
+
+def checks_report(rows: list[dict]) -> str:
+    """The order-choice check over every row and the B=4096, r=30 targets, as markdown lines."""
+    violators = order_violations(rows)
+    lines = [
+        f"Order choice: the picked order is within {ORDER_TOLERANCE:.0%} of the fastest order measured in "
+        f"this run in {len(rows) - len(violators)} of {len(rows)} cases."
+    ]
+    for row in violators:
+        fastest, fastest_ms = _fastest(row)
+        picked = row["auto picks"]
+        lines.append(
+            f"- {row['shape']}, B={row['batch']}, r={row['rank']}: picked {picked} "
+            f"({row[f'tt:{picked}']:.3f} ms), fastest {fastest} ({fastest_ms:.3f} ms), "
+            f"{row[f'tt:{picked}'] / fastest_ms:.2f}x"
+        )
+    targets = [row for row in rows if row["batch"] == TARGET_BATCH and row["rank"] == TARGET_RANK]
+    if targets:
+        lines += ["", f"Targets at B={TARGET_BATCH}, r={TARGET_RANK} (TT auto):"]
+    for row in targets:
+        vs_linear = row["nn.Linear"] / row["tt:auto"]
+        vs_published = row["tt:published"] / row["tt:auto"]
+        lines.append(
+            f"- {row['shape']}: {vs_linear:.2f}x faster than nn.Linear (target {TARGET_VS_LINEAR:g}x, "
+            f"{'met' if vs_linear >= TARGET_VS_LINEAR else 'missed'}); {vs_published:.2f}x faster than the "
+            f"published TT layer (target {TARGET_VS_PUBLISHED:g}x, "
+            f"{'met' if vs_published >= TARGET_VS_PUBLISHED else 'missed'})"
+        )
+    return "\n".join(lines)
 
 
 _ALLOCATION_SETTINGS = {
@@ -136,12 +186,24 @@ def allocator_table(repeats: int) -> str:
     return "\n".join(lines)
 
 
+def _parse_shape(text: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(part.isdigit() and int(part) > 0 for part in parts):
+        parser.error(f"--shapes takes IN x OUT pairs of positive ints such as 768x3072, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: ``comera bench layers [--quick] [--repeats N] [--write docs/benchmarks.md]``."""
     parser = argparse.ArgumentParser(prog="comera bench layers", description=__doc__)
     parser.add_argument("--repeats", type=int, default=9, help="timed runs per case (median reported)")
     parser.add_argument("--quick", action="store_true", help="one shape, B=128, r=16: a smoke run")
     parser.add_argument("--large-only", action="store_true", help="only the B=4096, r=30 rows")
+    parser.add_argument(
+        "--shapes", nargs="+", default=None, metavar="INxOUT", help="shapes to run instead, e.g. 64x128"
+    )
+    parser.add_argument("--batches", nargs="+", type=int, default=None, help="batch sizes to run instead")
+    parser.add_argument("--ranks", nargs="+", type=int, default=None, help="ranks to run instead")
     parser.add_argument("--allocator", action="store_true", help="also compare CPU allocation settings")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     parser.add_argument(
@@ -161,11 +223,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         shapes, batches, ranks = SHAPES[:1], (128,), (16,)
     elif args.large_only:
-        batches, ranks = (4096,), (30,)
+        batches, ranks = (TARGET_BATCH,), (TARGET_RANK,)
+    if args.shapes:
+        shapes = tuple(_parse_shape(text, parser) for text in args.shapes)
+    batches = tuple(args.batches) if args.batches else batches
+    ranks = tuple(args.ranks) if args.ranks else ranks
     print(machine_description())
     rows = run_layer_benchmark(shapes, batches, ranks, args.repeats)
     table = format_table(rows)
     print(table)
+    checks = checks_report(rows)
+    print(checks)
     if args.json:
         Path(args.json).write_text(json.dumps(rows))
     allocation = allocator_table(args.repeats) if args.allocator else ""
@@ -185,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
             "fixed-order time (the quality of the choice); `auto / fastest TT` times the auto layer itself, "
             "so it also carries run-to-run noise between identical computations. "
             "GFLOP/s and GB/s count the 6 batch-sized GEMMs of the merge path and the minimal traffic "
-            f"(read X twice, dY twice, write Y and dX).\n\n{table}\n"
+            f"(read X twice, dY twice, write Y and dX). `TT published` is the paper code's layer rebuilt "
+            "from its description (`comera/bench/published_linear.py`).\n\n"
+            f"{table}\n\n{checks}\n"
         )
         if allocation:
             body += (

@@ -19,6 +19,9 @@ Lookup (``lookup=``):
   (:func:`comera.tt.lookup.dedup_threshold`), else ``"split"``; always ``"split"`` while ``torch.compile``
   traces or a CUDA graph captures, where ``torch.unique`` cannot run.
 
+Scratch memory: the split and optimized lookups gather core slices into buffers the table owns
+(:attr:`workspace`), reused across calls and sized to the largest call; ``release_workspace()`` frees them.
+
 Inference: in eval mode without autograd, the split and optimized lookups reuse the merged halves between
 calls (:meth:`comera.nn.gated.GatedTrain.inference_cached`; rebuilt when a core, a gate or ``tau`` changes).
 
@@ -42,10 +45,12 @@ from comera.nn.layer import ComeraLayer, NameOf, Resolve, register_layer, spec_a
 from comera.nn.linear import _INITS, DEFAULT_RANK, pad_mode_counts
 from comera.nn.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLinear
 from comera.tt.cores import core_std, ttm_core_shapes, ttm_full
+from comera.tt.costs import ORDERS, auto_ttm_order, ttm_merge_split
 from comera.tt.lookup import in_graph_capture, split_halves, ttm_lookup_rows
-from comera.tt.paths import ORDERS, auto_ttm_order, ttm_linear, ttm_merge_split
+from comera.tt.paths import ttm_linear
 from comera.tt.shapes import auto_modes, auto_order, check_modes, resolve_ranks
 from comera.tt.svd import ttm_svd
+from comera.tt.workspace import Workspace
 
 __all__ = ["LOOKUPS", "TTMEmbedding", "TTMEmbeddingBag", "TTMTiedHead"]
 
@@ -191,13 +196,27 @@ class _TTMTable(GatedTrain):
         path, dedup = _LOOKUP_SETTINGS[self.lookup]
         if path == "optimized" and self.serves_from_cache():
             rows, position = ttm_lookup_rows(
-                self.core_list(), indices, path, dedup, halves=self._cached_halves
+                self.core_list(), indices, path, dedup, halves=self._cached_halves, workspace=self.workspace
             )
         else:
-            rows, position = ttm_lookup_rows(self.gated_cores(), indices, path, dedup)
+            rows, position = ttm_lookup_rows(
+                self.gated_cores(), indices, path, dedup, workspace=self.workspace
+            )
         if rows.shape[1] != self.embedding_dim:
             rows = rows[:, : self.embedding_dim]
         return rows, position
+
+    @property
+    def workspace(self) -> Workspace:
+        """Scratch buffers of the lookup, reused across calls and sized to the largest call so far."""
+        workspace = self.__dict__.get("_workspace")
+        if workspace is None:
+            workspace = self.__dict__["_workspace"] = Workspace()
+        return workspace
+
+    def release_workspace(self) -> None:
+        """Free the lookup's scratch buffers (e.g. after a peak batch); later calls regrow them."""
+        self.workspace.release()
 
     def _cached_halves(self, split: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.inference_cached(("halves", split), lambda: split_halves(self.gated_cores(), split))
@@ -223,7 +242,7 @@ class _TTMTable(GatedTrain):
         Args:
             hidden: ``(*, embedding_dim)`` floating-point activations.
             bias: ``(num_embeddings,)`` or None.
-            order: ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
+            order: ``"auto"`` or one of :data:`comera.tt.costs.ORDERS`.
 
         Returns:
             ``(*, num_embeddings)`` logits (in the autocast dtype under autocast, as ``nn.Linear``'s).
@@ -666,7 +685,7 @@ class TTMTiedHead(ComeraLayer, nn.Module):
     Args:
         embedding: the :class:`TTMEmbedding` (or :class:`TTMEmbeddingBag`) to tie to.
         bias: learn a bias of size ``num_embeddings`` (initialised to zero).
-        order: contraction order, ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
+        order: contraction order, ``"auto"`` or one of :data:`comera.tt.costs.ORDERS`.
 
     Shape:
         input ``(*, embedding_dim)`` -> output ``(*, num_embeddings)``.

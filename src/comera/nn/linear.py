@@ -11,7 +11,8 @@ where ``W`` (``(out_features, in_features)``, as ``nn.Linear.weight``) is repres
 When ``in_shape`` / ``out_shape`` are not given they are chosen by :func:`comera.tt.shapes.auto_modes`: a
 balanced factorisation, padded up when the size folds badly (``in_features=97`` folds as ``98 = 7 x 14``).
 The padded rows of ``W`` multiply zeros and padded outputs are sliced off, so padding never changes results.
-The contraction order (:mod:`comera.tt.paths`) is picked per call from the batch size by a cost model, or
+The contraction order (:mod:`comera.tt.paths`) is picked per call from the batch size by the cost model of
+:mod:`comera.tt.costs`, or
 fixed with ``order``.
 
 Non-finite inputs: rows are independent, so a row holding ``inf`` or ``NaN`` never affects another row.
@@ -34,21 +35,20 @@ from comera.nn.gated import DEFAULT_TAU, GatedTrain, autocast_output, check_floa
 from comera.nn.layer import NameOf, Resolve, register_layer, spec_arguments
 from comera.nn.removed import RemovedLinear
 from comera.tt.cores import core_std, tt_core_shapes, tt_full, ttm_core_shapes, ttm_full
-from comera.tt.fp8 import fp8_supported
-from comera.tt.merge import merge_tt_left, merge_tt_right
-from comera.tt.paths import (
-    GEMMS,
+from comera.tt.costs import (
     ORDERS,
     auto_tt_order,
     auto_ttm_order,
-    tt_linear,
     tt_order_costs,
-    ttm_linear,
     ttm_merge_split,
     ttm_order_costs,
 )
+from comera.tt.fp8 import fp8_supported
+from comera.tt.merge import merge_tt_left, merge_tt_right
+from comera.tt.paths import GEMMS, tt_linear, ttm_linear
 from comera.tt.shapes import auto_modes, auto_order, check_modes, resolve_ranks
 from comera.tt.svd import tt_svd, ttm_svd
+from comera.tt.workspace import Workspace
 
 __all__ = ["TTLinear", "TTMLinear"]
 
@@ -171,6 +171,18 @@ class _TrainLinear(GatedTrain):
     def _serves_from_cache(self) -> bool:
         """Whether this call is answered from an inference cache (see :class:`TTLinear`)."""
         return False
+
+    @property
+    def workspace(self) -> Workspace:
+        """Scratch buffers of the merge order's backward, reused across calls and sized to the largest."""
+        workspace = self.__dict__.get("_workspace")
+        if workspace is None:
+            workspace = self.__dict__["_workspace"] = Workspace()
+        return workspace
+
+    def release_workspace(self) -> None:
+        """Free the scratch buffers (e.g. after a peak batch); later calls regrow them."""
+        self.workspace.release()
 
     def _from_cache(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -346,7 +358,7 @@ class TTLinear(_TrainLinear):
         rank: max rank per bond (int) or one per bond (``len(in_shape) + len(out_shape) - 1`` ints);
             clipped to what the shapes allow.
         tau: gate threshold; gate entries with ``|g| <= tau`` are dead.
-        order: contraction order, ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
+        order: contraction order, ``"auto"`` or one of :data:`comera.tt.costs.ORDERS`.
         gemm: ``"fp32"`` (GEMMs in the input dtype) or ``"fp8"``: the merge order's six batch-sized GEMMs
             run through ``torch._scaled_mm`` with E4M3 operands and E5M2 gradients (:mod:`comera.tt.fp8`);
             cores stay in their dtype. Other orders are unaffected.
@@ -420,7 +432,7 @@ class TTLinear(_TrainLinear):
         self._gemm = value
 
     def order_costs(self, batch: int, backward: bool = True) -> dict[str, float]:
-        """Estimated microseconds of each contraction order for ``batch`` rows (:mod:`comera.tt.paths`)."""
+        """Estimated microseconds of each contraction order for ``batch`` rows (:mod:`comera.tt.costs`)."""
         return tt_order_costs(batch, self.in_shape, self.out_shape, self.max_ranks, backward)
 
     def _order_for(self, batch: int) -> str:
@@ -428,7 +440,14 @@ class TTLinear(_TrainLinear):
 
     def _contract(self, x: torch.Tensor, order: str) -> torch.Tensor:
         return tt_linear(
-            x, self.gated_cores(), len(self.in_shape), self.out_features, self.bias, order, self.gemm
+            x,
+            self.gated_cores(),
+            len(self.in_shape),
+            self.out_features,
+            self.bias,
+            order,
+            self.gemm,
+            self.workspace,
         )
 
     def _serves_from_cache(self) -> bool:
@@ -466,7 +485,7 @@ class TTMLinear(_TrainLinear):
             at the end with modes of size 1 (which change no index), so any two factorisations work.
         rank: max rank per bond (int) or ``d - 1`` ints; clipped to what the shapes allow.
         tau: gate threshold.
-        order: contraction order, ``"auto"`` or one of :data:`comera.tt.paths.ORDERS`.
+        order: contraction order, ``"auto"`` or one of :data:`comera.tt.costs.ORDERS`.
 
     Shape:
         input ``(*, in_features)`` -> output ``(*, out_features)``.
@@ -511,7 +530,7 @@ class TTMLinear(_TrainLinear):
         return tuple(m * n for m, n in zip(self.in_shape, self.out_shape))
 
     def order_costs(self, batch: int, backward: bool = True) -> dict[str, float]:
-        """Estimated microseconds of each contraction order for ``batch`` rows (:mod:`comera.tt.paths`)."""
+        """Estimated microseconds of each contraction order for ``batch`` rows (:mod:`comera.tt.costs`)."""
         return ttm_order_costs(batch, self.in_shape, self.out_shape, self.max_ranks, backward)
 
     def _order_for(self, batch: int) -> str:
@@ -522,7 +541,7 @@ class TTMLinear(_TrainLinear):
         if order == "merge":
             backward = torch.is_grad_enabled()
             split = ttm_merge_split(x.shape[0], self.in_shape, self.out_shape, self.max_ranks, backward)
-        return ttm_linear(x, self.gated_cores(), self.out_features, self.bias, order, split)
+        return ttm_linear(x, self.gated_cores(), self.out_features, self.bias, order, split, self.workspace)
 
     def _dense_padded(self) -> torch.Tensor:
         return ttm_full(self.gated_cores())

@@ -2,21 +2,32 @@
 
 Early stage (weighted sum):  ``loss = L + gamma * S_hat``.
 
-Late stage (achievement scalarisation toward ``z = (L*, S*)``, handled by a switch as in the reference code):
-``lambda = 1[(L_ema - L*) / L_ema < (S - S*) / S]`` and
-``loss = rho_L * L + rho_S * S_hat + lambda * S_hat + (1 - lambda) * L``, where ``S`` is the exact size of the
-active-rank model, ``S_hat`` the differentiable surrogate and ``L_ema`` a bias-corrected exponential moving
-average of the task loss (it damps batch noise in the switch; the gradient still flows through ``L``). The
-objective that is further from its target in relative terms gets unit weight.
+Late stage, a controller that lands on the size target ``S*`` (docs/training.md, "late stage"):
+
+1. **Descend** (achievement scalarisation toward ``z = (L*, S*)`` with a switch as in the reference code, the
+   size term scaled by a dual weight ``w``): ``lambda = 1[(L_ema - L*) / L_ema < (S - S*) / S]`` and
+   ``loss = rho_L * L + (rho_S + lambda) * w * S_hat + (1 - lambda) * L``, where ``S`` is the exact size of
+   the active-rank model, ``S_hat`` the differentiable surrogate and ``L_ema`` a bias-corrected exponential
+   moving average of the task loss. ``w`` starts at 1 (the paper's objective) and rises by dual ascent on
+   the constraint ``S <= S*`` while the size is above the target:
+   ``w <- min(MAX_SIZE_WEIGHT, w * exp(DUAL_RATE * min(1, S / S* - 1)))``.
+2. **Trim** once ``S <= (1 + TRIM_MARGIN) S*`` or at the deadline: the weakest gate entries are cut exactly
+   to the budget ``S*`` (:func:`comera.rank.trim.choose_entries`); when the closest structure at or below
+   ``S*`` is more than ``TARGET_TOLERANCE`` below it, the closest one up to ``TARGET_TOLERANCE`` above
+   ``S*`` is taken if it is nearer (small layers move in coarse size steps).
+3. **Recover**: ``loss = L`` with the trimmed structure held (dropped entries 0, kept ones above ``tau``).
 
 :meth:`RankAdaptation.loss` uses tensors only (no ``.item()``, no ``.ranks``), so a compiled or
-graph-captured training step can contain it; stage changes happen outside the step, so recompile/recapture
-after :meth:`RankAdaptation.begin_late_stage`.
+graph-captured training step can contain it. Host-side decisions (the dual update, the trim, the hold) happen
+in :meth:`RankAdaptation.after_step`, outside the step; recompile/recapture after
+:meth:`RankAdaptation.begin_late_stage` and whenever :meth:`RankAdaptation.after_step` returns an event.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -24,12 +35,71 @@ from torch import nn
 from comera.nn.gated import check_tau
 from comera.rank.size import gated_trains, total_size
 from comera.rank.surrogate import SURROGATES, mean_gate_surrogate, size_surrogate
+from comera.rank.trim import choose_entries, hold_entries
 
-__all__ = ["RankAdaptation", "LOSS_TOLERANCE"]
+__all__ = [
+    "RankAdaptation",
+    "LateStageEvent",
+    "LOSS_TOLERANCE",
+    "DUAL_RATE",
+    "MAX_SIZE_WEIGHT",
+    "TRIM_MARGIN",
+    "TARGET_TOLERANCE",
+    "DEFAULT_RECOVERY",
+]
 
 LOSS_TOLERANCE = 0.05
+DUAL_RATE = 0.01
+MAX_SIZE_WEIGHT = 100.0
+TRIM_MARGIN = 0.1
+TARGET_TOLERANCE = 0.05
+DEFAULT_RECOVERY = 0.3
+_MIN_HOLD_FLOOR = 1e-3
 _DEFAULT_EMA = 0.98
 _STAGES = ("early", "late")
+_PHASES = ("early", "descend", "recover")
+
+
+@dataclass(frozen=True)
+class LateStageEvent(Mapping):
+    """What :meth:`RankAdaptation.after_step` did at ``step`` when it changed the gates (``action="trim"``).
+
+    ``size_before`` / ``size_after`` are exact sizes around the trim, ``target_size`` the budget ``S*``,
+    ``removed`` the live entries cut and ``revived`` the dead ones brought back to fill the budget.
+
+    It also reads as a mapping (for event logs): ``action``, ``changed`` (always True: gate values and the
+    objective changed), ``size_before``, ``size_after``, ``target_size``, ``removed``, ``revived`` and
+    ``target_reached``; the step is left to the caller's record.
+    """
+
+    action: str
+    step: int
+    size_before: int
+    size_after: int
+    target_size: float
+    removed: int
+    revived: int
+
+    def _entries(self) -> dict:
+        return {
+            "action": self.action,
+            "changed": True,
+            "size_before": self.size_before,
+            "size_after": self.size_after,
+            "target_size": self.target_size,
+            "removed": self.removed,
+            "revived": self.revived,
+            "target_reached": self.size_after <= (1.0 + TARGET_TOLERANCE) * self.target_size,
+        }
+
+    def __getitem__(self, key: str):
+        return self._entries()[key]
+
+    def __iter__(self):
+        return iter(self._entries())
+
+    def __len__(self) -> int:
+        return len(self._entries())
 
 
 def _check_number(
@@ -60,6 +130,10 @@ class RankAdaptation:
         initial_size: exact active-rank size (core entries) when this object was made; normalises ``"size"``.
         target_size, target_loss: ``S*`` and ``L*`` of the late stage (None before it).
         switch: 0-dim tensor, 1.0 when the last late-stage step weighted the size term, else 0.0.
+        size_weight: 0-dim tensor, the dual weight ``w`` of the size term in the descend phase (1.0 at the
+            start of the late stage; updated in place by :meth:`after_step`).
+        reached_at_step: the ``step`` given to :meth:`after_step` when the size first was at most
+            ``(1 + TARGET_TOLERANCE) * target_size`` in the current late stage, else None.
     """
 
     def __init__(self, model: nn.Module, *, gamma: float = 0.01, tau: float = 1e-2, surrogate: str = "size"):
@@ -85,19 +159,40 @@ class RankAdaptation:
         self._ema_sum = torch.zeros((), dtype=state_dtype, device=gate.device)
         self._ema_weight = torch.zeros((), dtype=state_dtype, device=gate.device)
         self.switch = torch.zeros((), dtype=state_dtype, device=gate.device)
+        self.size_weight = torch.ones((), dtype=state_dtype, device=gate.device)
         self._ema = _DEFAULT_EMA
         self._stage = "early"
+        self._phase = "early"
         self.target_size: float | None = None
         self.target_loss: float | None = None
         self.rho: tuple[float, float] = (0.1, 0.01)
+        self.late_steps: int | None = None
+        self.recovery = DEFAULT_RECOVERY
+        self.reached_at_step: int | None = None
+        self._late_count = 0
+        self._keep: dict[str, list[torch.Tensor]] | None = None
+
+    def _named_trains(self):
+        return [(name, train) for name, train in gated_trains(self.model) if len(train.gates)]
 
     def _trains(self):
-        return [train for _, train in gated_trains(self.model) if len(train.gates)]
+        return [train for _, train in self._named_trains()]
 
     @property
     def stage(self) -> str:
         """``"early"`` (weighted sum) or ``"late"`` (achievement scalarisation)."""
         return self._stage
+
+    @property
+    def phase(self) -> str:
+        """``"early"``, or in the late stage ``"descend"`` (before the trim) or ``"recover"`` (after it)."""
+        return self._phase
+
+    @property
+    def target_reached(self) -> bool:
+        """Whether the size has been at most ``(1 + TARGET_TOLERANCE) * target_size`` at an
+        :meth:`after_step` of the current late stage (no host sync)."""
+        return self.reached_at_step is not None
 
     def size(self) -> int:
         """Exact core entries of the active-rank model now (syncs with the device)."""
@@ -146,6 +241,9 @@ class RankAdaptation:
         decay = torch.where(finite, self._ema, 1.0)
         self._ema_sum.mul_(decay).add_(torch.where(finite, observed, 0.0) * (1.0 - decay))
         self._ema_weight.mul_(decay).add_(1.0 - decay)
+        if self._phase == "recover":
+            self.switch.zero_()
+            return task_loss
         surrogate = self.size_surrogate().to(task_loss.dtype)
         if self._stage == "early":
             return task_loss + self.gamma * surrogate
@@ -157,7 +255,86 @@ class RankAdaptation:
         self.switch.copy_(switch)
         switch = switch.to(task_loss.dtype)
         rho_loss, rho_size = self.rho
-        return rho_loss * task_loss + rho_size * surrogate + switch * surrogate + (1.0 - switch) * task_loss
+        weighted = self.size_weight.to(task_loss.dtype) * surrogate
+        return rho_loss * task_loss + (rho_size + switch) * weighted + (1.0 - switch) * task_loss
+
+    def _reach_size(self) -> float:
+        return (1.0 + TARGET_TOLERANCE) * self.target_size
+
+    def _hold_floor(self) -> float:
+        return max(2.0 * self.tau, _MIN_HOLD_FLOOR)
+
+    def _deadline_passed(self) -> bool:
+        if self.late_steps is None:
+            return False
+        return self._late_count >= math.ceil((1.0 - self.recovery) * self.late_steps)
+
+    def _hold(self) -> None:
+        named = self._named_trains()
+        masks = self._keep or {}
+        for name, train in named:
+            kept = masks.get(name)
+            if kept is None or [m.shape for m in kept] != [g.shape for g in train.gate_list()]:
+                kept = [(gate.detach().abs() > train.tau) for gate in train.gate_list()]
+                masks[name] = kept
+        self._keep = {name: masks[name] for name, _ in named}
+        hold_entries([train for _, train in named], list(self._keep.values()), self._hold_floor())
+
+    def after_step(self, step: int) -> LateStageEvent | None:
+        """The late-stage controller's host-side work; call once after every optimizer step, outside any
+        compiled or graph-captured step (the gates are changed in place).
+
+        - Early stage: nothing (no host sync), returns None.
+        - Descend phase: reads the exact size (one host sync), records :attr:`reached_at_step`, and either
+          raises the dual weight :attr:`size_weight` in place (returns None) or, when the size is within
+          ``TRIM_MARGIN`` of ``target_size`` or the deadline ``(1 - recovery) * late_steps`` late steps has
+          passed, trims the weakest gate entries exactly to the budget, enters the recover phase and returns a
+          :class:`LateStageEvent`.
+        - Recover phase: writes the held structure back into the gates (dropped entries 0, kept entries at
+          least ``max(2 tau, 1e-3)`` in magnitude; no host sync), returns None. After ``prune_`` the held
+          structure is re-read from the live entries.
+
+        A returned event means the objective changed (the loss is now the task loss) and gate values were
+        rewritten: recompile or recapture the step (``CudaGraphStep.invalidate()``); a prune right after it
+        makes the cut real in memory and speed.
+
+        Args:
+            step: the caller's step counter (stored in :attr:`reached_at_step`; any int).
+        """
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ValueError(f"step must be an int, got {step!r}")
+        if self._stage == "early":
+            return None
+        if self._phase == "recover":
+            self._hold()
+            return None
+        self._late_count += 1
+        size = self.size()
+        if size <= self._reach_size() and self.reached_at_step is None:
+            self.reached_at_step = step
+        if size > (1.0 + TRIM_MARGIN) * self.target_size and not self._deadline_passed():
+            gap = min(1.0, size / self.target_size - 1.0)
+            weight = min(MAX_SIZE_WEIGHT, float(self.size_weight) * math.exp(DUAL_RATE * gap))
+            self.size_weight.fill_(weight)
+            return None
+        named = self._named_trains()
+        trains = [train for _, train in named]
+        choice = choose_entries(trains, self.target_size)
+        if choice.size < (1.0 - TARGET_TOLERANCE) * self.target_size:
+            above = choose_entries(trains, (1.0 + TARGET_TOLERANCE) * self.target_size)
+            if abs(above.size - self.target_size) < abs(choice.size - self.target_size):
+                choice = above
+        self._keep = {
+            name: [mask.to(gate.device) for mask, gate in zip(masks, train.gate_list())]
+            for (name, train), masks in zip(named, choice.keep)
+        }
+        self._hold()
+        self._phase = "recover"
+        if choice.size <= self._reach_size() and self.reached_at_step is None:
+            self.reached_at_step = step
+        return LateStageEvent(
+            "trim", step, size, choice.size, self.target_size, choice.removed, choice.revived
+        )
 
     def begin_late_stage(
         self,
@@ -165,15 +342,22 @@ class RankAdaptation:
         target_loss: float | None = None,
         rho: tuple[float, float] = (0.1, 0.01),
         ema: float = _DEFAULT_EMA,
+        *,
+        late_steps: int | None = None,
+        recovery: float = DEFAULT_RECOVERY,
     ) -> None:
         """Switch to the late stage with ``S* = target_ratio * size()`` and ``L*`` = ``target_loss`` or 1.05 x
-        the smoothed loss now. May be called again to set a new target from the current size.
+        the smoothed loss now. May be called again to set a new target from the current size (the held
+        structure of an earlier trim is released, the dual weight reset to 1).
 
         Args:
             target_ratio: fraction of the current exact size to reach, in (0, 1].
             target_loss: ``L*`` (> 0); default the smoothed task loss times ``1 + LOSS_TOLERANCE``.
             rho: augmentation weights ``(rho_L, rho_S)`` on the loss and the size surrogate (each >= 0).
             ema: decay of the loss moving average used by the switch, in [0, 1).
+            late_steps: length of the late stage in :meth:`after_step` calls; the trim happens at the latest
+                after ``ceil((1 - recovery) * late_steps)`` of them. None: no deadline (trim only when close).
+            recovery: fraction of ``late_steps`` kept for recovery after the latest trim, in [0, 1).
         """
         target_ratio = _check_number(target_ratio, "target_ratio", 0.0, 1.0, closed_low=False)
         if target_loss is not None:
@@ -182,6 +366,11 @@ class RankAdaptation:
             raise ValueError(f"rho must be a pair (rho_loss, rho_size) of numbers >= 0, got {rho!r}")
         rho = tuple(_check_number(value, "rho", 0.0, math.inf, closed_high=False) for value in rho)
         ema = _check_number(ema, "ema", 0.0, 1.0, closed_high=False)
+        if late_steps is not None and (
+            isinstance(late_steps, bool) or not isinstance(late_steps, int) or late_steps < 1
+        ):
+            raise ValueError(f"late_steps must be an int >= 1 or None, got {late_steps!r}")
+        recovery = _check_number(recovery, "recovery", 0.0, 1.0, closed_high=False)
         size = self.size()
         if size == 0:
             raise ValueError(
@@ -196,7 +385,14 @@ class RankAdaptation:
         self.target_loss = target_loss
         self.rho = rho
         self._ema = ema
+        self.late_steps = late_steps
+        self.recovery = recovery
         self._stage = "late"
+        self._phase = "descend"
+        self._late_count = 0
+        self._keep = None
+        self.reached_at_step = None
+        self.size_weight.fill_(1.0)
 
     def state_dict(self) -> dict:
         """Everything needed to resume: stage, targets, constants and the loss average (Python numbers)."""
@@ -212,10 +408,20 @@ class RankAdaptation:
             "ema": self._ema,
             "ema_sum": float(self._ema_sum),
             "ema_weight": float(self._ema_weight),
+            "phase": self._phase,
+            "size_weight": float(self.size_weight),
+            "late_steps": self.late_steps,
+            "recovery": self.recovery,
+            "late_count": self._late_count,
+            "reached_at_step": self.reached_at_step,
+            "keep": None
+            if self._keep is None
+            else {name: [mask.tolist() for mask in masks] for name, masks in self._keep.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what :meth:`state_dict` returned (a state without the controller's keys, from before they
+        existed, restores the descend phase for a late stage with a dual weight of 1)."""
         missing = {
             "stage",
             "initial_size",
@@ -239,3 +445,22 @@ class RankAdaptation:
         self._ema = float(state["ema"])
         self._ema_sum.fill_(state["ema_sum"])
         self._ema_weight.fill_(state["ema_weight"])
+        phase = state.get("phase", "early" if self._stage == "early" else "descend")
+        if phase not in _PHASES or (phase == "early") != (self._stage == "early"):
+            raise ValueError(f"state['phase'] must be one of {_PHASES} matching the stage, got {phase!r}")
+        self._phase = phase
+        self.size_weight.fill_(state.get("size_weight", 1.0))
+        self.late_steps = state.get("late_steps")
+        self.recovery = float(state.get("recovery", DEFAULT_RECOVERY))
+        self._late_count = int(state.get("late_count", 0))
+        self.reached_at_step = state.get("reached_at_step")
+        keep = state.get("keep")
+        devices = {name: train.gate_list()[0].device for name, train in self._named_trains()}
+        self._keep = (
+            None
+            if keep is None
+            else {
+                name: [torch.tensor(mask, dtype=torch.bool, device=devices.get(name)) for mask in masks]
+                for name, masks in keep.items()
+            }
+        )

@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from comera.tt.workspace import Workspace, scratch
+
 __all__ = ["low_rank_linear", "ttm_split_linear"]
 
 
@@ -42,12 +44,22 @@ def _replay_autocast(ctx) -> torch.autocast:
     return torch.autocast(ctx.autocast_device, dtype=ctx.autocast_dtype, enabled=ctx.autocast_enabled)
 
 
+def _product(ctx, name: str, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """``first @ second`` into the call's workspace buffer ``name`` when it has one (not under autocast, whose
+    GEMMs pick their own output dtype), else a fresh tensor."""
+    if ctx.workspace is None or ctx.autocast_enabled or first.dtype != second.dtype:
+        return first @ second
+    out = scratch(ctx.workspace, name, (first.shape[0], second.shape[1]), first)
+    return torch.mm(first, second, out=out)
+
+
 class _LowRankLinear(torch.autograd.Function):
     """``Y = (X @ L) @ R + bias`` for 2-D ``X`` (B, m), ``L`` (m, r), ``R`` (r, n), ``bias`` (n,) or None."""
 
     @staticmethod
-    def forward(ctx, x, left, right, bias):
+    def forward(ctx, x, left, right, bias, workspace):
         _record_autocast(ctx, x)
+        ctx.workspace = workspace
         rank = left.shape[1]
         inner = x @ left
         if bias is not None:
@@ -60,6 +72,8 @@ class _LowRankLinear(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        if not ctx.autocast_enabled and not torch.is_autocast_enabled(ctx.autocast_device):
+            return _LowRankLinear._backward(ctx, grad_out)  # nothing to replay: skip the context's cost
         with _replay_autocast(ctx):
             return _LowRankLinear._backward(ctx, grad_out)
 
@@ -67,10 +81,10 @@ class _LowRankLinear(torch.autograd.Function):
     def _backward(ctx, grad_out):
         x, inner, left, right = ctx.saved_tensors
         rank = ctx.rank
-        needs_x, needs_left, needs_right, needs_bias = ctx.needs_input_grad
+        needs_x, needs_left, needs_right, needs_bias = ctx.needs_input_grad[:4]
         grad_x = grad_left = grad_right = grad_bias = None
         if needs_x or needs_left:
-            projected = grad_out @ right[:rank].t()
+            projected = _product(ctx, "projected", grad_out, right[:rank].t())
             if needs_x:
                 grad_x = projected @ left.t()
             if needs_left:
@@ -79,11 +93,15 @@ class _LowRankLinear(torch.autograd.Function):
             grad_right_aug = inner.t() @ grad_out
             grad_right = grad_right_aug[:rank] if needs_right else None
             grad_bias = grad_right_aug[rank] if needs_bias else None
-        return grad_x, grad_left, grad_right, grad_bias
+        return grad_x, grad_left, grad_right, grad_bias, None
 
 
 def low_rank_linear(
-    x: torch.Tensor, left: torch.Tensor, right: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    left: torch.Tensor,
+    right: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    workspace: Workspace | None = None,
 ) -> torch.Tensor:
     """``(x @ left) @ right + bias`` with the merge-first backward.
 
@@ -92,19 +110,30 @@ def low_rank_linear(
         left: ``(m, r)``.
         right: ``(r, n)``.
         bias: ``(n,)`` or None.
+        workspace: holds the backward's scratch ``dY R^T`` across calls (None: allocated per call).
 
     Returns:
         ``(B, n)``.
     """
-    return _LowRankLinear.apply(x, left, right, bias)
+    return _LowRankLinear.apply(x, left, right, bias, workspace)
+
+
+def _batched_product(ctx, matrix: torch.Tensor, batched: torch.Tensor) -> torch.Tensor:
+    """``matrix @ batched[b]`` for every ``b``, into the workspace buffer ``"grad_inner"`` if there is one."""
+    if ctx.workspace is None or ctx.autocast_enabled or matrix.dtype != batched.dtype:
+        return torch.matmul(matrix, batched)
+    shape = (batched.shape[0], matrix.shape[0], batched.shape[2])
+    out = scratch(ctx.workspace, "grad_inner", shape, batched)
+    return torch.matmul(matrix, batched, out=out)
 
 
 class _TTMSplitLinear(torch.autograd.Function):
     """Two-half TTM product, see the module docstring for the shapes."""
 
     @staticmethod
-    def forward(ctx, x, left, right, bias):
+    def forward(ctx, x, left, right, bias, workspace):
         _record_autocast(ctx, x)
+        ctx.workspace = workspace
         rows_left, cols_left, rank = left.shape
         _, rows_right, cols_right = right.shape
         batch = x.shape[0]
@@ -115,7 +144,8 @@ class _TTMSplitLinear(torch.autograd.Function):
         )
         out = torch.matmul(left_mat, inner)
         if bias is not None:
-            out = out + bias.reshape(cols_left, cols_right)
+            bias = bias.reshape(cols_left, cols_right)
+            out = out.add_(bias) if bias.dtype == out.dtype else out + bias
         ctx.save_for_backward(x, inner, left_mat, right_mat)
         ctx.dims = (rows_left, cols_left, rank, rows_right, cols_right)
         return out.reshape(batch, cols_left * cols_right)
@@ -123,6 +153,8 @@ class _TTMSplitLinear(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        if not ctx.autocast_enabled and not torch.is_autocast_enabled(ctx.autocast_device):
+            return _TTMSplitLinear._backward(ctx, grad_out)  # nothing to replay: skip the context's cost
         with _replay_autocast(ctx):
             return _TTMSplitLinear._backward(ctx, grad_out)
 
@@ -130,7 +162,7 @@ class _TTMSplitLinear(torch.autograd.Function):
     def _backward(ctx, grad_out):
         x, inner, left_mat, right_mat = ctx.saved_tensors
         rows_left, cols_left, rank, rows_right, cols_right = ctx.dims
-        needs_x, needs_left, needs_right, needs_bias = ctx.needs_input_grad
+        needs_x, needs_left, needs_right, needs_bias = ctx.needs_input_grad[:4]
         batch = x.shape[0]
         grad_out = grad_out.reshape(batch, cols_left, cols_right)
         grad_x = grad_left = grad_right = grad_bias = None
@@ -138,7 +170,8 @@ class _TTMSplitLinear(torch.autograd.Function):
             grad_left_mat = torch.einsum("bpq,bkq->pk", grad_out, inner)
             grad_left = grad_left_mat.reshape(cols_left, rows_left, rank).permute(1, 0, 2)
         if needs_x or needs_right:
-            grad_inner = torch.matmul(left_mat.t(), grad_out).reshape(batch * rows_left, rank * cols_right)
+            grad_inner = _batched_product(ctx, left_mat.t(), grad_out)
+            grad_inner = grad_inner.reshape(batch * rows_left, rank * cols_right)
             if needs_right:
                 grad_right_mat = x.reshape(batch * rows_left, rows_right).t() @ grad_inner
                 grad_right = grad_right_mat.reshape(rows_right, rank, cols_right).permute(1, 0, 2)
@@ -146,11 +179,15 @@ class _TTMSplitLinear(torch.autograd.Function):
                 grad_x = (grad_inner @ right_mat.t()).reshape(batch, rows_left * rows_right)
         if needs_bias:
             grad_bias = grad_out.sum(0).reshape(-1)
-        return grad_x, grad_left, grad_right, grad_bias
+        return grad_x, grad_left, grad_right, grad_bias, None
 
 
 def ttm_split_linear(
-    x: torch.Tensor, left: torch.Tensor, right: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    left: torch.Tensor,
+    right: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    workspace: Workspace | None = None,
 ) -> torch.Tensor:
     """TTM layer product from its two merged halves.
 
@@ -159,8 +196,9 @@ def ttm_split_linear(
         left: ``(M_L, N_L, r)``, the merged left half.
         right: ``(r, M_R, N_R)``, the merged right half.
         bias: ``(N_L * N_R,)`` or None.
+        workspace: holds the backward's scratch gradient of ``T`` across calls (None: allocated per call).
 
     Returns:
         ``(B, N_L * N_R)``.
     """
-    return _TTMSplitLinear.apply(x, left, right, bias)
+    return _TTMSplitLinear.apply(x, left, right, bias, workspace)

@@ -26,8 +26,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.autograd.function import once_differentiable
 
+from comera.tt.costs import DEFAULT_COST_MODEL, CostModel
 from comera.tt.merge import merge_ttm_left, merge_ttm_right
-from comera.tt.paths import DEFAULT_COST_MODEL, CostModel
+from comera.tt.workspace import Workspace, in_graph_capture, scratch
 
 __all__ = [
     "LOOKUP_PATHS",
@@ -48,13 +49,6 @@ LOOKUP_PATHS = ("naive", "optimized")
 # Rows gathered per chunk of the batched GEMM: about this many gathered elements (4 MiB in float32), so that
 # the gathered slices of one chunk stay in cache and their buffers are reused instead of freshly faulted in.
 _CHUNK_ELEMENTS = 1 << 20
-
-
-def in_graph_capture() -> bool:
-    """True while ``torch.compile`` traces or a CUDA graph captures (no data-dependent shapes or syncs)."""
-    if torch.compiler.is_compiling():
-        return True
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _core_shapes(cores: Sequence[torch.Tensor]) -> list[tuple[int, int, int, int]]:
@@ -102,30 +96,32 @@ def _chunk_rows(left: torch.Tensor, right_rows: torch.Tensor) -> int:
 
 def _chunks(batch: int, size: int) -> list[tuple[int, int]]:
     if in_graph_capture() or batch <= size:
-        return [(0, batch)]
+        return [(0, batch)] if batch else []
     return [(start, min(start + size, batch)) for start in range(0, batch, size)]
 
 
 class _GatherProduct(torch.autograd.Function):
     """``out[b] = left[left_idx[b]] @ right_rows[right_idx[b]]`` without keeping the gathered slices.
 
-    ``left`` is ``(M_L, N_L, r)``, ``right_rows`` is ``(M_R, r, N_R)``; ``out`` is ``(B, N_L, N_R)``. Batches
-    larger than one chunk are done chunk by chunk through buffers allocated once per call, so the gathered
-    slices stay in cache and the allocator is not asked for (and the kernel does not fault in) fresh pages
-    for every chunk.
+    ``left`` is ``(M_L, N_L, r)``, ``right_rows`` is ``(M_R, r, N_R)``; ``out`` is ``(B, N_L, N_R)``. The
+    gathered slices of at most one chunk of rows exist at a time, in scratch buffers: the module's
+    :class:`~comera.tt.workspace.Workspace` when one is given (reused across calls), else buffers allocated
+    once per call. Small chunks keep the gathered slices in cache.
     """
 
     @staticmethod
-    def forward(ctx, left_idx, right_idx, left, right_rows):
+    def forward(ctx, left_idx, right_idx, left, right_rows, workspace):
         ctx.save_for_backward(left_idx, right_idx, left, right_rows)
-        batch = left_idx.shape[0]
-        size = _chunk_rows(left, right_rows)
-        chunks = _chunks(batch, size)
-        if len(chunks) == 1:
+        ctx.workspace = workspace
+        if in_graph_capture():
             return torch.bmm(left.index_select(0, left_idx), right_rows.index_select(0, right_idx))
+        batch = left_idx.shape[0]
+        size = min(_chunk_rows(left, right_rows), batch)
+        chunks = _chunks(batch, size)
+        size = max(stop - start for start, stop in chunks) if chunks else 0
         out = left.new_empty(batch, left.shape[1], right_rows.shape[2])
-        gathered_left = left.new_empty(size, *left.shape[1:])
-        gathered_right = right_rows.new_empty(size, *right_rows.shape[1:])
+        gathered_left = scratch(workspace, "left", (size, *left.shape[1:]), left)
+        gathered_right = scratch(workspace, "right", (size, *right_rows.shape[1:]), right_rows)
         for start, stop in chunks:
             rows = stop - start
             torch.index_select(left, 0, left_idx[start:stop], out=gathered_left[:rows])
@@ -137,15 +133,22 @@ class _GatherProduct(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         left_idx, right_idx, left, right_rows = ctx.saved_tensors
+        workspace = ctx.workspace
         needs_left, needs_right = ctx.needs_input_grad[2:4]
         grad_left = torch.zeros_like(left) if needs_left else None
         grad_right = torch.zeros_like(right_rows) if needs_right else None
-        size = _chunk_rows(left, right_rows)
-        chunks = _chunks(left_idx.shape[0], size)
-        size = min(size, left_idx.shape[0])
+        batch = left_idx.shape[0]
+        chunks = _chunks(batch, min(_chunk_rows(left, right_rows), batch))
+        size = max(stop - start for start, stop in chunks) if chunks else 0
         # gathered[0]/[1]: slices of left/right; slice_grad[0]/[1]: their gradients (one chunk each).
-        gathered = (left.new_empty(size, *left.shape[1:]), right_rows.new_empty(size, *right_rows.shape[1:]))
-        slice_grad = (torch.empty_like(gathered[0]), torch.empty_like(gathered[1]))
+        gathered = (
+            scratch(workspace, "left", (size, *left.shape[1:]), left),
+            scratch(workspace, "right", (size, *right_rows.shape[1:]), right_rows),
+        )
+        slice_grad = (
+            scratch(workspace, "grad_left", gathered[0].shape, left),
+            scratch(workspace, "grad_right", gathered[1].shape, right_rows),
+        )
         for start, stop in chunks:
             rows = stop - start
             grad = grad_out[start:stop]
@@ -158,7 +161,7 @@ class _GatherProduct(torch.autograd.Function):
                 torch.index_select(left, 0, rows_left, out=gathered[0][:rows])
                 torch.bmm(gathered[0][:rows].transpose(1, 2), grad, out=slice_grad[1][:rows])
                 grad_right.index_add_(0, rows_right, slice_grad[1][:rows])
-        return None, None, grad_left, grad_right
+        return None, None, grad_left, grad_right, None
 
 
 def split_halves(cores: Sequence[torch.Tensor], split: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,6 +183,7 @@ def ttm_lookup_split(
     indices: torch.Tensor,
     split: int,
     halves: tuple[torch.Tensor, torch.Tensor] | None = None,
+    workspace: Workspace | None = None,
 ) -> torch.Tensor:
     """Rows of a TTM matrix by the two-half path, split after core ``split`` (``1 <= split < d``).
 
@@ -189,13 +193,14 @@ def ttm_lookup_split(
         split: number of cores in the left half.
         halves: :func:`split_halves` of ``cores`` at ``split`` when already at hand (then ``cores`` serve for
             their shapes only).
+        workspace: scratch buffers reused across calls (owned by the caller's module); None: per call.
 
     Returns:
         ``(len(indices), prod n_k)``, the same as :func:`ttm_lookup_naive`.
     """
     left, right_rows = split_halves(cores, split) if halves is None else halves
     right_size = right_rows.shape[0]
-    out = _GatherProduct.apply(indices // right_size, indices % right_size, left, right_rows)
+    out = _GatherProduct.apply(indices // right_size, indices % right_size, left, right_rows, workspace)
     return out.reshape(indices.shape[0], left.shape[1] * right_rows.shape[2])
 
 
@@ -296,6 +301,7 @@ def ttm_lookup_rows(
     dedup: bool | None = None,
     split: int | None = None,
     halves: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    workspace: Workspace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The rows needed for ``indices`` and where each index finds its row.
 
@@ -309,6 +315,7 @@ def ttm_lookup_rows(
         split: bond of the optimized path; default :func:`best_lookup_split` for the rows computed.
         halves: ``halves(split)`` returns :func:`split_halves` of the gated cores (e.g. from a cache); with
             it, the optimized path uses ``cores`` for their shapes only (and a one-core train as is).
+        workspace: scratch buffers of the optimized path, reused across calls (see :func:`ttm_lookup_split`).
 
     Returns:
         ``(rows, position)``: ``rows`` is ``(R, prod n_k)``; ``position`` is None when ``rows[b]`` belongs to
@@ -329,7 +336,8 @@ def ttm_lookup_rows(
         return ttm_lookup_naive(cores, indices), position
     if split is None:
         split = best_lookup_split(indices.shape[0], shapes, torch.is_grad_enabled())
-    return ttm_lookup_split(cores, indices, split, None if halves is None else halves(split)), position
+    pair = None if halves is None else halves(split)
+    return ttm_lookup_split(cores, indices, split, pair, workspace), position
 
 
 def ttm_lookup(

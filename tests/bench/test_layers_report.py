@@ -1,0 +1,41 @@
+"""The layer benchmark's checks: order-choice violators and the B=4096, r=30 targets, from given times."""
+
+from comera.bench.layers import checks_report, order_violations
+
+
+def row(shape, batch, rank, picks, merge, sequential, dense, auto, published, linear):
+    return {
+        "shape": shape,
+        "batch": batch,
+        "rank": rank,
+        "auto picks": picks,
+        "tt:merge": merge,
+        "tt:sequential": sequential,
+        "tt:dense": dense,
+        "tt:auto": auto,
+        "tt:published": published,
+        "nn.Linear": linear,
+    }
+
+
+def test_violators_are_picks_more_than_ten_percent_slower_than_the_fastest_order():
+    rows = [
+        row("768->768", 1, 8, "sequential", 1.0, 1.09, 2.0, 1.1, 1.0, 0.5),  # 9 % slower: within
+        row("768->768", 128, 8, "merge", 1.2, 1.0, 3.0, 1.2, 1.3, 2.0),  # 20 % slower: violator
+        row("768->768", 4096, 30, "merge", 10.0, 40.0, 30.0, 10.0, 13.0, 60.0),
+    ]
+    assert order_violations(rows) == [rows[1]]
+    report = checks_report(rows)
+    assert "within 10% of the fastest order measured in this run in 2 of 3 cases" in report
+    assert "- 768->768, B=128, r=8: picked merge (1.200 ms), fastest sequential (1.000 ms), 1.20x" in report
+    assert (
+        "- 768->768: 6.00x faster than nn.Linear (target 5x, met); 1.30x faster than the published" in report
+    )
+    assert "(target 1.2x, met)" in report
+
+
+def test_missed_targets_are_named():
+    rows = [row("3072->768", 4096, 30, "merge", 10.0, 40.0, 30.0, 10.0, 11.0, 45.0)]
+    report = checks_report(rows)
+    assert "4.50x faster than nn.Linear (target 5x, missed)" in report
+    assert "1.10x faster than the published TT layer (target 1.2x, missed)" in report
