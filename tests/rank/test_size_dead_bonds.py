@@ -1,0 +1,70 @@
+"""Exact sizes of 3- and 4-core trains with a dead interior bond, against hand-computed counts.
+
+A 2-core train cannot tell a correct dead-bond rule from a missing one (each of its two terms already holds
+the dead rank), so these trains have at least three cores: with bond ``k`` dead, the terms of the cores that
+do not touch bond ``k`` are non-zero, and only the dead-bond rule brings the count to 0.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from comera import RankAdaptation, TTLinear, TTMLinear
+from comera.rank import live_ranks, total_size, train_size
+
+
+def _kill(layer, bond, entries):
+    with torch.no_grad():
+        layer.gates[bond][list(entries)] = 0.0
+
+
+def _tt3():
+    # cores (1, 3, 2), (2, 4, 2), (2, 5, 1): bond sizes 3, 4, 5
+    return TTLinear(12, 5, in_shape=(3, 4), out_shape=(5,), rank=2, dtype=torch.float64)
+
+
+def _ttm4():
+    # cores (1, 2, 3, 2), (2, 2, 3, 2), (2, 2, 3, 2), (2, 2, 3, 1): every bond size is 2 * 3 = 6
+    return TTMLinear(16, 81, in_shape=(2, 2, 2, 2), out_shape=(3, 3, 3, 3), rank=2, dtype=torch.float64)
+
+
+def test_hand_counts_of_live_trains():
+    tt3, ttm4 = _tt3(), _ttm4()
+    assert [tuple(core.shape) for core in tt3.cores] == [(1, 3, 2), (2, 4, 2), (2, 5, 1)]
+    ttm4_shapes = [(1, 2, 3, 2), (2, 2, 3, 2), (2, 2, 3, 2), (2, 2, 3, 1)]
+    assert [tuple(core.shape) for core in ttm4.cores] == ttm4_shapes
+    assert int(train_size(tt3)) == 3 * 2 + 2 * 4 * 2 + 2 * 5 == 32
+    assert int(train_size(ttm4)) == 6 * 2 + 6 * 2 * 2 + 6 * 2 * 2 + 6 * 2 == 72
+    _kill(tt3, 1, [0])  # ranks (2, 1)
+    assert int(train_size(tt3)) == 3 * 2 + 2 * 4 * 1 + 1 * 5 == 19
+    _kill(ttm4, 0, [1])  # ranks (1, 2, 2)
+    assert int(train_size(ttm4)) == 6 * 1 + 6 * 1 * 2 + 6 * 2 * 2 + 6 * 2 == 54
+
+
+@pytest.mark.parametrize("bond", [0, 1])
+def test_three_core_train_with_a_dead_bond_counts_zero(bond):
+    layer = _tt3()
+    _kill(layer, bond, range(2))
+    # without the dead-bond rule the count would keep the far core: 2 * 5 = 10 (bond 0) or 3 * 2 = 6 (bond 1)
+    assert [int(r) for r in live_ranks(layer)] == ([0, 2] if bond == 0 else [2, 0])
+    assert int(train_size(layer)) == 0
+    x = torch.randn(3, 12, dtype=torch.float64)
+    assert torch.equal(layer(x), layer.bias.detach().expand(3, 5))  # the train represents exactly zero
+
+
+def test_four_core_train_with_a_dead_middle_bond_counts_zero():
+    layer = _ttm4()
+    _kill(layer, 1, range(2))  # ranks (2, 0, 2): the outer terms 6 * 2 + 6 * 2 = 24 stay non-zero
+    assert int(train_size(layer)) == 0
+    assert torch.equal(layer.to_dense(), torch.zeros(81, 16, dtype=torch.float64))
+
+
+def test_total_and_adaptation_size_skip_the_dead_train():
+    model = nn.Sequential(_tt3(), nn.Tanh(), nn.Linear(5, 16), _ttm4())
+    adaptation = RankAdaptation(model, tau=1e-2)
+    assert adaptation.initial_size == 32 + 72
+    _kill(model[3], 1, range(2))
+    assert int(total_size(model)) == adaptation.size() == 32
+    _kill(model[0], 0, [1])  # tt3 ranks (1, 2): 3 + 8 + 10
+    assert adaptation.size() == 21
+    assert adaptation.ratio() == pytest.approx(21 / 104)
