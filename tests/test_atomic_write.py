@@ -119,3 +119,18 @@ def test_a_failed_rename_removes_the_temporary(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="cross-device"):
         atomic_write_bytes(target, b"data")
     assert _entries(tmp_path) == set()
+
+
+def test_an_interrupt_right_after_the_rename_propagates_as_itself(tmp_path, monkeypatch):
+    target = tmp_path / "model.bin"
+    real_replace = os.replace
+
+    def replace_then_interrupt(source, destination):
+        real_replace(source, destination)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", replace_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):  # not a FileNotFoundError from cleaning up the renamed file
+        atomic_write_bytes(target, b"new")
+    assert target.read_bytes() == b"new"
+    assert _entries(tmp_path) == {"model.bin"}

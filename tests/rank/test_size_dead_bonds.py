@@ -68,3 +68,30 @@ def test_total_and_adaptation_size_skip_the_dead_train():
     _kill(model[0], 0, [1])  # tt3 ranks (1, 2): 3 + 8 + 10
     assert adaptation.size() == 21
     assert adaptation.ratio() == pytest.approx(21 / 104)
+
+
+def test_a_gate_exactly_at_tau_is_dead():
+    layer = _tt3()
+    layer.tau = 0.25  # a binary fraction: the gate value equals tau exactly
+    with torch.no_grad():
+        layer.gates[1][0] = 0.25
+        layer.gates[0][1] = -0.25
+    assert [int(r) for r in live_ranks(layer)] == [1, 1]
+    assert int(train_size(layer)) == 3 * 1 + 1 * 4 * 1 + 1 * 5
+
+
+def test_sizes_are_0_dim_int64_tensors_and_a_model_without_trains_has_size_0():
+    layer = _tt3()
+    for size in (train_size(layer), total_size(nn.Sequential(layer))):
+        assert size.dtype == torch.int64 and size.dim() == 0
+    empty = total_size(nn.Sequential(nn.Linear(3, 3)))
+    assert empty.dtype == torch.int64 and empty.dim() == 0 and int(empty) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sizes_stay_on_the_device_of_the_gates_across_a_split_model():
+    model = nn.ModuleList([_tt3().cuda(), _ttm4()])  # one train on the GPU, one on the CPU
+    size = train_size(model[0])
+    assert size.device.type == "cuda" and int(size) == 32
+    total = total_size(model)
+    assert total.device.type == "cuda" and int(total) == 32 + 72
