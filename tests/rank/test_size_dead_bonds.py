@@ -95,3 +95,10 @@ def test_sizes_stay_on_the_device_of_the_gates_across_a_split_model():
     assert size.device.type == "cuda" and int(size) == 32
     total = total_size(model)
     assert total.device.type == "cuda" and int(total) == 32 + 72
+
+
+def test_a_single_core_train_has_no_bond_and_counts_its_core():
+    layer = TTMLinear(12, 5, in_shape=(12,), out_shape=(5,), rank=2, dtype=torch.float64)
+    assert [tuple(core.shape) for core in layer.cores] == [(1, 12, 5, 1)] and len(layer.gates) == 0
+    size = train_size(layer)
+    assert int(size) == 12 * 5 and size.dtype == torch.int64
