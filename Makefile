@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --quiet --constraint constraints.txt
 
-.PHONY: demo test bench lint install install-dev clean
+.PHONY: demo test bench lint mutate install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,14 @@ bench: install-dev
 	$(BIN)/comera bench inference --write docs/benchmarks.md
 	$(BIN)/comera bench trainer --threads 2 --write docs/benchmarks.md
 	$(BIN)/comera bench transformer --threads 2 --write docs/benchmarks.md
+
+# Mutation testing ([tool.mutmut] in pyproject.toml); slow, not part of `make test`. A subset of the mutants:
+# make mutate MUTANTS='comera.atomic.*'
+MUTANTS ?=
+mutate: install-dev
+	$(PIP) "mutmut>=3.8,<4"
+	OMP_NUM_THREADS=1 $(BIN)/mutmut run $(MUTANTS)
+	$(BIN)/mutmut results
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,4 +1,9 @@
-"""Shared test settings: deterministic seeds and a hypothesis profile that fits the CPU budget."""
+"""Shared test settings: deterministic seeds and the hypothesis profiles (see docs/testing.md).
+
+``ci`` (the default): derandomized, so every run draws the same examples, and no example database, so a
+failure found on one machine does not change what another runs. ``dev``: random draws, more examples and
+the local example database; pick it with ``HYPOTHESIS_PROFILE=dev``.
+"""
 
 import os
 
@@ -6,13 +11,27 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+# Hypothesis loads its own "ci" profile when it sees a CI environment: both profiles start from the
+# library's plain defaults so that the environment does not leak into "dev".
+_DEFAULTS = settings.get_profile("default")
 settings.register_profile(
-    "comera",
+    "ci",
+    parent=_DEFAULTS,
+    derandomize=True,
+    database=None,
+    max_examples=30,
     deadline=None,
-    max_examples=int(os.environ.get("COMERA_HYPOTHESIS_EXAMPLES", "30")),
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
-settings.load_profile("comera")
+settings.register_profile(
+    "dev",
+    parent=_DEFAULTS,
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(autouse=True)
