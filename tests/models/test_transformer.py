@@ -72,7 +72,9 @@ def test_dense_model_equals_hugging_face_bert_in_float64():
         for parameter in reference.parameters():
             parameter.add_(0.1 * torch.randn_like(parameter))
     ours = TransformerClassifier.from_preset("smoke").double().eval()
-    state = {_our_name(name): value for name, value in reference.state_dict().items() if "position_ids" not in name}
+    state = {
+        _our_name(name): value for name, value in reference.state_dict().items() if "position_ids" not in name
+    }
     assert set(state) == set(ours.state_dict())
     ours.load_state_dict(state)
     ids, types, mask = _batch(SMOKE["vocab_size"])
@@ -104,7 +106,10 @@ def test_training_attention_drops_probabilities_with_the_fast_mask():
     torch.manual_seed(7)
     keep = keep_mask((2, 2, 5, 5), 0.25).double() / (1 - quantized_p(0.25))
     # b batch, h head, i query, j key, d head feature
-    q, k, v = (layer(x).view(2, 5, 2, 4).transpose(1, 2) for layer in (attention.query, attention.key, attention.value))
+    q, k, v = (
+        layer(x).view(2, 5, 2, 4).transpose(1, 2)
+        for layer in (attention.query, attention.key, attention.value)
+    )
     scores = torch.einsum("bhid,bhjd->bhij", q, k) / 2.0
     scores = scores.masked_fill(mask[:, None, None, :] == 0, float("-inf"))
     probs = scores.softmax(-1) * keep

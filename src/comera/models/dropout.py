@@ -6,8 +6,8 @@ the 2**64 values, a bias of 2**-64) yields eight independent uniform bytes, and 
 element is kept when its byte is at least ``round(256 p)``: the keep decisions stay independent, with keep
 probability ``1 - q`` where ``q`` is ``p`` rounded to a multiple of 1/256 (:func:`quantized_p`; 0.1 becomes
 26/256 = 0.1016). Kept elements are scaled by ``1 / (1 - q)``, so the expectation is the input, as with
-``F.dropout``. Mask and scale are applied by ATen's dropout-mask kernel (``native_dropout_backward``: one pass,
-and its gradient is the same masked scaling), so backward costs what ``F.dropout``'s does.
+``F.dropout``. Mask and scale are applied by ATen's dropout-mask kernel (``native_dropout_backward``: one
+pass, and its gradient is the same masked scaling), so backward costs what ``F.dropout``'s does.
 
 There is no host synchronisation and no data-dependent shape, so ``torch.compile(fullgraph=True)`` traces it.
 """
@@ -47,13 +47,17 @@ def quantized_p(p: float) -> float:
     return _threshold(p) / _LEVELS
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str | None = None) -> torch.Tensor:
+def keep_mask(
+    shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str | None = None
+) -> torch.Tensor:
     """A bool tensor of ``shape``, each entry True independently with probability ``1 - quantized_p(p)``.
 
     Draws ``ceil(numel / 8)`` full-range int64 words from the default generator of ``device``.
     """
     count = math.prod(shape)
-    words = torch.randint(_INT64_MIN, _INT64_MAX, (-(-count // _BYTES_PER_WORD),), dtype=torch.int64, device=device)
+    words = torch.randint(
+        _INT64_MIN, _INT64_MAX, (-(-count // _BYTES_PER_WORD),), dtype=torch.int64, device=device
+    )
     random_bytes = words.view(torch.uint8)[:count]
     return random_bytes.view(shape) >= _threshold(p)
 

@@ -1,4 +1,4 @@
-"""The six-encoder transformer of the paper's sentence-pair workload (method.md section 8), readable in one go.
+"""The six-encoder transformer of the paper's sentence-pair workload (method.md section 8), in one file.
 
 A BERT-style post-LN encoder classifying a pair "[CLS] a [SEP] b [SEP]" from its [CLS] token:
 
@@ -311,7 +311,9 @@ def _tensorize_config(
 
     ``attention``/``ffn`` are ``(in_shape, out_shape)``; ``row_shape`` None lets the vocabulary fold itself.
     """
-    table = {"col_shape": col_shape} if row_shape is None else {"row_shape": row_shape, "col_shape": col_shape}
+    table = (
+        {"col_shape": col_shape} if row_shape is None else {"row_shape": row_shape, "col_shape": col_shape}
+    )
     return TensorizeConfig(
         target_modules=_TARGETS,
         embeddings=("embeddings.word",),
