@@ -79,13 +79,9 @@ def test_jsonl_labels_by_name_or_index_and_skips():
     assert examples.first[0] == '"Hello," she said.'
 
 
-@pytest.mark.parametrize(
-    ("skip", "message"),
-    [(False, r"nli_malformed\.jsonl:2: malformed line: not valid JSON")],
-)
-def test_malformed_jsonl_line_names_file_and_line(skip, message):
-    with pytest.raises(ValueError, match=message):
-        read_jsonl(DATA / "nli_malformed.jsonl", skip_malformed=skip)
+def test_malformed_jsonl_line_names_file_and_line():
+    with pytest.raises(ValueError, match=r"nli_malformed\.jsonl:2: malformed line: not valid JSON"):
+        read_jsonl(DATA / "nli_malformed.jsonl")
 
 
 def test_malformed_jsonl_lines_are_counted_when_skipped():
