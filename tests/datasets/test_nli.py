@@ -108,10 +108,16 @@ def test_data_path_errors(tmp_path):
 def test_builder_tokenises_pads_and_reports_counts(tmp_path):
     data = build_nli_data(GLUE, tmp_path, tokenizer=VOCAB, max_length=16)
     assert set(data.evals) == {"validation_matched", "validation_mismatched"}
-    assert data.info["train"] == {"read": 6, "skipped": 1}
-    assert data.info["validation_matched"] == {"read": 3, "skipped": 1}
+    splits = data.info["splits"]
+    assert splits["train"] == {
+        "read": 6,
+        "skipped": 1,
+        "skipped_reasons": {"no gold label": 1},
+        "examples": 5,
+        "majority_accuracy": pytest.approx(2 / 5),
+    }
+    assert splits["validation_matched"]["read"] == 3 and splits["validation_matched"]["skipped"] == 1
     assert data.info["num_classes"] == 3 and data.info["vocab_size"] == 34
-    assert data.info["majority_accuracy"]["train"] == pytest.approx(2 / 5)
     batch = data.collate_fn([data.train[i] for i in range(3)])
     lengths = [len(data.train[i]["input_ids"]) for i in range(3)]
     assert batch["input_ids"].shape == (3, max(lengths))

@@ -205,10 +205,10 @@ class NLIData:
         evals: evaluation datasets by split name ("validation", or "validation_matched" /
             "validation_mismatched" for GLUE MNLI).
         collate_fn: a :class:`~comera.data.pairs.PadCollate` for the tokenizer's padding id.
-        info: ``{split: {"read": n, "skipped": k}}`` for every split, and "task", "label_names",
-            "num_classes", "vocab_size", "pad_token_id", "max_length", "examples" ``{split: n}``,
-            "majority_accuracy" ``{split: accuracy of always answering that split's most frequent label}``,
-            "skipped_reasons" ``{split: {reason: n}}``, "source" (data path or the library read).
+        info: "splits" ``{split: {"read": lines, "skipped": lines, "skipped_reasons": {reason: lines},
+            "examples": pairs kept, "majority_accuracy": accuracy of always answering the split's most
+            frequent label}}``, and "task", "label_names", "num_classes", "vocab_size", "pad_token_id",
+            "max_length", "source" (the data path or the library read).
     """
 
     train: PairDataset
@@ -217,8 +217,15 @@ class NLIData:
     info: dict
 
 
-def _majority_accuracy(examples: PairExamples) -> float:
-    return max(Counter(examples.labels).values()) / len(examples) if len(examples) else 0.0
+def _split_facts(examples: PairExamples) -> dict:
+    """Lines read and skipped (by reason), examples kept, and the accuracy of the most frequent label."""
+    majority = max(Counter(examples.labels).values()) / len(examples) if len(examples) else 0.0
+    return {
+        **examples.counts(),
+        "skipped_reasons": dict(examples.skipped_reasons),
+        "examples": len(examples),
+        "majority_accuracy": majority,
+    }
 
 
 def _trained_tokenizer(
@@ -298,15 +305,12 @@ def build_nli_data(
     if not len(splits["train"]):
         raise ValueError(f"data path {data_path}: the training split has no labelled pairs")
     datasets = {name: PairDataset(examples, pair_tokenizer) for name, examples in splits.items()}
-    info.update({name: examples.counts() for name, examples in splits.items()})
     info.update(
         num_classes=len(info["label_names"]),
         vocab_size=pair_tokenizer.vocab_size,
         pad_token_id=pair_tokenizer.pad_id,
         max_length=max_length,
-        examples={name: len(examples) for name, examples in splits.items()},
-        majority_accuracy={name: _majority_accuracy(examples) for name, examples in splits.items()},
-        skipped_reasons={name: dict(examples.skipped_reasons) for name, examples in splits.items()},
+        splits={name: _split_facts(examples) for name, examples in splits.items()},
     )
     train = datasets.pop("train")
     return NLIData(train=train, evals=datasets, collate_fn=PadCollate(pair_tokenizer.pad_id), info=info)
