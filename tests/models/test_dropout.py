@@ -96,5 +96,5 @@ def test_module_is_identity_in_eval_and_for_p_zero():
 
 @pytest.mark.parametrize("p", [-0.1, 1.0, 1.5, "0.1", True])
 def test_bad_p_names_the_range(p):
-    with pytest.raises(ValueError, match=r"p must be a float in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"p must be a finite number in \[0.0, 1.0\)"):
         FastDropout(p)

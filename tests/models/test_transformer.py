@@ -180,7 +180,7 @@ def test_dropout_changes_the_output_in_training_only():
     ("kwargs", "message"),
     [
         ({"d_model": 10, "n_heads": 3}, "multiple of n_heads"),
-        ({"dropout": 1.0}, r"dropout must be a float in \[0, 1\)"),
+        ({"dropout": 1.0}, r"dropout must be a finite number in \[0.0, 1.0\)"),
         ({"pad_token_id": 96}, r"pad_token_id must be an int in \[0, 95\]"),
         ({"n_layers": 0}, "n_layers must be an int >= 1"),
         ({"hidden": 3}, "unknown TransformerClassifier argument"),

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from comera.checks import check_int
 from comera.data.pairs import PAIR_LABELS, PadCollate, PairDataset, PairExamples, build_docstring_pairs
 from comera.data.tokenize import PairTokenizer, load_tokenizer, train_wordpiece
 
@@ -174,12 +175,7 @@ def read_mnli(
             raise ValueError(
                 f"data path {path} must be a GLUE MNLI folder, a folder of .jsonl files or a .jsonl file"
             )
-        if (
-            isinstance(validation_every, bool)
-            or not isinstance(validation_every, int)
-            or validation_every < 2
-        ):
-            raise ValueError(f"validation_every must be an int >= 2, got {validation_every!r}")
+        check_int(validation_every, "validation_every", 2)
         train, validation = _split_by_line(read_jsonl(path, skip_malformed=skip_malformed), validation_every)
         return {"train": train, "validation": validation}
     if not path.is_dir():

@@ -39,6 +39,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
 from comera.atomic import atomic_write_bytes
+from comera.checks import check_int, check_number
 from comera.data.tokenize import SPECIAL_TOKENS, PairTokenizer, train_wordpiece
 
 __all__ = [
@@ -252,12 +253,6 @@ def _collect(
     return examples, used
 
 
-def _check_count(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
 def build_docstring_pairs(
     cache_dir: str | os.PathLike,
     *,
@@ -286,13 +281,10 @@ def build_docstring_pairs(
         ``({"train": ..., "validation": ...}, tokenizer, info)``; ``info`` has the Python version, the
         modules per split and the cache folder.
     """
-    _check_count(train_pairs, "train_pairs", 2)
-    _check_count(validation_pairs, "validation_pairs", 2)
-    _check_count(vocab_size, "vocab_size", len(SPECIAL_TOKENS) + 1)
-    if isinstance(validation_fraction, bool) or not isinstance(validation_fraction, float):
-        raise ValueError(f"validation_fraction must be a float in (0, 1), got {validation_fraction!r}")
-    if not 0.0 < validation_fraction < 1.0:
-        raise ValueError(f"validation_fraction must be a float in (0, 1), got {validation_fraction!r}")
+    check_int(train_pairs, "train_pairs", 2)
+    check_int(validation_pairs, "validation_pairs", 2)
+    check_int(vocab_size, "vocab_size", len(SPECIAL_TOKENS) + 1)
+    check_number(validation_fraction, "validation_fraction", 0.0, 1.0, open_low=True, open_high=True)
     root = Path(stdlib if stdlib is not None else sysconfig.get_paths()["stdlib"])
     if not root.is_dir():
         raise FileNotFoundError(f"stdlib folder {root} does not exist")

@@ -23,6 +23,8 @@ from tokenizers.models import WordPiece
 from tokenizers.processors import TemplateProcessing
 from tokenizers.trainers import WordPieceTrainer
 
+from comera.checks import check_int
+
 __all__ = ["SPECIAL_TOKENS", "PairTokenizer", "bert_wordpiece", "load_tokenizer", "train_wordpiece"]
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -84,8 +86,7 @@ class PairTokenizer:
     """
 
     def __init__(self, tokenizer: Tokenizer, max_length: int = 128) -> None:
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 4:
-            raise ValueError(f"max_length must be an int >= 4, got {max_length!r}")
+        check_int(max_length, "max_length", 4)
         missing = [token for token in (PAD, CLS, SEP) if tokenizer.token_to_id(token) is None]
         if missing:
             raise ValueError(f"the tokenizer's vocabulary lacks the special token(s) {missing}")

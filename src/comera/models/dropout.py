@@ -19,6 +19,8 @@ import math
 import torch
 from torch import nn
 
+from comera.checks import check_number
+
 __all__ = ["FastDropout", "fast_dropout", "keep_mask", "quantized_p"]
 
 _LEVELS = 256
@@ -28,9 +30,7 @@ _INT64_MAX = 2**63 - 1
 
 
 def _check_p(p: float) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability p must be a float in [0, 1), got {p!r}")
-    return float(p)
+    return check_number(p, "dropout probability p", 0.0, 1.0, open_high=True)
 
 
 def _threshold(p: float) -> int:

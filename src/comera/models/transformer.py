@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from comera.checks import check_int, check_number
 from comera.io import MODEL_ATTRIBUTE, register_model
 from comera.models.dropout import FastDropout, fast_dropout
 from comera.tensorize_config import TensorizeConfig, register_preset
@@ -43,18 +44,6 @@ __all__ = [
 
 MODEL_NAME = "transformer-classifier"
 _INIT_STD = 0.02
-
-
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
-def _probability(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -91,22 +80,16 @@ class TransformerConfig:
     pad_token_id: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions"):
-            _positive_int(getattr(self, name), name)
-        _positive_int(self.type_vocab_size, "type_vocab_size")
-        _positive_int(self.num_classes, "num_classes")
+        sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions", "type_vocab_size")
+        for name in (*sizes, "num_classes"):
+            check_int(getattr(self, name), name, 1)
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
-        _probability(self.dropout, "dropout")
+        check_number(self.dropout, "dropout", 0.0, 1.0, open_high=True)
         if self.attention_dropout is not None:
-            _probability(self.attention_dropout, "attention_dropout")
-        if isinstance(self.layer_norm_eps, bool) or not isinstance(self.layer_norm_eps, (int, float)):
-            raise ValueError(f"layer_norm_eps must be a float > 0, got {self.layer_norm_eps!r}")
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"layer_norm_eps must be a float > 0, got {self.layer_norm_eps!r}")
-        pad = self.pad_token_id
-        if isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < self.vocab_size:
-            raise ValueError(f"pad_token_id must be an int in [0, {self.vocab_size - 1}], got {pad!r}")
+            check_number(self.attention_dropout, "attention_dropout", 0.0, 1.0, open_high=True)
+        check_number(self.layer_norm_eps, "layer_norm_eps", 0.0, open_low=True)
+        check_int(self.pad_token_id, "pad_token_id", 0, self.vocab_size - 1)
 
     @property
     def attention_p(self) -> float:
