@@ -143,3 +143,21 @@ def test_standard_library_split_has_no_module_on_both_sides(tmp_path):
 def test_bad_settings_are_named(tmp_path, options, message):
     with pytest.raises(ValueError, match=message):
         build_docstring_pairs(tmp_path, **options)
+
+
+def test_negatives_from_other_modules_stay_in_their_split(tmp_path):
+    _fake_library(tmp_path / "lib")
+    splits, _, info = build_docstring_pairs(
+        tmp_path / "cache",
+        stdlib=tmp_path / "lib",
+        train_pairs=12,
+        validation_pairs=6,
+        vocab_size=200,
+        validation_fraction=0.5,
+        same_module_negatives=0.0,
+    )
+    for name, examples in splits.items():
+        for doc, code, label in zip(examples.first, examples.second, examples.labels):
+            module = "mod" + doc.split("module ")[1].split()[0]
+            assert (_module_of(code) == module) == (label == 1)
+            assert _module_of(code) in info["modules"][name]

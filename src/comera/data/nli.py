@@ -255,6 +255,7 @@ def build_nli_data(
     validation_every: int = 10,
     train_pairs: int = 4000,
     validation_pairs: int = 2000,
+    same_module_negatives: float = 1.0,
     seed: int = 0,
 ) -> NLIData:
     """The sentence-pair data of a run: MNLI from ``data_path``, or the embedded docstring task when None.
@@ -273,7 +274,8 @@ def build_nli_data(
             :data:`EMBEDDED_VOCAB_SIZE` for the embedded task.
         skip_malformed: skip and count malformed lines instead of raising.
         validation_every: for a single ``.jsonl`` file, every n-th pair goes to validation.
-        train_pairs / validation_pairs / seed: sizes and seed of the embedded task.
+        train_pairs / validation_pairs / same_module_negatives / seed: settings of the embedded task
+            (:func:`~comera.data.pairs.build_docstring_pairs`).
 
     Returns:
         An :class:`NLIData`.
@@ -286,6 +288,7 @@ def build_nli_data(
             validation_pairs=validation_pairs,
             vocab_size=vocab_size or EMBEDDED_VOCAB_SIZE,
             max_length=max_length,
+            same_module_negatives=same_module_negatives,
             seed=seed,
         )
         info = {"task": "docstring-code pairs", "label_names": list(PAIR_LABELS), **task_info}

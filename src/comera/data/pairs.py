@@ -223,22 +223,33 @@ def _module_hash(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "big")
 
 
-def _module_pairs(name: str, functions: list[DocumentedFunction], seed: int, examples: PairExamples) -> None:
-    """A positive and a same-module negative pair for every function (negatives from a seeded RNG)."""
-    rng = random.Random(f"{seed}:{name}")
-    for index, function in enumerate(functions):
-        other = rng.choice([j for j in range(len(functions)) if j != index])
-        examples.add(function.doc, function.code, 1)
-        examples.add(function.doc, functions[other].code, 0)
+def _pairs(
+    modules: list[tuple[str, list[DocumentedFunction]]], seed: int, same_module: float
+) -> PairExamples:
+    """A positive and a negative pair for every function. The negative's code comes from another function
+    of the same module with probability ``same_module``, else from a function of another of ``modules``;
+    each module's draws come from an RNG seeded by the seed and the module's name."""
+    examples = PairExamples()
+    for position, (name, functions) in enumerate(modules):
+        rng = random.Random(f"{seed}:{name}")
+        for index, function in enumerate(functions):
+            if len(modules) == 1 or rng.random() < same_module:
+                other = functions[rng.choice([j for j in range(len(functions)) if j != index])]
+            else:
+                elsewhere = rng.choice([j for j in range(len(modules)) if j != position])
+                other = rng.choice(modules[elsewhere][1])
+            examples.add(function.doc, function.code, 1)
+            examples.add(function.doc, other.code, 0)
+    return examples
 
 
 def _collect(
-    modules: list[tuple[str, Path]], pairs: int, seed: int, min_doc_words: int
+    modules: list[tuple[str, Path]], pairs: int, seed: int, min_doc_words: int, same_module: float
 ) -> tuple[PairExamples, list[str]]:
     """Pairs from ``modules`` in order until there are ``pairs`` (even: a positive and its negative)."""
-    examples, used = PairExamples(), []
+    found, count = [], 0
     for name, file in modules:
-        if len(examples) >= pairs:
+        if count >= pairs:
             break
         try:
             source = file.read_text(encoding="utf-8")
@@ -246,11 +257,12 @@ def _collect(
             continue
         functions = documented_functions(source, min_doc_words)
         if len(functions) >= 2:
-            _module_pairs(name, functions, seed, examples)
-            used.append(name)
+            found.append((name, functions))
+            count += 2 * len(functions)
+    examples = _pairs(found, seed, same_module)
     keep = min(len(examples), pairs - pairs % 2)
     examples = PairExamples(examples.first[:keep], examples.second[:keep], examples.labels[:keep], read=keep)
-    return examples, used
+    return examples, [name for name, _ in found]
 
 
 def build_docstring_pairs(
@@ -262,6 +274,7 @@ def build_docstring_pairs(
     vocab_size: int = 8192,
     max_length: int = 128,
     min_doc_words: int = 3,
+    same_module_negatives: float = 1.0,
     seed: int = 0,
     stdlib: str | os.PathLike | None = None,
 ) -> tuple[dict[str, PairExamples], PairTokenizer, dict]:
@@ -274,6 +287,8 @@ def build_docstring_pairs(
         vocab_size: WordPiece vocabulary size to train (at most; special tokens included).
         max_length: the tokenizer's longest encoding.
         min_doc_words: shortest docstring kept, in words.
+        same_module_negatives: share of negatives whose code comes from the docstring's own module (hard);
+            the rest come from other modules of the same split. In [0, 1].
         seed: changes the module split and the negatives.
         stdlib: the library to read (default: the running Python's standard library).
 
@@ -285,6 +300,7 @@ def build_docstring_pairs(
     check_int(validation_pairs, "validation_pairs", 2)
     check_int(vocab_size, "vocab_size", len(SPECIAL_TOKENS) + 1)
     check_number(validation_fraction, "validation_fraction", 0.0, 1.0, open_low=True, open_high=True)
+    check_number(same_module_negatives, "same_module_negatives", 0.0, 1.0)
     root = Path(stdlib if stdlib is not None else sysconfig.get_paths()["stdlib"])
     if not root.is_dir():
         raise FileNotFoundError(f"stdlib folder {root} does not exist")
@@ -297,6 +313,7 @@ def build_docstring_pairs(
         "validation_fraction": validation_fraction,
         "vocab_size": vocab_size,
         "min_doc_words": min_doc_words,
+        "same_module_negatives": same_module_negatives,
         "seed": seed,
     }
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
@@ -317,7 +334,9 @@ def build_docstring_pairs(
     wanted = {"train": train_pairs, "validation": validation_pairs}
     splits, modules = {}, {}
     for split, candidates in sides.items():
-        splits[split], modules[split] = _collect(candidates, wanted[split], seed, min_doc_words)
+        splits[split], modules[split] = _collect(
+            candidates, wanted[split], seed, min_doc_words, same_module_negatives
+        )
     tokenizer = train_wordpiece(splits["train"].first + splits["train"].second[::2], vocab_size)
     info = {"source": str(root), "python": sys.version.split()[0], "modules": modules, "cache": str(folder)}
     folder.mkdir(parents=True, exist_ok=True)
