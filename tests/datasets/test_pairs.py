@@ -150,12 +150,13 @@ def test_negatives_from_other_modules_stay_in_their_split(tmp_path):
     splits, _, info = build_docstring_pairs(
         tmp_path / "cache",
         stdlib=tmp_path / "lib",
-        train_pairs=12,
-        validation_pairs=6,
+        train_pairs=24,
+        validation_pairs=12,
         vocab_size=200,
         validation_fraction=0.5,
         same_module_negatives=0.0,
     )
+    assert all(len(info["modules"][name]) >= 2 for name in splits)
     for name, examples in splits.items():
         for doc, code, label in zip(examples.first, examples.second, examples.labels):
             module = "mod" + doc.split("module ")[1].split()[0]
