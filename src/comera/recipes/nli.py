@@ -124,7 +124,7 @@ class NLIRecipe(Recipe):
                 "gamma": 0.01,
                 "target_ratio": 0.5,
                 "lr_cores": 1e-3,
-                "lr_gates": 1e-2,
+                "lr_gates": 1e-3,
                 "lr_other": 5e-4,
                 "log_every": 20,
             },
