@@ -1,0 +1,1 @@
+"""Data loaders and the embedded default tasks of the workloads."""

@@ -1,0 +1,315 @@
+"""Sentence-pair classification data: MNLI readers, a tokenised dataset, and batch padding.
+
+Readers (each returns :class:`PairExamples` with the counts of lines read and skipped):
+
+- :func:`read_glue_tsv`: a GLUE MNLI file (``train.tsv``, ``dev_matched.tsv``, ``dev_mismatched.tsv``).
+  Columns are found by header name (``sentence1``, ``sentence2``, ``gold_label``). Fields are split on tabs
+  only: GLUE's text contains quote characters that are not CSV quoting.
+- :func:`read_jsonl`: JSON lines with ``premise``, ``hypothesis`` and ``label`` (a name or 0/1/2).
+
+Lines without a gold label (``-``, empty, ``-1``, missing) and pairs with an empty sentence (the paper's
+filter) are skipped and counted. A malformed line raises ``ValueError`` naming the file and line number, or
+with ``skip_malformed=True`` is skipped and counted.
+
+:func:`read_mnli` reads a GLUE folder, a folder of ``.jsonl`` files, or a single ``.jsonl`` file (split into
+train and validation by line number). :func:`build_nli_data` is what a recipe calls: MNLI when given a data
+path, else the embedded docstring task (:mod:`comera.data.pairs`), tokenised, with counts and baselines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from comera.checks import check_int
+from comera.data.pairs import PAIR_LABELS, PadCollate, PairDataset, PairExamples, build_docstring_pairs
+from comera.data.tokenize import PairTokenizer, load_tokenizer, train_wordpiece
+
+__all__ = [
+    "MNLI_LABELS",
+    "GLUE_FILES",
+    "NLIData",
+    "MNLI_VOCAB_SIZE",
+    "EMBEDDED_VOCAB_SIZE",
+    "build_nli_data",
+    "read_glue_tsv",
+    "read_jsonl",
+    "read_mnli",
+]
+
+MNLI_LABELS = ("entailment", "neutral", "contradiction")
+GLUE_FILES = {
+    "train": "train.tsv",
+    "validation_matched": "dev_matched.tsv",
+    "validation_mismatched": "dev_mismatched.tsv",
+}
+MNLI_VOCAB_SIZE = 30522
+EMBEDDED_VOCAB_SIZE = 8192
+_GLUE_COLUMNS = ("sentence1", "sentence2", "gold_label")
+_MISSING_LABELS = ("", "-", "-1", None, -1)
+
+
+class _Malformed(ValueError):
+    pass
+
+
+def _label_id(value: object, labels: Sequence[str]) -> int | None:
+    """The label's index; None for a missing gold label; raises :class:`_Malformed` for anything else."""
+    if value in _MISSING_LABELS:
+        return None
+    if isinstance(value, str) and value in labels:
+        return labels.index(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(labels):
+        return value
+    raise _Malformed(f"label {value!r} is not one of {list(labels)} or 0..{len(labels) - 1}")
+
+
+def _keep(examples: PairExamples, first: str, second: str, label: int | None) -> None:
+    if label is None:
+        examples.skip("no gold label")
+    elif not first.strip() or not second.strip():
+        examples.skip("empty sentence")
+    else:
+        examples.add(first, second, label)
+
+
+def _malformed(examples: PairExamples, path: Path, number: int, error: Exception, skip: bool) -> None:
+    if not skip:
+        raise ValueError(f"{path}:{number}: malformed line: {error}") from None
+    examples.skip("malformed")
+
+
+def read_glue_tsv(path: str | os.PathLike, *, skip_malformed: bool = False) -> PairExamples:
+    """The labelled pairs of a GLUE MNLI ``.tsv`` file (header line first; columns found by name).
+
+    A line is malformed when its field count differs from the header's or its label is unknown.
+    """
+    path = Path(path)
+    examples = PairExamples()
+    with path.open(encoding="utf-8", newline="") as lines:
+        header = next(lines, "").rstrip("\r\n").split("\t")
+        missing = [name for name in _GLUE_COLUMNS if name not in header]
+        if missing:
+            raise ValueError(f"{path}:1: header lacks the column(s) {missing}; found {header}")
+        first, second, gold = (header.index(name) for name in _GLUE_COLUMNS)
+        for number, line in enumerate(lines, start=2):
+            text = line.rstrip("\r\n")
+            if not text:
+                continue
+            examples.read += 1
+            fields = text.split("\t")
+            try:
+                if len(fields) != len(header):
+                    raise _Malformed(f"{len(fields)} tab-separated fields, the header has {len(header)}")
+                label = _label_id(fields[gold], MNLI_LABELS)
+            except _Malformed as error:
+                _malformed(examples, path, number, error, skip_malformed)
+                continue
+            _keep(examples, fields[first], fields[second], label)
+    return examples
+
+
+def read_jsonl(path: str | os.PathLike, *, skip_malformed: bool = False) -> PairExamples:
+    """The labelled pairs of a JSON lines file of ``{"premise": ..., "hypothesis": ..., "label": ...}``.
+
+    A line is malformed when it is not a JSON object, lacks a string premise or hypothesis, or has an
+    unknown label (a label name of :data:`MNLI_LABELS` or its index; ``-1``, ``"-"`` or none = no label).
+    """
+    path = Path(path)
+    examples = PairExamples()
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            examples.read += 1
+            try:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise _Malformed(f"not valid JSON ({error.msg})") from None
+                if not isinstance(record, dict):
+                    raise _Malformed(f"expected a JSON object, got {type(record).__name__}")
+                texts = [record.get(key) for key in ("premise", "hypothesis")]
+                if not all(isinstance(text, str) for text in texts):
+                    raise _Malformed("'premise' and 'hypothesis' must be strings")
+                label = _label_id(record.get("label"), MNLI_LABELS)
+            except _Malformed as error:
+                _malformed(examples, path, number, error, skip_malformed)
+                continue
+            _keep(examples, texts[0], texts[1], label)
+    return examples
+
+
+def _split_by_line(examples: PairExamples, every: int) -> tuple[PairExamples, PairExamples]:
+    """Every ``every``-th pair to validation, the rest to train (deterministic; counts stay with train)."""
+    train, validation = PairExamples(), PairExamples()
+    for index, pair in enumerate(zip(examples.first, examples.second, examples.labels)):
+        (validation if index % every == every - 1 else train).add(*pair)
+    train.read, train.skipped, train.skipped_reasons = (
+        examples.read,
+        examples.skipped,
+        examples.skipped_reasons,
+    )
+    return train, validation
+
+
+def read_mnli(
+    data_path: str | os.PathLike, *, skip_malformed: bool = False, validation_every: int = 10
+) -> dict[str, PairExamples]:
+    """Splits of an MNLI-style data set: ``{"train": ..., <evaluation split>: ..., ...}``.
+
+    ``data_path`` is one of
+    - a GLUE MNLI folder: ``train.tsv`` and whichever of ``dev_matched.tsv`` / ``dev_mismatched.tsv`` exist,
+      as "validation_matched" / "validation_mismatched";
+    - a folder of ``.jsonl`` files: ``train.jsonl`` and every other ``NAME.jsonl`` as split ``NAME``;
+    - one ``.jsonl`` file: every ``validation_every``-th labelled pair becomes "validation".
+    """
+    path = Path(data_path)
+    if path.is_file():
+        if path.suffix != ".jsonl":
+            raise ValueError(
+                f"data path {path} must be a GLUE MNLI folder, a folder of .jsonl files or a .jsonl file"
+            )
+        check_int(validation_every, "validation_every", 2)
+        train, validation = _split_by_line(read_jsonl(path, skip_malformed=skip_malformed), validation_every)
+        return {"train": train, "validation": validation}
+    if not path.is_dir():
+        raise FileNotFoundError(f"data path {path} does not exist")
+    if (path / GLUE_FILES["train"]).is_file():
+        return {
+            split: read_glue_tsv(path / name, skip_malformed=skip_malformed)
+            for split, name in GLUE_FILES.items()
+            if (path / name).is_file()
+        }
+    if (path / "train.jsonl").is_file():
+        files = sorted(path.glob("*.jsonl"), key=lambda file: (file.stem != "train", file.stem))
+        return {file.stem: read_jsonl(file, skip_malformed=skip_malformed) for file in files}
+    raise ValueError(f"data path {path} holds neither train.tsv (GLUE MNLI) nor train.jsonl")
+
+
+@dataclass
+class NLIData:
+    """What :func:`build_nli_data` returns (the fields of a recipe's data).
+
+    Attributes:
+        train: the training :class:`~comera.data.pairs.PairDataset`.
+        evals: evaluation datasets by split name ("validation", or "validation_matched" /
+            "validation_mismatched" for GLUE MNLI).
+        collate_fn: a :class:`~comera.data.pairs.PadCollate` for the tokenizer's padding id.
+        info: "splits" ``{split: {"read": lines, "skipped": lines, "skipped_reasons": {reason: lines},
+            "examples": pairs kept, "majority_accuracy": accuracy of always answering the split's most
+            frequent label}}``, and "task", "label_names", "num_classes", "vocab_size", "pad_token_id",
+            "max_length", "source" (the data path or the library read).
+    """
+
+    train: PairDataset
+    evals: dict[str, PairDataset]
+    collate_fn: PadCollate
+    info: dict
+
+
+def _split_facts(examples: PairExamples) -> dict:
+    """Lines read and skipped (by reason), examples kept, and the accuracy of the most frequent label."""
+    majority = max(Counter(examples.labels).values()) / len(examples) if len(examples) else 0.0
+    return {
+        **examples.counts(),
+        "skipped_reasons": dict(examples.skipped_reasons),
+        "examples": len(examples),
+        "majority_accuracy": majority,
+    }
+
+
+def _trained_tokenizer(
+    train: PairExamples, cache_dir: Path, key: str, vocab_size: int, max_length: int
+) -> PairTokenizer:
+    """A WordPiece vocabulary trained on the training pairs, cached under ``cache_dir`` by ``key``."""
+    file = cache_dir / f"wordpiece-{key}.json"
+    if not file.is_file():
+        tokenizer = train_wordpiece(train.first + train.second, vocab_size)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(str(file))
+    return load_tokenizer(file, max_length=max_length)
+
+
+def _source_key(path: Path, vocab_size: int) -> str:
+    """Identifies a data source by its files' names, sizes and modification times."""
+    files = sorted(path.rglob("*")) if path.is_dir() else [path]
+    stamp = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
+    return hashlib.sha256(json.dumps([stamp, vocab_size]).encode()).hexdigest()[:16]
+
+
+def build_nli_data(
+    data_path: str | os.PathLike | None,
+    cache_dir: str | os.PathLike,
+    *,
+    tokenizer: str | os.PathLike | None = None,
+    max_length: int = 128,
+    lowercase: bool = True,
+    vocab_size: int | None = None,
+    skip_malformed: bool = False,
+    validation_every: int = 10,
+    train_pairs: int = 4000,
+    validation_pairs: int = 2000,
+    same_module_negatives: float = 1.0,
+    seed: int = 0,
+) -> NLIData:
+    """The sentence-pair data of a run: MNLI from ``data_path``, or the embedded docstring task when None.
+
+    Args:
+        data_path: a GLUE MNLI folder, a folder of ``.jsonl`` files, a ``.jsonl`` file (see
+            :func:`read_mnli`), or None for the embedded task
+            (:func:`~comera.data.pairs.build_docstring_pairs`).
+        cache_dir: where trained vocabularies and the embedded task are cached.
+        tokenizer: a local ``vocab.txt`` / ``tokenizer.json`` (or folder) for MNLI; None trains a WordPiece
+            vocabulary of ``vocab_size`` on the training split (cached). The embedded task always trains its
+            own.
+        max_length: longest encoding, special tokens included (pairs are truncated longest-first).
+        lowercase: lower-case text for a ``vocab.txt`` tokenizer.
+        vocab_size: size of a vocabulary trained here; None for the default, BERT's 30522 for MNLI and
+            :data:`EMBEDDED_VOCAB_SIZE` for the embedded task.
+        skip_malformed: skip and count malformed lines instead of raising.
+        validation_every: for a single ``.jsonl`` file, every n-th pair goes to validation.
+        train_pairs / validation_pairs / same_module_negatives / seed: settings of the embedded task
+            (:func:`~comera.data.pairs.build_docstring_pairs`).
+
+    Returns:
+        An :class:`NLIData`.
+    """
+    cache = Path(cache_dir)
+    if data_path is None:
+        splits, pair_tokenizer, task_info = build_docstring_pairs(
+            cache,
+            train_pairs=train_pairs,
+            validation_pairs=validation_pairs,
+            vocab_size=vocab_size or EMBEDDED_VOCAB_SIZE,
+            max_length=max_length,
+            same_module_negatives=same_module_negatives,
+            seed=seed,
+        )
+        info = {"task": "docstring-code pairs", "label_names": list(PAIR_LABELS), **task_info}
+    else:
+        splits = read_mnli(data_path, skip_malformed=skip_malformed, validation_every=validation_every)
+        if tokenizer is not None:
+            pair_tokenizer = load_tokenizer(tokenizer, max_length=max_length, lowercase=lowercase)
+        else:
+            size = vocab_size or MNLI_VOCAB_SIZE
+            key = _source_key(Path(data_path), size)
+            pair_tokenizer = _trained_tokenizer(splits["train"], cache, key, size, max_length)
+        info = {"task": "mnli", "label_names": list(MNLI_LABELS), "source": str(data_path)}
+    if not len(splits["train"]):
+        raise ValueError(f"data path {data_path}: the training split has no labelled pairs")
+    datasets = {name: PairDataset(examples, pair_tokenizer) for name, examples in splits.items()}
+    info.update(
+        num_classes=len(info["label_names"]),
+        vocab_size=pair_tokenizer.vocab_size,
+        pad_token_id=pair_tokenizer.pad_id,
+        max_length=max_length,
+        splits={name: _split_facts(examples) for name, examples in splits.items()},
+    )
+    train = datasets.pop("train")
+    return NLIData(train=train, evals=datasets, collate_fn=PadCollate(pair_tokenizer.pad_id), info=info)

@@ -1,0 +1,141 @@
+"""Sentence-pair tokenisation with the ``tokenizers`` library, from local files only (never a hub).
+
+:class:`PairTokenizer` encodes ``"[CLS] a [SEP] b [SEP]"`` with token types 0 (through the first [SEP]) and 1
+(the rest), truncated longest-first to ``max_length`` tokens, the special tokens included. It is built from
+
+- a WordPiece ``vocab.txt`` (one token a line, BERT's format), with BERT's normaliser (lower-casing unless
+  ``lowercase=False``) and pre-tokeniser, or
+- a ``tokenizer.json``: its model, normaliser and pre-tokeniser are used, but its padding and truncation are
+  replaced (some files fix padding to 128, which would pad every pair) and its post-processor is replaced by
+  the pair template above.
+
+Transformers' ``BertTokenizerFast(vocab_file=...)`` is not used: in transformers 5 it ignores the file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
+from tokenizers.models import WordPiece
+from tokenizers.processors import TemplateProcessing
+from tokenizers.trainers import WordPieceTrainer
+
+from comera.checks import check_int
+
+__all__ = ["SPECIAL_TOKENS", "PairTokenizer", "bert_wordpiece", "load_tokenizer", "train_wordpiece"]
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+VOCAB_FILE = "vocab.txt"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def bert_wordpiece(vocab: dict[str, int] | None = None, *, lowercase: bool = True) -> Tokenizer:
+    """A BERT-style WordPiece tokenizer over ``vocab`` (an empty model, for training, when None)."""
+    model = WordPiece(vocab, unk_token=UNK) if vocab is not None else WordPiece(unk_token=UNK)
+    tokenizer = Tokenizer(model)
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    return tokenizer
+
+
+def train_wordpiece(texts: Iterable[str], vocab_size: int, *, lowercase: bool = True) -> Tokenizer:
+    """A BERT-style WordPiece tokenizer whose vocabulary (at most ``vocab_size``, with the special tokens
+    first, so [PAD] is 0) is trained on ``texts``; pieces seen fewer than twice are left out."""
+    tokenizer = bert_wordpiece(lowercase=lowercase)
+    trainer = WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def _read_vocab(path: Path) -> dict[str, int]:
+    vocab: dict[str, int] = {}
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            token = line.rstrip("\r\n")
+            if not token:
+                raise ValueError(f"{path}:{number}: empty line in a WordPiece vocabulary")
+            vocab.setdefault(token, len(vocab))
+    return vocab
+
+
+def _locate(path: Path) -> Path:
+    if path.is_dir():
+        for name in (TOKENIZER_FILE, VOCAB_FILE):
+            if (path / name).is_file():
+                return path / name
+        raise FileNotFoundError(f"{path}: holds neither {TOKENIZER_FILE} nor {VOCAB_FILE}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: tokenizer file not found")
+    return path
+
+
+class PairTokenizer:
+    """Encodes sentence pairs as ``[CLS] a [SEP] b [SEP]`` with token types, truncated longest-first.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer`` whose vocabulary holds [PAD], [CLS] and [SEP] (it is modified:
+            post-processor, padding and truncation are set here).
+        max_length: the longest encoding, special tokens included; at least 4.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, max_length: int = 128) -> None:
+        check_int(max_length, "max_length", 4)
+        missing = [token for token in (PAD, CLS, SEP) if tokenizer.token_to_id(token) is None]
+        if missing:
+            raise ValueError(f"the tokenizer's vocabulary lacks the special token(s) {missing}")
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.pad_id = tokenizer.token_to_id(PAD)
+        self.cls_id = tokenizer.token_to_id(CLS)
+        self.sep_id = tokenizer.token_to_id(SEP)
+        tokenizer.post_processor = TemplateProcessing(
+            single=f"{CLS} $A {SEP}",
+            pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+            special_tokens=[(CLS, self.cls_id), (SEP, self.sep_id)],
+        )
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(max_length, strategy="longest_first")
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows an embedding needs: the vocabulary with added tokens."""
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode_pairs(self, first: Sequence[str], second: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        """``(ids, token_type_ids)`` of each pair ``(first[i], second[i])``, at most ``max_length`` long."""
+        if len(first) != len(second):
+            raise ValueError(
+                f"first and second must have the same length, got {len(first)} and {len(second)}"
+            )
+        encodings = self.tokenizer.encode_batch(list(zip(first, second)))
+        return [(encoding.ids, encoding.type_ids) for encoding in encodings]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the tokenizer as a ``tokenizer.json`` at ``path``."""
+        self.tokenizer.save(str(path))
+
+
+def load_tokenizer(
+    path: str | os.PathLike, *, max_length: int = 128, lowercase: bool = True
+) -> PairTokenizer:
+    """A :class:`PairTokenizer` from a local ``vocab.txt``, ``tokenizer.json``, or a folder holding one.
+
+    ``lowercase`` applies to ``vocab.txt`` (an uncased vocabulary needs it); a ``tokenizer.json`` keeps its
+    own normaliser. A folder with both uses ``tokenizer.json``.
+    """
+    file = _locate(Path(path))
+    if file.suffix == ".json":
+        try:
+            tokenizer = Tokenizer.from_file(str(file))
+        except Exception as error:
+            raise ValueError(f"{file}: not a tokenizers tokenizer.json ({error})") from None
+    else:
+        tokenizer = bert_wordpiece(_read_vocab(file), lowercase=lowercase)
+    return PairTokenizer(tokenizer, max_length)

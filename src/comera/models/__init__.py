@@ -1,0 +1,1 @@
+"""Reference models of the workloads, each registered for ``comera.load_pretrained``."""

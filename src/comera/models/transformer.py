@@ -1,0 +1,344 @@
+"""The six-encoder transformer of the paper's sentence-pair workload (method.md section 8), in one file.
+
+A BERT-style post-LN encoder classifying a pair "[CLS] a [SEP] b [SEP]" from its [CLS] token:
+
+    embeddings  word + learned position + token type -> LayerNorm -> dropout
+    block (x n) h = LayerNorm(x + dropout(output(attention(query(x), key(x), value(x)))))
+                y = LayerNorm(h + dropout(ffn_out(gelu(ffn_in(h)))))
+    head        logits = classifier(dropout(tanh(pooler(y[:, 0]))))
+
+Every projection is its own ``nn.Linear`` (``query``, ``key``, ``value``, ``output``, ``ffn_in``, ``ffn_out``,
+``pooler``) so a :class:`comera.TensorizeConfig` can target each one; the tensorization presets of this model
+("nli-paper", "nli-small", "nli-smoke") are registered at import. The dense baseline is this same model.
+
+Speed: attention runs through ``F.scaled_dot_product_attention``, except on CPU in training with attention
+dropout, where the probabilities are formed explicitly so that :func:`fast_dropout` (cheap random draws)
+replaces SDPA's ``bernoulli_``. The padding mask is built from ``attention_mask`` with tensor ops only: the
+forward has no host synchronisation and compiles with ``torch.compile(fullgraph=True)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from comera.checks import check_int, check_number
+from comera.io import MODEL_ATTRIBUTE, register_model
+from comera.models.dropout import FastDropout, fast_dropout
+from comera.tensorize_config import TensorizeConfig, register_preset
+
+__all__ = [
+    "MODEL_NAME",
+    "MODEL_PRESETS",
+    "TENSORIZE_PRESETS",
+    "TransformerConfig",
+    "TransformerClassifier",
+    "padding_bias",
+]
+
+MODEL_NAME = "transformer-classifier"
+_INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Sizes of a :class:`TransformerClassifier` (the defaults are the paper's ``paper`` preset).
+
+    Attributes:
+        vocab_size: rows of the word embedding.
+        d_model: hidden size; a multiple of ``n_heads``.
+        n_layers: encoder blocks.
+        n_heads: attention heads (head size ``d_model // n_heads``).
+        d_ff: inner size of the feed-forward layers.
+        max_positions: rows of the learned position embedding (the longest input).
+        type_vocab_size: token types (2: first and second sentence).
+        num_classes: outputs of the classifier.
+        dropout: drop probability on embeddings, sublayer outputs and the pooled vector (quantised to
+            1/256, see :mod:`comera.models.dropout`).
+        attention_dropout: drop probability on attention probabilities; None means ``dropout``.
+        layer_norm_eps: epsilon of every LayerNorm.
+        pad_token_id: the padding id (its embedding row starts at zero and gets no gradient).
+    """
+
+    vocab_size: int = 30522
+    d_model: int = 768
+    n_layers: int = 6
+    n_heads: int = 12
+    d_ff: int = 3072
+    max_positions: int = 512
+    type_vocab_size: int = 2
+    num_classes: int = 3
+    dropout: float = 0.1
+    attention_dropout: float | None = None
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions", "type_vocab_size")
+        for name in (*sizes, "num_classes"):
+            check_int(getattr(self, name), name, 1)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
+        check_number(self.dropout, "dropout", 0.0, 1.0, open_high=True)
+        if self.attention_dropout is not None:
+            check_number(self.attention_dropout, "attention_dropout", 0.0, 1.0, open_high=True)
+        check_number(self.layer_norm_eps, "layer_norm_eps", 0.0, open_low=True)
+        check_int(self.pad_token_id, "pad_token_id", 0, self.vocab_size - 1)
+
+    @property
+    def attention_p(self) -> float:
+        """The drop probability on attention probabilities."""
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
+
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    # The paper's six-encoder model (BERT-base widths, 6 blocks, the bert-base-uncased vocabulary, MNLI).
+    "paper": {},
+    # A CPU demo model: 2 blocks of width 128 (4 heads of 32), FFN 512: about 0.4M encoder weights, so a
+    # step of 32 pairs of 64 tokens costs ~5 GFLOP and the embedded task trains in minutes on 2 cores. The
+    # vocabulary is the data's (2,048 WordPieces for the embedded task); 2 classes (matches / doesn't).
+    "small": {
+        "vocab_size": 2048,
+        "d_model": 128,
+        "n_layers": 2,
+        "n_heads": 4,
+        "d_ff": 512,
+        "max_positions": 128,
+        "num_classes": 2,
+    },
+    # Tests: two tiny blocks.
+    "smoke": {
+        "vocab_size": 96,
+        "d_model": 16,
+        "n_layers": 2,
+        "n_heads": 2,
+        "d_ff": 32,
+        "max_positions": 32,
+        "num_classes": 3,
+    },
+}
+
+
+def padding_bias(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive attention bias ``(B, 1, 1, T)`` from a ``(B, T)`` mask (nonzero/True = real token).
+
+    Real tokens get 0 and padding ``-inf``, so softmax gives padded keys exactly zero weight. Every query
+    must see at least one real key (the [CLS] token), or its row is all ``-inf``.
+    """
+    keep = attention_mask[:, None, None, :].bool()
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with separate ``query``/``key``/``value``/``output`` projections.
+
+    Shapes: ``x`` (B, T, D), ``bias`` (B, 1, 1, T) additive or None -> (B, T, D).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, attention_p: float) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.attention_p = attention_p
+        self.query = nn.Linear(d_model, d_model)
+        self.key = nn.Linear(d_model, d_model)
+        self.value = nn.Linear(d_model, d_model)
+        self.output = nn.Linear(d_model, d_model)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        return x.view(batch, length, self.n_heads, width // self.n_heads).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        p = self.attention_p if self.training else 0.0
+        if p > 0.0 and not x.is_cuda:
+            scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+            if bias is not None:
+                scores = scores + bias
+            context = torch.matmul(fast_dropout(scores.softmax(dim=-1), p), v)
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)
+        return self.output(context.transpose(1, 2).flatten(2))
+
+
+class EncoderBlock(nn.Module):
+    """Post-LN encoder block: attention and feed-forward sublayers, each ``LayerNorm(x + dropout(f(x)))``.
+
+    Shapes: ``x`` (B, T, D), ``bias`` (B, 1, 1, T) or None -> (B, T, D).
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.attention = SelfAttention(config.d_model, config.n_heads, config.attention_p)
+        self.attention_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn_in = nn.Linear(config.d_model, config.d_ff)
+        self.ffn_out = nn.Linear(config.d_ff, config.d_model)
+        self.ffn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = FastDropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        h = self.attention_norm(x + self.dropout(self.attention(x, bias)))
+        return self.ffn_norm(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))
+
+
+class Embeddings(nn.Module):
+    """Word + learned position + token type embeddings, then LayerNorm and dropout.
+
+    Shapes: ``input_ids`` and ``token_type_ids`` (B, T) int64 -> (B, T, D).
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.word = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+        self.position = nn.Embedding(config.max_positions, config.d_model)
+        self.token_type = nn.Embedding(config.type_vocab_size, config.d_model)
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = FastDropout(config.dropout)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word(input_ids) + self.position(positions) + self.token_type(token_type_ids)
+        return self.dropout(self.norm(x))
+
+
+@register_model(MODEL_NAME)
+class TransformerClassifier(nn.Module):
+    """BERT-style post-LN encoder with a [CLS] classification head (module docstring for the layout).
+
+    Build with keyword sizes (the fields of :class:`TransformerConfig`), a ``config=``, or
+    :meth:`from_preset`. ``comera_model`` records the sizes so :func:`comera.load_pretrained` rebuilds it.
+
+    Forward shapes: ``input_ids`` (B, T) int64 with ``T <= max_positions``; ``token_type_ids`` (B, T) or
+    None (all 0); ``attention_mask`` (B, T), nonzero for real tokens, or None (no padding) -> logits
+    (B, num_classes).
+    """
+
+    def __init__(self, config: TransformerConfig | None = None, **sizes: Any) -> None:
+        super().__init__()
+        if config is not None and sizes:
+            raise ValueError(f"pass either config or keyword sizes, not both (got {sorted(sizes)})")
+        if config is None:
+            valid = [f.name for f in dataclasses.fields(TransformerConfig)]
+            unknown = sorted(set(sizes) - set(valid))
+            if unknown:
+                raise ValueError(f"unknown TransformerClassifier argument(s) {unknown}; valid: {valid}")
+            config = TransformerConfig(**sizes)
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.blocks = nn.ModuleList(EncoderBlock(config) for _ in range(config.n_layers))
+        self.pooler = nn.Linear(config.d_model, config.d_model)
+        self.dropout = FastDropout(config.dropout)
+        self.classifier = nn.Linear(config.d_model, config.num_classes)
+        self.apply(self._init_weights)
+        setattr(self, MODEL_ATTRIBUTE, {"name": MODEL_NAME, "kwargs": dataclasses.asdict(config)})
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> TransformerClassifier:
+        """The model preset ``name`` ("paper", "small", "smoke") with sizes in ``overrides`` replaced.
+
+        E.g. ``TransformerClassifier.from_preset("small", vocab_size=tokenizer_size, num_classes=2)``.
+        """
+        if name not in MODEL_PRESETS:
+            raise ValueError(f"unknown transformer preset {name!r}; valid presets: {sorted(MODEL_PRESETS)}")
+        return cls(**{**MODEL_PRESETS[name], **overrides})
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms, a zero padding row."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=_INIT_STD)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+        if isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = self.embeddings(input_ids, token_type_ids)
+        bias = None if attention_mask is None else padding_bias(attention_mask, x.dtype)
+        for block in self.blocks:
+            x = block(x, bias)
+        pooled = torch.tanh(self.pooler(x[:, 0]))
+        return self.classifier(self.dropout(pooled))
+
+
+_TARGETS = ("query", "key", "value", "output", "ffn_in", "ffn_out", "pooler")
+
+
+def _tensorize_config(
+    *,
+    linear_rank: int,
+    embedding_rank: int,
+    attention: tuple[tuple[int, ...], tuple[int, ...]],
+    ffn: tuple[tuple[int, ...], tuple[int, ...]],
+    col_shape: tuple[int, ...],
+    row_shape: tuple[int, ...] | None = None,
+) -> TensorizeConfig:
+    """TT for every projection (``ffn_out`` takes the transpose of ``ffn``'s shapes), TTM for the word table.
+
+    ``attention``/``ffn`` are ``(in_shape, out_shape)``; ``row_shape`` None lets the vocabulary fold itself.
+    """
+    table = (
+        {"col_shape": col_shape} if row_shape is None else {"row_shape": row_shape, "col_shape": col_shape}
+    )
+    return TensorizeConfig(
+        target_modules=_TARGETS,
+        embeddings=("embeddings.word",),
+        format="tt",
+        rank=linear_rank,
+        rank_pattern={r"embeddings\.word": embedding_rank},
+        shape_pattern={
+            r"embeddings\.word": table,
+            "query|key|value|output|pooler": {"in_shape": attention[0], "out_shape": attention[1]},
+            "ffn_in": {"in_shape": ffn[0], "out_shape": ffn[1]},
+            "ffn_out": {"in_shape": tuple(reversed(ffn[1])), "out_shape": tuple(reversed(ffn[0]))},
+        },
+    )
+
+
+TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
+    # The reference code's settings (paper-notes.md section 2.6): linears rank 30, word table rank 32.
+    "nli-paper": _tensorize_config(
+        linear_rank=30,
+        embedding_rank=32,
+        attention=((12, 8, 8), (8, 8, 12)),
+        ffn=((12, 8, 8), (12, 16, 16)),
+        row_shape=(16, 20, 10, 10),
+        col_shape=(4, 4, 8, 6),
+    ),
+    # The ``small`` model (width 128, FFN 512); the word table's rows fold from the data's vocabulary size.
+    "nli-small": _tensorize_config(
+        linear_rank=8,
+        embedding_rank=16,
+        attention=((4, 4, 8), (8, 4, 4)),
+        ffn=((4, 4, 8), (8, 8, 8)),
+        col_shape=(2, 4, 4, 4),
+    ),
+    # The ``smoke`` model (width 16, FFN 32).
+    "nli-smoke": _tensorize_config(
+        linear_rank=4,
+        embedding_rank=4,
+        attention=((4, 4), (4, 4)),
+        ffn=((4, 4), (4, 8)),
+        col_shape=(4, 4),
+    ),
+}
+
+for _name, _config in TENSORIZE_PRESETS.items():
+    register_preset(_name, _config)

@@ -1,0 +1,156 @@
+"""MNLI readers on fixture files in GLUE's and JSON lines' real formats, and the recipe-facing builder."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from comera.data.nli import build_nli_data, read_glue_tsv, read_jsonl, read_mnli
+from comera.data.pairs import PadCollate
+
+DATA = Path(__file__).parent.parent / "data"
+GLUE = DATA / "glue_mnli"
+VOCAB = DATA / "nli_vocab" / "vocab.txt"
+
+
+def test_glue_train_keeps_quotes_as_text_and_skips_the_missing_label():
+    examples = read_glue_tsv(GLUE / "train.tsv")
+    assert examples.counts() == {"read": 6, "skipped": 1}
+    assert examples.skipped_reasons == {"no gold label": 1}
+    assert examples.first[0] == '"Hello," she said to the cat.'
+    assert examples.second[0] == 'She said "hello".'
+    assert examples.first[1] == 'He has a 6" ruler and a 12" one.'
+    # an unbalanced quote does not swallow the following lines
+    assert examples.first[3] == 'Quotes " open and never close'
+    assert examples.first[4] == "The cat sat."
+    assert examples.labels == [0, 2, 1, 0, 2]
+
+
+def test_glue_dev_files_find_columns_by_header_name():
+    matched = read_glue_tsv(GLUE / "dev_matched.tsv")
+    assert matched.counts() == {"read": 3, "skipped": 1}
+    assert matched.labels == [2, 0]
+    assert matched.second == ["She said yes.", "A dog sat."]
+
+
+def test_glue_folder_gives_train_and_both_validation_splits():
+    splits = read_mnli(GLUE)
+    assert list(splits) == ["train", "validation_matched", "validation_mismatched"]
+    assert [len(splits[name]) for name in splits] == [5, 2, 2]
+
+
+def test_malformed_glue_line_names_file_and_line():
+    path = DATA / "glue_mnli_malformed" / "train.tsv"
+    with pytest.raises(
+        ValueError, match=r"glue_mnli_malformed/train\.tsv:3: malformed line: 9 tab-separated"
+    ):
+        read_glue_tsv(path)
+
+
+def test_malformed_glue_lines_are_counted_when_skipped():
+    examples = read_glue_tsv(DATA / "glue_mnli_malformed" / "train.tsv", skip_malformed=True)
+    assert examples.counts() == {"read": 4, "skipped": 2}
+    assert examples.skipped_reasons == {"malformed": 2}
+    assert examples.labels == [0, 0]  # the gold label, not label1
+
+
+def test_unknown_glue_label_is_malformed(tmp_path):
+    lines = (DATA / "glue_mnli_malformed" / "train.tsv").read_text().splitlines()
+    path = tmp_path / "train.tsv"
+    path.write_text("\n".join([lines[0], lines[4]]) + "\n")
+    with pytest.raises(ValueError, match=r"train\.tsv:2: malformed line: label 'maybe'"):
+        read_glue_tsv(path)
+
+
+def test_missing_header_column_is_named(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_text("index\tsentence1\tlabel\n0\ta\tentailment\n")
+    with pytest.raises(
+        ValueError, match=r"train\.tsv:1: header lacks the column\(s\) \['sentence2', 'gold_label'\]"
+    ):
+        read_glue_tsv(path)
+
+
+def test_jsonl_labels_by_name_or_index_and_skips():
+    examples = read_jsonl(DATA / "nli_pairs.jsonl")
+    assert examples.counts() == {"read": 6, "skipped": 2}
+    assert examples.skipped_reasons == {"no gold label": 1, "empty sentence": 1}
+    assert examples.labels == [0, 2, 0, 1]
+    assert examples.first[0] == '"Hello," she said.'
+
+
+def test_malformed_jsonl_line_names_file_and_line():
+    with pytest.raises(ValueError, match=r"nli_malformed\.jsonl:2: malformed line: not valid JSON"):
+        read_jsonl(DATA / "nli_malformed.jsonl")
+
+
+def test_malformed_jsonl_lines_are_counted_when_skipped():
+    examples = read_jsonl(DATA / "nli_malformed.jsonl", skip_malformed=True)
+    assert examples.counts() == {"read": 5, "skipped": 3}
+    assert examples.labels == [0, 2]
+
+
+def test_single_jsonl_file_is_split_by_line():
+    splits = read_mnli(DATA / "nli_pairs.jsonl", validation_every=2)
+    assert splits["train"].labels == [0, 0] and splits["validation"].labels == [2, 1]
+    assert splits["train"].counts() == {"read": 6, "skipped": 2}
+
+
+def test_data_path_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_mnli(tmp_path / "nothing")
+    with pytest.raises(ValueError, match="neither train.tsv"):
+        read_mnli(tmp_path)
+    with pytest.raises(ValueError, match="validation_every must be an int >= 2"):
+        read_mnli(DATA / "nli_pairs.jsonl", validation_every=1)
+
+
+def test_builder_tokenises_pads_and_reports_counts(tmp_path):
+    data = build_nli_data(GLUE, tmp_path, tokenizer=VOCAB, max_length=16)
+    assert set(data.evals) == {"validation_matched", "validation_mismatched"}
+    splits = data.info["splits"]
+    assert splits["train"] == {
+        "read": 6,
+        "skipped": 1,
+        "skipped_reasons": {"no gold label": 1},
+        "examples": 5,
+        "majority_accuracy": pytest.approx(2 / 5),
+    }
+    assert splits["validation_matched"]["read"] == 3 and splits["validation_matched"]["skipped"] == 1
+    assert data.info["num_classes"] == 3 and data.info["vocab_size"] == 34
+    batch = data.collate_fn([data.train[i] for i in range(3)])
+    lengths = [len(data.train[i]["input_ids"]) for i in range(3)]
+    assert batch["input_ids"].shape == (3, max(lengths))
+    assert batch["attention_mask"].sum(1).tolist() == lengths
+    assert batch["labels"].tolist() == [0, 2, 1]
+    for row, n in enumerate(lengths):
+        assert batch["input_ids"][row, 0] == 2 and batch["input_ids"][row, n - 1] == 3
+        assert (batch["input_ids"][row, n:] == 0).all() and (batch["token_type_ids"][row, n:] == 0).all()
+
+
+def test_builder_trains_a_vocabulary_when_none_is_given(tmp_path):
+    data = build_nli_data(DATA / "nli_pairs.jsonl", tmp_path, vocab_size=60, validation_every=2)
+    assert 5 < data.info["vocab_size"] <= 60
+    assert len(list(tmp_path.glob("wordpiece-*.json"))) == 1
+    again = build_nli_data(DATA / "nli_pairs.jsonl", tmp_path, vocab_size=60, validation_every=2)
+    assert torch.equal(again.train.ids, data.train.ids)
+
+
+def test_pad_collate_pads_to_the_longest():
+    samples = [
+        {
+            "input_ids": torch.tensor([2, 7, 3]),
+            "token_type_ids": torch.tensor([0, 0, 0]),
+            "labels": torch.tensor(1),
+        },
+        {
+            "input_ids": torch.tensor([2, 3, 8, 3]),
+            "token_type_ids": torch.tensor([0, 0, 1, 1]),
+            "labels": torch.tensor(0),
+        },
+    ]
+    batch = PadCollate(pad_id=5)(samples)
+    assert batch["input_ids"].tolist() == [[2, 7, 3, 5], [2, 3, 8, 3]]
+    assert batch["token_type_ids"].tolist() == [[0, 0, 0, 0], [0, 0, 1, 1]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert batch["labels"].tolist() == [1, 0]
