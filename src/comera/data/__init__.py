@@ -1,0 +1,1 @@
+"""Data loaders and generators of the workloads."""

@@ -1,0 +1,1 @@
+"""One readable model per workload, registered for ``comera.load_pretrained``."""
