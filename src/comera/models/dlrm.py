@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from comera.data.criteo import KAGGLE_CARDINALITIES
 from comera.io import MODEL_ATTRIBUTE, register_model
 from comera.tensorize_config import TensorizeConfig, register_preset
 from comera.tt.shapes import auto_modes, factorize
@@ -42,11 +43,7 @@ __all__ = [
     "dlrm_tensorize_config",
 ]
 
-# Rows of the 26 categorical tables of the DLRM reference on Criteo Kaggle (its ``ln_emb``), in column order.
-CRITEO_KAGGLE_CARDINALITIES = (
-    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
-    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
-)  # fmt: skip
+CRITEO_KAGGLE_CARDINALITIES = KAGGLE_CARDINALITIES
 
 
 def _capped(cap: int) -> tuple[int, ...]:
