@@ -16,7 +16,7 @@ click probability is ``click_rate``; labels are Bernoulli draws of ``sigmoid(log
 are returned too, an oracle for checking metrics.
 
 The data depend only on ``seed`` and the settings, not on how many rows are asked for: row ``i`` is the same
-in a run of 1,000 rows and of 1,000,000 (rows are generated in fixed blocks of 65,536 with their own seeds).
+in a run of 1,000 rows and of 1,000,000 (rows are generated in fixed blocks of 8,192 with their own seeds).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from comera.data.criteo import KAGGLE_CARDINALITIES, NUM_CATEGORICAL, NUM_INTEGE
 
 __all__ = ["SyntheticCriteo", "synthetic_criteo"]
 
-_BLOCK = 1 << 16
+_BLOCK = 1 << 13
 _PILOT_ROWS = 1 << 14
 _TABLE_LIMIT = 1 << 20  # tables up to this size get their per-id values precomputed
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
