@@ -22,7 +22,7 @@ and the MLPs stay dense.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ __all__ = [
     "TENSORIZE_PRESETS",
     "dlrm_preset",
     "dlrm_tensorize_config",
+    "reference_table",
 ]
 
 CRITEO_KAGGLE_CARDINALITIES = KAGGLE_CARDINALITIES
@@ -170,6 +171,14 @@ def _mlp(sizes: Sequence[int], last_activation: bool) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def reference_table(index: int, rows: int, dim: int) -> nn.EmbeddingBag:
+    """Table ``index`` of the DLRM reference: a sum bag ``rows x dim`` initialised ``U(+-sqrt(1 / rows))``."""
+    table = nn.EmbeddingBag(rows, dim, mode="sum")
+    with torch.no_grad():
+        table.weight.uniform_(-math.sqrt(1.0 / rows), math.sqrt(1.0 / rows))
+    return table
+
+
 @register_model("dlrm")
 class DLRM(nn.Module):
     """DLRM: bottom MLP, one sum-pooled embedding bag per categorical field, dot interaction, top MLP.
@@ -180,6 +189,10 @@ class DLRM(nn.Module):
             embedding size ``D``), e.g. ``(13, 512, 256, 64, 16)``.
         top_mlp: sizes of the top MLP after its input (``D + (F + 1) F / 2``, computed), ending in 1,
             e.g. ``(512, 256, 1)``.
+        table_factory: ``table_factory(index, rows, dim)`` builds table ``index`` instead of the default
+            ``nn.EmbeddingBag(rows, dim, mode="sum")`` with the reference's uniform initialisation (e.g. a
+            :class:`comera.TTMEmbeddingBag` built directly, without allocating the dense table). Not
+            recorded for :func:`comera.save_pretrained`, which records tensorized layers itself.
 
     Shape:
         ``dense`` ``(B, bottom_mlp[0])`` float; ``ids`` one of
@@ -197,6 +210,7 @@ class DLRM(nn.Module):
         cardinalities: Sequence[int],
         bottom_mlp: Sequence[int] = (13, 512, 256, 64, 16),
         top_mlp: Sequence[int] = (512, 256, 1),
+        table_factory: Callable[[int, int, int], nn.Module] | None = None,
     ) -> None:
         super().__init__()
         cardinalities = _check_sizes(cardinalities, "cardinalities", 1)
@@ -208,12 +222,10 @@ class DLRM(nn.Module):
         self.embedding_dim = bottom_mlp[-1]
         self.num_dense = bottom_mlp[0]
         self.bottom = _mlp(bottom_mlp, last_activation=True)
+        build = table_factory or reference_table
         self.tables = nn.ModuleList(
-            nn.EmbeddingBag(rows, self.embedding_dim, mode="sum") for rows in cardinalities
+            build(index, rows, self.embedding_dim) for index, rows in enumerate(cardinalities)
         )
-        with torch.no_grad():
-            for table, rows in zip(self.tables, cardinalities):
-                table.weight.uniform_(-math.sqrt(1.0 / rows), math.sqrt(1.0 / rows))
         self.interaction = DotInteraction(len(cardinalities))
         self.top = _mlp((self.embedding_dim + self.interaction.num_outputs, *top_mlp), last_activation=False)
         setattr(
