@@ -31,7 +31,7 @@ from torch import nn
 from comera.data.criteo import KAGGLE_CARDINALITIES
 from comera.io import MODEL_ATTRIBUTE, register_model
 from comera.tensorize_config import TensorizeConfig, register_preset
-from comera.tt.shapes import auto_modes, factorize
+from comera.tt.shapes import factorize
 
 __all__ = [
     "CRITEO_KAGGLE_CARDINALITIES",
@@ -93,8 +93,10 @@ def dlrm_tensorize_config(
 ) -> TensorizeConfig:
     """TTM bags for the tables of more than ``min_rows`` rows; everything else stays dense.
 
-    Row modes are :func:`comera.auto_modes` of each table's rows (padded when they fold badly), column modes
-    the balanced factorisation of ``embedding_dim``, both with ``order`` modes.
+    The tables are selected by index (``tables.I``). Column modes are the balanced factorisation of
+    ``embedding_dim`` into ``order`` modes; row modes are left to :class:`comera.TTMEmbeddingBag`, which
+    folds the actual row count into as many modes (:func:`comera.auto_modes`), so the config also fits data
+    whose tables are somewhat smaller or larger than ``cardinalities``.
 
     Raises:
         ValueError: no table has more than ``min_rows`` rows.
@@ -107,10 +109,7 @@ def dlrm_tensorize_config(
         )
     names = tuple(f"tables.{index}" for index in large)
     col_shape = tuple(reversed(factorize(embedding_dim, order)))
-    shapes = {
-        rf"tables\.{index}": {"row_shape": auto_modes(cardinalities[index], order), "col_shape": col_shape}
-        for index in large
-    }
+    shapes = {r"tables\.\d+": {"col_shape": col_shape}}
     return TensorizeConfig(target_modules=names, embeddings=names, rank=rank, shape_pattern=shapes)
 
 
