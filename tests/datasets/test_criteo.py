@@ -106,11 +106,28 @@ def test_non_hex_category_names_column_and_line(tmp_path):
         ("1\t--1" + "\t" * 38, "column I1 is '--1'"),
         ("\t" * 39, "column label is ''"),
         ("1" + "\t" * 14 + "1" * 16 + "\t" * 25, "at most 15 digits"),
+        ("1\t" + "9" * 19 + "\t" * 38, "at most 18 characters"),
     ],
 )
 def test_bad_fields_are_named(text, message):
     with pytest.raises(MalformedLineError, match=message):
         parse_lines(text.encode(), path="x.txt", first_line=7)
+
+
+def test_nothing_to_parse():
+    parsed = parse_lines(b"")
+    assert (
+        parsed.labels.shape == (0,)
+        and parsed.integers.shape == (0, 13)
+        and parsed.categories.shape == (0, 26)
+    )
+
+
+def test_empty_file_gives_no_samples(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    log = load_criteo(empty, tmp_path / "cache")
+    assert (log.read, len(log.data), log.cardinalities) == (0, 0, (1,) * 26)
 
 
 def test_empty_and_negative_values():

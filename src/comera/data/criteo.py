@@ -77,7 +77,8 @@ _POW10 = np.array([10**k for k in range(_MAX_INT_DIGITS + 1)], dtype=np.uint64)
 _POW16 = np.array([16**k for k in range(_MAX_HEX_DIGITS + 1)], dtype=np.uint64)
 # column kind: 0 label, 1 integer, 2 categorical
 _KIND = np.array([0] + [1] * NUM_INTEGER + [2] * NUM_CATEGORICAL, dtype=np.uint8)
-_MAX_LENGTH = np.array([1] + [_MAX_INT_DIGITS + 1] * NUM_INTEGER + [_MAX_HEX_DIGITS] * NUM_CATEGORICAL)
+# longest field: a 0/1 label; an integer of 18 characters (a minus sign included), so it fits in int64
+_MAX_LENGTH = np.array([1] + [_MAX_INT_DIGITS] * NUM_INTEGER + [_MAX_HEX_DIGITS] * NUM_CATEGORICAL)
 
 
 class MalformedLineError(ValueError):
@@ -129,6 +130,8 @@ def parse_lines(
     if carriage.size:
         data = np.delete(data, carriage)
     ends = np.flatnonzero(data == _LF)
+    if ends.size == 0:
+        return _parse_fields(data, ends, np.zeros(0, np.int64), np.zeros(0, np.int64), path, skip_malformed)
     numbers = first_line + np.arange(ends.size)
     tabs_per_line = np.bincount(np.searchsorted(ends, np.flatnonzero(data == _TAB)), minlength=ends.size)
     wrong = np.flatnonzero(tabs_per_line != _FIELDS - 1)
@@ -154,6 +157,14 @@ def _parse_fields(
 ) -> ParsedLines:
     """Values of lines that all have 40 fields: ``data`` their bytes, ``ends`` the newline positions."""
     lines = ends.size
+    if lines == 0:
+        empty = np.zeros((0, _FIELDS), dtype=np.uint64)
+        return ParsedLines(
+            np.zeros(0, np.uint8),
+            empty[:, :NUM_INTEGER].astype(np.int64),
+            empty[:, :NUM_CATEGORICAL],
+            skipped,
+        )
     separator = (data == _TAB) | (data == _LF)
     field_end = np.flatnonzero(separator)  # (lines * 40,)
     field_start = np.concatenate(([0], field_end[:-1] + 1))
@@ -191,7 +202,7 @@ def _parse_fields(
             text = bytes(data[field_start[index] : field_end[index]]).decode("latin-1")
             expected = (
                 "0 or 1",
-                f"an integer of at most {_MAX_INT_DIGITS} digits or empty",
+                f"an integer of at most {_MAX_INT_DIGITS} characters or empty",
                 f"a hexadecimal number of at most {_MAX_HEX_DIGITS} digits or empty",
             )[_KIND[col]]
             raise _fail(
