@@ -67,14 +67,16 @@ _CACHE_FORMAT = 1
 _MAP_BLOCK_ROWS = 1 << 18
 _TAB, _LF, _CR, _MINUS = 9, 10, 13, ord("-")
 
-# digit value of each byte: 255 for bytes that are not digits of the base
-_DECIMAL = np.full(256, 255, dtype=np.uint8)
-_DECIMAL[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
-_HEX = _DECIMAL.copy()
-_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
-_HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
-_POW10 = np.array([10**k for k in range(_MAX_INT_DIGITS + 1)], dtype=np.uint64)
-_POW16 = np.array([16**k for k in range(_MAX_HEX_DIGITS + 1)], dtype=np.uint64)
+# digit value of each byte, decimal in rows 0..255 and hexadecimal in rows 256..511 (index: byte | hex << 8);
+# 255 for a byte that is no digit of the base, 0 for the separators (they sit after each field's last digit)
+_DIGIT = np.full(512, 255, dtype=np.uint8)
+for _base, _digits in ((0, b"0123456789"), (256, b"0123456789abcdef"), (256, b"0123456789ABCDEF")):
+    _DIGIT[_base + np.frombuffer(_digits, np.uint8).astype(np.int32)] = np.arange(len(_digits))
+_DIGIT[[_TAB, _LF, 256 + _TAB, 256 + _LF]] = 0
+# base ** k for k = position from the field's end: 10 ** k in rows 0..31, 16 ** k in rows 32..63
+_POWER = np.zeros(64, dtype=np.uint64)
+_POWER[: _MAX_INT_DIGITS + 1] = [10**k for k in range(_MAX_INT_DIGITS + 1)]
+_POWER[32 : 33 + _MAX_HEX_DIGITS] = [16**k for k in range(_MAX_HEX_DIGITS + 1)]
 # column kind: 0 label, 1 integer, 2 categorical
 _KIND = np.array([0] + [1] * NUM_INTEGER + [2] * NUM_CATEGORICAL, dtype=np.uint8)
 # longest field: a 0/1 label; an integer of 18 characters (a minus sign included), so it fits in int64
@@ -165,30 +167,26 @@ def _parse_fields(
             empty[:, :NUM_CATEGORICAL],
             skipped,
         )
-    separator = (data == _TAB) | (data == _LF)
-    field_end = np.flatnonzero(separator)  # (lines * 40,)
-    field_start = np.concatenate(([0], field_end[:-1] + 1))
+    field_end = np.flatnonzero((data == _TAB) | (data == _LF)).astype(np.int32)  # (lines * 40,)
+    field_start = np.concatenate(([0], field_end[:-1] + 1)).astype(np.int32)
     length = field_end - field_start
-    column = np.tile(np.arange(_FIELDS), lines)
+    column = np.tile(np.arange(_FIELDS, dtype=np.uint8), lines)
     kind = _KIND[column]
-    field_of_byte = np.repeat(np.arange(field_end.size), length + 1)
-    byte_kind = kind[field_of_byte]
-    digit = np.where(byte_kind == 2, _HEX[data], _DECIMAL[data])
+    # per byte (separators included, each belonging to the field it ends): its field, base and digit
+    field_of_byte = np.repeat(np.arange(field_end.size, dtype=np.int32), length + 1)
+    hexadecimal = (kind == 2)[field_of_byte]
+    digit = _DIGIT[data | (hexadecimal.astype(np.int32) << 8)]
     negative = (kind == 1) & (length >= 2) & (data[np.minimum(field_start, data.size - 1)] == _MINUS)
     digit[field_start[negative]] = 0
-    bad_byte = ~separator & (digit == 255)
     bad_field = np.zeros(field_end.size, dtype=bool)
-    bad_field[field_of_byte[bad_byte]] = True
+    bad_field[field_of_byte[digit == 255]] = True
     bad_field |= length > _MAX_LENGTH[column]
     bad_field |= (kind == 0) & (length != 1)
-    # value of each field: digit * base ** (position from the field's end), summed with a wrapping cumsum
-    position = field_end[field_of_byte] - np.arange(data.size) - 1
-    power = np.where(
-        byte_kind == 2,
-        _POW16[np.clip(position, 0, _MAX_HEX_DIGITS)],
-        _POW10[np.clip(position, 0, _MAX_INT_DIGITS)],
-    )
-    contribution = np.where(separator | (digit == 255), 0, digit.astype(np.uint64) * power)
+    # value of each field: sum of digit * base ** (position from the field's end), by a wrapping cumsum;
+    # a separator's position is -1 (clipped to 0, its digit is 0); bad bytes give garbage on flagged lines
+    position = field_end[field_of_byte] - np.arange(data.size, dtype=np.int32) - 1
+    power = _POWER[np.clip(position, 0, 31) | (hexadecimal.astype(np.int32) << 5)]
+    contribution = digit.astype(np.uint64) * power
     total = np.concatenate(([0], np.cumsum(contribution, dtype=np.uint64))).astype(np.uint64)
     value = (total[field_end] - total[field_start]).reshape(lines, _FIELDS)
     bad_field = bad_field.reshape(lines, _FIELDS)
