@@ -44,6 +44,7 @@ __all__ = [
     "reference_table",
 ]
 
+# Rows of the 26 Criteo Kaggle tables in the DLRM reference (kept with the parser, comera.data.criteo).
 CRITEO_KAGGLE_CARDINALITIES = KAGGLE_CARDINALITIES
 
 
