@@ -7,6 +7,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss, roc_auc_score
 from sklearn.preprocessing import OneHotEncoder
 
+from comera.data import synthetic_criteo as synthetic_module
 from comera.data.criteo import KAGGLE_CARDINALITIES
 from comera.data.synthetic_criteo import synthetic_criteo
 from comera.metrics import binary_entropy
@@ -35,6 +36,25 @@ def test_same_seed_same_data_and_rows_independent_of_count():
     np.testing.assert_array_equal(longer.logits[:2000], first.logits)
     other = synthetic_criteo(2000, seed=5, max_table_rows=300)
     assert not np.array_equal(other.data.ids, first.data.ids)
+
+
+def test_cached_log_equals_the_generated_one_and_is_reused(tmp_path, monkeypatch):
+    first = synthetic_criteo(9000, seed=6, max_table_rows=200, cache_dir=tmp_path)
+    memory = synthetic_criteo(9000, seed=6, max_table_rows=200)
+    for name in ("dense", "ids", "labels"):
+        np.testing.assert_array_equal(getattr(first.data, name), getattr(memory.data, name))
+    np.testing.assert_array_equal(first.logits, memory.logits)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("generated again")
+
+    monkeypatch.setattr(synthetic_module, "_fill", fail)
+    again = synthetic_criteo(9000, seed=6, max_table_rows=200, cache_dir=tmp_path)
+    assert isinstance(again.data.ids, np.memmap)
+    np.testing.assert_array_equal(again.data.ids, memory.data.ids)
+    with pytest.raises(AssertionError, match="generated again"):
+        synthetic_criteo(9000, seed=7, max_table_rows=200, cache_dir=tmp_path)
+    assert len(list(tmp_path.iterdir())) == 1
 
 
 def test_power_law_id_frequencies():

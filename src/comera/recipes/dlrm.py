@@ -1,11 +1,12 @@
 """The DLRM workload: click-through prediction on Criteo-format data (``comera train dlrm``).
 
-Data: with ``--data PATH``, a Criteo Kaggle ``train.txt`` or Terabyte day file (:func:`comera.data.criteo.
-load_criteo`: id maps or hashing, a memmap cache under the cache folder); without it, the synthetic click
-log of :func:`comera.data.synthetic_criteo.synthetic_criteo` (Criteo's schema, power-law ids, a planted
-click model). Both are split by line order as the DLRM reference does: the first 6/7 train, the last 1/7
-halved into test and validation. Model: :class:`comera.models.dlrm.DLRM` with the table sizes the data
-gives; ``comera`` turns the large tables into TTM bags by the ``dlrm-PRESET`` tensorization preset.
+Data: with ``--data PATH``, a Criteo Kaggle ``train.txt`` or Terabyte day file
+(:func:`comera.data.criteo.load_criteo`: id maps or hashing, a memmap cache under the cache folder); without
+it, the synthetic click log of :func:`comera.data.synthetic_criteo.synthetic_criteo` (Criteo's schema,
+power-law ids, a planted click model), also kept in the cache folder. Both are split by line order as the
+DLRM reference does: the first 6/7 train, the last 1/7 halved into test and validation. Model:
+:class:`comera.models.dlrm.DLRM` with the table sizes the data gives; ``comera`` turns the large tables into
+TTM bags by the ``dlrm-PRESET`` tensorization preset.
 Evaluation: accuracy, ROC AUC, log loss and normalized entropy, exact over each whole split
 (:class:`comera.metrics.BinaryMetrics`).
 
@@ -132,7 +133,10 @@ class DLRMRecipe(Recipe):
         (``min_frequency``, ``hash_size``, ``skip_malformed``), split by line order."""
         if data_path is None:
             log = synthetic_criteo(
-                settings["rows"], seed=settings["seed"], max_table_rows=settings["max_table_rows"]
+                settings["rows"],
+                seed=settings["seed"],
+                max_table_rows=settings["max_table_rows"],
+                cache_dir=cache_dir,
             )
             source = {"source": "synthetic", "rows": settings["rows"]}
         else:
