@@ -7,7 +7,8 @@ Format: one sample per line, 40 tab-separated fields: the label (``0``/``1``), 1
 - integers: empty reads as 0, negatives are clamped to 0, then ``log(1 + x)`` (float32);
 - categories: per column, a map from the values seen to ids ``1..K`` (ascending value order), built in one
   streaming pass; values seen fewer than ``min_frequency`` times and empty fields share id 0 (table rows
-  ``K + 1``). With ``hash_size`` instead, empty is id 0 and a value ``v`` is ``v mod (hash_size - 1) + 1``;
+  ``K + 1``). With ``hash_size`` the ids are then taken modulo ``hash_size`` and the tables have
+  ``min(K + 1, hash_size)`` rows, as the reference's ``max_ind_range`` does;
 - the split by line order: the file is cut into 7 equal "days" (``np.array_split``); the first 6 are
   ``train``; the 7th is halved, its first half ``test`` and its second half ``validation``
   (``test, val = np.array_split(day_7, 2)`` in the reference).
@@ -63,7 +64,7 @@ KAGGLE_CARDINALITIES = (
 )  # fmt: skip
 _MAX_INT_DIGITS = 18
 _MAX_HEX_DIGITS = 15
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
 _MAP_BLOCK_ROWS = 1 << 18
 _TAB, _LF, _CR, _MINUS = 9, 10, 13, ord("-")
 
@@ -297,11 +298,10 @@ def split_by_line_order(count: int) -> dict[str, range]:
 def _check_options(min_frequency: object, hash_size: object) -> None:
     if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
         raise ValueError(f"min_frequency must be an int >= 1, got {min_frequency!r}")
-    if hash_size is not None:
-        if isinstance(hash_size, bool) or not isinstance(hash_size, int) or not 2 <= hash_size < 2**31:
-            raise ValueError(f"hash_size must be None or an int in [2, 2**31 - 1], got {hash_size!r}")
-        if min_frequency != 1:
-            raise ValueError("min_frequency applies to id maps; leave it at 1 when hash_size is given")
+    if hash_size is not None and (
+        isinstance(hash_size, bool) or not isinstance(hash_size, int) or not 2 <= hash_size < 2**31
+    ):
+        raise ValueError(f"hash_size must be None or an int in [2, 2**31 - 1], got {hash_size!r}")
 
 
 def _cache_key(path: Path, options: dict) -> str:
@@ -326,7 +326,8 @@ def load_criteo(
         path: a Kaggle ``train.txt`` or Terabyte ``day_N`` file.
         cache_dir: where the parsed arrays are kept (one sub-folder per file and options).
         min_frequency: values seen fewer times share id 0 with empty fields.
-        hash_size: hash the values to this many ids per table instead of building maps.
+        hash_size: cap every table at this many rows: the mapped ids are taken modulo ``hash_size`` (the
+            reference's ``max_ind_range``).
         skip_malformed: leave malformed lines out (counted in ``skipped``) instead of raising.
         chunk_bytes: size of the text blocks parsed at once.
 
@@ -352,14 +353,12 @@ def _build_cache(path: Path, folder: Path, options: dict, chunk_bytes: int) -> N
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
-        hash_size = options["hash_size"]
         counts = [_ValueCounts() for _ in range(NUM_CATEGORICAL)]
         read = skipped = 0
-        raw_name = "ids.i32" if hash_size else "raw.u64"
         with (
             open(work / "dense.f32", "wb") as dense,
             open(work / "labels.u8", "wb") as labels,
-            open(work / raw_name, "wb") as raw,
+            open(work / "raw.u64", "wb") as raw,
         ):
             for first_line, block in read_blocks(path, chunk_bytes):
                 parsed = parse_lines(
@@ -367,18 +366,12 @@ def _build_cache(path: Path, folder: Path, options: dict, chunk_bytes: int) -> N
                 )
                 parsed.dense.tofile(dense)
                 parsed.labels.tofile(labels)
-                if hash_size:
-                    _hashed(parsed.categories, hash_size).tofile(raw)
-                else:
-                    parsed.categories.tofile(raw)
-                    for column, counter in enumerate(counts):
-                        counter.add(parsed.categories[:, column])
+                parsed.categories.tofile(raw)
+                for column, counter in enumerate(counts):
+                    counter.add(parsed.categories[:, column])
                 read += parsed.labels.size
                 skipped += parsed.skipped.size
-        if hash_size:
-            cardinalities = [hash_size] * NUM_CATEGORICAL
-        else:
-            cardinalities = _map_ids(work, counts, read, options["min_frequency"])
+        cardinalities = _map_ids(work, counts, read, options["min_frequency"], options["hash_size"])
         meta = {"rows": read, "skipped": skipped, "cardinalities": cardinalities, "source": str(path)}
         (work / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         try:
@@ -390,14 +383,11 @@ def _build_cache(path: Path, folder: Path, options: dict, chunk_bytes: int) -> N
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _hashed(categories: np.ndarray, hash_size: int) -> np.ndarray:
-    """Hashed ids: 0 for empty (stored 0), else ``value mod (hash_size - 1) + 1`` (stored ``value + 1``)."""
-    hashed = (categories - np.uint64(1)) % np.uint64(hash_size - 1) + np.uint64(1)
-    return np.where(categories == 0, 0, hashed).astype(np.int32)
-
-
-def _map_ids(work: Path, counts: list[_ValueCounts], rows: int, min_frequency: int) -> list[int]:
-    """Write ``ids.i32`` from ``raw.u64`` with per-column maps; returns the table sizes."""
+def _map_ids(
+    work: Path, counts: list[_ValueCounts], rows: int, min_frequency: int, hash_size: int | None
+) -> list[int]:
+    """Write ``ids.i32`` from ``raw.u64`` with per-column maps (ids modulo ``hash_size`` if given); returns
+    the table sizes."""
     kept = []
     for counter in counts:
         values, count = counter.total()
@@ -408,13 +398,14 @@ def _map_ids(work: Path, counts: list[_ValueCounts], rows: int, min_frequency: i
         for start in range(0, rows, _MAP_BLOCK_ROWS):
             values = raw[start : start + _MAP_BLOCK_ROWS]
             for column, keys in enumerate(kept):
-                ids[start : start + _MAP_BLOCK_ROWS, column] = _lookup(keys, values[:, column])
+                mapped = _lookup(keys, values[:, column])
+                ids[start : start + _MAP_BLOCK_ROWS, column] = mapped % hash_size if hash_size else mapped
         ids.flush()
         del raw, ids
     else:
         (work / "ids.i32").touch()
     (work / "raw.u64").unlink()
-    return [keys.size + 1 for keys in kept]
+    return [min(keys.size + 1, hash_size or keys.size + 1) for keys in kept]
 
 
 def _lookup(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
