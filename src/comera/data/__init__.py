@@ -1,1 +1,1 @@
-"""Data loaders and the embedded default tasks of the workloads."""
+"""Data of the reference workloads: loaders of the public formats, the embedded default data, batching."""

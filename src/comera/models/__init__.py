@@ -1,1 +1,1 @@
-"""Reference models of the workloads, each registered for ``comera.load_pretrained``."""
+"""Reference models of the workloads (transformer classifier, DLRM, RoBERTa masked LM), readable in one sitting."""

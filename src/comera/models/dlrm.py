@@ -1,0 +1,310 @@
+"""DLRM for click-through prediction on Criteo-format data (the public DLRM reference for Criteo Kaggle).
+
+Naumov et al., "Deep Learning Recommendation Model for Personalization and Recommendation Systems", 2019.
+One step, top to bottom:
+
+1. the 13 dense features go through the bottom MLP ``13-512-256-64-16`` (ReLU after every layer) to one
+   vector of the embedding size ``D = 16``;
+2. each of the 26 categorical fields looks up its own table (``nn.EmbeddingBag``, ``mode="sum"``; Criteo
+   has one id per field and sample, but bags are accepted) giving 26 more vectors of size ``D``;
+3. the dot interaction takes the 27 vectors, forms every pairwise dot product ``<v_i, v_j>`` with
+   ``i < j`` (27 * 26 / 2 = 351 numbers) and concatenates them after the bottom MLP's output (16 + 351 =
+   367 features);
+4. the top MLP ``367-512-256-1`` (ReLU between layers, none after the last) gives one logit per sample,
+   trained with binary cross-entropy on logits.
+
+The tables are named ``tables.0`` ... ``tables.25``. CoMERA stores the large ones as
+:class:`comera.TTMEmbeddingBag` through the tensorization presets registered here (``"dlrm-paper"``,
+``"dlrm-small"``, ``"dlrm-smoke"``; :func:`dlrm_tensorize_config` for other cardinalities); small tables
+and the MLPs stay dense.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from comera.data.criteo import KAGGLE_CARDINALITIES
+from comera.io import MODEL_ATTRIBUTE, register_model
+from comera.tensorize_config import TensorizeConfig, register_preset
+from comera.tt.shapes import factorize
+
+__all__ = [
+    "CRITEO_KAGGLE_CARDINALITIES",
+    "DLRM",
+    "DotInteraction",
+    "MODEL_PRESETS",
+    "TENSORIZE_PRESETS",
+    "dlrm_preset",
+    "dlrm_tensorize_config",
+    "reference_table",
+]
+
+# Rows of the 26 Criteo Kaggle tables in the DLRM reference (kept with the parser, comera.data.criteo).
+CRITEO_KAGGLE_CARDINALITIES = KAGGLE_CARDINALITIES
+
+
+def _capped(cap: int) -> tuple[int, ...]:
+    return tuple(min(rows, cap) for rows in CRITEO_KAGGLE_CARDINALITIES)
+
+
+# Model presets: keyword arguments of DLRM. "paper" is the reference architecture at full Kaggle size; "small"
+# caps the tables for a CPU demo of a few minutes; "smoke" is tiny, for tests.
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {
+        "cardinalities": CRITEO_KAGGLE_CARDINALITIES,
+        "bottom_mlp": (13, 512, 256, 64, 16),
+        "top_mlp": (512, 256, 1),
+    },
+    "small": {
+        "cardinalities": _capped(200_000),
+        "bottom_mlp": (13, 512, 256, 64, 16),
+        "top_mlp": (512, 256, 1),
+    },
+    "smoke": {
+        "cardinalities": _capped(1_000),
+        "bottom_mlp": (13, 16, 8),
+        "top_mlp": (16, 1),
+    },
+}
+
+# Tensorization per model preset: tables with more than ``min_rows`` rows become TTM bags of ``order`` cores
+# at max rank ``rank``. The paper's embedding tables use order 4 and rank 32 (paper-notes section 10.3); the
+# small preset uses rank 16 so its capped 200k-row tables still compress by two orders of magnitude.
+TENSORIZE_PRESETS: dict[str, dict[str, int]] = {
+    "paper": {"min_rows": 100_000, "rank": 32, "order": 4},
+    "small": {"min_rows": 100_000, "rank": 16, "order": 4},
+    "smoke": {"min_rows": 500, "rank": 4, "order": 3},
+}
+
+
+def dlrm_preset(name: str) -> dict[str, Any]:
+    """Keyword arguments of :class:`DLRM` for preset ``name``: ``"paper"``, ``"small"`` or ``"smoke"``."""
+    if name not in MODEL_PRESETS:
+        raise ValueError(f"unknown DLRM preset {name!r}; valid presets: {sorted(MODEL_PRESETS)}")
+    return {key: tuple(value) for key, value in MODEL_PRESETS[name].items()}
+
+
+def dlrm_tensorize_config(
+    cardinalities: Sequence[int], embedding_dim: int, *, min_rows: int, rank: int, order: int = 4
+) -> TensorizeConfig:
+    """TTM bags for the tables of more than ``min_rows`` rows; everything else stays dense.
+
+    The tables are selected by index (``tables.I``). Column modes are the balanced factorisation of
+    ``embedding_dim`` into ``order`` modes; row modes are left to :class:`comera.TTMEmbeddingBag`, which
+    folds the actual row count into as many modes (:func:`comera.auto_modes`), so the config also fits data
+    whose tables are somewhat smaller or larger than ``cardinalities``.
+
+    Raises:
+        ValueError: no table has more than ``min_rows`` rows.
+    """
+    large = [index for index, rows in enumerate(cardinalities) if rows > min_rows]
+    if not large:
+        raise ValueError(
+            f"min_rows must be below the largest table ({max(cardinalities)} rows) so that some table is "
+            f"tensorized, got {min_rows}"
+        )
+    names = tuple(f"tables.{index}" for index in large)
+    col_shape = tuple(reversed(factorize(embedding_dim, order)))
+    shapes = {r"tables\.\d+": {"col_shape": col_shape}}
+    return TensorizeConfig(target_modules=names, embeddings=names, rank=rank, shape_pattern=shapes)
+
+
+def _check_sizes(value: object, name: str, minimum_length: int) -> tuple[int, ...]:
+    if (
+        isinstance(value, (str, bytes))
+        or not isinstance(value, Sequence)
+        or len(value) < minimum_length
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+    ):
+        raise ValueError(f"{name} must be a sequence of at least {minimum_length} ints >= 1, got {value!r}")
+    return tuple(value)
+
+
+class DotInteraction(nn.Module):
+    """Pairwise dot products of the bottom-MLP output and the field embeddings, after the bottom output.
+
+    Shape:
+        ``bottom`` ``(B, D)`` and ``embedded`` ``(B, F, D)`` -> ``(B, D + (F + 1) F / 2)``: the ``bottom``
+        vector, then ``<v_i, v_j>`` for ``i < j`` in row-major order over the ``F + 1`` vectors
+        ``v = (bottom, embedded_0, ..., embedded_{F-1})``.
+    """
+
+    def __init__(self, num_fields: int) -> None:
+        super().__init__()
+        vectors = num_fields + 1
+        first, second = torch.triu_indices(vectors, vectors, offset=1)
+        self.register_buffer("first", first, persistent=False)
+        self.register_buffer("second", second, persistent=False)
+
+    @property
+    def num_outputs(self) -> int:
+        """Pairwise products: ``(F + 1) F / 2``."""
+        return self.first.numel()
+
+    def forward(self, bottom: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        """``(B, D), (B, F, D) -> (B, D + (F + 1) F / 2)``."""
+        vectors = torch.cat([bottom.unsqueeze(1), embedded], dim=1)
+        gram = torch.bmm(vectors, vectors.transpose(1, 2))
+        return torch.cat([bottom, gram[:, self.first, self.second]], dim=1)
+
+
+def _mlp(sizes: Sequence[int], last_activation: bool) -> nn.Sequential:
+    """Linear layers ``sizes[0] -> ... -> sizes[-1]`` with ReLU between them (and after the last if asked).
+
+    Initialised as the DLRM reference: weights ``N(0, 2 / (fan_in + fan_out))``, biases ``N(0, 1 /
+    fan_out)``.
+    """
+    layers: list[nn.Module] = []
+    for index, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        linear = nn.Linear(fan_in, fan_out)
+        with torch.no_grad():
+            linear.weight.normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)))
+            linear.bias.normal_(0.0, math.sqrt(1.0 / fan_out))
+        layers.append(linear)
+        if last_activation or index < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def reference_table(index: int, rows: int, dim: int) -> nn.EmbeddingBag:
+    """Table ``index`` of the DLRM reference: a sum bag ``rows x dim`` initialised ``U(+-sqrt(1 / rows))``."""
+    table = nn.EmbeddingBag(rows, dim, mode="sum")
+    with torch.no_grad():
+        table.weight.uniform_(-math.sqrt(1.0 / rows), math.sqrt(1.0 / rows))
+    return table
+
+
+@register_model("dlrm")
+class DLRM(nn.Module):
+    """DLRM: bottom MLP, one sum-pooled embedding bag per categorical field, dot interaction, top MLP.
+
+    Args:
+        cardinalities: rows of each categorical table (26 for Criteo).
+        bottom_mlp: sizes of the bottom MLP including its input (the dense features) and output (the
+            embedding size ``D``), e.g. ``(13, 512, 256, 64, 16)``.
+        top_mlp: sizes of the top MLP after its input (``D + (F + 1) F / 2``, computed), ending in 1,
+            e.g. ``(512, 256, 1)``.
+        table_factory: ``table_factory(index, rows, dim)`` builds table ``index`` instead of the default
+            ``nn.EmbeddingBag(rows, dim, mode="sum")`` with the reference's uniform initialisation (e.g. a
+            :class:`comera.TTMEmbeddingBag` built directly, without allocating the dense table). Not
+            recorded for :func:`comera.save_pretrained`, which records tensorized layers itself.
+
+    Shape:
+        ``dense`` ``(B, bottom_mlp[0])`` float; ``ids`` one of
+
+        - ``(F, B)`` integer tensor: one id per field and sample;
+        - ``(F, B, L)`` integer tensor: bags of ``L`` ids;
+        - a sequence of ``F`` 1-D id tensors with ``offsets`` ``F`` 1-D tensors (or an ``(F, B)`` tensor)
+          giving where each sample's bag starts, as ``nn.EmbeddingBag``.
+
+        Output: ``(B,)`` logits.
+    """
+
+    def __init__(
+        self,
+        cardinalities: Sequence[int],
+        bottom_mlp: Sequence[int] = (13, 512, 256, 64, 16),
+        top_mlp: Sequence[int] = (512, 256, 1),
+        table_factory: Callable[[int, int, int], nn.Module] | None = None,
+    ) -> None:
+        super().__init__()
+        cardinalities = _check_sizes(cardinalities, "cardinalities", 1)
+        bottom_mlp = _check_sizes(bottom_mlp, "bottom_mlp", 2)
+        top_mlp = _check_sizes(top_mlp, "top_mlp", 1)
+        if top_mlp[-1] != 1:
+            raise ValueError(f"top_mlp must end in 1 (one logit), got {top_mlp}")
+        self.cardinalities = cardinalities
+        self.embedding_dim = bottom_mlp[-1]
+        self.num_dense = bottom_mlp[0]
+        self.bottom = _mlp(bottom_mlp, last_activation=True)
+        build = table_factory or reference_table
+        self.tables = nn.ModuleList(
+            build(index, rows, self.embedding_dim) for index, rows in enumerate(cardinalities)
+        )
+        self.interaction = DotInteraction(len(cardinalities))
+        self.top = _mlp((self.embedding_dim + self.interaction.num_outputs, *top_mlp), last_activation=False)
+        setattr(
+            self,
+            MODEL_ATTRIBUTE,
+            {
+                "name": "dlrm",
+                "kwargs": {
+                    "cardinalities": list(cardinalities),
+                    "bottom_mlp": list(bottom_mlp),
+                    "top_mlp": list(top_mlp),
+                },
+            },
+        )
+
+    @classmethod
+    def from_preset(cls, name: str) -> DLRM:
+        """The dense model of preset ``name`` (``"paper"``, ``"small"`` or ``"smoke"``)."""
+        return cls(**dlrm_preset(name))
+
+    @property
+    def num_fields(self) -> int:
+        """Categorical fields ``F``."""
+        return len(self.tables)
+
+    def embed(
+        self,
+        ids: torch.Tensor | Sequence[torch.Tensor],
+        offsets: torch.Tensor | Sequence[torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """Pooled embeddings of every field: ``(B, F, D)`` (see the class docstring for ``ids``)."""
+        if isinstance(ids, torch.Tensor):
+            if ids.dim() not in (2, 3) or ids.shape[0] != self.num_fields:
+                raise ValueError(
+                    f"ids must have shape ({self.num_fields}, B) or ({self.num_fields}, B, L), "
+                    f"got {tuple(ids.shape)}"
+                )
+            if offsets is not None:
+                raise ValueError("offsets must be None when ids is an (F, B) or (F, B, L) tensor")
+            bags = ids.unsqueeze(2) if ids.dim() == 2 else ids
+            pooled = [table(bags[field]) for field, table in enumerate(self.tables)]
+        else:
+            if len(ids) != self.num_fields or offsets is None or len(offsets) != self.num_fields:
+                raise ValueError(
+                    f"ids given per field must come as {self.num_fields} id tensors with {self.num_fields} "
+                    f"offset tensors, got {len(ids)} and {None if offsets is None else len(offsets)}"
+                )
+            pooled = [table(ids[field], offsets[field]) for field, table in enumerate(self.tables)]
+        return torch.stack(pooled, dim=1)
+
+    def forward(
+        self,
+        dense: torch.Tensor,
+        ids: torch.Tensor | Sequence[torch.Tensor],
+        offsets: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Click logits ``(B,)`` for dense features ``(B, num_dense)`` and the categorical ``ids``."""
+        if dense.dim() != 2 or dense.shape[1] != self.num_dense:
+            raise ValueError(f"dense must have shape (B, {self.num_dense}), got {tuple(dense.shape)}")
+        bottom = self.bottom(dense)
+        embedded = self.embed(ids, offsets)
+        if embedded.shape[0] != bottom.shape[0]:
+            raise ValueError(
+                f"ids give {embedded.shape[0]} samples but dense has {bottom.shape[0]} (batch sizes differ)"
+            )
+        return self.top(self.interaction(bottom, embedded)).squeeze(1)
+
+
+def _register_presets() -> None:
+    for name, model in MODEL_PRESETS.items():
+        setting = TENSORIZE_PRESETS[name]
+        config = dlrm_tensorize_config(
+            model["cardinalities"],
+            model["bottom_mlp"][-1],
+            min_rows=setting["min_rows"],
+            rank=setting["rank"],
+            order=setting["order"],
+        )
+        register_preset(f"dlrm-{name}", config)
+
+
+_register_presets()

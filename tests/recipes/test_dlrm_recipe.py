@@ -1,0 +1,71 @@
+"""``comera train dlrm`` end to end at smoke size; the reported metrics against scikit-learn on the saved
+model's predictions."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import accuracy_score, log_loss, roc_auc_score
+
+import comera.recipes.dlrm  # noqa: F401  (registers the recipe)
+from comera import TTMEmbeddingBag, load_pretrained
+from comera.data.synthetic_criteo import synthetic_criteo
+from comera.recipes.run import SetupError, run
+
+FIXTURE = Path(__file__).parent.parent / "data" / "criteo_sample.txt"
+
+
+@pytest.mark.parametrize("method", ["dense", "comera"])
+def test_smoke_run_reports_exact_metrics(tmp_path, method):
+    results = run(
+        "dlrm", method=method, preset="smoke", out=tmp_path / "run", cache_dir=tmp_path, progress=False
+    )
+    assert (
+        json.loads((tmp_path / "run" / "results.json").read_text(), parse_constant=float)["method"] == method
+    )
+    model = load_pretrained(tmp_path / "run" / "model").eval()
+    assert any(isinstance(t, TTMEmbeddingBag) for t in model.tables) == (method == "comera")
+    test = synthetic_criteo(2100, seed=0, max_table_rows=1000).splits()["test"]
+    batch = test.gather(np.arange(len(test)))
+    with torch.no_grad():
+        logits = model(batch.dense, batch.ids).double().numpy()
+    labels = batch.labels.numpy()
+    probs = 1.0 / (1.0 + np.exp(-logits))
+    reported = results["evaluation"]["test"]
+    assert set(reported) == {"auc", "ne", "log_loss", "accuracy"}
+    assert reported["auc"] == pytest.approx(roc_auc_score(labels, logits), abs=1e-9)
+    assert reported["log_loss"] == pytest.approx(log_loss(labels, probs), rel=1e-5)
+    assert reported["accuracy"] == pytest.approx(accuracy_score(labels, probs > 0.5))
+    rate = labels.mean()
+    entropy = -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))
+    assert reported["ne"] == pytest.approx(log_loss(labels, probs) / entropy, rel=1e-5)
+    assert results["data"]["splits"]["train"]["read"] == 1800
+    if method == "comera":
+        assert results["compression"]["tensorized"] > 5
+
+
+def test_run_on_a_criteo_file(tmp_path):
+    results = run(
+        "dlrm",
+        method="dense",
+        preset="smoke",
+        data=FIXTURE,
+        out=tmp_path / "run",
+        cache_dir=tmp_path,
+        progress=False,
+    )
+    assert results["data"]["lines_read"] == 21
+    assert [results["data"]["splits"][s]["read"] for s in ("train", "validation", "test")] == [18, 1, 2]
+    assert len(results["data"]["cardinalities"]) == 26
+    assert math.isnan(results["evaluation"]["validation"]["auc"])  # one sample: AUC undefined
+
+
+def test_a_folder_or_a_malformed_file_is_refused(tmp_path):
+    with pytest.raises(SetupError, match="not a folder"):
+        run("dlrm", preset="smoke", data=tmp_path, out=tmp_path / "a", cache_dir=tmp_path)
+    bad = FIXTURE.parent / "criteo_short_line.txt"
+    with pytest.raises(SetupError, match=r"criteo_short_line\.txt:4"):
+        run("dlrm", preset="smoke", data=bad, out=tmp_path / "b", cache_dir=tmp_path)
