@@ -1,0 +1,1 @@
+"""Data loaders of the workloads and their embedded defaults."""

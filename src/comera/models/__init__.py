@@ -1,0 +1,1 @@
+"""Reference models, one per workload, registered for ``comera.load_pretrained``."""
