@@ -28,6 +28,8 @@ from comera.data.code import (
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data"
+# the folder fixture's sources end in .src so that linters of this repository leave them alone
+SOURCE = [".src"]
 IDS = SpecialIds(bos=0, pad=1, eos=2, unk=3, mask=4, vocab_size=1000)
 
 
@@ -182,17 +184,18 @@ def test_jsonl_and_gzip_read_the_code_or_original_string_field():
 
 
 def test_folder_reads_by_extension_and_skips_files_that_are_not_utf8():
-    documents, skipped = read_code(DATA / "code_folder")
+    documents, skipped = read_code(DATA / "code_folder", extensions=SOURCE)
     keys = sorted(d.key for d in documents)
-    assert keys == ["main.py", "pkg/__init__.py", "pkg/sub/shapes.py", "pkg/util.py"]
+    assert keys == ["main.src", "pkg/__init__.src", "pkg/sub/shapes.src", "pkg/util.src"]
     assert sorted((s.key, s.reason) for s in skipped) == [
-        ("pkg/empty.py", "empty"),
-        ("pkg/latin1.py", "not_utf8"),
+        ("pkg/empty.src", "empty"),
+        ("pkg/latin1.src", "not_utf8"),
     ]
     for document in documents:
         assert document.text == (DATA / "code_folder" / document.key).read_text(encoding="utf-8")
     shell, _ = read_code(DATA / "code_folder", extensions=[".sh"])
     assert [d.key for d in shell] == ["pkg/sub/script.sh"]
+    assert read_code(DATA / "code_folder") == ([], [])
 
 
 def test_a_bad_json_line_raises_naming_file_and_line_or_is_skipped_and_counted():
@@ -208,10 +211,10 @@ def test_a_bad_json_line_raises_naming_file_and_line_or_is_skipped_and_counted()
 
 
 def test_caps_take_a_fixed_sample():
-    first, _ = read_code(DATA / "code_folder", max_files=3)
-    second, _ = read_code(DATA / "code_folder", max_files=3)
+    first, _ = read_code(DATA / "code_folder", extensions=SOURCE, max_files=3)
+    second, _ = read_code(DATA / "code_folder", extensions=SOURCE, max_files=3)
     assert [d.key for d in first] == [d.key for d in second]
-    capped, _ = read_code(DATA / "code_folder", max_bytes=1)
+    capped, _ = read_code(DATA / "code_folder", extensions=SOURCE, max_bytes=1)
     assert len(capped) == 1
 
 
@@ -240,7 +243,7 @@ def test_split_is_a_fixed_function_of_the_key():
 
 
 def _documents() -> list[CodeDocument]:
-    documents, _ = read_code(DATA / "code_folder")
+    documents, _ = read_code(DATA / "code_folder", extensions=SOURCE)
     return documents
 
 
