@@ -1,4 +1,4 @@
-"""The ``comera`` command: ``demo``, ``bench NAME``, ``report DIR``, ``plot RUN_DIR``.
+"""The ``comera`` command: ``demo``, ``train WORKLOAD``, ``bench NAME``, ``report DIR``, ``plot RUN_DIR``.
 
 ``demo`` and ``bench`` run their job (``comera.demo``, ``comera.bench.NAME``) in a fresh Python process.
 """
@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="comera", description="comera: tensor-train training for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="train a dense and a comera MLP on a built-in task", add_help=False)
+    sub.add_parser("train", help="train a workload: comera train WORKLOAD --help", add_help=False)
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
     bench.add_argument("name", choices=BENCHMARKS)
     report = sub.add_parser("report", help="print the compression report of a saved model directory")
@@ -64,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args.directory)
     if args.command == "plot":
         return _plot(args.run_dir, args.out)
+    if args.command == "train":
+        from comera.recipes.cli import main as train
+
+        return train(rest)
     if args.command == "demo":
         return _run_module("comera.demo", rest)
     return _run_module(f"comera.bench.{args.name}", rest)

@@ -1,6 +1,6 @@
 """``compression_report(model)``: per-layer ranks and exact parameter counts, whole model and tensorized part.
 
-Counts are exact entries of the active-rank model (method.md section 4): a gated layer holds
+Counts are exact entries of the active-rank model (docs/method.md section 4): a gated layer holds
 ``sum_k c_k r_{k-1} r_k`` core entries at its active ranks, 0 with a dead bond; gates are not counted (they
 fold into the cores on export). Every other parameter counts its ``numel``, shared parameters once. "Dense"
 counts replace each tensorized layer by the dense weight it stands for. MiB are of fp32 values.

@@ -10,17 +10,10 @@ import torch
 from tiny import FEATURES, loss_fn, make_model
 from torch import nn
 
-from comera import RankAdaptation, prune_
-from comera.train.cuda_graph import (
-    STEP_VALUES,
-    CudaGraphStep,
-    batch_length,
-    check_buckets,
-    choose_bucket,
-    fill_static,
-    pad_batch,
-    pad_to,
-)
+from comera import prune_
+from comera.train.cuda_graph import STEP_VALUES, CudaGraphStep
+from comera.train.objective import CoMERAObjective
+from comera.train.padding import batch_length, check_buckets, choose_bucket, fill_static, pad_batch, pad_to
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
@@ -94,7 +87,7 @@ def test_fill_static_copies_pads_and_refuses_shape_changes():
 def _parts(capturable=True):
     model = make_model(dropout=0.0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=capturable)
-    return model, optimizer, RankAdaptation(model)
+    return model, optimizer, CoMERAObjective(model)
 
 
 @pytest.mark.parametrize(
@@ -124,11 +117,11 @@ def test_bad_arguments_are_named(change, error, match):
 def _cuda_parts(seed=0, dead_gate=False):
     model = make_model(seed=seed, dropout=0.0, dead_gate=dead_gate).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
-    return model, optimizer, RankAdaptation(model)
+    return model, optimizer, CoMERAObjective(model)
 
 
 def _eager_step(model, optimizer, rank, batch, loss, grad_clip=None):
-    saved = (rank._ema_sum.clone(), rank._ema_weight.clone())
+    saved = (rank.adaptation._ema_sum.clone(), rank.adaptation._ema_weight.clone())
     task = loss(model, batch)
     objective = rank.loss(task)
     objective.backward()
@@ -140,8 +133,8 @@ def _eager_step(model, optimizer, rank, batch, loss, grad_clip=None):
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
     else:
-        rank._ema_sum.copy_(saved[0])
-        rank._ema_weight.copy_(saved[1])
+        rank.adaptation._ema_sum.copy_(saved[0])
+        rank.adaptation._ema_weight.copy_(saved[1])
     optimizer.zero_grad(set_to_none=True)
     return [float(task), float(objective), float(norm), float(applied)]
 
@@ -169,7 +162,7 @@ def _assert_same_state(graph_parts, eager_parts):
     for got, expected in zip(g_opt.state.values(), e_opt.state.values()):
         assert float(got["step"]) == float(expected["step"])
         torch.testing.assert_close(got["exp_avg"], expected["exp_avg"], rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(g_rank._ema_sum, e_rank._ema_sum)
+    torch.testing.assert_close(g_rank.adaptation._ema_sum, e_rank.adaptation._ema_sum)
 
 
 @needs_cuda
@@ -214,7 +207,7 @@ def test_recapture_after_prune_and_stage_switch_matches_eager():
             stepper.invalidate()
         if index == 6:
             for _, _, rank in (graph_parts, eager_parts):
-                rank.begin_late_stage(0.5, target_loss=0.5)
+                rank.begin_late_stage(target_ratio=0.5, target_loss=0.5)
             stepper.invalidate()
         stepper.step(batch)
         _eager_step(*eager_parts, batch, _cuda_loss)
@@ -243,7 +236,7 @@ def _masked_loss(model, batch):
 def test_length_buckets_pad_without_changing_the_loss_and_match_eager_steps():
     def parts():
         model = _Tokens().cuda()
-        return model, torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True), RankAdaptation(model)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True), CoMERAObjective(model)
 
     graph_parts, eager_parts = parts(), parts()
     pad = {"tokens": 0.0, "labels": 0, "mask": 0.0}

@@ -59,7 +59,7 @@ def summary(trainer, result):
         "state": {name: value.cpu() for name, value in trainer.module.state_dict().items()},
         "ranks": [layer.ranks for layer in (trainer.module[0], trainer.module[3])],
         "max_ranks": [layer.max_ranks for layer in (trainer.module[0], trainer.module[3])],
-        "targets": (trainer.rank.target_size, trainer.rank.target_loss),
+        "targets": (trainer.objective.adaptation.target_size, trainer.objective.adaptation.target_loss),
         "eval": result.eval,
     }
 

@@ -74,7 +74,9 @@ def test_non_finite_steps_are_skipped_and_counted(kind, tmp_path, capsys):
     got, want = parameters_of(model), parameters_of(expected)
     for name in want:
         assert torch.equal(got[name], want[name]), name
-    assert trainer.rank.smoothed_loss() == expected_rank.smoothed_loss(), "the loss average saw a NaN"
+    assert trainer.objective.adaptation.smoothed_loss() == expected_rank.smoothed_loss(), (
+        "the loss average saw a NaN"
+    )
     counts = [record["nonfinite"] for record in read_metrics(tmp_path) if record["kind"] == "train"]
     assert counts == [0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2]
     assert "skipped=2" in capsys.readouterr().err

@@ -7,7 +7,9 @@ from torch import nn
 
 import comera.train.trainer as trainer_module
 from comera import RankAdaptation, param_groups, prune_
+from comera.nn.gated import DEFAULT_TAU
 from comera.train import TrainConfig, Trainer, read_metrics
+from comera.train.objective import CoMERAObjective
 
 FAST_GATES = {"gamma": 1.0, "lr_gates": 0.05, "lr_cores": 1e-3, "lr_other": 1e-3}
 
@@ -16,7 +18,7 @@ def reference_run(config: TrainConfig, batches: list, epochs_early: int, epochs_
     """CoMERA written out by hand: early epochs, prune, late stage, prune after every late epoch."""
     model = make_model()
     torch.manual_seed(config.seed)
-    rank = RankAdaptation(model, gamma=config.gamma, tau=config.tau, surrogate=config.surrogate)
+    rank = RankAdaptation(model, gamma=config.gamma, tau=DEFAULT_TAU, surrogate=config.surrogate)
     optimizer = torch.optim.AdamW(
         param_groups(model, lr_cores=config.lr_cores, lr_gates=config.lr_gates, lr_other=config.lr_other)
     )
@@ -64,11 +66,11 @@ def test_late_stage_target_is_a_fraction_of_the_size_at_the_switch(tmp_path):
         loss_fn,
         make_data(),
         config=config,
-        callbacks=[lambda t: sizes.setdefault(t.step, t.rank.size())],
+        callbacks=[lambda t: sizes.setdefault(t.step, t.objective.size())],
     )
     trainer.fit()
-    assert trainer.step == 8 and trainer.rank.stage == "late"
-    assert trainer.rank.target_size == pytest.approx(0.4 * sizes[5])
+    assert trainer.step == 8 and trainer.objective.stage == "late"
+    assert trainer.objective.adaptation.target_size == pytest.approx(0.4 * sizes[5])
     events = [r for r in read_metrics(tmp_path) if r["kind"] == "event" and r["event"] == "late_stage"]
     assert [event["step"] for event in events] == [5]
 
@@ -129,7 +131,9 @@ def test_resume_from_a_pruned_late_stage_checkpoint_in_process(tmp_path):
 def test_bad_arguments_raise_clear_errors():
     data = make_data()
     with pytest.raises(ValueError, match="no gated layers"):
-        Trainer(nn.Linear(12, 3), loss_fn, data)
+        Trainer(nn.Linear(12, 3), loss_fn, data, objective=CoMERAObjective(nn.Linear(12, 3)))
+    with pytest.raises(TypeError, match="objective must be"):
+        Trainer(make_model(), loss_fn, data, objective="comera")
     with pytest.raises(TypeError, match="loss_fn must be callable"):
         Trainer(make_model(), "cross_entropy", data)
     with pytest.raises(TypeError, match="config must be a TrainConfig"):

@@ -34,7 +34,7 @@ class RecordingGraphStep:
     def step(self, batch):
         self.steps += 1
         self.optimizer.zero_grad(set_to_none=True)
-        saved = self.rank.loss_average_state()
+        saved = self.rank.snapshot()
         task = self.loss(self.model, batch)
         objective = self.rank.loss(task)
         objective.backward()
@@ -50,7 +50,7 @@ class RecordingGraphStep:
             for group in self.optimizer.param_groups:
                 group["capturable"] = True
         else:
-            self.rank.restore_loss_average(saved)
+            self.rank.restore(saved)
         return torch.stack([task.detach().float(), objective.detach().float(), norm.float(), finite.float()])
 
     def invalidate(self):
@@ -110,7 +110,9 @@ def test_every_step_runs_through_the_graph_step_and_matches_eager(fakes, tmp_pat
     result = trainer.fit()
 
     (fake,) = fakes
-    assert fake.model is graph_model and fake.optimizer is trainer.optimizer and fake.rank is trainer.rank
+    assert (
+        fake.model is graph_model and fake.optimizer is trainer.optimizer and fake.rank is trainer.objective
+    )
     expected_options = {"buckets": None, "pad": None, "length_dim": 1, "grad_clip": 1.0, "warmup": 3}
     assert {key: fake.options[key] for key in expected_options} == expected_options
     assert fake.options["autocast_dtype"] is None

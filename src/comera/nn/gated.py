@@ -1,7 +1,7 @@
 """The base of every comera module stored as a train of cores with rank gates on its bonds.
 
 A train of ``K`` cores has ``K - 1`` bonds. Bond ``k`` (between cores ``k`` and ``k+1``) carries a gate vector
-``g_k`` of length ``r_k``, initialised to 1 (method.md section 3). The forward uses the masked gate
+``g_k`` of length ``r_k``, initialised to 1 (docs/method.md section 3). The forward uses the masked gate
 ``m_k = g_k * 1[|g_k| > tau]``, multiplied into the right-rank axis of core ``k``: a dead entry
 (``|g| <= tau``) contributes nothing and receives no gradient, and gates add no cost to the contraction.
 The active rank of a bond is its number of live gate entries; a train with a fully dead bond represents

@@ -1,4 +1,4 @@
-"""Stand-ins for layers whose rank gates died: their weight is exactly zero (method.md section 3).
+"""Stand-ins for layers whose rank gates died: their weight is exactly zero (docs/method.md section 3).
 
 :func:`comera.prune_` puts these in place of a layer with a dead bond. They keep the layer's interface and
 output shape, hold no cores, and return the bias (linear) or zeros (embedding).

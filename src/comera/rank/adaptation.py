@@ -1,4 +1,4 @@
-"""Rank-adaptive multi-objective training: task loss against model size (method.md section 4).
+"""Rank-adaptive multi-objective training: task loss against model size (docs/method.md section 4).
 
 Early stage (weighted sum):  ``loss = L + gamma * S_hat``.
 
@@ -120,6 +120,11 @@ class RankAdaptation:
         """Put back a state from :meth:`loss_average_state`, e.g. after a step that was skipped."""
         self._ema_sum.copy_(state[0])
         self._ema_weight.copy_(state[1])
+
+    def device_state(self) -> list[torch.Tensor]:
+        """The device tensors :meth:`loss` updates in place (loss average and switch), for callers that must
+        undo a step, e.g. a CUDA-graph warm-up."""
+        return [self._ema_sum, self._ema_weight, self.switch]
 
     def size_surrogate(self) -> torch.Tensor:
         """The differentiable size term ``S_hat`` (0-dim tensor)."""

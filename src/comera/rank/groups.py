@@ -1,4 +1,4 @@
-"""The three optimizer parameter groups of CoMERA: cores, gates, everything else (method.md section 4)."""
+"""The three optimizer parameter groups of CoMERA: cores, gates, everything else (docs/method.md §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Differentiable stand-ins for the model size, used as the size objective's gradient (method.md section 4).
+"""Differentiable stand-ins for the model size, used as the size objective's gradient (docs/method.md §4).
 
 The exact size counts ranks (an l0 quantity) and has no gradient. Two relaxations are offered:
 

@@ -1,4 +1,4 @@
-"""``TrainConfig``: every setting of a CoMERA training run, checked on construction (method.md sections 4, 7).
+"""``TrainConfig``: every setting of a CoMERA training run, checked on construction (docs/method.md §4, §7).
 
 A run has an early stage (weighted sum of task loss and size surrogate) and, when ``late > 0``, a late stage
 (achievement scalarisation toward ``target_ratio`` of the size reached at the end of the early stage). Stage
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from comera.rank.surrogate import SURROGATES
-from comera.train.cuda_graph import check_buckets
+from comera.train.padding import check_buckets
 
 __all__ = ["TrainConfig", "AUTO_COMPILE_MIN_STEPS", "PRUNE_POINTS", "PRECISIONS", "UNITS"]
 
@@ -65,8 +65,9 @@ class TrainConfig:
         early: length of the early stage (>= 0) in ``unit``s. Paper: 20 epochs.
         late: length of the late stage (>= 0); 0 skips it. Paper: 10 epochs.
         unit: ``"epoch"`` or ``"step"``.
-        gamma, tau, surrogate: early-stage size weight, gate threshold and size surrogate
-            (see :class:`comera.RankAdaptation`).
+        gamma, surrogate: early-stage size weight and size surrogate (see :class:`comera.RankAdaptation`).
+        tau: gate threshold; None (default) keeps the one the layers were built with (``TensorizeConfig.tau``
+            owns it), a number overrides every gated layer's when the Trainer is built.
         target_ratio: late-stage size target as a fraction of the size at the end of the early stage, (0, 1].
         target_loss: late-stage loss target ``L*``; None = 1.05 x the smoothed loss at the stage switch.
         rho: late-stage augmentation weights ``(rho_loss, rho_size)``.
@@ -125,7 +126,7 @@ class TrainConfig:
     late: int = 0
     unit: str = "epoch"
     gamma: float = 0.01
-    tau: float = 1e-2
+    tau: float | None = None
     surrogate: str = "size"
     target_ratio: float = 0.5
     target_loss: float | None = None
@@ -171,7 +172,8 @@ class TrainConfig:
         if self.unit not in UNITS:
             raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
         _number(self.gamma, "gamma", 0.0)
-        _number(self.tau, "tau", 0.0)
+        if self.tau is not None:
+            _number(self.tau, "tau", 0.0)
         if self.surrogate not in SURROGATES:
             raise ValueError(f"surrogate must be one of {SURROGATES}, got {self.surrogate!r}")
         _number(self.target_ratio, "target_ratio", 0.0, 1.0, open_low=True)

@@ -65,6 +65,8 @@ def _events(axes, records: list[dict[str, Any]]) -> None:
 def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
     """Write ``loss.png``, ``ratio.png`` and ``ranks.png`` for the run in ``run_dir``; returns their paths.
 
+    ``ranks.png`` is written only for runs whose records carry ranks (a rank-adaptive objective).
+
     Args:
         run_dir: folder holding ``metrics.jsonl``.
         out_dir: where to write; default ``run_dir/plots``.
@@ -109,6 +111,8 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     _events(axis, records)
     written.append(_save(figure, out / "ratio.png", plt))
 
+    if not any("ranks" in record for record in train):
+        return written
     labels, rank_steps, matrix = rank_history(records)
     figure, axis = plt.subplots(figsize=(8, max(3.0, 0.25 * len(labels) + 1.5)))
     image = axis.imshow(matrix, aspect="auto", interpolation="nearest", cmap="viridis")

@@ -1,13 +1,18 @@
-"""``Trainer``: CoMERA's two training stages for any model and loss, with checkpoints that never lose work.
+"""``Trainer``: one training loop for every method (CoMERA's two stages, or a plain task loss for the
+baselines), with checkpoints that never lose work.
 
-One step, top to bottom: ``loss_fn(model, batch)`` gives the task loss; :meth:`comera.RankAdaptation.loss`
-turns it into the stage's objective; backward; the non-finite guard checks ``objective + gradient norm``
-(one host sync, which also fetches the logged numbers); the optimizer steps or the step is skipped.
+One step, top to bottom: ``loss_fn(model, batch)`` gives the task loss; the run's
+:class:`comera.train.objective.Objective` turns it into the optimised scalar (CoMERA: the stage's objective;
+baselines: the task loss itself); backward; the non-finite guard checks ``objective + gradient norm`` (one
+host sync, which also fetches the logged numbers); the optimizer steps or the step is skipped; the
+objective's host-side ``after_step`` runs.
 
 Between steps, in this order: a metrics record every ``log_every`` steps; at an epoch end, pruning if
 configured; at the end of the early stage, pruning (``"early_end"``) and the switch to the late stage; at the
 last step, pruning (``"end"``); evaluation and checkpoint when due; then the callbacks. A prune that changes
 the model is followed by a checkpoint (when checkpoints are on), so a rollback never has to grow a layer.
+Stages and pruning apply to objectives that have them (:class:`comera.train.objective.CoMERAObjective`);
+with :class:`comera.train.objective.TaskObjective` a run is ``early + late`` steps of the task loss.
 
 With ``config.cuda_graph`` the whole step (guard included) is a replayed CUDA graph
 (:class:`comera.train.cuda_graph.CudaGraphStep`) that hands back its four numbers; the graphs are dropped and
@@ -28,6 +33,7 @@ import gc
 import random
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,10 +47,6 @@ from tqdm.auto import tqdm
 
 from comera.cpu import reuse_freed_memory
 from comera.nn.linear import TTLinear
-from comera.rank.adaptation import RankAdaptation
-from comera.rank.groups import param_groups
-from comera.rank.prune import prune_
-from comera.rank.size import gated_trains
 from comera.tensorize import unwrap_model
 from comera.train.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -61,8 +63,11 @@ from comera.train.config import AUTO_COMPILE_MIN_STEPS, TrainConfig
 from comera.train.cuda_graph import CudaGraphStep, capturable_adam
 from comera.train.data import EpochData
 from comera.train.distributed import barrier, check_backend, gather_objects, globally_averaged, world
+from comera.train.evaluation import Evaluator, MeanEvaluator, run_evaluation
 from comera.train.guard import NonFiniteGuard, total_grad_norm
-from comera.train.metrics import MetricsLog, peak_memory_mib
+from comera.train.metrics import MetricsLog
+from comera.train.objective import Objective, default_objective
+from comera.train.records import StepWindow, train_record
 from comera.train.structure import apply_structure, model_structure
 from comera.version import __version__
 
@@ -100,27 +105,66 @@ def _with_last(batches: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
         current = following
 
 
+def _check_arguments(model, loss_fn, config, optimizer, objective, eval_fn, evaluator) -> TrainConfig:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(model, DistributedDataParallel):
+        raise TypeError(
+            "model must not be wrapped in DistributedDataParallel: pass the plain model; the Trainer "
+            "wraps it itself because it must rebuild the wrapper after pruning"
+        )
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {type(loss_fn).__name__}")
+    if eval_fn is not None and not callable(eval_fn):
+        raise TypeError(f"eval_fn must be callable or None, got {type(eval_fn).__name__}")
+    if evaluator is not None and not isinstance(evaluator, Evaluator):
+        raise TypeError(
+            f"evaluator must be a comera.train.evaluation.Evaluator or None, got {type(evaluator).__name__}"
+        )
+    if eval_fn is not None and evaluator is not None:
+        raise ValueError("give eval_fn or evaluator, not both")
+    config = TrainConfig() if config is None else config
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
+    if objective is not None and not isinstance(objective, Objective):
+        raise TypeError(
+            f"objective must be a comera.train.objective.Objective or None, got {type(objective).__name__}"
+        )
+    return config
+
+
 class Trainer:
-    """Runs the early stage, then the late stage when ``config.late > 0``, on any model with gated layers.
+    """Trains any model through one loop: CoMERA's early and late stages, or a baseline's task loss.
 
     Args:
-        model: the model (``torch.compile`` / DDP wrappers allowed); it must contain comera gated layers.
+        model: the model (``torch.compile`` wrapper allowed; not DDP-wrapped: the Trainer wraps it).
         loss_fn: ``loss_fn(model, batch) -> 0-dim task loss``; it moves the batch to the model's device.
         train_data: a map-style dataset (batched with ``config.batch_size``) or a re-iterable of batches
             (a ``DataLoader``); see :mod:`comera.train.data` for the reproducibility contract.
         config: a :class:`TrainConfig`.
+        objective: what is optimised on top of the task loss; default
+            :func:`comera.train.objective.default_objective`: CoMERA's rank objective
+            (``config.gamma``, ``config.tau``, ``config.surrogate``) for a model with gated layers, else the
+            plain task loss (:class:`comera.train.objective.TaskObjective`).
         eval_data: dataset or iterable of batches for evaluation, or None.
         eval_fn: ``eval_fn(model, batch) -> {name: number}``, averaged over batches; default
             ``{"loss": loss_fn(model, batch)}``.
-        optimizer: default AdamW on :func:`comera.param_groups` with the config's rates (``capturable=True``
-            with ``config.cuda_graph``). A custom optimizer must hold the model's parameters; pruning slices
-            its state in place. With ``config.cuda_graph`` it must be AdamW or Adam with ``capturable=True``.
+        evaluator: an :class:`comera.train.evaluation.Evaluator` for metrics exact over the whole evaluation
+            set (instead of ``eval_fn``).
+        optimizer: default AdamW on the objective's parameter groups with the config's rates (CoMERA: cores,
+            gates, other; ``capturable=True`` with ``config.cuda_graph``). A method that brings its own
+            optimizer (GaLore, APOLLO, ...) passes it here; it must hold the model's parameters, and pruning
+            slices its state in place. With ``config.cuda_graph`` it must be AdamW or Adam with
+            ``capturable=True``.
         collate_fn: batching of dataset samples (default ``torch.utils.data.default_collate``).
         callbacks: ``callback(trainer)`` after every step's bookkeeping.
 
     Attributes:
         step, epoch, batch_in_epoch: progress (steps done, epochs done, batches done in this epoch).
-        rank: the :class:`comera.RankAdaptation` driving the objective.
+        objective: the :class:`comera.train.objective.Objective` driving the run.
+        process_rank, world_size: this process's place in a DDP process group (0 and 1 without one).
         guard: the :class:`comera.train.guard.NonFiniteGuard` with its counters.
         graph_step: the :class:`comera.train.cuda_graph.CudaGraphStep` running each step, or None (eager or
             compiled step). A callback that changes learning rates must call its ``invalidate()``.
@@ -133,37 +177,19 @@ class Trainer:
         train_data: Any,
         *,
         config: TrainConfig | None = None,
+        objective: Objective | None = None,
         eval_data: Any = None,
         eval_fn: EvalFn | None = None,
+        evaluator: Evaluator | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         collate_fn: Callable[[list], Any] | None = None,
         callbacks: Iterable[Callable[[Trainer], None]] = (),
     ) -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-        if not callable(loss_fn):
-            raise TypeError(
-                f"loss_fn must be callable as loss_fn(model, batch), got {type(loss_fn).__name__}"
-            )
-        if eval_fn is not None and not callable(eval_fn):
-            raise TypeError(f"eval_fn must be callable or None, got {type(eval_fn).__name__}")
-        config = TrainConfig() if config is None else config
-        if not isinstance(config, TrainConfig):
-            raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}"
-            )
-        if isinstance(model, DistributedDataParallel):
-            raise TypeError(
-                "model must not be wrapped in DistributedDataParallel: pass the plain model; the Trainer "
-                "wraps it itself because it must rebuild the wrapper after pruning"
-            )
+        config = _check_arguments(model, loss_fn, config, optimizer, objective, eval_fn, evaluator)
         self.config = config
         self.model = model
         self.module = unwrap_model(model)
         self.loss_fn = loss_fn
-        self.eval_fn = eval_fn
         self.callbacks = list(callbacks)
         self.process_rank, self.world_size = world()
         if config.cuda_graph and self.world_size > 1:
@@ -175,12 +201,13 @@ class Trainer:
         if self.world_size > 1:
             check_backend(self._device())
             self.model = DistributedDataParallel(self.module)
-        self.rank = RankAdaptation(
+        if objective is not None and objective.model is not self.module:
+            raise ValueError("objective must be built on the same (unwrapped) model the Trainer trains")
+        self.objective = objective or default_objective(
             self.module, gamma=config.gamma, tau=config.tau, surrogate=config.surrogate
         )
         self.optimizer = optimizer or torch.optim.AdamW(
-            param_groups(
-                self.module,
+            self.objective.param_groups(
                 lr_cores=config.lr_cores,
                 lr_gates=config.lr_gates,
                 lr_other=config.lr_other,
@@ -188,6 +215,40 @@ class Trainer:
             ),
             capturable=config.cuda_graph,
         )
+        self._set_data(train_data, eval_data, collate_fn)
+        self.evaluator = evaluator or (
+            MeanEvaluator(eval_fn if eval_fn is not None else self._default_eval)
+            if self.eval_data is not None
+            else None
+        )
+        run_dir = None if config.run_dir is None else Path(config.run_dir)
+        self.run_dir = run_dir
+        self.checkpoint_dir = (
+            Path(config.checkpoint_dir)
+            if config.checkpoint_dir is not None
+            else (None if run_dir is None else run_dir / "checkpoints")
+        )
+        self.metrics = MetricsLog(run_dir if self.process_rank == 0 else None)
+        self.guard = NonFiniteGuard(config.max_nonfinite, config.max_rollbacks)
+        self.step = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.last_eval: dict[str, float] = {}
+        self._bf16 = config.precision == "bf16"
+        if config.precision == "fp8":
+            for layer in self.module.modules():
+                if isinstance(layer, TTLinear):
+                    layer.gemm = "fp8"
+        self._device_type = self._device().type
+        if config.reuse_cpu_memory and self._device_type == "cpu":
+            reuse_freed_memory()
+        self._compute, self._apply = self._step_functions()
+        self.graph_step = self._graph_step() if config.cuda_graph else None
+        self._window = StepWindow()
+        self._bar = None
+
+    def _set_data(self, train_data: Any, eval_data: Any, collate_fn) -> None:
+        config = self.config
         batching = {
             "batch_size": config.batch_size,
             "seed": config.seed,
@@ -221,31 +282,9 @@ class Trainer:
             if eval_data is None
             else EpochData(eval_data, shuffle=False, drop_last=False, equal_shards=False, **batching)
         )
-        run_dir = None if config.run_dir is None else Path(config.run_dir)
-        self.run_dir = run_dir
-        self.checkpoint_dir = (
-            Path(config.checkpoint_dir)
-            if config.checkpoint_dir is not None
-            else (None if run_dir is None else run_dir / "checkpoints")
-        )
-        self.metrics = MetricsLog(run_dir if self.process_rank == 0 else None)
-        self.guard = NonFiniteGuard(config.max_nonfinite, config.max_rollbacks)
-        self.step = 0
-        self.epoch = 0
-        self.batch_in_epoch = 0
-        self.last_eval: dict[str, float] = {}
-        self._bf16 = config.precision == "bf16"
-        if config.precision == "fp8":
-            for layer in self.module.modules():
-                if isinstance(layer, TTLinear):
-                    layer.gemm = "fp8"
-        self._device_type = self._device().type
-        if config.reuse_cpu_memory and self._device_type == "cpu":
-            reuse_freed_memory()
-        self._compute, self._apply = self._step_functions()
-        self.graph_step = self._graph_step() if config.cuda_graph else None
-        self._window = {"loss": 0.0, "objective": 0.0, "count": 0, "time": 0.0, "steps": 0}
-        self._bar = None
+
+    def _default_eval(self, module: nn.Module, batch: Any) -> dict[str, Any]:
+        return {"loss": self.loss_fn(module, batch)}
 
     # lengths
     def _steps(self, length: int) -> int:
@@ -253,7 +292,9 @@ class Trainer:
 
     @property
     def early_steps(self) -> int:
-        """Steps of the early stage."""
+        """Steps of the early stage (of the whole run for an objective without stages)."""
+        if not self.objective.has_stages:
+            return self.total_steps
         return self._steps(self.config.early)
 
     @property
@@ -264,8 +305,14 @@ class Trainer:
     # one step
     def _forward_backward(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.autocast(self._device_type, dtype=torch.bfloat16, enabled=self._bf16):
-            task = globally_averaged(self.loss_fn(self.model, batch))
-            objective = self.rank.loss(task)
+            task = self.loss_fn(self.model, batch)
+            if not isinstance(task, torch.Tensor) or not task.requires_grad:
+                raise ValueError(
+                    "loss_fn returned a loss that no trainable parameter reaches (a detached tensor or a "
+                    f"number: {task!r}); nothing would be trained. Return the loss computed from the model"
+                )
+            task = globally_averaged(task)
+            objective = self.objective.loss(task)
         objective.backward()
         return task.detach(), objective.detach()
 
@@ -300,7 +347,7 @@ class Trainer:
             self.module,
             self.loss_fn,
             self.optimizer,
-            self.rank,
+            self.objective,
             buckets=config.graph_buckets,
             pad=config.graph_pad,
             length_dim=config.graph_length_dim,
@@ -317,7 +364,7 @@ class Trainer:
         return [param for group in self.optimizer.param_groups for param in group["params"]]
 
     def _eager_step(self, batch: Any) -> tuple[float, float, bool]:
-        saved_average = self.rank.loss_average_state()
+        saved = self.objective.snapshot()
         task, objective = self._compute(batch)
         params = self._parameters()
         norm = total_grad_norm(params).to(objective.device)
@@ -328,7 +375,7 @@ class Trainer:
                 torch.nn.utils.clip_grads_with_norm_(params, self.config.grad_clip, norm)
             self._apply()
         else:
-            self.rank.restore_loss_average(saved_average)
+            self.objective.restore(saved)
         self.optimizer.zero_grad(set_to_none=True)
         return values[0], values[1], finite
 
@@ -345,12 +392,7 @@ class Trainer:
         else:
             task, objective, _, applied = self.graph_step.step(batch).tolist()
             finite = applied == 1.0
-        if finite:
-            self._window["loss"] += task
-            self._window["objective"] += objective
-            self._window["count"] += 1
-        self._window["time"] += time.perf_counter() - start
-        self._window["steps"] += 1
+        self._window.add(task, objective, finite, start)
         return finite
 
     # the run
@@ -359,24 +401,22 @@ class Trainer:
 
         Args:
             resume: False starts fresh (seeding torch, ``random`` and numpy with ``config.seed``); True
-                continues from the latest checkpoint in the checkpoint folder if there is one (else starts
-                fresh); a path continues from that checkpoint file.
+                continues from the newest readable checkpoint in the checkpoint folder if there is one (else
+                starts fresh; a corrupt newest checkpoint is reported and the previous one used); a path
+                continues from that checkpoint file.
         """
         if resume is False:
             self._seed()
+        elif resume is True:
+            self._resume_latest()
         else:
-            path = latest_checkpoint(self.checkpoint_dir) if resume is True and self.checkpoint_dir else None
-            if resume is not True:
-                path = Path(resume)
-            if path is None:
-                self._seed()
-            else:
-                self._restore(load_checkpoint(path), rollback=False)
-                self.metrics.drop_after(self.step)
-                self._event("resume", checkpoint=str(path))
+            path = Path(resume)
+            self._restore(load_checkpoint(path), rollback=False)
+            self.metrics.drop_after(self.step)
+            self._event("resume", checkpoint=str(path))
         total = self.total_steps
         self.model.train()
-        if self.step == 0 and self.early_steps == 0 and self.rank.stage == "early":
+        if self.step == 0 and self._late_stage_due():
             self._begin_late_stage()
         progress = sys.stderr.isatty() if self.config.progress is None else self.config.progress
         progress = progress and self.process_rank == 0
@@ -391,15 +431,43 @@ class Trainer:
             self._bar = None
         if self.run_dir is not None and self.config.plot and self.process_rank == 0:
             self._plot()
-        size = self.rank.size()
+        size = self.objective.size()
         return FitResult(
             step=self.step,
-            stage=self.rank.stage,
+            stage=self.objective.stage,
             size=size,
-            ratio=size / self.rank.initial_size,
+            ratio=size / self.objective.initial_size,
             eval=dict(self.last_eval),
             nonfinite=self.guard.total,
             rollbacks=self.guard.rollbacks,
+        )
+
+    def _resume_latest(self) -> None:
+        candidates = [] if self.checkpoint_dir is None else list_checkpoints(self.checkpoint_dir)
+        for _, path in reversed(candidates):
+            try:
+                payload = load_checkpoint(path)
+            except ValueError as error:
+                warnings.warn(f"skipping an unreadable checkpoint: {error}", RuntimeWarning, stacklevel=3)
+                self._event("unreadable_checkpoint", checkpoint=str(path), error=str(error))
+                continue
+            self._restore(payload, rollback=False)
+            self.metrics.drop_after(self.step)
+            self._event("resume", checkpoint=str(path))
+            return
+        if candidates:
+            raise ValueError(
+                f"no readable checkpoint in {self.checkpoint_dir}: all {len(candidates)} are corrupt; "
+                "start fresh with resume=False"
+            )
+        self._seed()
+
+    def _late_stage_due(self) -> bool:
+        return (
+            self.objective.has_stages
+            and self.objective.stage == "early"
+            and self.config.late > 0
+            and self.step == self._steps(self.config.early)
         )
 
     def _run_epoch(self, total: int) -> None:
@@ -413,6 +481,8 @@ class Trainer:
             if self.guard.record(finite):
                 self._rollback()
                 return
+            if finite:
+                self._objective_after_step()
             self._after_step(epoch_end=last)
             if self.step >= total:
                 return
@@ -420,6 +490,13 @@ class Trainer:
             raise ValueError(
                 f"train_data yielded no batches in epoch {self.epoch} from batch {self.batch_in_epoch}"
             )
+
+    def _objective_after_step(self) -> None:
+        event = self.objective.after_step(self.step)
+        if event:
+            if event.get("changed", True):
+                self._invalidate_graph()
+            self._event("objective", **event)
 
     def _after_step(self, epoch_end: bool) -> None:
         config = self.config
@@ -430,10 +507,10 @@ class Trainer:
         if epoch_end:
             self.epoch += 1
             self.batch_in_epoch = 0
-            late_epoch = self.rank.stage == "late" and "late_epoch" in config.prune_at
+            late_epoch = self.objective.stage == "late" and "late_epoch" in config.prune_at
             if "epoch" in config.prune_at or late_epoch:
                 pruned |= self._prune("epoch_end")
-        if self.step == self.early_steps and config.late > 0 and self.rank.stage == "early":
+        if self._late_stage_due():
             if "early_end" in config.prune_at:
                 pruned |= self._prune("early_end")
             self._begin_late_stage()
@@ -458,27 +535,32 @@ class Trainer:
 
     def _begin_late_stage(self) -> None:
         config = self.config
-        self.rank.begin_late_stage(config.target_ratio, config.target_loss, config.rho, config.ema)
+        details = self.objective.begin_late_stage(
+            target_ratio=config.target_ratio, target_loss=config.target_loss, rho=config.rho, ema=config.ema
+        )
         self._invalidate_graph()
-        self._event("late_stage", target_size=self.rank.target_size, target_loss=self.rank.target_loss)
+        self._event("late_stage", **details)
 
     def _prune(self, point: str) -> bool:
+        if not self.objective.prunes:
+            return False
         if self.world_size > 1:
             self._drop_ddp_wrapper()
-        result = prune_(self.module, self.optimizer)
+        result = self.objective.prune(self.optimizer)
         if self.world_size > 1:
             self.model = DistributedDataParallel(self.module)
-        if result.changed:
-            self._invalidate_graph()
-            self._event(
-                "prune",
-                point=point,
-                stored_before=result.stored_before,
-                stored_after=result.stored_after,
-                removed=list(result.removed),
-                layers={layer.name: list(layer.ranks_after) for layer in result.layers},
-            )
-        return result.changed
+        if result is None or not result.changed:
+            return False
+        self._invalidate_graph()
+        self._event(
+            "prune",
+            point=point,
+            stored_before=result.stored_before,
+            stored_after=result.stored_after,
+            removed=list(result.removed),
+            layers={layer.name: list(layer.ranks_after) for layer in result.layers},
+        )
+        return True
 
     def _drop_ddp_wrapper(self) -> None:
         """Free the DDP wrapper before pruning: it keeps the parameters' gradient accumulators alive, and
@@ -488,62 +570,26 @@ class Trainer:
 
     # evaluation
     def evaluate(self) -> dict[str, float]:
-        """Mean of ``eval_fn`` (default: the task loss) over the evaluation data; ``{}`` without eval data.
+        """The evaluator's metrics over the evaluation data (default: the mean task loss); ``{}`` without.
 
         Runs in eval mode without gradients on the unwrapped model; the global RNG state is left as it was.
-        Under DDP each rank evaluates its shard and the means cover all ranks' batches.
+        Under DDP each rank evaluates its shard and the metrics cover all ranks' batches.
         """
         if self.eval_data is None:
             return {}
-        was_training = self.model.training
-        self.model.eval()
-        sums: dict[str, float] = {}
-        count = 0
-        try:
-            with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                for batch in self.eval_data.epoch(0):
-                    values = (
-                        self.eval_fn(self.module, batch)
-                        if self.eval_fn is not None
-                        else {"loss": self.loss_fn(self.module, batch)}
-                    )
-                    for name, value in values.items():
-                        sums[name] = sums.get(name, 0.0) + float(value)
-                    count += 1
-        finally:
-            self.model.train(was_training)
-        totals: dict[str, float] = {}
-        batches = 0
-        for rank_sums, rank_count in gather_objects((sums, count)):
-            batches += rank_count
-            for name, value in rank_sums.items():
-                totals[name] = totals.get(name, 0.0) + value
-        return {name: total / max(batches, 1) for name, total in totals.items()}
+        return run_evaluation(self.model, self.module, self.eval_data.epoch(0), self.evaluator)
 
     # records
     def _log_train(self) -> None:
-        window = self._window
-        size = self.rank.size()
-        count = window["count"]
-        step_time = window["time"] / max(window["steps"], 1)
-        record = {
-            "kind": "train",
-            "step": self.step,
-            "epoch": self.epoch,
-            "stage": self.rank.stage,
-            "loss": window["loss"] / count if count else float("nan"),
-            "objective": window["objective"] / count if count else float("nan"),
-            "size": size,
-            "ratio": size / self.rank.initial_size,
-            "ranks": {name: list(train.ranks) for name, train in gated_trains(self.module)},
-            "lr": {
-                str(group.get("name", i)): group["lr"] for i, group in enumerate(self.optimizer.param_groups)
-            },
-            "step_time": step_time,
-            "steps_per_second": 1.0 / step_time if step_time > 0 else float("nan"),
-            "peak_memory_mib": peak_memory_mib(self._device()),
-            "nonfinite": self.guard.total,
-        }
+        record = train_record(
+            self._window,
+            step=self.step,
+            epoch=self.epoch,
+            objective=self.objective,
+            optimizer=self.optimizer,
+            device=self._device(),
+            nonfinite=self.guard.total,
+        )
         self.metrics.write(record)
         if self._bar is not None:
             shown = {
@@ -554,11 +600,11 @@ class Trainer:
             if self.guard.total:
                 shown["skipped"] = self.guard.total
             self._bar.set_postfix(shown)
-        self._window = {"loss": 0.0, "objective": 0.0, "count": 0, "time": 0.0, "steps": 0}
+        self._window.clear()
 
     def _log_eval(self) -> None:
         self.last_eval = self.evaluate()
-        record = {"kind": "eval", "step": self.step, "epoch": self.epoch, "stage": self.rank.stage}
+        record = {"kind": "eval", "step": self.step, "epoch": self.epoch, "stage": self.objective.stage}
         self.metrics.write({**record, "metrics": self.last_eval})
 
     def _event(self, name: str, **details: Any) -> None:
@@ -589,7 +635,7 @@ class Trainer:
             "model": self.module.state_dict(),
             "structure": model_structure(self.module),
             "optimizer": self.optimizer.state_dict(),
-            "rank_adaptation": self.rank.state_dict(),
+            "objective": self.objective.state_dict(),
             "progress": {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch},
             "guard": self.guard.state_dict(),
             "rng": rng_per_rank[self.process_rank],
@@ -617,7 +663,7 @@ class Trainer:
         apply_structure(self.module, payload["structure"], self.optimizer)
         self.module.load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
-        self.rank.load_state_dict(payload["rank_adaptation"])
+        self.objective.load_state_dict(payload.get("objective", payload.get("rank_adaptation")))
         progress = payload["progress"]
         self.step = int(progress["step"])
         self.epoch = int(progress["epoch"])
@@ -626,7 +672,7 @@ class Trainer:
             self.guard.load_state_dict(payload["guard"])
         per_rank = payload.get("rng_per_rank", [])
         restore_rng(per_rank[self.process_rank] if len(per_rank) == self.world_size else payload["rng"])
-        self._window = {"loss": 0.0, "objective": 0.0, "count": 0, "time": 0.0, "steps": 0}
+        self._window.clear()
         self._invalidate_graph()
 
     def _rollback(self) -> None:

@@ -1,6 +1,6 @@
 """Custom autograd functions for the batch-sized part of the merge-first contraction path.
 
-TT (method.md section 5): with ``L = merge(G_1..G_d)`` of shape ``(m, r)`` and ``R = merge(G_{d+1}..G_K)`` of
+TT (docs/method.md §5): with ``L = merge(G_1..G_d)`` of shape ``(m, r)`` and ``R = merge(G_{d+1}..G_K)`` of
 shape ``(r, n)``, a TT layer computes ``Y = (X L) R + b`` with two GEMMs. The bias rides inside the second
 GEMM: ``T_aug = [X L, 1]`` (B x (r+1)) times ``R_aug = [R; b]`` ((r+1) x n), so no output-sized bias pass
 is made, and in the backward ``T_aug^T dY`` yields ``dR`` and ``db`` in one pass over ``dY``. Backward:

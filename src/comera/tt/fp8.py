@@ -1,4 +1,4 @@
-"""FP8 batch-sized GEMMs for the merge-first low-rank product (method.md section 7).
+"""FP8 batch-sized GEMMs for the merge-first low-rank product (docs/method.md section 7).
 
 :func:`fp8_low_rank_linear` computes the same ``Y = (X L) R + b`` as
 :func:`comera.tt.contract.low_rank_linear`, with ``X`` (B, m), ``L`` (m, r), ``R`` (r, n), but its six

@@ -1,4 +1,4 @@
-"""Rows of a TTM matrix computed from its cores for a batch of row indices (method.md section 6).
+"""Rows of a TTM matrix computed from its cores for a batch of row indices (docs/method.md section 6).
 
 A TTM matrix with cores ``F_k`` of shape ``(r_{k-1}, m_k, n_k, r_k)`` has ``prod m_k`` rows; row ``i``
 unravels row-major into digits ``(i_1, ..., i_d)`` and equals ``F_1[:, i_1] F_2[:, i_2] ... F_d[:, i_d]``

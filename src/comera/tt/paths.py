@@ -2,7 +2,7 @@
 
 Three orders compute the same ``y = x W + b`` (``W`` is ``in x out``, folded row-major, input modes first):
 
-- ``"merge"``: merge-first (method.md section 5). Batch-independent merges of each core group, then the
+- ``"merge"``: merge-first (docs/method.md section 5). Batch-independent merges of each core group, then the
   batch-sized GEMMs of :mod:`comera.tt.contract`. Best once the batch is larger than the ranks.
 - ``"sequential"``: contract the activation with one core at a time (plain autograd). Avoids the merges,
   which can win for a handful of rows.

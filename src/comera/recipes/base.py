@@ -1,0 +1,112 @@
+"""What a workload recipe is: model + data + loss + evaluation + tensorization + training settings, by preset.
+
+A recipe is a subclass of :class:`Recipe` registered with :func:`register_recipe`; ``comera train NAME`` runs
+it (:mod:`comera.recipes.run`). Its :attr:`Recipe.presets` map a preset name (``"paper"``, ``"small"``,
+``"smoke"``) to a settings dict with five sections:
+
+- ``"model"``: keyword arguments of :meth:`Recipe.build_model`'s model;
+- ``"data"``: keyword arguments of :meth:`Recipe.build_data`;
+- ``"train"``: :class:`comera.TrainConfig` fields (``run_dir`` is the run folder's, not a setting);
+- ``"tensorize"``: ``{"preset": NAME, ...}``, a registered tensorization preset
+  (:func:`comera.tensorize_preset`) and overrides of its :class:`comera.TensorizeConfig` fields;
+- ``"method"`` (optional): per-method settings, ``{METHOD: {section: {key: value}}}``, applied over the
+  other sections when that method runs (e.g. the dense baseline's learning rate).
+
+A run's settings are the preset's, then a TOML file's, then ``--set section.key=value`` entries; a key that
+the preset does not define is refused, naming the valid keys (:mod:`comera.recipes.settings`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from comera.train.evaluation import Evaluator
+
+__all__ = ["Recipe", "RecipeData", "register_recipe", "get_recipe", "recipe_names"]
+
+
+@dataclass
+class RecipeData:
+    """The datasets of a run.
+
+    Attributes:
+        train: the training dataset (map-style; the Trainer batches it with ``train.batch_size``).
+        evals: evaluation datasets by split name; the first one is evaluated during training.
+        collate_fn: turns a list of samples into a batch (None: ``torch.utils.data.default_collate``).
+        info: facts to report: ``{"splits": {split: {"read": n, "skipped": k, ...}}, ...}`` plus anything
+            the recipe wants in ``results.json`` under ``"data"`` (vocabulary size, majority-class accuracy,
+            where the data came from).
+    """
+
+    train: Dataset
+    evals: dict[str, Dataset]
+    collate_fn: Callable[[list], Any] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Recipe:
+    """A workload: how to build its data and model, its task loss and its evaluation. See the module doc.
+
+    Attributes:
+        name: the workload's name on the command line (``comera train NAME``).
+        description: one line for ``--help``.
+        presets: preset name -> settings (sections ``model``, ``data``, ``train``, ``tensorize``,
+            optional ``method``).
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def build_data(self, settings: dict[str, Any], data_path: Path | None, cache_dir: Path) -> RecipeData:
+        """The run's datasets from ``data_path`` (None: the recipe's embedded default data).
+
+        Args:
+            settings: the run's ``data`` section.
+            data_path: the user's ``--data``, or None.
+            cache_dir: a folder for derived files worth keeping between runs (vocabularies, binary caches).
+        """
+        raise NotImplementedError
+
+    def build_model(self, settings: dict[str, Any], data: RecipeData) -> nn.Module:
+        """The dense model from the run's ``model`` section (sizes the data decides, e.g. the vocabulary,
+        come from ``data.info``)."""
+        raise NotImplementedError
+
+    def loss_fn(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The 0-dim task loss of ``model`` on ``batch`` (moves the batch to the model's device)."""
+        raise NotImplementedError
+
+    def evaluator(self, settings: dict[str, Any]) -> Evaluator:
+        """A fresh evaluator computing the workload's metrics exactly over a whole split."""
+        raise NotImplementedError
+
+
+_RECIPES: dict[str, type[Recipe]] = {}
+
+
+def register_recipe(recipe: type[Recipe]) -> type[Recipe]:
+    """Class decorator: make ``recipe`` runnable as ``comera train NAME``."""
+    if not (isinstance(recipe, type) and issubclass(recipe, Recipe)) or not recipe.name:
+        raise TypeError(f"recipe must be a Recipe subclass with a name, got {recipe!r}")
+    _RECIPES[recipe.name] = recipe
+    return recipe
+
+
+def recipe_names() -> tuple[str, ...]:
+    """Names of the registered recipes, sorted."""
+    return tuple(sorted(_RECIPES))
+
+
+def get_recipe(name: str) -> Recipe:
+    """A new instance of the registered recipe ``name``; ``ValueError`` naming the valid ones otherwise."""
+    if name not in _RECIPES:
+        raise ValueError(f"unknown workload {name!r}; choose one of {list(recipe_names())}")
+    return _RECIPES[name]()

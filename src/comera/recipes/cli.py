@@ -1,0 +1,116 @@
+"""``comera train WORKLOAD``: run a recipe from the command line and print where its results are.
+
+Errors in the command (an unknown workload, method, preset or setting, a missing data file, a run folder that
+exists) are reported in one line naming what is wrong, with exit status 2, before anything is trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import sys
+
+from comera.methods import method_names
+from comera.recipes.base import get_recipe, recipe_names
+from comera.recipes.run import SetupError, default_run_dir, run
+
+__all__ = ["main", "RECIPE_MODULES", "load_recipes", "summary"]
+
+RECIPE_MODULES: tuple[str, ...] = ()
+"""Modules whose import registers the built-in recipes and methods."""
+METHOD_MODULES: tuple[str, ...] = ()
+
+
+def load_recipes() -> None:
+    """Import every built-in recipe and baseline module so they are registered."""
+    for module in (*RECIPE_MODULES, *METHOD_MODULES):
+        importlib.import_module(module)
+
+
+def _number(value: object) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def summary(results: dict) -> str:
+    """A few lines of a ``results.json``: evaluation metrics, compression, step time, memory."""
+    lines = [f"{results['recipe']} / {results['method']} / preset {results['preset']}"]
+    for split, metrics in results["evaluation"].items():
+        shown = ", ".join(f"{name} {_number(value)}" for name, value in metrics.items())
+        lines.append(f"  {split}: {shown}")
+    compression = results["compression"]
+    lines.append(
+        f"  params {results['params']:,} (dense {results['dense_params']:,}); compression: tensorized layers "
+        f"{_number(compression['tensorized'])}x, whole model {_number(compression['whole'])}x"
+    )
+    lines.append(
+        f"  step {_number(results['step_time_s'] * 1000)} ms (median), peak memory "
+        f"{_number(results['peak_memory_mib'])} MiB, {results['steps']} steps in "
+        f"{_number(results['wall_time_s'])} s"
+    )
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="comera train",
+        description="Train a workload (dense or compressed) and write a run folder with results.json.",
+    )
+    parser.add_argument("workload", choices=recipe_names(), help="the workload recipe")
+    parser.add_argument("--method", default="comera", choices=method_names(), help="training method")
+    parser.add_argument("--preset", default="small", help="model/data size preset: paper, small, smoke")
+    parser.add_argument("--data", default=None, help="data file or folder (default: the embedded data)")
+    parser.add_argument("--config", default=None, help="TOML file of settings ([model], [train], ...)")
+    parser.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one setting, e.g. train.batch_size=16 (repeatable)",
+    )
+    parser.add_argument("--out", default=None, help="run folder (default: runs/WORKLOAD-PRESET-METHOD)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    parser.add_argument(
+        "--cache", default=None, help="cache folder (default: $COMERA_CACHE or ~/.cache/comera)"
+    )
+    parser.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``comera train``."""
+    load_recipes()
+    args = _parser().parse_args(argv)
+    if args.preset not in get_recipe(args.workload).presets:
+        presets = sorted(get_recipe(args.workload).presets)
+        print(f"comera train: unknown --preset {args.preset!r}; choose one of {presets}", file=sys.stderr)
+        return 2
+    out = args.out or default_run_dir(args.workload, args.preset, args.method)
+    try:
+        results = run(
+            args.workload,
+            method=args.method,
+            preset=args.preset,
+            data=args.data,
+            config_file=args.config,
+            assignments=args.assignments,
+            out=out,
+            resume=args.resume,
+            cache_dir=args.cache,
+            progress=args.progress,
+        )
+    except SetupError as error:
+        print(f"comera train: {error}", file=sys.stderr)
+        return 2
+    print(summary(results))
+    print(f"run folder: {out} (results.json, metrics.jsonl, plots/, model/)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""A run's settings: a recipe preset, then a TOML file, then ``--set section.key=value`` entries, checked.
+
+Every key must exist in the preset (``model``, ``data``), be a :class:`comera.TrainConfig` field (``train``),
+a :class:`comera.TensorizeConfig` field or ``preset`` (``tensorize``), or one of the method's settings
+(``method``); a value must have its default's type (an int is accepted for a float). Anything else raises
+``ValueError`` naming the key and the valid choices, before any data is read or model built.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from comera.methods import Method
+from comera.tensorize_config import TensorizeConfig, preset_names, tensorize_preset
+from comera.train.config import TrainConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+__all__ = ["SECTIONS", "resolve_settings", "parse_assignment", "tensorize_config"]
+
+SECTIONS = ("model", "data", "train", "tensorize", "method")
+_RUN_OWNED = ("run_dir", "checkpoint_dir")
+_NUMBER = (int, float)
+
+
+def parse_assignment(text: str) -> tuple[str, str, Any]:
+    """``"section.key=value"`` -> ``(section, key, value)``; the value is read as TOML (``16``, ``1e-3``,
+    ``true``, ``[2, 3]``, ``"text"``), or kept as a plain string when it is not TOML."""
+    name, sep, raw = text.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not sep or not dot or not section or not key:
+        raise ValueError(f"--set expects section.key=value (sections: {', '.join(SECTIONS)}), got {text!r}")
+    try:
+        value = tomllib.loads(f"value = {raw.strip()}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return section, key, value
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--config {path}: file not found") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"--config {path}: not valid TOML ({error})") from None
+
+
+def _valid_keys(section: str, defaults: Mapping[str, Any], method: Method) -> dict[str, Any]:
+    if section == "train":
+        return {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name not in _RUN_OWNED}
+    if section == "tensorize":
+        return {"preset": "", **{f.name: None for f in dataclasses.fields(TensorizeConfig)}}
+    if section == "method":
+        return dict(method.defaults)
+    return dict(defaults)
+
+
+def _same_kind(value: Any, default: Any) -> bool:
+    if default is None or value is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, _NUMBER)
+    if isinstance(default, (list, tuple)):
+        return isinstance(value, (list, tuple))
+    return isinstance(value, type(default))
+
+
+def _apply(settings: dict[str, Any], section: str, key: str, value: Any, valid: dict[str, Any], where: str):
+    if key not in valid:
+        raise ValueError(f"{where}: unknown key {section}.{key}; valid keys of [{section}]: {sorted(valid)}")
+    default = settings[section].get(key, valid[key])
+    if not _same_kind(value, default):
+        raise ValueError(
+            f"{where}: {section}.{key} must be of type {type(default).__name__} like its default "
+            f"{default!r}, got {value!r}"
+        )
+    settings[section][key] = (
+        float(value) if isinstance(default, float) and not isinstance(value, bool) else value
+    )
+
+
+def resolve_settings(
+    presets: Mapping[str, dict[str, Any]],
+    preset: str,
+    method: Method,
+    *,
+    config_file: str | Path | None = None,
+    assignments: Iterable[str] = (),
+) -> dict[str, Any]:
+    """The checked settings of a run: sections ``model``, ``data``, ``train``, ``tensorize``, ``method``.
+
+    Args:
+        presets: the recipe's presets.
+        preset: the chosen preset's name.
+        method: the run's method (its per-method overrides from the preset are applied; its ``defaults``
+            are the valid ``method`` keys).
+        config_file: a TOML file with ``[model]``, ``[data]``, ``[train]``, ``[tensorize]``, ``[method]``
+            tables, applied over the preset.
+        assignments: ``"section.key=value"`` strings applied last.
+    """
+    if preset not in presets:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(presets)}")
+    base = copy.deepcopy(dict(presets[preset]))
+    per_method = base.pop("method", {}) or {}
+    settings: dict[str, Any] = {section: dict(base.get(section, {})) for section in SECTIONS}
+    settings["method"] = dict(method.defaults)
+    defaults = {section: dict(settings[section]) for section in SECTIONS}
+    valid = {section: _valid_keys(section, defaults[section], method) for section in SECTIONS}
+    for section, values in (per_method.get(method.name) or {}).items():
+        for key, value in values.items():
+            _apply(settings, section, key, value, valid[section], f"preset {preset!r}")
+    if config_file is not None:
+        path = Path(config_file)
+        for section, values in _read_toml(path).items():
+            if section not in SECTIONS or not isinstance(values, dict):
+                raise ValueError(
+                    f"--config {path}: unknown table [{section}]; valid tables: {list(SECTIONS)}"
+                )
+            for key, value in values.items():
+                _apply(settings, section, key, value, valid[section], f"--config {path}")
+    for text in assignments:
+        section, key, value = parse_assignment(text)
+        if section not in SECTIONS:
+            raise ValueError(f"--set {text!r}: unknown section {section!r}; valid sections: {list(SECTIONS)}")
+        _apply(settings, section, key, value, valid[section], f"--set {text!r}")
+    name = settings["tensorize"].get("preset")
+    if name not in preset_names():
+        raise ValueError(
+            f"tensorize.preset {name!r} is not registered; registered presets: {list(preset_names())}"
+        )
+    TrainConfig.from_dict(settings["train"])
+    return settings
+
+
+def tensorize_config(settings: dict[str, Any]) -> TensorizeConfig:
+    """The run's :class:`comera.TensorizeConfig`: its named preset with the section's other keys applied."""
+    overrides = {key: value for key, value in settings["tensorize"].items() if key != "preset"}
+    return tensorize_preset(settings["tensorize"]["preset"], **overrides)

@@ -1,0 +1,108 @@
+"""Evaluation: metrics accumulated over a whole evaluation set, exact, and merged across DDP ranks.
+
+An :class:`Evaluator` sees every evaluation batch through :meth:`Evaluator.update` (under ``torch.no_grad``,
+model in eval mode) and reports its metrics once with :meth:`Evaluator.compute`. Metrics that are not means
+of per-batch values (ROC AUC, normalized entropy, perplexity from summed token losses) are exact this way.
+:class:`MeanEvaluator` is the simple case: the mean over batches of a function's per-batch values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from comera.train.distributed import gather_objects
+
+__all__ = ["Evaluator", "MeanEvaluator", "run_evaluation"]
+
+
+class Evaluator:
+    """Accumulates metrics over evaluation batches. Subclass it and implement the four methods.
+
+    The Trainer calls :meth:`reset`, then :meth:`update` for each batch of its shard, then (under DDP) gathers
+    every rank's :meth:`state` and :meth:`merge` s them into rank 0's evaluator's view, then :meth:`compute`.
+    """
+
+    def reset(self) -> None:
+        """Forget everything seen so far."""
+        raise NotImplementedError
+
+    def update(self, model: nn.Module, batch: Any) -> None:
+        """Take one batch into account (called under ``torch.no_grad()``, model in eval mode)."""
+        raise NotImplementedError
+
+    def state(self) -> Any:
+        """What this process has accumulated, as a picklable object (for :meth:`merge` on other ranks)."""
+        raise NotImplementedError
+
+    def merge(self, states: list[Any]) -> None:
+        """Replace the accumulated values by the combination of ``states`` (every rank's :meth:`state`,
+        this one's included)."""
+        raise NotImplementedError
+
+    def compute(self) -> dict[str, float]:
+        """The metrics over everything accumulated: ``{name: value}``."""
+        raise NotImplementedError
+
+
+class MeanEvaluator(Evaluator):
+    """The mean over batches of ``fn(model, batch) -> {name: number}``.
+
+    Args:
+        fn: per-batch metrics; values may be 0-dim tensors or numbers.
+    """
+
+    def __init__(self, fn: Callable[[nn.Module, Any], Mapping[str, Any]]) -> None:
+        if not callable(fn):
+            raise TypeError(f"fn must be callable as fn(model, batch), got {type(fn).__name__}")
+        self.fn = fn
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.batches = 0
+
+    def update(self, model: nn.Module, batch: Any) -> None:
+        values = self.fn(model, batch)
+        if not isinstance(values, Mapping):
+            raise TypeError(f"the evaluation function must return a mapping {{name: value}}, got {values!r}")
+        for name, value in values.items():
+            self.sums[name] = self.sums.get(name, 0.0) + float(value)
+        self.batches += 1
+
+    def state(self) -> tuple[dict[str, float], int]:
+        return dict(self.sums), self.batches
+
+    def merge(self, states: list[tuple[dict[str, float], int]]) -> None:
+        self.reset()
+        for sums, batches in states:
+            self.batches += batches
+            for name, value in sums.items():
+                self.sums[name] = self.sums.get(name, 0.0) + value
+
+    def compute(self) -> dict[str, float]:
+        return {name: total / max(self.batches, 1) for name, total in self.sums.items()}
+
+
+def run_evaluation(
+    model: nn.Module, module: nn.Module, batches: Any, evaluator: Evaluator
+) -> dict[str, float]:
+    """Evaluate ``module`` (the unwrapped model) on ``batches`` with ``evaluator``; merged over DDP ranks.
+
+    ``model`` (the possibly wrapped model) is put in eval mode for the duration and restored; gradients are
+    off and the global RNG state is left as it was.
+    """
+    was_training = model.training
+    model.eval()
+    evaluator.reset()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            for batch in batches:
+                evaluator.update(module, batch)
+    finally:
+        model.train(was_training)
+    evaluator.merge(gather_objects(evaluator.state()))
+    return evaluator.compute()

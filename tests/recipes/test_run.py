@@ -1,0 +1,106 @@
+"""The recipe run: settings resolution and its errors, the run folder and results.json, resume rules."""
+
+import json
+
+import pytest
+import toy  # noqa: F401  (registers the toy recipe)
+from sklearn.metrics import accuracy_score
+
+from comera.methods import get_method
+from comera.recipes.run import SetupError, run
+from comera.recipes.settings import parse_assignment, resolve_settings
+from comera.train import read_metrics
+
+PRESETS = toy.ToyRecipe.presets
+
+
+def test_settings_layer_preset_method_file_and_assignments(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text("[train]\nbatch_size = 8\n[model]\nhidden = 24\n")
+    dense = resolve_settings(
+        PRESETS, "smoke", get_method("dense"), config_file=config, assignments=["train.lr_other=5e-4"]
+    )
+    assert dense["train"]["batch_size"] == 8 and dense["model"]["hidden"] == 24
+    assert dense["train"]["lr_other"] == 5e-4
+    comera = resolve_settings(PRESETS, "smoke", get_method("comera"))
+    assert comera["train"]["lr_other"] == 1e-2, "the dense override applies to dense runs only"
+
+
+@pytest.mark.parametrize(
+    ("assignment", "match"),
+    [
+        ("model.width=3", r"unknown key model.width; valid keys of \[model\]: \['hidden'\]"),
+        ("train.batchsize=3", r"unknown key train.batchsize; valid keys of \[train\]: \[.*'batch_size'"),
+        ("optim.lr=3", r"unknown section 'optim'"),
+        ("model.hidden=wide", r"model.hidden must be of type int"),
+        ("train.batch_size=0", r"batch_size must be an int >= 1"),
+        ("tensorize.preset=nope", r"tensorize.preset 'nope' is not registered"),
+        ("train.run_dir=x", r"unknown key train.run_dir"),
+        ("hidden=3", r"--set expects section.key=value"),
+    ],
+)
+def test_bad_settings_name_the_key_and_the_choices(assignment, match):
+    with pytest.raises(ValueError, match=match):
+        resolve_settings(PRESETS, "smoke", get_method("comera"), assignments=[assignment])
+
+
+def test_assignment_values_are_read_as_toml():
+    assert parse_assignment("train.lr_other=1e-3") == ("train", "lr_other", 1e-3)
+    assert parse_assignment("tensorize.rank=[2, 3]") == ("tensorize", "rank", [2, 3])
+    assert parse_assignment("train.compile=false") == ("train", "compile", False)
+    assert parse_assignment("data.path=some/where") == ("data", "path", "some/where")
+
+
+def test_unknown_preset_and_config_table():
+    with pytest.raises(ValueError, match=r"unknown preset 'paper'; choose one of \['smoke'\]"):
+        resolve_settings(PRESETS, "paper", get_method("comera"))
+
+
+@pytest.mark.parametrize("method", ["dense", "comera"])
+def test_a_run_writes_its_folder_and_results(tmp_path, method):
+    out = tmp_path / method
+    results = run("toy", method=method, preset="smoke", out=out, cache_dir=tmp_path / "cache")
+    assert json.loads((out / "results.json").read_text()) == results
+    assert set(results["evaluation"]) == {"validation", "test"}
+    assert results["data"]["splits"]["train"] == {"read": 96, "skipped": 0}
+    assert results["steps"] == 18 and results["step_time_s"] > 0 and results["peak_memory_mib"] > 0
+    for name in ("config.json", "metrics.jsonl", "report.txt", "model/comera_config.json", "plots/loss.png"):
+        assert (out / name).exists(), name
+    evals = [r for r in read_metrics(out) if r["kind"] == "eval"]
+    assert evals and set(evals[-1]["metrics"]) == {"accuracy", "loss"}
+    if method == "dense":
+        assert results["params"] == results["dense_params"] and results["compression"]["whole"] == 1.0
+        assert results["stage"] == "train"
+    else:
+        assert results["params"] < results["dense_params"] and results["compression"]["tensorized"] > 1.0
+        assert results["stage"] == "late" and (out / "plots" / "ranks.png").exists()
+
+
+def test_final_accuracy_is_exact_over_the_split(tmp_path):
+    import torch
+    from torch.utils.data import DataLoader
+
+    import comera
+
+    out = tmp_path / "run"
+    results = run("toy", method="comera", preset="smoke", out=out, cache_dir=tmp_path / "cache")
+    model = toy.ToyRecipe().build_model({"hidden": 32}, None)
+    model = comera.load_pretrained(out / "model", base_model=model)
+    model.eval()
+    inputs, labels = next(iter(DataLoader(toy._split(40, 3), batch_size=40)))
+    with torch.no_grad():
+        predicted = model(inputs).argmax(1)
+    assert results["evaluation"]["test"]["accuracy"] == pytest.approx(accuracy_score(labels, predicted))
+
+
+def test_an_existing_run_is_not_overwritten_and_resume_needs_the_same_settings(tmp_path):
+    out = tmp_path / "run"
+    run("toy", method="comera", preset="smoke", out=out, cache_dir=tmp_path)
+    with pytest.raises(SetupError, match="already holds a run; continue it with --resume"):
+        run("toy", method="comera", preset="smoke", out=out, cache_dir=tmp_path)
+    with pytest.raises(SetupError, match=r"started with other settings \(differences in \['settings'\]\)"):
+        run("toy", preset="smoke", out=out, cache_dir=tmp_path, resume=True, assignments=["train.seed=3"])
+    with pytest.raises(SetupError, match="there is no run to resume"):
+        run("toy", preset="smoke", out=tmp_path / "none", cache_dir=tmp_path, resume=True)
+    with pytest.raises(SetupError, match="no such file or folder"):
+        run("toy", preset="smoke", out=tmp_path / "x", data=tmp_path / "missing.tsv", cache_dir=tmp_path)
