@@ -129,7 +129,7 @@ class MLMRecipe(Recipe):
         },
         "smoke": {
             "model": {"preset": "smoke", "dropout": 0.1},
-            "data": _data_settings(300, 32, max_files=40, validation_fraction=0.25),
+            "data": _data_settings(300, 32, max_bytes=400_000, validation_fraction=0.3),
             "train": {
                 "unit": "step",
                 "early": 4,
