@@ -51,7 +51,7 @@ import os
 import struct
 import sysconfig
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -485,6 +485,7 @@ class MaskingCollator:
         ids: the tokenizer's special ids.
         mask_probability: chance of choosing each maskable token, in ``(0, 1)``.
         seed: base seed of all masks.
+        epoch: mixed into the seeds of training masks (:meth:`set_epoch`); evaluation masks ignore it.
 
     Returns (on call with a list of items):
         ``{"input_ids", "attention_mask", "labels"}``, each ``(B, seq_len)`` int64.
@@ -493,7 +494,7 @@ class MaskingCollator:
     ids: SpecialIds
     mask_probability: float = 0.15
     seed: int = 0
-    epoch: int = field(default=0)
+    epoch: int = 0
 
     def __post_init__(self) -> None:
         probability = self.mask_probability
