@@ -1,0 +1,237 @@
+"""Masked-LM pre-training step benchmark: time and memory of one step, dense against comera.
+
+Run as ``comera bench mlm`` or ``python -m comera.bench.mlm``. The model is the RoBERTa masked LM of
+:mod:`comera.models.mlm` (``--preset``, default ``paper``: RoBERTa-base with a ``--vocab``-token vocabulary,
+default 50265 as RoBERTa/CodeBERT), dense or tensorized by the ``mlm-PRESET`` preset. A step is what training
+does: forward of ``--batch`` blocks of ``--seq-len`` tokens masked as in pre-training
+(:class:`comera.data.code.MaskingCollator` on random token blocks), the masked-LM loss (for comera plus the
+rank objective's size term, :class:`comera.RankAdaptation`), backward, and an AdamW step (comera: the
+paper's three parameter groups).
+
+Every method runs in a fresh process (``--case``): it builds the model, the optimizer and a batch, runs a
+step on a 16-token batch (so that code pages, threads and the optimizer state exist), then one full step
+whose memory is the rise of the process's peak resident set size over its resident size just before it
+(:func:`comera.bench.report.peak_rise_mib`), then ``--repeats`` timed steps after one more warm-up step; time
+is their median. The process's peak resident size at the end (model, gradients, optimizer state and the
+step's peak together) is reported too. ``--threads`` sets torch's thread count; ``--write`` replaces a
+section (``--section``, default ``mlm``) of a markdown file with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from comera.bench.report import machine_description, median_ms, peak_rise_mib, update_section
+from comera.data.code import MaskingCollator, SpecialIds, pack_documents
+from comera.models.mlm import MODEL_PRESETS, build_mlm_model
+from comera.rank import RankAdaptation, param_groups
+from comera.report import compression_report
+from comera.tensorize import tensorize_
+from comera.tensorize_config import tensorize_preset
+
+__all__ = ["METHODS", "make_batch", "build_step", "run_case", "format_report", "main"]
+
+METHODS = ("dense", "comera")
+# learning rates of the paper's MNLI run (paper-notes 10.3); the step's cost does not depend on them
+_LR_DENSE = 1e-4
+_LR_GROUPS = {"lr_cores": 1e-4, "lr_gates": 1e-3, "lr_other": 5e-5}
+
+
+def make_batch(batch: int, seq_len: int, vocab_size: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A pre-training batch: ``batch`` full blocks of random ordinary tokens with ``</s>`` between documents,
+    masked by :class:`MaskingCollator`. Returns ``input_ids``, ``attention_mask``, ``labels``, each
+    ``(batch, seq_len)``."""
+    ids = SpecialIds(bos=0, pad=1, eos=2, unk=3, mask=4, vocab_size=vocab_size)
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(5, vocab_size, (batch * (seq_len - 1),), generator=generator)
+    documents = [chunk.tolist() for chunk in tokens.split(97)]
+    blocks = pack_documents(documents, seq_len, ids, tail="drop")
+    return MaskingCollator(ids, seed=seed)([blocks[i] for i in range(min(batch, len(blocks)))])
+
+
+def build_step(preset: str, method: str, vocab_size: int):
+    """The model and a function running one training step on a batch (dict of tensors)."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    model = build_mlm_model(preset, vocab_size, dropout=0.1).train()
+    if method == "dense":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=_LR_DENSE, weight_decay=0.0)
+        rank = None
+    else:
+        tensorize_(model, tensorize_preset(f"mlm-{preset}"))
+        optimizer = torch.optim.AdamW(param_groups(model, **_LR_GROUPS))
+        rank = RankAdaptation(model)
+
+    def step(batch: dict[str, torch.Tensor]) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(**batch).loss
+        (loss if rank is None else rank.loss(loss)).backward()
+        optimizer.step()
+
+    return model, step
+
+
+def run_case(preset: str, method: str, batch: int, seq_len: int, vocab_size: int, repeats: int) -> dict:
+    """Peak memory of one step and median time of ``repeats`` steps, in this process (module docstring)."""
+    torch.manual_seed(0)
+    model, step = build_step(preset, method, vocab_size)
+    inputs = make_batch(batch, seq_len, vocab_size)
+    step(make_batch(1, 16, vocab_size, seed=1))  # loads code, starts threads, creates the optimizer state
+    start = time.perf_counter()
+    peak = peak_rise_mib(lambda: step(inputs))
+    first = time.perf_counter() - start
+    repeats = max(1, min(repeats, int(120.0 / max(first, 1e-3))))
+    report = compression_report(model)
+    return {
+        "preset": preset,
+        "method": method,
+        "batch": batch,
+        "seq_len": seq_len,
+        "vocab_size": vocab_size,
+        "ms": median_ms(lambda: step(inputs), repeats=repeats, warmup=1),
+        "repeats": repeats,
+        "step_peak_mb": peak,
+        "process_peak_mb": _process_peak_mib(),
+        "parameters": report.model_params,
+        "dense_parameters": report.model_dense_params,
+    }
+
+
+def _process_peak_mib() -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _run_in_fresh_process(case: str, repeats: int, threads: int | None, case_args: list[str]) -> dict:
+    command = [
+        sys.executable,
+        "-m",
+        "comera.bench.mlm",
+        "--case",
+        case,
+        "--repeats",
+        str(repeats),
+        *case_args,
+    ]
+    if threads is not None:
+        command += ["--threads", str(threads)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"case {case} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> str:
+    if numerator is None or denominator is None or denominator <= 0:
+        return "n/a"
+    return f"{numerator / denominator:.2f}x"
+
+
+def format_report(results: list[dict], command: str) -> str:
+    """A markdown table of the cases, with dense/comera ratios of time and memory."""
+    by_method = {result["method"]: result for result in results}
+    first = results[0]
+    lines = [
+        f"Masked-LM pre-training step, preset `{first['preset']}`, batch {first['batch']} x "
+        f"{first['seq_len']} tokens, vocabulary {first['vocab_size']}; `{command}`.",
+        f"Machine: {machine_description()}.",
+        "",
+        "| method | parameters | compression | step ms (median) | step peak rise MiB | process peak MiB |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for result in results:
+        lines.append(
+            f"| {result['method']} | {result['parameters']:,} | "
+            f"{_ratio(result['dense_parameters'], result['parameters'])} | {_fmt(result['ms'])} | "
+            f"{_fmt(result['step_peak_mb'])} | {_fmt(result['process_peak_mb'])} |"
+        )
+    if {"dense", "comera"} <= set(by_method):
+        dense, comera = by_method["dense"], by_method["comera"]
+        lines += [
+            "",
+            f"dense / comera: step time {_ratio(dense['ms'], comera['ms'])}, step peak rise "
+            f"{_ratio(dense['step_peak_mb'], comera['step_peak_mb'])}, process peak "
+            f"{_ratio(dense['process_peak_mb'], comera['process_peak_mb'])}.",
+        ]
+    return "\n".join(lines)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="comera bench mlm", description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="paper", choices=sorted(MODEL_PRESETS))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--batch", type=int, default=4, help="blocks per step (default 4)")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per block (default: the preset's)")
+    parser.add_argument("--vocab", type=int, default=50265, help="vocabulary size (default 50265)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per method (default 3)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per case (default: torch's)")
+    parser.add_argument("--write", default=None, help="markdown file whose section (--section) is replaced")
+    parser.add_argument("--section", default="mlm", help="name of the section --write replaces")
+    parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("batch", "vocab", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.seq_len is not None and not 2 <= args.seq_len <= MODEL_PRESETS[args.preset]["max_length"]:
+        parser.error(
+            f"--seq-len must be in [2, {MODEL_PRESETS[args.preset]['max_length']}], got {args.seq_len}"
+        )
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (each method in a fresh process), print the table, optionally write it."""
+    args = _parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    seq_len = args.seq_len or MODEL_PRESETS[args.preset]["max_length"]
+    if args.case is not None:
+        method = args.case
+        print(json.dumps(run_case(args.preset, method, args.batch, seq_len, args.vocab, args.repeats)))
+        return 0
+    results = []
+    for method in args.methods:
+        case_args = [
+            "--preset",
+            args.preset,
+            "--batch",
+            str(args.batch),
+            "--seq-len",
+            str(seq_len),
+            "--vocab",
+            str(args.vocab),
+        ]
+        result = _run_in_fresh_process(method, args.repeats, args.threads, case_args)
+        results.append(result)
+        print(
+            f"{method:7s} {result['ms']:10.1f} ms {_fmt(result['step_peak_mb']):>9s} MiB step "
+            f"{_fmt(result['process_peak_mb']):>9s} MiB process",
+            flush=True,
+        )
+    command = "comera bench mlm " + " ".join(argv if argv is not None else sys.argv[1:])
+    report = format_report(results, command.strip())
+    print(report)
+    if args.write:
+        update_section(args.write, args.section, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""RoBERTa-architecture masked-language model for CodeBERT-style pre-training on code (workload 3).
+
+The model is Hugging Face's ``RobertaForMaskedLM`` built from a ``RobertaConfig`` (never downloaded). Its LM
+head's decoder shares its weight with the word embedding, so :func:`comera.tensorize_` with the presets below
+turns the embedding into a :class:`comera.TTMEmbedding` and the decoder into a :class:`comera.TTMTiedHead` on
+the same cores; every other linear (attention, feed-forward, the head's transform) becomes a
+:class:`comera.TTLinear`.
+
+Model presets (:data:`MODEL_PRESETS`): ``paper`` is RoBERTa-base (12 layers, width 768, 12 heads, FFN 3072,
+512 tokens); ``small`` fits a CPU run of a few minutes; ``smoke`` is for tests. The vocabulary size comes from
+the tokenizer. Tensorization presets ``mlm-paper``, ``mlm-small`` and ``mlm-smoke`` are registered with
+:func:`comera.tensorize_config.register_preset` on import.
+
+Special token ids follow RoBERTa: ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2 (``<unk>`` 3, ``<mask>`` 4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import RobertaConfig, RobertaForMaskedLM
+
+from comera.io import MODEL_ATTRIBUTE, register_model
+from comera.tensorize_config import TensorizeConfig, register_preset
+
+__all__ = [
+    "MODEL_NAME",
+    "MODEL_PRESETS",
+    "TENSORIZE_PRESETS",
+    "mlm_config",
+    "build_mlm_model",
+]
+
+MODEL_NAME = "roberta-mlm"
+
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    "paper": {
+        "num_hidden_layers": 12,
+        "hidden_size": 768,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+        "max_length": 512,
+    },
+    "small": {
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+        "max_length": 128,
+    },
+    "smoke": {
+        "num_hidden_layers": 2,
+        "hidden_size": 32,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_length": 32,
+    },
+}
+
+# Module-name patterns of the linears of a RoBERTa masked LM, by the role that fixes their folding.
+_SQUARE = r"attention\.self\.(query|key|value)|attention\.output\.dense|lm_head\.dense"
+_EXPAND = r"intermediate\.dense"
+_CONTRACT = r"layer\.\d+\.output\.dense"
+
+
+def _tensorize_config(
+    hidden_modes: tuple[int, ...], ffn_modes: tuple[int, ...], rank: int, embedding_rank: int
+) -> TensorizeConfig:
+    """All linears TT with the given foldings (input modes of width ``hidden_modes``, of FFN ``ffn_modes``),
+    the word embedding TTM (shapes chosen automatically, as the vocabulary varies), the decoder tied to it."""
+    reverse = tuple(reversed(hidden_modes))
+    return TensorizeConfig(
+        target_modules="all-linear",
+        embeddings=["word_embeddings"],
+        format="tt",
+        rank=rank,
+        rank_pattern={"word_embeddings": embedding_rank},
+        shape_pattern={
+            _SQUARE: {"in_shape": hidden_modes, "out_shape": reverse},
+            _EXPAND: {"in_shape": hidden_modes, "out_shape": ffn_modes},
+            _CONTRACT: {"in_shape": tuple(reversed(ffn_modes)), "out_shape": reverse},
+        },
+        init="random",
+        tie_output_head=True,
+    )
+
+
+TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
+    "mlm-paper": _tensorize_config((12, 8, 8), (12, 16, 16), rank=128, embedding_rank=128),
+    "mlm-small": _tensorize_config((4, 8, 8), (8, 8, 16), rank=32, embedding_rank=32),
+    "mlm-smoke": _tensorize_config((4, 8), (8, 8), rank=4, embedding_rank=4),
+}
+for _name, _config in TENSORIZE_PRESETS.items():
+    register_preset(_name, _config)
+
+
+def _check_preset(preset: object) -> dict[str, int]:
+    if preset not in MODEL_PRESETS:
+        raise ValueError(f"preset must be one of {sorted(MODEL_PRESETS)}, got {preset!r}")
+    return MODEL_PRESETS[preset]
+
+
+def _check_int(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def mlm_config(
+    preset: str,
+    vocab_size: int,
+    *,
+    max_length: int | None = None,
+    dropout: float = 0.1,
+    bos_token_id: int = 0,
+    pad_token_id: int = 1,
+    eos_token_id: int = 2,
+) -> RobertaConfig:
+    """The ``RobertaConfig`` of model preset ``preset`` for a vocabulary of ``vocab_size`` tokens.
+
+    Args:
+        preset: one of :data:`MODEL_PRESETS`.
+        vocab_size: number of tokens of the tokenizer (``>= 5``: the special tokens and more).
+        max_length: longest input sequence; default the preset's. RoBERTa's positions start after
+            ``pad_token_id``, so the position table has ``max_length + pad_token_id + 1`` rows.
+        dropout: hidden and attention dropout probability, in ``[0, 1)``.
+        bos_token_id, pad_token_id, eos_token_id: special token ids, in ``[0, vocab_size)``.
+    """
+    sizes = _check_preset(preset)
+    vocab_size = _check_int(vocab_size, "vocab_size", 5)
+    max_length = sizes["max_length"] if max_length is None else _check_int(max_length, "max_length", 2)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+    for name, value in (
+        ("bos_token_id", bos_token_id),
+        ("pad_token_id", pad_token_id),
+        ("eos_token_id", eos_token_id),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+            raise ValueError(
+                f"{name} must be an int in [0, {vocab_size - 1}] (vocab_size={vocab_size}), got {value!r}"
+            )
+    return RobertaConfig(
+        vocab_size=vocab_size,
+        hidden_size=sizes["hidden_size"],
+        num_hidden_layers=sizes["num_hidden_layers"],
+        num_attention_heads=sizes["num_attention_heads"],
+        intermediate_size=sizes["intermediate_size"],
+        max_position_embeddings=max_length + pad_token_id + 1,
+        hidden_dropout_prob=float(dropout),
+        attention_probs_dropout_prob=float(dropout),
+        type_vocab_size=1,
+        bos_token_id=bos_token_id,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        tie_word_embeddings=True,
+    )
+
+
+@register_model(MODEL_NAME)
+def build_mlm_model(
+    preset: str,
+    vocab_size: int,
+    *,
+    max_length: int | None = None,
+    dropout: float = 0.1,
+    bos_token_id: int = 0,
+    pad_token_id: int = 1,
+    eos_token_id: int = 2,
+) -> RobertaForMaskedLM:
+    """A freshly initialised dense RoBERTa masked LM of model preset ``preset`` (arguments of
+    :func:`mlm_config`), with its decoder tied to the word embedding.
+
+    The model records its constructor arguments in ``comera_model``, so :func:`comera.load_pretrained`
+    rebuilds it without ``base_model``.
+
+    Shape:
+        ``model(input_ids=(B, T), attention_mask=(B, T), labels=(B, T))`` with ``T <= max_length``;
+        ``.logits`` is ``(B, T, vocab_size)``, ``.loss`` the mean cross-entropy over labels ``!= -100``.
+    """
+    kwargs: dict[str, Any] = {
+        "max_length": max_length,
+        "dropout": dropout,
+        "bos_token_id": bos_token_id,
+        "pad_token_id": pad_token_id,
+        "eos_token_id": eos_token_id,
+    }
+    model = RobertaForMaskedLM(mlm_config(preset, vocab_size, **kwargs))
+    setattr(
+        model,
+        MODEL_ATTRIBUTE,
+        {"name": MODEL_NAME, "kwargs": {"preset": preset, "vocab_size": vocab_size, **kwargs}},
+    )
+    return model
