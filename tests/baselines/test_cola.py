@@ -42,9 +42,13 @@ def test_ranks_and_bad_ranks():
     assert cola_rank(512, 2048, 0, 0.25) == 128
     assert cola_rank(16, 32, 0, 0.25) == 4 and cola_rank(3, 3, 0, 0.25) == 1
     assert cola_rank(16, 32, 40, 0.25) == 16 and cola_rank(16, 32, 5, 0.25) == 5
-    with pytest.raises(ValueError, match=r"rank must be in \[1, min\(in_features, out_features\)\] = \[1, 4\]"):
+    with pytest.raises(
+        ValueError, match=r"rank must be in \[1, min\(in_features, out_features\)\] = \[1, 4\]"
+    ):
         CoLALinear(4, 8, 5)
-    with pytest.raises(ValueError, match=r"method.activation must be one of \['silu', 'gelu', 'relu', 'identity'\]"):
+    with pytest.raises(
+        ValueError, match=r"method.activation must be one of \['silu', 'gelu', 'relu', 'identity'\]"
+    ):
         CoLALinear(4, 8, 2, activation="tanh")
 
 

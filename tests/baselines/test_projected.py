@@ -36,7 +36,13 @@ def _step(model, optimizer, seed):
 def test_groups_put_targeted_weights_in_rank_groups_and_everything_else_once():
     model = _model()
     groups = low_rank_groups(
-        model, _context().tensorize, rank=128, rank_fraction=0.25, lr=0.1, weight_decay=0.0, projection={"x": 1}
+        model,
+        _context().tensorize,
+        rank=128,
+        rank_fraction=0.25,
+        lr=0.1,
+        weight_decay=0.0,
+        projection={"x": 1},
     )
     assert [g["name"] for g in groups] == ["other", "low_rank_4", "low_rank_8"]
     assert groups[1]["params"] == [model[0].weight] and groups[2]["params"] == [model[2].weight]
@@ -54,7 +60,9 @@ def test_galore_update_of_a_targeted_weight_has_the_projection_rank():
     _step(model, optimizer, 0)
     change = model[2].weight.detach() - before[2]
     assert torch.linalg.matrix_rank(change).item() == 8, "rank 128 capped at 32 / 4"
-    assert torch.linalg.matrix_rank(model[4].weight.detach() - before[4]).item() == 3, "the head is not projected"
+    assert torch.linalg.matrix_rank(model[4].weight.detach() - before[4]).item() == 3, (
+        "the head is not projected"
+    )
 
 
 def test_apollo_scales_the_raw_gradient_per_channel():
@@ -72,7 +80,9 @@ def test_apollo_scales_the_raw_gradient_per_channel():
     assert (ratio < 0).all() and ratio[:, 0].std() > 0
 
 
-@pytest.mark.parametrize(("package", "method"), [("galore_torch", GaLoreMethod), ("apollo_torch", APOLLOMethod)])
+@pytest.mark.parametrize(
+    ("package", "method"), [("galore_torch", GaLoreMethod), ("apollo_torch", APOLLOMethod)]
+)
 def test_optimizer_state_round_trips_through_a_weights_only_checkpoint(package, method):
     pytest.importorskip(package)
     model = _model()
@@ -101,7 +111,9 @@ def test_optimizer_state_round_trips_through_a_weights_only_checkpoint(package, 
 )
 def test_a_missing_package_names_the_extra(monkeypatch, method, module, distribution):
     monkeypatch.setitem(sys.modules, module, None)
-    with pytest.raises(ImportError, match=rf"needs the '{distribution}' package.*pip install 'comera\[baselines\]'"):
+    with pytest.raises(
+        ImportError, match=rf"needs the '{distribution}' package.*pip install 'comera\[baselines\]'"
+    ):
         method().prepare(_model(), _context())
 
 

@@ -51,7 +51,12 @@ def test_a_baseline_run_trains_and_reports(tmp_path, method):
         pytest.importorskip(f"{method}_torch")
     out = tmp_path / method
     results = run(
-        "toy", method=method, preset="smoke", out=out, cache_dir=tmp_path, assignments=SETTINGS.get(method, [])
+        "toy",
+        method=method,
+        preset="smoke",
+        out=out,
+        cache_dir=tmp_path,
+        assignments=SETTINGS.get(method, []),
     )
     assert set(results) == RESULT_KEYS and json.loads((out / "results.json").read_text()) == results
     assert results["method"] == method and results["stage"] == "train" and results["steps"] == 18
