@@ -37,7 +37,8 @@ bench: install-dev
 		--methods nn.Embedding naive split auto published published+unique \
 		--write docs/benchmarks.md --section embedding-glibc
 	$(BIN)/comera bench inference --write docs/benchmarks.md
-	$(BIN)/python benchmarks/bench_trainer.py --threads 2 --write docs/benchmarks.md
+	$(BIN)/comera bench trainer --threads 2 --write docs/benchmarks.md
+	$(BIN)/comera bench transformer --threads 2 --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="comera", description="comera: tensor-train training for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="train a dense and a comera MLP on a built-in task", add_help=False)
+    sub.add_parser("demo", help="train the sentence-pair workload dense and with comera", add_help=False)
     sub.add_parser("train", help="train a workload: comera train WORKLOAD --help", add_help=False)
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
     bench.add_argument("name", choices=BENCHMARKS)

@@ -16,7 +16,7 @@ from comera.train import TrainConfig
         ({"target_ratio": 1.5}, "target_ratio"),
         ({"early": 0, "late": 2}, "target_loss is required"),
         ({"rho": (0.1,)}, "rho must be a pair"),
-        ({"ema": 1.0}, "ema must be a finite number in \\[0, 1\\)"),
+        ({"ema": 1.0}, "ema must be a finite number in \\[0.0, 1.0\\)"),
         ({"prune_at": "early_end"}, "prune_at must be a tuple"),
         ({"prune_at": ("sometimes",)}, "prune_at must be a tuple of values from"),
         ({"batch_size": 0}, "batch_size must be an int >= 1"),

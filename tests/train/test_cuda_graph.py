@@ -99,7 +99,7 @@ def _parts(capturable=True):
         ({"buckets": [8, 4], "pad": {0: 0}}, ValueError, "buckets must be"),
         ({"buckets": [8], "pad": {}}, ValueError, "pad must be a non-empty mapping"),
         ({"length_dim": -1}, ValueError, "length_dim must be an int >= 0"),
-        ({"grad_clip": 0.0}, ValueError, "grad_clip must be a number > 0"),
+        ({"grad_clip": 0.0}, ValueError, r"grad_clip must be a finite number in \(0.0, inf\]"),
         ({"warmup": 0}, ValueError, "warmup must be an int >= 1"),
         ({"autocast_dtype": torch.float64}, ValueError, "autocast_dtype must be"),
         ({}, ValueError, "model parameters must all be on one CUDA device"),

@@ -11,6 +11,7 @@ import torch
 from tiny import loss_fn, make_data, make_model, parameters_of
 from torch import nn
 
+import comera.train.setup as train_setup
 import comera.train.trainer as trainer_module
 from comera.train import NonFiniteError, TrainConfig, Trainer, read_metrics
 from comera.train.guard import total_grad_norm
@@ -66,8 +67,8 @@ def fakes(monkeypatch):
         made.append(RecordingGraphStep(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(trainer_module, "CudaGraphStep", make)
-    monkeypatch.setattr(trainer_module, "_graph_device", lambda device: True)
+    monkeypatch.setattr(train_setup, "CudaGraphStep", make)
+    monkeypatch.setattr(train_setup, "_graph_device", lambda device: True)
     return made
 
 

@@ -1,6 +1,6 @@
 """Embedding lookup benchmark: forward+backward time and peak memory of ``nn.Embedding`` and the TTM lookups.
 
-Run as ``comera bench embedding`` or ``python benchmarks/bench_embedding.py``. Tables: the paper's word
+Run as ``comera bench embedding``. Tables: the paper's word
 embedding (30522 x 768 as rows 16 * 20 * 10 * 10, columns 4 * 4 * 8 * 6, rank 32) and a DLRM-size table
 (10M x 16, default shapes, rank 16). Index batches of 10k, 20k and 40k ids drawn uniformly or from a
 Zipf(1.05) law over a shuffled vocabulary. Methods: ``nn.Embedding``, ``TTMEmbedding`` with each lookup

@@ -1,6 +1,6 @@
 """Forward+backward time of ``nn.Linear`` against ``TTLinear`` (every order and auto) and ``TTMLinear``.
 
-Run as ``comera bench layers`` or ``python benchmarks/bench_layers.py``. Every case is timed in one process,
+Run as ``comera bench layers``. Every case is timed in one process,
 one after the other, as the median of ``--repeats`` runs after warm-up; the table reports each time and its
 ratio to ``nn.Linear`` (higher is faster), plus achieved GFLOP/s and GB/s of the merge-first path so the
 memory bound is visible. ``--write`` replaces the ``layers`` section of a markdown file.

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from comera.checks import check_int, check_number, check_optional_int
 from comera.rank.surrogate import SURROGATES
 from comera.train.padding import check_buckets
 
@@ -27,26 +28,6 @@ AUTO_COMPILE_MIN_STEPS = 10_000
 PRUNE_POINTS = ("early_end", "late_epoch", "epoch", "end")
 """Where :func:`comera.prune_` runs: end of the early stage, end of every late-stage epoch, end of every
 epoch, end of training. An empty tuple never prunes."""
-
-
-def _int(value: object, name: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
-
-
-def _optional_int(value: object, name: str, low: int) -> int | None:
-    return None if value is None else _int(value, name, low)
-
-
-def _number(value: object, name: str, low: float, high: float = math.inf, open_low: bool = False) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if ok:
-        ok = (value > low if open_low else value >= low) and value <= high
-    if not ok:
-        bound = f"({low}" if open_low else f"[{low}"
-        raise ValueError(f"{name} must be a finite number in {bound}, {high}], got {value!r}")
-    return float(value)
 
 
 def _pad_key(key: object) -> bool:
@@ -95,7 +76,7 @@ class TrainConfig:
         plot: write the PNG plots into ``run_dir`` at the end of :meth:`Trainer.fit`.
         compile: wrap the training step (forward, objective, backward; optimizer step) in ``torch.compile``:
             True, False, or ``"auto"``: on CPU when the run has at least :data:`AUTO_COMPILE_MIN_STEPS`
-            steps. Measured on a small comera transformer (``benchmarks/bench_trainer.py``, 2 threads), the
+            steps. Measured on a small comera transformer (``comera bench trainer``, 2 threads), the
             compiled step took 0.60x the eager time, but compiling took about 3 minutes: the whole run is
             faster compiled only after about 6000 steps, and every prune that changes shapes compiles again,
             hence the threshold. ``compile_backend`` picks the backend.
@@ -163,22 +144,22 @@ class TrainConfig:
     graph_warmup: int = 3
 
     def __post_init__(self) -> None:
-        _int(self.early, "early", 0)
-        _int(self.late, "late", 0)
+        check_int(self.early, "early", 0)
+        check_int(self.late, "late", 0)
         if self.early + self.late == 0:
             raise ValueError("early + late must be >= 1: the run has no steps")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.unit not in UNITS:
             raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
-        _number(self.gamma, "gamma", 0.0)
+        check_number(self.gamma, "gamma", 0.0)
         if self.tau is not None:
-            _number(self.tau, "tau", 0.0)
+            check_number(self.tau, "tau", 0.0)
         if self.surrogate not in SURROGATES:
             raise ValueError(f"surrogate must be one of {SURROGATES}, got {self.surrogate!r}")
-        _number(self.target_ratio, "target_ratio", 0.0, 1.0, open_low=True)
+        check_number(self.target_ratio, "target_ratio", 0.0, 1.0, open_low=True)
         if self.target_loss is not None:
-            _number(self.target_loss, "target_loss", 0.0, open_low=True)
+            check_number(self.target_loss, "target_loss", 0.0, open_low=True)
         elif self.late > 0 and self.early == 0:
             raise ValueError(
                 "target_loss is required when early == 0 and late > 0 (no loss to derive it from)"
@@ -186,26 +167,24 @@ class TrainConfig:
         if not isinstance(self.rho, (tuple, list)) or len(self.rho) != 2:
             raise ValueError(f"rho must be a pair (rho_loss, rho_size) of numbers >= 0, got {self.rho!r}")
         for value in self.rho:
-            _number(value, "rho", 0.0)
+            check_number(value, "rho", 0.0)
         object.__setattr__(self, "rho", tuple(float(value) for value in self.rho))
-        _number(self.ema, "ema", 0.0, 1.0)
-        if self.ema >= 1.0:
-            raise ValueError(f"ema must be a finite number in [0, 1), got {self.ema!r}")
+        check_number(self.ema, "ema", 0.0, 1.0, open_high=True)
         if isinstance(self.prune_at, str) or not all(point in PRUNE_POINTS for point in self.prune_at):
             raise ValueError(f"prune_at must be a tuple of values from {PRUNE_POINTS}, got {self.prune_at!r}")
         object.__setattr__(self, "prune_at", tuple(self.prune_at))
         for name in ("lr_cores", "lr_gates", "lr_other", "weight_decay"):
-            _number(getattr(self, name), name, 0.0)
+            check_number(getattr(self, name), name, 0.0)
         if self.grad_clip is not None:
-            _number(self.grad_clip, "grad_clip", 0.0, open_low=True)
-        _int(self.batch_size, "batch_size", 1)
-        _int(self.seed, "seed", 0)
-        _int(self.log_every, "log_every", 1)
-        _optional_int(self.eval_every, "eval_every", 1)
-        _optional_int(self.checkpoint_every, "checkpoint_every", 1)
-        _int(self.keep_checkpoints, "keep_checkpoints", 1)
-        _int(self.max_nonfinite, "max_nonfinite", 1)
-        _int(self.max_rollbacks, "max_rollbacks", 0)
+            check_number(self.grad_clip, "grad_clip", 0.0, open_low=True)
+        check_int(self.batch_size, "batch_size", 1)
+        check_int(self.seed, "seed", 0)
+        check_int(self.log_every, "log_every", 1)
+        check_optional_int(self.eval_every, "eval_every", 1)
+        check_optional_int(self.checkpoint_every, "checkpoint_every", 1)
+        check_int(self.keep_checkpoints, "keep_checkpoints", 1)
+        check_int(self.max_nonfinite, "max_nonfinite", 1)
+        check_int(self.max_rollbacks, "max_rollbacks", 0)
         for name in ("run_dir", "checkpoint_dir"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
@@ -254,8 +233,8 @@ class TrainConfig:
             )
         if self.graph_buckets is not None and not self.cuda_graph:
             raise ValueError("graph_buckets and graph_pad are used only with cuda_graph=True")
-        _int(self.graph_length_dim, "graph_length_dim", 0)
-        _int(self.graph_warmup, "graph_warmup", 1)
+        check_int(self.graph_length_dim, "graph_length_dim", 0)
+        check_int(self.graph_warmup, "graph_warmup", 1)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (lists for tuples), storable in a ``weights_only`` checkpoint or JSON."""

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from comera.checks import check_int, check_number
 from comera.train.guard import total_grad_norm
 from comera.train.objective import Objective
 from comera.train.padding import (
@@ -140,12 +141,10 @@ class CudaGraphStep:
         if pad is not None and (not isinstance(pad, Mapping) or not pad):
             raise ValueError(f"pad must be a non-empty mapping of batch key -> pad value, got {pad!r}")
         self.pad = None if pad is None else dict(pad)
-        if isinstance(length_dim, bool) or not isinstance(length_dim, int) or length_dim < 0:
-            raise ValueError(f"length_dim must be an int >= 0, got {length_dim!r}")
-        if grad_clip is not None and not (isinstance(grad_clip, (int, float)) and grad_clip > 0):
-            raise ValueError(f"grad_clip must be a number > 0 or None, got {grad_clip!r}")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
-            raise ValueError(f"warmup must be an int >= 1, got {warmup!r}")
+        check_int(length_dim, "length_dim", 0)
+        if grad_clip is not None:
+            check_number(grad_clip, "grad_clip", 0.0, open_low=True)
+        check_int(warmup, "warmup", 1)
         if autocast_dtype not in (None, torch.bfloat16, torch.float16):
             raise ValueError(
                 f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype}"

@@ -60,14 +60,13 @@ from comera.train.checkpoint import (
     save_checkpoint,
 )
 from comera.train.config import AUTO_COMPILE_MIN_STEPS, TrainConfig
-from comera.train.cuda_graph import CudaGraphStep, capturable_adam
-from comera.train.data import EpochData
 from comera.train.distributed import barrier, check_backend, gather_objects, globally_averaged, world
 from comera.train.evaluation import Evaluator, MeanEvaluator, run_evaluation
 from comera.train.guard import NonFiniteGuard, total_grad_norm
 from comera.train.metrics import MetricsLog
 from comera.train.objective import Objective, default_objective
 from comera.train.records import StepWindow, train_record
+from comera.train.setup import batches_for, check_arguments, default_optimizer, graph_step_for
 from comera.train.structure import apply_structure, model_structure
 from comera.version import __version__
 
@@ -91,11 +90,6 @@ class FitResult:
     rollbacks: int = 0
 
 
-def _graph_device(device: torch.device) -> bool:
-    """Whether a model on ``device`` can run its step as a CUDA graph."""
-    return device.type == "cuda"
-
-
 def _with_last(batches: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
     iterator = iter(batches)
     current = next(iterator, _END)
@@ -103,36 +97,6 @@ def _with_last(batches: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
         following = next(iterator, _END)
         yield current, following is _END
         current = following
-
-
-def _check_arguments(model, loss_fn, config, optimizer, objective, eval_fn, evaluator) -> TrainConfig:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if isinstance(model, DistributedDataParallel):
-        raise TypeError(
-            "model must not be wrapped in DistributedDataParallel: pass the plain model; the Trainer "
-            "wraps it itself because it must rebuild the wrapper after pruning"
-        )
-    if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {type(loss_fn).__name__}")
-    if eval_fn is not None and not callable(eval_fn):
-        raise TypeError(f"eval_fn must be callable or None, got {type(eval_fn).__name__}")
-    if evaluator is not None and not isinstance(evaluator, Evaluator):
-        raise TypeError(
-            f"evaluator must be a comera.train.evaluation.Evaluator or None, got {type(evaluator).__name__}"
-        )
-    if eval_fn is not None and evaluator is not None:
-        raise ValueError("give eval_fn or evaluator, not both")
-    config = TrainConfig() if config is None else config
-    if not isinstance(config, TrainConfig):
-        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
-    if objective is not None and not isinstance(objective, Objective):
-        raise TypeError(
-            f"objective must be a comera.train.objective.Objective or None, got {type(objective).__name__}"
-        )
-    return config
 
 
 class Trainer:
@@ -185,7 +149,7 @@ class Trainer:
         collate_fn: Callable[[list], Any] | None = None,
         callbacks: Iterable[Callable[[Trainer], None]] = (),
     ) -> None:
-        config = _check_arguments(model, loss_fn, config, optimizer, objective, eval_fn, evaluator)
+        config = check_arguments(model, loss_fn, config, optimizer, objective, eval_fn, evaluator)
         self.config = config
         self.model = model
         self.module = unwrap_model(model)
@@ -206,16 +170,10 @@ class Trainer:
         self.objective = objective or default_objective(
             self.module, gamma=config.gamma, tau=config.tau, surrogate=config.surrogate
         )
-        self.optimizer = optimizer or torch.optim.AdamW(
-            self.objective.param_groups(
-                lr_cores=config.lr_cores,
-                lr_gates=config.lr_gates,
-                lr_other=config.lr_other,
-                weight_decay=config.weight_decay,
-            ),
-            capturable=config.cuda_graph,
+        self.optimizer = optimizer or default_optimizer(self.objective, config)
+        self.train_data, self.eval_data = batches_for(
+            train_data, eval_data, config, collate_fn, self.process_rank, self.world_size
         )
-        self._set_data(train_data, eval_data, collate_fn)
         self.evaluator = evaluator or (
             MeanEvaluator(eval_fn if eval_fn is not None else self._default_eval)
             if self.eval_data is not None
@@ -243,45 +201,13 @@ class Trainer:
         if config.reuse_cpu_memory and self._device_type == "cpu":
             reuse_freed_memory()
         self._compute, self._apply = self._step_functions()
-        self.graph_step = self._graph_step() if config.cuda_graph else None
+        self.graph_step = (
+            graph_step_for(self.module, loss_fn, self.optimizer, self.objective, config, self._device())
+            if config.cuda_graph
+            else None
+        )
         self._window = StepWindow()
         self._bar = None
-
-    def _set_data(self, train_data: Any, eval_data: Any, collate_fn) -> None:
-        config = self.config
-        batching = {
-            "batch_size": config.batch_size,
-            "seed": config.seed,
-            "collate_fn": collate_fn,
-            "rank": self.process_rank,
-            "world_size": self.world_size,
-        }
-        self.train_data = EpochData(
-            train_data, shuffle=config.shuffle, drop_last=config.drop_last, **batching
-        )
-        if not self.train_data.has_length():
-            if config.unit == "epoch":
-                raise ValueError(
-                    "train_data must have a len() (batches per epoch) to count stages in epochs; "
-                    "use unit='step' for data without one"
-                )
-        elif len(self.train_data) == 0:
-            raise ValueError(
-                "train_data yields no batches (empty, or fewer samples than batch_size with drop_last)"
-            )
-        if config.cuda_graph and config.graph_buckets is None and self.train_data.is_dataset:
-            samples = self.train_data.shard_size()
-            if not config.drop_last and samples % config.batch_size:
-                raise ValueError(
-                    f"cuda_graph=True without graph_buckets needs batches of one shape, but train_data's "
-                    f"{samples} samples leave a last batch of {samples % config.batch_size} (batch_size="
-                    f"{config.batch_size}): set drop_last=True, or graph_buckets and graph_pad"
-                )
-        self.eval_data = (
-            None
-            if eval_data is None
-            else EpochData(eval_data, shuffle=False, drop_last=False, equal_shards=False, **batching)
-        )
 
     def _default_eval(self, module: nn.Module, batch: Any) -> dict[str, Any]:
         return {"loss": self.loss_fn(module, batch)}
@@ -331,29 +257,6 @@ class Trainer:
         return (
             torch.compile(self._forward_backward, backend=backend),
             torch.compile(self.optimizer.step, backend=backend),
-        )
-
-    def _graph_step(self) -> CudaGraphStep:
-        device = self._device()
-        if not _graph_device(device):
-            raise ValueError(f"cuda_graph needs a CUDA model; on CPU use compile (the model is on {device})")
-        if not capturable_adam(self.optimizer):
-            raise ValueError(
-                "optimizer must be torch.optim.AdamW or torch.optim.Adam built with capturable=True in every "
-                f"param group when cuda_graph=True, got {type(self.optimizer).__name__}"
-            )
-        config = self.config
-        return CudaGraphStep(
-            self.module,
-            self.loss_fn,
-            self.optimizer,
-            self.objective,
-            buckets=config.graph_buckets,
-            pad=config.graph_pad,
-            length_dim=config.graph_length_dim,
-            grad_clip=config.grad_clip,
-            warmup=config.graph_warmup,
-            autocast_dtype=torch.bfloat16 if self._bf16 else None,
         )
 
     def _invalidate_graph(self) -> None:

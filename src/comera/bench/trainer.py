@@ -8,7 +8,7 @@
    milliseconds per step after warm-up steps that include compilation, the warm-up time itself, and the
    process's peak resident memory (``ru_maxrss``).
 
-Usage: ``python benchmarks/bench_trainer.py [--steps N] [--threads T] [--no-compile]
+Usage: ``comera bench trainer [--steps N] [--threads T] [--no-compile]
 [--write docs/benchmarks.md]``.
 """
 
@@ -160,7 +160,7 @@ def step_times(steps: int, warmup: int, compile_step: bool) -> dict[str, float]:
 
 def step_times_in_fresh_process(steps: int, threads: int, compile_step: bool) -> dict[str, float]:
     """:func:`step_times` run in a new interpreter, so its peak memory is its own."""
-    command = [sys.executable, __file__, "--steps", str(steps), "--threads", str(threads)]
+    command = [sys.executable, "-m", "comera.bench.trainer", "--steps", str(steps), "--threads", str(threads)]
     command += ["--case", "compiled" if compile_step else "eager"]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         body = (
             "## Trainer: overhead and torch.compile, fp32\n\n"
-            f"Machine: {machine_description()}. Command: `python benchmarks/bench_trainer.py --steps "
+            f"Machine: {machine_description()}. Command: `comera bench trainer --steps "
             f"{args.steps} --threads {args.threads}`. Model: {BLOCKS} post-LN "
             f"encoder blocks, d_model {D_MODEL}, {HEADS} heads, FFN {FFN}, all projections `TTLinear` "
             f"(rank {RANK}), batch {BATCH} x {SEQ} tokens. Overhead: {args.steps} steps of each loop, "
@@ -236,4 +236,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    raise SystemExit(main(sys.argv[1:]))

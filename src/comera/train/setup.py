@@ -1,0 +1,141 @@
+"""Setting up a :class:`comera.train.Trainer`: argument checks, batching, default optimizer, CUDA graph."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from comera.train.config import TrainConfig
+from comera.train.cuda_graph import CudaGraphStep, capturable_adam
+from comera.train.data import EpochData
+from comera.train.evaluation import Evaluator
+from comera.train.objective import Objective
+
+__all__ = ["check_arguments", "batches_for", "default_optimizer", "graph_step_for"]
+
+
+def check_arguments(model, loss_fn, config, optimizer, objective, eval_fn, evaluator) -> TrainConfig:
+    """The Trainer's arguments checked (``TypeError`` / ``ValueError`` naming the argument); the config."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(model, DistributedDataParallel):
+        raise TypeError(
+            "model must not be wrapped in DistributedDataParallel: pass the plain model; the Trainer "
+            "wraps it itself because it must rebuild the wrapper after pruning"
+        )
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {type(loss_fn).__name__}")
+    if eval_fn is not None and not callable(eval_fn):
+        raise TypeError(f"eval_fn must be callable or None, got {type(eval_fn).__name__}")
+    if evaluator is not None and not isinstance(evaluator, Evaluator):
+        raise TypeError(
+            f"evaluator must be a comera.train.evaluation.Evaluator or None, got {type(evaluator).__name__}"
+        )
+    if eval_fn is not None and evaluator is not None:
+        raise ValueError("give eval_fn or evaluator, not both")
+    config = TrainConfig() if config is None else config
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
+    if objective is not None and not isinstance(objective, Objective):
+        raise TypeError(
+            f"objective must be a comera.train.objective.Objective or None, got {type(objective).__name__}"
+        )
+    return config
+
+
+def batches_for(
+    train_data: Any,
+    eval_data: Any,
+    config: TrainConfig,
+    collate_fn: Callable[[list], Any] | None,
+    process_rank: int,
+    world_size: int,
+) -> tuple[EpochData, EpochData | None]:
+    """The training and evaluation batches of a run (this process's shard), checked against the config."""
+    batching = {
+        "batch_size": config.batch_size,
+        "seed": config.seed,
+        "collate_fn": collate_fn,
+        "rank": process_rank,
+        "world_size": world_size,
+    }
+    train = EpochData(train_data, shuffle=config.shuffle, drop_last=config.drop_last, **batching)
+    if not train.has_length():
+        if config.unit == "epoch":
+            raise ValueError(
+                "train_data must have a len() (batches per epoch) to count stages in epochs; "
+                "use unit='step' for data without one"
+            )
+    elif len(train) == 0:
+        raise ValueError(
+            "train_data yields no batches (empty, or fewer samples than batch_size with drop_last)"
+        )
+    if config.cuda_graph and config.graph_buckets is None and train.is_dataset:
+        samples = train.shard_size()
+        if not config.drop_last and samples % config.batch_size:
+            raise ValueError(
+                f"cuda_graph=True without graph_buckets needs batches of one shape, but train_data's "
+                f"{samples} samples leave a last batch of {samples % config.batch_size} (batch_size="
+                f"{config.batch_size}): set drop_last=True, or graph_buckets and graph_pad"
+            )
+    evaluation = (
+        None
+        if eval_data is None
+        else EpochData(eval_data, shuffle=False, drop_last=False, equal_shards=False, **batching)
+    )
+
+    return train, evaluation
+
+
+def default_optimizer(objective: Objective, config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW on the objective's parameter groups at the config's rates (capturable for a CUDA graph)."""
+    return torch.optim.AdamW(
+        objective.param_groups(
+            lr_cores=config.lr_cores,
+            lr_gates=config.lr_gates,
+            lr_other=config.lr_other,
+            weight_decay=config.weight_decay,
+        ),
+        capturable=config.cuda_graph,
+    )
+
+
+def _graph_device(device: torch.device) -> bool:
+    """Whether a model on ``device`` can run its step as a CUDA graph."""
+    return device.type == "cuda"
+
+
+def graph_step_for(
+    module: nn.Module,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    objective: Objective,
+    config: TrainConfig,
+    device: torch.device,
+) -> CudaGraphStep:
+    """The :class:`comera.train.cuda_graph.CudaGraphStep` of a run with ``config.cuda_graph``."""
+    if not _graph_device(device):
+        raise ValueError(f"cuda_graph needs a CUDA model; on CPU use compile (the model is on {device})")
+    if not capturable_adam(optimizer):
+        raise ValueError(
+            "optimizer must be torch.optim.AdamW or torch.optim.Adam built with capturable=True in every "
+            f"param group when cuda_graph=True, got {type(optimizer).__name__}"
+        )
+    return CudaGraphStep(
+        module,
+        loss_fn,
+        optimizer,
+        objective,
+        buckets=config.graph_buckets,
+        pad=config.graph_pad,
+        length_dim=config.graph_length_dim,
+        grad_clip=config.grad_clip,
+        warmup=config.graph_warmup,
+        autocast_dtype=torch.bfloat16 if config.precision == "bf16" else None,
+    )
