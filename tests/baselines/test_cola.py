@@ -46,9 +46,7 @@ def test_ranks_and_bad_ranks():
         ValueError, match=r"rank must be in \[1, min\(in_features, out_features\)\] = \[1, 4\]"
     ):
         CoLALinear(4, 8, 5)
-    with pytest.raises(
-        ValueError, match=r"method.activation must be one of \['silu', 'gelu', 'relu', 'identity'\]"
-    ):
+    with pytest.raises(ValueError, match=r"activation must be one of \('silu', 'gelu', 'relu', 'identity'\)"):
         CoLALinear(4, 8, 2, activation="tanh")
 
 

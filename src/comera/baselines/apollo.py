@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.baselines.checks import check_choice, check_float, check_int
 from comera.baselines.projected import low_rank_groups, portable_projectors, require_package
+from comera.checks import check_bool, check_choice, check_int, check_number
 from comera.methods import Method, MethodContext, register_method
 
 __all__ = ["APOLLOMethod", "SCALE_TYPES", "PROJECTIONS", "PROJ_TYPES"]
@@ -60,15 +60,14 @@ class APOLLOMethod(Method):
     @staticmethod
     def _settings(context: MethodContext) -> dict[str, Any]:
         settings = {**APOLLOMethod.defaults, **context.settings}
-        check_int(settings["rank"], "rank")
-        check_float(settings["rank_fraction"], "rank_fraction", 0.0, 1.0)
-        check_choice(settings["scale_type"], "scale_type", SCALE_TYPES)
-        check_float(settings["scale"], "scale")
-        check_choice(settings["proj"], "proj", PROJECTIONS)
-        check_choice(settings["proj_type"], "proj_type", PROJ_TYPES)
-        check_int(settings["update_proj_gap"], "update_proj_gap")
-        if not isinstance(settings["scale_front"], bool):
-            raise ValueError(f"method.scale_front must be a bool, got {settings['scale_front']!r}")
+        check_int(settings["rank"], "method.rank", low=1)
+        check_number(settings["rank_fraction"], "method.rank_fraction", 0.0, 1.0, open_low=True)
+        check_choice(settings["scale_type"], "method.scale_type", SCALE_TYPES)
+        check_number(settings["scale"], "method.scale", 0.0, open_low=True)
+        check_choice(settings["proj"], "method.proj", PROJECTIONS)
+        check_choice(settings["proj_type"], "method.proj_type", PROJ_TYPES)
+        check_int(settings["update_proj_gap"], "method.update_proj_gap", low=1)
+        check_bool(settings["scale_front"], "method.scale_front")
         return settings
 
     def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:

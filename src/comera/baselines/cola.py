@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comera.baselines.checks import check_choice, check_float, check_int
 from comera.baselines.targets import replace_targets
+from comera.checks import check_choice, check_int, check_number
 from comera.methods import Method, MethodContext, register_method
 
 __all__ = ["CoLALinear", "CoLAMethod", "ACTIVATIONS", "cola_rank"]
@@ -80,7 +80,7 @@ class CoLALinear(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        check_int(rank, "rank")
+        check_int(rank, "rank", low=1)
         if rank > min(in_features, out_features):
             raise ValueError(
                 f"rank must be in [1, min(in_features, out_features)] = "
@@ -138,9 +138,9 @@ class CoLAMethod(Method):
     @staticmethod
     def _settings(context: MethodContext) -> dict[str, Any]:
         settings = {**CoLAMethod.defaults, **context.settings}
-        check_float(settings["rank_fraction"], "rank_fraction", 0.0, 1.0)
-        check_int(settings["rank"], "rank", low=0)
-        check_choice(settings["activation"], "activation", tuple(ACTIVATIONS))
+        check_number(settings["rank_fraction"], "method.rank_fraction", 0.0, 1.0, open_low=True)
+        check_int(settings["rank"], "method.rank", low=0)
+        check_choice(settings["activation"], "method.activation", tuple(ACTIVATIONS))
         return settings
 
     def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:

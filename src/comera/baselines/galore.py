@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.baselines.checks import check_choice, check_float, check_int
 from comera.baselines.projected import low_rank_groups, portable_projectors, require_package
+from comera.checks import check_choice, check_int, check_number
 from comera.methods import Method, MethodContext, register_method
 
 __all__ = ["GaLoreMethod", "PROJ_TYPES"]
@@ -54,11 +54,11 @@ class GaLoreMethod(Method):
     @staticmethod
     def _settings(context: MethodContext) -> dict[str, Any]:
         settings = {**GaLoreMethod.defaults, **context.settings}
-        check_int(settings["rank"], "rank")
-        check_float(settings["rank_fraction"], "rank_fraction", 0.0, 1.0)
-        check_int(settings["update_proj_gap"], "update_proj_gap")
-        check_float(settings["scale"], "scale")
-        check_choice(settings["proj_type"], "proj_type", PROJ_TYPES)
+        check_int(settings["rank"], "method.rank", low=1)
+        check_number(settings["rank_fraction"], "method.rank_fraction", 0.0, 1.0, open_low=True)
+        check_int(settings["update_proj_gap"], "method.update_proj_gap", low=1)
+        check_number(settings["scale"], "method.scale", 0.0, open_low=True)
+        check_choice(settings["proj_type"], "method.proj_type", PROJ_TYPES)
         return settings
 
     def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:

@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comera.baselines.checks import check_float, check_int
 from comera.baselines.targets import replace_targets
+from comera.checks import check_int, check_number
 from comera.methods import Method, MethodContext, register_method
 
 __all__ = ["LTELinear", "LTEMethod", "lte_layers", "merge_heads", "merge_every"]
@@ -81,9 +81,9 @@ class LTELinear(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        check_int(heads, "heads")
-        check_int(rank, "rank")
-        check_float(scale, "scale")
+        check_int(heads, "heads", low=1)
+        check_int(rank, "rank", low=1)
+        check_number(scale, "scale", 0.0, open_low=True)
         self.in_features, self.out_features = in_features, out_features
         self.heads, self.rank, self.scale = heads, min(rank, in_features, out_features), float(scale)
         factory = {"device": device, "dtype": dtype}
@@ -180,7 +180,7 @@ def merge_every(
 ) -> torch.optim.Optimizer:
     """Register a step post-hook on ``optimizer`` counting its steps in each layer's ``local_steps`` and
     merging the heads (:func:`merge_heads`) after every ``every``-th; returns ``optimizer``."""
-    check_int(every, "merge_every")
+    check_int(every, "every", low=1)
 
     def after_step(opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         for layer in layers:
@@ -202,11 +202,11 @@ class LTEMethod(Method):
     @staticmethod
     def _settings(context: MethodContext) -> dict[str, Any]:
         settings = {**LTEMethod.defaults, **context.settings}
-        check_int(settings["heads"], "heads")
-        check_int(settings["rank"], "rank")
-        check_float(settings["scale"], "scale")
-        check_int(settings["merge_every"], "merge_every")
-        check_float(settings["lr"], "lr")
+        check_int(settings["heads"], "method.heads", low=1)
+        check_int(settings["rank"], "method.rank", low=1)
+        check_number(settings["scale"], "method.scale", 0.0, open_low=True)
+        check_int(settings["merge_every"], "method.merge_every", low=1)
+        check_number(settings["lr"], "method.lr", 0.0, open_low=True)
         return settings
 
     def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
