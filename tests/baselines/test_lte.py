@@ -121,6 +121,7 @@ def test_heads_merge_after_every_t_optimizer_steps():
     with torch.no_grad():
         a_next = layer.lora_A - 0.1 * layer.lora_A.grad
         b_next = layer.lora_B - 0.1 * layer.lora_B.grad
+        # n: head, o: output feature, r: rank, i: input feature
         expected = weight + 1.5 / 2 * torch.einsum("nor,nri->oi", b_next, a_next)
     optimizer.step()
     assert int(layer.local_steps) == 0
@@ -145,3 +146,6 @@ def test_rank_is_capped_by_the_layer():
     layer = LTELinear.from_linear(nn.Linear(3, 7), heads=2, rank=32, scale=1.0)
     assert layer.lora_A.shape == (2, 3, 3) and layer.lora_B.shape == (2, 7, 3)
     assert not layer.weight.requires_grad and layer.bias.requires_grad
+    built = LTELinear(5, 4, heads=2, rank=2, scale=1.0, bias=False)
+    assert built.bias is None and not built.weight.requires_grad
+    assert 0 < built.weight.abs().max() <= 1 / 5**0.5, "nn.Linear's initialization"

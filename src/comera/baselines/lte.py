@@ -61,6 +61,8 @@ class LTELinear(nn.Module):
         scale: ``s`` of the heads' output and of the merge (> 0).
         bias: whether the layer has a (trainable) bias.
 
+    The main weight and bias start as ``nn.Linear``'s; :meth:`from_linear` takes an existing linear's.
+
     Attributes:
         weight: the frozen main weight ``(out_features, in_features)``.
         bias: ``(out_features,)`` or None.
@@ -87,8 +89,9 @@ class LTELinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.heads, self.rank, self.scale = heads, min(rank, in_features, out_features), float(scale)
         factory = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory), requires_grad=False)
-        self.bias = nn.Parameter(torch.zeros(out_features, **factory)) if bias else None
+        initial = nn.Linear(in_features, out_features, bias=bias, **factory)
+        self.weight = initial.weight.requires_grad_(False)
+        self.bias = initial.bias
         self.lora_A = nn.Parameter(torch.empty(heads, self.rank, in_features, **factory))
         self.lora_B = nn.Parameter(torch.empty(heads, out_features, self.rank, **factory))
         self.register_buffer("local_steps", torch.zeros((), dtype=torch.long, device=device))
