@@ -12,6 +12,7 @@ from comera.baselines.lte import LTELinear, LTEMethod, lte_layers, merge_every, 
 from comera.methods import MethodContext
 from comera.tensorize_config import TensorizeConfig
 from comera.train.config import TrainConfig
+from comera.train.trainer import Trainer
 
 
 def _layer(heads=3, rank=2, scale=1.5, in_features=5, out_features=4):
@@ -149,3 +150,39 @@ def test_rank_is_capped_by_the_layer():
     built = LTELinear(5, 4, heads=2, rank=2, scale=1.0, bias=False)
     assert built.bias is None and not built.weight.requires_grad
     assert 0 < built.weight.abs().max() <= 1 / 5**0.5, "nn.Linear's initialization"
+
+
+def _trained(run_dir, steps, resume):
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+    train = TrainConfig(
+        early=steps, unit="step", batch_size=4, lr_other=1e-2, checkpoint_every=4, run_dir=str(run_dir)
+    )
+    context = MethodContext(
+        tensorize=TensorizeConfig(target_modules=["0"]),
+        settings={"heads": 2, "rank": 2, "merge_every": 4, "lr": 1e-2, "scale": 2.0},
+        train=train,
+    )
+    method = LTEMethod()
+    model = method.prepare(model, context)
+    generator = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(24, 6, generator=generator), torch.randint(0, 2, (24,)))
+    trainer = Trainer(
+        model,
+        lambda m, batch: nn.functional.cross_entropy(m(batch[0]), batch[1]),
+        data,
+        config=train,
+        objective=method.objective(model, context),
+        optimizer=method.optimizer(model, context),
+    )
+    trainer.fit(resume=resume)
+    return model
+
+
+def test_a_run_resumed_at_a_merge_step_matches_an_uninterrupted_one(tmp_path):
+    straight = _trained(tmp_path / "straight", 12, resume=False)
+    _trained(tmp_path / "resumed", 8, resume=False)
+    resumed = _trained(tmp_path / "resumed", 12, resume=True)
+    assert int(lte_layers(straight)[0].local_steps) == 0
+    for name, value in straight.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0, msg=name)
