@@ -12,7 +12,7 @@ the process's peak resident set (``peak_mib``), and the trained and dense parame
 LTE splits a batch across its heads, so a batch its heads do not divide runs with ``method.heads`` set to
 the largest divisor of the batch not above the method's default (1 at batch 1); the row says so. Periodic
 work is not in the medians: GaLore's SVD (first step, then every ``update_proj_gap`` = 200 steps) falls in
-the warm-up, and LTE's merge (every ``merge_every`` = 10 steps) after the timed steps.
+the warm-up, and LTE's merge runs every ``merge_every`` = 10 steps (never in the default 2 + 1 + 5 steps).
 
 Writes ``paper.json`` (the cases), ``paper.md`` (a table per batch, each method's time and memory against
 comera's) and ``paper_time.png`` / ``paper_memory.png`` (grouped bars) into ``--out``; ``--write FILE``
