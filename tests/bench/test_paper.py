@@ -72,6 +72,6 @@ def test_the_command_runs_each_case_in_a_fresh_process(tmp_path, monkeypatch):
     assert paper.main(argv) == 0
     (result,) = json.loads((out / "paper.json").read_text())
     assert result["method"] == "cola" and result["batch"] == 4 and result["params"] == 867
-    assert result["peak_mib"] > result["model_mib"] > 0
+    assert result["peak_mib"] >= result["model_mib"] > 0
     assert "| 4 | cola |" in (out / "paper.md").read_text()
     assert paper.main(["--workload", "nope", "--out", str(out)]) == 2
