@@ -40,8 +40,10 @@ def _row(method, batch, ms, mib, settings=()):
         "batch": batch,
         "ms": ms,
         "train_mib": mib,
-        "params": 10,
         "settings": list(settings),
+        "params": 10,
+        "stored_params": 20,
+        "dense_params": 50,
     }
 
 
@@ -53,10 +55,10 @@ def test_report_gives_ratios_to_comera_and_marks_failures(tmp_path):
         {"method": "galore", "batch": 8, "error": ["ImportError: pip install 'comera[baselines]'"]},
     ]
     report = paper.format_report(results, "comera bench paper")
-    assert "| 8 | dense | 10.0 | 5.00x | 36.0 | 9.00x | 10 |  |" in report
-    assert "| 8 | comera | 2.0 | 1.00x | 4.0 | 1.00x | 10 |  |" in report
-    assert "| 1 | lte | 3.0 | - | 1.0 | - | 10 | method.heads=1 |" in report
-    assert "| 8 | galore | - | - | - | - | - | failed: ImportError" in report
+    assert "| 8 | dense | 10.0 | 5.00x | 36.0 | 9.00x | 10 | 2.50x |  |" in report
+    assert "| 8 | comera | 2.0 | 1.00x | 4.0 | 1.00x | 10 | 2.50x |  |" in report
+    assert "| 1 | lte | 3.0 | - | 1.0 | - | 10 | 2.50x | method.heads=1 |" in report
+    assert "| 8 | galore | - | - | - | - | - | - | failed: ImportError" in report
     pytest.importorskip("matplotlib")
     written = paper.plot_report(results, tmp_path)
     assert [path.name for path in written] == ["paper_time.png", "paper_memory.png"]

@@ -156,8 +156,9 @@ def _ratio(value: float, reference: float | None) -> str:
 
 
 def format_report(results: list[dict[str, Any]], command: str) -> str:
-    """Markdown: per batch size, each method's median step time and memory rise, and their ratios to
-    comera's (``method / comera``: above 1 means comera is faster or leaner)."""
+    """Markdown: per batch size, each method's median step time and memory rise, their ratios to comera's
+    (``method / comera``: above 1 means comera is faster or leaner), and its whole-model compression (dense
+    parameters over the parameters it stores, frozen ones included)."""
     lines = [
         "## Training methods: time and memory per step",
         "",
@@ -165,8 +166,9 @@ def format_report(results: list[dict[str, Any]], command: str) -> str:
         "time after warm-up; `train MiB` = peak resident rise during a step over the built model; ratios are "
         "method / comera.",
         "",
-        "| batch | method | ms | time / comera | train MiB | memory / comera | trained params | note |",
-        "|---|---|---|---|---|---|---|---|",
+        "| batch | method | ms | time / comera | train MiB | memory / comera | trained params | compression "
+        "| note |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     by_case = {(r["method"], r["batch"]): r for r in results}
     for batch in sorted({r["batch"] for r in results}):
@@ -176,14 +178,17 @@ def format_report(results: list[dict[str, Any]], command: str) -> str:
         ):
             row = by_case[(method, batch)]
             if "error" in row:
-                lines.append(f"| {batch} | {method} | - | - | - | - | - | failed: {' '.join(row['error'])} |")
+                lines.append(
+                    f"| {batch} | {method} | - | - | - | - | - | - | failed: {' '.join(row['error'])} |"
+                )
                 continue
             ok = reference is not None and "error" not in reference
             time_ratio = _ratio(row["ms"], reference["ms"] if ok else None)
             memory_ratio = _ratio(row["train_mib"], reference["train_mib"] if ok else None)
             lines.append(
                 f"| {batch} | {method} | {row['ms']:.1f} | {time_ratio} | {row['train_mib']:.1f} "
-                f"| {memory_ratio} | {row['params']:,} | {' '.join(row['settings'])} |"
+                f"| {memory_ratio} | {row['params']:,} | {row['dense_params'] / row['stored_params']:.2f}x "
+                f"| {' '.join(row['settings'])} |"
             )
     return "\n".join(lines)
 
