@@ -137,8 +137,7 @@ class LTELinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training:
             return F.linear(x, self.weight + self.delta(), self.bias)
-        batch = x.shape[0] if x.dim() > 1 else 0
-        if x.dim() < 2 or batch % self.heads:
+        if x.dim() < 2 or x.shape[0] % self.heads:
             raise ValueError(
                 f"LTE splits each training batch across its heads along dim 0: batch_size must be a multiple "
                 f"of heads={self.heads}, got an input of shape {tuple(x.shape)} (set train.batch_size and "
