@@ -14,7 +14,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.installed-dev: $(BIN)/python pyproject.toml constraints.txt
-	$(PIP) -e ".[dev,hf,bench]"
+	$(PIP) -e ".[dev,hf,bench,baselines]"
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed

@@ -19,7 +19,12 @@ __all__ = ["main", "RECIPE_MODULES", "load_recipes", "summary"]
 
 RECIPE_MODULES: tuple[str, ...] = ()
 """Modules whose import registers the built-in recipes and methods."""
-METHOD_MODULES: tuple[str, ...] = ()
+METHOD_MODULES: tuple[str, ...] = (
+    "comera.baselines.galore",
+    "comera.baselines.apollo",
+    "comera.baselines.lte",
+    "comera.baselines.cola",
+)
 
 
 def load_recipes() -> None:

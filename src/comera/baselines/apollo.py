@@ -1,0 +1,104 @@
+"""``--method apollo``: APOLLO (Zhu et al., MLSys 2025, "SGD-like Memory, AdamW-level Performance") through
+the ``apollo-torch`` package.
+
+The model stays dense; ``apollo_torch.APOLLOAdamW`` keeps Adam moments of a random rank-``R`` projection of
+each targeted weight's gradient and uses them only to scale the raw gradient channel-wise (or tensor-wise),
+so the optimizer state is close to SGD's. Targets and parameter groups are those of
+:mod:`comera.baselines.galore` (:func:`comera.baselines.projected.low_rank_groups`); nothing of APOLLO is
+re-implemented.
+
+Settings (``method.KEY``) and where their defaults come from (the package's README, which gives the paper's
+settings):
+
+- ``rank`` = 256 with ``rank_fraction`` = 0.25: APOLLO's rank is "1/4 of the original dim (same as GaLore)",
+  256 for its 1B and 7B models; ``R = min(rank, floor(rank_fraction * min(out, in)))`` (at least 1);
+- ``scale_type`` = ``"channel"`` and ``scale`` = 1.0: APOLLO's defaults (APOLLO-Mini is ``rank`` = 1,
+  ``scale_type`` = ``"tensor"``, ``scale`` = 128.0);
+- ``proj`` = ``"random"``, ``proj_type`` = ``"std"``, ``update_proj_gap`` = 200: the README's usage example;
+- ``scale_front`` = False: the package default (the norm-growth limiter runs before the heuristic scale).
+
+The learning rate and weight decay are the run's ``train.lr_other`` and ``train.weight_decay``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from comera.baselines.projected import low_rank_groups, portable_projectors, require_package
+from comera.checks import check_bool, check_choice, check_int, check_number
+from comera.methods import Method, MethodContext, register_method
+
+__all__ = ["APOLLOMethod", "SCALE_TYPES", "PROJECTIONS", "PROJ_TYPES"]
+
+SCALE_TYPES = ("channel", "tensor")
+PROJECTIONS = ("random", "svd")
+PROJ_TYPES = ("std", "reverse_std", "left", "right")
+
+
+def _import_apollo():
+    return require_package("apollo_torch", "apollo-torch", "apollo")
+
+
+class APOLLOMethod(Method):
+    """APOLLO: dense model, ``apollo_torch.APOLLOAdamW`` with APOLLO groups for the targeted 2-D weights."""
+
+    name = "apollo"
+    defaults = {
+        "rank": 256,
+        "rank_fraction": 0.25,
+        "scale_type": "channel",
+        "scale": 1.0,
+        "proj": "random",
+        "proj_type": "std",
+        "update_proj_gap": 200,
+        "scale_front": False,
+    }
+
+    @staticmethod
+    def _settings(context: MethodContext) -> dict[str, Any]:
+        settings = {**APOLLOMethod.defaults, **context.settings}
+        check_int(settings["rank"], "method.rank", low=1)
+        check_number(settings["rank_fraction"], "method.rank_fraction", 0.0, 1.0, open_low=True)
+        check_choice(settings["scale_type"], "method.scale_type", SCALE_TYPES)
+        check_number(settings["scale"], "method.scale", 0.0, open_low=True)
+        check_choice(settings["proj"], "method.proj", PROJECTIONS)
+        check_choice(settings["proj_type"], "method.proj_type", PROJ_TYPES)
+        check_int(settings["update_proj_gap"], "method.update_proj_gap", low=1)
+        check_bool(settings["scale_front"], "method.scale_front")
+        return settings
+
+    def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
+        self._settings(context)
+        _import_apollo()
+        return model
+
+    def optimizer(self, model: nn.Module, context: MethodContext) -> torch.optim.Optimizer:
+        """``APOLLOAdamW`` on :func:`comera.baselines.projected.low_rank_groups`, checkpoint-safe."""
+        apollo = _import_apollo()
+        settings = self._settings(context)
+        groups = low_rank_groups(
+            model,
+            context.tensorize,
+            rank=settings["rank"],
+            rank_fraction=settings["rank_fraction"],
+            lr=context.train.lr_other,
+            weight_decay=context.train.weight_decay,
+            projection={
+                key: settings[key] for key in ("scale_type", "scale", "proj", "proj_type", "update_proj_gap")
+            },
+        )
+        optimizer = apollo.APOLLOAdamW(groups, lr=context.train.lr_other, scale_front=settings["scale_front"])
+
+        def build(group: dict[str, Any], state: dict[str, Any]):
+            options = {key: group[key] for key in ("update_proj_gap", "scale", "proj_type")}
+            if group["proj"] == "random":
+                return apollo.random_projector.GradientProjector(group["rank"], seed=state["seed"], **options)
+            return apollo.svd_projector.GaLoreProjector(group["rank"], **options)
+
+        return portable_projectors(optimizer, build)
+
+
+register_method(APOLLOMethod())

@@ -1,0 +1,158 @@
+"""``--method cola``: CoLA (Liu, Zhang, Wang, Yan, Yang, Hovland, Nicolae, Cappello, Tang and Zhang, EMNLP
+2025, "CoLA: Compute-Efficient Pre-Training of LLMs via Low-Rank Activation"), built from the paper.
+
+Each targeted linear ``y = W x + b`` (:func:`comera.baselines.targets.target_linears`) becomes a bottleneck
+auto-encoder ``y = B act(A x) + b`` with ``A`` of shape ``(r, in)``, ``B`` of shape ``(out, r)`` and a
+nonlinearity between the factors, trained from scratch (:class:`CoLALinear`). Nothing else changes; the
+objective is the task loss and the optimizer the Trainer's AdamW.
+
+Settings (``method.KEY``) and where their defaults come from:
+
+- ``rank_fraction`` = 0.25: the paper's rank is a quarter of the hidden size (e.g. ``r`` = 128 for LLaMA-60M's
+  512); we apply it per layer, ``r = floor(rank_fraction * min(in, out))`` (at least 1);
+- ``rank`` = 0: a fixed ``r`` for every layer when > 0 (capped at ``min(in, out)``), e.g. to compare with
+  CoMERA at equal compression;
+- ``activation`` = ``"silu"``: the paper's nonlinearity (``"gelu"``, ``"relu"`` and ``"identity"``, a plain
+  low-rank factorization, are accepted too).
+
+Initialization (the paper's scheme, as we read it): ``A`` and ``B`` are zero-mean Gaussians with the same
+standard deviation ``(in + out)^(-1/4) r^(-1/4)``, so that ``B A`` has the variance ``1 / (in + out)`` of a
+Glorot-normal dense weight; the bias is the dense layer's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from comera.baselines.targets import replace_targets
+from comera.checks import check_choice, check_int, check_number
+from comera.methods import Method, MethodContext, register_method
+
+__all__ = ["CoLALinear", "CoLAMethod", "ACTIVATIONS", "cola_rank"]
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "relu": F.relu,
+    "identity": lambda x: x,
+}
+"""The accepted ``activation`` names and their functions."""
+
+
+def cola_rank(in_features: int, out_features: int, rank: int, rank_fraction: float) -> int:
+    """The bottleneck of an ``(in, out)`` layer: ``rank`` when > 0, else
+    ``floor(rank_fraction * min(in, out))``; capped at ``min(in, out)``, at least 1."""
+    smaller = min(in_features, out_features)
+    chosen = rank if rank > 0 else int(rank_fraction * smaller)
+    return max(1, min(chosen, smaller))
+
+
+class CoLALinear(nn.Module):
+    """``y = B act(A x) + b``: a linear replaced by a low-rank bottleneck with a nonlinearity inside.
+
+    Shapes: input ``(*, in_features)``, output ``(*, out_features)``.
+
+    Args:
+        in_features, out_features: sizes of the replaced linear.
+        rank: the bottleneck ``r`` (1 <= r <= min(in_features, out_features)).
+        activation: a name in :data:`ACTIVATIONS`.
+        bias: whether the layer has a bias.
+
+    Attributes:
+        cola_a: ``A``, shape ``(rank, in_features)``; cola_b: ``B``, shape ``(out_features, rank)``.
+        bias: ``(out_features,)`` or None.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        rank: int,
+        *,
+        activation: str = "silu",
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        check_int(rank, "rank", low=1)
+        if rank > min(in_features, out_features):
+            raise ValueError(
+                f"rank must be in [1, min(in_features, out_features)] = "
+                f"[1, {min(in_features, out_features)}], got {rank}"
+            )
+        self.activation = check_choice(activation, "activation", tuple(ACTIVATIONS))
+        self.in_features, self.out_features, self.rank = in_features, out_features, rank
+        factory = {"device": device, "dtype": dtype}
+        std = ((in_features + out_features) * rank) ** -0.25
+        self.cola_a = nn.Parameter(torch.randn(rank, in_features, **factory) * std)
+        self.cola_b = nn.Parameter(torch.randn(out_features, rank, **factory) * std)
+        self.bias = nn.Parameter(torch.zeros(out_features, **factory)) if bias else None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, rank: int, activation: str = "silu") -> CoLALinear:
+        """A fresh CoLA layer of ``linear``'s sizes, device and dtype, with a copy of its bias."""
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            rank,
+            activation=activation,
+            bias=linear.bias is not None,
+            device=linear.weight.device,
+            dtype=linear.weight.dtype,
+        )
+        if linear.bias is not None:
+            with torch.no_grad():
+                layer.bias.copy_(linear.bias)
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(ACTIVATIONS[self.activation](F.linear(x, self.cola_a)), self.cola_b, self.bias)
+
+    def num_parameters(self) -> int:
+        """Entries of ``A``, ``B`` and the bias."""
+        return sum(param.numel() for param in self.parameters())
+
+    def dense_num_parameters(self) -> int:
+        """Entries of the dense linear this layer replaces (weight and bias)."""
+        return self.in_features * self.out_features + (0 if self.bias is None else self.out_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
+            f"activation={self.activation}, bias={self.bias is not None}"
+        )
+
+
+class CoLAMethod(Method):
+    """CoLA: every targeted linear becomes a :class:`CoLALinear`; the Trainer's AdamW trains the model."""
+
+    name = "cola"
+    defaults = {"rank_fraction": 0.25, "rank": 0, "activation": "silu"}
+
+    @staticmethod
+    def _settings(context: MethodContext) -> dict[str, Any]:
+        settings = {**CoLAMethod.defaults, **context.settings}
+        check_number(settings["rank_fraction"], "method.rank_fraction", 0.0, 1.0, open_low=True)
+        check_int(settings["rank"], "method.rank", low=0)
+        check_choice(settings["activation"], "method.activation", tuple(ACTIVATIONS))
+        return settings
+
+    def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
+        settings = self._settings(context)
+
+        def build(linear: nn.Linear) -> CoLALinear:
+            rank = cola_rank(
+                linear.in_features, linear.out_features, settings["rank"], settings["rank_fraction"]
+            )
+            return CoLALinear.from_linear(linear, rank, settings["activation"])
+
+        return replace_targets(model, context.tensorize, build)
+
+
+register_method(CoLAMethod())

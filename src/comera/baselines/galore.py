@@ -1,0 +1,100 @@
+"""``--method galore``: GaLore (Zhao et al., ICML 2024) through the ``galore-torch`` package.
+
+The model stays dense; ``galore_torch.GaLoreAdamW`` projects the gradient of each targeted linear's 2-D
+weight onto a rank-``R`` subspace (refreshed by SVD every ``update_proj_gap`` steps), keeps the Adam moments
+there and projects the update back, scaled by ``scale``. The targeted linears are those of the recipe's
+tensorization (:func:`comera.baselines.targets.target_linears`: attention and feed-forward linears;
+embeddings never, an output head only when named); every other parameter is in a plain AdamW group of the
+same optimizer. Nothing of GaLore is re-implemented here: this module only builds the parameter groups.
+
+Settings (``method.KEY``) and where their defaults come from:
+
+- ``rank`` = 128: the GaLore paper's rank for its smallest pre-training model (LLaMA 60M, hidden size 512);
+- ``rank_fraction`` = 0.25: our cap, ``R = min(rank, floor(rank_fraction * min(out, in)))`` (at least 1), so
+  that small layers are projected to a quarter of their size as in the paper's 60M model (128 = 512 / 4)
+  rather than to a rank at or above their full rank;
+- ``update_proj_gap`` = 200 and ``scale`` = 0.25: the paper's pre-training values (``T`` and ``alpha``);
+- ``proj_type`` = ``"std"``: the package's default (project the smaller side).
+
+The learning rate and weight decay are the run's ``train.lr_other`` and ``train.weight_decay`` (a recipe sets
+GaLore's own through its preset's ``method`` section, ``{"galore": {"train": {"lr_other": ...}}}``); the
+optimizer's other constants (``betas``, ``eps`` = 1e-6) are the package's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from comera.baselines.projected import low_rank_groups, portable_projectors, require_package
+from comera.checks import check_choice, check_int, check_number
+from comera.methods import Method, MethodContext, register_method
+
+__all__ = ["GaLoreMethod", "PROJ_TYPES"]
+
+PROJ_TYPES = ("std", "reverse_std", "left", "right", "full")
+
+
+def _import_galore():
+    return require_package("galore_torch", "galore-torch", "galore")
+
+
+class GaLoreMethod(Method):
+    """GaLore: dense model, ``galore_torch.GaLoreAdamW`` with GaLore groups for the targeted 2-D weights.
+
+    ``prepare`` leaves the model as built (it checks the settings and that ``galore-torch`` is installed);
+    the objective is the task loss.
+    """
+
+    name = "galore"
+    defaults = {"rank": 128, "rank_fraction": 0.25, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"}
+
+    @staticmethod
+    def _settings(context: MethodContext) -> dict[str, Any]:
+        settings = {**GaLoreMethod.defaults, **context.settings}
+        check_int(settings["rank"], "method.rank", low=1)
+        check_number(settings["rank_fraction"], "method.rank_fraction", 0.0, 1.0, open_low=True)
+        check_int(settings["update_proj_gap"], "method.update_proj_gap", low=1)
+        check_number(settings["scale"], "method.scale", 0.0, open_low=True)
+        check_choice(settings["proj_type"], "method.proj_type", PROJ_TYPES)
+        return settings
+
+    def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
+        self._settings(context)
+        _import_galore()
+        return model
+
+    def optimizer(self, model: nn.Module, context: MethodContext) -> torch.optim.Optimizer:
+        """``GaLoreAdamW`` on :func:`comera.baselines.projected.low_rank_groups`, checkpoint-safe."""
+        galore = _import_galore()
+        settings = self._settings(context)
+        groups = low_rank_groups(
+            model,
+            context.tensorize,
+            rank=settings["rank"],
+            rank_fraction=settings["rank_fraction"],
+            lr=context.train.lr_other,
+            weight_decay=context.train.weight_decay,
+            projection={
+                "update_proj_gap": settings["update_proj_gap"],
+                "scale": settings["scale"],
+                "proj_type": settings["proj_type"],
+            },
+        )
+        optimizer = galore.GaLoreAdamW(groups, lr=context.train.lr_other, no_deprecation_warning=True)
+        projector = galore.galore_projector.GaLoreProjector
+
+        def build(group: dict[str, Any], _state: dict[str, Any]):
+            return projector(
+                group["rank"],
+                update_proj_gap=group["update_proj_gap"],
+                scale=group["scale"],
+                proj_type=group["proj_type"],
+            )
+
+        return portable_projectors(optimizer, build)
+
+
+register_method(GaLoreMethod())

@@ -1,0 +1,253 @@
+"""``--method lte``: LoRA-the-Explorer (Huh, Cheung, Bernstein, Isola and Agrawal, 2024, "Training Neural
+Networks from Scratch with Parallel Low-Rank Adapters"), built from the paper.
+
+Each targeted linear (:func:`comera.baselines.targets.target_linears`) becomes an :class:`LTELinear`: its
+main weight ``W`` is frozen and ``N`` LoRA heads ``(A_n, B_n)`` of rank ``r`` train in parallel, head ``n`` on
+the ``n``-th contiguous chunk of the batch (the paper's ``N`` workers, emulated in one process as the
+authors' "ddp" mode does: the main-weight product is shared). Every ``T`` optimizer steps the heads merge into
+the main weight, ``W <- W + (s/N) sum_n B_n A_n``, and restart: ``A_n`` redrawn, ``B_n`` zero, their optimizer
+state reset.
+
+The merge runs as a step post-hook of the optimizer (:func:`merge_every`), so it is part of the optimizer
+step: a checkpoint written after step ``k`` already holds the merge due at ``k``, and a resumed or rolled-back
+run merges exactly where an uninterrupted one does. A Trainer callback would run after the checkpoint and
+lose that merge on resume.
+
+Settings (``method.KEY``) and where their defaults come from:
+
+- ``rank`` = 32 and ``scale`` = 128.0: the authors' reference code's example (``lora_r=32``,
+  ``lora_alpha=4096``, ``s = alpha / r``);
+- ``heads`` = 4: our choice. The reference example uses 32 heads; the batch must divide by ``N``, and the
+  paper's comparison runs batches of 32 to 128 (batch 1 needs ``heads`` = 1);
+- ``merge_every`` = 10: our choice within the range the paper studies (it ablates ``T``); not checked
+  against the paper's tables;
+- ``lr`` = 1e-4: our choice, the heads' AdamW rate (with ``s`` = 128 a head's first steps move ``W`` about
+  as far as dense AdamW at 1e-3 does).
+
+Our choices beyond the paper: ``A_n`` is drawn like PEFT's LoRA ``A`` (uniform in ``+-1/sqrt(in)``); a head's
+rank is capped at ``min(in, out)``; the heads are not weight-decayed; the wrapped linear's bias and every
+parameter outside the targets train directly with AdamW at ``train.lr_other`` (the reference code treats
+them as replicas averaged at each merge, which for one process is the same parameter trained on the full
+batch); in eval mode a layer computes with ``W + (s/N) sum_n B_n A_n``, the weight a merge would give now.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from comera.baselines.targets import replace_targets
+from comera.checks import check_int, check_number
+from comera.methods import Method, MethodContext, register_method
+
+__all__ = ["LTELinear", "LTEMethod", "lte_layers", "merge_heads", "merge_every"]
+
+
+class LTELinear(nn.Module):
+    """A linear with a frozen main weight and ``heads`` parallel LoRA heads, each fed one chunk of the batch.
+
+    Shapes: input ``(batch, *, in_features)`` with ``batch`` a multiple of ``heads`` in training mode (dim 0
+    is the batch); output ``(batch, *, out_features)``. Row block ``n`` of the batch (rows
+    ``n * batch / heads`` to ``(n + 1) * batch / heads - 1``) gets ``x W^T + b + s (x A_n^T) B_n^T``.
+
+    Args:
+        in_features, out_features: sizes of the linear.
+        heads: number of LoRA heads ``N`` (>= 1).
+        rank: rank ``r`` of each head (>= 1; capped at ``min(in_features, out_features)``).
+        scale: ``s`` of the heads' output and of the merge (> 0).
+        bias: whether the layer has a (trainable) bias.
+
+    The main weight and bias start as ``nn.Linear``'s; :meth:`from_linear` takes an existing linear's.
+
+    Attributes:
+        weight: the frozen main weight ``(out_features, in_features)``.
+        bias: ``(out_features,)`` or None.
+        lora_A: ``(heads, rank, in_features)``; ``lora_B``: ``(heads, out_features, rank)``.
+        local_steps: optimizer steps since the last merge (a buffer, so checkpoints keep it).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        heads: int,
+        rank: int,
+        scale: float,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        check_int(heads, "heads", low=1)
+        check_int(rank, "rank", low=1)
+        check_number(scale, "scale", 0.0, open_low=True)
+        self.in_features, self.out_features = in_features, out_features
+        self.heads, self.rank, self.scale = heads, min(rank, in_features, out_features), float(scale)
+        factory = {"device": device, "dtype": dtype}
+        initial = nn.Linear(in_features, out_features, bias=bias, **factory)
+        self.weight = initial.weight.requires_grad_(False)
+        self.bias = initial.bias
+        self.lora_A = nn.Parameter(torch.empty(heads, self.rank, in_features, **factory))
+        self.lora_B = nn.Parameter(torch.empty(heads, out_features, self.rank, **factory))
+        self.register_buffer("local_steps", torch.zeros((), dtype=torch.long, device=device))
+        self.reset_heads()
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, heads: int, rank: int, scale: float) -> LTELinear:
+        """An LTE layer whose main weight and bias are ``linear``'s own parameters (the weight frozen)."""
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            heads=heads,
+            rank=rank,
+            scale=scale,
+            bias=False,
+            device=linear.weight.device,
+            dtype=linear.weight.dtype,
+        )
+        layer.weight = linear.weight
+        layer.weight.requires_grad_(False)
+        layer.bias = linear.bias
+        return layer
+
+    @torch.no_grad()
+    def reset_heads(self) -> None:
+        """Restart the heads: ``A_n`` uniform in ``+-1/sqrt(in_features)``, ``B_n`` zero."""
+        bound = 1.0 / math.sqrt(self.in_features)
+        self.lora_A.uniform_(-bound, bound)
+        self.lora_B.zero_()
+
+    def delta(self) -> torch.Tensor:
+        """``(s/N) sum_n B_n A_n``, shape ``(out_features, in_features)``."""
+        # n: head, o: output feature, r: rank, i: input feature
+        return torch.einsum("nor,nri->oi", self.lora_B, self.lora_A) * (self.scale / self.heads)
+
+    @torch.no_grad()
+    def merge_(self) -> None:
+        """``W <- W + (s/N) sum_n B_n A_n``, then :meth:`reset_heads` and ``local_steps = 0``."""
+        self.weight.add_(self.delta().to(self.weight.dtype))
+        self.reset_heads()
+        self.local_steps.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return F.linear(x, self.weight + self.delta(), self.bias)
+        if x.dim() < 2 or x.shape[0] % self.heads:
+            raise ValueError(
+                f"LTE splits each training batch across its heads along dim 0: batch_size must be a multiple "
+                f"of heads={self.heads}, got an input of shape {tuple(x.shape)} (set train.batch_size and "
+                "drop_last, or method.heads)"
+            )
+        main = F.linear(x, self.weight, self.bias)
+        chunks = x.reshape(self.heads, -1, self.in_features)
+        low = torch.bmm(chunks, self.lora_A.transpose(1, 2))
+        heads_out = torch.bmm(low, self.lora_B.transpose(1, 2))
+        return main + self.scale * heads_out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, heads={self.heads}, "
+            f"rank={self.rank}, scale={self.scale}, bias={self.bias is not None}"
+        )
+
+
+def lte_layers(model: nn.Module) -> list[LTELinear]:
+    """The :class:`LTELinear` layers of ``model``, in model order."""
+    return [module for module in model.modules() if isinstance(module, LTELinear)]
+
+
+def merge_heads(layers: list[LTELinear], optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Merge every layer's heads (:meth:`LTELinear.merge_`) and reset their optimizer state in place (tensors
+    zeroed, numbers set to 0: the state a fresh optimizer would build at its next step)."""
+    for layer in layers:
+        layer.merge_()
+        if optimizer is None:
+            continue
+        for param in (layer.lora_A, layer.lora_B):
+            state = optimizer.state.get(param, {})
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    value.zero_()
+                elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                    state[key] = type(value)(0)
+
+
+def merge_every(
+    optimizer: torch.optim.Optimizer, layers: list[LTELinear], every: int
+) -> torch.optim.Optimizer:
+    """Register a step post-hook on ``optimizer`` counting its steps in each layer's ``local_steps`` and
+    merging the heads (:func:`merge_heads`) after every ``every``-th; returns ``optimizer``."""
+    check_int(every, "every", low=1)
+
+    def after_step(opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        for layer in layers:
+            layer.local_steps += 1
+        if layers and int(layers[0].local_steps) >= every:
+            merge_heads(layers, opt)
+
+    optimizer.register_step_post_hook(after_step)
+    return optimizer
+
+
+class LTEMethod(Method):
+    """LTE: targeted linears become :class:`LTELinear`; AdamW on the heads (``method.lr``) and on every other
+    trainable parameter (``train.lr_other``); heads merge every ``method.merge_every`` steps."""
+
+    name = "lte"
+    defaults = {"heads": 4, "rank": 32, "scale": 128.0, "merge_every": 10, "lr": 1e-4}
+
+    @staticmethod
+    def _settings(context: MethodContext) -> dict[str, Any]:
+        settings = {**LTEMethod.defaults, **context.settings}
+        check_int(settings["heads"], "method.heads", low=1)
+        check_int(settings["rank"], "method.rank", low=1)
+        check_number(settings["scale"], "method.scale", 0.0, open_low=True)
+        check_int(settings["merge_every"], "method.merge_every", low=1)
+        check_number(settings["lr"], "method.lr", 0.0, open_low=True)
+        return settings
+
+    def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
+        settings = self._settings(context)
+        heads, batch_size = settings["heads"], context.train.batch_size
+        if batch_size % heads:
+            raise ValueError(
+                f"LTE splits each batch across its heads: train.batch_size={batch_size} must be a multiple "
+                f"of method.heads={heads}"
+            )
+        if context.train.cuda_graph:
+            raise ValueError("LTE merges its heads on the host between steps; set train.cuda_graph=false")
+
+        def build(linear: nn.Linear) -> LTELinear:
+            return LTELinear.from_linear(linear, heads=heads, rank=settings["rank"], scale=settings["scale"])
+
+        return replace_targets(model, context.tensorize, build)
+
+    def optimizer(self, model: nn.Module, context: MethodContext) -> torch.optim.Optimizer:
+        """AdamW: group ``"other"`` at ``train.lr_other`` with ``train.weight_decay``, group ``"lte_heads"``
+        at ``method.lr`` without decay; the merge hook registered (:func:`merge_every`)."""
+        settings = self._settings(context)
+        layers = lte_layers(model)
+        heads = [param for layer in layers for param in (layer.lora_A, layer.lora_B)]
+        seen = {id(param) for param in heads}
+        others = []
+        for param in model.parameters():
+            if param.requires_grad and id(param) not in seen:
+                seen.add(id(param))
+                others.append(param)
+        train = context.train
+        groups = (
+            [{"name": "other", "params": others, "lr": train.lr_other, "weight_decay": train.weight_decay}]
+            if others
+            else []
+        )
+        groups.append({"name": "lte_heads", "params": heads, "lr": settings["lr"], "weight_decay": 0.0})
+        optimizer = torch.optim.AdamW(groups, lr=settings["lr"])
+        return merge_every(optimizer, layers, settings["merge_every"])
+
+
+register_method(LTEMethod())

@@ -1,0 +1,147 @@
+"""What the projected-gradient optimizers (GaLore, APOLLO) share: the optional package, the parameter groups,
+and checkpoints that ``torch.load(weights_only=True)`` can read back.
+
+Both packages keep a Python projector object in each low-rank parameter's optimizer state; the Trainer's
+checkpoints are read with ``weights_only=True``, which refuses such objects. :func:`portable_projectors`
+makes the optimizer's ``state_dict`` hold the projector's tensors and numbers instead, and rebuilds the
+projector on ``load_state_dict``, so resume and the non-finite rollback work.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from comera.baselines.targets import target_linears
+from comera.tensorize_config import TensorizeConfig
+
+__all__ = ["BASELINES_EXTRA", "require_package", "projection_rank", "low_rank_groups", "portable_projectors"]
+
+BASELINES_EXTRA = "pip install 'comera[baselines]'"
+"""The install command of the optional baseline packages (``galore-torch``, ``apollo-torch``)."""
+
+
+def require_package(module: str, distribution: str, method: str) -> ModuleType:
+    """Import ``module`` of the optional ``distribution``; a missing one raises ``ImportError`` naming
+    :data:`BASELINES_EXTRA`."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise ImportError(
+            f"the {method!r} method needs the {distribution!r} package, which is not installed: "
+            f"{BASELINES_EXTRA}"
+        ) from error
+
+
+def projection_rank(shape: torch.Size | tuple[int, int], rank: int, rank_fraction: float) -> int:
+    """The projection rank of a ``(out, in)`` weight: ``rank`` capped at ``rank_fraction * min(out, in)``
+    (rounded down, at least 1)."""
+    return max(1, min(rank, int(min(shape) * rank_fraction)))
+
+
+def low_rank_groups(
+    model: nn.Module,
+    config: TensorizeConfig,
+    *,
+    rank: int,
+    rank_fraction: float,
+    lr: float,
+    weight_decay: float,
+    projection: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Parameter groups: every trainable parameter but the targeted weights (``"other"``), then one group per
+    projection rank holding the 2-D weights of the linears ``config`` targets (``"low_rank_R"``, with
+    ``"rank": R`` and the ``projection`` keys the optimizer reads).
+
+    Args:
+        model: the model (shared parameters are listed once).
+        config: the run's tensorization; its targets are the projected linears (:func:`target_linears`).
+        rank, rank_fraction: :func:`projection_rank` of each weight.
+        lr, weight_decay: of every group.
+        projection: the optimizer's per-group projection keys (``update_proj_gap``, ``scale``, ...).
+    """
+    by_rank: dict[int, list[nn.Parameter]] = {}
+    projected: set[int] = set()
+    for linear in target_linears(model, config).values():
+        weight = linear.weight
+        if weight.requires_grad and id(weight) not in projected:
+            projected.add(id(weight))
+            by_rank.setdefault(projection_rank(weight.shape, rank, rank_fraction), []).append(weight)
+    seen = set(projected)
+    others = []
+    for param in model.parameters():
+        if param.requires_grad and id(param) not in seen:
+            seen.add(id(param))
+            others.append(param)
+    common = {"lr": lr, "weight_decay": weight_decay}
+    groups = [{"name": "other", "params": others, **common}] if others else []
+    for projected_rank, weights in sorted(by_rank.items()):
+        groups.append(
+            {
+                "name": f"low_rank_{projected_rank}",
+                "params": weights,
+                "rank": projected_rank,
+                **common,
+                **projection,
+            }
+        )
+    return groups
+
+
+def _portable(projector: Any) -> dict[str, Any]:
+    """The projector's tensors and numbers (strings are left out: the optimizer's loader would mangle them;
+    the group's settings restore them)."""
+    kept = {}
+    for key, value in vars(projector).items():
+        is_number = isinstance(value, (int, float))
+        is_tensors = isinstance(value, list) and all(isinstance(item, torch.Tensor) for item in value)
+        if isinstance(value, torch.Tensor) or is_number or is_tensors:
+            kept[key] = value
+    return kept
+
+
+def portable_projectors(
+    optimizer: torch.optim.Optimizer, build: Callable[[dict[str, Any], dict[str, Any]], Any]
+) -> torch.optim.Optimizer:
+    """Make ``optimizer``'s projector objects round-trip through ``state_dict`` / ``load_state_dict`` as
+    plain tensors and numbers.
+
+    Args:
+        optimizer: a GaLore or APOLLO optimizer (projectors under ``state[param]["projector"]``).
+        build: ``build(group, state) -> projector``, a new projector as the package makes it for a parameter
+            of ``group`` (its attributes are then set from the saved tensors and numbers).
+
+    Returns:
+        ``optimizer``, with a state-dict post-hook and a load-state-dict post-hook registered.
+    """
+
+    def save(_, state_dict: dict[str, Any]) -> dict[str, Any]:
+        state_dict["state"] = {
+            index: (
+                {**state, "projector": _portable(state["projector"])}
+                if "projector" in state and not isinstance(state["projector"], dict)
+                else state
+            )
+            for index, state in state_dict["state"].items()
+        }
+        return state_dict
+
+    def load(_) -> None:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                state = optimizer.state.get(param, {})
+                saved = state.get("projector")
+                if isinstance(saved, dict):
+                    projector = build(group, state)
+                    for key, value in saved.items():
+                        setattr(projector, key, value)
+                    state["projector"] = projector
+
+    optimizer.register_state_dict_post_hook(save)
+    optimizer.register_load_state_dict_post_hook(load)
+    return optimizer

@@ -1,0 +1,74 @@
+"""Which linears a baseline acts on: the ones the recipe's tensorization targets.
+
+Every baseline compares against CoMERA on the same layers, so each one reads the run's
+:class:`comera.TensorizeConfig` (``target_modules`` and ``exclude_modules``, the grammar of
+:mod:`comera.tensorize_config`) and acts on the ``nn.Linear`` modules it selects. Embedding tables are never
+selected (the baselines' papers act on attention and feed-forward linears); with ``"all-linear"`` an output
+head (a linear sharing its weight with an embedding, or the model's ``get_output_embeddings()``) is left out,
+as :func:`comera.tensorize_` leaves it out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from comera.tensorize import set_submodule, unwrap_model
+from comera.tensorize_config import ALL_LINEAR, TensorizeConfig, selector_matches
+
+__all__ = ["target_linears", "replace_targets"]
+
+
+def _output_heads(root: nn.Module, linears: dict[str, nn.Linear]) -> set[str]:
+    tables = {id(m.weight) for m in root.modules() if type(m) in (nn.Embedding, nn.EmbeddingBag)}
+    heads = {name for name, linear in linears.items() if id(linear.weight) in tables}
+    getter = getattr(root, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    return heads | {name for name, linear in linears.items() if linear is head}
+
+
+def target_linears(model: nn.Module, config: TensorizeConfig) -> dict[str, nn.Linear]:
+    """The ``nn.Linear`` modules of ``model`` that ``config`` targets, by full dotted name, in model order.
+
+    Raises:
+        ValueError: no linear is selected (naming ``target_modules`` and the model's linears).
+    """
+    root = unwrap_model(model)
+    linears = {name: m for name, m in root.named_modules() if name and isinstance(m, nn.Linear)}
+    if config.target_modules == ALL_LINEAR:
+        heads = _output_heads(root, linears)
+        chosen = {name: m for name, m in linears.items() if name not in heads}
+    else:
+        chosen = {name: m for name, m in linears.items() if selector_matches(config.target_modules, name)}
+    if config.exclude_modules is not None:
+        chosen = {name: m for name, m in chosen.items() if not selector_matches(config.exclude_modules, name)}
+    if not chosen:
+        raise ValueError(
+            f"target_modules {config.target_modules!r} (exclude_modules {config.exclude_modules!r}) selects "
+            f"no nn.Linear; the model's linears are {sorted(linears)[:10]}"
+        )
+    return chosen
+
+
+def replace_targets(
+    model: nn.Module, config: TensorizeConfig, build: Callable[[nn.Linear], nn.Module]
+) -> nn.Module:
+    """Replace every linear ``config`` targets by ``build(linear)``, in place; returns ``model``.
+
+    Raises:
+        ValueError: nothing is targeted, or a target belongs to an ``nn.MultiheadAttention`` (which reads its
+            ``out_proj`` weight directly, so a replacement would be bypassed).
+    """
+    root = unwrap_model(model)
+    targets = target_linears(root, config)
+    for name in targets:
+        parent = root.get_submodule(name.rpartition(".")[0]) if "." in name else root
+        if isinstance(parent, nn.MultiheadAttention):
+            raise ValueError(
+                f"target {name!r} is inside an nn.MultiheadAttention, which uses its weight directly; "
+                "exclude it with tensorize.exclude_modules or use separate q/k/v/out linears"
+            )
+    for name, linear in targets.items():
+        set_submodule(root, name, build(linear))
+    return model

@@ -1,0 +1,53 @@
+"""Which linears the baselines act on: the tensorization's targets, never embeddings, heads left out."""
+
+import pytest
+from torch import nn
+
+from comera.baselines.targets import replace_targets, target_linears
+from comera.tensorize_config import TensorizeConfig
+
+
+class TinyLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(20, 8)
+        self.block = nn.ModuleDict(
+            {"query": nn.Linear(8, 8), "ffn": nn.Linear(8, 16), "out": nn.Linear(16, 8)}
+        )
+        self.lm_head = nn.Linear(8, 20, bias=False)
+        self.lm_head.weight = self.embed.weight
+        self.classifier = nn.Linear(8, 3)
+
+    def get_output_embeddings(self):
+        return self.classifier
+
+
+def test_all_linear_leaves_out_tied_and_declared_heads():
+    chosen = target_linears(TinyLM(), TensorizeConfig())
+    assert list(chosen) == ["block.query", "block.ffn", "block.out"]
+
+
+def test_explicit_targets_regex_and_exclusions():
+    model = TinyLM()
+    assert list(target_linears(model, TensorizeConfig(target_modules=["ffn", "classifier"]))) == [
+        "block.ffn",
+        "classifier",
+    ]
+    regex = TensorizeConfig(target_modules=r"block\..*", exclude_modules=["out"])
+    assert list(target_linears(model, regex)) == ["block.query", "block.ffn"]
+    with_embedding = TensorizeConfig(target_modules=["embed", "query"], embeddings=True)
+    assert list(target_linears(model, with_embedding)) == ["block.query"], "embeddings are never targets"
+
+
+def test_nothing_selected_names_the_linears():
+    with pytest.raises(ValueError, match=r"selects no nn.Linear; the model's linears are \['block.ffn'"):
+        target_linears(TinyLM(), TensorizeConfig(target_modules=["nothing"]))
+
+
+def test_replace_targets_swaps_in_place_and_refuses_multihead_attention():
+    model = TinyLM()
+    replace_targets(model, TensorizeConfig(target_modules=["ffn"]), lambda linear: nn.Identity())
+    assert isinstance(model.block["ffn"], nn.Identity) and isinstance(model.block["query"], nn.Linear)
+    attention = nn.Sequential(nn.MultiheadAttention(8, 2), nn.Linear(8, 8))
+    with pytest.raises(ValueError, match=r"'0.out_proj' is inside an nn.MultiheadAttention"):
+        replace_targets(attention, TensorizeConfig(), lambda linear: nn.Identity())
