@@ -37,8 +37,8 @@ def _train(method: str, out: Path, preset: str, assignments: list[str]) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
-def _ratio(value: float) -> str:
-    return f"{value:.1f}x"
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}x"
 
 
 def format_table(results: dict[str, dict]) -> str:

@@ -123,11 +123,6 @@ def test_head_stays_tied_after_save_and_load(tmp_path, with_base_model):
         torch.testing.assert_close(loaded(**batch).logits, model(**batch).logits, rtol=0, atol=0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="load_pretrained and untensorize_ rebuild the decoder without re-pointing lm_head.bias at its "
-    "bias (tensorize_ does, through _repoint_shared_bias): lm_head.bias becomes a separate, unused parameter",
-)
 @pytest.mark.parametrize("operation", ["load", "untensorize"])
 def test_lm_head_bias_stays_one_parameter(tmp_path, operation):
     model = _tensorized(torch.float32)

@@ -26,7 +26,10 @@ def reference_run(config: TrainConfig, batches: list, epochs_early: int, epochs_
     for epoch in range(epochs_early + epochs_late):
         if epoch == epochs_early:
             prune_(model, optimizer)
-            rank.begin_late_stage(config.target_ratio, config.target_loss, config.rho, config.ema)
+            late_steps = epochs_late * len(batches)
+            rank.begin_late_stage(
+                config.target_ratio, config.target_loss, config.rho, config.ema, late_steps=late_steps
+            )
         for inputs, labels in batches:
             rank.loss(loss_fn(model, (inputs, labels))).backward()
             optimizer.step()

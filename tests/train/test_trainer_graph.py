@@ -120,7 +120,8 @@ def test_every_step_runs_through_the_graph_step_and_matches_eager(fakes, tmp_pat
     assert fake.steps == result.step == 6
     pruned = graph_model[0].max_ranks
     assert pruned != full_ranks
-    assert fake.invalidations == [(3, "early", pruned), (3, "late", pruned)]
+    # the prune and the switch at step 3; the late stage's trim at its deadline (its third step)
+    assert fake.invalidations == [(3, "early", pruned), (3, "late", pruned), (6, "late", pruned)]
     assert result == eager
     assert train_records(tmp_path / "graph") == train_records(tmp_path / "eager")
     assert_same_parameters(graph_model, eager_model)
@@ -137,7 +138,8 @@ def test_resume_invalidates_and_continues_like_an_uninterrupted_run(fakes, tmp_p
     trainer = Trainer(resumed, loss_fn, make_data(), config=graph_config("part"))
     checkpoint = tmp_path / "part" / "checkpoints" / "step-00000004.pt"
     assert trainer.fit(resume=str(checkpoint)).step == 6
-    assert fakes[-1].invalidations == [(0, "late", full_model[0].max_ranks)]
+    ranks = full_model[0].max_ranks
+    assert fakes[-1].invalidations == [(0, "late", ranks), (2, "late", ranks)], "at the resume; at the trim"
     assert fakes[-1].steps == 2
     assert_same_parameters(resumed, full_model)
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from comera.tt.paths import CostModel, ttm_best_split, ttm_linear, ttm_merge_split, ttm_order_costs
+from comera.tt.costs import CostModel, ttm_best_split, ttm_merge_split, ttm_order_costs
+from comera.tt.paths import ttm_linear
 
 
 class _CountMacs(TorchDispatchMode):

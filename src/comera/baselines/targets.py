@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from comera.tensorize import set_submodule, unwrap_model
+from comera.modules import set_submodule, unwrap_model
 from comera.tensorize_config import ALL_LINEAR, TensorizeConfig, selector_matches
 
 __all__ = ["target_linears", "replace_targets"]

@@ -1,3 +1,3 @@
 """Benchmarks reachable as ``comera bench NAME``: each submodule ``NAME`` exposes ``main(argv) -> int``."""
 
-BENCHMARKS = ("layers", "embedding", "inference", "trainer", "transformer", "paper")
+BENCHMARKS = ("layers", "embedding", "inference", "trainer", "transformer", "dlrm", "mlm", "paper")

@@ -1,1 +1,1 @@
-"""Reference models of the workloads (transformer classifier, DLRM, RoBERTa masked LM), readable in one sitting."""
+"""Reference models of the workloads (transformer classifier, DLRM, RoBERTa masked LM)."""

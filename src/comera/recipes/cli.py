@@ -17,7 +17,7 @@ from comera.recipes.run import SetupError, default_run_dir, run
 
 __all__ = ["main", "RECIPE_MODULES", "load_recipes", "summary"]
 
-RECIPE_MODULES: tuple[str, ...] = ()
+RECIPE_MODULES: tuple[str, ...] = ("comera.recipes.nli", "comera.recipes.dlrm", "comera.recipes.mlm")
 """Modules whose import registers the built-in recipes and methods."""
 METHOD_MODULES: tuple[str, ...] = (
     "comera.baselines.galore",

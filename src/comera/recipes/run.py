@@ -22,6 +22,7 @@ CUDA allocator peak), ``wall_time_s``, ``steps``, ``stage``, ``size_ratio`` and,
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -87,6 +88,11 @@ def _check_folder(out: Path, header: dict[str, Any], resume: bool) -> None:
         )
 
 
+def _finite_or_none(value: float) -> float | None:
+    """JSON has no infinity: a ratio without tensorized layers is reported as null."""
+    return value if math.isfinite(value) else None
+
+
 def _step_time(records: list[dict[str, Any]]) -> float:
     times = [r["step_time"] for r in records if r.get("kind") == "train" and r.get("step_time", 0) > 0]
     times = times[1:] if len(times) > 1 else times
@@ -138,11 +144,20 @@ def run(
     started = time.perf_counter()
     try:
         setup = _set_up(
-            recipe_name, method, preset, data, config_file, list(assignments), out, resume, cache_dir
+            recipe_name,
+            method,
+            preset,
+            data,
+            config_file,
+            list(assignments),
+            out,
+            resume,
+            cache_dir,
+            progress,
         )
-    except (ValueError, FileNotFoundError, FileExistsError, TypeError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, TypeError, ImportError) as error:
         raise SetupError(str(error)) from error
-    return _train(setup, resume, progress, started)
+    return _train(setup, resume, started)
 
 
 @dataclass
@@ -154,9 +169,13 @@ class _Setup:
     data: RecipeData
     model: nn.Module
     header: dict[str, Any]
+    dense_params: int
+    trainer: Trainer
 
 
-def _set_up(recipe_name, method, preset, data, config_file, assignments, out, resume, cache_dir) -> _Setup:
+def _set_up(
+    recipe_name, method, preset, data, config_file, assignments, out, resume, cache_dir, progress
+) -> _Setup:
     recipe = get_recipe(recipe_name)
     chosen = get_method(method)
     settings = resolve_settings(
@@ -178,40 +197,41 @@ def _set_up(recipe_name, method, preset, data, config_file, assignments, out, re
     recipe_data = recipe.build_data(settings["data"], data_path, cache)
     torch.manual_seed(settings["train"].get("seed", 0))
     model = recipe.build_model(settings["model"], recipe_data)
-    return _Setup(recipe, chosen, settings, out, recipe_data, model, header)
+    dense_params = compression_report(model).model_dense_params
+    train_config = TrainConfig.from_dict({**settings["train"], "run_dir": str(out), "progress": progress})
+    context = MethodContext(
+        tensorize=tensorize_config(settings), settings=settings["method"], train=train_config
+    )
+    model = chosen.prepare(model, context)
+    first_eval = next(iter(recipe_data.evals.values()), None)
+    trainer = Trainer(
+        model,
+        recipe.loss_fn,
+        recipe_data.train,
+        config=train_config,
+        objective=chosen.objective(model, context),
+        optimizer=chosen.optimizer(model, context),
+        eval_data=first_eval,
+        evaluator=None if first_eval is None else recipe.evaluator(settings),
+        collate_fn=recipe_data.collate_fn,
+        callbacks=chosen.callbacks(model, context),
+    )
+    return _Setup(recipe, chosen, settings, out, recipe_data, model, header, dense_params, trainer)
 
 
-def _train(setup: _Setup, resume: bool, progress: bool | None, started: float) -> dict[str, Any]:
-    recipe, method, settings, out, data, model = (
+def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
+    recipe, method, settings, out, data, model, trainer = (
         setup.recipe,
         setup.method,
         setup.settings,
         setup.out,
         setup.data,
         setup.model,
+        setup.trainer,
     )
     out.mkdir(parents=True, exist_ok=True)
     _write_text(out / "config.json", json.dumps(setup.header, indent=2) + "\n")
-    dense_report = compression_report(model)
-    train_config = TrainConfig.from_dict({**settings["train"], "run_dir": str(out), "progress": progress})
-    context = MethodContext(
-        tensorize=tensorize_config(settings), settings=settings["method"], train=train_config
-    )
-    model = method.prepare(model, context)
-    objective = method.objective(model, context)
-    first_eval = next(iter(data.evals.values()), None)
-    trainer = Trainer(
-        model,
-        recipe.loss_fn,
-        data.train,
-        config=train_config,
-        objective=objective,
-        optimizer=method.optimizer(model, context),
-        eval_data=first_eval,
-        evaluator=None if first_eval is None else recipe.evaluator(settings),
-        collate_fn=data.collate_fn,
-        callbacks=method.callbacks(model, context),
-    )
+    train_config = trainer.config
     fit = trainer.fit(resume=resume)
     evaluation = _evaluate_splits(recipe, model, data, settings, train_config.batch_size)
     save_pretrained(model, out / "model")
@@ -226,8 +246,11 @@ def _train(setup: _Setup, resume: bool, progress: bool | None, started: float) -
         "evaluation": evaluation,
         "data": data.info,
         "params": report.model_params,
-        "dense_params": dense_report.model_dense_params,
-        "compression": {"tensorized": report.tensorized_ratio, "whole": report.model_ratio},
+        "dense_params": setup.dense_params,
+        "compression": {
+            "tensorized": _finite_or_none(report.tensorized_ratio),
+            "whole": setup.dense_params / max(report.model_params, 1),
+        },
         "step_time_s": _step_time(records),
         "peak_memory_mib": _peak_memory(records),
         "wall_time_s": time.perf_counter() - started,

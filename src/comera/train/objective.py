@@ -182,8 +182,8 @@ class CoMERAObjective(Objective):
         )
 
     def begin_late_stage(self, **settings: Any) -> dict[str, Any]:
-        """``settings``: ``target_ratio``, ``target_loss``, ``rho``, ``ema`` of
-        :meth:`comera.RankAdaptation.begin_late_stage`."""
+        """``settings``: ``target_ratio``, ``target_loss``, ``rho``, ``ema``, ``late_steps`` of
+        :meth:`comera.RankAdaptation.begin_late_stage` (``late_steps`` sets the deadline of the trim)."""
         self.adaptation.begin_late_stage(**settings)
         return {"target_size": self.adaptation.target_size, "target_loss": self.adaptation.target_loss}
 
@@ -195,7 +195,11 @@ class CoMERAObjective(Objective):
         return prune_(self.model, optimizer)
 
     def record(self) -> dict[str, Any]:
-        return {"ranks": {name: list(train.ranks) for name, train in gated_trains(self.model)}}
+        record = {"ranks": {name: list(train.ranks) for name, train in gated_trains(self.model)}}
+        if self.stage == "late":
+            record["target_reached"] = self.adaptation.target_reached
+            record["reached_at_step"] = self.adaptation.reached_at_step
+        return record
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "rank_adaptation": self.adaptation.state_dict()}

@@ -439,7 +439,11 @@ class Trainer:
     def _begin_late_stage(self) -> None:
         config = self.config
         details = self.objective.begin_late_stage(
-            target_ratio=config.target_ratio, target_loss=config.target_loss, rho=config.rho, ema=config.ema
+            target_ratio=config.target_ratio,
+            target_loss=config.target_loss,
+            rho=config.rho,
+            ema=config.ema,
+            late_steps=self._steps(config.late),
         )
         self._invalidate_graph()
         self._event("late_stage", **details)
