@@ -1,5 +1,6 @@
 """The ``comera`` command: benchmark dispatch and the docs section it writes."""
 
+import re
 import subprocess
 import sys
 
@@ -136,3 +137,37 @@ def test_report_of_a_run_folder_shows_the_model_and_the_results(tmp_path):
         .stdout.strip()
         .endswith(str(compression_report(model)).splitlines()[-1])
     )
+
+
+def _metrics(tmp_path, lines):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return run
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (['{"kind": "train", "step": 1, "ratio": 1.0}'], r"record 1 \(train\) lacks \['loss'\]"),
+        (['{"kind": "train", "step": 1, "loss": 0.5, "ratio": 1.0}', "[1, 2]", "{}"], "record 2 is a list"),
+        (['{"kind": "eval", "step": 1}', '{"kind": "train", "step": 1, "loss": 1, "ratio": 1}'], "lacks"),
+    ],
+)
+def test_plot_of_malformed_records_names_the_record(tmp_path, capsys, lines, message):
+    assert main(["plot", str(_metrics(tmp_path, lines))]) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_plot_into_a_file_is_refused(tmp_path, capsys):
+    run = _metrics(tmp_path, ['{"kind": "train", "step": 1, "loss": 0.5, "ratio": 1.0}'])
+    target = tmp_path / "file.png"
+    target.write_text("x")
+    assert main(["plot", str(run), "--out", str(target)]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_bench_help_lists_the_benchmarks(capsys):
+    assert main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "transformer" in out and "embedding" in out

@@ -61,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     plot = sub.add_parser("plot", help="write the PNG plots of a training run")
     plot.add_argument("run_dir", help="a run folder holding metrics.jsonl")
     plot.add_argument("--out", default=None, help="output folder (default: the run folder)")
+    if argv[:1] == ["bench"] and (len(argv) == 1 or argv[1] in ("-h", "--help")):
+        print("usage: comera bench NAME [options]   (comera bench NAME --help for a benchmark's options)")
+        print(f"benchmarks: {', '.join(BENCHMARKS)}")
+        return 0 if len(argv) > 1 else 2
     args, rest = parser.parse_known_args(argv)
     if args.command in ("report", "plot") and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

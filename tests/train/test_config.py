@@ -23,7 +23,7 @@ from comera.train import TrainConfig
         ({"grad_clip": 0.0}, "grad_clip"),
         ({"keep_checkpoints": 0}, "keep_checkpoints must be an int >= 1"),
         ({"surrogate": "l1"}, "surrogate must be one of"),
-        ({"run_dir": 3}, "run_dir must be a str path"),
+        ({"run_dir": 3}, "run_dir must be a path"),
         ({"eval_every": 0}, "eval_every must be an int >= 1"),
         ({"precision": "fp16"}, "precision must be one of"),
         ({"compile": "yes"}, "compile must be True, False or 'auto'"),
@@ -68,4 +68,10 @@ def test_graph_settings_round_trip():
         cuda_graph=True, graph_buckets=[8, 16], graph_pad={"ids": 0, 2: -100}, graph_warmup=2
     )
     assert config.graph_buckets == (8, 16)
+    assert TrainConfig.from_dict(config.to_dict()) == config
+
+
+def test_paths_are_accepted_as_path_objects(tmp_path):
+    config = TrainConfig(run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "ck")
+    assert config.run_dir == str(tmp_path / "run") and config.checkpoint_dir == str(tmp_path / "ck")
     assert TrainConfig.from_dict(config.to_dict()) == config

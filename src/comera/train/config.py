@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -125,8 +126,8 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 10
     eval_every: int | None = None
-    run_dir: str | None = None
-    checkpoint_dir: str | None = None
+    run_dir: str | os.PathLike | None = None
+    checkpoint_dir: str | os.PathLike | None = None
     checkpoint_every: int | None = None
     keep_checkpoints: int = 2
     max_nonfinite: int = 3
@@ -187,8 +188,10 @@ class TrainConfig:
         check_int(self.max_rollbacks, "max_rollbacks", 0)
         for name in ("run_dir", "checkpoint_dir"):
             value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise ValueError(f"{name} must be a str path or None, got {value!r}")
+            if isinstance(value, os.PathLike):
+                object.__setattr__(self, name, os.fspath(value))
+            elif value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be a path (str or os.PathLike) or None, got {value!r}")
         if self.compile not in (True, False, "auto"):
             raise ValueError(f"compile must be True, False or 'auto', got {self.compile!r}")
         if not isinstance(self.compile_backend, str) or not self.compile_backend:

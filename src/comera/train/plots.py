@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from comera.train.metrics import read_metrics
+from comera.train.metrics import METRICS_NAME, read_metrics
 
 __all__ = ["plot_run", "rank_history"]
 
@@ -62,6 +62,25 @@ def _events(axes, records: list[dict[str, Any]]) -> None:
         shown.add(label)
 
 
+_NEEDED = {"train": ("step", "loss", "ratio"), "eval": ("step", "metrics"), "event": ("step", "event")}
+
+
+def _checked_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's records; ``ValueError`` naming the line of one that is not an object or lacks a key."""
+    records = read_metrics(run_dir)
+    for number, record in enumerate(records, 1):
+        if not isinstance(record, dict):
+            raise ValueError(
+                f"{run_dir / METRICS_NAME}: record {number} is a {type(record).__name__}, not a JSON object"
+            )
+        missing = [key for key in _NEEDED.get(record.get("kind"), ()) if key not in record]
+        if missing:
+            raise ValueError(
+                f"{run_dir / METRICS_NAME}: record {number} ({record.get('kind')}) lacks {missing}"
+            )
+    return records
+
+
 def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
     """Write ``loss.png``, ``ratio.png`` and ``ranks.png`` for the run in ``run_dir``; returns their paths.
 
@@ -80,12 +99,18 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     from matplotlib import pyplot as plt
 
     run_dir = Path(run_dir)
-    records = read_metrics(run_dir)
+    records = _checked_records(run_dir)
     train = [record for record in records if record.get("kind") == "train"]
     if not train:
         raise ValueError(f"{run_dir}: metrics.jsonl holds no training record to plot")
-    evals = [record for record in records if record.get("kind") == "eval"]
+    evals = [
+        record
+        for record in records
+        if record.get("kind") == "eval" and isinstance(record.get("metrics"), dict)
+    ]
     out = Path(out_dir) if out_dir is not None else run_dir / "plots"
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"the plot folder {out} is a file; give a folder (--out)")
     out.mkdir(parents=True, exist_ok=True)
     steps = [record["step"] for record in train]
     written = []
