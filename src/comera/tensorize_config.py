@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from comera.nn.gated import DEFAULT_TAU, check_tau
+from comera.nn.gated import DEFAULT_RANK, DEFAULT_TAU, check_tau
 
 __all__ = [
     "TensorizeConfig",
@@ -113,7 +113,7 @@ class TensorizeConfig:
     target_modules: str | tuple[str, ...] = ALL_LINEAR
     exclude_modules: str | tuple[str, ...] | None = None
     format: str = "tt"
-    rank: int | tuple[int, ...] = 16
+    rank: int | tuple[int, ...] = DEFAULT_RANK
     rank_pattern: Mapping[str, int | tuple[int, ...]] = field(default_factory=dict)
     shape_pattern: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
     embeddings: bool | str | tuple[str, ...] = False

@@ -40,9 +40,10 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from comera.nn.gated import DEFAULT_TAU, GatedTrain, autocast_output, check_float_dtype
+from comera.checks import check_int
+from comera.nn.gated import DEFAULT_RANK, DEFAULT_TAU, GatedTrain, autocast_output, check_float_dtype
 from comera.nn.layer import ComeraLayer, NameOf, Resolve, register_layer, spec_arguments
-from comera.nn.linear import _INITS, DEFAULT_RANK, pad_mode_counts
+from comera.nn.linear import _INITS, pad_mode_counts
 from comera.nn.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLinear
 from comera.tt.cores import core_std, ttm_core_shapes, ttm_full
 from comera.tt.costs import ORDERS, auto_ttm_order, ttm_merge_split
@@ -65,12 +66,6 @@ LOOKUPS = tuple(_LOOKUP_SETTINGS)
 _INDEX_DTYPES = (torch.int64, torch.int32)
 _ORDER_CHOICES = ("auto", *ORDERS)
 _BAG_MODES = ("sum", "mean", "max")
-
-
-def _check_size(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
 
 
 def _check_padding_idx(padding_idx: object, num_embeddings: int) -> int | None:
@@ -135,8 +130,8 @@ class _TTMTable(GatedTrain):
         dtype: torch.dtype | None,
     ) -> None:
         super().__init__()
-        self.num_embeddings = _check_size(num_embeddings, "num_embeddings")
-        self.embedding_dim = _check_size(embedding_dim, "embedding_dim")
+        self.num_embeddings = check_int(num_embeddings, "num_embeddings", 1)
+        self.embedding_dim = check_int(embedding_dim, "embedding_dim", 1)
         self.padding_idx = _check_padding_idx(padding_idx, num_embeddings)
         check_float_dtype(dtype)
         self.row_shape, self.col_shape = _table_shapes(num_embeddings, embedding_dim, row_shape, col_shape)

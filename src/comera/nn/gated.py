@@ -28,8 +28,10 @@ from torch import nn
 from comera.nn.layer import ComeraLayer
 from comera.tt.cores import num_train_parameters
 
-__all__ = ["GatedTrain", "mask_gate", "DEFAULT_TAU"]
+__all__ = ["DEFAULT_RANK", "GatedTrain", "mask_gate", "DEFAULT_TAU"]
 
+DEFAULT_RANK = 16
+"""Max rank per bond of a new layer when none is given (layers and TensorizeConfig)."""
 DEFAULT_TAU = 1e-2
 _Cached = TypeVar("_Cached")
 

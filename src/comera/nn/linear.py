@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.nn.gated import DEFAULT_TAU, GatedTrain, autocast_output, check_float_dtype
+from comera.checks import check_int
+from comera.nn.gated import DEFAULT_RANK, DEFAULT_TAU, GatedTrain, autocast_output, check_float_dtype
 from comera.nn.layer import NameOf, Resolve, register_layer, spec_arguments
 from comera.nn.removed import RemovedLinear
 from comera.tt.cores import core_std, tt_core_shapes, tt_full, ttm_core_shapes, ttm_full
@@ -52,7 +53,6 @@ from comera.tt.workspace import Workspace
 
 __all__ = ["TTLinear", "TTMLinear"]
 
-DEFAULT_RANK = 16
 _ORDER_CHOICES = ("auto", *ORDERS)
 _INITS = ("tt_svd", "random")
 
@@ -65,12 +65,6 @@ def pad_mode_counts(rows: tuple[int, ...], cols: tuple[int, ...]) -> tuple[tuple
     """
     length = max(len(rows), len(cols))
     return tuple(rows) + (1,) * (length - len(rows)), tuple(cols) + (1,) * (length - len(cols))
-
-
-def _check_features(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
 
 
 class _TrainLinear(GatedTrain):
@@ -393,8 +387,8 @@ class TTLinear(_TrainLinear):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        _check_features(in_features, "in_features")
-        _check_features(out_features, "out_features")
+        check_int(in_features, "in_features", 1)
+        check_int(out_features, "out_features", 1)
         check_float_dtype(dtype)
         self.in_shape = (
             auto_modes(in_features) if in_shape is None else check_modes(in_shape, in_features, "in_shape")
@@ -508,8 +502,8 @@ class TTMLinear(_TrainLinear):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        _check_features(in_features, "in_features")
-        _check_features(out_features, "out_features")
+        check_int(in_features, "in_features", 1)
+        check_int(out_features, "out_features", 1)
         check_float_dtype(dtype)
         if in_shape is not None:
             in_shape = check_modes(in_shape, in_features, "in_shape")

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from comera.checks import check_number
 from comera.nn.gated import check_tau
 from comera.rank.size import gated_trains, total_size
 from comera.rank.surrogate import SURROGATES, mean_gate_surrogate, size_surrogate
@@ -102,20 +103,6 @@ class LateStageEvent(Mapping):
         return len(self._entries())
 
 
-def _check_number(
-    value: object, name: str, low: float, high: float, closed_low=True, closed_high=True
-) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if ok:
-        ok = (value >= low if closed_low else value > low) and (
-            value <= high if closed_high else value < high
-        )
-    if not ok:
-        interval = f"{'[' if closed_low else '('}{low}, {high}{']' if closed_high else ')'}"
-        raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
-    return float(value)
-
-
 class RankAdaptation:
     """The CoMERA objective for a model whose tensorized layers carry rank gates.
 
@@ -137,7 +124,7 @@ class RankAdaptation:
     """
 
     def __init__(self, model: nn.Module, *, gamma: float = 0.01, tau: float = 1e-2, surrogate: str = "size"):
-        self.gamma = _check_number(gamma, "gamma", 0.0, math.inf, closed_high=False)
+        self.gamma = check_number(gamma, "gamma", 0.0, math.inf, open_high=True)
         tau = check_tau(tau)
         if surrogate not in SURROGATES:
             raise ValueError(f"surrogate must be one of {SURROGATES}, got {surrogate!r}")
@@ -359,18 +346,20 @@ class RankAdaptation:
                 after ``ceil((1 - recovery) * late_steps)`` of them. None: no deadline (trim only when close).
             recovery: fraction of ``late_steps`` kept for recovery after the latest trim, in [0, 1).
         """
-        target_ratio = _check_number(target_ratio, "target_ratio", 0.0, 1.0, closed_low=False)
+        target_ratio = check_number(target_ratio, "target_ratio", 0.0, 1.0, open_low=True)
         if target_loss is not None:
-            target_loss = _check_number(target_loss, "target_loss", 0.0, math.inf, False, False)
+            target_loss = check_number(
+                target_loss, "target_loss", 0.0, math.inf, open_low=True, open_high=True
+            )
         if not isinstance(rho, (tuple, list)) or len(rho) != 2:
             raise ValueError(f"rho must be a pair (rho_loss, rho_size) of numbers >= 0, got {rho!r}")
-        rho = tuple(_check_number(value, "rho", 0.0, math.inf, closed_high=False) for value in rho)
-        ema = _check_number(ema, "ema", 0.0, 1.0, closed_high=False)
+        rho = tuple(check_number(value, "rho", 0.0, math.inf, open_high=True) for value in rho)
+        ema = check_number(ema, "ema", 0.0, 1.0, open_high=True)
         if late_steps is not None and (
             isinstance(late_steps, bool) or not isinstance(late_steps, int) or late_steps < 1
         ):
             raise ValueError(f"late_steps must be an int >= 1 or None, got {late_steps!r}")
-        recovery = _check_number(recovery, "recovery", 0.0, 1.0, closed_high=False)
+        recovery = check_number(recovery, "recovery", 0.0, 1.0, open_high=True)
         size = self.size()
         if size == 0:
             raise ValueError(

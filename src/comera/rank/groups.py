@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 from torch import nn
 
+from comera.checks import check_number
 from comera.rank.size import gated_trains
 
 __all__ = ["param_groups"]
-
-
-def _check_rate(value: object, name: str) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return float(value)
 
 
 def param_groups(
@@ -33,11 +21,11 @@ def param_groups(
     out. Paper values: ``lr_cores=1e-4, lr_gates=1e-3, lr_other=5e-5, weight_decay=0``.
     """
     rates = {
-        "cores": _check_rate(lr_cores, "lr_cores"),
-        "gates": _check_rate(lr_gates, "lr_gates"),
-        "other": _check_rate(lr_other, "lr_other"),
+        "cores": check_number(lr_cores, "lr_cores", 0.0),
+        "gates": check_number(lr_gates, "lr_gates", 0.0),
+        "other": check_number(lr_other, "lr_other", 0.0),
     }
-    decay = _check_rate(weight_decay, "weight_decay")
+    decay = check_number(weight_decay, "weight_decay", 0.0)
     seen: set[int] = set()
     members: dict[str, list[nn.Parameter]] = {"cores": [], "gates": [], "other": []}
 
