@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from comera import factorize, suggest_padding
-from comera.tt.shapes import auto_modes, auto_order, check_modes, max_ranks, resolve_ranks
+from comera.tt.shapes import auto_modes, auto_num_modes, check_modes, max_ranks, resolve_ranks
 
 
 def _brute_force_best_max(n, order):
@@ -38,7 +38,7 @@ def test_factorize_known_values():
 def test_factorize_rejects_bad_arguments(bad):
     with pytest.raises((ValueError, TypeError), match="n must be"):
         factorize(bad, 2)
-    with pytest.raises((ValueError, TypeError), match="order must be"):
+    with pytest.raises((ValueError, TypeError), match="num_modes must be"):
         factorize(12, bad)
 
 
@@ -61,8 +61,8 @@ def test_padding_for_primes_and_well_folding_sizes():
 
 
 def test_auto_modes_orders_and_direction():
-    assert auto_order(768) == 3
-    assert auto_order(16) == 1
+    assert auto_num_modes(768) == 3
+    assert auto_num_modes(16) == 1
     assert auto_modes(768) == (8, 8, 12)
     assert auto_modes(768, descending=True) == (12, 8, 8)
     assert math.prod(auto_modes(97)) == 98

@@ -49,7 +49,7 @@ from comera.tt.cores import core_std, ttm_core_shapes, ttm_full
 from comera.tt.costs import ORDERS, auto_ttm_order, ttm_merge_split
 from comera.tt.lookup import in_graph_capture, split_halves, ttm_lookup_rows
 from comera.tt.paths import ttm_linear
-from comera.tt.shapes import auto_modes, auto_order, check_modes, resolve_ranks
+from comera.tt.shapes import auto_modes, auto_num_modes, check_modes, resolve_ranks
 from comera.tt.svd import ttm_svd
 from comera.tt.workspace import Workspace
 
@@ -95,7 +95,7 @@ def _table_shapes(
     if row_shape is not None and col_shape is not None:
         row_shape, col_shape = pad_mode_counts(row_shape, col_shape)
     given = row_shape or col_shape
-    order = len(given) if given else auto_order(num_embeddings)
+    order = len(given) if given else auto_num_modes(num_embeddings)
     return (
         row_shape or auto_modes(num_embeddings, order),
         col_shape or auto_modes(embedding_dim, order, descending=True),

@@ -47,7 +47,7 @@ from comera.tt.costs import (
 from comera.tt.fp8 import fp8_supported
 from comera.tt.merge import merge_tt_left, merge_tt_right
 from comera.tt.paths import GEMMS, tt_linear, ttm_linear
-from comera.tt.shapes import auto_modes, auto_order, check_modes, resolve_ranks
+from comera.tt.shapes import auto_modes, auto_num_modes, check_modes, resolve_ranks
 from comera.tt.svd import tt_svd, ttm_svd
 from comera.tt.workspace import Workspace
 
@@ -512,7 +512,7 @@ class TTMLinear(_TrainLinear):
         if in_shape is not None and out_shape is not None:
             in_shape, out_shape = pad_mode_counts(in_shape, out_shape)
         given = in_shape or out_shape
-        order_count = len(given) if given else max(auto_order(in_features), auto_order(out_features))
+        order_count = len(given) if given else max(auto_num_modes(in_features), auto_num_modes(out_features))
         self.in_shape = in_shape or auto_modes(in_features, order_count)
         self.out_shape = out_shape or auto_modes(out_features, order_count, descending=True)
         ranks = resolve_ranks(rank, self.bond_sizes)

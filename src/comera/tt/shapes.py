@@ -1,7 +1,7 @@
 """Mode-size factorisation, padding suggestions and rank bounds for tensor-train layouts.
 
 A dimension ``n`` of a layer (``in_features``, ``out_features``, a number of embedding rows, ...) is folded
-into ``order`` modes ``(n_1, ..., n_order)`` with ``prod(n_k) == n``. Balanced modes keep cores small; sizes
+into ``num_modes`` modes ``(n_1, ..., n_K)`` with ``prod(n_k) == n``. Balanced modes keep cores small; sizes
 with a large prime factor (97, 30522 = 2 * 3 * 5087) fold badly, and :func:`suggest_padding` proposes the
 smallest larger size that folds well. Layers pad internally to that size and slice the result, so padded rows
 and columns never reach the caller.
@@ -16,7 +16,7 @@ from functools import lru_cache
 __all__ = [
     "factorize",
     "suggest_padding",
-    "auto_order",
+    "auto_num_modes",
     "auto_modes",
     "max_ranks",
     "resolve_ranks",
@@ -36,16 +36,16 @@ def _check_positive_int(value: object, name: str, minimum: int = 1) -> int:
 
 
 @lru_cache(maxsize=4096)
-def _best_factorization(n: int, order: int, smallest: int) -> tuple[int, ...] | None:
+def _best_factorization(n: int, num_modes: int, smallest: int) -> tuple[int, ...] | None:
     """Non-decreasing factors >= ``smallest`` with product ``n`` minimising (max factor, -min factor)."""
-    if order == 1:
+    if num_modes == 1:
         return (n,) if n >= smallest else None
     best: tuple[int, ...] | None = None
     best_key: tuple[int, int] | None = None
     f = smallest
-    while f**order <= n:
+    while f**num_modes <= n:
         if n % f == 0:
-            rest = _best_factorization(n // f, order - 1, f)
+            rest = _best_factorization(n // f, num_modes - 1, f)
             if rest is not None:
                 candidate = (f, *rest)
                 key = (candidate[-1], -candidate[0])
@@ -55,57 +55,59 @@ def _best_factorization(n: int, order: int, smallest: int) -> tuple[int, ...] | 
     return best
 
 
-def factorize(n: int, order: int) -> tuple[int, ...]:
-    """Balanced factorisation of ``n`` into ``order`` factors, sorted ascending.
+def factorize(n: int, num_modes: int) -> tuple[int, ...]:
+    """Balanced factorisation of ``n`` into ``num_modes`` factors, sorted ascending.
 
     The result minimises the largest factor (then maximises the smallest), so cores stay small; it is
-    deterministic. Factors of 1 appear only when ``n`` has fewer than ``order`` prime factors.
+    deterministic. Factors of 1 appear only when ``n`` has fewer than ``num_modes`` prime factors.
 
     Args:
         n: the size to fold, ``n >= 1``.
-        order: number of modes, ``order >= 1``.
+        num_modes: number of modes, ``num_modes >= 1``.
 
     Returns:
-        ``order`` ints in ascending order whose product is ``n``, e.g. ``factorize(768, 3) == (8, 8, 12)``.
+        ``num_modes`` ascending ints whose product is ``n``, e.g. ``factorize(768, 3) == (8, 8, 12)``.
     """
     _check_positive_int(n, "n")
-    _check_positive_int(order, "order")
-    result = _best_factorization(n, order, 1)
+    _check_positive_int(num_modes, "num_modes")
+    result = _best_factorization(n, num_modes, 1)
     assert result is not None  # (1, ..., 1, n) always exists
     return result
 
 
-def _balanced_limit(n: int, order: int) -> int:
-    return max(2, math.ceil(_BALANCE_SLACK * n ** (1.0 / order)))
+def _balanced_limit(n: int, num_modes: int) -> int:
+    return max(2, math.ceil(_BALANCE_SLACK * n ** (1.0 / num_modes)))
 
 
-def suggest_padding(n: int, order: int, max_factor: int | None = None) -> int:
-    """Smallest ``n' >= n`` whose balanced factorisation into ``order`` modes has factors <= ``max_factor``.
+def suggest_padding(n: int, num_modes: int, max_factor: int | None = None) -> int:
+    """Smallest ``n' >= n`` whose balanced factorisation into ``num_modes`` has factors <= ``max_factor``.
 
-    ``max_factor`` defaults to ``ceil(1.5 * n ** (1 / order))``. Returns ``n`` itself when it already folds
-    well; e.g. ``suggest_padding(97, 2) == 98`` (7 x 14) and ``suggest_padding(768, 3) == 768``.
+    ``max_factor`` defaults to ``ceil(1.5 * n ** (1 / num_modes))``. Returns ``n`` itself when it already
+    folds well; e.g. ``suggest_padding(97, 2) == 98`` (7 x 14) and ``suggest_padding(768, 3) == 768``.
     """
     _check_positive_int(n, "n")
-    _check_positive_int(order, "order")
-    limit = _balanced_limit(n, order) if max_factor is None else _check_positive_int(max_factor, "max_factor")
-    if limit**order < n:
-        raise ValueError(f"max_factor must satisfy max_factor ** order >= n ({n}), got {limit}")
+    _check_positive_int(num_modes, "num_modes")
+    limit = (
+        _balanced_limit(n, num_modes) if max_factor is None else _check_positive_int(max_factor, "max_factor")
+    )
+    if limit**num_modes < n:
+        raise ValueError(f"max_factor must satisfy max_factor ** num_modes >= n ({n}), got {limit}")
     candidate = n
-    while factorize(candidate, order)[-1] > limit:
+    while factorize(candidate, num_modes)[-1] > limit:
         candidate += 1
     return candidate
 
 
-def auto_order(n: int) -> int:
+def auto_num_modes(n: int) -> int:
     """Number of modes chosen for a dimension ``n`` when none is given: modes of about 16 or less."""
     _check_positive_int(n, "n")
     return max(1, math.ceil(math.log(n) / math.log(_TYPICAL_MODE) - 1e-9))
 
 
-def auto_modes(n: int, order: int | None = None, descending: bool = False) -> tuple[int, ...]:
+def auto_modes(n: int, num_modes: int | None = None, descending: bool = False) -> tuple[int, ...]:
     """Modes for dimension ``n``: padded when ``n`` folds badly, balanced, ascending (or descending)."""
-    order = auto_order(n) if order is None else _check_positive_int(order, "order")
-    modes = factorize(suggest_padding(n, order), order)
+    num_modes = auto_num_modes(n) if num_modes is None else _check_positive_int(num_modes, "num_modes")
+    modes = factorize(suggest_padding(n, num_modes), num_modes)
     return tuple(reversed(modes)) if descending else modes
 
 
