@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tensorize", "tensorize_config", "io", "report", "modules"),
     ("rank",),
     ("train",),
+    ("methods",),
     ("models", "data", "metrics", "baselines", "recipes", "bench", "demo"),
     ("cli",),
 )

@@ -24,7 +24,7 @@ from torch import nn
 from comera.io import CONFIG_NAME, SavedModel, read_saved, rebuild_layers
 from comera.modules import unwrap_model
 from comera.nn.layer import is_layer
-from comera.rank.size import mib
+from comera.tt.cores import mib
 
 __all__ = [
     "LayerReport",

@@ -25,8 +25,10 @@ import time
 import torch
 from torch import nn
 
-from comera import RankAdaptation, TTLinear, param_groups
 from comera.bench.report import machine_description, update_section
+from comera.nn.linear import TTLinear
+from comera.rank.adaptation import RankAdaptation
+from comera.rank.groups import param_groups
 from comera.train import TrainConfig, Trainer
 
 VOCAB, D_MODEL, HEADS, FFN, BLOCKS, SEQ, BATCH, CLASSES, RANK = 512, 128, 4, 512, 2, 32, 32, 3, 8

@@ -15,10 +15,9 @@ import torch
 from torch import nn
 
 from comera.nn.gated import GatedTrain
+from comera.tt.cores import BYTES_PER_FP32, mib
 
 __all__ = ["BYTES_PER_FP32", "gated_trains", "live_ranks", "train_size", "total_size", "mib"]
-
-BYTES_PER_FP32 = 4
 
 
 def gated_trains(model: nn.Module) -> list[tuple[str, GatedTrain]]:
@@ -48,8 +47,3 @@ def total_size(model: nn.Module) -> torch.Tensor:
         return torch.zeros((), dtype=torch.int64)
     device = sizes[0].device
     return torch.stack([size.to(device) for size in sizes]).sum()
-
-
-def mib(parameters: int | float) -> float:
-    """Mebibytes taken by ``parameters`` fp32 values."""
-    return parameters * BYTES_PER_FP32 / 2**20

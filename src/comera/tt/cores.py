@@ -23,6 +23,8 @@ __all__ = [
     "num_train_parameters",
     "tt_full",
     "ttm_full",
+    "BYTES_PER_FP32",
+    "mib",
 ]
 
 
@@ -79,3 +81,11 @@ def ttm_full(cores: Sequence[torch.Tensor]) -> torch.Tensor:
         p, i, q, j, c = result.shape
         result = result.reshape(p * i, q * j, c)
     return result.reshape(result.shape[0], result.shape[1])
+
+
+BYTES_PER_FP32 = 4
+
+
+def mib(parameters: int | float) -> float:
+    """Mebibytes taken by ``parameters`` fp32 values."""
+    return parameters * BYTES_PER_FP32 / 2**20
