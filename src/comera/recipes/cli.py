@@ -34,6 +34,8 @@ def load_recipes() -> None:
 
 
 def _number(value: object) -> str:
+    if value is None:
+        return "-"
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.4g}"
     return str(value)
