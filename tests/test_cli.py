@@ -171,3 +171,23 @@ def test_bench_help_lists_the_benchmarks(capsys):
     assert main(["bench", "--help"]) == 0
     out = capsys.readouterr().out
     assert "transformer" in out and "embedding" in out
+
+
+def test_plot_compare_draws_one_metric_of_several_runs(tmp_path, capsys):
+    runs = []
+    for name, values in (("dense", [0.6, 0.7]), ("comera", [0.55, 0.72])):
+        lines = ['{"kind": "train", "step": 1, "loss": 0.5, "ratio": 1.0}']
+        lines += [
+            f'{{"kind": "eval", "step": {10 * (i + 1)}, "metrics": {{"accuracy": {v}}}}}'
+            for i, v in enumerate(values)
+        ]
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        runs.append(str(run))
+    target = tmp_path / "both.png"
+    assert main(["plot", runs[0], "--compare", runs[1], "--metric", "accuracy", "--out", str(target)]) == 0
+    assert target.stat().st_size > 1000
+    assert main(["plot", runs[0], "--compare", runs[1], "--metric", "auc"]) == 2
+    assert "no evaluation record has the metric 'auc'" in capsys.readouterr().err
+    assert main(["plot", runs[0], "--compare", runs[1]]) == 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 from comera.bench import BENCHMARKS
 
@@ -30,11 +31,19 @@ def _report(directory: str) -> int:
     return 0
 
 
-def _plot(run_dir: str, out_dir: str | None) -> int:
-    from comera.train.plots import plot_run
+def _plot(run_dir: str, out_dir: str | None, compare: list[str], metric: str | None) -> int:
+    from comera.train.plots import plot_comparison, plot_run
 
     try:
-        paths = plot_run(run_dir, out_dir)
+        if compare:
+            if metric is None:
+                raise ValueError("--compare needs --metric NAME (an evaluation metric, e.g. accuracy)")
+            target = (
+                Path(out_dir) if out_dir is not None else Path(run_dir) / "plots" / f"compare-{metric}.png"
+            )
+            paths = [plot_comparison([run_dir, *compare], metric, target)]
+        else:
+            paths = plot_run(run_dir, out_dir)
     except (FileNotFoundError, ValueError) as error:
         print(f"comera plot: {error}", file=sys.stderr)
         return 2
@@ -60,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     plot = sub.add_parser("plot", help="write the PNG plots of a training run")
     plot.add_argument("run_dir", help="a run folder holding metrics.jsonl")
-    plot.add_argument("--out", default=None, help="output folder (default: the run folder)")
+    plot.add_argument("--out", default=None, help="output folder (with --compare: the PNG file)")
+    plot.add_argument("--compare", nargs="+", default=[], metavar="RUN_DIR", help="other runs in one figure")
+    plot.add_argument("--metric", default=None, help="with --compare: the evaluation metric to draw")
     if argv[:1] == ["bench"] and (len(argv) == 1 or argv[1] in ("-h", "--help")):
         print("usage: comera bench NAME [options]   (comera bench NAME --help for a benchmark's options)")
         print(f"benchmarks: {', '.join(BENCHMARKS)}")
@@ -71,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         return _report(args.directory)
     if args.command == "plot":
-        return _plot(args.run_dir, args.out)
+        return _plot(args.run_dir, args.out, args.compare, args.metric)
     if args.command == "train":
         from comera.recipes.cli import main as train
 

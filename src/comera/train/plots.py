@@ -155,3 +155,35 @@ def _save(figure, path: Path, plt) -> Path:
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def plot_comparison(run_dirs: list[str | os.PathLike], metric: str, path: str | os.PathLike) -> Path:
+    """One figure of the evaluation ``metric`` against the step for several runs (e.g. dense and comera).
+
+    Each run is labelled by its folder name; events of the first run (stage switch, prunes) are drawn.
+    Raises ``ValueError`` naming a run that has no evaluation record with ``metric``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for number, run_dir in enumerate(run_dirs):
+        run_dir = Path(run_dir)
+        records = _checked_records(run_dir)
+        points = [
+            (record["step"], record["metrics"][metric])
+            for record in records
+            if record.get("kind") == "eval" and metric in record["metrics"]
+        ]
+        if not points:
+            raise ValueError(f"{run_dir}: no evaluation record has the metric {metric!r}")
+        axis.plot(*zip(*points), marker="o", label=run_dir.name)
+        if number == 0:
+            _events(axis, records)
+    axis.set(xlabel="step", ylabel=metric, title=f"{metric} on the evaluation split")
+    axis.legend()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _save(figure, path, plt)
