@@ -117,7 +117,14 @@ class DLRMRecipe(Recipe):
         "small": {
             "model": _model_settings("small"),
             "data": _data_settings(600_000, 200_000),
-            "train": {**_TRAIN_COMMON, "early": 180, "late": 71, "batch_size": 2048, "log_every": 20},
+            "train": {
+                **_TRAIN_COMMON,
+                "early": 180,
+                "late": 71,
+                "batch_size": 2048,
+                "log_every": 20,
+                "target_ratio": 0.8,
+            },
             "tensorize": {"preset": "dlrm-small"},
         },
         "smoke": {
