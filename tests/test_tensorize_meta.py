@@ -138,6 +138,12 @@ def test_tt_svd_on_a_meta_model_is_refused():
     assert isinstance(model.up, nn.Linear) and model.up.weight.is_meta  # unchanged
 
 
+@pytest.mark.parametrize("device", ["meta", "nowhere"])
+def test_a_bad_device_is_refused(device):
+    with pytest.raises((ValueError, RuntimeError), match="device"):
+        tensorize_(meta_net(), init="random", rank=8, device=device)
+
+
 def fit(model: nn.Module, steps: int = 80) -> tuple[float, float]:
     """Loss before and after ``steps`` Adam steps on a fixed regression batch."""
     generator = torch.Generator().manual_seed(1)

@@ -282,6 +282,9 @@ def tensorize_(
         raise TypeError(f"config must be a TensorizeConfig or None, got {type(config).__name__}")
     if overrides:
         config = config.with_overrides(**overrides)
+    target_device = torch.device("cpu" if device is None else device)
+    if target_device.type == "meta":
+        raise ValueError("device must be a device with storage (e.g. 'cpu', 'cuda'), got 'meta'")
     root = unwrap_model(model)
     modules = {name: module for name, module in root.named_modules(remove_duplicate=False) if name}
     all_names = names_of(root)
@@ -324,7 +327,7 @@ def tensorize_(
         module = modules[name]
         built = _build(name, module, layer_for_dense(module, config.format), config)
         if _is_meta(module):
-            built = _build_for_real(root, built, module, "cpu" if device is None else device)
+            built = _build_for_real(root, built, module, target_device)
         replacements[id(module)] = (module, built)
     for key, table_name in tied.items():
         linear = next(m for m in linears.values() if id(m) == key)
