@@ -133,15 +133,15 @@ def _hf_initializer_range(root: nn.Module) -> float | None:
     return float(value)
 
 
-def meta_init_std(root: nn.Module, module: nn.Module) -> float:
-    """The standard deviation the model's own initialisation gives the weight of its dense ``module``.
+def meta_init_std(model: nn.Module, module: nn.Module) -> float:
+    """The standard deviation the initialisation of ``model`` gives the weight of its dense ``module``.
 
     A Hugging Face model (``_init_weights`` and ``config.initializer_range``) draws linear and embedding
     weights from ``N(0, initializer_range)``. Otherwise the layer's PyTorch default: ``nn.Linear`` draws
     ``U(-1/sqrt(in), 1/sqrt(in))``, whose std is ``1/sqrt(3 * in_features)``; ``nn.Embedding`` and
     ``nn.EmbeddingBag`` draw ``N(0, 1)``.
     """
-    hf_range = _hf_initializer_range(root)
+    hf_range = _hf_initializer_range(unwrap_model(model))
     if hf_range is not None:
         return hf_range
     if isinstance(module, nn.Linear):
@@ -273,8 +273,8 @@ def tensorize_(
 
     Raises:
         ValueError: a target, exclusion or pattern key matches nothing (with close names), a setting does
-            not fit a module (naming it), a sharing rule is broken, or no module is selected; the model is
-            unchanged.
+            not fit a module (naming it), a sharing rule is broken, no module is selected, ``init="tt_svd"``
+            meets a module on the meta device, or ``device`` is the meta device; the model is unchanged.
     """
     if config is None:
         config = TensorizeConfig()
