@@ -5,11 +5,17 @@
 versions), validating the whole plan before it changes anything. ``untensorize_`` rebuilds dense modules from
 the current (gated) cores. Both look through ``torch.compile`` and DDP wrappers (``_orig_mod``, ``module``);
 rebuild a DDP wrapper after converting the model inside it.
+
+A model that is never dense: build it on the meta device (``with torch.device("meta"): ...``, or
+accelerate's ``init_empty_weights``), call ``tensorize_`` with ``init="random"`` (its new cores are created
+for real, at the scale of the model's own initialisation), then ``materialize_`` to give the modules that
+stay dense real, initialised storage.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,10 +24,18 @@ from torch import nn
 
 from comera.modules import names_of, replace_module, unwrap_model
 from comera.nn.embedding import TTMTiedHead
+from comera.nn.gated import GatedTrain
 from comera.nn.layer import ComeraLayer, is_layer, layer_for_dense
 from comera.tensorize_config import ALL_LINEAR, TensorizeConfig, pattern_matches, selector_matches
 
-__all__ = ["tensorize_", "untensorize_", "tensorize_configs", "CONFIG_ATTRIBUTE"]
+__all__ = [
+    "tensorize_",
+    "untensorize_",
+    "materialize_",
+    "meta_init_std",
+    "tensorize_configs",
+    "CONFIG_ATTRIBUTE",
+]
 
 CONFIG_ATTRIBUTE = "comera_tensorize_configs"
 
@@ -109,6 +123,64 @@ def _build(name: str, module: nn.Module, layer: type[ComeraLayer], config: Tenso
         raise ValueError(f"module {name!r}: {error}") from None
 
 
+def _hf_initializer_range(root: nn.Module) -> float | None:
+    """``root.config.initializer_range`` for a Hugging Face model that initialises through
+    ``_init_weights``; None otherwise."""
+    value = getattr(getattr(root, "config", None), "initializer_range", None)
+    hf_init = callable(getattr(root, "_init_weights", None))
+    if not hf_init or isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return float(value)
+
+
+def meta_init_std(model: nn.Module, module: nn.Module) -> float:
+    """The standard deviation the initialisation of ``model`` gives the weight of its dense ``module``.
+
+    A Hugging Face model (``_init_weights`` and ``config.initializer_range``) draws linear and embedding
+    weights from ``N(0, initializer_range)``. Otherwise the layer's PyTorch default: ``nn.Linear`` draws
+    ``U(-1/sqrt(in), 1/sqrt(in))``, whose std is ``1/sqrt(3 * in_features)``; ``nn.Embedding`` and
+    ``nn.EmbeddingBag`` draw ``N(0, 1)``.
+    """
+    hf_range = _hf_initializer_range(unwrap_model(model))
+    if hf_range is not None:
+        return hf_range
+    if isinstance(module, nn.Linear):
+        return 1.0 / math.sqrt(3 * module.in_features)
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        return 1.0
+    raise TypeError(f"no default initialisation known for {type(module).__name__}")
+
+
+def _is_meta(module: nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, torch.Tensor) and weight.is_meta
+
+
+def _check_meta_init(config: TensorizeConfig, names: list[str], modules: dict[str, nn.Module]) -> None:
+    meta = [name for name in names if _is_meta(modules[name])]
+    if meta and config.init == "tt_svd":
+        raise ValueError(
+            f"init='tt_svd' decomposes the dense weights, but module {meta[0]!r} is on the meta device "
+            "(built under torch.device('meta') or init_empty_weights): there is nothing to decompose; use "
+            "init='random', whose cores follow the model's own initialisation scale"
+        )
+
+
+def _build_for_real(
+    root: nn.Module, built: nn.Module, module: nn.Module, device: torch.device | str
+) -> nn.Module:
+    """The layer ``built`` (from the meta ``module``) rebuilt on ``device`` from its spec, with its cores
+    scaled to :func:`meta_init_std` and, in a Hugging Face model, a zero bias (as ``_init_weights`` sets)."""
+    layer = type(built).from_spec(built.spec(), device=device, dtype=module.weight.dtype)
+    if isinstance(layer, GatedTrain):
+        layer.scale_to_std_(meta_init_std(root, module))
+    bias = getattr(layer, "bias", None)
+    if isinstance(bias, torch.Tensor) and _hf_initializer_range(root) is not None:
+        with torch.no_grad():
+            bias.zero_()
+    return layer.train(module.training)
+
+
 def _role(module: nn.Module, format: str = "tt") -> str | None:
     """``"linear"`` or ``"embedding"``: the selection a dense module belongs to (None: not convertible)."""
     layer = layer_for_dense(module, format)
@@ -166,7 +238,13 @@ def _check_shared_weights(
                 )
 
 
-def tensorize_(model: nn.Module, config: TensorizeConfig | None = None, **overrides: Any) -> nn.Module:
+def tensorize_(
+    model: nn.Module,
+    config: TensorizeConfig | None = None,
+    *,
+    device: torch.device | str | None = None,
+    **overrides: Any,
+) -> nn.Module:
     """Convert the modules of ``model`` selected by ``config`` into gated TT/TTM layers, in place.
 
     Sharing rules: a module reachable under several names (``model.b = model.a``) becomes one layer placed
@@ -176,9 +254,18 @@ def tensorize_(model: nn.Module, config: TensorizeConfig | None = None, **overri
     (``tie_output_head=True``; with ``False`` they stay dense and keep the old table as their own weight).
     Any other converted module whose weight another module also holds is refused with an error naming both.
 
+    Meta device: a selected module whose weight is on the meta device (the model was built under
+    ``torch.device("meta")``) gets real cores on ``device``, drawn at random and scaled so the reconstructed
+    weight has the std of the model's own initialisation (:func:`meta_init_std`); its bias is
+    initialised as that initialisation would (zero in a Hugging Face model, ``nn.Linear``'s otherwise), and a
+    tied head's bias is zero. ``init="tt_svd"`` is refused there. The modules left dense stay on the meta
+    device: call :func:`materialize_` next.
+
     Args:
         model: any ``nn.Module`` (``torch.compile`` and DDP wrappers are looked through).
         config: a :class:`TensorizeConfig`; None for the defaults.
+        device: where the layers replacing meta-device modules are created (None: CPU); modules with real
+            weights keep their own device.
         **overrides: fields replacing those of ``config`` (e.g. ``rank=8, format="ttm"``).
 
     Returns:
@@ -186,8 +273,8 @@ def tensorize_(model: nn.Module, config: TensorizeConfig | None = None, **overri
 
     Raises:
         ValueError: a target, exclusion or pattern key matches nothing (with close names), a setting does
-            not fit a module (naming it), a sharing rule is broken, or no module is selected; the model is
-            unchanged.
+            not fit a module (naming it), a sharing rule is broken, no module is selected, ``init="tt_svd"``
+            meets a module on the meta device, or ``device`` is the meta device; the model is unchanged.
     """
     if config is None:
         config = TensorizeConfig()
@@ -195,6 +282,9 @@ def tensorize_(model: nn.Module, config: TensorizeConfig | None = None, **overri
         raise TypeError(f"config must be a TensorizeConfig or None, got {type(config).__name__}")
     if overrides:
         config = config.with_overrides(**overrides)
+    target_device = torch.device("cpu" if device is None else device)
+    if target_device.type == "meta":
+        raise ValueError("device must be a device with storage (e.g. 'cpu', 'cuda'), got 'meta'")
     root = unwrap_model(model)
     modules = {name: module for name, module in root.named_modules(remove_duplicate=False) if name}
     all_names = names_of(root)
@@ -230,16 +320,23 @@ def tensorize_(model: nn.Module, config: TensorizeConfig | None = None, **overri
         picked = {key: name for key, name in picked.items() if key not in tied}
     _check_shared_weights(root, picked, tied, modules, config.tie_output_head)
     _check_patterns_used(config, [name for key in picked for name in all_names[key]])
+    _check_meta_init(config, list(picked.values()), modules)
 
     replacements: dict[int, tuple[nn.Module, nn.Module]] = {}
     for name in picked.values():
         module = modules[name]
-        layer = layer_for_dense(module, config.format)
-        replacements[id(module)] = (module, _build(name, module, layer, config))
+        built = _build(name, module, layer_for_dense(module, config.format), config)
+        if _is_meta(module):
+            built = _build_for_real(root, built, module, target_device)
+        replacements[id(module)] = (module, built)
     for key, table_name in tied.items():
         linear = next(m for m in linears.values() if id(m) == key)
         table = replacements[id(modules[table_name])][1]
-        replacements[key] = (linear, TTMTiedHead.from_dense(linear, embedding=table))
+        if _is_meta(linear):
+            head = TTMTiedHead(table, bias=linear.bias is not None).train(linear.training)
+        else:
+            head = TTMTiedHead.from_dense(linear, embedding=table)
+        replacements[key] = (linear, head)
     for old, new in replacements.values():
         replace_module(root, old, new)
     setattr(root, CONFIG_ATTRIBUTE, (*tensorize_configs(root), config))
@@ -265,4 +362,70 @@ def untensorize_(model: nn.Module) -> nn.Module:
         replace_module(root, layer, restored[id(layer)])
     if hasattr(root, CONFIG_ATTRIBUTE):
         delattr(root, CONFIG_ATTRIBUTE)
+    return model
+
+
+def _meta_holders(root: nn.Module) -> dict[int, tuple[torch.Tensor, list[tuple[nn.Module, str, bool]]]]:
+    """``{id(tensor): (tensor, [(module, name, is_parameter), ...])}`` for every parameter and buffer of
+    ``root`` on the meta device, with every module holding it (a tied weight has several holders)."""
+    holders: dict[int, tuple[torch.Tensor, list[tuple[nn.Module, str, bool]]]] = {}
+    for module in root.modules():
+        for slots, is_parameter in ((module._parameters, True), (module._buffers, False)):
+            for name, tensor in slots.items():
+                if tensor is not None and tensor.is_meta:
+                    holders.setdefault(id(tensor), (tensor, []))[1].append((module, name, is_parameter))
+    return holders
+
+
+def materialize_(model: nn.Module, device: torch.device | str = "cpu") -> nn.Module:
+    """Give every parameter and buffer of ``model`` still on the meta device real storage on ``device`` and
+    initialise it, in place; tensors already real (the cores :func:`tensorize_` created) are not touched.
+
+    Each meta tensor gets one new tensor (``torch.empty_like`` on ``device``, the same dtype and
+    ``requires_grad``) placed in every module holding it, so tied weights stay tied. The modules that held
+    one are then initialised: a Hugging Face model (one with ``_init_weights`` and a ``config``) through
+    ``model._init_weights(module)``, as its own ``init_weights`` would; any other model through each
+    module's ``reset_parameters()``.
+
+    Args:
+        model: any ``nn.Module`` (``torch.compile`` and DDP wrappers are looked through).
+        device: where the new tensors live.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        ValueError: outside Hugging Face models, a module holding a non-empty meta tensor has no
+            ``reset_parameters()`` (named; nothing is changed).
+    """
+    root = unwrap_model(model)
+    holders = _meta_holders(root)
+    fresh = {id(module): module for _, places in holders.values() for module, _, _ in places}
+    hf_init = getattr(root, "_init_weights", None) if hasattr(root, "config") else None
+    if not callable(hf_init):
+        hf_init = None
+        needs_init = {
+            id(module) for tensor, places in holders.values() if tensor.numel() for module, _, _ in places
+        }
+        names = {id(module): name for name, module in root.named_modules()}
+        missing = [
+            names[key] for key in needs_init if not callable(getattr(fresh[key], "reset_parameters", None))
+        ]
+        if missing:
+            raise ValueError(
+                f"modules {sorted(missing)} hold tensors on the meta device but have no reset_parameters() "
+                "to initialise them; give them one, or materialise them yourself (to_empty + your init)"
+            )
+    for tensor, places in holders.values():
+        real = torch.empty_like(tensor, device=device)
+        if isinstance(tensor, nn.Parameter):
+            real = nn.Parameter(real, requires_grad=tensor.requires_grad)
+        for module, name, is_parameter in places:
+            (module._parameters if is_parameter else module._buffers)[name] = real
+    with torch.no_grad():
+        for module in fresh.values():
+            if hf_init is not None:
+                hf_init(module)
+            elif callable(getattr(module, "reset_parameters", None)):
+                module.reset_parameters()
     return model

@@ -163,13 +163,50 @@ class GatedTrain(ComeraLayer, nn.Module):
         """Scale the cores so the entries of :meth:`to_dense` have the standard deviation of ``weight``.
 
         Keeps a host model's initialisation conventions (e.g. std 0.02 embeddings in BERT-style models)
-        for freshly initialised cores. A zero ``weight`` leaves the cores as they are.
+        for freshly initialised cores. A zero ``weight`` leaves the cores as they are, and so does a
+        ``weight`` or a train on the meta device (there are no values to measure; :func:`comera.tensorize_`
+        then calls :meth:`scale_to_std_` with the std of the model's own initialisation).
         """
+        if weight.is_meta or self.is_meta():
+            return
         target = weight.detach().double().std()
         current = self.to_dense().detach().double().std()
         if target > 0 and current > 0:
             factor = float(target / current) ** (1.0 / len(self.cores))
             for core in self.cores:
+                core.mul_(factor)
+
+    @torch.no_grad()
+    def reconstruction_rms(self) -> float:
+        """Root mean square of the entries of the (padded) gated train, from the cores alone.
+
+        The squared Frobenius norm of a train is a chain of small contractions, so no dense tensor is built:
+        ``M <- sum_p G[a, p, c] G[b, p, d] M[a, b]`` over the cores (mode axes flattened into ``p``), starting
+        from ``M = [[1]]``; the norm is the final ``1 x 1`` ``M``. Raises ``ValueError`` on the meta device.
+        """
+        if self.is_meta():
+            raise ValueError("the cores are on the meta device: there are no values to measure")
+        gram = torch.ones(1, 1, dtype=torch.float64, device=self.core_list()[0].device)
+        entries = 1
+        for core in self.gated_cores():
+            flat = core.detach().double().reshape(core.shape[0], -1, core.shape[-1])
+            entries *= flat.shape[1]
+            # a, b: left bonds of the two copies; p: the core's (flattened) mode index; c, d: right bonds
+            gram = torch.einsum("ab,apc,bpd->cd", gram, flat, flat)
+        return math.sqrt(max(float(gram.item()), 0.0) / entries)
+
+    @torch.no_grad()
+    def scale_to_std_(self, std: float) -> None:
+        """Scale the cores (each by the same factor) so that :meth:`reconstruction_rms` equals ``std``, the
+        standard deviation of a zero-mean initialisation of the dense tensor. Used for fresh random cores
+        where there is no dense weight to measure (a model built on the meta device); a train representing
+        zero is left as it is. ``ValueError`` for a ``std`` that is not a finite number > 0."""
+        if isinstance(std, bool) or not isinstance(std, (int, float)) or not math.isfinite(std) or std <= 0:
+            raise ValueError(f"std must be a finite float > 0, got {std!r}")
+        current = self.reconstruction_rms()
+        if current > 0:
+            factor = (std / current) ** (1.0 / len(self.cores))
+            for core in self.core_list():
                 core.mul_(factor)
 
     def is_meta(self) -> bool:
