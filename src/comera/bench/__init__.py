@@ -1,3 +1,13 @@
 """Benchmarks reachable as ``comera bench NAME``: each submodule ``NAME`` exposes ``main(argv) -> int``."""
 
-BENCHMARKS = ("layers", "embedding", "inference", "trainer", "transformer", "dlrm", "mlm", "paper")
+BENCHMARKS = (
+    "layers",
+    "embedding",
+    "inference",
+    "trainer",
+    "transformer",
+    "dlrm",
+    "mlm",
+    "paper",
+    "meta_memory",
+)
