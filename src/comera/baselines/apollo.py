@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.baselines.projected import low_rank_groups, portable_projectors, require_package
-from comera.checks import check_bool, check_choice, check_int, check_number
-from comera.methods import Method, MethodContext, register_method
+from comera.baselines.projected import ProjectedMethod, portable_projectors, require_package
+from comera.checks import check_bool, check_choice, check_number
+from comera.methods import MethodContext, register_method
 
 __all__ = ["APOLLOMethod", "SCALE_TYPES", "PROJECTIONS", "PROJ_TYPES"]
 
@@ -38,11 +38,7 @@ PROJECTIONS = ("random", "svd")
 PROJ_TYPES = ("std", "reverse_std", "left", "right")
 
 
-def _import_apollo():
-    return require_package("apollo_torch", "apollo-torch", "apollo")
-
-
-class APOLLOMethod(Method):
+class APOLLOMethod(ProjectedMethod):
     """APOLLO: dense model, ``apollo_torch.APOLLOAdamW`` with APOLLO groups for the targeted 2-D weights."""
 
     name = "apollo"
@@ -56,40 +52,23 @@ class APOLLOMethod(Method):
         "update_proj_gap": 200,
         "scale_front": False,
     }
+    projection_keys = ("scale_type", "scale", "proj", "proj_type", "update_proj_gap")
 
-    @staticmethod
-    def _settings(context: MethodContext) -> dict[str, Any]:
-        settings = {**APOLLOMethod.defaults, **context.settings}
-        check_int(settings["rank"], "method.rank", low=1)
-        check_number(settings["rank_fraction"], "method.rank_fraction", 0.0, 1.0, open_low=True)
+    def package(self):
+        return require_package("apollo_torch", "apollo-torch", "apollo")
+
+    def check(self, settings: dict[str, Any]) -> None:
         check_choice(settings["scale_type"], "method.scale_type", SCALE_TYPES)
         check_number(settings["scale"], "method.scale", 0.0, open_low=True)
         check_choice(settings["proj"], "method.proj", PROJECTIONS)
         check_choice(settings["proj_type"], "method.proj_type", PROJ_TYPES)
-        check_int(settings["update_proj_gap"], "method.update_proj_gap", low=1)
         check_bool(settings["scale_front"], "method.scale_front")
-        return settings
-
-    def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
-        self._settings(context)
-        _import_apollo()
-        return model
 
     def optimizer(self, model: nn.Module, context: MethodContext) -> torch.optim.Optimizer:
         """``APOLLOAdamW`` on :func:`comera.baselines.projected.low_rank_groups`, checkpoint-safe."""
-        apollo = _import_apollo()
-        settings = self._settings(context)
-        groups = low_rank_groups(
-            model,
-            context.tensorize,
-            rank=settings["rank"],
-            rank_fraction=settings["rank_fraction"],
-            lr=context.train.lr_other,
-            weight_decay=context.train.weight_decay,
-            projection={
-                key: settings[key] for key in ("scale_type", "scale", "proj", "proj_type", "update_proj_gap")
-            },
-        )
+        apollo = self.package()
+        settings = self.settings(context)
+        groups = self.groups(model, context, settings)
         optimizer = apollo.APOLLOAdamW(groups, lr=context.train.lr_other, scale_front=settings["scale_front"])
 
         def build(group: dict[str, Any], state: dict[str, Any]):

@@ -28,20 +28,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.baselines.projected import low_rank_groups, portable_projectors, require_package
-from comera.checks import check_choice, check_int, check_number
-from comera.methods import Method, MethodContext, register_method
+from comera.baselines.projected import ProjectedMethod, portable_projectors, require_package
+from comera.checks import check_choice, check_number
+from comera.methods import MethodContext, register_method
 
 __all__ = ["GaLoreMethod", "PROJ_TYPES"]
 
 PROJ_TYPES = ("std", "reverse_std", "left", "right", "full")
 
 
-def _import_galore():
-    return require_package("galore_torch", "galore-torch", "galore")
-
-
-class GaLoreMethod(Method):
+class GaLoreMethod(ProjectedMethod):
     """GaLore: dense model, ``galore_torch.GaLoreAdamW`` with GaLore groups for the targeted 2-D weights.
 
     ``prepare`` leaves the model as built (it checks the settings and that ``galore-torch`` is installed);
@@ -50,49 +46,25 @@ class GaLoreMethod(Method):
 
     name = "galore"
     defaults = {"rank": 128, "rank_fraction": 0.25, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"}
+    projection_keys = ("update_proj_gap", "scale", "proj_type")
 
-    @staticmethod
-    def _settings(context: MethodContext) -> dict[str, Any]:
-        settings = {**GaLoreMethod.defaults, **context.settings}
-        check_int(settings["rank"], "method.rank", low=1)
-        check_number(settings["rank_fraction"], "method.rank_fraction", 0.0, 1.0, open_low=True)
-        check_int(settings["update_proj_gap"], "method.update_proj_gap", low=1)
+    def package(self):
+        return require_package("galore_torch", "galore-torch", "galore")
+
+    def check(self, settings: dict[str, Any]) -> None:
         check_number(settings["scale"], "method.scale", 0.0, open_low=True)
         check_choice(settings["proj_type"], "method.proj_type", PROJ_TYPES)
-        return settings
-
-    def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
-        self._settings(context)
-        _import_galore()
-        return model
 
     def optimizer(self, model: nn.Module, context: MethodContext) -> torch.optim.Optimizer:
         """``GaLoreAdamW`` on :func:`comera.baselines.projected.low_rank_groups`, checkpoint-safe."""
-        galore = _import_galore()
-        settings = self._settings(context)
-        groups = low_rank_groups(
-            model,
-            context.tensorize,
-            rank=settings["rank"],
-            rank_fraction=settings["rank_fraction"],
-            lr=context.train.lr_other,
-            weight_decay=context.train.weight_decay,
-            projection={
-                "update_proj_gap": settings["update_proj_gap"],
-                "scale": settings["scale"],
-                "proj_type": settings["proj_type"],
-            },
-        )
+        galore = self.package()
+        groups = self.groups(model, context, self.settings(context))
         optimizer = galore.GaLoreAdamW(groups, lr=context.train.lr_other, no_deprecation_warning=True)
         projector = galore.galore_projector.GaLoreProjector
 
         def build(group: dict[str, Any], _state: dict[str, Any]):
-            return projector(
-                group["rank"],
-                update_proj_gap=group["update_proj_gap"],
-                scale=group["scale"],
-                proj_type=group["proj_type"],
-            )
+            options = {key: group[key] for key in self.projection_keys}
+            return projector(group["rank"], **options)
 
         return portable_projectors(optimizer, build)
 

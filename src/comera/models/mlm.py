@@ -16,9 +16,7 @@ Special token ids follow RoBERTa: ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2 (``<unk>`` 
 
 from __future__ import annotations
 
-from typing import Any
-
-from transformers import RobertaConfig, RobertaForMaskedLM
+from typing import TYPE_CHECKING, Any
 
 from comera.io import MODEL_ATTRIBUTE, register_model
 from comera.tensorize_config import TensorizeConfig, register_preset
@@ -61,6 +59,22 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
 _SQUARE = r"attention\.self\.(query|key|value)|attention\.output\.dense|lm_head\.dense"
 _EXPAND = r"intermediate\.dense"
 _CONTRACT = r"layer\.\d+\.output\.dense"
+
+
+if TYPE_CHECKING:
+    from transformers import RobertaConfig, RobertaForMaskedLM
+
+
+def _transformers():
+    """``transformers``, imported when a model is built (it is the optional ``hf`` extra)."""
+    try:
+        import transformers
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            "the masked-LM workload builds its model with Hugging Face transformers: "
+            "pip install -c constraints.txt 'comera[hf]'"
+        ) from None
+    return transformers
 
 
 def _tensorize_config(
@@ -140,7 +154,7 @@ def mlm_config(
             raise ValueError(
                 f"{name} must be an int in [0, {vocab_size - 1}] (vocab_size={vocab_size}), got {value!r}"
             )
-    return RobertaConfig(
+    return _transformers().RobertaConfig(
         vocab_size=vocab_size,
         hidden_size=sizes["hidden_size"],
         num_hidden_layers=sizes["num_hidden_layers"],
@@ -185,7 +199,7 @@ def build_mlm_model(
         "pad_token_id": pad_token_id,
         "eos_token_id": eos_token_id,
     }
-    model = RobertaForMaskedLM(mlm_config(preset, vocab_size, **kwargs))
+    model = _transformers().RobertaForMaskedLM(mlm_config(preset, vocab_size, **kwargs))
     setattr(
         model,
         MODEL_ATTRIBUTE,
