@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch.nn import functional
 
-from comera.bench.report import machine_description, median_ms, update_section
+from comera.bench.report import fmt, machine_description, median_ms, ratio, update_section
 from comera.data.synthetic_criteo import synthetic_criteo
 from comera.models.dlrm import DLRM, dlrm_preset, reference_table
 from comera.nn.embedding import TTMEmbeddingBag
@@ -165,16 +165,6 @@ def _parse_case(case: str) -> dict:
     return {"size": size, "method": method, "batch": int(batch)}
 
 
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f}"
-
-
-def _ratio(numerator: float | None, denominator: float | None) -> str:
-    if numerator is None or denominator is None or denominator <= 0:
-        return "n/a"
-    return f"{numerator / denominator:.1f}x"
-
-
 def format_report(results: list[dict], command: str) -> str:
     """Markdown section: time and peak memory per method and batch, dense/CoMERA ratios, parameters."""
     ok = [r for r in results if "error" not in r]
@@ -202,10 +192,10 @@ def format_report(results: list[dict], command: str) -> str:
     for size, batch in sorted({(r["size"], r["batch"]) for r in results}):
         cells = []
         for method in methods:
-            cells += [_fmt(value(size, batch, method, "ms")), _fmt(value(size, batch, method, "peak_mb"))]
+            cells += [fmt(value(size, batch, method, "ms")), fmt(value(size, batch, method, "peak_mb"))]
         cells += [
-            _ratio(value(size, batch, "dense", "ms"), value(size, batch, "comera", "ms")),
-            _ratio(value(size, batch, "dense", "peak_mb"), value(size, batch, "comera", "peak_mb")),
+            ratio(value(size, batch, "dense", "ms"), value(size, batch, "comera", "ms")),
+            ratio(value(size, batch, "dense", "peak_mb"), value(size, batch, "comera", "peak_mb")),
         ]
         lines.append(f"| {size} | {batch} | " + " | ".join(cells) + " |")
     failed = [r for r in results if "error" in r]
@@ -216,7 +206,7 @@ def format_report(results: list[dict], command: str) -> str:
     for size in sorted({r["size"] for r in ok}):
         dense = next((r["parameters"] for r in ok if r["size"] == size and r["method"] == "dense"), None)
         ours = next((r["parameters"] for r in ok if r["size"] == size and r["method"] != "dense"), None)
-        lines.append(f"| {size} | {dense or 'n/a'} | {ours or 'n/a'} | {_ratio(dense, ours)} |")
+        lines.append(f"| {size} | {dense or 'n/a'} | {ours or 'n/a'} | {ratio(dense, ours)} |")
     return "\n".join(lines)
 
 
@@ -254,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             results.append(result)
             print(
-                f"{args.size} {batch:6d} {method:13s} {_fmt(result.get('ms')):>10s} ms "
-                f"{_fmt(result.get('peak_mb')):>10s} MiB ({time.perf_counter() - start:.0f} s)",
+                f"{args.size} {batch:6d} {method:13s} {fmt(result.get('ms')):>10s} ms "
+                f"{fmt(result.get('peak_mb')):>10s} MiB ({time.perf_counter() - start:.0f} s)",
                 flush=True,
             )
     command = "comera bench dlrm " + " ".join(argv if argv is not None else sys.argv[1:])

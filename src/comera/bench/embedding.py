@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from comera.bench.published_lookup import PublishedOrderLookup
-from comera.bench.report import machine_description, median_ms, peak_rise_mib, update_section
+from comera.bench.report import fmt, machine_description, median_ms, peak_rise_mib, ratio, update_section
 from comera.cpu import reuse_freed_memory
 from comera.nn.embedding import TTMEmbedding
 
@@ -186,15 +186,6 @@ def _case_name(entry: dict) -> str:
     return f"{entry['table']}:{entry['method']}:{entry['distribution']}:{entry['count']}"
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def _ratio(numerator: float | None, denominator: float | None) -> str:
-    quotient = _quotient(numerator, denominator)
-    return "n/a" if quotient is None else f"{quotient:.1f}x"
-
-
 def _quotient(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or denominator <= 0:
         return None
@@ -242,12 +233,12 @@ def format_report(results: list[dict], command: str, memory: str = "reuse") -> s
     ]
     for case in cases:
         distinct = next(by_key[(*case, m)]["distinct"] for m in methods if (*case, m) in by_key)
-        cells = " | ".join(_fmt(value(case, m, "ms")) for m in methods)
+        cells = " | ".join(fmt(value(case, m, "ms")) for m in methods)
         lines.append(f"| {case[0]} | {case[1]} | {case[2]} | {distinct} | {cells} |")
     lines += ["", "Peak memory (MiB):", "", "| table | ids | batch | " + " | ".join(methods) + " |"]
     lines.append("|---|---|---|" + "---|" * len(methods))
     for case in cases:
-        cells = " | ".join(_fmt(value(case, m, "peak_mb")) for m in methods)
+        cells = " | ".join(fmt(value(case, m, "peak_mb")) for m in methods)
         lines.append(f"| {case[0]} | {case[1]} | {case[2]} | {cells} |")
     lines += [
         "",
@@ -259,13 +250,13 @@ def format_report(results: list[dict], command: str, memory: str = "reuse") -> s
     ]
     for case in cases:
         cells = [
-            _ratio(value(case, "naive", "ms"), value(case, "optimized", "ms")),
-            _ratio(value(case, "naive", "peak_mb"), value(case, "optimized", "peak_mb")),
-            _ratio(value(case, "naive", "ms"), value(case, "split", "ms")),
-            _ratio(value(case, "naive", "peak_mb"), value(case, "split", "peak_mb")),
-            _ratio(value(case, "naive", "ms"), value(case, "auto", "ms")),
-            _ratio(value(case, "nn.Embedding", "ms"), value(case, "auto", "ms")),
-            _ratio(value(case, "nn.Embedding", "peak_mb"), value(case, "auto", "peak_mb")),
+            ratio(value(case, "naive", "ms"), value(case, "optimized", "ms")),
+            ratio(value(case, "naive", "peak_mb"), value(case, "optimized", "peak_mb")),
+            ratio(value(case, "naive", "ms"), value(case, "split", "ms")),
+            ratio(value(case, "naive", "peak_mb"), value(case, "split", "peak_mb")),
+            ratio(value(case, "naive", "ms"), value(case, "auto", "ms")),
+            ratio(value(case, "nn.Embedding", "ms"), value(case, "auto", "ms")),
+            ratio(value(case, "nn.Embedding", "peak_mb"), value(case, "auto", "peak_mb")),
         ]
         lines.append(f"| {case[0]} | {case[1]} | {case[2]} | " + " | ".join(cells) + " |")
     lines += [
@@ -284,13 +275,13 @@ def format_report(results: list[dict], command: str, memory: str = "reuse") -> s
         ours = value(case, "auto", "ms")
         published, published_unique = value(case, "published", "ms"), value(case, "published+unique", "ms")
         cells = [
-            _fmt(published),
-            _fmt(published_unique),
-            _fmt(ours),
-            _ratio(published, ours),
-            _ratio(published_unique, ours),
-            _fmt(AUTHORS_MS.get(count), 0),
-            _fmt(AUTHORS_UNIQUE_MS.get(count), 0),
+            fmt(published),
+            fmt(published_unique),
+            fmt(ours),
+            ratio(published, ours),
+            ratio(published_unique, ours),
+            fmt(AUTHORS_MS.get(count), 0),
+            fmt(AUTHORS_UNIQUE_MS.get(count), 0),
         ]
         lines.append(f"| {count} | " + " | ".join(cells) + " |")
     lines += ["", "Targets (issue 3):", ""]
@@ -303,8 +294,8 @@ def format_report(results: list[dict], command: str, memory: str = "reuse") -> s
         if _least(speed) is None or _least(memory) is None:
             continue
         lines.append(
-            f"- {table}: optimized vs naive, smallest time ratio {_fmt(_least(speed))}x (target 5x), "
-            f"smallest memory ratio {_fmt(_least(memory))}x (target 3x)."
+            f"- {table}: optimized vs naive, smallest time ratio {fmt(_least(speed))}x (target 5x), "
+            f"smallest memory ratio {fmt(_least(memory))}x (target 3x)."
         )
     published = [
         (_quotient(value(case, "published", "ms"), value(case, "auto", "ms")), case[2])
@@ -338,7 +329,7 @@ def format_report(results: list[dict], command: str, memory: str = "reuse") -> s
         )
         spec = TABLES[table]
         dense = dense or spec["rows"] * spec["dim"]
-        lines.append(f"| {table} | {dense} | {ttm} | {_ratio(dense, ttm)} |")
+        lines.append(f"| {table} | {dense} | {ttm} | {ratio(dense, ttm)} |")
     return "\n".join(lines)
 
 

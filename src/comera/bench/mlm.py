@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from comera.bench.report import machine_description, median_ms, peak_rise_mib, update_section
+from comera.bench.report import fmt, machine_description, median_ms, peak_rise_mib, ratio, update_section
 from comera.data.code import MaskingCollator, SpecialIds, pack_documents
 from comera.models.mlm import MODEL_PRESETS, build_mlm_model
 from comera.rank import RankAdaptation, param_groups
@@ -134,16 +134,6 @@ def _run_in_fresh_process(case: str, repeats: int, threads: int | None, case_arg
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def _ratio(numerator: float | None, denominator: float | None) -> str:
-    if numerator is None or denominator is None or denominator <= 0:
-        return "n/a"
-    return f"{numerator / denominator:.2f}x"
-
-
 def format_report(results: list[dict], command: str) -> str:
     """A markdown table of the cases, with dense/comera ratios of time and memory."""
     by_method = {result["method"]: result for result in results}
@@ -159,16 +149,16 @@ def format_report(results: list[dict], command: str) -> str:
     for result in results:
         lines.append(
             f"| {result['method']} | {result['parameters']:,} | "
-            f"{_ratio(result['dense_parameters'], result['parameters'])} | {_fmt(result['ms'])} | "
-            f"{_fmt(result['step_peak_mb'])} | {_fmt(result['process_peak_mb'])} |"
+            f"{ratio(result['dense_parameters'], result['parameters'], 2)} | {fmt(result['ms'])} | "
+            f"{fmt(result['step_peak_mb'])} | {fmt(result['process_peak_mb'])} |"
         )
     if {"dense", "comera"} <= set(by_method):
         dense, comera = by_method["dense"], by_method["comera"]
         lines += [
             "",
-            f"dense / comera: step time {_ratio(dense['ms'], comera['ms'])}, step peak rise "
-            f"{_ratio(dense['step_peak_mb'], comera['step_peak_mb'])}, process peak "
-            f"{_ratio(dense['process_peak_mb'], comera['process_peak_mb'])}.",
+            f"dense / comera: step time {ratio(dense['ms'], comera['ms'], 2)}, step peak rise "
+            f"{ratio(dense['step_peak_mb'], comera['step_peak_mb'], 2)}, process peak "
+            f"{ratio(dense['process_peak_mb'], comera['process_peak_mb'], 2)}.",
         ]
     return "\n".join(lines)
 
@@ -221,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         result = _run_in_fresh_process(method, args.repeats, args.threads, case_args)
         results.append(result)
         print(
-            f"{method:7s} {result['ms']:10.1f} ms {_fmt(result['step_peak_mb']):>9s} MiB step "
-            f"{_fmt(result['process_peak_mb']):>9s} MiB process",
+            f"{method:7s} {result['ms']:10.1f} ms {fmt(result['step_peak_mb']):>9s} MiB step "
+            f"{fmt(result['process_peak_mb']):>9s} MiB process",
             flush=True,
         )
     command = "comera bench mlm " + " ".join(argv if argv is not None else sys.argv[1:])

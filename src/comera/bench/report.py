@@ -15,7 +15,15 @@ import torch
 
 from comera.atomic import atomic_write_bytes
 
-__all__ = ["median_ms", "interleaved_medians_ms", "machine_description", "update_section", "peak_rise_mib"]
+__all__ = [
+    "median_ms",
+    "interleaved_medians_ms",
+    "machine_description",
+    "update_section",
+    "peak_rise_mib",
+    "fmt",
+    "ratio",
+]
 
 
 def median_ms(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> float:
@@ -121,3 +129,15 @@ def peak_rise_mib(step: Callable[[], object]) -> float:
     before = _status_kb("VmRSS") or 0
     step()
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    """``value`` with ``digits`` decimals for a table, ``"n/a"`` for a missing one."""
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def ratio(numerator: float | None, denominator: float | None, digits: int = 1) -> str:
+    """``numerator / denominator`` as ``"2.5x"``; ``"n/a"`` when either is missing or the denominator <= 0."""
+    if numerator is None or denominator is None or denominator <= 0:
+        return "n/a"
+    return f"{numerator / denominator:.{digits}f}x"
