@@ -104,9 +104,16 @@ def _peak_memory(records: list[dict[str, Any]]) -> float:
     return max(peaks) if peaks else float("nan")
 
 
-def _evaluate_splits(recipe: Recipe, model: nn.Module, data: RecipeData, settings, batch_size: int):
-    results = {}
+def _evaluate_splits(trainer: Trainer, recipe: Recipe, data: RecipeData, settings) -> dict[str, dict]:
+    """Every evaluation split's metrics on the final model; the first split's come from the Trainer's
+    evaluation at the last step (after its last prune), which saw the same model."""
+    model = trainer.module
+    first = next(iter(data.evals), None)
+    results = {first: dict(trainer.last_eval)} if first is not None and trainer.last_eval else {}
+    batch_size = trainer.config.batch_size
     for split, dataset in data.evals.items():
+        if split in results:
+            continue
         batches = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=data.collate_fn)
         results[split] = run_evaluation(model, model, batches, recipe.evaluator(settings))
     return results
@@ -231,9 +238,8 @@ def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
     )
     out.mkdir(parents=True, exist_ok=True)
     _write_text(out / "config.json", json.dumps(setup.header, indent=2) + "\n")
-    train_config = trainer.config
     fit = trainer.fit(resume=resume)
-    evaluation = _evaluate_splits(recipe, model, data, settings, train_config.batch_size)
+    evaluation = _evaluate_splits(trainer, recipe, data, settings)
     save_pretrained(model, out / "model")
     report = compression_report(model)
     _write_text(out / "report.txt", f"{report}\n")
