@@ -41,6 +41,10 @@ def _number(value: object) -> str:
     return str(value)
 
 
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{_number(value)}x"
+
+
 def summary(results: dict) -> str:
     """A few lines of a ``results.json``: evaluation metrics, compression, step time, memory."""
     lines = [f"{results['recipe']} / {results['method']} / preset {results['preset']}"]
@@ -50,7 +54,7 @@ def summary(results: dict) -> str:
     compression = results["compression"]
     lines.append(
         f"  params {results['params']:,} (dense {results['dense_params']:,}); compression: tensorized layers "
-        f"{_number(compression['tensorized'])}x, whole model {_number(compression['whole'])}x"
+        f"{_times(compression['tensorized'])}, whole model {_times(compression['whole'])}"
     )
     lines.append(
         f"  step {_number(results['step_time_s'] * 1000)} ms (median), peak memory "
