@@ -77,3 +77,19 @@ def test_late_stage_lands_on_the_target_and_keeps_the_fit(seed, target_ratio):
     assert [event.action for event in events] == ["trim"] and events[0].size_after == final
     assert adaptation.phase == "recover"
     assert test_loss <= FIT_FACTOR * dense_loss
+
+
+def test_a_layer_whose_bond_died_before_the_trim_is_left_out_of_it():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        TTLinear(16, 16, rank=4, in_shape=(4, 4), out_shape=(4, 4)), TTLinear(16, 16, rank=4)
+    )
+    adaptation = RankAdaptation(model)
+    adaptation.loss(torch.tensor(1.0))
+    adaptation.begin_late_stage(0.5, target_loss=0.5, late_steps=1)
+    with torch.no_grad():
+        model[1].gates[0].zero_()
+    event = adaptation.after_step(1)
+    assert event is not None and event.action == "trim"
+    assert adaptation.size() <= 1.05 * adaptation.target_size
+    assert float(model[1].gates[0].detach().abs().max()) == 0.0, "the dead bond stays dead"

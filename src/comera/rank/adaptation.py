@@ -165,6 +165,15 @@ class RankAdaptation:
     def _trains(self):
         return [train for _, train in self._named_trains()]
 
+    def _live_named_trains(self):
+        """The gated layers whose every bond has a live entry: a layer with a dead bond has size 0 already
+        (it is removed at the next prune), so the trim neither counts nor holds it."""
+        return [
+            (name, train)
+            for name, train in self._named_trains()
+            if all(bool((gate.detach().abs() > train.tau).any()) for gate in train.gate_list())
+        ]
+
     @property
     def stage(self) -> str:
         """``"early"`` (weighted sum) or ``"late"`` (achievement scalarisation)."""
@@ -257,7 +266,7 @@ class RankAdaptation:
         return self._late_count >= math.ceil((1.0 - self.recovery) * self.late_steps)
 
     def _hold(self) -> None:
-        named = self._named_trains()
+        named = self._live_named_trains()
         masks = self._keep or {}
         for name, train in named:
             kept = masks.get(name)
@@ -304,8 +313,10 @@ class RankAdaptation:
             weight = min(MAX_SIZE_WEIGHT, float(self.size_weight) * math.exp(DUAL_RATE * gap))
             self.size_weight.fill_(weight)
             return None
-        named = self._named_trains()
+        named = self._live_named_trains()
         trains = [train for _, train in named]
+        if not trains:
+            return None
         choice = choose_entries(trains, self.target_size)
         if choice.size < (1.0 - TARGET_TOLERANCE) * self.target_size:
             above = choose_entries(trains, (1.0 + TARGET_TOLERANCE) * self.target_size)
