@@ -1,6 +1,7 @@
 """``comera train dlrm`` end to end at smoke size; the reported metrics against scikit-learn on the saved
 model's predictions."""
 
+import importlib
 import json
 import math
 from pathlib import Path
@@ -69,3 +70,29 @@ def test_a_folder_or_a_malformed_file_is_refused(tmp_path):
     bad = FIXTURE.parent / "criteo_short_line.txt"
     with pytest.raises(SetupError, match=r"criteo_short_line\.txt:4"):
         run("dlrm", preset="smoke", data=bad, out=tmp_path / "b", cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("method", ["galore", "apollo", "lte", "cola"])
+def test_every_baseline_trains_dlrm_on_its_mlps(tmp_path, method):
+    if method in ("galore", "apollo"):
+        pytest.importorskip(f"{method}_torch")
+    importlib.import_module(f"comera.baselines.{method}")  # registers the method
+
+    settings = ["method.heads=2"] if method == "lte" else []
+    results = run(
+        "dlrm",
+        method=method,
+        preset="smoke",
+        out=tmp_path / "run",
+        cache_dir=tmp_path,
+        progress=False,
+        assignments=settings,
+    )
+    assert results["method"] == method and results["nonfinite_steps"] == 0
+    assert 0.0 < results["evaluation"]["test"]["auc"] < 1.0
+    if method == "cola":
+        assert results["params"] < results["dense_params"]
+    elif method == "lte":
+        assert results["params"] > results["dense_params"]
+    else:
+        assert results["params"] == results["dense_params"]

@@ -6,7 +6,9 @@ it, the synthetic click log of :func:`comera.data.synthetic_criteo.synthetic_cri
 power-law ids, a planted click model), also kept in the cache folder. Both are split by line order as the
 DLRM reference does: the first 6/7 train, the last 1/7 halved into test and validation. Model:
 :class:`comera.models.dlrm.DLRM` with the table sizes the data gives; ``comera`` turns the large tables into
-TTM bags by the ``dlrm-PRESET`` tensorization preset.
+TTM bags by the ``dlrm-PRESET`` tensorization preset. The low-rank baselines (``galore``, ``apollo``,
+``lte``, ``cola``) act on the linears of the bottom and top MLPs (``tensorize.target_modules="all-linear"``),
+the tables staying dense.
 Evaluation: accuracy, ROC AUC, log loss and normalized entropy, exact over each whole split
 (:class:`comera.metrics.BinaryMetrics`).
 
@@ -58,6 +60,12 @@ def _data_settings(rows: int, max_table_rows: int | None) -> dict[str, Any]:
 # tables (on the synthetic data, dense NE 0.88 after one epoch, 1.19 after two). The stage lengths count
 # steps: early ~70% and late ~30% of the preset's one epoch.
 _TRAIN_COMMON = {"unit": "step", "lr_cores": 1e-3, "lr_gates": 1e-3, "lr_other": 1e-3, "compile": False}
+_BASELINES_ON_THE_MLPS = {
+    method: {"tensorize": {"target_modules": "all-linear"}} for method in ("galore", "apollo", "lte", "cola")
+}
+"""The low-rank baselines act on linears; comera's tensorization of DLRM targets its tables only, so the
+baselines target every linear of the bottom and top MLPs instead (the tables stay dense and train with
+AdamW)."""
 
 
 class ClickEvaluator(Evaluator):
@@ -113,6 +121,7 @@ class DLRMRecipe(Recipe):
             "data": _data_settings(45_840_617, None),
             "train": {**_TRAIN_COMMON, "early": 2800, "late": 1130, "batch_size": 10_000, "log_every": 50},
             "tensorize": {"preset": "dlrm-paper"},
+            "method": _BASELINES_ON_THE_MLPS,
         },
         "small": {
             "model": _model_settings("small"),
@@ -126,12 +135,14 @@ class DLRMRecipe(Recipe):
                 "target_ratio": 0.8,
             },
             "tensorize": {"preset": "dlrm-small"},
+            "method": _BASELINES_ON_THE_MLPS,
         },
         "smoke": {
             "model": _model_settings("smoke"),
             "data": _data_settings(2100, 1000),
             "train": {**_TRAIN_COMMON, "early": 5, "late": 3, "batch_size": 256, "log_every": 2},
             "tensorize": {"preset": "dlrm-smoke"},
+            "method": _BASELINES_ON_THE_MLPS,
         },
     }
 
