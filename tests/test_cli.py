@@ -34,12 +34,17 @@ def test_bench_layers_quick_writes_a_table(tmp_path):
             "1",
             "--write",
             str(target),
+            "--section",
+            "layers-quick",
         ],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
+    written = target.read_text()
+    assert "<!-- bench:layers-quick:start -->" in written and "<!-- bench:layers:start -->" not in written
+    assert "Command: `comera bench layers --quick --repeats 1 --write" in written
     rows = [line for line in result.stdout.splitlines() if line.startswith("| 768->768 | 128 | 16 |")]
     assert rows, result.stdout
     cells = [cell.strip() for cell in rows[-1].strip("|").split("|")]

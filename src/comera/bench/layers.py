@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -212,8 +213,12 @@ def main(argv: list[str] | None = None) -> int:
         default="reuse",
         help="'reuse': comera.cpu.reuse_freed_memory() before timing (default); 'default': glibc's setting",
     )
-    parser.add_argument("--write", metavar="MARKDOWN", help="update the 'layers' section of this file")
-    args = parser.parse_args(argv)
+    parser.add_argument("--write", metavar="MARKDOWN", help="update the --section section of this file")
+    parser.add_argument(
+        "--section", default="layers", help="name of the section --write replaces (default: layers)"
+    )
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(given)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.memory == "reuse":
@@ -242,8 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         body = (
             "## Linear layers: forward+backward, fp32\n\n"
-            f"Machine: {machine_description()}. Command: `comera bench layers --repeats {args.repeats}"
-            f"{' --allocator' if args.allocator else ''}` (allocation: "
+            f"Machine: {machine_description()}. Command: `comera bench layers {shlex.join(given)}` "
+            "(allocation: "
             f"{'comera.cpu.reuse_freed_memory()' if args.memory == 'reuse' else 'glibc default'}).\n"
             "Columns after the times are speedups over `nn.Linear` (higher is faster), medians of "
             f"{args.repeats} runs after 2 warm-up runs, all measured in one process; within a row the "
@@ -264,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                 "transparent huge pages (`THP_MEM_ALLOC_ENABLE=1`), and `comera.cpu.reuse_freed_memory()` "
                 "(freed blocks stay in the heap). Both layers share the setting.\n\n" + allocation + "\n"
             )
-        update_section(args.write, "layers", body)
+        update_section(args.write, args.section, body)
     return 0
 
 
