@@ -1,5 +1,6 @@
-"""``comera bench paper``: one case in process (LTE's heads at batch 1, timings and counts), the report's
-ratios and plots, and the whole command with its cases in fresh processes on the toy recipe."""
+"""``comera bench paper``: one case in process (LTE's heads at batch 1, timings and counts; a ladder rung),
+the report's ratios and plots, the flags' errors, the transformer section with its cases in fresh processes
+on the toy recipe, and the whole ``--quick`` run (every section)."""
 
 import json
 import os
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from comera.bench import paper
 
@@ -61,19 +63,118 @@ def test_report_gives_ratios_to_comera_and_marks_failures(tmp_path):
     assert "| 8 | galore | - | - | - | - | - | - | failed: ImportError" in report
     pytest.importorskip("matplotlib")
     written = paper.plot_report(results, tmp_path)
-    assert [path.name for path in written] == ["paper_time.png", "paper_memory.png"]
+    assert [path.name for path in written] == ["transformer_time.png", "transformer_memory.png"]
     assert all(path.stat().st_size > 1000 for path in written)
 
 
-def test_the_command_runs_each_case_in_a_fresh_process(tmp_path, monkeypatch):
+@pytest.fixture
+def fresh_cases(monkeypatch):
+    """Cases run in fresh interpreters, which must import this checkout and the toy recipe; the thread
+    count ``main`` sets for itself is restored afterwards."""
     source = Path(paper.__file__).parents[2]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(source), str(RECIPES)]))
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_the_command_runs_each_case_in_a_fresh_process(tmp_path, fresh_cases):
     out = tmp_path / "bench"
-    argv = ["--workload", "toy", "--import", "toy", "--preset", "smoke", "--methods", "cola"]
-    argv += ["--batches", "4", "--warmup", "1", "--threads", "1", "--out", str(out)]
+    argv = ["--sections", "transformer", "--workload", "toy", "--import", "toy", "--preset", "smoke"]
+    argv += ["--methods", "cola", "--batches", "4", "--warmup", "1", "--threads", "1", "--out", str(out)]
     assert paper.main(argv) == 0
-    (result,) = json.loads((out / "paper.json").read_text())
+    record = json.loads((out / "transformer.json").read_text())
+    assert record["section"] == "transformer" and record["command"].startswith("comera bench paper")
+    (result,) = record["results"]
     assert result["method"] == "cola" and result["batch"] == 4 and result["params"] == 867
     assert result["peak_mib"] >= result["model_mib"] > 0
-    assert "| 4 | cola |" in (out / "paper.md").read_text()
+    assert "| 4 | cola |" in (out / "transformer.md").read_text()
+    assert not (out / "ladder.json").exists(), "only the chosen sections run"
     assert paper.main(["--workload", "nope", "--out", str(out)]) == 2
+
+
+def test_a_ladder_rung_is_pruned_and_reports_its_compression(tmp_path):
+    assert paper.ladder_ranks("toy", "smoke") == [3, 2, 1]
+    full, cut = (
+        paper.run_case("toy", "smoke", "comera", 4, repeats=5, warmup=1, cache_dir=tmp_path, rank=rank)
+        for rank in (3, 1)
+    )
+    assert full["rank"] == 3 and full["pruned_layers"] == 0 and full["max_rank"] == 3
+    assert cut["rank"] == 1 and cut["pruned_layers"] == 2 and cut["max_rank"] == 1
+    assert 1 < full["tensorized_ratio"] < cut["tensorized_ratio"]
+    assert 1 < full["model_ratio"] < cut["model_ratio"]
+    assert cut["stored_params"] < full["stored_params"], "the cores were sliced, not only gated"
+
+
+def test_bad_flags_name_the_flag_and_the_valid_values(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        paper.main(["--sections", "ladder", "fig9", "--out", str(tmp_path)])
+    error = capsys.readouterr().err
+    assert "argument --sections: invalid choice: 'fig9'" in error
+    assert all(name in error.split("choose from")[1] for name in paper.SECTIONS)
+    for argv, flag in (
+        (["--ladder", "8", "0"], "--ladder"),
+        (["--dlrm-batches", "10"], "--dlrm-batches"),
+        (["--repeats", "3"], "--repeats"),
+    ):
+        with pytest.raises(SystemExit):
+            paper.main([*argv, "--out", str(tmp_path)])
+        assert flag in capsys.readouterr().err
+    assert paper.main(["--preset", "huge", "--out", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert "--preset: unknown preset 'huge'" in error and "'smoke'" in error
+    assert paper.main(["--methods", "sgd", "--out", str(tmp_path)]) == 2
+    assert "--methods: unknown method 'sgd'" in capsys.readouterr().err
+
+
+def test_quick_sets_defaults_that_explicit_flags_override():
+    args = paper._parse(["--quick", "--batches", "4", "--sections", "mlm", "ladder"])
+    assert args.batches == [4] and args.preset == "smoke" and args.threads == 1
+    assert args.sections == ["ladder", "mlm"], "sections run in their fixed order"
+    assert paper._parse(["--ladder", "2", "8", "8"]).ladder == [8, 2]
+
+
+def _positive_times(results: list[dict], *fields: str) -> None:
+    for result in results:
+        assert "error" not in result, result
+        assert result["ms"] > 0 and all(result[field] >= 0 for field in fields), result
+
+
+def test_quick_run_covers_every_section(tmp_path, fresh_cases):
+    """The whole ``--quick`` run (about three minutes on 2 cores) with the transformer section cut to dense
+    and comera, which keeps the test near two minutes; the other methods run in the test above."""
+    out, target = tmp_path / "bench", tmp_path / "benchmarks.md"
+    assert (
+        paper.main(["--quick", "--methods", "dense", "comera", "--out", str(out), "--write", str(target)])
+        == 0
+    )
+    sections = {name: json.loads((out / f"{name}.json").read_text()) for name in paper.SECTIONS}
+    assert all(record["section"] == name for name, record in sections.items())
+    transformer = sections["transformer"]["results"]
+    assert {(r["method"], r["batch"]) for r in transformer} == {
+        (m, b) for m in ("dense", "comera") for b in (1, 8)
+    }
+    _positive_times(transformer, "train_mib", "peak_mib")
+    ladder = sections["ladder"]["results"]
+    _positive_times(ladder, "train_mib", "peak_mib")
+    assert [r.get("rank") for r in ladder] == [None, 4, 3, 2, 1] and ladder[0]["method"] == "dense"
+    for field in ("tensorized_ratio", "model_ratio"):
+        ratios = [r[field] for r in ladder[1:]]
+        assert ratios[0] > 1 and all(a < b for a, b in zip(ratios, ratios[1:])), (field, ratios)
+    lookup = sections["lookup"]["results"]
+    _positive_times(lookup, "peak_mb")
+    assert {r["method"] for r in lookup} == set(paper.embedding.METHODS)
+    dlrm = sections["dlrm"]["results"]
+    _positive_times(dlrm, "peak_mb")
+    assert {r["method"] for r in dlrm} == set(paper.dlrm.METHODS)
+    mlm = sections["mlm"]["results"]
+    _positive_times(mlm, "step_peak_mb")
+    assert [r["method"] for r in mlm] == ["dense", "comera"]
+    text = target.read_text()
+    for name in paper.SECTIONS:
+        assert f"<!-- bench:paper-{name}:start -->" in text and f"<!-- bench:paper-{name}:end -->" in text
+        assert (out / f"{name}.md").read_text().strip() in text
+    assert "Targets (reported, not asserted)" in text
+    pytest.importorskip("matplotlib")
+    for name in ("transformer_time", "ladder_time", "lookup_memory", "dlrm_time", "mlm_memory"):
+        assert (out / f"{name}.png").stat().st_size > 1000

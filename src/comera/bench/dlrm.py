@@ -43,13 +43,24 @@ from comera.models.dlrm import DLRM, dlrm_preset, reference_table
 from comera.nn.embedding import TTMEmbeddingBag
 from comera.tensorize_config import tensorize_preset
 
-__all__ = ["METHODS", "SIZES", "BATCHES", "build_model", "run_case", "format_report", "main"]
+__all__ = [
+    "METHODS",
+    "SIZES",
+    "BATCHES",
+    "WARMUP_ROWS",
+    "build_model",
+    "run_case",
+    "run_cases",
+    "format_report",
+    "main",
+]
 
 METHODS = ("dense", "comera", "comera-split", "comera-naive")
 _LOOKUP = {"comera": "auto", "comera-split": "split", "comera-naive": "naive"}
 SIZES = ("paper", "small", "smoke")
 BATCHES = (10_000, 20_000, 40_000)
-_WARMUP_ROWS = 64
+WARMUP_ROWS = 64
+"""Rows of the step run before the measured one (allocating gradients and AdamW state); the least batch."""
 
 
 def build_model(size: str, method: str, device: str = "cpu") -> DLRM:
@@ -135,7 +146,7 @@ def run_case(size: str, method: str, batch: int, repeats: int, device: str = "cp
         if device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    step(_WARMUP_ROWS)
+    step(WARMUP_ROWS)
     peak = _peak_mib(step, device, baseline_kb)
     parameters = sum(p.numel() for p in model.parameters())
     return {
@@ -158,6 +169,31 @@ def _run_in_fresh_process(case: str, repeats: int, threads: int | None, device: 
     if done.returncode != 0:
         return {**_parse_case(case), "device": device, "error": done.stderr.strip().splitlines()[-1:]}
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_cases(
+    size: str,
+    batches: Sequence[int],
+    methods: Sequence[str],
+    *,
+    repeats: int,
+    threads: int | None = None,
+    device: str = "cpu",
+) -> list[dict]:
+    """Every batch x method case of DLRM preset ``size``, each in a fresh process, with a progress line per
+    case; a failed case is an entry with ``error`` (the last line of its stderr)."""
+    results = []
+    for batch in batches:
+        for method in methods:
+            start = time.perf_counter()
+            result = _run_in_fresh_process(f"{size}:{method}:{batch}", repeats, threads, device)
+            results.append(result)
+            print(
+                f"{size} {batch:6d} {method:13s} {fmt(result.get('ms')):>10s} ms "
+                f"{fmt(result.get('peak_mb')):>10s} MiB ({time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
+    return results
 
 
 def _parse_case(case: str) -> dict:
@@ -221,8 +257,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--write", default=None, help="markdown file whose 'dlrm' section is replaced")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.repeats < 1 or any(b < _WARMUP_ROWS for b in args.batches):
-        parser.error(f"--repeats must be >= 1 and every batch >= {_WARMUP_ROWS}")
+    if args.repeats < 1 or any(b < WARMUP_ROWS for b in args.batches):
+        parser.error(f"--repeats must be >= 1 and every batch >= {WARMUP_ROWS}")
     return args
 
 
@@ -235,19 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         case = _parse_case(args.case)
         print(json.dumps(run_case(case["size"], case["method"], case["batch"], args.repeats, args.device)))
         return 0
-    results = []
-    for batch in args.batches:
-        for method in args.methods:
-            start = time.perf_counter()
-            result = _run_in_fresh_process(
-                f"{args.size}:{method}:{batch}", args.repeats, args.threads, args.device
-            )
-            results.append(result)
-            print(
-                f"{args.size} {batch:6d} {method:13s} {fmt(result.get('ms')):>10s} ms "
-                f"{fmt(result.get('peak_mb')):>10s} MiB ({time.perf_counter() - start:.0f} s)",
-                flush=True,
-            )
+    results = run_cases(
+        args.size, args.batches, args.methods, repeats=args.repeats, threads=args.threads, device=args.device
+    )
     command = "comera bench dlrm " + " ".join(argv if argv is not None else sys.argv[1:])
     report = format_report(results, command.strip())
     print(report)

@@ -48,6 +48,8 @@ __all__ = [
     "build_table",
     "make_indices",
     "run_case",
+    "run_cases",
+    "format_report",
     "main",
 ]
 
@@ -173,6 +175,42 @@ def _run_in_fresh_process(
         if attempt + 1 < attempts:
             time.sleep(20)
     raise RuntimeError(f"case {case} failed {attempts} times:\n{done.stderr[-2000:]}")
+
+
+def run_cases(
+    tables: Sequence[str],
+    distributions: Sequence[str],
+    sizes: Sequence[int],
+    methods: Sequence[str],
+    *,
+    repeats: int,
+    threads: int | None = None,
+    memory: str = "reuse",
+    results_path: str | None = None,
+) -> list[dict]:
+    """Every case (table x distribution x size x method where it :func:`applies`), each in a fresh process,
+    with a progress line per case; cases found in the JSON-lines file ``results_path`` are reused, new ones
+    appended to it."""
+    done = _load_results(results_path)
+    results = []
+    for table in tables:
+        for distribution in distributions:
+            for count in sizes:
+                for method in [m for m in methods if applies(table, m)]:
+                    case = f"{table}:{method}:{distribution}:{count}"
+                    result = done.get(case)
+                    if result is None:
+                        result = _run_in_fresh_process(case, repeats, threads, memory)
+                        if results_path:
+                            with open(results_path, "a") as handle:
+                                handle.write(json.dumps(result) + "\n")
+                    results.append(result)
+                    print(
+                        f"{table:6s} {distribution:8s} {count:6d} {method:13s} {result['ms']:10.1f} ms "
+                        f"{result['peak_mb']:9.1f} MiB",
+                        flush=True,
+                    )
+    return results
 
 
 def _load_results(path: str | None) -> dict[str, dict]:
@@ -390,27 +428,16 @@ def main(argv: list[str] | None = None) -> int:
         table, method, distribution, count = args.case.split(":")
         print(json.dumps(run_case(table, method, distribution, int(count), args.repeats, args.memory)))
         return 0
-    sizes = SIZES[:1] if args.quick else tuple(args.sizes)
-    repeats = 2 if args.quick else args.repeats
-    done = _load_results(args.results)
-    results = []
-    for table in args.tables:
-        for distribution in args.distributions:
-            for count in sizes:
-                for method in [m for m in args.methods if applies(table, m)]:
-                    case = f"{table}:{method}:{distribution}:{count}"
-                    result = done.get(case)
-                    if result is None:
-                        result = _run_in_fresh_process(case, repeats, args.threads, args.memory)
-                        if args.results:
-                            with open(args.results, "a") as handle:
-                                handle.write(json.dumps(result) + "\n")
-                    results.append(result)
-                    print(
-                        f"{table:6s} {distribution:8s} {count:6d} {method:13s} {result['ms']:10.1f} ms "
-                        f"{result['peak_mb']:9.1f} MiB",
-                        flush=True,
-                    )
+    results = run_cases(
+        args.tables,
+        args.distributions,
+        SIZES[:1] if args.quick else args.sizes,
+        args.methods,
+        repeats=2 if args.quick else args.repeats,
+        threads=args.threads,
+        memory=args.memory,
+        results_path=args.results,
+    )
     command = "comera bench embedding " + " ".join(argv if argv is not None else sys.argv[1:])
     report = format_report(results, command.strip(), args.memory)
     print(report)

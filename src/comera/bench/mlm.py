@@ -37,9 +37,11 @@ from comera.report import compression_report
 from comera.tensorize import tensorize_
 from comera.tensorize_config import tensorize_preset
 
-__all__ = ["METHODS", "make_batch", "build_step", "run_case", "format_report", "main"]
+__all__ = ["METHODS", "VOCAB", "make_batch", "build_step", "run_case", "run_cases", "format_report", "main"]
 
 METHODS = ("dense", "comera")
+VOCAB = 50265
+"""The default vocabulary size: RoBERTa's and CodeBERT's."""
 # learning rates of the paper's MNLI run (paper-notes 10.3); the step's cost does not depend on them
 _LR_DENSE = 1e-4
 _LR_GROUPS = {"lr_cores": 1e-4, "lr_gates": 1e-3, "lr_other": 5e-5}
@@ -134,12 +136,40 @@ def _run_in_fresh_process(case: str, repeats: int, threads: int | None, case_arg
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def run_cases(
+    preset: str,
+    methods: Sequence[str],
+    *,
+    batch: int,
+    seq_len: int,
+    vocab_size: int,
+    repeats: int,
+    threads: int | None = None,
+) -> list[dict]:
+    """Every method's case, each in a fresh process, with a progress line per case; ``RuntimeError`` with
+    the end of its stderr when one fails."""
+    case_args = ["--preset", preset, "--batch", str(batch), "--seq-len", str(seq_len)]
+    case_args += ["--vocab", str(vocab_size)]
+    results = []
+    for method in methods:
+        result = _run_in_fresh_process(method, repeats, threads, case_args)
+        results.append(result)
+        print(
+            f"{method:7s} {result['ms']:10.1f} ms {fmt(result['step_peak_mb']):>9s} MiB step "
+            f"{fmt(result['process_peak_mb']):>9s} MiB process",
+            flush=True,
+        )
+    return results
+
+
 def format_report(results: list[dict], command: str) -> str:
     """A markdown table of the cases, with dense/comera ratios of time and memory."""
     by_method = {result["method"]: result for result in results}
     first = results[0]
     lines = [
-        f"Masked-LM pre-training step, preset `{first['preset']}`, batch {first['batch']} x "
+        "## Masked-LM pre-training step (forward, loss, backward, AdamW)",
+        "",
+        f"Preset `{first['preset']}`, batch {first['batch']} x "
         f"{first['seq_len']} tokens, vocabulary {first['vocab_size']}; `{command}`.",
         f"Machine: {machine_description()}.",
         "",
@@ -169,7 +199,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--batch", type=int, default=4, help="blocks per step (default 4)")
     parser.add_argument("--seq-len", type=int, default=None, help="tokens per block (default: the preset's)")
-    parser.add_argument("--vocab", type=int, default=50265, help="vocabulary size (default 50265)")
+    parser.add_argument("--vocab", type=int, default=VOCAB, help=f"vocabulary size (default {VOCAB})")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per method (default 3)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per case (default: torch's)")
     parser.add_argument("--write", default=None, help="markdown file whose section (--section) is replaced")
@@ -196,25 +226,15 @@ def main(argv: list[str] | None = None) -> int:
         method = args.case
         print(json.dumps(run_case(args.preset, method, args.batch, seq_len, args.vocab, args.repeats)))
         return 0
-    results = []
-    for method in args.methods:
-        case_args = [
-            "--preset",
-            args.preset,
-            "--batch",
-            str(args.batch),
-            "--seq-len",
-            str(seq_len),
-            "--vocab",
-            str(args.vocab),
-        ]
-        result = _run_in_fresh_process(method, args.repeats, args.threads, case_args)
-        results.append(result)
-        print(
-            f"{method:7s} {result['ms']:10.1f} ms {fmt(result['step_peak_mb']):>9s} MiB step "
-            f"{fmt(result['process_peak_mb']):>9s} MiB process",
-            flush=True,
-        )
+    results = run_cases(
+        args.preset,
+        args.methods,
+        batch=args.batch,
+        seq_len=seq_len,
+        vocab_size=args.vocab,
+        repeats=args.repeats,
+        threads=args.threads,
+    )
     command = "comera bench mlm " + " ".join(argv if argv is not None else sys.argv[1:])
     report = format_report(results, command.strip())
     print(report)

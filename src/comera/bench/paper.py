@@ -1,26 +1,52 @@
-"""``comera bench paper``: the paper's time and memory comparison of training methods, on this machine.
+"""``comera bench paper``: the paper's time and memory comparison, on this machine, in one invocation.
 
-For each method (dense, comera and the baselines of :mod:`comera.baselines`) and each batch size, one case
-runs in a fresh Python process (so its peak memory is its own): the workload's recipe builds its data and
-dense model at the chosen preset, the method turns the model into what it trains (:meth:`Method.prepare`)
-and brings its objective and optimizer, exactly as ``comera train`` does; then one fixed batch of the
-training data is trained on for ``--warmup`` steps and timed for ``--repeats`` more (forward, objective,
-backward, optimizer step). Reported per case: the median step time, every timed step, the rise of the
-resident set during one step over the built model (``train_mib``: activations, gradients, optimizer state),
-the process's peak resident set (``peak_mib``), and the trained and dense parameter counts.
+Every case of every section runs in a fresh Python process (so its peak memory is its own) and is timed by
+the median of at least ``--repeats`` (>= 5) steps after warm-up. ``--sections`` picks the sections (default:
+all five, in this order):
 
-LTE splits a batch across its heads, so a batch its heads do not divide runs with ``method.heads`` set to
-the largest divisor of the batch not above the method's default (1 at batch 1); the row says so. Periodic
-work is not in the medians: GaLore's SVD (first step, then every ``update_proj_gap`` = 200 steps) falls in
-the warm-up, and LTE's merge runs every ``merge_every`` = 10 steps (never in the default 2 + 1 + 5 steps).
+- ``transformer`` (the paper's Fig. 1 comparison of training methods): for each method (dense, comera and
+  the baselines of :mod:`comera.baselines`) and each batch size (``--batches``, default 1, 32, 64, 128), the
+  workload's recipe (``--workload``, default ``nli``: the six-encoder transformer) builds its data and dense
+  model at ``--preset``, the method turns the model into what it trains (:meth:`Method.prepare`) and brings
+  its objective and optimizer, exactly as ``comera train`` does; then one fixed batch of the training data is
+  trained on for ``--warmup`` steps and timed for ``--repeats`` more (forward, objective, backward, optimizer
+  step). Reported per case: the median step time, every timed step, the rise of the resident set during one
+  step over the built model (``train_mib``: activations, gradients, optimizer state), the process's peak
+  resident set (``peak_mib``), and the trained and dense parameter counts. LTE splits a batch across its
+  heads, so a batch its heads do not divide runs with ``method.heads`` set to the largest divisor of the
+  batch not above the method's default (1 at batch 1); the row says so. Periodic work is not in the medians:
+  GaLore's SVD (first step, then every ``update_proj_gap`` = 200 steps) falls in the warm-up, and LTE's merge
+  runs every ``merge_every`` = 10 steps (never in the default 2 + 1 + 5 steps).
+- ``ladder`` (Fig. 12, time per step against compression): the same step for the dense model and for the
+  comera model built at the preset's ranks and then physically pruned to each rank of a ladder
+  (:mod:`comera.bench.ladder`: ``--ladder``, default derived from the preset's rank, 30, 24, 16, 12, 8, 4, 2
+  for ``paper``), at batch ``--ladder-batch`` (default 32). Per rung: median step time, memory rise and
+  peak, compression of the tensorized layers and of the whole model, speed-up over dense; the report states
+  the issue's targets (time falls at every rung, >= 8x faster than dense at 100x), measured, not asserted.
+- ``lookup`` (Fig. 5): :mod:`comera.bench.embedding` on the paper's word table (30522 x 768, rank 32) with
+  uniform ids, batches of ``--lookup-ids`` (default 10k, 20k, 40k), every lookup variant (``nn.Embedding``,
+  naive, split, optimized, auto, and the published order with and without its unique step).
+- ``dlrm`` (Fig. 8): :mod:`comera.bench.dlrm`, one training step of DLRM (``--dlrm-size``, default
+  ``paper``) at batches ``--dlrm-batches`` (default 10k, 20k, 40k): dense, comera with the optimized lookup,
+  without deduplication (``comera-split``) and without the lookup optimizations (``comera-naive``).
+- ``mlm``: :mod:`comera.bench.mlm`, one masked-LM pre-training step of the RoBERTa model
+  (``--mlm-preset``, default ``paper``), ``--mlm-batch`` blocks of the preset's length, dense and comera.
 
-Writes ``paper.json`` (the cases), ``paper.md`` (a table per batch, each method's time and memory against
-comera's) and ``paper_time.png`` / ``paper_memory.png`` (grouped bars) into ``--out``; ``--write FILE``
-also updates the ``paper-transformer`` section of a markdown file (``docs/benchmarks.md``).
+Each section NAME writes ``NAME.json`` (``section``, ``command``, ``machine``, ``results``: the cases),
+``NAME.md`` (its markdown) and its PNG plots (``transformer_time.png`` / ``transformer_memory.png``,
+``ladder_time.png``, ``lookup_*``, ``dlrm_*``, ``mlm_*``) into ``--out``; ``--write FILE`` also replaces
+its ``paper-NAME`` section of a markdown file (``docs/benchmarks.md``). A section whose cases fail is
+reported on stderr and in its JSON and leaves the markdown file alone; the exit status is then 1.
 
-Usage: ``comera bench paper [--workload nli] [--preset paper] [--methods ...] [--batches 1 32 64 128]
-[--repeats 5] [--warmup 2] [--threads 2] [--out bench-paper] [--write docs/benchmarks.md] [--quick]``.
-``--quick`` is the smoke check: the ``smoke`` preset, batches 1 and 8, 5 timed steps after 1 warm-up.
+Usage: ``comera bench paper [--sections transformer ladder lookup dlrm mlm] [--workload nli]
+[--preset paper] [--methods ...] [--batches 1 32 64 128] [--ladder 30 24 ...] [--ladder-batch 32]
+[--lookup-ids 10000 20000 40000] [--dlrm-size paper] [--dlrm-batches 10000 20000 40000]
+[--mlm-preset paper] [--mlm-batch 4] [--repeats 5] [--warmup 2] [--threads 2] [--out bench-paper]
+[--write docs/benchmarks.md] [--quick]``. ``--warmup`` applies to the transformer and ladder sections (the
+others warm up as their benchmarks do). ``--quick`` is the smoke check (about three minutes on 2 cores): its
+defaults are the ``smoke`` presets, batches 1 and 8 (ladder 8), 1000 lookup ids, DLRM batch 1000, masked-LM
+batch 2, 5 timed steps after 1 warm-up, 1 torch thread per case (:data:`QUICK`); flags given explicitly
+win.
 """
 
 from __future__ import annotations
@@ -34,15 +60,27 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import default_collate
 
-from comera.bench.report import machine_description, peak_rise_mib, update_section
+from comera.bench import dlrm, embedding, mlm
+from comera.bench.ladder import (
+    compression_fields,
+    default_ladder,
+    format_ladder,
+    plot_ladder,
+    preset_rank,
+    truncate_ranks_,
+)
+from comera.bench.report import grouped_bars, machine_description, peak_rise_mib, update_section
 from comera.methods import MethodContext, get_method
+from comera.models.mlm import MODEL_PRESETS as MLM_PRESETS
 from comera.recipes.base import get_recipe
 from comera.recipes.cli import load_recipes
 from comera.recipes.settings import resolve_settings, tensorize_config
@@ -50,14 +88,41 @@ from comera.report import compression_report
 from comera.train.config import TrainConfig
 from comera.train.setup import default_optimizer
 
-__all__ = ["METHODS", "BATCHES", "run_case", "lte_heads", "format_report", "plot_report", "main"]
+__all__ = [
+    "METHODS",
+    "BATCHES",
+    "LOOKUP_IDS",
+    "QUICK",
+    "SECTIONS",
+    "Section",
+    "run_case",
+    "lte_heads",
+    "ladder_ranks",
+    "format_report",
+    "plot_report",
+    "main",
+]
 
 METHODS = ("dense", "comera", "galore", "lte", "apollo", "cola")
 """The methods compared, in table order (the paper's Fig. 1 has dense, CoMERA, GaLore, LTE)."""
 BATCHES = (1, 32, 64, 128)
 """The paper's batch sizes."""
-QUICK = {"preset": "smoke", "batches": [1, 8], "repeats": 5, "warmup": 1}
-"""What ``--quick`` sets."""
+LOOKUP_IDS = embedding.SIZES
+"""Ids per lookup batch in the ``lookup`` section (Fig. 5)."""
+QUICK = {
+    "preset": "smoke",
+    "batches": [1, 8],
+    "ladder_batch": 8,
+    "lookup_ids": [1000],
+    "dlrm_size": "smoke",
+    "dlrm_batches": [1000],
+    "mlm_preset": "smoke",
+    "mlm_batch": 2,
+    "repeats": 5,
+    "warmup": 1,
+    "threads": 1,
+}
+"""The defaults ``--quick`` sets (flags given explicitly win)."""
 
 
 def _status_mib(field: str) -> float:
@@ -85,9 +150,21 @@ def _assignments(method: str, batch: int) -> list[str]:
 
 
 def run_case(
-    workload: str, preset: str, method_name: str, batch: int, *, repeats: int, warmup: int, cache_dir: Path
+    workload: str,
+    preset: str,
+    method_name: str,
+    batch: int,
+    *,
+    repeats: int,
+    warmup: int,
+    cache_dir: Path,
+    rank: int | None = None,
 ) -> dict[str, Any]:
-    """Time and memory of training steps of one method at one batch size, in this process (module doc)."""
+    """Time and memory of training steps of one method at one batch size, in this process (module doc).
+
+    With ``rank``, the prepared model is first cut to that rank (:func:`comera.bench.ladder.truncate_ranks_`)
+    and the case also reports ``rank``, the number of layers sliced (``pruned_layers``) and the model's
+    compression (``tensorized_ratio``, ``model_ratio``, ``max_rank``)."""
     recipe, method = get_recipe(workload), get_method(method_name)
     assignments = _assignments(method_name, batch)
     settings = resolve_settings(recipe.presets, preset, method, assignments=assignments)
@@ -98,6 +175,10 @@ def run_case(
     train = TrainConfig.from_dict(settings["train"])
     context = MethodContext(tensorize=tensorize_config(settings), settings=settings["method"], train=train)
     model = method.prepare(model, context)
+    ladder = {}
+    if rank is not None:
+        pruned = truncate_ranks_(model, rank)
+        ladder = {"rank": rank, "pruned_layers": len(pruned.layers), **compression_fields(model)}
     model.train()
     objective = method.objective(model, context)
     optimizer = method.optimizer(model, context) or default_optimizer(objective, train)
@@ -134,11 +215,17 @@ def run_case(
         "stored_params": sum(param.numel() for param in model.parameters()),
         "dense_params": dense_params,
         "threads": torch.get_num_threads(),
+        **ladder,
     }
 
 
-def _fresh(args: argparse.Namespace, method: str, batch: int, cache_dir: Path) -> dict[str, Any]:
-    command = [sys.executable, "-m", "comera.bench.paper", "--case", f"{method}:{batch}"]
+def _fresh(
+    args: argparse.Namespace, method: str, batch: int, cache_dir: Path, rank: int | None = None
+) -> dict[str, Any]:
+    """One case of :func:`run_case` in a new interpreter, with a progress line; a failed case is an entry
+    with ``error`` (the last line of its stderr)."""
+    case = f"{method}:{batch}" + ("" if rank is None else f":{rank}")
+    command = [sys.executable, "-m", "comera.bench.paper", "--case", case]
     command += ["--workload", args.workload, "--preset", args.preset, "--cache", str(cache_dir)]
     command += ["--repeats", str(args.repeats), "--warmup", str(args.warmup)]
     for module in args.imports:
@@ -146,9 +233,14 @@ def _fresh(args: argparse.Namespace, method: str, batch: int, cache_dir: Path) -
     if args.threads is not None:
         command += ["--threads", str(args.threads)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        return {"method": method, "batch": batch, "error": done.stderr.strip().splitlines()[-1:]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    if done.returncode == 0:
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"{case:14s} {result['ms']:10.1f} ms {result['train_mib']:9.1f} MiB", flush=True)
+        return result
+    error = done.stderr.strip().splitlines()[-1:]
+    print(f"{case:14s} failed: {' '.join(error)}", flush=True)
+    result = {"workload": args.workload, "preset": args.preset, "method": method, "batch": batch}
+    return {**result, "error": error, **({} if rank is None else {"rank": rank})}
 
 
 def _ratio(value: float, reference: float | None) -> str:
@@ -193,55 +285,165 @@ def format_report(results: list[dict[str, Any]], command: str) -> str:
     return "\n".join(lines)
 
 
-def plot_report(results: list[dict[str, Any]], out: Path) -> list[Path]:
-    """``paper_time.png`` and ``paper_memory.png``: grouped bars, batch sizes on x, one bar per method, log
-    scale; returns the files written (none without matplotlib)."""
-    try:
-        import matplotlib
+def _plot_bars(
+    results: list[dict[str, Any]],
+    out: Path,
+    *,
+    name: str,
+    group: str,
+    memory: str,
+    xlabel: str,
+    order: Sequence[str],
+) -> list[Path]:
+    """``NAME_time.png`` (field ``ms``) and ``NAME_memory.png`` (field ``memory``): grouped bars, a group
+    per value of ``group``, a bar per method, log scale; returns the files written."""
+    written = [
+        grouped_bars(
+            results,
+            out / f"{name}_{kind}.png",
+            group=group,
+            series="method",
+            value=value,
+            xlabel=xlabel,
+            ylabel=label,
+            order=order,
+        )
+        for kind, value, label in (("time", "ms", "ms per step"), ("memory", memory, "MiB"))
+    ]
+    return [path for path in written if path is not None]
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    rows = [r for r in results if "error" not in r]
-    batches = sorted({r["batch"] for r in rows})
-    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
-    written = []
-    for key, label, name in (
-        ("ms", "ms per step", "paper_time.png"),
-        ("train_mib", "MiB", "paper_memory.png"),
-    ):
-        figure, axes = plt.subplots(figsize=(8, 4))
-        width = 0.8 / max(len(methods), 1)
-        for index, method in enumerate(methods):
-            values = {r["batch"]: r[key] for r in rows if r["method"] == method}
-            positions = [i + index * width for i, b in enumerate(batches) if b in values]
-            axes.bar(positions, [max(values[b], 1e-3) for b in batches if b in values], width, label=method)
-        axes.set_xticks([i + 0.4 - width / 2 for i in range(len(batches))], [str(b) for b in batches])
-        axes.set_xlabel("batch size")
-        axes.set_ylabel(label)
-        axes.set_yscale("log")
-        axes.legend(fontsize="small")
-        figure.tight_layout()
-        path = out / name
-        figure.savefig(path, dpi=120)
-        plt.close(figure)
-        written.append(path)
-    return written
+
+def plot_report(results: list[dict[str, Any]], out: Path) -> list[Path]:
+    """``transformer_time.png`` and ``transformer_memory.png``: grouped bars, batch sizes on x, one bar per
+    method, log scale; returns the files written (none without matplotlib)."""
+    return _plot_bars(
+        results,
+        out,
+        name="transformer",
+        group="batch",
+        memory="train_mib",
+        xlabel="batch size",
+        order=METHODS,
+    )
+
+
+def ladder_ranks(workload: str, preset: str) -> list[int]:
+    """The default ladder of ``preset`` of ``workload``: :func:`comera.bench.ladder.default_ladder` of the
+    rank of its comera tensorization."""
+    settings = resolve_settings(get_recipe(workload).presets, preset, get_method("comera"))
+    return default_ladder(preset_rank(tensorize_config(settings)))
+
+
+def _run_transformer(args: argparse.Namespace, cache: Path) -> list[dict[str, Any]]:
+    return [_fresh(args, method, batch, cache) for batch in args.batches for method in args.methods]
+
+
+def _run_ladder(args: argparse.Namespace, cache: Path) -> list[dict[str, Any]]:
+    ranks = args.ladder or ladder_ranks(args.workload, args.preset)
+    results = [_fresh(args, "dense", args.ladder_batch, cache)]
+    return results + [_fresh(args, "comera", args.ladder_batch, cache, rank) for rank in ranks]
+
+
+def _run_lookup(args: argparse.Namespace, cache: Path) -> list[dict[str, Any]]:
+    return embedding.run_cases(
+        ("paper",),
+        ("uniform",),
+        args.lookup_ids,
+        embedding.METHODS,
+        repeats=args.repeats,
+        threads=args.threads,
+    )
+
+
+def _run_dlrm(args: argparse.Namespace, cache: Path) -> list[dict[str, Any]]:
+    return dlrm.run_cases(
+        args.dlrm_size, args.dlrm_batches, dlrm.METHODS, repeats=args.repeats, threads=args.threads
+    )
+
+
+def _run_mlm(args: argparse.Namespace, cache: Path) -> list[dict[str, Any]]:
+    return mlm.run_cases(
+        args.mlm_preset,
+        mlm.METHODS,
+        batch=args.mlm_batch,
+        seq_len=MLM_PRESETS[args.mlm_preset]["max_length"],
+        vocab_size=mlm.VOCAB,
+        repeats=args.repeats,
+        threads=args.threads,
+    )
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of the comparison: ``run(args, cache_dir)`` measures its cases (each in a fresh process),
+    ``report(results, command)`` gives its markdown, ``plot(results, out)`` writes its PNGs."""
+
+    run: Callable[[argparse.Namespace, Path], list[dict[str, Any]]]
+    report: Callable[[list[dict[str, Any]], str], str]
+    plot: Callable[[list[dict[str, Any]], Path], list[Path]]
+
+
+SECTIONS = {
+    "transformer": Section(_run_transformer, format_report, plot_report),
+    "ladder": Section(_run_ladder, format_ladder, plot_ladder),
+    "lookup": Section(
+        _run_lookup,
+        embedding.format_report,
+        partial(
+            _plot_bars,
+            name="lookup",
+            group="count",
+            memory="peak_mb",
+            xlabel="ids per batch",
+            order=embedding.METHODS,
+        ),
+    ),
+    "dlrm": Section(
+        _run_dlrm,
+        dlrm.format_report,
+        partial(_plot_bars, name="dlrm", group="batch", memory="peak_mb", xlabel="batch", order=dlrm.METHODS),
+    ),
+    "mlm": Section(
+        _run_mlm,
+        mlm.format_report,
+        partial(
+            _plot_bars, name="mlm", group="batch", memory="step_peak_mb", xlabel="batch", order=mlm.METHODS
+        ),
+    ),
+}
+"""The sections, in the order they run (module docstring); ``--write`` updates section ``paper-NAME``."""
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="comera bench paper", description=__doc__.split("\n")[0])
-    parser.add_argument("--workload", default="nli", help="the workload recipe (default: nli)")
-    parser.add_argument("--preset", default="paper", help="model/data preset (paper, small, smoke)")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), help="methods to compare")
-    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument(
+        "--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS), help="sections to run"
+    )
+    parser.add_argument("--workload", default="nli", help="transformer/ladder: the workload recipe (nli)")
+    parser.add_argument("--preset", default="paper", help="transformer/ladder: preset (paper, small, smoke)")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), help="transformer: methods compared")
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="transformer: batches")
+    parser.add_argument(
+        "--ladder", type=int, nargs="+", default=None, help="ladder: ranks (default: derived)"
+    )
+    parser.add_argument("--ladder-batch", type=int, default=32, help="ladder: batch size (default 32)")
+    parser.add_argument("--lookup-ids", type=int, nargs="+", default=list(LOOKUP_IDS), help="lookup: ids")
+    parser.add_argument("--dlrm-size", choices=dlrm.SIZES, default="paper", help="dlrm: model preset")
+    parser.add_argument(
+        "--dlrm-batches", type=int, nargs="+", default=list(dlrm.BATCHES), help="dlrm: batches"
+    )
+    parser.add_argument(
+        "--mlm-preset", choices=sorted(MLM_PRESETS), default="paper", help="mlm: model preset"
+    )
+    parser.add_argument("--mlm-batch", type=int, default=4, help="mlm: blocks per step (default 4)")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per case (>= 5)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (>= 1)")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="transformer/ladder: untimed steps first (>= 1)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads in each case")
-    parser.add_argument("--out", default="bench-paper", help="folder for paper.json, paper.md and plots")
-    parser.add_argument("--write", default=None, help="update the 'paper-transformer' section of this file")
-    parser.add_argument("--quick", action="store_true", help="smoke preset, batches 1 and 8, 1 warm-up step")
+    parser.add_argument("--out", default="bench-paper", help="folder for each section's JSON, markdown, PNGs")
+    parser.add_argument("--write", default=None, help="update the 'paper-SECTION' sections of this file")
+    parser.add_argument("--quick", action="store_true", help="smoke sizes for every section (QUICK)")
     parser.add_argument(
         "--import", dest="imports", action="append", default=[], help="import a module first (own recipes)"
     )
@@ -249,13 +451,85 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args(argv)
+    _check_numbers(parser, args)
+    args.sections = [name for name in SECTIONS if name in args.sections]
+    if args.ladder is not None:
+        args.ladder = sorted(set(args.ladder), reverse=True)
+    return args
+
+
+def _check_numbers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``parser.error`` naming the first numeric flag out of its range."""
     if args.repeats < 5 or args.warmup < 1:
         parser.error(f"--repeats must be >= 5 and --warmup >= 1, got {args.repeats} and {args.warmup}")
-    if any(batch < 1 for batch in args.batches):
-        parser.error(f"--batches must be ints >= 1, got {args.batches}")
-    return args
+    least = {"batches": 1, "ladder": 1, "ladder_batch": 1, "lookup_ids": 1, "mlm_batch": 1}
+    least["dlrm_batches"] = dlrm.WARMUP_ROWS
+    for name, bound in least.items():
+        value = getattr(args, name)
+        values = value if isinstance(value, list) else [] if value is None else [value]
+        if any(number < bound for number in values):
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} must be >= {bound} (every value), got {value}")
+
+
+def _check_names(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``--workload``, ``--preset`` or ``--methods`` (naming the flag), or None."""
+    try:
+        recipe = get_recipe(args.workload)
+    except ValueError as error:
+        return f"--workload: {error}"
+    if args.preset not in recipe.presets:
+        return f"--preset: unknown preset {args.preset!r}; choose one of {sorted(recipe.presets)}"
+    for method in args.methods:
+        try:
+            get_method(method)
+        except ValueError as error:
+            return f"--methods: {error}"
+    return None
+
+
+def _run_one_case(args: argparse.Namespace) -> int:
+    method, batch, *rank = args.case.split(":")
+    cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp())
+    result = run_case(
+        args.workload,
+        args.preset,
+        method,
+        int(batch),
+        repeats=args.repeats,
+        warmup=args.warmup,
+        cache_dir=cache,
+        rank=int(rank[0]) if rank else None,
+    )
+    print(json.dumps(result))
+    return 0
+
+
+def _write_json(out: Path, name: str, command: str, payload: dict[str, Any]) -> None:
+    record = {"section": name, "command": command, "machine": machine_description(), **payload}
+    (out / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _run_section(name: str, args: argparse.Namespace, out: Path, cache: Path, command: str) -> bool:
+    """Run section ``name`` and write its outputs; whether every case of it succeeded."""
+    section = SECTIONS[name]
+    print(f"== {name}", flush=True)
+    try:
+        results = section.run(args, cache)
+    except RuntimeError as error:
+        print(f"comera bench paper: section {name} failed: {error}", file=sys.stderr)
+        _write_json(out, name, command, {"error": str(error)})
+        return False
+    report = section.report(results, command)
+    _write_json(out, name, command, {"results": results})
+    (out / f"{name}.md").write_text(report + "\n")
+    section.plot(results, out)
+    print(report, flush=True)
+    if args.write:
+        update_section(args.write, f"paper-{name}", report)
+    return not any("error" in result for result in results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,39 +541,17 @@ def main(argv: list[str] | None = None) -> int:
         importlib.import_module(module)
     load_recipes()
     if args.case is not None:
-        method, batch = args.case.split(":")
-        cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp())
-        result = run_case(
-            args.workload,
-            args.preset,
-            method,
-            int(batch),
-            repeats=args.repeats,
-            warmup=args.warmup,
-            cache_dir=cache,
-        )
-        print(json.dumps(result))
-        return 0
-    try:
-        get_recipe(args.workload)
-        for method in args.methods:
-            get_method(method)
-    except ValueError as error:
-        print(f"comera bench paper: {error}", file=sys.stderr)
+        return _run_one_case(args)
+    problem = _check_names(args)
+    if problem is not None:
+        print(f"comera bench paper: {problem}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(os.environ.get("COMERA_CACHE") or out / "cache")
-    results = [_fresh(args, method, batch, cache) for batch in args.batches for method in args.methods]
-    command = "comera bench paper " + " ".join(argv if argv is not None else sys.argv[1:])
-    report = format_report(results, command.strip())
-    (out / "paper.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "paper.md").write_text(report + "\n")
-    plot_report(results, out)
-    print(report)
-    if args.write:
-        update_section(args.write, "paper-transformer", report)
-    return 1 if any("error" in result for result in results) else 0
+    command = ("comera bench paper " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    succeeded = [_run_section(name, args, out, cache, command) for name in args.sections]
+    return 0 if all(succeeded) else 1
 
 
 if __name__ == "__main__":

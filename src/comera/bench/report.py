@@ -8,8 +8,9 @@ import random
 import resource
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,6 +24,8 @@ __all__ = [
     "peak_rise_mib",
     "fmt",
     "ratio",
+    "pyplot",
+    "grouped_bars",
 ]
 
 
@@ -141,3 +144,54 @@ def ratio(numerator: float | None, denominator: float | None, digits: int = 1) -
     if numerator is None or denominator is None or denominator <= 0:
         return "n/a"
     return f"{numerator / denominator:.{digits}f}x"
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend, or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def grouped_bars(
+    rows: Sequence[Mapping[str, Any]],
+    path: Path,
+    *,
+    group: str,
+    series: str,
+    value: str,
+    xlabel: str,
+    ylabel: str,
+    order: Sequence[str] = (),
+) -> Path | None:
+    """Bars on a log scale: a group per value of ``row[group]`` (sorted), a bar per ``row[series]`` (those
+    in ``order`` first, in that order, then the others sorted). Rows with an ``error`` or without ``value``
+    are left out. Returns ``path``, or None without matplotlib or without a row to draw."""
+    plt = pyplot()
+    rows = [row for row in rows if "error" not in row and row.get(value) is not None]
+    if plt is None or not rows:
+        return None
+    groups = sorted({row[group] for row in rows})
+    present = {row[series] for row in rows}
+    names = [name for name in order if name in present] + sorted(present - set(order))
+    figure, axes = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(names)
+    for index, name in enumerate(names):
+        values = {row[group]: row[value] for row in rows if row[series] == name}
+        positions = [i + index * width for i, key in enumerate(groups) if key in values]
+        heights = [max(values[key], 1e-3) for key in groups if key in values]
+        axes.bar(positions, heights, width, label=name)
+    axes.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], [str(key) for key in groups])
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.set_yscale("log")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
