@@ -5,6 +5,7 @@ on the toy recipe, and the whole ``--quick`` run (every section)."""
 import json
 import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -65,6 +66,25 @@ def test_report_gives_ratios_to_comera_and_marks_failures(tmp_path):
     written = paper.plot_report(results, tmp_path)
     assert [path.name for path in written] == ["transformer_time.png", "transformer_memory.png"]
     assert all(path.stat().st_size > 1000 for path in written)
+
+
+def test_a_memory_rise_below_the_floor_is_not_divided_by():
+    results = [_row("comera", 1, 2.0, 0.5), _row("galore", 1, 5.0, 12.0), _row("comera", 8, 2.0, 1.5)]
+    results.append(_row("dense", 8, 4.0, 6.0))
+    report = paper.format_report(results, "comera bench paper")
+    assert "| 1 | galore | 5.0 | 2.50x | 12.0 | - |" in report
+    assert "| 8 | dense | 4.0 | 2.00x | 6.0 | 4.00x |" in report
+
+
+def test_a_case_killed_without_a_message_says_how_it_ended(tmp_path, monkeypatch):
+    def killed(command, **_):
+        return subprocess.CompletedProcess(command, -15, stdout="", stderr="")
+
+    monkeypatch.setattr(paper.subprocess, "run", killed)
+    args = paper._parse(["--sections", "transformer", "--out", str(tmp_path)])
+    result = paper._fresh(args, "dense", 1, tmp_path)
+    assert result["error"] == ["exit status -15, nothing on stderr"]
+    assert "failed: exit status -15, nothing on stderr" in paper.format_report([result], "c")
 
 
 @pytest.fixture

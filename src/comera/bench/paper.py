@@ -109,6 +109,8 @@ BATCHES = (1, 32, 64, 128)
 """The paper's batch sizes."""
 LOOKUP_IDS = embedding.SIZES
 """Ids per lookup batch in the ``lookup`` section (Fig. 5)."""
+MEMORY_FLOOR_MIB = 1.0
+"""Memory rises at or below this are not used as a ratio's denominator (resident-set resolution and noise)."""
 QUICK = {
     "preset": "smoke",
     "batches": [1, 8],
@@ -237,14 +239,15 @@ def _fresh(
         result = json.loads(done.stdout.strip().splitlines()[-1])
         print(f"{case:14s} {result['ms']:10.1f} ms {result['train_mib']:9.1f} MiB", flush=True)
         return result
-    error = done.stderr.strip().splitlines()[-1:]
+    error = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}, nothing on stderr"]
     print(f"{case:14s} failed: {' '.join(error)}", flush=True)
     result = {"workload": args.workload, "preset": args.preset, "method": method, "batch": batch}
     return {**result, "error": error, **({} if rank is None else {"rank": rank})}
 
 
-def _ratio(value: float, reference: float | None) -> str:
-    return "-" if reference is None or reference <= 0 else f"{value / reference:.2f}x"
+def _ratio(value: float, reference: float | None, floor: float = 0.0) -> str:
+    """``value / reference``, or "-" without a reference or when the reference is at most ``floor``."""
+    return "-" if reference is None or reference <= floor else f"{value / reference:.2f}x"
 
 
 def format_report(results: list[dict[str, Any]], command: str) -> str:
@@ -256,7 +259,8 @@ def format_report(results: list[dict[str, Any]], command: str) -> str:
         "",
         f"Machine: {machine_description()}. Command: `{command}`. Each case in a fresh process; median step "
         "time after warm-up; `train MiB` = peak resident rise during a step over the built model; ratios are "
-        "method / comera.",
+        f'method / comera (memory: "-" where comera\'s rise is below {MEMORY_FLOOR_MIB:g} MiB, too small '
+        "to divide by).",
         "",
         "| batch | method | ms | time / comera | train MiB | memory / comera | trained params | compression "
         "| note |",
@@ -276,7 +280,7 @@ def format_report(results: list[dict[str, Any]], command: str) -> str:
                 continue
             ok = reference is not None and "error" not in reference
             time_ratio = _ratio(row["ms"], reference["ms"] if ok else None)
-            memory_ratio = _ratio(row["train_mib"], reference["train_mib"] if ok else None)
+            memory_ratio = _ratio(row["train_mib"], reference["train_mib"] if ok else None, MEMORY_FLOOR_MIB)
             lines.append(
                 f"| {batch} | {method} | {row['ms']:.1f} | {time_ratio} | {row['train_mib']:.1f} "
                 f"| {memory_ratio} | {row['params']:,} | {row['dense_params'] / row['stored_params']:.2f}x "
