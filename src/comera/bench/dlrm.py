@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch.nn import functional
 
-from comera.bench.report import fmt, machine_description, median_ms, ratio, update_section
+from comera.bench.report import fmt, machine_description, median_ms, ratio, status_kib, update_section
 from comera.data.synthetic_criteo import synthetic_criteo
 from comera.models.dlrm import DLRM, dlrm_preset, reference_table
 from comera.nn.embedding import TTMEmbeddingBag
@@ -91,16 +91,6 @@ def build_model(size: str, method: str, device: str = "cpu") -> DLRM:
     return DLRM(**kwargs, table_factory=table).to(device)
 
 
-def _status_kb(field: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 def _peak_mib(step, device: str, baseline_kb: int) -> float | None:
     """Peak memory while ``step()`` runs: CUDA allocated bytes, or resident size over ``baseline_kb``."""
     if device.startswith("cuda"):
@@ -115,7 +105,7 @@ def _peak_mib(step, device: str, baseline_kb: int) -> float | None:
         step()
         return None
     step()
-    high = _status_kb("VmHWM")
+    high = status_kib("VmHWM")
     return None if high is None else (high - baseline_kb) / 1024
 
 
@@ -134,7 +124,7 @@ def run_case(size: str, method: str, batch: int, repeats: int, device: str = "cp
     rows = dlrm_preset(size)["cardinalities"]
     full = synthetic_criteo(batch, seed=0, max_table_rows=max(rows)).data.gather(np.arange(batch)).to(device)
     _load_runtime(device)
-    baseline_kb = _status_kb("VmRSS") or 0
+    baseline_kb = status_kib("VmRSS") or 0
     model = build_model(size, method, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 

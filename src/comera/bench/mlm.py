@@ -25,11 +25,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
-from comera.bench.report import fmt, machine_description, median_ms, peak_rise_mib, ratio, update_section
+from comera.bench.report import (
+    fmt,
+    machine_description,
+    median_ms,
+    peak_rise_mib,
+    ratio,
+    status_mib,
+    update_section,
+)
 from comera.data.code import MaskingCollator, SpecialIds, pack_documents
 from comera.models.mlm import MODEL_PRESETS, build_mlm_model
 from comera.rank import RankAdaptation, param_groups
@@ -101,20 +108,10 @@ def run_case(preset: str, method: str, batch: int, seq_len: int, vocab_size: int
         "ms": median_ms(lambda: step(inputs), repeats=repeats, warmup=1),
         "repeats": repeats,
         "step_peak_mb": peak,
-        "process_peak_mb": _process_peak_mib(),
+        "process_peak_mb": status_mib("VmHWM"),
         "parameters": report.model_params,
         "dense_parameters": report.model_dense_params,
     }
-
-
-def _process_peak_mib() -> float | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def _run_in_fresh_process(case: str, repeats: int, threads: int | None, case_args: list[str]) -> dict:

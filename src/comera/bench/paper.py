@@ -78,7 +78,7 @@ from comera.bench.ladder import (
     preset_rank,
     truncate_ranks_,
 )
-from comera.bench.report import grouped_bars, machine_description, peak_rise_mib, update_section
+from comera.bench.report import grouped_bars, machine_description, peak_rise_mib, status_mib, update_section
 from comera.methods import MethodContext, get_method
 from comera.models.mlm import MODEL_PRESETS as MLM_PRESETS
 from comera.recipes.base import get_recipe
@@ -125,16 +125,6 @@ QUICK = {
     "threads": 1,
 }
 """The defaults ``--quick`` sets (flags given explicitly win)."""
-
-
-def _status_mib(field: str) -> float:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
 
 
 def lte_heads(batch: int, default: int) -> int:
@@ -195,7 +185,7 @@ def run_case(
 
     for _ in range(warmup):
         step()
-    built = _status_mib("VmRSS")
+    built = status_mib("VmRSS", missing=float("nan"))
     rise = peak_rise_mib(step)
     times = []
     for _ in range(repeats):
@@ -212,7 +202,7 @@ def run_case(
         "times_ms": times,
         "train_mib": rise,
         "model_mib": built,
-        "peak_mib": _status_mib("VmHWM"),
+        "peak_mib": status_mib("VmHWM", missing=float("nan")),
         "params": sum(param.numel() for param in model.parameters() if param.requires_grad),
         "stored_params": sum(param.numel() for param in model.parameters()),
         "dense_params": dense_params,

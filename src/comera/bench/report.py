@@ -22,6 +22,8 @@ __all__ = [
     "machine_description",
     "update_section",
     "peak_rise_mib",
+    "status_kib",
+    "status_mib",
     "fmt",
     "ratio",
     "pyplot",
@@ -101,7 +103,9 @@ def update_section(path: str | os.PathLike, name: str, body: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def _status_kb(field: str) -> int | None:
+def status_kib(field: str) -> int | None:
+    """The ``field`` line of ``/proc/self/status`` (e.g. ``"VmRSS"``, ``"VmHWM"``) in KiB; None where the
+    file or the field does not exist (not Linux)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith(field + ":"):
@@ -111,12 +115,18 @@ def _status_kb(field: str) -> int | None:
     return None
 
 
+def status_mib(field: str, missing: float | None = None) -> float | None:
+    """:func:`status_kib` in MiB, ``missing`` where it is unavailable."""
+    kib = status_kib(field)
+    return missing if kib is None else kib / 1024
+
+
 def _reset_peak_rss() -> bool:
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
         return False
-    return _status_kb("VmHWM") is not None
+    return status_kib("VmHWM") is not None
 
 
 def peak_rise_mib(step: Callable[[], object]) -> float:
@@ -126,10 +136,10 @@ def peak_rise_mib(step: Callable[[], object]) -> float:
     (then only a rise above the process's earlier peak shows).
     """
     if _reset_peak_rss():
-        before = _status_kb("VmRSS")
+        before = status_kib("VmRSS")
         step()
-        return (_status_kb("VmHWM") - before) / 1024
-    before = _status_kb("VmRSS") or 0
+        return (status_kib("VmHWM") - before) / 1024
+    before = status_kib("VmRSS") or 0
     step()
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.bench.report import machine_description, median_ms, peak_rise_mib, update_section
+from comera.bench.report import machine_description, median_ms, peak_rise_mib, status_mib, update_section
 from comera.tensorize import tensorize_
 from comera.tensorize_config import tensorize_preset
 from comera.train.config import TrainConfig
@@ -36,14 +36,6 @@ __all__ = ["run_case", "main"]
 
 METHODS = ("dense", "comera")
 SEQUENCE = 128
-
-
-def _status_mib(field: str) -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def build(method: str, preset: str = "paper") -> nn.Module:
@@ -97,7 +89,7 @@ def run_case(method: str, batch: int, repeats: int, preset: str = "paper", lengt
         loss.backward()
         optimizer.step()
 
-    built = _status_mib("VmRSS")
+    built = status_mib("VmRSS", missing=float("nan"))
     start = time.perf_counter()
     rise = peak_rise_mib(step)
     first = time.perf_counter() - start
@@ -108,7 +100,7 @@ def run_case(method: str, batch: int, repeats: int, preset: str = "paper", lengt
         "preset": preset,
         "ms": median_ms(step, repeats=repeats, warmup=1),
         "train_mib": rise,
-        "peak_mib": _status_mib("VmHWM"),
+        "peak_mib": status_mib("VmHWM", missing=float("nan")),
         "model_mib": built,
         "parameters": sum(param.numel() for param in model.parameters()),
         "top": _top_operators(step),

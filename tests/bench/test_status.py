@@ -1,0 +1,24 @@
+"""The shared reader of ``/proc/self/status`` that the benchmarks take their memory figures from."""
+
+import math
+import sys
+
+import pytest
+
+from comera.bench.report import status_kib, status_mib
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status is Linux's")
+def test_resident_size_is_read_in_kib_and_mib():
+    before = status_kib("VmRSS")
+    block = bytearray(64 * 2**20)
+    block[::4096] = b"\1" * len(block[::4096])
+    after = status_mib("VmRSS")
+    assert before > 0 and after * 1024 - before >= 60 * 1024
+    assert status_kib("VmHWM") >= status_kib("VmRSS") - 1024
+
+
+def test_a_missing_field_gives_the_missing_value():
+    assert status_kib("NoSuchField") is None
+    assert status_mib("NoSuchField") is None
+    assert math.isnan(status_mib("NoSuchField", missing=float("nan")))
