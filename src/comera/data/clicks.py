@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from comera.checks import check_int
+
 __all__ = ["ClickBatch", "ClickData", "collate_clicks"]
 
 
@@ -93,8 +95,7 @@ class ClickData(Dataset):
         self, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_last: bool = False
     ) -> Iterator[ClickBatch]:
         """Batches of ``batch_size`` rows, in file order or shuffled by ``seed``."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        check_int(batch_size, "batch_size", 1)
         count = len(self)
         order = np.random.default_rng(seed).permutation(count) if shuffle else np.arange(count)
         stop = count - count % batch_size if drop_last else count

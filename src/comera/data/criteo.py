@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from comera.checks import check_int
 from comera.data.clicks import ClickData
 
 __all__ = [
@@ -286,8 +287,7 @@ class CriteoLog:
 
 def split_by_line_order(count: int) -> dict[str, range]:
     """Row ranges of the reference split of ``count`` samples (module docstring)."""
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ValueError(f"count must be an int >= 0, got {count!r}")
+    check_int(count, "count", 0)
     days = np.array_split(np.arange(count), 7)
     train_end = sum(day.size for day in days[:6])
     test, validation = np.array_split(days[6], 2)
@@ -299,8 +299,7 @@ def split_by_line_order(count: int) -> dict[str, range]:
 
 
 def _check_options(min_frequency: object, hash_size: object) -> None:
-    if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
-        raise ValueError(f"min_frequency must be an int >= 1, got {min_frequency!r}")
+    check_int(min_frequency, "min_frequency", 1)
     if hash_size is not None and (
         isinstance(hash_size, bool) or not isinstance(hash_size, int) or not 2 <= hash_size < 2**31
     ):
@@ -341,8 +340,7 @@ def load_criteo(
     if not path.is_file():
         raise FileNotFoundError(f"{path}: Criteo file not found")
     _check_options(min_frequency, hash_size)
-    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes must be an int >= 1, got {chunk_bytes!r}")
+    check_int(chunk_bytes, "chunk_bytes", 1)
     options = {"min_frequency": min_frequency, "hash_size": hash_size, "skip_malformed": skip_malformed}
     folder = Path(cache_dir) / f"criteo-{path.name}-{_cache_key(path, options)}"
     if not (folder / "meta.json").is_file():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from comera.checks import check_int
 from comera.io import MODEL_ATTRIBUTE, register_model
 from comera.tensorize_config import TensorizeConfig, register_preset
 
@@ -114,12 +115,6 @@ def _check_preset(preset: object) -> dict[str, int]:
     return MODEL_PRESETS[preset]
 
 
-def _check_int(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
 def mlm_config(
     preset: str,
     vocab_size: int,
@@ -141,8 +136,8 @@ def mlm_config(
         bos_token_id, pad_token_id, eos_token_id: special token ids, in ``[0, vocab_size)``.
     """
     sizes = _check_preset(preset)
-    vocab_size = _check_int(vocab_size, "vocab_size", 5)
-    max_length = sizes["max_length"] if max_length is None else _check_int(max_length, "max_length", 2)
+    vocab_size = check_int(vocab_size, "vocab_size", 5)
+    max_length = sizes["max_length"] if max_length is None else check_int(max_length, "max_length", 2)
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
     for name, value in (
