@@ -182,7 +182,8 @@ class GatedTrain(ComeraLayer, nn.Module):
 
         The squared Frobenius norm of a train is a chain of small contractions, so no dense tensor is built:
         ``M <- sum_p G[a, p, c] G[b, p, d] M[a, b]`` over the cores (mode axes flattened into ``p``), starting
-        from ``M = [[1]]``; the norm is the final ``1 x 1`` ``M``. Raises ``ValueError`` on the meta device.
+        from ``M = [[1]]``; the norm is the final ``1 x 1`` ``M``. Each step is two GEMMs with core-sized
+        intermediates. Raises ``ValueError`` on the meta device.
         """
         if self.is_meta():
             raise ValueError("the cores are on the meta device: there are no values to measure")
@@ -190,9 +191,12 @@ class GatedTrain(ComeraLayer, nn.Module):
         entries = 1
         for core in self.gated_cores():
             flat = core.detach().double().reshape(core.shape[0], -1, core.shape[-1])
-            entries *= flat.shape[1]
-            # a, b: left bonds of the two copies; p: the core's (flattened) mode index; c, d: right bonds
-            gram = torch.einsum("ab,apc,bpd->cd", gram, flat, flat)
+            left_rank, modes, right_rank = flat.shape
+            entries *= modes
+            # T[b, p, c] = sum_a M[a, b] G[a, p, c]; then M'[c, d] = sum_{b, p} T[b, p, c] G[b, p, d]
+            half = gram.t() @ flat.reshape(left_rank, modes * right_rank)
+            rows = left_rank * modes
+            gram = half.reshape(rows, right_rank).t() @ flat.reshape(rows, right_rank)
         return math.sqrt(max(float(gram.item()), 0.0) / entries)
 
     @torch.no_grad()

@@ -435,13 +435,14 @@ class TTLinear(_TrainLinear):
     def _contract(self, x: torch.Tensor, order: str) -> torch.Tensor:
         return tt_linear(
             x,
-            self.gated_cores(),
+            self.core_list(),
             len(self.in_shape),
             self.out_features,
             self.bias,
             order,
             self.gemm,
             self.workspace,
+            self.masked_gates(),
         )
 
     def _serves_from_cache(self) -> bool:

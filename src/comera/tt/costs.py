@@ -57,6 +57,11 @@ _EINSUM_OPS = 3
 """Kernels one input-side step of the sequential order launches (permute copy, batched GEMM, reshape copy)."""
 
 
+_MERGE_RECOMPUTE_FACTOR = 4
+"""Passes over the TT merges in a training step of the merge order: forward, the backward's recomputation
+(:func:`comera.tt.contract.tt_merge_linear` keeps no merged factor) and the two GEMMs of their backward."""
+
+
 def _full_ranks(ranks: Sequence[int]) -> tuple[int, ...]:
     return (1, *ranks, 1)
 
@@ -99,10 +104,11 @@ def tt_order_costs(
     costs: dict[str, float] = {}
     batch_macs = batch * mid * (m + n)
     batch_elements = batch * (m + n + 2 * mid)
+    merge_factor = _MERGE_RECOMPUTE_FACTOR if backward else 1
     costs["merge"] = model.time(
-        grad_factor * (merge_macs + batch_macs),
-        traffic_factor * (merge_elements + batch_elements),
-        grad_factor * (merge_ops + 2),
+        merge_factor * merge_macs + grad_factor * batch_macs,
+        merge_factor * merge_elements + traffic_factor * batch_elements,
+        merge_factor * merge_ops + grad_factor * 2,
     )
 
     seq_macs = seq_elements = 0

@@ -1,9 +1,11 @@
 """Batch-independent merges of consecutive cores into the two factors used by the merge-first path.
 
 Every merge walks from the outer end of a core group toward the middle bond, so the running product stays
-as small as possible (outer modes are the small ones, see :func:`comera.tt.shapes.auto_modes`). These are
-plain differentiable torch ops: autograd keeps the partial merges it needs, so per-core gradients come from
-saved partial products and nothing is recomputed in the backward pass.
+as small as possible (outer modes are the small ones, see :func:`comera.tt.shapes.auto_modes`). The merges
+are plain differentiable torch ops. The TT merges also come in a form that returns every partial product
+(``*_steps``) with a matching hand-written backward (``*_backward``): the merge-first TT path
+(:func:`comera.tt.contract.tt_merge_linear`) recomputes its merges in the backward pass from those, so no
+merged factor or partial product is held between forward and backward.
 
 Index legend:
     a, c   ranks left / right of the core being absorbed
@@ -18,7 +20,34 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["merge_tt_left", "merge_tt_right", "merge_ttm_left", "merge_ttm_right"]
+__all__ = [
+    "fold_gates",
+    "merge_tt_left",
+    "merge_tt_left_steps",
+    "merge_tt_left_backward",
+    "merge_tt_right",
+    "merge_tt_right_steps",
+    "merge_tt_right_backward",
+    "merge_ttm_left",
+    "merge_ttm_right",
+]
+
+
+def fold_gates(cores: Sequence[torch.Tensor], gates: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The cores with gate ``k`` (shape ``(r_k,)``) scaling the right-rank (last) axis of core ``k``; cores
+    past the last gate are returned as they are. Needs ``len(gates) < len(cores)``."""
+    return [core * gates[k] if k < len(gates) else core for k, core in enumerate(cores)]
+
+
+def merge_tt_left_steps(cores: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Every partial product of :func:`merge_tt_left`: entry ``k`` is cores ``1..k+1`` merged, shape
+    ``(n_1 * ... * n_{k+1}, r_{k+1})``; the last entry is ``L``."""
+    merged = cores[0].reshape(cores[0].shape[1], cores[0].shape[2])
+    steps = [merged]
+    for core in cores[1:]:
+        merged = (merged @ core.reshape(core.shape[0], -1)).reshape(-1, core.shape[2])
+        steps.append(merged)
+    return steps
 
 
 def merge_tt_left(cores: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -26,10 +55,35 @@ def merge_tt_left(cores: Sequence[torch.Tensor]) -> torch.Tensor:
 
     Rows of ``L`` unravel row-major over ``(n_1, ..., n_d)``; requires ``r_0 == 1``.
     """
-    merged = cores[0].reshape(cores[0].shape[1], cores[0].shape[2])
-    for core in cores[1:]:
-        merged = (merged @ core.reshape(core.shape[0], -1)).reshape(-1, core.shape[2])
-    return merged
+    return merge_tt_left_steps(cores)[-1]
+
+
+def merge_tt_left_backward(
+    cores: Sequence[torch.Tensor], steps: Sequence[torch.Tensor], grad: torch.Tensor
+) -> list[torch.Tensor]:
+    """Gradients of the ``cores`` given ``grad`` of ``L``, from the partial products ``steps`` of
+    :func:`merge_tt_left_steps`. Step ``k`` computed ``P_k = P_{k-1} (p, a) @ G_k (a, i*c)``, so
+    ``dG_k = P_{k-1}^T dP_k`` and ``dP_{k-1} = dP_k G_k^T``."""
+    grads: list[torch.Tensor] = [grad] * len(cores)
+    for k in range(len(cores) - 1, 0, -1):
+        core, previous = cores[k], steps[k - 1]
+        grad = grad.reshape(previous.shape[0], -1)
+        grads[k] = (previous.t() @ grad).reshape(core.shape)
+        grad = grad @ core.reshape(core.shape[0], -1).t()
+    grads[0] = grad.reshape(cores[0].shape)
+    return grads
+
+
+def merge_tt_right_steps(cores: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Every partial product of :func:`merge_tt_right`, from the last core inward: entry ``k`` is the last
+    ``k + 1`` cores merged, shape ``(r, prod of their modes)``; the last entry is ``R``."""
+    last = cores[-1]
+    merged = last.reshape(last.shape[0], last.shape[1])
+    steps = [merged]
+    for core in reversed(cores[:-1]):
+        merged = (core.reshape(-1, core.shape[2]) @ merged).reshape(core.shape[0], -1)
+        steps.append(merged)
+    return steps
 
 
 def merge_tt_right(cores: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -37,11 +91,23 @@ def merge_tt_right(cores: Sequence[torch.Tensor]) -> torch.Tensor:
 
     Columns of ``R`` unravel row-major over ``(n_{d+1}, ..., n_K)``.
     """
-    last = cores[-1]
-    merged = last.reshape(last.shape[0], last.shape[1])
-    for core in reversed(cores[:-1]):
-        merged = (core.reshape(-1, core.shape[2]) @ merged).reshape(core.shape[0], -1)
-    return merged
+    return merge_tt_right_steps(cores)[-1]
+
+
+def merge_tt_right_backward(
+    cores: Sequence[torch.Tensor], steps: Sequence[torch.Tensor], grad: torch.Tensor
+) -> list[torch.Tensor]:
+    """Gradients of the ``cores`` given ``grad`` of ``R``, from the partial products ``steps`` of
+    :func:`merge_tt_right_steps`. Absorbing core ``G`` computed ``P' = G (a*i, c) @ P (c, q)``, so
+    ``dG = dP' P^T`` and ``dP = G^T dP'``."""
+    grads: list[torch.Tensor] = [grad] * len(cores)
+    for k in range(len(cores) - 1):
+        core, previous = cores[k], steps[len(cores) - 2 - k]
+        grad = grad.reshape(-1, previous.shape[1])
+        grads[k] = (grad @ previous.t()).reshape(core.shape)
+        grad = core.reshape(-1, core.shape[2]).t() @ grad
+    grads[-1] = grad.reshape(cores[-1].shape)
+    return grads
 
 
 def merge_ttm_left(cores: Sequence[torch.Tensor]) -> torch.Tensor:

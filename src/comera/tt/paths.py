@@ -25,10 +25,10 @@ from collections.abc import Sequence
 
 import torch
 
-from comera.tt.contract import low_rank_linear, ttm_split_linear
+from comera.tt.contract import tt_merge_linear, ttm_split_linear
 from comera.tt.costs import ORDERS
 from comera.tt.fp8 import fp8_low_rank_linear
-from comera.tt.merge import merge_tt_left, merge_tt_right, merge_ttm_left, merge_ttm_right
+from comera.tt.merge import fold_gates, merge_tt_left, merge_tt_right, merge_ttm_left, merge_ttm_right
 from comera.tt.workspace import Workspace
 
 __all__ = ["GEMMS", "tt_linear", "ttm_linear"]
@@ -75,19 +75,22 @@ def tt_linear(
     order: str = "merge",
     gemm: str = "fp32",
     workspace: Workspace | None = None,
+    gates: Sequence[torch.Tensor] = (),
 ) -> torch.Tensor:
     """``x @ W + bias`` for a TT-folded weight ``W`` (input modes on the first ``num_in_cores`` cores).
 
     Args:
         x: ``(B, in_features)``; ``in_features`` may be smaller than the product of the input modes, in which
             case the missing (padded) input entries are zero.
-        cores: TT cores ``(r_{k-1}, n_k, r_k)``, gates already folded in.
+        cores: TT cores ``(r_{k-1}, n_k, r_k)``.
         num_in_cores: how many leading cores carry input modes (``1 <= d < len(cores)``).
         out_features: output columns kept (the product of the output modes may be larger).
         bias: ``(out_features,)`` or None.
         order: one of :data:`ORDERS`.
         gemm: one of :data:`GEMMS`; ``"fp8"`` affects the ``"merge"`` order only.
         workspace: scratch buffers of the ``"merge"`` order's backward, reused across calls.
+        gates: at most ``len(cores) - 1`` bond gates; gate ``k`` scales the right-rank axis of core ``k``
+            (the fp32 ``"merge"`` order folds them in itself, see :func:`comera.tt.contract.tt_merge_linear`).
 
     Returns:
         ``(B, out_features)``.
@@ -96,12 +99,13 @@ def tt_linear(
     if gemm not in GEMMS:
         raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
     in_features = x.shape[1]
+    if order == "merge" and gemm == "fp32":
+        return tt_merge_linear(x, cores, num_in_cores, out_features, bias, workspace, gates)
+    cores = fold_gates(cores, gates)
     if order == "merge":
         left = merge_tt_left(cores[:num_in_cores])[:in_features]
         right = merge_tt_right(cores[num_in_cores:])[:, :out_features]
-        if gemm == "fp8":
-            return fp8_low_rank_linear(x, left, right, bias)
-        return low_rank_linear(x, left, right, bias, workspace)
+        return fp8_low_rank_linear(x, left, right, bias)
     if order == "sequential":
         padded = _pad_columns(x, math.prod([c.shape[1] for c in cores[:num_in_cores]]))
         return _add_bias(_tt_sequential(padded, cores, num_in_cores, out_features), bias)
