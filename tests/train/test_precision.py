@@ -20,8 +20,12 @@ class RecordingLoss:
         return torch.nn.functional.cross_entropy(logits.float(), labels)
 
 
-def train(precision):
+def train(precision, order=None):
     model = make_model(dropout=0.0)
+    if order is not None:
+        for layer in model.modules():
+            if hasattr(layer, "order"):
+                layer.order = order
     recorder = RecordingLoss()
     config = TrainConfig(
         early=2, batch_size=16, precision=precision, lr_cores=1e-2, lr_other=1e-2, eval_every=6
@@ -52,8 +56,9 @@ def test_fp8_precision_switches_tt_layers_to_fp8_gemms_and_trains():
 
     if not fp8_supported("cpu"):
         pytest.skip("torch._scaled_mm with FP8 is unavailable on this CPU build")
-    fp8, _, fp8_result = train("fp8")
-    fp32, _, fp32_result = train("fp32")
+    # fp8 changes the merge order only; at this tiny size the cost model would pick another order
+    fp8, _, fp8_result = train("fp8", order="merge")
+    fp32, _, fp32_result = train("fp32", order="merge")
     layers = [m for m in fp8.modules() if isinstance(m, TTLinear)]
     assert layers and all(layer.gemm == "fp8" for layer in layers)
     assert all(layer.gemm == "fp32" for layer in fp32.modules() if isinstance(layer, TTLinear))
