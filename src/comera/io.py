@@ -340,11 +340,14 @@ def _placement_of(module: nn.Module, default: torch.dtype) -> tuple[torch.device
     return tensor.device, tensor.dtype if tensor.is_floating_point() else default
 
 
-def _check_state(expected: Mapping[str, torch.Size], tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+def _check_state(
+    expected: Mapping[str, torch.Size | None], tensors: Mapping[str, torch.Tensor], path: Path
+) -> None:
     for key, shape in expected.items():
         if key not in tensors:
-            raise ValueError(f"{path}: missing key {key!r} (expected shape {tuple(shape)})")
-        if tuple(tensors[key].shape) != tuple(shape):
+            wanted = "any shape" if shape is None else f"expected shape {tuple(shape)}"
+            raise ValueError(f"{path}: missing key {key!r} ({wanted})")
+        if shape is not None and tuple(tensors[key].shape) != tuple(shape):
             raise ValueError(
                 f"{path}: key {key!r} has shape {tuple(tensors[key].shape)}, the model expects {tuple(shape)}"
             )

@@ -74,12 +74,19 @@ def replace_module(root: nn.Module, old: nn.Module, new: nn.Module) -> list[str]
     return names
 
 
-def state_shapes(root: nn.Module, swaps: Mapping[int, nn.Module] | None = None) -> dict[str, torch.Size]:
+_EXTRA_STATE_KEY = "_extra_state"
+"""The state-dict key torch gives a module's ``get_extra_state()`` value."""
+
+
+def state_shapes(
+    root: nn.Module, swaps: Mapping[int, nn.Module] | None = None
+) -> dict[str, torch.Size | None]:
     """Shapes of ``root.state_dict()`` as they would be if every module ``m`` with ``id(m)`` in ``swaps``
     were replaced by ``swaps[id(m)]`` (nothing is changed). Shared modules and tensors are listed under
-    every name, as ``state_dict`` does."""
+    every name, as ``state_dict`` does. A module with extra state (``get_extra_state`` overridden) has its
+    ``_extra_state`` key listed with shape None (any value)."""
     swaps = swaps or {}
-    shapes: dict[str, torch.Size] = {}
+    shapes: dict[str, torch.Size | None] = {}
 
     def walk(module: nn.Module, prefix: str) -> None:
         module = swaps.get(id(module), module)
@@ -89,6 +96,8 @@ def state_shapes(root: nn.Module, swaps: Mapping[int, nn.Module] | None = None) 
         for key, buffer in module._buffers.items():
             if buffer is not None and key not in module._non_persistent_buffers_set:
                 shapes[prefix + key] = buffer.shape
+        if type(module).get_extra_state is not nn.Module.get_extra_state:
+            shapes[prefix + _EXTRA_STATE_KEY] = None
         for key, child in module._modules.items():
             if child is not None:
                 walk(child, f"{prefix}{key}.")
