@@ -37,3 +37,21 @@ def test_bad_rates_raise(name, value):
     rates = {"lr_cores": 1e-4, "lr_gates": 1e-3, "lr_other": 5e-5, name: value}
     with pytest.raises(ValueError, match=name):
         param_groups(TTLinear(8, 8, rank=2), **rates)
+
+
+def test_weight_decay_defaults_to_zero_for_every_group():
+    groups = param_groups(
+        nn.Sequential(TTLinear(8, 8, rank=2), nn.LayerNorm(8)), lr_cores=1e-4, lr_gates=1e-3, lr_other=5e-5
+    )
+    assert [(group["name"], group["weight_decay"]) for group in groups] == [
+        ("cores", 0.0),
+        ("gates", 0.0),
+        ("other", 0.0),
+    ]
+
+
+@pytest.mark.parametrize("name", ["lr_cores", "lr_gates", "lr_other", "weight_decay"])
+def test_a_bad_rate_message_starts_with_the_argument_name(name):
+    rates = {"lr_cores": 1e-4, "lr_gates": 1e-3, "lr_other": 5e-5, name: -1.0}
+    with pytest.raises(ValueError, match=rf"^{name} must be a finite number in \[0\.0, inf\], got -1\.0$"):
+        param_groups(TTLinear(8, 8, rank=2), **rates)
