@@ -16,6 +16,7 @@ from torch import nn
 
 from comera import load_pretrained, prune_, register_model, save_pretrained, tensorize_
 from comera.io import CONFIG_NAME, FORMAT_VERSION, MODEL_ATTRIBUTE, WEIGHTS_NAME, read_saved
+from comera.nn import layer as layer_module
 from comera.nn.layer import ComeraLayer, register_layer
 from comera.tensorize import tensorize_configs
 
@@ -199,10 +200,14 @@ class _Pointer(ComeraLayer, nn.Module):
         return {"kind": self.kind, "target": name_of(self._target[0])}
 
 
-register_layer(_Pointer)
+@pytest.fixture
+def pointer_kind(monkeypatch):
+    """``_Pointer`` registered for one test only (the layer registry is process-wide)."""
+    monkeypatch.setattr(layer_module, "_LAYER_TYPES", dict(layer_module._LAYER_TYPES))
+    register_layer(_Pointer)
 
 
-def test_save_refuses_a_layer_referring_to_a_module_outside_the_model(tmp_path):
+def test_save_refuses_a_layer_referring_to_a_module_outside_the_model(tmp_path, pointer_kind):
     model = nn.Sequential(nn.Linear(3, 3), _Pointer(nn.Identity()))
     target = tmp_path / "save"
     with pytest.raises(ValueError, match=r"^a layer refers to a Identity that is not part of the model$"):
