@@ -27,6 +27,7 @@ from torch import nn
 
 from comera.nn.layer import ComeraLayer
 from comera.tt.cores import num_train_parameters
+from comera.tt.merge import fold_gates
 
 __all__ = ["DEFAULT_RANK", "GatedTrain", "mask_gate", "DEFAULT_TAU"]
 
@@ -114,10 +115,7 @@ class GatedTrain(ComeraLayer, nn.Module):
 
     def gated_cores(self) -> list[torch.Tensor]:
         """Cores with each bond's masked gate folded into the right-rank axis of the core on its left."""
-        cores = self.core_list()
-        gated = [core * mask for core, mask in zip(cores[:-1], self.masked_gates())]
-        gated.append(cores[-1])
-        return gated
+        return fold_gates(self.core_list(), self.masked_gates())
 
     def serves_from_cache(self) -> bool:
         """Whether this call may use the inference cache: eval mode, autograd off, not being compiled."""
