@@ -37,3 +37,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def layer_registry(monkeypatch):
+    """``register_layer`` on a copy of the layer registry that the test's end discards, so a layer type a
+    test registers does not outlive it (the registry is process-wide)."""
+    from comera.nn import layer
+
+    monkeypatch.setattr(layer, "_LAYER_TYPES", dict(layer._LAYER_TYPES))
+    return layer.register_layer

@@ -16,8 +16,7 @@ from torch import nn
 
 from comera import load_pretrained, prune_, register_model, save_pretrained, tensorize_
 from comera.io import CONFIG_NAME, FORMAT_VERSION, MODEL_ATTRIBUTE, WEIGHTS_NAME, read_saved
-from comera.nn import layer as layer_module
-from comera.nn.layer import ComeraLayer, register_layer
+from comera.nn.layer import ComeraLayer
 from comera.tensorize import tensorize_configs
 
 
@@ -201,10 +200,9 @@ class _Pointer(ComeraLayer, nn.Module):
 
 
 @pytest.fixture
-def pointer_kind(monkeypatch):
-    """``_Pointer`` registered for one test only (the layer registry is process-wide)."""
-    monkeypatch.setattr(layer_module, "_LAYER_TYPES", dict(layer_module._LAYER_TYPES))
-    register_layer(_Pointer)
+def pointer_kind(layer_registry):
+    """``_Pointer`` registered for one test only."""
+    layer_registry(_Pointer)
 
 
 def test_save_refuses_a_layer_referring_to_a_module_outside_the_model(tmp_path, pointer_kind):

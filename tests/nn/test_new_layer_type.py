@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from comera import compression_report, load_pretrained, prune_, save_pretrained, untensorize_
-from comera.nn import GatedTrain, register_layer
-from comera.nn.layer import _LAYER_TYPES, spec_arguments
+from comera.nn import GatedTrain
+from comera.nn.layer import spec_arguments
 from comera.nn.removed import RemovedLinear
 from comera.report import saved_compression_report
 
@@ -81,10 +81,8 @@ class LowRankLinear(GatedTrain):
 
 
 @pytest.fixture
-def registered():
-    register_layer(LowRankLinear)
-    yield LowRankLinear
-    _LAYER_TYPES.pop(LowRankLinear.kind)
+def registered(layer_registry):
+    return layer_registry(LowRankLinear)
 
 
 def _base():

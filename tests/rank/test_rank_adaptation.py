@@ -316,31 +316,6 @@ def test_state_dict_round_trip_in_the_recover_phase():
     assert second.size() == first.size() <= (1 + TARGET_TOLERANCE) * first.target_size
 
 
-def test_state_without_the_controller_keys_loads_as_descend():
-    model = _model()
-    first = RankAdaptation(model)
-    first.begin_late_stage(0.5, target_loss=1.0)
-    state = {key: value for key, value in first.state_dict().items() if key in _OLD_KEYS}
-    second = RankAdaptation(model)
-    second.load_state_dict(state)
-    assert second.stage == "late" and second.phase == "descend" and float(second.size_weight) == 1.0
-
-
-_OLD_KEYS = {
-    "stage",
-    "gamma",
-    "tau",
-    "surrogate",
-    "initial_size",
-    "target_size",
-    "target_loss",
-    "rho",
-    "ema",
-    "ema_sum",
-    "ema_weight",
-}
-
-
 @pytest.mark.parametrize(
     "kwargs, match",
     [({"late_steps": 0}, "late_steps"), ({"late_steps": 2.5}, "late_steps"), ({"recovery": 1.0}, "recovery")],
