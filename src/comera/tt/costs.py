@@ -2,10 +2,17 @@
 
 The orders (:data:`ORDERS`, computed by :mod:`comera.tt.paths`) compute the same ``y = x W + b``:
 ``"merge"`` (merge each core group once, then the batch-sized GEMMs), ``"sequential"`` (one core at a time)
-and ``"dense"`` (rebuild ``W``, one GEMM). The model estimates the wall time of forward (and backward when
-gradients are needed) from multiply-accumulates, memory traffic and a per-kernel launch overhead. Its inputs
-are Python ints (shapes and ranks), so choosing an order never syncs with the device and is a trace-time
-constant under ``torch.compile``; choices are memoised per distinct call shape.
+and ``"dense"`` (rebuild ``W``, one GEMM). For each order the model lists the matrix products it runs
+(:class:`Gemm`: forward, and with ``backward`` the two products of each one's backward as well as any
+recomputation) and estimates the wall time of the list from multiply-accumulates, memory traffic (every
+operand read and the result written) and a per-kernel launch overhead. Copies made by reshapes and the bias
+are not modelled: they are at most an activation-sized pass per product and are about the same for every
+order. Its inputs are Python ints (shapes and ranks), so choosing an order never syncs with the device and is
+a trace-time constant under ``torch.compile``; choices are memoised per distinct call shape.
+
+The lists assume the layer's input and cores both need gradients and ``in_features``/``out_features`` equal
+the products of the modes; ``tests/tt/test_cost_model_counts.py`` checks each list against the products the
+code really dispatches.
 """
 
 from __future__ import annotations
@@ -19,8 +26,12 @@ import torch
 
 __all__ = [
     "ORDERS",
+    "Gemm",
+    "Copy",
     "CostModel",
     "DEFAULT_COST_MODEL",
+    "tt_order_kernels",
+    "ttm_order_kernels",
     "tt_order_costs",
     "ttm_order_costs",
     "ttm_best_split",
@@ -31,6 +42,58 @@ __all__ = [
 ]
 
 ORDERS = ("merge", "sequential", "dense")
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One matrix product ``(rows x inner) @ (inner x cols)``, run ``count`` times (a batched product).
+
+    Attributes:
+        rows, inner, cols: the product's dimensions.
+        count: how many such products one batched kernel runs (1 for a plain GEMM).
+    """
+
+    rows: int
+    inner: int
+    cols: int
+    count: int = 1
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates: ``count * rows * inner * cols``."""
+        return self.count * self.rows * self.inner * self.cols
+
+    @property
+    def elements(self) -> int:
+        """Elements read and written: both operands and the result, ``count`` times."""
+        return self.count * (self.rows * self.inner + self.inner * self.cols + self.rows * self.cols)
+
+    def backward(self) -> tuple[Gemm, Gemm]:
+        """The two products of this one's backward: ``dA = dC B^T`` and ``dB = A^T dC``."""
+        return (
+            Gemm(self.rows, self.cols, self.inner, self.count),
+            Gemm(self.inner, self.rows, self.cols, self.count),
+        )
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A copy of ``size`` elements into a new layout (read once, written once).
+
+    Attributes:
+        size: elements copied.
+    """
+
+    size: int
+    macs = 0
+
+    @property
+    def elements(self) -> int:
+        """Elements read and written: ``2 * size``."""
+        return 2 * self.size
+
+
+Kernel = Gemm | Copy
 
 
 @dataclass(frozen=True)
@@ -51,33 +114,161 @@ class CostModel:
         """Estimated microseconds of ``ops`` kernels doing ``macs`` MACs over ``elements`` of traffic."""
         return macs / self.macs_per_us + elements / self.elements_per_us + ops * self.launch_us
 
+    def kernels_time(self, kernels: Sequence[Kernel]) -> float:
+        """Estimated microseconds of running ``kernels`` (:class:`Gemm` or :class:`Copy`), one launch each."""
+        macs = sum(kernel.macs for kernel in kernels)
+        elements = sum(kernel.elements for kernel in kernels)
+        return self.time(macs, elements, len(kernels))
+
 
 DEFAULT_COST_MODEL = CostModel()
-_EINSUM_OPS = 3
-"""Kernels one input-side step of the sequential order launches (permute copy, batched GEMM, reshape copy)."""
-
-
-_MERGE_RECOMPUTE_FACTOR = 4
-"""Passes over the TT merges in a training step of the merge order: forward, the backward's recomputation
-(:func:`comera.tt.contract.tt_merge_linear` keeps no merged factor) and the two GEMMs of their backward."""
 
 
 def _full_ranks(ranks: Sequence[int]) -> tuple[int, ...]:
     return (1, *ranks, 1)
 
 
-def _tt_merge_work(modes: Sequence[int], ranks: Sequence[int], from_left: bool) -> tuple[int, int, int]:
-    """MACs, traffic and op count of merging TT cores with ``modes`` and full boundary ``ranks``."""
-    macs = elements = 0
-    sizes = list(zip(modes, ranks[:-1], ranks[1:]))
-    if not from_left:
-        sizes = [(n, right, left) for n, left, right in reversed(sizes)]
-    merged_rows = sizes[0][0]
-    for n, left_rank, right_rank in sizes[1:]:
-        macs += merged_rows * left_rank * n * right_rank
-        merged_rows *= n
-        elements += merged_rows * right_rank + n * left_rank * right_rank
-    return macs, elements, max(len(sizes) - 1, 0)
+def _with_backward(gemms: list[Gemm], backward: bool) -> list[Gemm]:
+    """``gemms`` followed, with ``backward``, by the two backward products of each."""
+    if not backward:
+        return list(gemms)
+    return [*gemms, *(part for gemm in gemms for part in gemm.backward())]
+
+
+def _einsum_copies(step_inputs: Sequence[int], backward: bool) -> list[Copy]:
+    """Copies made by a chain of einsum steps (the sequential orders), given each step's input size.
+
+    With two or more steps, each step's einsum copies its input into the layout of its batched GEMM (the
+    input of one step is the permuted output of the one before). Their backward copies each of those again,
+    plus the gradient of every middle step's input once more. ``tests/tt/test_cost_model_counts.py`` checks
+    this against the copies that run.
+    """
+    if len(step_inputs) < 2:
+        return []
+    copies = [Copy(size) for size in step_inputs]
+    if backward:
+        copies += copies + [Copy(size) for size in step_inputs[1:-1]]
+    return copies
+
+
+def _tt_left_merges(modes: Sequence[int], full: Sequence[int]) -> list[Gemm]:
+    """Merging input cores 1..d from the left: step ``k`` is ``P (p, r_{k-1}) @ G_k (r_{k-1}, n_k r_k)``."""
+    return [Gemm(math.prod(modes[:k]), full[k], modes[k] * full[k + 1]) for k in range(1, len(modes))]
+
+
+def _tt_right_merges(modes: Sequence[int], full: Sequence[int]) -> list[Gemm]:
+    """Merging output cores from the right (``modes`` and ``full`` start at the split bond): absorbing core
+    ``k`` is ``G_k (r_{k-1} n_k, r_k) @ P (r_k, q)``, ``q`` the product of the modes after ``k``."""
+    return [
+        Gemm(full[k] * modes[k], full[k + 1], math.prod(modes[k + 1 :]))
+        for k in range(len(modes) - 2, -1, -1)
+    ]
+
+
+def tt_order_kernels(
+    batch: int, in_modes: Sequence[int], out_modes: Sequence[int], ranks: Sequence[int], backward: bool
+) -> dict[str, list[Kernel]]:
+    """The matrix products (and the sequential order's copies) each order runs for a TT layer; ``ranks`` are
+    the inner bond ranks.
+
+    ``"merge"`` with ``backward`` merges again in the backward (:func:`comera.tt.contract.tt_merge_linear`
+    keeps no merged factor), so its merges appear twice, each with its backward.
+    """
+    full = _full_ranks(ranks)
+    d = len(in_modes)
+    m, n, rank = math.prod(in_modes), math.prod(out_modes), full[d]
+    merges = _tt_left_merges(in_modes, full) + _tt_right_merges(out_modes, full[d:])
+    batched = [Gemm(batch, m, rank), Gemm(batch, rank, n)]
+    recomputed = merges if backward else []
+    kernels = {"merge": [*recomputed, *_with_backward(merges + batched, backward)]}
+
+    sequential, step_inputs = [], []
+    remaining = m
+    for k, size in enumerate(in_modes):
+        step_inputs.append(batch * full[k] * remaining)
+        remaining //= size
+        sequential.append(Gemm(batch * remaining, full[k] * size, full[k + 1]))
+    produced = 1
+    for k, size in enumerate(out_modes, start=d):
+        sequential.append(Gemm(batch * produced, full[k], size * full[k + 1]))
+        produced *= size
+    kernels["sequential"] = _with_backward(sequential, backward) + _einsum_copies(step_inputs, backward)
+
+    dense = [*merges, Gemm(m, rank, n), Gemm(batch, m, n)]
+    kernels["dense"] = _with_backward(dense, backward)
+    return kernels
+
+
+def _ttm_left_merges(row_modes, col_modes, full) -> list[Gemm]:
+    """Merging TTM cores from the left: absorbing core ``k`` is ``(p q, r_{k-1}) @ (r_{k-1}, m_k n_k r_k)``,
+    ``p q`` the rows times columns merged so far."""
+    gemms = []
+    merged = row_modes[0] * col_modes[0]
+    for k in range(1, len(row_modes)):
+        gemms.append(Gemm(merged, full[k], row_modes[k] * col_modes[k] * full[k + 1]))
+        merged *= row_modes[k] * col_modes[k]
+    return gemms
+
+
+def _ttm_right_merges(row_modes, col_modes, full) -> list[Gemm]:
+    """Merging TTM cores from the right (``full`` starts at the split bond): absorbing core ``k`` is
+    ``(r_{k-1} m_k n_k, r_k) @ (r_k, p q)``."""
+    gemms = []
+    merged = row_modes[-1] * col_modes[-1]
+    for k in range(len(row_modes) - 2, -1, -1):
+        gemms.append(Gemm(full[k] * row_modes[k] * col_modes[k], full[k + 1], merged))
+        merged *= row_modes[k] * col_modes[k]
+    return gemms
+
+
+def _ttm_split_kernels(batch, row_modes, col_modes, full, split, backward) -> list[Gemm]:
+    """The merge order split at bond ``split`` (see :func:`comera.tt.contract.ttm_split_linear`)."""
+    rows_left, rows_right = math.prod(row_modes[:split]), math.prod(row_modes[split:])
+    cols_left, cols_right = math.prod(col_modes[:split]), math.prod(col_modes[split:])
+    rank = full[split]
+    merges = _ttm_left_merges(row_modes[:split], col_modes[:split], full[: split + 1])
+    merges += _ttm_right_merges(row_modes[split:], col_modes[split:], full[split:])
+    first = Gemm(batch * rows_left, rows_right, rank * cols_right)
+    second = Gemm(cols_left, rows_left * rank, cols_right, count=batch)
+    gemms = _with_backward([*merges, first], backward)
+    if not backward:
+        return [*gemms, second]
+    # dA of the batched product sums over the batch in one GEMM: (N_L, B N_R) @ (B N_R, M_L r)
+    summed = Gemm(cols_left, batch * cols_right, rows_left * rank)
+    return [*gemms, second, summed, Gemm(rows_left * rank, cols_left, cols_right, count=batch)]
+
+
+def ttm_order_kernels(
+    batch: int,
+    row_modes: Sequence[int],
+    col_modes: Sequence[int],
+    ranks: Sequence[int],
+    backward: bool,
+    split: int | None = None,
+) -> dict[str, list[Kernel]]:
+    """The matrix products (and the sequential order's copies) each order runs for a TTM layer;
+    ``"merge"`` (at bond ``split``, default the middle) only for two or more cores."""
+    full = _full_ranks(ranks)
+    cores = len(row_modes)
+    kernels: dict[str, list[Kernel]] = {}
+    if cores > 1:
+        split = cores // 2 if split is None else split
+        if not 1 <= split < cores:
+            raise ValueError(f"split must be in [1, {cores - 1}], got {split}")
+        kernels["merge"] = _ttm_split_kernels(batch, row_modes, col_modes, full, split, backward)
+
+    sequential, step_inputs = [], []
+    produced, remaining = 1, math.prod(row_modes)
+    for k, (i, j) in enumerate(zip(row_modes, col_modes)):
+        step_inputs.append(batch * produced * full[k] * remaining)
+        remaining //= i
+        sequential.append(Gemm(batch * produced * remaining, full[k] * i, j * full[k + 1]))
+        produced *= j
+    kernels["sequential"] = _with_backward(sequential, backward) + _einsum_copies(step_inputs, backward)
+
+    dense = [*_ttm_left_merges(row_modes, col_modes, full), Gemm(batch, math.prod(row_modes), produced)]
+    kernels["dense"] = _with_backward(dense, backward)
+    return kernels
 
 
 def tt_order_costs(
@@ -89,76 +280,8 @@ def tt_order_costs(
     model: CostModel = DEFAULT_COST_MODEL,
 ) -> dict[str, float]:
     """Estimated microseconds of each order for a TT layer; ``ranks`` are the inner bond ranks."""
-    full = _full_ranks(ranks)
-    d = len(in_modes)
-    m, n, mid = math.prod(in_modes), math.prod(out_modes), full[d]
-    grad_factor = 3 if backward else 1
-    traffic_factor = 3 if backward else 1
-
-    left = _tt_merge_work(in_modes, full[: d + 1], from_left=True)
-    right = _tt_merge_work(out_modes, full[d:], from_left=False)
-    merge_macs = left[0] + right[0]
-    merge_elements = left[1] + right[1]
-    merge_ops = left[2] + right[2]
-
-    costs: dict[str, float] = {}
-    batch_macs = batch * mid * (m + n)
-    batch_elements = batch * (m + n + 2 * mid)
-    merge_factor = _MERGE_RECOMPUTE_FACTOR if backward else 1
-    costs["merge"] = model.time(
-        merge_factor * merge_macs + grad_factor * batch_macs,
-        merge_factor * merge_elements + traffic_factor * batch_elements,
-        merge_factor * merge_ops + grad_factor * 2,
-    )
-
-    seq_macs = seq_elements = 0
-    remaining = m
-    for k, size in enumerate(in_modes):
-        remaining //= size
-        seq_macs += batch * full[k] * size * full[k + 1] * remaining
-        seq_elements += 2 * batch * (full[k] * size * remaining + full[k + 1] * remaining)
-    produced = 1
-    for k, size in enumerate(out_modes, start=d):
-        seq_macs += batch * produced * full[k] * size * full[k + 1]
-        produced *= size
-        seq_elements += batch * produced * full[k + 1] + batch * (produced // size) * full[k]
-    seq_ops = _EINSUM_OPS * d + len(out_modes)
-    costs["sequential"] = model.time(
-        grad_factor * seq_macs, traffic_factor * seq_elements, grad_factor * seq_ops
-    )
-
-    dense_macs = merge_macs + m * mid * n + batch * m * n
-    dense_elements = merge_elements + 2 * m * n + batch * (m + n)
-    costs["dense"] = model.time(
-        grad_factor * dense_macs, traffic_factor * dense_elements, grad_factor * (merge_ops + 2)
-    )
-    return costs
-
-
-def _ttm_half_work(row_modes, col_modes, ranks, from_left: bool) -> tuple[int, int, int]:
-    sizes = list(zip(row_modes, col_modes, ranks[:-1], ranks[1:]))
-    if not from_left:
-        sizes = [(i, j, right, left) for i, j, left, right in reversed(sizes)]
-    macs = elements = 0
-    merged = sizes[0][0] * sizes[0][1]
-    for i, j, left_rank, right_rank in sizes[1:]:
-        macs += merged * left_rank * i * j * right_rank
-        merged *= i * j
-        elements += 2 * merged * right_rank
-    return macs, elements, 2 * max(len(sizes) - 1, 0)
-
-
-def _ttm_split_cost(batch, row_modes, col_modes, full, split, grad_factor, traffic_factor, model):
-    rows_left, rows_right = math.prod(row_modes[:split]), math.prod(row_modes[split:])
-    cols_left, cols_right = math.prod(col_modes[:split]), math.prod(col_modes[split:])
-    rank = full[split]
-    left = _ttm_half_work(row_modes[:split], col_modes[:split], full[: split + 1], from_left=True)
-    right = _ttm_half_work(row_modes[split:], col_modes[split:], full[split:], from_left=False)
-    inner = batch * rows_left * rank * cols_right
-    macs = left[0] + right[0] + inner * (rows_right + cols_left)
-    elements = left[1] + right[1] + batch * (rows_left * rows_right + cols_left * cols_right) + 2 * inner
-    ops = left[2] + right[2] + 4
-    return model.time(grad_factor * macs, traffic_factor * elements, grad_factor * ops)
+    kernels = tt_order_kernels(batch, in_modes, out_modes, ranks, backward)
+    return {order: model.kernels_time(listed) for order, listed in kernels.items()}
 
 
 def ttm_best_split(
@@ -170,16 +293,15 @@ def ttm_best_split(
     model: CostModel = DEFAULT_COST_MODEL,
 ) -> tuple[int, float]:
     """Cheapest bond ``p`` (1..d-1) at which to split a TTM layer, and its estimated microseconds."""
-    full = _full_ranks(ranks)
-    factor = 3 if backward else 1
-    best = None
-    for split in range(1, len(row_modes)):
-        cost = _ttm_split_cost(batch, row_modes, col_modes, full, split, factor, factor, model)
-        if best is None or cost < best[1]:
-            best = (split, cost)
-    if best is None:
+    if len(row_modes) < 2:
         raise ValueError(f"a TTM split needs at least 2 cores, got {len(row_modes)}")
-    return best
+    full = _full_ranks(ranks)
+    costs = {
+        split: model.kernels_time(_ttm_split_kernels(batch, row_modes, col_modes, full, split, backward))
+        for split in range(1, len(row_modes))
+    }
+    best = min(costs, key=costs.get)
+    return best, costs[best]
 
 
 def ttm_order_costs(
@@ -191,27 +313,10 @@ def ttm_order_costs(
     model: CostModel = DEFAULT_COST_MODEL,
 ) -> dict[str, float]:
     """Estimated microseconds of each order for a TTM layer (``merge`` at its best split)."""
-    full = _full_ranks(ranks)
-    factor = 3 if backward else 1
-    m, n = math.prod(row_modes), math.prod(col_modes)
-    costs: dict[str, float] = {}
+    kernels = ttm_order_kernels(batch, row_modes, col_modes, ranks, backward)
+    costs = {order: model.kernels_time(listed) for order, listed in kernels.items() if order != "merge"}
     if len(row_modes) > 1:
         costs["merge"] = ttm_best_split(batch, row_modes, col_modes, ranks, backward, model)[1]
-
-    seq_macs = seq_elements = 0
-    produced, remaining = 1, m
-    for k, (i, j) in enumerate(zip(row_modes, col_modes)):
-        remaining //= i
-        seq_macs += batch * produced * full[k] * i * j * full[k + 1] * remaining
-        before = batch * produced * full[k] * i * remaining
-        produced *= j
-        seq_elements += 3 * (before + batch * produced * full[k + 1] * remaining)
-    costs["sequential"] = model.time(factor * seq_macs, factor * seq_elements, factor * 2 * len(row_modes))
-
-    whole = _ttm_half_work(row_modes, col_modes, full, from_left=True)
-    dense_macs = whole[0] + batch * m * n
-    dense_elements = whole[1] + 2 * m * n + batch * (m + n)
-    costs["dense"] = model.time(factor * dense_macs, factor * dense_elements, factor * (whole[2] + 2))
     return costs
 
 
