@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping
@@ -35,14 +36,19 @@ def _fsync_directory(directory: Path) -> None:
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """Create or replace ``path`` with what ``write(file)`` writes to a binary file object; returns the path.
 
-    The parent folder is created if missing. On any error the temporary file is removed and ``path`` is left
-    as it was.
+    The parent folder is created if missing. A new file gets the permission bits ``open`` would give it
+    (``0o666`` less the umask); a replaced file keeps its own. On any error the temporary file is removed and
+    ``path`` is left as it was.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    temporary = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    # 0o666 less the umask, as open() gives a new file; a replaced file keeps its own permission bits
+    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(handle, "wb") as file:
+            if path.exists():
+                os.fchmod(file.fileno(), stat.S_IMODE(path.stat().st_mode))
             write(file)
             file.flush()
             os.fsync(file.fileno())
@@ -90,7 +96,7 @@ def atomic_replace_folder(directory: str | os.PathLike, files: Mapping[str, byte
     if directory.is_symlink():  # replace the folder the link points to, keep the link
         directory = directory.resolve()
     for name in files:
-        if not name or Path(name).name != name:
+        if name in ("", ".", "..") or Path(name).name != name:
             raise ValueError(f"files must map plain file names to bytes, got name {name!r}")
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = directory.parent / f".{directory.name}.{uuid.uuid4().hex}.tmp"
@@ -133,7 +139,11 @@ def atomic_replace_folder(directory: str | os.PathLike, files: Mapping[str, byte
 def _swap_aside(directory: Path, staging: Path) -> None:
     """Rename ``directory`` aside, ``staging`` in its place, then delete the old one (restored on failure)."""
     aside = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".old"))
-    os.rename(directory, aside / "old")
+    try:
+        os.rename(directory, aside / "old")
+    except BaseException:
+        aside.rmdir()
+        raise
     try:
         os.rename(staging, directory)
     except BaseException:
