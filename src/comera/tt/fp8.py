@@ -231,7 +231,8 @@ def _probe(device: str) -> bool:
         b = ones.to(GRADIENT_FORMAT)
         result = scaled_matmul(b, unit, a, unit, torch.float32)
         return bool(result[0, 0] == CUDA_ALIGNMENT)
-    except (AttributeError, NotImplementedError, RuntimeError, TypeError):
+    except (AssertionError, AttributeError, ImportError, NotImplementedError, RuntimeError, TypeError):
+        # AssertionError/ImportError: a backend this build lacks ("Torch not compiled with CUDA enabled")
         return False
 
 
