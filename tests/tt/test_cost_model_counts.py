@@ -229,6 +229,8 @@ def test_the_default_constants_combine_the_three_terms():
     assert kernels[0].macs == 5 * 2 * 3 * 4 and kernels[0].elements == 5 * (6 + 12 + 8)
     assert kernels[1].macs == 0 and kernels[1].elements == 14
     assert model.kernels_time(kernels) == pytest.approx(model.time(120, 144, 2))
+    # dA = dC B^T is (2 x 4) @ (4 x 3), dB = A^T dC is (3 x 2) @ (2 x 4), each for all 5 batch entries
+    assert kernels[0].backward() == (Gemm(2, 4, 3, count=5), Gemm(3, 2, 4, count=5))
 
 
 def test_choose_order_takes_the_smallest_and_breaks_ties_by_listing_order():
