@@ -85,6 +85,32 @@ def test_backward_of_a_forward_without_autocast_stays_fp32_under_an_enclosing_au
     torch.testing.assert_close(left.grad.double(), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_low_rank_backward_computes_dy_rt_into_the_workspace():
+    """``U = dY R^T`` (B, r) = (5, 3) goes into the one view the workspace hands out."""
+    x, left, right = _low_rank_inputs()
+    workspace = _RecordingWorkspace()
+    loss = (low_rank_linear(x, left, right, None, workspace) * torch.linspace(-1, 1, 4)).sum()
+    with _RecordGemms() as record:
+        loss.backward()
+    assert [tuple(view.shape) for view in workspace.views] == [(5, 3)]
+    assert [ptr for _, ptr, shape in record.gemms if shape == (5, 3)] == [workspace.views[0].data_ptr()]
+    # d loss / dL = x^T (w R^T), w the (5, 4) output weights; float64 reference
+    weights = torch.linspace(-1, 1, 4, dtype=torch.float64).expand(5, 4)
+    expected = x.detach().double().t() @ (weights @ right.detach().double().t())
+    torch.testing.assert_close(left.grad.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_low_rank_backward_under_autocast_bypasses_the_workspace_even_with_matching_dtypes():
+    """bfloat16 inputs and factors under bfloat16 autocast: ``dY`` and ``R`` share a dtype, yet the GEMMs are
+    left to autocast and the workspace stays empty."""
+    x, left, right = (tensor.detach().bfloat16().requires_grad_() for tensor in _low_rank_inputs())
+    workspace = _RecordingWorkspace()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = low_rank_linear(x, left, right, None, workspace)
+    assert _backward_gemm_dtypes(out) == {(torch.bfloat16, torch.bfloat16)}
+    assert workspace.views == [] and workspace.allocations == 0
+
+
 def test_tt_merge_backward_computes_dy_rt_into_the_workspace():
     """``U = dY R^T`` (B, r) = (5, 3) is written into the one view the workspace hands out; the results
     equal those without a workspace. Train: cores (1, 2, 3), (3, 3, 3) | (3, 4, 1); m = 6, n = 4, r = 3."""

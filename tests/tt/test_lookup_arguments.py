@@ -75,3 +75,35 @@ def test_requested_split_is_the_one_computed(split):
 def test_split_out_of_range_is_refused_by_ttm_lookup():
     with pytest.raises(ValueError, match=r"split must be in \[1, 2\], got 3"):
         ttm_lookup(_cores(), _INDICES, dedup=False, split=3)
+
+
+def test_naive_path_runs_the_per_index_chain():
+    """Naive: per index, (n_1, r_1) @ (r_1, n_2 r_2), then (n_1 n_2, r_2) @ (r_2, n_3):
+    2 * 5 * (3 * 2 * 6 + 6 * 3 * 2) = 720 FLOPs for 5 rows, unlike either split (816, 792)."""
+    cores = _cores()
+    with torch.no_grad(), _GemmFlops() as counter:
+        rows = ttm_lookup(cores, _INDICES, path="naive", dedup=False)
+    assert counter.flops == 2 * 5 * (3 * 2 * 6 + 6 * 3 * 2)
+    torch.testing.assert_close(rows, ttm_full(cores)[_INDICES], rtol=1e-12, atol=1e-12)
+
+
+class _OpNames(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_single_index_is_not_checked_for_repeats():
+    """One index cannot repeat: the automatic dedup rule runs no ``unique`` (a host sync) for it."""
+    cores = _cores()
+    with torch.no_grad(), _OpNames() as ops:
+        rows = ttm_lookup(cores, _INDICES[:1])
+    assert not [name for name in ops.names if "unique" in name]
+    torch.testing.assert_close(rows, ttm_full(cores)[_INDICES[:1]], rtol=1e-12, atol=1e-12)
+    with torch.no_grad(), _OpNames() as ops:
+        ttm_lookup(cores, _INDICES[:2])
+    assert [name for name in ops.names if "unique" in name]  # two indices are checked

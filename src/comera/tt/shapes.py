@@ -167,7 +167,7 @@ def resolve_ranks(rank: int | Sequence[int], bond_sizes: Sequence[int]) -> tuple
         requested = (rank,) * len(bounds)
     elif isinstance(rank, Sequence):
         requested = tuple(rank)
-        if len(requested) == len(bounds) + 2 and len(bounds) + 2 > 2 and requested[0] == requested[-1] == 1:
+        if len(requested) == len(bounds) + 2 and requested[0] == requested[-1] == 1:
             requested = requested[1:-1]
         if len(requested) != len(bounds):
             raise ValueError(
