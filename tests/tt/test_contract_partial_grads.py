@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from tt_dispatch import GemmFlops, OpNames
 
 from comera.tt.contract import tt_merge_linear
 
@@ -80,33 +80,6 @@ def _backward_flops(scenario) -> int:
     return flops
 
 
-class _GemmFlops(TorchDispatchMode):
-    """FLOPs (2 per multiply-add) of the GEMMs dispatched inside the mode: ``mm``/``addmm`` of
-    ``(m, k) @ (k, n)`` count ``2 m k n``, ``bmm``/``baddbmm`` of ``(b, m, k) @ (b, k, n)`` count
-    ``2 b m k n`` (out= variants too)."""
-
-    def __init__(self):
-        super().__init__()
-        self.flops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket)
-        if name in ("aten.mm", "aten.bmm", "aten.addmm", "aten.baddbmm"):
-            first, second = args[-2], args[-1]
-            self.flops += 2 * first.shape[:-1].numel() * first.shape[-1] * second.shape[-1]
-        return func(*args, **(kwargs or {}))
-
-
-class _CountOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("scenario", list(_SCENARIOS))
 def test_gradients_of_exactly_the_training_inputs_match_finite_differences(scenario):
     x, bias, cores, gates = _inputs(scenario)
@@ -118,7 +91,7 @@ def test_backward_runs_only_the_gemms_the_training_inputs_need(scenario):
     x, bias, cores, gates = _inputs(scenario)
     out = _function(x, bias, *cores, *gates)
     grad_out = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(4))
-    with _GemmFlops() as counter:
+    with GemmFlops() as counter:
         out.backward(grad_out)
     assert counter.flops == _backward_flops(scenario)
 
@@ -128,7 +101,7 @@ def test_backward_reduces_only_the_gates_that_train(scenario):
     """d gate_k = sum_{a, i} d gated_k * core_k: one reduction per training gate, none for frozen ones."""
     x, bias, cores, gates = _inputs(scenario)
     loss = _function(x, bias, *cores, *gates).sum()
-    with _CountOps() as ops:
+    with OpNames() as ops:
         loss.backward()
     assert ops.names.count("aten.sum") == len(_SCENARIOS[scenario].get("gates", ()))
     for k, gate in enumerate(gates):

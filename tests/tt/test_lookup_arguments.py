@@ -12,29 +12,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from tt_dispatch import GemmFlops, OpNames
 
 from comera.tt.cores import ttm_core_shapes, ttm_full
 from comera.tt.lookup import ttm_lookup
 
 _INDICES = torch.tensor([0, 7, 23, 11, 5])  # distinct rows of the 24-row table
-
-
-class _GemmFlops(TorchDispatchMode):
-    """FLOPs (2 per multiply-add) of the GEMMs dispatched inside the mode: ``mm``/``addmm`` of
-    ``(m, k) @ (k, n)`` count ``2 m k n``, ``bmm``/``baddbmm`` of ``(b, m, k) @ (b, k, n)`` count
-    ``2 b m k n`` (out= variants too)."""
-
-    def __init__(self):
-        super().__init__()
-        self.flops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket)
-        if name in ("aten.mm", "aten.bmm", "aten.addmm", "aten.baddbmm"):
-            first, second = args[-2], args[-1]
-            self.flops += 2 * first.shape[:-1].numel() * first.shape[-1] * second.shape[-1]
-        return func(*args, **(kwargs or {}))
 
 
 def _cores():
@@ -66,7 +49,7 @@ def _split_flops(split: int, batch: int = 5) -> int:
 def test_requested_split_is_the_one_computed(split):
     cores = _cores()
     assert _split_flops(1) != _split_flops(2)
-    with torch.no_grad(), _GemmFlops() as counter:
+    with torch.no_grad(), GemmFlops() as counter:
         rows = ttm_lookup(cores, _INDICES, dedup=False, split=split)
     assert counter.flops == _split_flops(split)
     torch.testing.assert_close(rows, ttm_full(cores)[_INDICES], rtol=1e-12, atol=1e-12)
@@ -81,29 +64,19 @@ def test_naive_path_runs_the_per_index_chain():
     """Naive: per index, (n_1, r_1) @ (r_1, n_2 r_2), then (n_1 n_2, r_2) @ (r_2, n_3):
     2 * 5 * (3 * 2 * 6 + 6 * 3 * 2) = 720 FLOPs for 5 rows, unlike either split (816, 792)."""
     cores = _cores()
-    with torch.no_grad(), _GemmFlops() as counter:
+    with torch.no_grad(), GemmFlops() as counter:
         rows = ttm_lookup(cores, _INDICES, path="naive", dedup=False)
     assert counter.flops == 2 * 5 * (3 * 2 * 6 + 6 * 3 * 2)
     torch.testing.assert_close(rows, ttm_full(cores)[_INDICES], rtol=1e-12, atol=1e-12)
 
 
-class _OpNames(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
-
-
 def test_a_single_index_is_not_checked_for_repeats():
     """One index cannot repeat: the automatic dedup rule runs no ``unique`` (a host sync) for it."""
     cores = _cores()
-    with torch.no_grad(), _OpNames() as ops:
+    with torch.no_grad(), OpNames() as ops:
         rows = ttm_lookup(cores, _INDICES[:1])
     assert not [name for name in ops.names if "unique" in name]
     torch.testing.assert_close(rows, ttm_full(cores)[_INDICES[:1]], rtol=1e-12, atol=1e-12)
-    with torch.no_grad(), _OpNames() as ops:
+    with torch.no_grad(), OpNames() as ops:
         ttm_lookup(cores, _INDICES[:2])
     assert [name for name in ops.names if "unique" in name]  # two indices are checked

@@ -12,7 +12,7 @@ import re
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from tt_dispatch import OpNames
 
 from comera.tt.cores import tt_full, ttm_core_shapes, ttm_full
 from comera.tt.paths import tt_linear, ttm_linear
@@ -30,16 +30,6 @@ def _tt_cores():
 
 def _ttm_cores(rows, cols, ranks, seed=0):
     return _random(ttm_core_shapes(rows, cols, ranks), seed)
-
-
-class _OpNames(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
 
 
 def test_tt_linear_default_order_matches_the_dense_weight():
@@ -96,18 +86,18 @@ def test_no_padding_pass_when_nothing_is_missing():
     cores = _tt_cores()
     weight = tt_full(cores).reshape(6, 8)
     (x,) = _random([(5, 6)], seed=3)
-    with _OpNames() as ops:
+    with OpNames() as ops:
         full = tt_linear(x, cores, 2, 8, None, order="sequential")
     assert "aten.constant_pad_nd" not in ops.names
     torch.testing.assert_close(full, x @ weight, rtol=1e-12, atol=1e-12)
-    with _OpNames() as ops:
+    with OpNames() as ops:
         narrow = tt_linear(x[:, :4], cores, 2, 8, None, order="sequential")
     assert ops.names.count("aten.constant_pad_nd") == 1
     torch.testing.assert_close(narrow, x[:, :4] @ weight[:4], rtol=1e-12, atol=1e-12)
 
     ttm_cores = _ttm_cores((2, 3), (3, 2), (2,))
     bias = torch.ones(6, dtype=torch.float64)  # 6 = 3 * 2 columns; x has the train's 2 * 3 rows
-    with _OpNames() as ops:
+    with OpNames() as ops:
         out = ttm_linear(x, ttm_cores, 6, bias, "merge")
     assert "aten.constant_pad_nd" not in ops.names
     torch.testing.assert_close(out, x @ ttm_full(ttm_cores) + bias, rtol=1e-12, atol=1e-12)
