@@ -31,18 +31,24 @@ def _entries(folder: Path) -> set[str]:
     return {entry.name for entry in folder.iterdir()}
 
 
+def _record_moves(monkeypatch, name: str) -> list[tuple[Path, Path]]:
+    """Record each ``os.<name>(source, destination)`` call (``replace`` or ``rename``), then make it."""
+    moves = []
+    real = getattr(os, name)
+
+    def spy(source, destination):
+        moves.append((Path(source), Path(destination)))
+        return real(source, destination)
+
+    monkeypatch.setattr(os, name, spy)
+    return moves
+
+
 def test_temporary_file_is_created_in_the_target_folder(tmp_path, monkeypatch):
     target = tmp_path / "run" / "weights.bin"
     target.parent.mkdir()
     (target.parent / "neighbour.txt").write_text("untouched")
-    renames = []
-    real_replace = os.replace
-
-    def spy_replace(source, destination):
-        renames.append((Path(source), Path(destination)))
-        return real_replace(source, destination)
-
-    monkeypatch.setattr(os, "replace", spy_replace)
+    renames = _record_moves(monkeypatch, "replace")
     seen = {}
 
     def write(file):
@@ -298,14 +304,7 @@ def test_an_existing_folder_is_exchanged_without_ever_disappearing(tmp_path, mon
     if not _exchange_supported(tmp_path):
         pytest.skip("no renameat2(RENAME_EXCHANGE) here")
     old = _tree(_old_folder(tmp_path))
-    renames = []
-    real_rename = os.rename
-
-    def spy_rename(source, destination):
-        renames.append((source, destination))
-        return real_rename(source, destination)
-
-    monkeypatch.setattr(os, "rename", spy_rename)
+    renames = _record_moves(monkeypatch, "rename")
     monkeypatch.chdir(tmp_path)  # a relative path: the folder descriptors passed to renameat2 matter
     assert atomic_replace_folder("ckpt", NEW_FILES) == Path("ckpt")
     assert renames == []  # renaming the old folder aside would leave a moment without it
@@ -318,14 +317,7 @@ def test_without_exchange_the_old_folder_is_renamed_aside_within_the_parent(
 ):
     folder = _old_folder(tmp_path)
     old = _tree(folder)
-    renames = []
-    real_rename = os.rename
-
-    def spy_rename(source, destination):
-        renames.append((Path(source), Path(destination)))
-        return real_rename(source, destination)
-
-    monkeypatch.setattr(os, "rename", spy_rename)
+    renames = _record_moves(monkeypatch, "rename")
     atomic_replace_folder(folder, NEW_FILES)
     assert _tree(folder) == _expected_after_replace(old)
     assert _entries(tmp_path) == {"ckpt"}
