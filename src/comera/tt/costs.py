@@ -239,6 +239,22 @@ def _ttm_split_kernels(batch, row_modes, col_modes, full, split, backward) -> li
     return [*gemms, second, summed, Gemm(rows_left * rank, cols_left, cols_right, count=batch)]
 
 
+def _ttm_unsplit_kernels(batch, row_modes, col_modes, full, backward) -> dict[str, list[Kernel]]:
+    """The kernels of the TTM orders that do not split the train: ``"sequential"`` and ``"dense"``."""
+    sequential, step_inputs = [], []
+    produced, remaining = 1, math.prod(row_modes)
+    for k, (i, j) in enumerate(zip(row_modes, col_modes)):
+        step_inputs.append(batch * produced * full[k] * remaining)
+        remaining //= i
+        sequential.append(Gemm(batch * produced * remaining, full[k] * i, j * full[k + 1]))
+        produced *= j
+    dense = [*_ttm_left_merges(row_modes, col_modes, full), Gemm(batch, math.prod(row_modes), produced)]
+    return {
+        "sequential": _with_backward(sequential, backward) + _einsum_copies(step_inputs, backward),
+        "dense": _with_backward(dense, backward),
+    }
+
+
 def ttm_order_kernels(
     batch: int,
     row_modes: Sequence[int],
@@ -257,19 +273,7 @@ def ttm_order_kernels(
         if not 1 <= split < cores:
             raise ValueError(f"split must be in [1, {cores - 1}], got {split}")
         kernels["merge"] = _ttm_split_kernels(batch, row_modes, col_modes, full, split, backward)
-
-    sequential, step_inputs = [], []
-    produced, remaining = 1, math.prod(row_modes)
-    for k, (i, j) in enumerate(zip(row_modes, col_modes)):
-        step_inputs.append(batch * produced * full[k] * remaining)
-        remaining //= i
-        sequential.append(Gemm(batch * produced * remaining, full[k] * i, j * full[k + 1]))
-        produced *= j
-    kernels["sequential"] = _with_backward(sequential, backward) + _einsum_copies(step_inputs, backward)
-
-    dense = [*_ttm_left_merges(row_modes, col_modes, full), Gemm(batch, math.prod(row_modes), produced)]
-    kernels["dense"] = _with_backward(dense, backward)
-    return kernels
+    return {**kernels, **_ttm_unsplit_kernels(batch, row_modes, col_modes, full, backward)}
 
 
 def tt_order_costs(
@@ -314,8 +318,8 @@ def ttm_order_costs(
     model: CostModel = DEFAULT_COST_MODEL,
 ) -> dict[str, float]:
     """Estimated microseconds of each order for a TTM layer (``merge`` at its best split)."""
-    kernels = ttm_order_kernels(batch, row_modes, col_modes, ranks, backward)
-    costs = {order: model.kernels_time(listed) for order, listed in kernels.items() if order != "merge"}
+    kernels = _ttm_unsplit_kernels(batch, row_modes, col_modes, _full_ranks(ranks), backward)
+    costs = {order: model.kernels_time(listed) for order, listed in kernels.items()}
     if len(row_modes) > 1:
         costs["merge"] = ttm_best_split(batch, row_modes, col_modes, ranks, backward, model)[1]
     return costs
