@@ -256,7 +256,8 @@ def test_ttm_estimates_are_the_model_times_of_their_kernel_lists(
 # batch, in (row) modes, out (column) modes, inner ranks; at these shapes the choice with gradients on differs
 # from the choice without (found by scanning batches; asserted below, so a change of the model shows up here)
 _TT_FLIPS = (2, (4, 4, 8), (8, 4, 4), (6, 12, 24, 12, 6))
-_TTM_FLIPS = (8, (8, 8, 12), (8, 8, 12), (30, 30))
+_TTM_FLIPS = (2, (4, 8), (8, 4), (30,))
+_TTM_SPLIT_FLIPS = (8, (8, 8, 12), (8, 8, 12), (30, 30))
 
 
 def test_the_memoised_choices_are_the_cost_model_choices():
@@ -270,12 +271,32 @@ def test_the_memoised_choices_are_the_cost_model_choices():
         assert picks[backward] == choose_order(tt_order_costs(batch, in_modes, out_modes, ranks, backward))
     assert picks[False] != picks[True]
     batch, row_modes, col_modes, ranks = _TTM_FLIPS
-    picks, splits = {}, {}
+    picks = {}
     for backward in (False, True):
         picks[backward] = auto_ttm_order(batch, row_modes, col_modes, ranks, backward)
         assert picks[backward] == choose_order(ttm_order_costs(batch, row_modes, col_modes, ranks, backward))
+    assert picks[False] != picks[True]
+    batch, row_modes, col_modes, ranks = _TTM_SPLIT_FLIPS
+    splits = {}
+    for backward in (False, True):
         splits[backward] = ttm_merge_split(batch, row_modes, col_modes, ranks, backward)
         assert splits[backward] == ttm_best_split(batch, row_modes, col_modes, ranks, backward)[0]
-    assert picks[False] != picks[True] or splits[False] != splits[True]
+    assert splits[False] != splits[True]
     assert ttm_merge_split(4, (6,), (5,), (), True) is None
     assert ttm_merge_split(4, (2, 3), (3, 2), (4,), True) == 1
+
+
+def test_a_repeated_call_shape_is_answered_from_the_cache():
+    """Eager calls go through the caches: the second call with the same shape is a hit, not a new estimate."""
+    for function in costs._MEMOISED.values():
+        function.cache_clear()
+    calls = (
+        (auto_tt_order, costs._tt_order, _TT_FLIPS),
+        (auto_ttm_order, costs._ttm_order, _TTM_FLIPS),
+        (ttm_merge_split, costs._ttm_split, _TTM_SPLIT_FLIPS),
+    )
+    for entry, function, shape in calls:
+        for _ in range(3):
+            entry(*shape, True)
+        info = costs._MEMOISED[function].cache_info()
+        assert (info.misses, info.hits) == (1, 2)
