@@ -1,6 +1,6 @@
 """Plant known, realistic bugs one at a time and check that the test suite catches each of them.
 
-Usage: ``python tools/planted_bugs.py`` from the repository root (about 15 minutes on 2 cores: the tests
+Usage: ``python tools/planted_bugs.py`` from the repository root (about 3 minutes on 2 cores: the tests
 run once unchanged, then once per bug).
 
 Each bug is a one-line change to a copy of ``src/`` in a temporary folder; the named tests run with that copy
