@@ -46,11 +46,15 @@ def test_prune_keeps_outputs_and_shrinks_to_active_ranks():
     assert result.stored_after < result.stored_before
 
 
-def test_prune_without_folding_keeps_gate_values():
+def test_prune_without_folding_keeps_the_live_gate_values():
     model = _model()
-    kept = model[0].gates[0].detach().clone()
+    x = torch.randn(5, 24, dtype=torch.float64)
+    before = model(x)
+    gate = model[0].gates[1].detach().clone()
+    live = [i for i in range(gate.numel()) if i not in (0, 3)]  # entries 0 and 3 are below tau in _model
     prune_(model, fold_gates=False)
-    torch.testing.assert_close(model[0].gates[0].detach(), kept)
+    assert torch.equal(model[0].gates[1].detach(), gate[live])
+    torch.testing.assert_close(model(x), before, rtol=1e-12, atol=1e-12)
 
 
 def test_prune_of_an_unpruned_layer_changes_nothing():
