@@ -47,3 +47,12 @@ def layer_registry(monkeypatch):
 
     monkeypatch.setattr(layer, "_LAYER_TYPES", dict(layer._LAYER_TYPES))
     return layer.register_layer
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test: many small kernels on a shared CPU run faster and steadier so."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

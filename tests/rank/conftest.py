@@ -1,12 +1,8 @@
 """Rank tests run many small optimizer steps: one intra-op thread avoids oversubscribing a shared CPU."""
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _rank_tests_run_on_one_thread(one_thread):
+    """Every rank test uses the shared ``one_thread`` fixture (tests/conftest.py)."""

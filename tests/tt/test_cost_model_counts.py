@@ -264,24 +264,15 @@ def test_the_memoised_choices_are_the_cost_model_choices():
     """The cached entry points answer what the cost model answers, with and without gradients."""
     for function in costs._MEMOISED.values():
         function.cache_clear()
-    batch, in_modes, out_modes, ranks = _TT_FLIPS
-    picks = {}
-    for backward in (False, True):
-        picks[backward] = auto_tt_order(batch, in_modes, out_modes, ranks, backward)
-        assert picks[backward] == choose_order(tt_order_costs(batch, in_modes, out_modes, ranks, backward))
-    assert picks[False] != picks[True]
-    batch, row_modes, col_modes, ranks = _TTM_FLIPS
-    picks = {}
-    for backward in (False, True):
-        picks[backward] = auto_ttm_order(batch, row_modes, col_modes, ranks, backward)
-        assert picks[backward] == choose_order(ttm_order_costs(batch, row_modes, col_modes, ranks, backward))
-    assert picks[False] != picks[True]
-    batch, row_modes, col_modes, ranks = _TTM_SPLIT_FLIPS
-    splits = {}
-    for backward in (False, True):
-        splits[backward] = ttm_merge_split(batch, row_modes, col_modes, ranks, backward)
-        assert splits[backward] == ttm_best_split(batch, row_modes, col_modes, ranks, backward)[0]
-    assert splits[False] != splits[True]
+    cases = (
+        (auto_tt_order, lambda *shape: choose_order(tt_order_costs(*shape)), _TT_FLIPS),
+        (auto_ttm_order, lambda *shape: choose_order(ttm_order_costs(*shape)), _TTM_FLIPS),
+        (ttm_merge_split, lambda *shape: ttm_best_split(*shape)[0], _TTM_SPLIT_FLIPS),
+    )
+    for entry, reference, shape in cases:
+        picks = [entry(*shape, backward) for backward in (False, True)]
+        assert picks == [reference(*shape, backward) for backward in (False, True)]
+        assert picks[0] != picks[1]
     assert ttm_merge_split(4, (6,), (5,), (), True) is None
     assert ttm_merge_split(4, (2, 3), (3, 2), (4,), True) == 1
 

@@ -35,9 +35,13 @@ from comera.tt.fp8 import (
     scaled_matmul,
 )
 
-pytestmark = pytest.mark.skipif(
-    not fp8_supported("cpu"), reason="torch._scaled_mm with FP8 operands is unavailable on this CPU build"
-)
+# small FP8 GEMMs on CPU are dominated by per-call overhead, which grows with threads on a busy CPU
+pytestmark = [
+    pytest.mark.skipif(
+        not fp8_supported("cpu"), reason="torch._scaled_mm with FP8 operands is unavailable on this CPU build"
+    ),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 E4M3_U = 2.0**-4
 E5M2_U = 2.0**-3
@@ -48,15 +52,6 @@ BOUNDS = {
     "right": math.sqrt(3 * E4M3_U**2 + E5M2_U**2),
 }
 FLOOR = E4M3_U / 8
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small FP8 GEMMs on CPU are dominated by per-call overhead, which grows with threads on a busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:

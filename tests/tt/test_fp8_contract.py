@@ -37,14 +37,7 @@ def _cpu_scaled_mm_works() -> bool:
 
 CPU_FP8 = _cpu_scaled_mm_works()
 needs_cpu_fp8 = pytest.mark.skipif(not CPU_FP8, reason="torch._scaled_mm with FP8 is unavailable on this CPU")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class _Spy:

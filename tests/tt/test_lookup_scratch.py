@@ -15,10 +15,11 @@ import warnings
 
 import pytest
 import torch
+from lookup_reference import assert_lookup_matches_the_table
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import comera.tt.lookup as lookup_module
-from comera.tt.cores import ttm_core_shapes, ttm_full
+from comera.tt.cores import ttm_core_shapes
 from comera.tt.lookup import ttm_lookup_split
 from comera.tt.workspace import Workspace
 
@@ -71,11 +72,7 @@ def test_forward_and_backward_share_chunk_sized_buffers(monkeypatch, chunk_eleme
         assert workspace.nbytes() == rows * (6 + 8) * 8
         grads = torch.autograd.grad((out * grad_out).sum(), cores)
     assert workspace.nbytes() == 2 * rows * (6 + 8) * 8
-    table = ttm_full(cores)
-    torch.testing.assert_close(out, table[_INDICES], rtol=1e-12, atol=1e-12)
-    expected = torch.autograd.grad((table[_INDICES] * grad_out).sum(), cores)
-    for grad, reference in zip(grads, expected):
-        torch.testing.assert_close(grad, reference, rtol=1e-12, atol=1e-12)
+    assert_lookup_matches_the_table(out, grads, cores, _INDICES, grad_out)
 
 
 def test_empty_batch_takes_no_scratch_and_runs_no_gemm():
