@@ -158,7 +158,8 @@ class SelfAttention(nn.Module):
         q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
         p = self.attention_p if self.training else 0.0
         if p > 0.0 and not x.is_cuda:
-            scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+            # the 1/sqrt(head size) scale on q: (B, H, T, d) elements instead of the (B, H, T, T) scores
+            scores = torch.matmul(q * (1.0 / math.sqrt(q.shape[-1])), k.transpose(-2, -1))
             if bias is not None:
                 scores = scores + bias
             context = torch.matmul(fast_dropout(scores.softmax(dim=-1), p), v)
