@@ -39,6 +39,8 @@ __all__ = [
     "auto_tt_order",
     "auto_ttm_order",
     "ttm_merge_split",
+    "ttm_rebuild_split",
+    "auto_ttm_rebuild_split",
 ]
 
 ORDERS = ("merge", "sequential", "dense")
@@ -222,6 +224,39 @@ def _ttm_right_merges(row_modes, col_modes, full) -> list[Gemm]:
     return gemms
 
 
+def _ttm_rebuild_merges(row_modes, col_modes, full, split) -> list[Gemm]:
+    """The products that rebuild a TTM matrix split at bond ``split`` (in ``[1, d]``; see
+    :func:`comera.tt.merge.merge_ttm_matrix`): the left group's merges, the right group's, and their join
+    ``(M_L N_L, r_split) @ (r_split, M_R N_R)``; ``split == d`` is one left-to-right chain."""
+    if split == len(row_modes):
+        return _ttm_left_merges(row_modes, col_modes, full)
+    left_size = math.prod(row_modes[:split]) * math.prod(col_modes[:split])
+    right_size = math.prod(row_modes[split:]) * math.prod(col_modes[split:])
+    return [
+        *_ttm_left_merges(row_modes[:split], col_modes[:split], full[: split + 1]),
+        *_ttm_right_merges(row_modes[split:], col_modes[split:], full[split:]),
+        Gemm(left_size, full[split], right_size),
+    ]
+
+
+def ttm_rebuild_split(
+    row_modes: Sequence[int],
+    col_modes: Sequence[int],
+    ranks: Sequence[int],
+    model: CostModel = DEFAULT_COST_MODEL,
+) -> int:
+    """The bond (``1..d``, ``d``: one chain) at which rebuilding a TTM matrix is cheapest under ``model``.
+
+    The batch does not enter: the products after the rebuild are the same for every split.
+    """
+    full = _full_ranks(ranks)
+    costs = {
+        split: model.kernels_time(_ttm_rebuild_merges(row_modes, col_modes, full, split))
+        for split in range(len(row_modes), 0, -1)
+    }
+    return min(costs, key=costs.get)
+
+
 def _ttm_split_kernels(batch, row_modes, col_modes, full, split, backward) -> list[Gemm]:
     """The merge order split at bond ``split`` (see :func:`comera.tt.contract.ttm_split_linear`)."""
     rows_left, rows_right = math.prod(row_modes[:split]), math.prod(row_modes[split:])
@@ -248,7 +283,11 @@ def _ttm_unsplit_kernels(batch, row_modes, col_modes, full, backward) -> dict[st
         remaining //= i
         sequential.append(Gemm(batch * produced * remaining, full[k] * i, j * full[k + 1]))
         produced *= j
-    dense = [*_ttm_left_merges(row_modes, col_modes, full), Gemm(batch, math.prod(row_modes), produced)]
+    split = auto_ttm_rebuild_split(tuple(row_modes), tuple(col_modes), tuple(full[1:-1]))
+    dense = [
+        *_ttm_rebuild_merges(row_modes, col_modes, full, split),
+        Gemm(batch, math.prod(row_modes), produced),
+    ]
     return {
         "sequential": _with_backward(sequential, backward) + _einsum_copies(step_inputs, backward),
         "dense": _with_backward(dense, backward),
@@ -350,7 +389,10 @@ def _ttm_split(batch, row_modes, col_modes, ranks, backward) -> int | None:
     return ttm_best_split(batch, row_modes, col_modes, ranks, backward)[0]
 
 
-_MEMOISED = {function: lru_cache(maxsize=4096)(function) for function in (_tt_order, _ttm_order, _ttm_split)}
+_MEMOISED = {
+    function: lru_cache(maxsize=4096)(function)
+    for function in (_tt_order, _ttm_order, _ttm_split, ttm_rebuild_split)
+}
 
 
 def _memoised(function, *args):
@@ -370,6 +412,13 @@ def auto_ttm_order(
 ) -> str:
     """The cheapest order for a TTM layer call (memoised)."""
     return _memoised(_ttm_order, batch, row_modes, col_modes, ranks, backward)
+
+
+def auto_ttm_rebuild_split(
+    row_modes: tuple[int, ...], col_modes: tuple[int, ...], ranks: tuple[int, ...]
+) -> int:
+    """:func:`ttm_rebuild_split` under the default cost model (memoised)."""
+    return _memoised(ttm_rebuild_split, row_modes, col_modes, ranks)
 
 
 def ttm_merge_split(

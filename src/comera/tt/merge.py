@@ -12,6 +12,7 @@ Index legend:
     i      row (input) mode of the core being absorbed; the TT mode for TT cores
     j      column (output) mode of a TTM core
     p, q   flattened rows / columns merged so far
+    a      (joining two merged groups) the rank of the bond between them
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "merge_tt_right_steps",
     "merge_tt_right_backward",
     "merge_ttm_left",
+    "merge_ttm_matrix",
     "merge_ttm_right",
 ]
 
@@ -132,3 +134,22 @@ def merge_ttm_right(cores: Sequence[torch.Tensor]) -> torch.Tensor:
         a, i, p, j, q = merged.shape
         merged = merged.reshape(a, i * p, j * q)
     return merged
+
+
+def merge_ttm_matrix(cores: Sequence[torch.Tensor], split: int | None = None) -> torch.Tensor:
+    """The TTM matrix ``(M, N)`` (``M = prod m_k``, ``N = prod n_k``, both row-major) of cores
+    ``(r_{k-1}, m_k, n_k, r_k)``, built as the cores before bond ``split`` merged from the left
+    (:func:`merge_ttm_left`), the cores after it merged from the right (:func:`merge_ttm_right`), and one
+    product of the two over ``r_split``; ``split`` in ``[1, d]``, ``d`` (the default) being one
+    left-to-right chain. Splitting at a middle bond keeps every merge small, so the whole matrix comes from
+    one GEMM instead of a chain whose last steps are as large as the matrix.
+    """
+    split = len(cores) if split is None else split
+    if not 1 <= split <= len(cores):
+        raise ValueError(f"split must be in [1, {len(cores)}], got {split}")
+    left = merge_ttm_left(cores[:split])
+    if split == len(cores):
+        return left.reshape(left.shape[0], left.shape[1])
+    joined = torch.einsum("pqa,aij->piqj", left, merge_ttm_right(cores[split:]))
+    rows_left, rows_right, cols_left, cols_right = joined.shape
+    return joined.reshape(rows_left * rows_right, cols_left * cols_right)

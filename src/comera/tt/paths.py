@@ -26,9 +26,16 @@ from collections.abc import Sequence
 import torch
 
 from comera.tt.contract import tt_merge_linear, ttm_split_linear
-from comera.tt.costs import ORDERS
+from comera.tt.costs import ORDERS, auto_ttm_rebuild_split
 from comera.tt.fp8 import fp8_low_rank_linear
-from comera.tt.merge import fold_gates, merge_tt_left, merge_tt_right, merge_ttm_left, merge_ttm_right
+from comera.tt.merge import (
+    fold_gates,
+    merge_tt_left,
+    merge_tt_right,
+    merge_ttm_left,
+    merge_ttm_matrix,
+    merge_ttm_right,
+)
 from comera.tt.workspace import Workspace
 
 __all__ = ["GEMMS", "tt_linear", "ttm_linear"]
@@ -168,5 +175,18 @@ def ttm_linear(
         return y[:, :out_features]
     if order == "sequential":
         return _add_bias(_ttm_sequential(_pad_columns(x, rows), cores, out_features), bias)
-    weight = merge_ttm_left(cores).reshape(rows, cols)[: x.shape[1], :out_features]
-    return x @ weight if bias is None else torch.addmm(bias, x, weight)
+    split = auto_ttm_rebuild_split(
+        tuple(c.shape[1] for c in cores),
+        tuple(c.shape[2] for c in cores),
+        tuple(c.shape[3] for c in cores[:-1]),
+    )
+    weight = merge_ttm_matrix(cores, split)[: x.shape[1]]
+    if out_features == cols or x.shape[0] >= weight.shape[0]:
+        weight = weight[:, :out_features]
+        return x @ weight if bias is None else torch.addmm(bias, x, weight)
+    # fewer batch rows than weight rows: cut the padded columns from the output, whose slicing backward
+    # fills a batch-sized gradient instead of a weight-sized one
+    if bias is not None:
+        bias = torch.nn.functional.pad(bias, (0, cols - out_features))
+    y = x @ weight if bias is None else torch.addmm(bias, x, weight)
+    return y[:, :out_features]
