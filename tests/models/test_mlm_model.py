@@ -165,6 +165,7 @@ def test_model_is_rebuilt_by_name_from_its_recorded_arguments():
             "bos_token_id": 0,
             "pad_token_id": 1,
             "eos_token_id": 2,
+            "fast_training": True,
         },
     }
     assert model.config.max_position_embeddings == 18

@@ -74,8 +74,10 @@ def test_evaluator_merges_shards_into_the_whole_split_values():
             self.rows = rows
             self.weight = torch.nn.Parameter(torch.zeros(1))
 
-        def forward(self, input_ids, attention_mask):
-            return type("Output", (), {"logits": logits[self.rows]})()
+        def forward(self, input_ids, attention_mask, labels, masked_only):
+            # the contract of CodeMaskedLM: logits of the labelled positions only, in row-major order
+            assert masked_only
+            return type("Output", (), {"logits": logits[self.rows][labels != -100], "loss": None})()
 
     def batch(rows):
         return {

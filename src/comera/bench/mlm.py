@@ -4,17 +4,21 @@ Run as ``comera bench mlm`` or ``python -m comera.bench.mlm``. The model is the 
 :mod:`comera.models.mlm` (``--preset``, default ``paper``: RoBERTa-base with a ``--vocab``-token vocabulary,
 default 50265 as RoBERTa/CodeBERT), dense or tensorized by the ``mlm-PRESET`` preset. A step is what training
 does: forward of ``--batch`` blocks of ``--seq-len`` tokens masked as in pre-training
-(:class:`comera.data.code.MaskingCollator` on random token blocks), the masked-LM loss (for comera plus the
-rank objective's size term, :class:`comera.RankAdaptation`), backward, and an AdamW step (comera: the
-paper's three parameter groups).
+(:class:`comera.data.code.MaskingCollator` on random token blocks), the masked-LM loss with the LM head on the
+masked positions only, as ``comera train mlm`` computes it (for comera plus the rank objective's size term,
+:class:`comera.RankAdaptation`), backward, and an AdamW step (comera: the paper's three parameter groups).
+Both methods use the same model class, dropout and attention (:func:`comera.models.mlm.build_mlm_model`).
 
 Every method runs in a fresh process (``--case``): it builds the model, the optimizer and a batch, runs a
 step on a 16-token batch (so that code pages, threads and the optimizer state exist), then one full step
 whose memory is the rise of the process's peak resident set size over its resident size just before it
-(:func:`comera.bench.report.peak_rise_mib`), then ``--repeats`` timed steps after one more warm-up step; time
-is their median. The process's peak resident size at the end (model, gradients, optimizer state and the
-step's peak together) is reported too. ``--threads`` sets torch's thread count; ``--write`` replaces a
-section (``--section``, default ``mlm``) of a markdown file with the table.
+(:func:`comera.bench.report.peak_rise_mib`; glibc's allocation setting, so that memory freed while building
+the case shows up as a rise), then ``--repeats`` timed steps after one more warm-up step; time is their
+median. Before the timed steps ``--memory reuse`` (the default, what the ``Trainer`` does on CPU) calls
+:func:`comera.cpu.reuse_freed_memory`; ``--memory default`` keeps glibc's setting. The process's peak
+resident size at the end (model, gradients, optimizer state and the step's peak together) is reported too.
+``--threads`` sets torch's thread count; ``--write`` replaces a section (``--section``, default ``mlm``) of
+a markdown file with the table.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from comera.bench.report import (
     status_mib,
     update_section,
 )
+from comera.cpu import reuse_freed_memory
 from comera.data.code import MaskingCollator, SpecialIds, pack_documents
 from comera.models.mlm import MODEL_PRESETS, build_mlm_model
 from comera.rank import RankAdaptation, param_groups
@@ -47,6 +52,7 @@ from comera.tensorize_config import tensorize_preset
 __all__ = ["METHODS", "VOCAB", "make_batch", "build_step", "run_case", "run_cases", "format_report", "main"]
 
 METHODS = ("dense", "comera")
+_ALLOCATION = {"reuse": "`comera.cpu.reuse_freed_memory()`", "default": "glibc's default"}
 VOCAB = 50265
 """The default vocabulary size: RoBERTa's and CodeBERT's."""
 # learning rates of the paper's MNLI run (paper-notes 10.3); the step's cost does not depend on them
@@ -81,14 +87,16 @@ def build_step(preset: str, method: str, vocab_size: int):
 
     def step(batch: dict[str, torch.Tensor]) -> None:
         optimizer.zero_grad(set_to_none=True)
-        loss = model(**batch).loss
+        loss = model(**batch, masked_only=True).loss
         (loss if rank is None else rank.loss(loss)).backward()
         optimizer.step()
 
     return model, step
 
 
-def run_case(preset: str, method: str, batch: int, seq_len: int, vocab_size: int, repeats: int) -> dict:
+def run_case(
+    preset: str, method: str, batch: int, seq_len: int, vocab_size: int, repeats: int, memory: str = "reuse"
+) -> dict:
     """Peak memory of one step and median time of ``repeats`` steps, in this process (module docstring)."""
     torch.manual_seed(0)
     model, step = build_step(preset, method, vocab_size)
@@ -98,6 +106,8 @@ def run_case(preset: str, method: str, batch: int, seq_len: int, vocab_size: int
     peak = peak_rise_mib(lambda: step(inputs))
     first = time.perf_counter() - start
     repeats = max(1, min(repeats, int(120.0 / max(first, 1e-3))))
+    if memory == "reuse":
+        reuse_freed_memory()
     report = compression_report(model)
     return {
         "preset": preset,
@@ -107,6 +117,7 @@ def run_case(preset: str, method: str, batch: int, seq_len: int, vocab_size: int
         "vocab_size": vocab_size,
         "ms": median_ms(lambda: step(inputs), repeats=repeats, warmup=1),
         "repeats": repeats,
+        "memory": memory,
         "step_peak_mb": peak,
         "process_peak_mb": status_mib("VmHWM"),
         "parameters": report.model_params,
@@ -142,11 +153,12 @@ def run_cases(
     vocab_size: int,
     repeats: int,
     threads: int | None = None,
+    memory: str = "reuse",
 ) -> list[dict]:
     """Every method's case, each in a fresh process, with a progress line per case; ``RuntimeError`` with
     the end of its stderr when one fails."""
     case_args = ["--preset", preset, "--batch", str(batch), "--seq-len", str(seq_len)]
-    case_args += ["--vocab", str(vocab_size)]
+    case_args += ["--vocab", str(vocab_size), "--memory", memory]
     results = []
     for method in methods:
         result = _run_in_fresh_process(method, repeats, threads, case_args)
@@ -167,7 +179,8 @@ def format_report(results: list[dict], command: str) -> str:
         "## Masked-LM pre-training step (forward, loss, backward, AdamW)",
         "",
         f"Preset `{first['preset']}`, batch {first['batch']} x "
-        f"{first['seq_len']} tokens, vocabulary {first['vocab_size']}; `{command}`.",
+        f"{first['seq_len']} tokens, vocabulary {first['vocab_size']}; LM head on the masked positions only; "
+        f"timed steps' allocation: {_ALLOCATION[first.get('memory', 'default')]}; `{command}`.",
         f"Machine: {machine_description()}.",
         "",
         "| method | parameters | compression | step ms (median) | step peak rise MiB | process peak MiB |",
@@ -199,6 +212,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=VOCAB, help=f"vocabulary size (default {VOCAB})")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per method (default 3)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per case (default: torch's)")
+    parser.add_argument(
+        "--memory",
+        choices=("reuse", "default"),
+        default="reuse",
+        help="'reuse': comera.cpu.reuse_freed_memory() before the timed steps, as the Trainer does "
+        "(default); 'default': glibc's setting",
+    )
     parser.add_argument("--write", default=None, help="markdown file whose section (--section) is replaced")
     parser.add_argument("--section", default="mlm", help="name of the section --write replaces")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
@@ -221,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     seq_len = args.seq_len or MODEL_PRESETS[args.preset]["max_length"]
     if args.case is not None:
         method = args.case
-        print(json.dumps(run_case(args.preset, method, args.batch, seq_len, args.vocab, args.repeats)))
+        result = run_case(args.preset, method, args.batch, seq_len, args.vocab, args.repeats, args.memory)
+        print(json.dumps(result))
         return 0
     results = run_cases(
         args.preset,
@@ -231,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         vocab_size=args.vocab,
         repeats=args.repeats,
         threads=args.threads,
+        memory=args.memory,
     )
     command = "comera bench mlm " + " ".join(argv if argv is not None else sys.argv[1:])
     report = format_report(results, command.strip())

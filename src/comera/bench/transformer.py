@@ -6,10 +6,12 @@ the ``nli-paper`` preset, and trained on random token batches of length 128 with
 optimizer (AdamW on the objective's parameter groups; CoMERA's objective for comera). Reported per case:
 the median step time over ``--repeats`` steps after two warm-up steps, the rise of the resident set over the
 process after the model was built (``train_mib``: activations, gradients, optimizer state), the whole
-process's peak (``peak_mib``) and the operators taking most of one profiled step's time.
+process's peak (``peak_mib``) and the operators taking most of one profiled step's time. The memory step
+runs with glibc's allocation setting; before the timed steps ``--memory reuse`` (the default, what the
+``Trainer`` does on CPU) calls :func:`comera.cpu.reuse_freed_memory`, ``--memory default`` keeps glibc's.
 
 Usage: ``comera bench transformer [--batches 1 32] [--methods dense comera] [--repeats 5]
-[--threads 2] [--write docs/benchmarks.md]``.
+[--threads 2] [--memory reuse] [--write docs/benchmarks.md]``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from torch import nn
 
 from comera.bench.report import machine_description, median_ms, peak_rise_mib, status_mib, update_section
+from comera.cpu import reuse_freed_memory
 from comera.tensorize import tensorize_
 from comera.tensorize_config import tensorize_preset
 from comera.train.config import TrainConfig
@@ -35,6 +38,7 @@ from comera.train.setup import default_optimizer
 __all__ = ["run_case", "main"]
 
 METHODS = ("dense", "comera")
+_ALLOCATION = {"reuse": "`comera.cpu.reuse_freed_memory()`", "default": "glibc's default"}
 SEQUENCE = 128
 
 
@@ -73,7 +77,14 @@ def _top_operators(step, count: int = 8) -> list[dict[str, Any]]:
     ]
 
 
-def run_case(method: str, batch: int, repeats: int, preset: str = "paper", length: int = SEQUENCE) -> dict:
+def run_case(
+    method: str,
+    batch: int,
+    repeats: int,
+    preset: str = "paper",
+    length: int = SEQUENCE,
+    memory: str = "reuse",
+) -> dict:
     """Time and memory of one training step in this process (see the module doc)."""
     model = build(method, preset)
     model.train()
@@ -94,10 +105,13 @@ def run_case(method: str, batch: int, repeats: int, preset: str = "paper", lengt
     rise = peak_rise_mib(step)
     first = time.perf_counter() - start
     repeats = max(3, min(repeats, int(120.0 / max(first, 1e-3))))
+    if memory == "reuse":
+        reuse_freed_memory()
     return {
         "method": method,
         "batch": batch,
         "preset": preset,
+        "memory": memory,
         "ms": median_ms(step, repeats=repeats, warmup=1),
         "train_mib": rise,
         "peak_mib": status_mib("VmHWM", missing=float("nan")),
@@ -107,9 +121,9 @@ def run_case(method: str, batch: int, repeats: int, preset: str = "paper", lengt
     }
 
 
-def _fresh(method: str, batch: int, repeats: int, threads: int | None, preset: str) -> dict:
+def _fresh(method: str, batch: int, repeats: int, threads: int | None, preset: str, memory: str) -> dict:
     command = [sys.executable, "-m", "comera.bench.transformer", "--case", f"{method}:{batch}"]
-    command += ["--repeats", str(repeats), "--preset", preset]
+    command += ["--repeats", str(repeats), "--preset", preset, "--memory", memory]
     if threads is not None:
         command += ["--threads", str(threads)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -125,7 +139,9 @@ def format_report(results: list[dict], command: str) -> str:
         "## Transformer training step (six encoders)",
         "",
         f"Machine: {machine_description()}. Command: `{command}`. Each case in a fresh process; median step "
-        "time after warm-up; `train` = peak resident rise during a step over the built model.",
+        "time after warm-up (timed steps' allocation: "
+        f"{_ALLOCATION[results[0].get('memory', 'default')]}); `train` = peak resident rise during a step "
+        "over the built model.",
         "",
         "| batch | dense ms | comera ms | dense / comera | dense train MiB | comera train MiB "
         "| dense / comera memory | parameters dense / comera |",
@@ -155,6 +171,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--preset", default="paper", help="model preset (paper, small, smoke)")
     parser.add_argument(
+        "--memory",
+        choices=("reuse", "default"),
+        default="reuse",
+        help="'reuse': comera.cpu.reuse_freed_memory() before the timed steps, as the Trainer does "
+        "(default); 'default': glibc's setting",
+    )
+    parser.add_argument(
         "--write", default=None, help="update the 'transformer' section of this markdown file"
     )
     parser.add_argument("--json", default=None, help="also write the raw results to this JSON file")
@@ -169,10 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.case is not None:
         method, batch = args.case.split(":")
-        print(json.dumps(run_case(method, int(batch), args.repeats, args.preset)))
+        print(json.dumps(run_case(method, int(batch), args.repeats, args.preset, memory=args.memory)))
         return 0
     results = [
-        _fresh(method, batch, args.repeats, args.threads, args.preset)
+        _fresh(method, batch, args.repeats, args.threads, args.preset, args.memory)
         for batch in args.batches
         for method in args.methods
     ]

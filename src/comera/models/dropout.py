@@ -6,8 +6,13 @@ the 2**64 values, a bias of 2**-64) yields eight independent uniform bytes, and 
 element is kept when its byte is at least ``round(256 p)``: the keep decisions stay independent, with keep
 probability ``1 - q`` where ``q`` is ``p`` rounded to a multiple of 1/256 (:func:`quantized_p`; 0.1 becomes
 26/256 = 0.1016). Kept elements are scaled by ``1 / (1 - q)``, so the expectation is the input, as with
-``F.dropout``. Mask and scale are applied by ATen's dropout-mask kernel (``native_dropout_backward``: one
-pass, and its gradient is the same masked scaling), so backward costs what ``F.dropout``'s does.
+``F.dropout``.
+
+Applying the mask: element-wise ops that mix a bool operand with floats are several times slower on CPU than
+all-float ones, so forward and backward turn the saved random bytes into a float 0/1 mask by a comparison
+written straight into a float tensor (``torch.ge(..., out=)``), then multiply: saved for backward is one
+byte per element, as a bool mask would be. Under ``torch.compile`` the plain ops are traced instead (the
+compiler fuses them).
 
 There is no host synchronisation and no data-dependent shape, so ``torch.compile(fullgraph=True)`` traces it.
 """
@@ -47,31 +52,67 @@ def quantized_p(p: float) -> float:
     return _threshold(p) / _LEVELS
 
 
+def _random_bytes(shape: torch.Size | tuple[int, ...], device: torch.device | str | None) -> torch.Tensor:
+    """Uniform uint8 bytes of ``shape``: ``ceil(numel / 8)`` full-range int64 words of the default generator
+    of ``device``, viewed as bytes."""
+    count = math.prod(shape)
+    words = torch.randint(
+        _INT64_MIN, _INT64_MAX, (-(-count // _BYTES_PER_WORD),), dtype=torch.int64, device=device
+    )
+    return words.view(torch.uint8)[:count].view(shape)
+
+
 def keep_mask(
     shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str | None = None
 ) -> torch.Tensor:
     """A bool tensor of ``shape``, each entry True independently with probability ``1 - quantized_p(p)``.
 
-    Draws ``ceil(numel / 8)`` full-range int64 words from the default generator of ``device``.
+    Draws ``ceil(numel / 8)`` full-range int64 words from the default generator of ``device``; the same
+    draws as :func:`fast_dropout` makes for a tensor of ``shape``.
     """
-    count = math.prod(shape)
-    words = torch.randint(
-        _INT64_MIN, _INT64_MAX, (-(-count // _BYTES_PER_WORD),), dtype=torch.int64, device=device
-    )
-    random_bytes = words.view(torch.uint8)[:count]
-    return random_bytes.view(shape) >= _threshold(p)
+    return _random_bytes(shape, device) >= _threshold(p)
 
 
-def fast_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+def _scaled_mask(
+    random_bytes: torch.Tensor, threshold: int, scale: float, like: torch.Tensor
+) -> torch.Tensor:
+    """``scale`` where a byte is at least ``threshold``, else 0, in ``like``'s dtype."""
+    if torch.compiler.is_compiling():
+        return (random_bytes >= threshold).to(like.dtype) * scale
+    mask = torch.empty(random_bytes.shape, dtype=like.dtype, device=like.device)
+    torch.ge(random_bytes, threshold, out=mask)
+    return mask if scale == 1.0 else mask.mul_(scale)
+
+
+class _MaskedScale(torch.autograd.Function):
+    """``x * mask * scale`` with ``mask`` read from random bytes; saves only the bytes for backward."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, random_bytes: torch.Tensor, threshold: int, scale: float) -> torch.Tensor:
+        return x * _scaled_mask(random_bytes, threshold, scale, x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        _, random_bytes, ctx.threshold, ctx.scale = inputs
+        ctx.save_for_backward(random_bytes)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (random_bytes,) = ctx.saved_tensors
+        return grad * _scaled_mask(random_bytes, ctx.threshold, ctx.scale, grad), None, None, None
+
+
+def fast_dropout(x: torch.Tensor, p: float, training: bool = True, *, rescale: bool = True) -> torch.Tensor:
     """Dropout of ``x`` (any shape) with drop probability ``quantized_p(p)``; the identity when not training.
 
-    Returns a tensor of ``x``'s shape: kept entries scaled by ``1 / (1 - quantized_p(p))``, dropped ones 0.
+    Returns a tensor of ``x``'s shape: kept entries scaled by ``1 / (1 - quantized_p(p))`` (kept as they
+    are with ``rescale=False``, for a caller that applies the scale to a smaller tensor), dropped ones 0.
     """
     q = quantized_p(p)
     if not training or q == 0.0:
         return x
-    keep = keep_mask(x.shape, p, x.device)
-    return torch.ops.aten.native_dropout_backward(x, keep, 1.0 / (1.0 - q))
+    scale = 1.0 / (1.0 - q) if rescale else 1.0
+    return _MaskedScale.apply(x, _random_bytes(x.shape, x.device), _threshold(p), scale)
 
 
 class FastDropout(nn.Module):

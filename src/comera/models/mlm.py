@@ -176,10 +176,16 @@ def build_mlm_model(
     bos_token_id: int = 0,
     pad_token_id: int = 1,
     eos_token_id: int = 2,
+    fast_training: bool = True,
 ) -> RobertaForMaskedLM:
     """A freshly initialised dense RoBERTa masked LM of model preset ``preset`` (arguments of
     :func:`mlm_config`), with its decoder tied to the word embedding.
 
+    The model is a :class:`comera.models.hf_mlm.CodeMaskedLM` (a ``RobertaForMaskedLM`` whose forward can
+    score only the masked positions, ``masked_only=True``). With ``fast_training`` (the default) its
+    dropouts are :class:`comera.models.dropout.FastDropout` (``p`` quantised to 1/256) and its attention is
+    the ``"comera"`` implementation (cheap dropout draws on the attention probabilities on CPU); without it,
+    ``nn.Dropout`` and SDPA as ``transformers`` builds them. Evaluation-mode outputs are the same either way.
     The model records its constructor arguments in ``comera_model``, so :func:`comera.load_pretrained`
     rebuilds it without ``base_model``.
 
@@ -187,14 +193,24 @@ def build_mlm_model(
         ``model(input_ids=(B, T), attention_mask=(B, T), labels=(B, T))`` with ``T <= max_length``;
         ``.logits`` is ``(B, T, vocab_size)``, ``.loss`` the mean cross-entropy over labels ``!= -100``.
     """
+    if not isinstance(fast_training, bool):
+        raise TypeError(f"fast_training must be a bool, got {fast_training!r}")
     kwargs: dict[str, Any] = {
         "max_length": max_length,
         "dropout": dropout,
         "bos_token_id": bos_token_id,
         "pad_token_id": pad_token_id,
         "eos_token_id": eos_token_id,
+        "fast_training": fast_training,
     }
-    model = _transformers().RobertaForMaskedLM(mlm_config(preset, vocab_size, **kwargs))
+    config = mlm_config(preset, vocab_size, **{k: v for k, v in kwargs.items() if k != "fast_training"})
+    _transformers()
+    from comera.models.hf_mlm import ATTENTION, CodeMaskedLM, use_fast_dropout
+
+    model = CodeMaskedLM(config)
+    if fast_training:
+        model.set_attn_implementation(ATTENTION)
+        use_fast_dropout(model)
     setattr(
         model,
         MODEL_ATTRIBUTE,

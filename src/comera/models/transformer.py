@@ -11,16 +11,15 @@ Every projection is its own ``nn.Linear`` (``query``, ``key``, ``value``, ``outp
 ``pooler``) so a :class:`comera.TensorizeConfig` can target each one; the tensorization presets of this model
 ("nli-paper", "nli-small", "nli-smoke") are registered at import. The dense baseline is this same model.
 
-Speed: attention runs through ``F.scaled_dot_product_attention``, except on CPU in training with attention
-dropout, where the probabilities are formed explicitly so that :func:`fast_dropout` (cheap random draws)
-replaces SDPA's ``bernoulli_``. The padding mask is built from ``attention_mask`` with tensor ops only: the
+Speed: attention runs through :func:`comera.models.attention.attention_context`: SDPA, except on CPU in
+training with attention dropout, where the probabilities are formed explicitly so that cheap random draws
+replace SDPA's ``bernoulli_``. The padding mask is built from ``attention_mask`` with tensor ops only: the
 forward has no host synchronisation and compiles with ``torch.compile(fullgraph=True)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +29,8 @@ from torch import nn
 
 from comera.checks import check_int, check_number
 from comera.io import MODEL_ATTRIBUTE, register_model
-from comera.models.dropout import FastDropout, fast_dropout
+from comera.models.attention import attention_context
+from comera.models.dropout import FastDropout
 from comera.tensorize_config import TensorizeConfig, register_preset
 
 __all__ = [
@@ -156,15 +156,7 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
-        p = self.attention_p if self.training else 0.0
-        if p > 0.0 and not x.is_cuda:
-            # the 1/sqrt(head size) scale on q: (B, H, T, d) elements instead of the (B, H, T, T) scores
-            scores = torch.matmul(q * (1.0 / math.sqrt(q.shape[-1])), k.transpose(-2, -1))
-            if bias is not None:
-                scores = scores + bias
-            context = torch.matmul(fast_dropout(scores.softmax(dim=-1), p), v)
-        else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)
+        context = attention_context(q, k, v, bias, self.attention_p if self.training else 0.0)
         return self.output(context.transpose(1, 2).flatten(2))
 
 

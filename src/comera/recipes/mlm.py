@@ -8,7 +8,8 @@ evaluation. Model: the RoBERTa masked LM of :mod:`comera.models.mlm` with the to
 tied TTM head). Training runs the paper's two phases: the early stage, then the late stage driving the size
 to ``target_ratio`` of its early-stage end.
 
-Loss: mean cross-entropy over the masked tokens of a batch. Metrics (exact over a split, summed over tokens):
+Loss: mean cross-entropy over the masked tokens of a batch; the LM head scores only those tokens.
+Metrics (exact over a split, summed over tokens):
 ``mlm_loss`` (mean masked-token cross-entropy), ``mlm_accuracy`` (share of masked tokens predicted right),
 ``perplexity`` = ``exp(mlm_loss)``.
 """
@@ -28,7 +29,7 @@ from comera.models.mlm import build_mlm_model
 from comera.recipes.base import Recipe, RecipeData, register_recipe
 from comera.train.evaluation import Evaluator
 
-__all__ = ["MLMRecipe", "MaskedLMEvaluator", "masked_lm_logits_and_labels"]
+__all__ = ["MLMRecipe", "MaskedLMEvaluator", "masked_lm_scores"]
 
 _IGNORE = -100
 
@@ -51,11 +52,19 @@ def _data_settings(vocab_size: int, seq_len: int, **changes: Any) -> dict[str, A
     return settings
 
 
-def masked_lm_logits_and_labels(model: nn.Module, batch: dict[str, torch.Tensor]):
-    """Logits ``(B, T, V)`` of ``model`` on ``batch`` (moved to the model's device) and labels ``(B, T)``."""
+def masked_lm_scores(model: nn.Module, batch: dict[str, torch.Tensor]):
+    """The masked positions' logits ``(N, V)``, their targets ``(N,)`` and their mean cross-entropy (0 when
+    ``N == 0``) on ``batch`` (moved to the model's device); the LM head runs on those ``N`` positions only
+    (:class:`comera.models.hf_mlm.CodeMaskedLM`, ``masked_only=True``)."""
     device = next(model.parameters()).device
-    output = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
-    return output.logits, batch["labels"].to(device)
+    labels = batch["labels"].to(device)
+    output = model(
+        input_ids=batch["input_ids"].to(device),
+        attention_mask=batch["attention_mask"].to(device),
+        labels=labels,
+        masked_only=True,
+    )
+    return output.logits, labels[labels != _IGNORE], output.loss
 
 
 class MaskedLMEvaluator(Evaluator):
@@ -65,12 +74,11 @@ class MaskedLMEvaluator(Evaluator):
         self.loss_sum, self.correct, self.count = 0.0, 0, 0
 
     def update(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> None:
-        logits, labels = masked_lm_logits_and_labels(model, batch)
-        chosen = labels != _IGNORE
-        picked, targets = logits[chosen].double(), labels[chosen]
+        logits, targets, _ = masked_lm_scores(model, batch)
+        picked = logits.double()
         self.loss_sum += float(functional.cross_entropy(picked, targets, reduction="sum"))
         self.correct += int((picked.argmax(dim=-1) == targets).sum())
-        self.count += int(chosen.sum())
+        self.count += len(targets)
 
     def state(self) -> tuple[float, int, int]:
         return self.loss_sum, self.correct, self.count
@@ -181,11 +189,7 @@ class MLMRecipe(Recipe):
 
     def loss_fn(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean cross-entropy over the batch's masked tokens (0 when none is masked)."""
-        logits, labels = masked_lm_logits_and_labels(model, batch)
-        total = functional.cross_entropy(
-            logits.flatten(0, 1), labels.flatten(), ignore_index=_IGNORE, reduction="sum"
-        )
-        return total / (labels != _IGNORE).sum().clamp(min=1)
+        return masked_lm_scores(model, batch)[2]
 
     def evaluator(self, settings: dict[str, Any]) -> Evaluator:
         """A fresh :class:`MaskedLMEvaluator`."""

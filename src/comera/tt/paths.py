@@ -180,7 +180,9 @@ def ttm_linear(
         tuple(c.shape[2] for c in cores),
         tuple(c.shape[3] for c in cores[:-1]),
     )
-    weight = merge_ttm_matrix(cores, split)[: x.shape[1]]
+    weight = merge_ttm_matrix(cores, split)
+    if x.shape[1] < rows:  # a full-range slice would still cost a weight-sized fill and copy in backward
+        weight = weight[: x.shape[1]]
     if out_features == cols or x.shape[0] >= weight.shape[0]:
         weight = weight[:, :out_features]
         return x @ weight if bias is None else torch.addmm(bias, x, weight)

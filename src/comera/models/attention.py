@@ -1,0 +1,53 @@
+"""Scaled dot-product attention whose CPU training path draws its dropout cheaply.
+
+``F.scaled_dot_product_attention`` with ``dropout_p > 0`` on a CPU falls back to forming the probabilities
+and dropping them with ``bernoulli_`` (one random float per element of the ``(B, H, T, T)`` probabilities),
+which at 512 tokens costs more than the attention's matrix products. :func:`attention_context` forms the
+probabilities itself in that case and drops them with :func:`comera.models.dropout.fast_dropout` (``p``
+quantised to 1/256); everywhere else (CUDA, evaluation, ``p == 0``) it calls SDPA. Both models of the
+workloads use it: :class:`comera.models.transformer.TransformerClassifier` directly and the RoBERTa masked
+LM through the ``"comera"`` attention implementation registered with Hugging Face ``transformers``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from comera.models.dropout import fast_dropout, quantized_p
+
+__all__ = ["attention_context"]
+
+
+def attention_context(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    p: float,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """``dropout_p(softmax(q k^T * scale + mask)) v``, each query's context vector.
+
+    Args:
+        q: ``(B, H, Tq, d)`` queries.
+        k, v: ``(B, H, Tk, d)`` keys and values.
+        mask: None, a bool tensor broadcastable to ``(B, H, Tq, Tk)`` (True: may attend), or an additive
+            float bias of that shape (``-inf`` or a large negative value where not allowed). Every query must
+            be allowed at least one key.
+        p: drop probability of the attention probabilities, in ``[0, 1)``; pass 0 when not training.
+        scale: factor on the scores; default ``1 / sqrt(d)``.
+
+    Returns:
+        ``(B, H, Tq, d)``.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if p <= 0.0 or q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)
+    # the scale on q: (B, H, Tq, d) elements instead of the (B, H, Tq, Tk) scores
+    scores = torch.matmul(q * scale, k.transpose(-2, -1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    # dropout's 1 / (1 - q) on v: (B, H, Tk, d) elements instead of the (B, H, Tq, Tk) probabilities
+    kept = fast_dropout(scores.softmax(dim=-1), p, rescale=False)
+    return torch.matmul(kept, v * (1.0 / (1.0 - quantized_p(p))))
