@@ -36,7 +36,15 @@ import torch
 from torch import nn
 
 from comera.bench.published_lookup import PublishedOrderLookup
-from comera.bench.report import fmt, machine_description, median_ms, peak_rise_mib, ratio, update_section
+from comera.bench.report import (
+    ALLOCATION,
+    fmt,
+    machine_description,
+    median_ms,
+    peak_rise_mib,
+    ratio,
+    update_section,
+)
 from comera.cpu import reuse_freed_memory
 from comera.nn.embedding import TTMEmbedding
 
@@ -65,7 +73,6 @@ TABLES = {
 }
 METHODS = ("nn.Embedding", "naive", "split", "optimized", "auto", "published", "published+unique")
 PUBLISHED_METHODS = ("published", "published+unique")
-ALLOCATION = {"reuse": "`comera.cpu.reuse_freed_memory()`", "default": "glibc's default"}
 DISTRIBUTIONS = ("uniform", "zipf")
 SIZES = (10_000, 20_000, 40_000)
 ZIPF_EXPONENT = 1.05

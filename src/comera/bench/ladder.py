@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.bench.report import fmt, machine_description, pyplot, ratio
+from comera.bench.report import allocation_of, fmt, machine_description, pyplot, ratio
 from comera.rank import entry_scores, gated_trains, hold_entries, prune_
 from comera.rank.prune import PruneResult
 from comera.report import compression_report
@@ -157,7 +157,8 @@ def format_ladder(results: list[dict[str, Any]], command: str) -> str:
         f"`{first['preset']}`, batch {first['batch']}. The comera model is built at the preset's ranks, then "
         "every bond is cut to at most the rung's rank (the entries of highest score kept, the model sliced "
         "by `comera.prune_`); each rung and the dense model in a fresh process; median step time (forward, "
-        "objective, backward, optimizer step) after warm-up. Compression = dense over active parameters of "
+        "objective, backward, optimizer step) after warm-up; timed steps' allocation: "
+        f"{allocation_of(results)}. Compression = dense over active parameters of "
         "the tensorized layers / of the whole model; speed-up = dense ms / rung ms; `train MiB` = peak "
         "resident rise during a step; `peak MiB` = the process's peak.",
         "",

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import torch
 
 from comera.bench.report import (
+    allocation_of,
     fmt,
     machine_description,
     median_ms,
@@ -52,7 +53,6 @@ from comera.tensorize_config import tensorize_preset
 __all__ = ["METHODS", "VOCAB", "make_batch", "build_step", "run_case", "run_cases", "format_report", "main"]
 
 METHODS = ("dense", "comera")
-_ALLOCATION = {"reuse": "`comera.cpu.reuse_freed_memory()`", "default": "glibc's default"}
 VOCAB = 50265
 """The default vocabulary size: RoBERTa's and CodeBERT's."""
 # learning rates of the paper's MNLI run (paper-notes 10.3); the step's cost does not depend on them
@@ -180,7 +180,7 @@ def format_report(results: list[dict], command: str) -> str:
         "",
         f"Preset `{first['preset']}`, batch {first['batch']} x "
         f"{first['seq_len']} tokens, vocabulary {first['vocab_size']}; LM head on the masked positions only; "
-        f"timed steps' allocation: {_ALLOCATION[first.get('memory', 'default')]}; `{command}`.",
+        f"timed steps' allocation: {allocation_of(results)}; `{command}`.",
         f"Machine: {machine_description()}.",
         "",
         "| method | parameters | compression | step ms (median) | step peak rise MiB | process peak MiB |",

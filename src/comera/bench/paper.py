@@ -78,7 +78,15 @@ from comera.bench.ladder import (
     preset_rank,
     truncate_ranks_,
 )
-from comera.bench.report import grouped_bars, machine_description, peak_rise_mib, status_mib, update_section
+from comera.bench.report import (
+    allocation_of,
+    grouped_bars,
+    machine_description,
+    peak_rise_mib,
+    status_mib,
+    update_section,
+)
+from comera.cpu import reuse_freed_memory
 from comera.methods import MethodContext, get_method
 from comera.models.mlm import MODEL_PRESETS as MLM_PRESETS
 from comera.recipes.base import get_recipe
@@ -151,8 +159,13 @@ def run_case(
     warmup: int,
     cache_dir: Path,
     rank: int | None = None,
+    memory: str = "reuse",
 ) -> dict[str, Any]:
     """Time and memory of training steps of one method at one batch size, in this process (module doc).
+
+    The memory step runs with glibc's allocation setting; with ``memory="reuse"`` (what the ``Trainer``
+    does on CPU) :func:`comera.cpu.reuse_freed_memory` is applied after it and one more warm-up step runs
+    before the timed ones.
 
     With ``rank``, the prepared model is first cut to that rank (:func:`comera.bench.ladder.truncate_ranks_`)
     and the case also reports ``rank``, the number of layers sliced (``pruned_layers``) and the model's
@@ -187,6 +200,9 @@ def run_case(
         step()
     built = status_mib("VmRSS", missing=float("nan"))
     rise = peak_rise_mib(step)
+    if memory == "reuse":
+        reuse_freed_memory()
+        step()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -207,6 +223,7 @@ def run_case(
         "stored_params": sum(param.numel() for param in model.parameters()),
         "dense_params": dense_params,
         "threads": torch.get_num_threads(),
+        "memory": memory,
         **ladder,
     }
 
@@ -219,7 +236,7 @@ def _fresh(
     case = f"{method}:{batch}" + ("" if rank is None else f":{rank}")
     command = [sys.executable, "-m", "comera.bench.paper", "--case", case]
     command += ["--workload", args.workload, "--preset", args.preset, "--cache", str(cache_dir)]
-    command += ["--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+    command += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--memory", args.memory]
     for module in args.imports:
         command += ["--import", module]
     if args.threads is not None:
@@ -248,7 +265,8 @@ def format_report(results: list[dict[str, Any]], command: str) -> str:
         "## Training methods: time and memory per step",
         "",
         f"Machine: {machine_description()}. Command: `{command}`. Each case in a fresh process; median step "
-        "time after warm-up; `train MiB` = peak resident rise during a step over the built model; ratios are "
+        f"time after warm-up (timed steps' allocation: {allocation_of(results)}); `train MiB` = peak "
+        "resident rise during a step over the built model (glibc's allocation setting); ratios are "
         f'method / comera (memory: "-" where comera\'s rise is below {MEMORY_FLOOR_MIB:g} MiB, too small '
         "to divide by).",
         "",
@@ -364,6 +382,7 @@ def _run_mlm(args: argparse.Namespace, cache: Path) -> list[dict[str, Any]]:
         vocab_size=mlm.VOCAB,
         repeats=args.repeats,
         threads=args.threads,
+        memory=args.memory,
     )
 
 
@@ -435,6 +454,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--warmup", type=int, default=2, help="transformer/ladder: untimed steps first (>= 1)"
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads in each case")
+    parser.add_argument(
+        "--memory",
+        choices=("reuse", "default"),
+        default="reuse",
+        help="allocation of the timed steps: 'reuse' (comera.cpu.reuse_freed_memory(), as the Trainer does; "
+        "default) or 'default' (glibc's)",
+    )
     parser.add_argument("--out", default="bench-paper", help="folder for each section's JSON, markdown, PNGs")
     parser.add_argument("--write", default=None, help="update the 'paper-SECTION' sections of this file")
     parser.add_argument("--quick", action="store_true", help="smoke sizes for every section (QUICK)")
@@ -496,6 +522,7 @@ def _run_one_case(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         cache_dir=cache,
         rank=int(rank[0]) if rank else None,
+        memory=args.memory,
     )
     print(json.dumps(result))
     return 0

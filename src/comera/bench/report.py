@@ -28,7 +28,19 @@ __all__ = [
     "ratio",
     "pyplot",
     "grouped_bars",
+    "ALLOCATION",
+    "allocation_of",
 ]
+
+ALLOCATION = {"reuse": "`comera.cpu.reuse_freed_memory()`", "default": "glibc's default"}
+"""The words for a benchmark's ``--memory`` setting of its timed steps."""
+
+
+def allocation_of(results: list[dict]) -> str:
+    """:data:`ALLOCATION`'s words for the ``memory`` field of ``results`` (cases recorded without it ran
+    with glibc's default)."""
+    memory = next((result["memory"] for result in results if "memory" in result), "default")
+    return ALLOCATION[memory]
 
 
 def median_ms(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> float:

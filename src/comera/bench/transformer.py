@@ -27,7 +27,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.bench.report import machine_description, median_ms, peak_rise_mib, status_mib, update_section
+from comera.bench.report import (
+    allocation_of,
+    machine_description,
+    median_ms,
+    peak_rise_mib,
+    status_mib,
+    update_section,
+)
 from comera.cpu import reuse_freed_memory
 from comera.tensorize import tensorize_
 from comera.tensorize_config import tensorize_preset
@@ -38,7 +45,6 @@ from comera.train.setup import default_optimizer
 __all__ = ["run_case", "main"]
 
 METHODS = ("dense", "comera")
-_ALLOCATION = {"reuse": "`comera.cpu.reuse_freed_memory()`", "default": "glibc's default"}
 SEQUENCE = 128
 
 
@@ -140,7 +146,7 @@ def format_report(results: list[dict], command: str) -> str:
         "",
         f"Machine: {machine_description()}. Command: `{command}`. Each case in a fresh process; median step "
         "time after warm-up (timed steps' allocation: "
-        f"{_ALLOCATION[results[0].get('memory', 'default')]}); `train` = peak resident rise during a step "
+        f"{allocation_of(results)}); `train` = peak resident rise during a step "
         "over the built model.",
         "",
         "| batch | dense ms | comera ms | dense / comera | dense train MiB | comera train MiB "

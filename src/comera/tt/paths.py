@@ -180,15 +180,17 @@ def ttm_linear(
         tuple(c.shape[2] for c in cores),
         tuple(c.shape[3] for c in cores[:-1]),
     )
-    weight = merge_ttm_matrix(cores, split)
+    # W^T (out x in), nn.Linear's layout: its gradient is then dY^T X, whose output is the long side first;
+    # X^T dY into an (in x out) matrix ran 5x slower for a (768 x 50274) tied vocabulary head
+    weight = merge_ttm_matrix([core.transpose(1, 2) for core in cores], split)
     if x.shape[1] < rows:  # a full-range slice would still cost a weight-sized fill and copy in backward
-        weight = weight[: x.shape[1]]
-    if out_features == cols or x.shape[0] >= weight.shape[0]:
-        weight = weight[:, :out_features]
-        return x @ weight if bias is None else torch.addmm(bias, x, weight)
-    # fewer batch rows than weight rows: cut the padded columns from the output, whose slicing backward
+        weight = weight[:, : x.shape[1]]
+    if out_features == cols:
+        return torch.nn.functional.linear(x, weight, bias)
+    if x.shape[0] >= x.shape[1]:
+        return torch.nn.functional.linear(x, weight[:out_features], bias)
+    # fewer batch rows than weight columns: cut the padded outputs from the result, whose slicing backward
     # fills a batch-sized gradient instead of a weight-sized one
     if bias is not None:
         bias = torch.nn.functional.pad(bias, (0, cols - out_features))
-    y = x @ weight if bias is None else torch.addmm(bias, x, weight)
-    return y[:, :out_features]
+    return torch.nn.functional.linear(x, weight, bias)[:, :out_features]
