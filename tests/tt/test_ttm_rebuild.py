@@ -104,3 +104,25 @@ def test_dense_order_with_padded_rows_and_columns_matches_the_reference(batch, w
         return ttm_linear(flat[0], list(flat[1:4]), out_features, flat[4] if with_bias else None, "dense")
 
     assert torch.autograd.gradcheck(run, inputs)
+
+
+@pytest.mark.parametrize("order", ["merge", "sequential", "dense"])
+def test_every_order_pins_the_zero_output_to_the_bias(order):
+    row_modes, col_modes, ranks = (3, 4), (2, 5), (3,)
+    cores = [core.requires_grad_() for core in _cores(row_modes, col_modes, ranks, seed=5)]
+    x = torch.randn(6, 12, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(9, dtype=torch.float64, requires_grad=True)
+    weight = _entrywise_matrix(cores)[:, :9].clone()
+    weight[:, 4] = 0.0
+    want = x @ weight + bias
+    got = ttm_linear(x, cores, 9, bias, order, zero_output=4)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    inputs = [x, bias, *cores]
+    upstream = torch.randn_like(got)
+    for g, w in zip(
+        torch.autograd.grad((got * upstream).sum(), inputs),
+        torch.autograd.grad((want * upstream).sum(), inputs),
+    ):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match=r"zero_output must be in \[0, 8\] or None, got 9"):
+        ttm_linear(x, cores, 9, bias, order, zero_output=9)

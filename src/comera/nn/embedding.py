@@ -268,11 +268,7 @@ class _TTMTable(GatedTrain):
         split = None
         if order == "merge":
             split = ttm_merge_split(x.shape[0], self.col_shape, self.row_shape, self.max_ranks, backward)
-        logits = ttm_linear(x, cores, self.num_embeddings, bias, order, split)
-        if self.padding_idx is not None:
-            column = torch.tensor([self.padding_idx], device=logits.device)
-            filler = logits.new_zeros(x.shape[0], 1) if bias is None else bias[column].expand(x.shape[0], 1)
-            logits = logits.index_copy(1, column, filler.to(logits.dtype))
+        logits = ttm_linear(x, cores, self.num_embeddings, bias, order, split, zero_output=self.padding_idx)
         return autocast_output(logits).reshape(*lead, self.num_embeddings)
 
     @torch.no_grad()

@@ -36,6 +36,7 @@ from comera.tt.merge import (
     merge_ttm_matrix,
     merge_ttm_right,
 )
+from comera.tt.padded import padded_rows_linear
 from comera.tt.workspace import Workspace
 
 __all__ = ["GEMMS", "tt_linear", "ttm_linear"]
@@ -56,6 +57,15 @@ def _pad_columns(x: torch.Tensor, width: int) -> torch.Tensor:
 
 def _add_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return y if bias is None else y + bias
+
+
+def _pin_output(y: torch.Tensor, column: int | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """``y`` with ``column`` replaced by the bias alone (zeros without one); ``y`` itself for None."""
+    if column is None:
+        return y
+    index = torch.tensor([column], device=y.device)
+    filler = y.new_zeros(y.shape[0], 1) if bias is None else bias[index].expand(y.shape[0], 1)
+    return y.index_copy(1, index, filler.to(y.dtype))
 
 
 def _tt_sequential(x, cores, num_in_cores, out_features):
@@ -142,6 +152,7 @@ def ttm_linear(
     order: str = "merge",
     split: int | None = None,
     workspace: Workspace | None = None,
+    zero_output: int | None = None,
 ) -> torch.Tensor:
     """``x @ W + bias`` for a TTM weight ``W`` whose cores ``(r_{k-1}, m_k, n_k, r_k)`` have gates folded in.
 
@@ -153,11 +164,15 @@ def ttm_linear(
         order: one of :data:`ORDERS`; ``"merge"`` needs at least two cores (one core is a dense matrix).
         split: bond at which ``"merge"`` splits the train (default: the middle).
         workspace: scratch buffers of the ``"merge"`` order's backward, reused across calls.
+        zero_output: an output column in ``[0, out_features)`` computed as if its column of ``W`` were zero
+            (the bias alone; a tied head's padding token), its column getting no gradient; None for none.
 
     Returns:
         ``(B, out_features)``.
     """
     _check_order(order)
+    if zero_output is not None and not 0 <= zero_output < out_features:
+        raise ValueError(f"zero_output must be in [0, {out_features - 1}] or None, got {zero_output}")
     if order == "merge" and len(cores) == 1:
         order = "dense"
     rows = math.prod([c.shape[1] for c in cores])
@@ -172,9 +187,10 @@ def ttm_linear(
         if bias is not None and out_features < cols:
             padded_bias = torch.nn.functional.pad(bias, (0, cols - out_features))
         y = ttm_split_linear(_pad_columns(x, rows), left, right, padded_bias, workspace)
-        return y[:, :out_features]
+        return _pin_output(y[:, :out_features], zero_output, bias)
     if order == "sequential":
-        return _add_bias(_ttm_sequential(_pad_columns(x, rows), cores, out_features), bias)
+        y = _add_bias(_ttm_sequential(_pad_columns(x, rows), cores, out_features), bias)
+        return _pin_output(y, zero_output, bias)
     split = auto_ttm_rebuild_split(
         tuple(c.shape[1] for c in cores),
         tuple(c.shape[2] for c in cores),
@@ -185,12 +201,8 @@ def ttm_linear(
     weight = merge_ttm_matrix([core.transpose(1, 2) for core in cores], split)
     if x.shape[1] < rows:  # a full-range slice would still cost a weight-sized fill and copy in backward
         weight = weight[:, : x.shape[1]]
-    if out_features == cols:
-        return torch.nn.functional.linear(x, weight, bias)
-    if x.shape[0] >= x.shape[1]:
-        return torch.nn.functional.linear(x, weight[:out_features], bias)
-    # fewer batch rows than weight columns: cut the padded outputs from the result, whose slicing backward
-    # fills a batch-sized gradient instead of a weight-sized one
-    if bias is not None:
-        bias = torch.nn.functional.pad(bias, (0, cols - out_features))
-    return torch.nn.functional.linear(x, weight, bias)[:, :out_features]
+    if not torch.is_autocast_enabled(x.device.type):
+        return padded_rows_linear(x, weight, bias, out_features, zero_output)
+    if out_features < cols:
+        weight = weight[:out_features]
+    return _pin_output(torch.nn.functional.linear(x, weight, bias), zero_output, bias)
