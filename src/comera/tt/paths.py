@@ -201,7 +201,10 @@ def ttm_linear(
     weight = merge_ttm_matrix([core.transpose(1, 2) for core in cores], split)
     if x.shape[1] < rows:  # a full-range slice would still cost a weight-sized fill and copy in backward
         weight = weight[:, : x.shape[1]]
-    if not torch.is_autocast_enabled(x.device.type):
+    # plain ops under autocast (dtype handling) and under torch.compile: with the custom function inside, a
+    # compiled Trainer step crossing a prune failed in backward with stale shapes (in the full test suite,
+    # not alone), and the compiler fuses the slicing anyway
+    if not torch.is_autocast_enabled(x.device.type) and not torch.compiler.is_compiling():
         return padded_rows_linear(x, weight, bias, out_features, zero_output)
     if out_features < cols:
         weight = weight[:out_features]
