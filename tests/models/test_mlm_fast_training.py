@@ -125,3 +125,18 @@ def test_fast_dropout_in_training_keeps_the_documented_rate():
     # 6 binomial standard deviations
     assert abs(dropped - q) < 6 * (q * (1 - q) / 400_000) ** 0.5
     torch.testing.assert_close(out[out != 0], torch.full_like(out[out != 0], 1 / (1 - q)))
+
+
+def test_positional_arguments_keep_the_parent_meaning():
+    """``RobertaForMaskedLM.forward``'s third positional argument is ``token_type_ids``, not ``labels``."""
+    model = build_mlm_model("smoke", VOCAB, dropout=0.0).to(torch.float64).eval()
+    batch = _batch()
+    types = torch.zeros_like(batch["input_ids"])
+    positional = model(batch["input_ids"], batch["attention_mask"], types)
+    keyword = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=types
+    )
+    assert positional.loss is None
+    torch.testing.assert_close(positional.logits, keyword.logits)
+    with pytest.raises(TypeError, match="by keyword"):
+        model(batch["input_ids"], batch["attention_mask"], types, labels=batch["labels"], masked_only=True)

@@ -77,21 +77,24 @@ class CodeMaskedLM(RobertaForMaskedLM):
     targets) and ``loss`` is their mean cross-entropy, 0 when ``N == 0``. While a CUDA graph is being
     captured (where a data-dependent selection cannot run) the head scores every position and ``logits``
     are ``(B, T, vocab_size)``; the loss is the same. Without ``masked_only`` (the default) the forward is
-    ``RobertaForMaskedLM``'s.
+    ``RobertaForMaskedLM``'s, positional arguments included; with ``masked_only``, everything after
+    ``attention_mask`` goes by keyword.
     """
 
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
+        *args,
         masked_only: bool = False,
         **kwargs,
     ):
+        labels = kwargs.get("labels")
         if not masked_only or labels is None:
-            return super().forward(
-                input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs
-            )
+            return super().forward(input_ids, attention_mask, *args, **kwargs)
+        if args:
+            raise TypeError("with masked_only=True, pass the arguments after attention_mask by keyword")
+        kwargs.pop("labels")
         kwargs.pop("return_dict", None)
         hidden = self.roberta(input_ids, attention_mask=attention_mask, return_dict=True, **kwargs)[0]
         labels = labels.to(hidden.device)
