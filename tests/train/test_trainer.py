@@ -19,8 +19,9 @@ def reference_run(config: TrainConfig, batches: list, epochs_early: int, epochs_
     model = make_model()
     torch.manual_seed(config.seed)
     rank = RankAdaptation(model, gamma=config.gamma, tau=DEFAULT_TAU, surrogate=config.surrogate)
-    optimizer = torch.optim.AdamW(
-        param_groups(model, lr_cores=config.lr_cores, lr_gates=config.lr_gates, lr_other=config.lr_other)
+    optimizer = torch.optim.AdamW(  # fused, as the Trainer's default optimizer on CPU
+        param_groups(model, lr_cores=config.lr_cores, lr_gates=config.lr_gates, lr_other=config.lr_other),
+        fused=True,
     )
     step = 0
     for epoch in range(epochs_early + epochs_late):

@@ -6,8 +6,9 @@ default 50265 as RoBERTa/CodeBERT), dense or tensorized by the ``mlm-PRESET`` pr
 does: forward of ``--batch`` blocks of ``--seq-len`` tokens masked as in pre-training
 (:class:`comera.data.code.MaskingCollator` on random token blocks), the masked-LM loss with the LM head on the
 masked positions only, as ``comera train mlm`` computes it (for comera plus the rank objective's size term,
-:class:`comera.RankAdaptation`), backward, and an AdamW step (comera: the paper's three parameter groups).
-Both methods use the same model class, dropout and attention (:func:`comera.models.mlm.build_mlm_model`).
+:class:`comera.RankAdaptation`), backward, and an AdamW step (PyTorch's fused kernel, as the ``Trainer``'s
+default; comera: the paper's three parameter groups). Both methods use the same model class, dropout and
+attention (:func:`comera.models.mlm.build_mlm_model`).
 
 Every method runs in a fresh process (``--case``): it builds the model, the optimizer and a batch, runs a
 step on a 16-token batch (so that code pages, threads and the optimizer state exist), then one full step
@@ -78,11 +79,11 @@ def build_step(preset: str, method: str, vocab_size: int):
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     model = build_mlm_model(preset, vocab_size, dropout=0.1).train()
     if method == "dense":
-        optimizer = torch.optim.AdamW(model.parameters(), lr=_LR_DENSE, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=_LR_DENSE, weight_decay=0.0, fused=True)
         rank = None
     else:
         tensorize_(model, tensorize_preset(f"mlm-{preset}"))
-        optimizer = torch.optim.AdamW(param_groups(model, **_LR_GROUPS))
+        optimizer = torch.optim.AdamW(param_groups(model, **_LR_GROUPS), fused=True)
         rank = RankAdaptation(model)
 
     def step(batch: dict[str, torch.Tensor]) -> None:

@@ -1,0 +1,39 @@
+"""The Trainer's default AdamW: PyTorch's fused kernel where the parameters allow it, same updates."""
+
+import torch
+from tiny import make_model
+
+from comera.train.config import TrainConfig
+from comera.train.objective import CoMERAObjective
+from comera.train.setup import default_optimizer, fusable
+
+
+def test_cpu_models_get_the_fused_kernel_and_the_same_update_as_the_plain_one():
+    model = make_model()
+    objective = CoMERAObjective(model)
+    optimizer = default_optimizer(objective, TrainConfig())
+    assert all(group["fused"] for group in optimizer.param_groups)
+    twin = make_model()
+    plain = torch.optim.AdamW(
+        CoMERAObjective(twin).param_groups(lr_cores=1e-3, lr_gates=1e-2, lr_other=1e-3, weight_decay=0.01),
+        foreach=False,
+    )
+    for group in optimizer.param_groups:
+        group.update(lr=1e-3, weight_decay=0.01)
+    for group in plain.param_groups:
+        group.update(lr=1e-3, weight_decay=0.01)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for a, b in zip(model.parameters(), twin.parameters()):
+            a.grad = torch.randn(a.shape, generator=generator)
+            b.grad = a.grad.clone()
+        optimizer.step()
+        plain.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_parameters_the_kernel_cannot_take_fall_back_to_the_default():
+    on_meta = torch.nn.Parameter(torch.empty(3, device="meta"))
+    assert not fusable([on_meta])
+    assert fusable([torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))])
