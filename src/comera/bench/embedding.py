@@ -38,6 +38,7 @@ from torch import nn
 from comera.bench.published_lookup import PublishedOrderLookup
 from comera.bench.report import (
     ALLOCATION,
+    add_memory_argument,
     fmt,
     machine_description,
     median_ms,
@@ -409,12 +410,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="10k ids only, 2 repeats")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per case (default: torch's)")
-    parser.add_argument(
-        "--memory",
-        choices=("reuse", "default"),
-        default="reuse",
-        help="'reuse': comera.cpu.reuse_freed_memory() in every case (default); 'default': glibc's setting",
-    )
+    add_memory_argument(parser)
     parser.add_argument("--write", default=None, help="markdown file whose section (--section) is replaced")
     parser.add_argument("--section", default="embedding", help="name of the section --write replaces")
     parser.add_argument(

@@ -27,7 +27,12 @@ import torch
 from torch import nn
 
 from comera.bench.published_linear import PublishedTTLinear
-from comera.bench.report import interleaved_medians_ms, machine_description, update_section
+from comera.bench.report import (
+    add_memory_argument,
+    interleaved_medians_ms,
+    machine_description,
+    update_section,
+)
 from comera.cpu import reuse_freed_memory
 from comera.nn.linear import TTLinear, TTMLinear
 from comera.tt.costs import ORDERS
@@ -207,12 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", nargs="+", type=int, default=None, help="ranks to run instead")
     parser.add_argument("--allocator", action="store_true", help="also compare CPU allocation settings")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
-    parser.add_argument(
-        "--memory",
-        choices=("reuse", "default"),
-        default="reuse",
-        help="'reuse': comera.cpu.reuse_freed_memory() before timing (default); 'default': glibc's setting",
-    )
+    add_memory_argument(parser)
     parser.add_argument("--write", metavar="MARKDOWN", help="update the --section section of this file")
     parser.add_argument(
         "--section", default="layers", help="name of the section --write replaces (default: layers)"

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from comera.bench.report import (
+    add_memory_argument,
     allocation_of,
     fmt,
     machine_description,
@@ -213,13 +214,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=VOCAB, help=f"vocabulary size (default {VOCAB})")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per method (default 3)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per case (default: torch's)")
-    parser.add_argument(
-        "--memory",
-        choices=("reuse", "default"),
-        default="reuse",
-        help="'reuse': comera.cpu.reuse_freed_memory() before the timed steps, as the Trainer does "
-        "(default); 'default': glibc's setting",
-    )
+    add_memory_argument(parser)
     parser.add_argument("--write", default=None, help="markdown file whose section (--section) is replaced")
     parser.add_argument("--section", default="mlm", help="name of the section --write replaces")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)

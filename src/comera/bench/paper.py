@@ -79,6 +79,7 @@ from comera.bench.ladder import (
     truncate_ranks_,
 )
 from comera.bench.report import (
+    add_memory_argument,
     allocation_of,
     grouped_bars,
     machine_description,
@@ -454,13 +455,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--warmup", type=int, default=2, help="transformer/ladder: untimed steps first (>= 1)"
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads in each case")
-    parser.add_argument(
-        "--memory",
-        choices=("reuse", "default"),
-        default="reuse",
-        help="allocation of the timed steps: 'reuse' (comera.cpu.reuse_freed_memory(), as the Trainer does; "
-        "default) or 'default' (glibc's)",
-    )
+    add_memory_argument(parser)
     parser.add_argument("--out", default="bench-paper", help="folder for each section's JSON, markdown, PNGs")
     parser.add_argument("--write", default=None, help="update the 'paper-SECTION' sections of this file")
     parser.add_argument("--quick", action="store_true", help="smoke sizes for every section (QUICK)")

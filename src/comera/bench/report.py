@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import random
@@ -30,10 +31,22 @@ __all__ = [
     "grouped_bars",
     "ALLOCATION",
     "allocation_of",
+    "add_memory_argument",
 ]
 
 ALLOCATION = {"reuse": "`comera.cpu.reuse_freed_memory()`", "default": "glibc's default"}
 """The words for a benchmark's ``--memory`` setting of its timed steps."""
+
+
+def add_memory_argument(parser: argparse.ArgumentParser) -> None:
+    """``--memory {reuse,default}``: the allocation setting of a benchmark's timed steps."""
+    parser.add_argument(
+        "--memory",
+        choices=tuple(ALLOCATION),
+        default="reuse",
+        help="'reuse': comera.cpu.reuse_freed_memory() before the timed steps, as the Trainer does on CPU "
+        "(default); 'default': glibc's setting",
+    )
 
 
 def allocation_of(results: list[dict]) -> str:

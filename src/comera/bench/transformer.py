@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from comera.bench.report import (
+    add_memory_argument,
     allocation_of,
     machine_description,
     median_ms,
@@ -176,13 +177,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--preset", default="paper", help="model preset (paper, small, smoke)")
-    parser.add_argument(
-        "--memory",
-        choices=("reuse", "default"),
-        default="reuse",
-        help="'reuse': comera.cpu.reuse_freed_memory() before the timed steps, as the Trainer does "
-        "(default); 'default': glibc's setting",
-    )
+    add_memory_argument(parser)
     parser.add_argument(
         "--write", default=None, help="update the 'transformer' section of this markdown file"
     )
