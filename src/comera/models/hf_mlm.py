@@ -99,11 +99,11 @@ class CodeMaskedLM(RobertaForMaskedLM):
         hidden = self.roberta(input_ids, attention_mask=attention_mask, return_dict=True, **kwargs)[0]
         labels = labels.to(hidden.device)
         chosen = labels != IGNORE_INDEX
-        count = chosen.sum().clamp(min=1)
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            logits = self.lm_head(hidden)
-            total = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
-            return MaskedLMOutput(loss=total / count, logits=logits)
-        logits = self.lm_head(hidden[chosen])
-        total = F.cross_entropy(logits, labels[chosen], reduction="sum")
-        return MaskedLMOutput(loss=total / count, logits=logits)
+            logits = self.lm_head(hidden)  # every position; cross_entropy skips the IGNORE_INDEX labels
+            scored, targets = logits.flatten(0, 1), labels.flatten()
+        else:
+            logits = scored = self.lm_head(hidden[chosen])
+            targets = labels[chosen]
+        total = F.cross_entropy(scored, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+        return MaskedLMOutput(loss=total / chosen.sum().clamp(min=1), logits=logits)

@@ -201,9 +201,8 @@ def build_mlm_model(
         "bos_token_id": bos_token_id,
         "pad_token_id": pad_token_id,
         "eos_token_id": eos_token_id,
-        "fast_training": fast_training,
     }
-    config = mlm_config(preset, vocab_size, **{k: v for k, v in kwargs.items() if k != "fast_training"})
+    config = mlm_config(preset, vocab_size, **kwargs)
     _transformers()
     from comera.models.hf_mlm import ATTENTION, CodeMaskedLM, use_fast_dropout
 
@@ -214,6 +213,9 @@ def build_mlm_model(
     setattr(
         model,
         MODEL_ATTRIBUTE,
-        {"name": MODEL_NAME, "kwargs": {"preset": preset, "vocab_size": vocab_size, **kwargs}},
+        {
+            "name": MODEL_NAME,
+            "kwargs": {"preset": preset, "vocab_size": vocab_size, **kwargs, "fast_training": fast_training},
+        },
     )
     return model
