@@ -3,10 +3,12 @@
 ``F.scaled_dot_product_attention`` with ``dropout_p > 0`` on a CPU falls back to forming the probabilities
 and dropping them with ``bernoulli_`` (one random float per element of the ``(B, H, T, T)`` probabilities),
 which at 512 tokens costs more than the attention's matrix products. :func:`attention_context` forms the
-probabilities itself in that case and drops them with :func:`comera.models.dropout.fast_dropout` (``p``
-quantised to 1/256); everywhere else (CUDA, evaluation, ``p == 0``) it calls SDPA. Both models of the
-workloads use it: :class:`comera.models.transformer.TransformerClassifier` directly and the RoBERTa masked
-LM through the ``"comera"`` attention implementation registered with Hugging Face ``transformers``.
+probabilities itself in that case and drops them with the random bytes of :mod:`comera.models.dropout`
+(``p`` quantised to 1/256): block by block (:mod:`comera.models.blocked_attention`), or with plain ops
+under ``torch.compile`` and autocast. Everywhere else (CUDA, evaluation, ``p == 0``) it calls SDPA. Both
+models of the workloads use it: :class:`comera.models.transformer.TransformerClassifier` directly and the
+RoBERTa masked LM through the ``"comera"`` attention implementation registered with Hugging Face
+``transformers``.
 """
 
 from __future__ import annotations
@@ -14,9 +16,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from comera.models.dropout import fast_dropout, quantized_p
+from comera.models.blocked_attention import blocked_dropout_attention
+from comera.models.dropout import drop_threshold, fast_dropout, quantized_p, random_bytes
 
 __all__ = ["attention_context"]
+
+
+def _blocked_path_applies(q: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """The blocked kernel's conditions: eager, no autocast, a mask that needs no gradient."""
+    if torch.compiler.is_compiling() or torch.is_autocast_enabled(q.device.type):
+        return False
+    return mask is None or not mask.requires_grad
 
 
 def attention_context(
@@ -39,11 +49,17 @@ def attention_context(
         scale: factor on the scores; default ``1 / sqrt(d)``.
 
     Returns:
-        ``(B, H, Tq, d)``.
+        ``(B, H, Tq, d)``; from the blocked path stored as ``(B, Tq, H, d)``.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if p <= 0.0 or q.is_cuda:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)
+    if _blocked_path_applies(q, mask):
+        if mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        drop_bytes = random_bytes((*q.shape[:-1], k.shape[-2]), q.device)
+        keep_scale = 1.0 / (1.0 - quantized_p(p))
+        return blocked_dropout_attention(q, k, v, mask, drop_bytes, drop_threshold(p), scale, keep_scale)
     # the scale on q: (B, H, Tq, d) elements instead of the (B, H, Tq, Tk) scores
     scores = torch.matmul(q * scale, k.transpose(-2, -1))
     if mask is not None:

@@ -26,7 +26,7 @@ from torch import nn
 
 from comera.checks import check_number
 
-__all__ = ["FastDropout", "fast_dropout", "keep_mask", "quantized_p"]
+__all__ = ["FastDropout", "drop_threshold", "fast_dropout", "keep_mask", "quantized_p", "random_bytes"]
 
 _LEVELS = 256
 _BYTES_PER_WORD = 8
@@ -38,7 +38,7 @@ def _check_p(p: float) -> float:
     return check_number(p, "dropout probability p", 0.0, 1.0, open_high=True)
 
 
-def _threshold(p: float) -> int:
+def drop_threshold(p: float) -> int:
     """Bytes below this value drop their element: ``round(256 p)``, at least 1 when ``p > 0``."""
     level = round(_check_p(p) * _LEVELS)
     return min(max(level, 1 if p > 0 else 0), _LEVELS - 1)
@@ -49,10 +49,10 @@ def quantized_p(p: float) -> float:
 
     A positive ``p`` never rounds to 0 (the smallest is 1/256) and the largest is 255/256.
     """
-    return _threshold(p) / _LEVELS
+    return drop_threshold(p) / _LEVELS
 
 
-def _random_bytes(shape: torch.Size | tuple[int, ...], device: torch.device | str | None) -> torch.Tensor:
+def random_bytes(shape: torch.Size | tuple[int, ...], device: torch.device | str | None) -> torch.Tensor:
     """Uniform uint8 bytes of ``shape``: ``ceil(numel / 8)`` full-range int64 words of the default generator
     of ``device``, viewed as bytes."""
     count = math.prod(shape)
@@ -70,7 +70,7 @@ def keep_mask(
     Draws ``ceil(numel / 8)`` full-range int64 words from the default generator of ``device``; the same
     draws as :func:`fast_dropout` makes for a tensor of ``shape``.
     """
-    return _random_bytes(shape, device) >= _threshold(p)
+    return random_bytes(shape, device) >= drop_threshold(p)
 
 
 def _scaled_mask(
@@ -112,7 +112,7 @@ def fast_dropout(x: torch.Tensor, p: float, training: bool = True, *, rescale: b
     if not training or q == 0.0:
         return x
     scale = 1.0 / (1.0 - q) if rescale else 1.0
-    return _MaskedScale.apply(x, _random_bytes(x.shape, x.device), _threshold(p), scale)
+    return _MaskedScale.apply(x, random_bytes(x.shape, x.device), drop_threshold(p), scale)
 
 
 class FastDropout(nn.Module):
