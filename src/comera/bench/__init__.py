@@ -6,6 +6,7 @@ BENCHMARKS = (
     "inference",
     "trainer",
     "transformer",
+    "attention",
     "dlrm",
     "mlm",
     "paper",

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from comera.models.blocked_attention import blocked_dropout_attention
 from comera.models.dropout import drop_threshold, fast_dropout, quantized_p, random_bytes
 
-__all__ = ["attention_context"]
+__all__ = ["attention_context", "plain_dropout_attention"]
 
 
 def _blocked_path_applies(q: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -60,6 +60,14 @@ def attention_context(
         drop_bytes = random_bytes((*q.shape[:-1], k.shape[-2]), q.device)
         keep_scale = 1.0 / (1.0 - quantized_p(p))
         return blocked_dropout_attention(q, k, v, mask, drop_bytes, drop_threshold(p), scale, keep_scale)
+    return plain_dropout_attention(q, k, v, mask, p, scale)
+
+
+def plain_dropout_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, p: float, scale: float
+) -> torch.Tensor:
+    """:func:`attention_context`'s training computation with plain ops over the whole ``(B, H, Tq, Tk)``
+    scores (its form under ``torch.compile`` and autocast); same arguments, same random draws."""
     # the scale on q: (B, H, Tq, d) elements instead of the (B, H, Tq, Tk) scores
     scores = torch.matmul(q * scale, k.transpose(-2, -1))
     if mask is not None:
