@@ -49,7 +49,7 @@ def _padding_bias(batch: int, keys: int, lengths: list[int]) -> torch.Tensor:
 def test_values_and_gradients_equal_the_written_out_attention(
     batch, heads, rows, keys, width, block, p, padded, seed
 ):
-    """Every block layout (one score per block, head groups, batch groups, one block) gives the reference."""
+    """Every block layout (one head per block, groups of heads, all heads) gives the reference."""
     generator = torch.Generator().manual_seed(seed)
     q = _head_views(batch, heads, rows, width, generator)
     k, v = (_head_views(batch, heads, keys, width, generator) for _ in range(2))
