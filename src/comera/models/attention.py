@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from comera.models.blocked_attention import blocked_dropout_attention
-from comera.models.dropout import drop_threshold, fast_dropout, quantized_p, random_bytes
+from comera.models.dropout import drop_threshold, fast_dropout, keep_scale, random_bytes
 
 __all__ = ["attention_context", "plain_dropout_attention"]
 
@@ -58,8 +58,7 @@ def attention_context(
         if mask is not None and mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
         drop_bytes = random_bytes((*q.shape[:-1], k.shape[-2]), q.device)
-        keep_scale = 1.0 / (1.0 - quantized_p(p))
-        return blocked_dropout_attention(q, k, v, mask, drop_bytes, drop_threshold(p), scale, keep_scale)
+        return blocked_dropout_attention(q, k, v, mask, drop_bytes, drop_threshold(p), scale, keep_scale(p))
     return plain_dropout_attention(q, k, v, mask, p, scale)
 
 
@@ -74,4 +73,4 @@ def plain_dropout_attention(
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     # dropout's 1 / (1 - q) on v: (B, H, Tk, d) elements instead of the (B, H, Tq, Tk) probabilities
     kept = fast_dropout(scores.softmax(dim=-1), p, rescale=False)
-    return torch.matmul(kept, v * (1.0 / (1.0 - quantized_p(p))))
+    return torch.matmul(kept, v * keep_scale(p))

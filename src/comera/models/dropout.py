@@ -26,7 +26,15 @@ from torch import nn
 
 from comera.checks import check_number
 
-__all__ = ["FastDropout", "drop_threshold", "fast_dropout", "keep_mask", "quantized_p", "random_bytes"]
+__all__ = [
+    "FastDropout",
+    "drop_threshold",
+    "fast_dropout",
+    "keep_mask",
+    "keep_scale",
+    "quantized_p",
+    "random_bytes",
+]
 
 _LEVELS = 256
 _BYTES_PER_WORD = 8
@@ -50,6 +58,11 @@ def quantized_p(p: float) -> float:
     A positive ``p`` never rounds to 0 (the smallest is 1/256) and the largest is 255/256.
     """
     return drop_threshold(p) / _LEVELS
+
+
+def keep_scale(p: float) -> float:
+    """The factor on kept elements for requested ``p``: ``1 / (1 - quantized_p(p))``."""
+    return 1.0 / (1.0 - quantized_p(p))
 
 
 def random_bytes(shape: torch.Size | tuple[int, ...], device: torch.device | str | None) -> torch.Tensor:
@@ -111,7 +124,7 @@ def fast_dropout(x: torch.Tensor, p: float, training: bool = True, *, rescale: b
     q = quantized_p(p)
     if not training or q == 0.0:
         return x
-    scale = 1.0 / (1.0 - q) if rescale else 1.0
+    scale = keep_scale(p) if rescale else 1.0
     return _MaskedScale.apply(x, random_bytes(x.shape, x.device), drop_threshold(p), scale)
 
 
