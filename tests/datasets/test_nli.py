@@ -4,9 +4,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from comera.data.nli import build_nli_data, read_glue_tsv, read_jsonl, read_mnli
-from comera.data.pairs import PadCollate
+from comera.data.pairs import PadCollate, exact_match_flags
+from comera.data.tokenize import load_tokenizer
 
 DATA = Path(__file__).parent.parent / "data"
 GLUE = DATA / "glue_mnli"
@@ -154,3 +157,57 @@ def test_pad_collate_pads_to_the_longest():
     assert batch["token_type_ids"].tolist() == [[0, 0, 0, 0], [0, 0, 1, 1]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
     assert batch["labels"].tolist() == [1, 0]
+
+
+def test_pad_collate_pads_exact_match_flags_with_zero():
+    samples = [
+        {
+            "input_ids": torch.tensor([2, 7, 3, 7, 3]),
+            "token_type_ids": torch.tensor([0, 0, 0, 1, 1]),
+            "exact_match_ids": torch.tensor([0, 1, 0, 1, 0]),
+            "labels": torch.tensor(1),
+        },
+        {
+            "input_ids": torch.tensor([2, 8, 3]),
+            "token_type_ids": torch.tensor([0, 0, 0]),
+            "exact_match_ids": torch.tensor([0, 0, 0]),
+            "labels": torch.tensor(0),
+        },
+    ]
+    batch = PadCollate(pad_id=5)(samples)
+    assert batch["exact_match_ids"].tolist() == [[0, 1, 0, 1, 0], [0, 0, 0, 0, 0]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tokens=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 1)), max_size=30),
+    ignore=st.sets(st.integers(0, 9), max_size=3),
+)
+def test_exact_match_flags_mark_ids_found_in_the_other_segment(tokens, ignore):
+    ids, types = [t for t, _ in tokens], [k for _, k in tokens]
+    flags = exact_match_flags(ids, types, ignore)
+    for position, (token, kind) in enumerate(tokens):
+        in_other = any(other == token and other_kind != kind for other, other_kind in tokens)
+        assert flags[position] == int(in_other and token not in ignore)
+
+
+def test_exact_match_flags_need_aligned_types():
+    with pytest.raises(ValueError, match="same length"):
+        exact_match_flags([1, 2, 3], [0, 1])
+
+
+def test_dataset_flags_shared_words_but_never_special_tokens(tmp_path):
+    data = build_nli_data(GLUE, tmp_path, tokenizer=VOCAB, max_length=64)
+    tokenizer = load_tokenizer(VOCAB, max_length=64)
+    special = tokenizer.special_ids()
+    assert {tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id} <= special
+    flagged_any = False
+    for index in range(len(data.train)):
+        sample = data.train[index]
+        ids, types, flags = sample["input_ids"], sample["token_type_ids"], sample["exact_match_ids"]
+        first, second = set(ids[types == 0].tolist()), set(ids[types == 1].tolist())
+        want = [int(t in first and t in second and t not in special) for t in ids.tolist()]
+        assert flags.tolist() == want
+        assert not flags[torch.isin(ids, torch.tensor(sorted(special)))].any()
+        flagged_any |= bool(flags.any())
+    assert flagged_any

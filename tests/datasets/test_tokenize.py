@@ -62,6 +62,25 @@ def test_matches_transformers_bert_tokenizer_built_from_the_same_vocabulary():
         assert ids == want["input_ids"] and types == want["token_type_ids"]
 
 
+def test_many_pairs_encode_in_order_as_the_transformers_tokenizer_does():
+    """More pairs than one encoding chunk: every pair in its place, truncated as the reference does."""
+    reference = BertTokenizer(vocab=str(VOCAB))
+    ours = load_tokenizer(VOCAB, max_length=10)
+    words = ["the", "cat", "sat", "on", "mat", "dog", "ran", "fast"]
+    pairs = [
+        (
+            " ".join(words[(i + j) % 8] for j in range(1 + i % 7)),
+            " ".join(words[(3 * i + j) % 8] for j in range(1 + i % 9)),
+        )
+        for i in range(700)
+    ]
+    got = ours.encode_pairs([a for a, _ in pairs], [b for _, b in pairs])
+    assert len(got) == len(pairs)
+    for (first, second), (ids, types) in zip(pairs, got):
+        want = reference(first, second, truncation="longest_first", max_length=10)
+        assert ids == want["input_ids"] and types == want["token_type_ids"]
+
+
 def test_tokenizer_json_with_fixed_padding_is_reset(tmp_path):
     fixed = bert_wordpiece({token: index for index, token in enumerate(WORDS)})
     fixed.enable_padding(length=128, pad_id=0, pad_token="[PAD]")

@@ -220,3 +220,33 @@ def test_training_step_compiles_fullgraph_and_equals_eager_with_the_same_draws()
     torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-10, atol=1e-12)
     torch.manual_seed(4)
     assert not torch.allclose(model(ids, types, mask), eager)
+
+
+def test_exact_match_embedding_adds_its_row_to_every_flagged_token():
+    """With the flag table's row 0 at zero, flags of 0 give the model without the table; all flags 1 give
+    that model with row 1 added to both token-type rows (the same addend at every position)."""
+    torch.manual_seed(0)
+    with_flags = TransformerClassifier.from_preset("smoke", exact_match=True).double().eval()
+    plain = TransformerClassifier.from_preset("smoke").double().eval()
+    state = {k: v for k, v in with_flags.state_dict().items() if not k.startswith("embeddings.exact_match")}
+    plain.load_state_dict(state)
+    with torch.no_grad():
+        with_flags.embeddings.exact_match.weight[0].zero_()
+    ids, types, mask = _batch(SMOKE["vocab_size"])
+    zeros = torch.zeros_like(ids)
+    torch.testing.assert_close(with_flags(ids, types, mask, zeros), plain(ids, types, mask), rtol=0, atol=0)
+    with torch.no_grad():
+        plain.embeddings.token_type.weight += with_flags.embeddings.exact_match.weight[1]
+    torch.testing.assert_close(
+        with_flags(ids, types, mask, torch.ones_like(ids)), plain(ids, types, mask), rtol=1e-12, atol=1e-12
+    )
+
+
+def test_exact_match_flags_are_required_when_built_with_them_and_ignored_otherwise():
+    ids, types, mask = _batch(SMOKE["vocab_size"])
+    with pytest.raises(ValueError, match="exact_match_ids is required"):
+        TransformerClassifier.from_preset("smoke", exact_match=True)(ids, types, mask)
+    plain = TransformerClassifier.from_preset("smoke").eval()
+    torch.testing.assert_close(plain(ids, types, mask, torch.ones_like(ids)), plain(ids, types, mask))
+    with pytest.raises(TypeError, match="exact_match must be a bool"):
+        TransformerClassifier.from_preset("smoke", exact_match=1)

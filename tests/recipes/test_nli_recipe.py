@@ -30,7 +30,9 @@ def test_smoke_run_reports_exact_accuracy_and_data_counts(tmp_path):
     model = comera.load_pretrained(out / "model").eval()
     batch = data.collate_fn([data.evals["validation"][i] for i in range(len(data.evals["validation"]))])
     with torch.no_grad():
-        logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).double()
+        logits = model(
+            batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["exact_match_ids"]
+        ).double()
     labels = batch["labels"].numpy()
     want_accuracy = accuracy_score(labels, logits.argmax(-1).numpy())
     want_loss = log_loss(labels, logits.softmax(-1).numpy(), labels=[0, 1])
@@ -54,7 +56,9 @@ def test_evaluator_merges_batches_exactly(tmp_path):
         states.append(evaluator.state())
     whole = data.collate_fn([dataset[i] for i in range(len(dataset))])
     with torch.no_grad():
-        logits = model(whole["input_ids"], whole["token_type_ids"], whole["attention_mask"])
+        logits = model(
+            whole["input_ids"], whole["token_type_ids"], whole["attention_mask"], whole["exact_match_ids"]
+        )
     merged = PairAccuracy()
     merged.merge(states)
     metrics = merged.compute()

@@ -29,7 +29,12 @@ def reference_run(config: TrainConfig, batches: list, epochs_early: int, epochs_
             prune_(model, optimizer)
             late_steps = epochs_late * len(batches)
             rank.begin_late_stage(
-                config.target_ratio, config.target_loss, config.rho, config.ema, late_steps=late_steps
+                config.target_ratio,
+                config.target_loss,
+                config.rho,
+                config.ema,
+                late_steps=late_steps,
+                recovery=config.recovery,
             )
         for inputs, labels in batches:
             rank.loss(loss_fn(model, (inputs, labels))).backward()
@@ -47,8 +52,11 @@ def batches_of(dataset, size):
     return [(inputs[i : i + size], labels[i : i + size]) for i in range(0, len(inputs), size)]
 
 
-def test_two_stages_with_pruning_match_a_hand_written_loop():
-    config = TrainConfig(early=2, late=2, batch_size=8, shuffle=False, target_ratio=0.5, **FAST_GATES)
+@pytest.mark.parametrize("recovery", [0.3, 0.75])
+def test_two_stages_with_pruning_match_a_hand_written_loop(recovery):
+    config = TrainConfig(
+        early=2, late=2, batch_size=8, shuffle=False, target_ratio=0.5, recovery=recovery, **FAST_GATES
+    )
     data = make_data()
     model = make_model()
     ranks_before = [layer.max_ranks for layer in (model[0], model[3])]

@@ -1,8 +1,9 @@
 """Sentence pairs: their container, tokenised dataset and batch padding, and the embedded docstring task.
 
 - :class:`PairExamples`: pairs of texts with integer labels and the counts of source lines read and skipped.
-- :class:`PairDataset`: the pairs tokenised by a :class:`~comera.data.tokenize.PairTokenizer`;
-  :class:`PadCollate` pads a batch to its longest sequence.
+- :class:`PairDataset`: the pairs tokenised by a :class:`~comera.data.tokenize.PairTokenizer`, with each
+  token's exact-match flag (:func:`exact_match_flags`); :class:`PadCollate` pads a batch to its longest
+  sequence.
 - :func:`build_docstring_pairs`: the embedded task, the default when no data is given: does this docstring
   describe this function's code?
 
@@ -31,6 +32,7 @@ import re
 import sys
 import sysconfig
 import textwrap
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +49,7 @@ __all__ = [
     "PairExamples",
     "PairDataset",
     "PadCollate",
+    "exact_match_flags",
     "DocumentedFunction",
     "documented_functions",
     "stdlib_modules",
@@ -91,19 +94,40 @@ class PairExamples:
         return {"read": self.read, "skipped": self.skipped}
 
 
-class PairDataset(Dataset):
-    """Tokenised sentence pairs (stored flat as int32) with labels.
+def exact_match_flags(ids: Sequence[int], types: Sequence[int], ignore: Collection[int] = ()) -> list[int]:
+    """1 for each token whose id also occurs in the other segment of its pair, else 0.
 
-    ``dataset[i]`` is ``{"input_ids": (L,) int64, "token_type_ids": (L,) int64, "labels": () int64}`` with
-    ``L <= tokenizer.max_length``.
+    The reading-comprehension "exact match" feature: a token of the first segment (type 0) is flagged when
+    the same id appears among the second segment's (type 1) tokens, and the other way round. Ids in
+    ``ignore`` (the special tokens) are never flagged. ``ids`` and ``types`` have the same length L; the
+    result has length L.
+    """
+    if len(ids) != len(types):
+        raise ValueError(f"ids and types must have the same length, got {len(ids)} and {len(types)}")
+    first = {t for t, kind in zip(ids, types) if kind == 0}
+    second = {t for t, kind in zip(ids, types) if kind == 1}
+    shared = (first & second).difference(ignore)
+    return [int(t in shared) for t in ids]
+
+
+class PairDataset(Dataset):
+    """Tokenised sentence pairs (stored flat as int32) with labels and exact-match flags.
+
+    ``dataset[i]`` is ``{"input_ids": (L,) int64, "token_type_ids": (L,) int64, "exact_match_ids": (L,)
+    int64, "labels": () int64}`` with ``L <= tokenizer.max_length``; ``exact_match_ids`` is
+    :func:`exact_match_flags` with the tokenizer's special tokens ignored (a model uses it only when built
+    with ``exact_match=True``).
     """
 
     def __init__(self, examples: PairExamples, tokenizer: PairTokenizer) -> None:
         encoded = tokenizer.encode_pairs(examples.first, examples.second)
+        special = tokenizer.special_ids()
         lengths = torch.tensor([len(ids) for ids, _ in encoded], dtype=torch.int64)
         self.offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
         self.ids = torch.tensor([token for ids, _ in encoded for token in ids], dtype=torch.int32)
         self.types = torch.tensor([kind for _, types in encoded for kind in types], dtype=torch.int8)
+        flags = [flag for ids, types in encoded for flag in exact_match_flags(ids, types, special)]
+        self.matches = torch.tensor(flags, dtype=torch.int8)
         self.labels = torch.tensor(examples.labels, dtype=torch.int64)
 
     def __len__(self) -> int:
@@ -114,6 +138,7 @@ class PairDataset(Dataset):
         return {
             "input_ids": self.ids[start:end].long(),
             "token_type_ids": self.types[start:end].long(),
+            "exact_match_ids": self.matches[start:end].long(),
             "labels": self.labels[index],
         }
 
@@ -126,8 +151,9 @@ class PairDataset(Dataset):
 class PadCollate:
     """Batches :class:`PairDataset` samples, padding to the batch's longest sequence.
 
-    Returns ``{"input_ids": (B, T), "token_type_ids": (B, T), "attention_mask": (B, T), "labels": (B,)}``, all
-    int64; padding has id ``pad_id``, type 0 and mask 0.
+    Returns ``{"input_ids": (B, T), "token_type_ids": (B, T), "exact_match_ids": (B, T), "attention_mask":
+    (B, T), "labels": (B,)}``, all int64; padding has id ``pad_id``, type 0, match flag 0 and mask 0.
+    Samples without ``exact_match_ids`` give a batch without it.
     """
 
     pad_id: int
@@ -137,13 +163,20 @@ class PadCollate:
         ids = torch.full((len(samples), longest), self.pad_id, dtype=torch.int64)
         types = torch.zeros((len(samples), longest), dtype=torch.int64)
         mask = torch.zeros((len(samples), longest), dtype=torch.int64)
+        with_matches = all("exact_match_ids" in sample for sample in samples)
+        matches = torch.zeros((len(samples), longest), dtype=torch.int64)
         for row, sample in enumerate(samples):
             n = len(sample["input_ids"])
             ids[row, :n] = sample["input_ids"]
             types[row, :n] = sample["token_type_ids"]
             mask[row, :n] = 1
+            if with_matches:
+                matches[row, :n] = sample["exact_match_ids"]
         labels = torch.stack([sample["labels"] for sample in samples])
-        return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "labels": labels}
+        batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "labels": labels}
+        if with_matches:
+            batch["exact_match_ids"] = matches
+        return batch
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A BERT-style post-LN encoder classifying a pair "[CLS] a [SEP] b [SEP]" from its [CLS] token:
 
-    embeddings  word + learned position + token type -> LayerNorm -> dropout
+    embeddings  word + learned position + token type [+ exact match] -> LayerNorm -> dropout
     block (x n) h = LayerNorm(x + dropout(output(attention(query(x), key(x), value(x)))))
                 y = LayerNorm(h + dropout(ffn_out(gelu(ffn_in(h)))))
     head        logits = classifier(dropout(tanh(pooler(y[:, 0]))))
@@ -64,6 +64,10 @@ class TransformerConfig:
         attention_dropout: drop probability on attention probabilities; None means ``dropout``.
         layer_norm_eps: epsilon of every LayerNorm.
         pad_token_id: the padding id (its embedding row starts at zero and gets no gradient).
+        exact_match: add a learned embedding of each token's exact-match flag (1 when its id also occurs in
+            the other sentence, see :func:`comera.data.pairs.exact_match_flags`), the reading-comprehension
+            feature that lets a small model trained from scratch relate the two sentences token by token.
+            Off in the paper's model; on in the ``small`` and ``smoke`` recipe presets of the embedded task.
     """
 
     vocab_size: int = 30522
@@ -78,6 +82,7 @@ class TransformerConfig:
     attention_dropout: float | None = None
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
+    exact_match: bool = False
 
     def __post_init__(self) -> None:
         sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions", "type_vocab_size")
@@ -90,6 +95,8 @@ class TransformerConfig:
             check_number(self.attention_dropout, "attention_dropout", 0.0, 1.0, open_high=True)
         check_number(self.layer_norm_eps, "layer_norm_eps", 0.0, open_low=True)
         check_int(self.pad_token_id, "pad_token_id", 0, self.vocab_size - 1)
+        if not isinstance(self.exact_match, bool):
+            raise TypeError(f"exact_match must be a bool, got {self.exact_match!r}")
 
     @property
     def attention_p(self) -> float:
@@ -181,9 +188,10 @@ class EncoderBlock(nn.Module):
 
 
 class Embeddings(nn.Module):
-    """Word + learned position + token type embeddings, then LayerNorm and dropout.
+    """Word + learned position + token type (+ exact-match flag) embeddings, then LayerNorm and dropout.
 
-    Shapes: ``input_ids`` and ``token_type_ids`` (B, T) int64 -> (B, T, D).
+    Shapes: ``input_ids``, ``token_type_ids`` and ``exact_match_ids`` (B, T) int64 -> (B, T, D).
+    ``exact_match_ids`` (0/1 flags) is required when the config has ``exact_match`` and ignored otherwise.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -191,12 +199,25 @@ class Embeddings(nn.Module):
         self.word = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
         self.position = nn.Embedding(config.max_positions, config.d_model)
         self.token_type = nn.Embedding(config.type_vocab_size, config.d_model)
+        self.exact_match = nn.Embedding(2, config.d_model) if config.exact_match else None
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = FastDropout(config.dropout)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        exact_match_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.word(input_ids) + self.position(positions) + self.token_type(token_type_ids)
+        if self.exact_match is not None:
+            if exact_match_ids is None:
+                raise ValueError(
+                    "exact_match_ids is required: the model was built with exact_match=True (pass the "
+                    "batch's 'exact_match_ids', 0/1 per token)"
+                )
+            x = x + self.exact_match(exact_match_ids)
         return self.dropout(self.norm(x))
 
 
@@ -208,7 +229,8 @@ class TransformerClassifier(nn.Module):
     :meth:`from_preset`. ``comera_model`` records the sizes so :func:`comera.load_pretrained` rebuilds it.
 
     Forward shapes: ``input_ids`` (B, T) int64 with ``T <= max_positions``; ``token_type_ids`` (B, T) or
-    None (all 0); ``attention_mask`` (B, T), nonzero for real tokens, or None (no padding) -> logits
+    None (all 0); ``attention_mask`` (B, T), nonzero for real tokens, or None (no padding);
+    ``exact_match_ids`` (B, T) 0/1, required when built with ``exact_match=True``, else ignored -> logits
     (B, num_classes).
     """
 
@@ -260,10 +282,11 @@ class TransformerClassifier(nn.Module):
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        exact_match_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        x = self.embeddings(input_ids, token_type_ids)
+        x = self.embeddings(input_ids, token_type_ids, exact_match_ids)
         bias = None if attention_mask is None else padding_bias(attention_mask, x.dtype)
         for block in self.blocks:
             x = block(x, bias)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from comera.checks import check_int, check_number, check_optional_int
+from comera.rank.adaptation import DEFAULT_RECOVERY
 from comera.rank.surrogate import SURROGATES
 from comera.train.padding import check_buckets
 
@@ -54,6 +55,8 @@ class TrainConfig:
         target_loss: late-stage loss target ``L*``; None = 1.05 x the smoothed loss at the stage switch.
         rho: late-stage augmentation weights ``(rho_loss, rho_size)``.
         ema: decay of the loss moving average used by the late-stage switch, [0, 1).
+        recovery: fraction of the late stage kept for recovery after the exact trim to the target, [0, 1):
+            the trim happens at the latest after ``1 - recovery`` of the late stage.
         prune_at: subset of :data:`PRUNE_POINTS`; empty never prunes.
 
     Optimisation (default optimizer: AdamW on :func:`comera.param_groups`):
@@ -114,6 +117,7 @@ class TrainConfig:
     target_loss: float | None = None
     rho: tuple[float, float] = (0.1, 0.01)
     ema: float = 0.98
+    recovery: float = DEFAULT_RECOVERY
     prune_at: tuple[str, ...] = ("early_end", "late_epoch")
     lr_cores: float = 1e-4
     lr_gates: float = 1e-3
@@ -171,6 +175,7 @@ class TrainConfig:
             check_number(value, "rho", 0.0)
         object.__setattr__(self, "rho", tuple(float(value) for value in self.rho))
         check_number(self.ema, "ema", 0.0, 1.0, open_high=True)
+        check_number(self.recovery, "recovery", 0.0, 1.0, open_high=True)
         if isinstance(self.prune_at, str) or not all(point in PRUNE_POINTS for point in self.prune_at):
             raise ValueError(f"prune_at must be a tuple of values from {PRUNE_POINTS}, got {self.prune_at!r}")
         object.__setattr__(self, "prune_at", tuple(self.prune_at))

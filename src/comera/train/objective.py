@@ -182,8 +182,9 @@ class CoMERAObjective(Objective):
         )
 
     def begin_late_stage(self, **settings: Any) -> dict[str, Any]:
-        """``settings``: ``target_ratio``, ``target_loss``, ``rho``, ``ema``, ``late_steps`` of
-        :meth:`comera.RankAdaptation.begin_late_stage` (``late_steps`` sets the deadline of the trim)."""
+        """``settings``: ``target_ratio``, ``target_loss``, ``rho``, ``ema``, ``late_steps``, ``recovery`` of
+        :meth:`comera.RankAdaptation.begin_late_stage` (``late_steps`` and ``recovery`` set the deadline of
+        the trim)."""
         self.adaptation.begin_late_stage(**settings)
         return {"target_size": self.adaptation.target_size, "target_loss": self.adaptation.target_loss}
 

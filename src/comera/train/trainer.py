@@ -444,6 +444,7 @@ class Trainer:
             rho=config.rho,
             ema=config.ema,
             late_steps=self._steps(config.late),
+            recovery=config.recovery,
         )
         self._invalidate_graph()
         self._event("late_stage", **details)
