@@ -1,4 +1,5 @@
-"""The ``comera`` command: ``demo``, ``train WORKLOAD``, ``bench NAME``, ``report DIR``, ``plot RUN_DIR``.
+"""The ``comera`` command: ``demo``, ``train WORKLOAD``, ``compare WORKLOAD``, ``bench NAME``, ``report DIR``,
+``plot RUN_DIR``.
 
 ``demo`` and ``bench`` run their job (``comera.demo``, ``comera.bench.NAME``) in a fresh Python process.
 """
@@ -59,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="train the sentence-pair workload dense and with comera", add_help=False)
     sub.add_parser("train", help="train a workload: comera train WORKLOAD --help", add_help=False)
+    sub.add_parser(
+        "compare",
+        help="train a workload with several methods and compare them: comera compare --help",
+        add_help=False,
+    )
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
     bench.add_argument("name", choices=BENCHMARKS)
     report = sub.add_parser(
@@ -87,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         from comera.recipes.cli import main as train
 
         return train(rest)
+    if args.command == "compare":
+        from comera.recipes.compare import main as compare
+
+        return compare(rest)
     if args.command == "demo":
         return _run_module("comera.demo", rest)
     return _run_module(f"comera.bench.{args.name}", rest)

@@ -1,7 +1,8 @@
 """``comera demo``: the sentence-pair workload trained dense and with CoMERA, side by side.
 
-Both runs go through the same recipe (``comera train nli --preset small``) and the same Trainer, each in a
-fresh process so that each peak memory is its own: the dense model, and the CoMERA model (tensorized by the
+Both runs go through ``comera compare nli --methods dense comera --rerun`` (:mod:`comera.recipes.compare`):
+the same recipe (``comera train nli --preset small``) and the same Trainer, each in a fresh process so that
+each peak memory is its own: the dense model, and the CoMERA model (tensorized by the
 ``nli-small`` preset, early stage, late stage toward a smaller size, pruned). The data is the embedded task
 (a docstring paired with a function's code from this Python's standard library: does it match?). At the end
 one table compares accuracy, parameters, compression, step time and peak memory, and names the plots.
@@ -12,29 +13,16 @@ Usage: ``comera demo [--out runs/demo] [--preset small] [--set section.key=value
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+from comera.recipes.cli import load_recipes
+from comera.recipes.compare import compare
+from comera.recipes.run import SetupError
 
 __all__ = ["main", "format_table"]
 
 METHODS = ("dense", "comera")
-
-
-def _train(method: str, out: Path, preset: str, assignments: list[str]) -> dict:
-    if out.exists() and (out / "config.json").exists():
-        shutil.rmtree(out)
-    command = [sys.executable, "-m", "comera.recipes.cli", "nli", "--method", method, "--preset", preset]
-    command += ["--out", str(out), "--no-progress"]
-    for assignment in assignments:
-        command += ["--set", assignment]
-    print(f"[demo] training {method}: {' '.join(command[2:])}", flush=True)
-    done = subprocess.run(command, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"comera demo: the {method} run failed (exit {done.returncode})")
-    return json.loads((out / "results.json").read_text())
 
 
 def _ratio(value: float | None) -> str:
@@ -94,13 +82,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    results = {method: _train(method, out / method, args.preset, args.assignments) for method in METHODS}
+    load_recipes()
+    try:
+        runs = compare("nli", METHODS, preset=args.preset, assignments=args.assignments, out=out, rerun=True)
+    except SetupError as error:
+        print(f"comera demo: {error}", file=sys.stderr)
+        return 2
+    failed = [item for item in runs if item.results is None]
+    if failed:
+        raise SystemExit(f"comera demo: the {failed[0].method} run failed: {failed[0].error}")
+    results = {item.method: item.results for item in runs}
     print()
     print(f"comera demo: sentence pairs, preset {args.preset}; {_data_line(results['dense'])}")
     print(format_table(results))
     print()
     for method in METHODS:
         print(f"{method}: {out / method}/results.json, plots in {out / method}/plots/")
+    print(f"both: {out}/comparison.md, {out}/compare-accuracy.png")
     return 0
 
 

@@ -45,6 +45,8 @@ def _ratio(dense: int, params: int) -> float:
 
 
 def _total_line(label: str, params: int, dense: int) -> str:
+    if dense == 0:
+        return f"{label + ':':<19}none"
     return (
         f"{label + ':':<19}{params:,} params ({mib(params):.3f} MiB) vs {dense:,} dense "
         f"({mib(dense):.3f} MiB), {_ratio(dense, params):.1f}x"

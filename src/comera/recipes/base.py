@@ -59,10 +59,13 @@ class Recipe:
         description: one line for ``--help``.
         presets: preset name -> settings (sections ``model``, ``data``, ``train``, ``tensorize``,
             optional ``method``).
+        primary_metric: the evaluation metric a comparison of methods leads with and plots
+            (``comera compare``); empty: the evaluator's first metric.
     """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    primary_metric: ClassVar[str] = ""
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def build_data(self, settings: dict[str, Any], data_path: Path | None, cache_dir: Path) -> RecipeData:

@@ -115,6 +115,7 @@ class DLRMRecipe(Recipe):
 
     name = "dlrm"
     description = "DLRM click-through prediction on Criteo data (synthetic without --data)"
+    primary_metric = "ne"
     presets = {
         "paper": {
             "model": _model_settings("paper"),

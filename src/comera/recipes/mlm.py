@@ -102,6 +102,7 @@ class MLMRecipe(Recipe):
 
     name = "mlm"
     description = "CodeBERT-style masked-LM pre-training of a RoBERTa model on code"
+    primary_metric = "mlm_loss"
     presets = {
         "paper": {
             "model": {"preset": "paper", "dropout": 0.1},

@@ -90,6 +90,7 @@ class NLIRecipe(Recipe):
 
     name = "nli"
     description = "six-encoder transformer on sentence pairs (MNLI, or the embedded docstring-code task)"
+    primary_metric = "accuracy"
     presets = {
         "paper": {
             "model": _sizes("paper"),

@@ -47,7 +47,7 @@ from comera.train.metrics import read_metrics
 from comera.train.trainer import Trainer
 from comera.version import __version__
 
-__all__ = ["run", "SetupError", "default_cache_dir", "default_run_dir"]
+__all__ = ["run", "run_header", "SetupError", "default_cache_dir", "default_run_dir"]
 
 
 class SetupError(ValueError):
@@ -167,6 +167,34 @@ def run(
     return _train(setup, resume, started)
 
 
+def run_header(
+    recipe_name: str,
+    method: str,
+    preset: str,
+    data: str | Path | None = None,
+    *,
+    config_file: str | Path | None = None,
+    assignments: Iterable[str] = (),
+) -> dict[str, Any]:
+    """The ``config.json`` a run with these arguments writes: recipe, method, preset, data path and the
+    resolved settings. Checks them without building anything: ``ValueError`` for an unknown recipe,
+    method, preset or setting, ``FileNotFoundError`` for a missing data path or TOML file."""
+    recipe = get_recipe(recipe_name)
+    settings = resolve_settings(
+        recipe.presets, preset, get_method(method), config_file=config_file, assignments=assignments
+    )
+    data_path = None if data is None else Path(data)
+    if data_path is not None and not data_path.exists():
+        raise FileNotFoundError(f"--data {data_path}: no such file or folder")
+    return {
+        "recipe": recipe_name,
+        "method": method,
+        "preset": preset,
+        "data": None if data_path is None else str(data_path.resolve()),
+        "settings": settings,
+    }
+
+
 @dataclass
 class _Setup:
     recipe: Recipe
@@ -185,20 +213,10 @@ def _set_up(
 ) -> _Setup:
     recipe = get_recipe(recipe_name)
     chosen = get_method(method)
-    settings = resolve_settings(
-        recipe.presets, preset, chosen, config_file=config_file, assignments=assignments
-    )
+    header = run_header(recipe_name, method, preset, data, config_file=config_file, assignments=assignments)
+    settings = header["settings"]
     out = Path(out) if out is not None else default_run_dir(recipe_name, preset, method)
     data_path = None if data is None else Path(data)
-    if data_path is not None and not data_path.exists():
-        raise FileNotFoundError(f"--data {data_path}: no such file or folder")
-    header = {
-        "recipe": recipe_name,
-        "method": method,
-        "preset": preset,
-        "data": None if data_path is None else str(data_path.resolve()),
-        "settings": settings,
-    }
     _check_folder(out, header, resume)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     recipe_data = recipe.build_data(settings["data"], data_path, cache)

@@ -1,0 +1,465 @@
+"""``comera compare WORKLOAD``: several training methods on one workload, side by side, in one command.
+
+Each method is one ``comera train WORKLOAD --method M`` run with the same preset, data and settings, in its
+own run folder ``OUT/M`` and, by default, in a fresh Python process (so that each peak memory is its own).
+Then one table compares the workload's evaluation metrics, the compression (tensorized layers and whole
+model), the trained parameters, the median step time and its ratio to dense, the peak memory and the wall
+time, and one plot draws the workload's primary metric (:attr:`comera.recipes.base.Recipe.primary_metric`)
+of every run against the step.
+
+The comparison folder::
+
+    OUT/METHOD/            each method's run folder (see comera.recipes.run)
+    OUT/comparison.json    the arguments, the machine, and per method its status and results.json
+    OUT/comparison.md      the commands, the machine and the table (markdown)
+    OUT/compare-METRIC.png the primary metric of every finished run against the step
+
+Nothing is lost and nothing is repeated: a method whose folder already holds a finished run with the same
+settings is reused (``--rerun`` trains it again), an unfinished one is resumed from its checkpoint, and a
+folder that holds a run with other settings is an error before anything trains. Every method's settings
+are checked before the first run starts. A method whose run fails is reported in the table and the others
+still run; the exit status is then 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from comera.atomic import atomic_write_bytes
+from comera.methods import get_method, method_names
+from comera.recipes.base import get_recipe, recipe_names
+from comera.recipes.run import SetupError, run, run_header
+
+__all__ = [
+    "DEFAULT_METHODS",
+    "MethodRun",
+    "compare",
+    "format_markdown",
+    "main",
+]
+
+DEFAULT_METHODS: tuple[str, ...] = ("dense", "comera", "galore", "apollo", "lte", "cola")
+"""The methods ``comera compare`` runs when ``--methods`` is not given: the paper's and the newer peers."""
+
+_RESULTS = "results.json"
+_CONFIG = "config.json"
+
+
+@dataclass
+class MethodRun:
+    """One method of a comparison.
+
+    Attributes:
+        method: the method's name.
+        run_dir: its run folder.
+        status: ``"trained"`` (this call trained or resumed it), ``"reused"`` (a finished run with the same
+            settings was already there) or ``"failed"``.
+        results: the run's ``results.json`` (None when it failed).
+        error: why it failed (None otherwise).
+    """
+
+    method: str
+    run_dir: Path
+    status: str
+    results: dict[str, Any] | None = None
+    error: str | None = None
+
+
+def _normalised(header: dict[str, Any]) -> dict[str, Any]:
+    """The header as ``config.json`` stores it (tuples become lists)."""
+    return json.loads(json.dumps(header))
+
+
+def _state(run_dir: Path, header: dict[str, Any]) -> str:
+    """``"empty"``, ``"finished"`` or ``"unfinished"`` for a folder holding this run; ``ValueError`` when it
+    holds a run with other settings."""
+    config = run_dir / _CONFIG
+    if not config.exists():
+        if (run_dir / "checkpoints").exists() or (run_dir / _RESULTS).exists():
+            raise ValueError(
+                f"{run_dir} holds files of a run but no {_CONFIG}; move it away or use another --out"
+            )
+        return "empty"
+    recorded = json.loads(config.read_text())
+    if recorded != _normalised(header):
+        changed = sorted(key for key in header if recorded.get(key) != _normalised(header)[key])
+        raise ValueError(
+            f"{run_dir} holds a run with other settings (differences in {changed}); "
+            "use another --out, or --rerun to replace it"
+        )
+    return "finished" if (run_dir / _RESULTS).exists() else "unfinished"
+
+
+def _check_packages(method: str) -> None:
+    """Import a baseline's optional package now, so that a missing one is reported before any training."""
+    package = getattr(get_method(method), "package", None)
+    if callable(package):
+        package()
+
+
+def _subprocess_runner(arguments: dict[str, Any]) -> None:
+    command = [sys.executable, "-m", "comera.recipes.cli", *_command_arguments(arguments), "--no-progress"]
+    done = subprocess.run(command, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the run exited with status {done.returncode} (its messages are above)")
+
+
+def _in_process_runner(arguments: dict[str, Any]) -> None:
+    run(
+        arguments["workload"],
+        method=arguments["method"],
+        preset=arguments["preset"],
+        data=arguments["data"],
+        config_file=arguments["config"],
+        assignments=arguments["assignments"],
+        out=arguments["out"],
+        resume=arguments["resume"],
+        cache_dir=arguments["cache"],
+        progress=False,
+    )
+
+
+def _command_arguments(arguments: dict[str, Any]) -> list[str]:
+    """``comera train`` arguments of one run (without the program name)."""
+    words = [arguments["workload"], "--method", arguments["method"], "--preset", arguments["preset"]]
+    for flag in ("data", "config", "cache"):
+        if arguments[flag] is not None:
+            words += [f"--{flag}", str(arguments[flag])]
+    for assignment in arguments["assignments"]:
+        words += ["--set", assignment]
+    words += ["--out", str(arguments["out"])]
+    if arguments["resume"]:
+        words.append("--resume")
+    return words
+
+
+def compare(
+    workload: str,
+    methods: Sequence[str] = DEFAULT_METHODS,
+    *,
+    preset: str = "small",
+    data: str | Path | None = None,
+    config_file: str | Path | None = None,
+    assignments: Iterable[str] = (),
+    out: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    rerun: bool = False,
+    fresh_process: bool = True,
+    metric: str | None = None,
+    log: Callable[[str], None] = print,
+) -> list[MethodRun]:
+    """Train ``workload`` with each of ``methods`` and write the comparison folder (see the module doc).
+
+    Args:
+        workload: a registered recipe (``"nli"``, ``"dlrm"``, ``"mlm"``).
+        methods: registered methods, each at most once, in table order (the dense row, when present, is
+            the reference of the ratios).
+        preset, data, config_file, assignments, cache_dir: as for :func:`comera.recipes.run.run`, the same
+            for every method (a setting a method does not have is an error naming it).
+        out: the comparison folder (default ``runs/compare-WORKLOAD-PRESET``).
+        rerun: train every method again, replacing finished runs in ``out``.
+        fresh_process: run each method in a new Python process (False: in this one, whose peak memory
+            then covers every run; registered recipes and methods that are not built in need this).
+        metric: the evaluation metric to plot (default: the recipe's primary metric).
+        log: where progress lines go.
+
+    Returns:
+        One :class:`MethodRun` per method, in order.
+
+    Raises:
+        SetupError: before anything trains, for an unknown workload, method or preset, a bad setting, a
+            missing data file, a missing optional package, or a folder holding a run with other settings.
+    """
+    methods = list(methods)
+    out = Path(out) if out is not None else Path("runs") / f"compare-{workload}-{preset}"
+    assignments = list(assignments)
+    try:
+        recipe = get_recipe(workload)
+        if not methods:
+            raise ValueError(f"methods: give at least one of {list(method_names())}")
+        repeated = sorted({name for name in methods if methods.count(name) > 1})
+        if repeated:
+            raise ValueError(f"methods: each method at most once; repeated: {repeated}")
+        plans = []
+        for method in methods:
+            header = run_header(
+                workload, method, preset, data, config_file=config_file, assignments=assignments
+            )
+            _check_packages(method)
+            run_dir = out / method
+            replace = rerun and (run_dir / _CONFIG).exists()
+            plans.append((method, run_dir, "replace" if replace else _state(run_dir, header)))
+    except (ValueError, FileNotFoundError, ImportError) as error:
+        raise SetupError(str(error)) from error
+    runner = _subprocess_runner if fresh_process else _in_process_runner
+    done: list[MethodRun] = []
+    for method, run_dir, state in plans:
+        if state == "finished":
+            log(f"[compare] {method}: reusing the finished run in {run_dir}")
+            done.append(MethodRun(method, run_dir, "reused", json.loads((run_dir / _RESULTS).read_text())))
+            continue
+        if state == "replace":
+            shutil.rmtree(run_dir)
+        arguments = {
+            "workload": workload,
+            "method": method,
+            "preset": preset,
+            "data": data,
+            "config": config_file,
+            "cache": cache_dir,
+            "assignments": assignments,
+            "out": run_dir,
+            "resume": state == "unfinished",
+        }
+        log(f"[compare] {method}: comera train {' '.join(_command_arguments(arguments))}")
+        try:
+            runner(arguments)
+            done.append(MethodRun(method, run_dir, "trained", json.loads((run_dir / _RESULTS).read_text())))
+        except (RuntimeError, SetupError, OSError) as error:
+            log(f"[compare] {method} failed: {error}")
+            done.append(MethodRun(method, run_dir, "failed", error=str(error)))
+    _write_outputs(out, workload, preset, recipe.primary_metric, metric, done, data, assignments, log)
+    return done
+
+
+def _first_split(results: dict[str, Any]) -> str | None:
+    return next(iter(results["evaluation"]), None)
+
+
+def _metric_names(runs: list[MethodRun]) -> list[str]:
+    names: list[str] = []
+    for item in runs:
+        if item.results is None:
+            continue
+        split = _first_split(item.results)
+        for name in item.results["evaluation"].get(split, {}) if split else ():
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _leading_metric(runs: list[MethodRun], primary: str) -> str:
+    """The recipe's primary metric when the runs report it, else their first metric."""
+    names = _metric_names(runs)
+    return primary if primary in names or not names else names[0]
+
+
+def _number(value: Any) -> str:
+    """Four significant digits; ``"-"`` for a missing or NaN value."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _times(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}x"
+
+
+def format_markdown(runs: Sequence[MethodRun], primary: str) -> str:
+    """The comparison table in markdown: one row per method; ratios against the ``dense`` row if present.
+
+    Columns: the first evaluation split's metrics, the primary metric's change against dense (percent),
+    compression of the tensorized layers and of the whole model, trained parameters, median step time (ms),
+    dense step / method step (above 1: faster than dense), peak memory (MiB), wall time (s), a note.
+    """
+    runs = list(runs)
+    names = _metric_names(runs)
+    dense = next((item.results for item in runs if item.method == "dense" and item.results), None)
+    header = ["method", *names]
+    if dense is not None and primary in names:
+        header.append(f"{primary} vs dense")
+    header += [
+        "tensorized",
+        "whole model",
+        "params",
+        "step ms",
+        "speed vs dense",
+        "peak MiB",
+        "wall s",
+        "note",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for item in runs:
+        results = item.results
+        if results is None:
+            cells = [item.method, *(["-"] * (len(header) - 2)), f"failed: {item.error}"]
+            lines.append("| " + " | ".join(cells) + " |")
+            continue
+        evaluation = results["evaluation"].get(_first_split(results) or "", {})
+        cells = [item.method, *(_number(evaluation.get(name)) for name in names)]
+        if dense is not None and primary in names:
+            reference = dense["evaluation"].get(_first_split(dense) or "", {}).get(primary)
+            value = evaluation.get(primary)
+            usable = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (value, reference))
+            change = (
+                f"{100 * (value - reference) / abs(reference):+.2f}%"
+                if item.method != "dense" and usable and reference != 0
+                else "-"
+            )
+            cells.append(change)
+        step = results["step_time_s"]
+        speed = None if dense is None or not step else dense["step_time_s"] / step
+        cells += [
+            _times(results["compression"]["tensorized"]),
+            _times(results["compression"]["whole"], 2),
+            f"{results['params']:,}",
+            _number(1e3 * step),
+            _times(speed, 2),
+            _number(results["peak_memory_mib"]),
+            f"{results['wall_time_s']:.0f}",
+            _note(item),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _note(item: MethodRun) -> str:
+    notes = ["reused"] if item.status == "reused" else []
+    results = item.results or {}
+    if "target_reached" in results:
+        notes.append("size target reached" if results["target_reached"] else "size target not reached")
+    if results.get("nonfinite_steps"):
+        notes.append(f"{results['nonfinite_steps']} non-finite steps skipped")
+    return "; ".join(notes)
+
+
+def _write_outputs(
+    out: Path,
+    workload: str,
+    preset: str,
+    primary: str,
+    metric: str | None,
+    runs: list[MethodRun],
+    data: str | Path | None,
+    assignments: list[str],
+    log: Callable[[str], None],
+) -> None:
+    from comera.bench.report import machine_description
+    from comera.train.plots import plot_comparison
+
+    out.mkdir(parents=True, exist_ok=True)
+    primary = _leading_metric(runs, primary)
+    table = format_markdown(runs, primary)
+    plotted = metric or primary
+    finished = [item.run_dir for item in runs if item.results is not None]
+    plot_path: Path | None = None
+    if finished:
+        try:
+            plot_path = plot_comparison(finished, plotted, out / f"compare-{plotted}.png")
+        except ValueError as error:
+            log(f"[compare] no plot: {error}")
+    machine = machine_description()
+    settings = " ".join(f"--set {assignment}" for assignment in assignments)
+    data_words = f" --data {data}" if data is not None else ""
+    text = [
+        f"# comera compare {workload}, preset {preset}",
+        "",
+        f"Machine: {machine}.",
+        "",
+        "Each method: `comera train "
+        f"{workload} --method METHOD --preset {preset}{data_words}{(' ' + settings) if settings else ''} "
+        f"--out {out}/METHOD`, in a fresh process.",
+        "",
+        table,
+        "",
+    ]
+    if plot_path is not None:
+        text += [f"![{plotted} against the step]({plot_path.name})", ""]
+    atomic_write_bytes(out / "comparison.md", "\n".join(text).encode())
+    record = {
+        "workload": workload,
+        "preset": preset,
+        "data": None if data is None else str(data),
+        "assignments": assignments,
+        "machine": machine,
+        "primary_metric": primary,
+        "runs": [
+            {
+                "method": item.method,
+                "run_dir": str(item.run_dir),
+                "status": item.status,
+                "error": item.error,
+                "results": item.results,
+            }
+            for item in runs
+        ],
+    }
+    atomic_write_bytes(out / "comparison.json", (json.dumps(record, indent=2) + "\n").encode())
+    log(f"[compare] wrote {out / 'comparison.md'}" + (f" and {plot_path}" if plot_path else ""))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="comera compare",
+        description="Train one workload with several methods (each in a fresh process) and compare them.",
+    )
+    parser.add_argument("workload", choices=recipe_names(), help="the workload recipe")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(DEFAULT_METHODS),
+        choices=method_names(),
+        metavar="METHOD",
+        help=f"methods in table order (default: {' '.join(DEFAULT_METHODS)}; choices: "
+        f"{', '.join(method_names())})",
+    )
+    parser.add_argument("--preset", default="small", help="model/data size preset: paper, small, smoke")
+    parser.add_argument("--data", default=None, help="data file or folder (default: the embedded data)")
+    parser.add_argument("--config", default=None, help="TOML file of settings, for every method")
+    parser.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one setting for every method, e.g. train.batch_size=16 (repeatable)",
+    )
+    parser.add_argument(
+        "--out", default=None, help="comparison folder (default: runs/compare-WORKLOAD-PRESET)"
+    )
+    parser.add_argument(
+        "--cache", default=None, help="cache folder (default: $COMERA_CACHE or ~/.cache/comera)"
+    )
+    parser.add_argument("--rerun", action="store_true", help="train again the methods that already finished")
+    parser.add_argument("--metric", default=None, help="evaluation metric to plot (default: the workload's)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``comera compare``: 0 when every method ran, 1 when one failed, 2 for a bad command."""
+    from comera.recipes.cli import load_recipes
+
+    load_recipes()
+    args = _parser().parse_args(argv)
+    try:
+        runs = compare(
+            args.workload,
+            args.methods,
+            preset=args.preset,
+            data=args.data,
+            config_file=args.config,
+            assignments=args.assignments,
+            out=args.out,
+            cache_dir=args.cache,
+            rerun=args.rerun,
+            metric=args.metric,
+        )
+    except SetupError as error:
+        print(f"comera compare: {error}", file=sys.stderr)
+        return 2
+    print()
+    print(format_markdown(runs, _leading_metric(runs, get_recipe(args.workload).primary_metric)))
+    return 1 if any(item.status == "failed" for item in runs) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,188 @@
+"""``comera compare``: the table against each run's results.json, reuse and resume of finished and unfinished
+runs, refusal of bad arguments before anything trains, a failing method reported while the others run, and
+the command end to end in fresh processes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import toy  # noqa: F401  (registers the toy recipe)
+
+import comera.baselines.lte  # noqa: F401  (registers the lte method)
+from comera.recipes import compare as compare_module
+from comera.recipes.compare import compare, format_markdown
+from comera.recipes.run import SetupError
+
+
+def _table_rows(markdown: str) -> dict[str, dict[str, str]]:
+    """The markdown table as method -> column -> cell."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(header, cells))
+    return rows
+
+
+def _compare(tmp_path, methods, **kwargs):
+    kwargs.setdefault("out", tmp_path / "cmp")
+    return compare(
+        "toy",
+        methods,
+        preset="smoke",
+        cache_dir=tmp_path,
+        fresh_process=False,
+        log=lambda line: None,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished comparison of dense and comera on the toy recipe."""
+    tmp_path = tmp_path_factory.mktemp("compare")
+    runs = _compare(tmp_path, ["dense", "comera"])
+    return tmp_path, runs
+
+
+def test_the_table_reports_each_runs_results(finished):
+    tmp_path, runs = finished
+    out = tmp_path / "cmp"
+    assert [(item.method, item.status) for item in runs] == [("dense", "trained"), ("comera", "trained")]
+    results = {item.method: json.loads((item.run_dir / "results.json").read_text()) for item in runs}
+    assert {item.method: item.results for item in runs} == results
+    rows = _table_rows((out / "comparison.md").read_text())
+    assert list(rows) == ["dense", "comera"]
+    dense, comera = results["dense"], results["comera"]
+    for method, result in results.items():
+        row = rows[method]
+        split = result["evaluation"]["validation"]
+        assert float(row["accuracy"]) == pytest.approx(split["accuracy"], rel=1e-3)
+        assert float(row["loss"]) == pytest.approx(split["loss"], rel=1e-3)
+        assert int(row["params"].replace(",", "")) == result["params"]
+        assert float(row["step ms"]) == pytest.approx(1e3 * result["step_time_s"], rel=1e-3)
+        speed = dense["step_time_s"] / result["step_time_s"]
+        assert float(row["speed vs dense"].rstrip("x")) == pytest.approx(speed, abs=0.006)
+        assert float(row["whole model"].rstrip("x")) == pytest.approx(
+            result["compression"]["whole"], abs=0.006
+        )
+    change = 100 * (
+        comera["evaluation"]["validation"]["accuracy"] / dense["evaluation"]["validation"]["accuracy"] - 1
+    )
+    assert float(rows["comera"]["accuracy vs dense"].rstrip("%")) == pytest.approx(change, abs=0.006)
+    assert rows["dense"]["tensorized"] == "-"
+    assert float(rows["comera"]["tensorized"].rstrip("x")) == pytest.approx(
+        comera["compression"]["tensorized"], abs=0.06
+    )
+    assert "size target" in rows["comera"]["note"]
+    record = json.loads((out / "comparison.json").read_text())
+    assert record["primary_metric"] == "accuracy"
+    assert [entry["results"] for entry in record["runs"]] == [results["dense"], results["comera"]]
+    assert (out / "compare-accuracy.png").stat().st_size > 0
+
+
+def test_a_finished_run_is_reused_and_rerun_trains_it_again(finished):
+    tmp_path, _ = finished
+    out = tmp_path / "cmp"
+    written = (out / "dense" / "results.json").stat().st_mtime_ns
+    again = _compare(tmp_path, ["dense"])
+    assert [item.status for item in again] == ["reused"]
+    assert (out / "dense" / "results.json").stat().st_mtime_ns == written
+    assert "reused" in _table_rows((out / "comparison.md").read_text())["dense"]["note"]
+    fresh = _compare(tmp_path, ["dense"], rerun=True)
+    assert [item.status for item in fresh] == ["trained"]
+    assert (out / "dense" / "results.json").stat().st_mtime_ns != written
+
+
+def test_an_unfinished_run_is_resumed_from_its_checkpoint(tmp_path):
+    first = _compare(tmp_path, ["comera"])
+    run_dir = first[0].run_dir
+    (run_dir / "results.json").unlink()
+    resumed = _compare(tmp_path, ["comera"])
+    assert resumed[0].status == "trained"
+    assert resumed[0].results["steps"] == first[0].results["steps"]
+    assert resumed[0].results["evaluation"] == first[0].results["evaluation"]
+
+
+def test_a_folder_with_other_settings_is_refused_before_anything_trains(finished):
+    tmp_path, _ = finished
+    with pytest.raises(SetupError, match=r"cmp/dense holds a run with other settings.*settings"):
+        _compare(tmp_path, ["lte", "dense"], assignments=["train.lr_other=0.5"])
+    assert not (tmp_path / "cmp" / "lte").exists()
+
+
+@pytest.mark.parametrize(
+    ("methods", "kwargs", "message"),
+    [
+        ([], {}, r"methods: give at least one of \["),
+        (["dense", "comera", "dense"], {}, r"each method at most once; repeated: \['dense'\]"),
+        (["dense", "sgd"], {}, r"unknown method 'sgd'"),
+        (["dense"], {"preset": "huge"}, r"unknown preset 'huge'"),
+        (["dense", "comera"], {"assignments": ["train.bogus=1"]}, r"unknown key train.bogus"),
+        (["dense", "lte"], {"assignments": ["method.heads=2"]}, r"method.heads"),
+        (["dense"], {"data": "no/such/file.tsv"}, r"--data no/such/file.tsv: no such file"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_trains(tmp_path, methods, kwargs, message):
+    preset = kwargs.pop("preset", "smoke")
+    with pytest.raises(SetupError, match=message):
+        compare(
+            "toy",
+            methods,
+            preset=preset,
+            out=tmp_path / "cmp",
+            cache_dir=tmp_path,
+            fresh_process=False,
+            log=lambda line: None,
+            **kwargs,
+        )
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_a_missing_package_is_refused_before_anything_trains(tmp_path, monkeypatch):
+    class Missing:
+        def package(self):
+            raise ImportError("the 'galore' method needs the 'galore-torch' package")
+
+    real = compare_module.get_method
+    monkeypatch.setattr(compare_module, "get_method", lambda name: Missing() if name == "lte" else real(name))
+    with pytest.raises(SetupError, match="needs the 'galore-torch' package"):
+        _compare(tmp_path, ["dense", "lte"])
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_a_failing_method_is_reported_and_the_others_still_run(tmp_path):
+    runs = _compare(tmp_path, ["lte", "dense"], assignments=["train.batch_size=18"])
+    assert [(item.method, item.status) for item in runs] == [("lte", "failed"), ("dense", "trained")]
+    assert "must be a multiple of method.heads=4" in runs[0].error
+    rows = _table_rows((tmp_path / "cmp" / "comparison.md").read_text())
+    assert rows["lte"]["note"].startswith("failed: ") and rows["lte"]["params"] == "-"
+    assert rows["dense"]["params"] != "-"
+
+
+def test_without_a_dense_row_there_are_no_ratios(finished):
+    _, runs = finished
+    rows = _table_rows(format_markdown([runs[1]], "accuracy"))
+    assert rows["comera"]["speed vs dense"] == "-" and "accuracy vs dense" not in rows["comera"]
+
+
+def test_the_command_compares_in_fresh_processes(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "comera.cli", "compare", "nli", "--preset", "smoke"]
+    command += ["--methods", "dense", "comera", "--out", str(tmp_path / "cmp"), "--cache", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = _table_rows(done.stdout)
+    assert list(rows) == ["dense", "comera"]
+    for method, row in rows.items():
+        results = json.loads((tmp_path / "cmp" / method / "results.json").read_text())
+        assert float(row["accuracy"]) == pytest.approx(
+            results["evaluation"]["validation"]["accuracy"], rel=1e-3
+        )
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0 and "reusing the finished run" in again.stdout
+    bad = subprocess.run([*command, "--set", "train.bogus=1"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "comera compare: " in bad.stderr and "train.bogus" in bad.stderr
