@@ -142,6 +142,12 @@ def test_bad_arguments_are_refused_before_anything_trains(tmp_path, methods, kwa
     assert not (tmp_path / "cmp").exists()
 
 
+def test_an_output_path_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "cmp").write_text("not a folder")
+    with pytest.raises(SetupError, match=r"--out .*cmp is a file"):
+        _compare(tmp_path, ["dense"])
+
+
 def test_a_missing_package_is_refused_before_anything_trains(tmp_path, monkeypatch):
     class Missing:
         def package(self):

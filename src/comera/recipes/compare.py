@@ -184,6 +184,8 @@ def compare(
     assignments = list(assignments)
     try:
         recipe = get_recipe(workload)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} is a file; the comparison needs a folder")
         if not methods:
             raise ValueError(f"methods: give at least one of {list(method_names())}")
         repeated = sorted({name for name in methods if methods.count(name) > 1})
