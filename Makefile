@@ -39,7 +39,7 @@ bench: install-dev
 	$(BIN)/comera bench inference --write docs/benchmarks.md
 	$(BIN)/comera bench trainer --threads 2 --write docs/benchmarks.md
 	$(BIN)/comera bench transformer --threads 2 --write docs/benchmarks.md
-	$(BIN)/comera bench paper --write docs/benchmarks.md
+	$(BIN)/comera bench paper --out runs/bench-paper --write docs/benchmarks.md
 
 # Mutation testing ([tool.mutmut] in pyproject.toml); slow, not part of `make test`. A subset of the mutants:
 # make mutate MUTANTS='comera.atomic.*'

@@ -196,3 +196,23 @@ def test_plot_compare_draws_one_metric_of_several_runs(tmp_path, capsys):
     assert main(["plot", runs[0], "--compare", runs[1], "--metric", "auc"]) == 2
     assert "no evaluation record has the metric 'auc'" in capsys.readouterr().err
     assert main(["plot", runs[0], "--compare", runs[1]]) == 2
+
+
+def test_plot_compare_draws_the_events_of_the_first_run_that_has_any(tmp_path, monkeypatch):
+    from comera.train import plots
+
+    runs = []
+    for name, events in (("dense", []), ("comera", [("late_stage", 10)]), ("other", [("prune", 5)])):
+        lines = ['{"kind": "eval", "step": 10, "metrics": {"accuracy": 0.5}}']
+        lines += [f'{{"kind": "event", "step": {step}, "event": "{event}"}}' for event, step in events]
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        runs.append(run)
+    drawn = []
+    real = plots._events
+    monkeypatch.setattr(
+        plots, "_events", lambda axes, records, prefix="": drawn.append(prefix) or real(axes, records, prefix)
+    )
+    plots.plot_comparison(runs, "accuracy", tmp_path / "all.png")
+    assert drawn == ["comera: "]

@@ -44,14 +44,20 @@ def rank_history(records: list[dict[str, Any]]) -> tuple[list[str], list[int], n
     return labels, [record["step"] for record in train], matrix
 
 
-def _events(axes, records: list[dict[str, Any]]) -> None:
-    styles = {"late_stage": ("tab:red", "late stage"), "prune": ("tab:gray", "prune")}
+_EVENT_STYLES = {"late_stage": ("tab:red", "late stage"), "prune": ("tab:gray", "prune")}
+
+
+def _has_events(records: list[dict[str, Any]]) -> bool:
+    return any(r.get("kind") == "event" and r.get("event") in _EVENT_STYLES for r in records)
+
+
+def _events(axes, records: list[dict[str, Any]], prefix: str = "") -> None:
     shown: set[str] = set()
     for record in records:
-        style = styles.get(record.get("event"))
+        style = _EVENT_STYLES.get(record.get("event"))
         if record.get("kind") != "event" or style is None:
             continue
-        color, label = style
+        color, label = style[0], prefix + style[1]
         axes.axvline(
             record["step"],
             color=color,
@@ -160,7 +166,8 @@ def _save(figure, path: Path, plt) -> Path:
 def plot_comparison(run_dirs: list[str | os.PathLike], metric: str, path: str | os.PathLike) -> Path:
     """One figure of the evaluation ``metric`` against the step for several runs (e.g. dense and comera).
 
-    Each run is labelled by its folder name; events of the first run (stage switch, prunes) are drawn.
+    Each run is labelled by its folder name; the events (stage switch, prunes) of the first run that has
+    any are drawn, with that run's name in their legend labels.
     Raises ``ValueError`` naming a run that has no evaluation record with ``metric``.
     """
     import matplotlib
@@ -169,7 +176,8 @@ def plot_comparison(run_dirs: list[str | os.PathLike], metric: str, path: str | 
     from matplotlib import pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 4))
-    for number, run_dir in enumerate(run_dirs):
+    events_drawn = False
+    for run_dir in run_dirs:
         run_dir = Path(run_dir)
         records = _checked_records(run_dir)
         points = [
@@ -180,8 +188,9 @@ def plot_comparison(run_dirs: list[str | os.PathLike], metric: str, path: str | 
         if not points:
             raise ValueError(f"{run_dir}: no evaluation record has the metric {metric!r}")
         axis.plot(*zip(*points), marker="o", label=run_dir.name)
-        if number == 0:
-            _events(axis, records)
+        if not events_drawn and _has_events(records):
+            _events(axis, records, prefix=f"{run_dir.name}: " if len(run_dirs) > 1 else "")
+            events_drawn = True
     axis.set(xlabel="step", ylabel=metric, title=f"{metric} on the evaluation split")
     axis.legend()
     path = Path(path)
