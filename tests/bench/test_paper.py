@@ -37,12 +37,15 @@ def test_a_case_times_every_step_and_counts_parameters(tmp_path):
     assert result["params"] == result["stored_params"] - (16 * 32 + 32 * 32), "main weights are frozen"
 
 
-def _row(method, batch, ms, mib, settings=()):
+def _row(method, batch, ms, mib, settings=(), state=0.25):
+    """A case whose training memory is ``mib``: ``state`` MiB kept between steps plus the step's rise."""
     return {
         "method": method,
         "batch": batch,
         "ms": ms,
-        "train_mib": mib,
+        "state_mib": state,
+        "train_mib": mib - state,
+        "training_mib": mib,
         "settings": list(settings),
         "params": 10,
         "stored_params": 20,
@@ -58,10 +61,10 @@ def test_report_gives_ratios_to_comera_and_marks_failures(tmp_path):
         {"method": "galore", "batch": 8, "error": ["ImportError: pip install 'comera[baselines]'"]},
     ]
     report = paper.format_report(results, "comera bench paper")
-    assert "| 8 | dense | 10.0 | 5.00x | 36.0 | 9.00x | 10 | 2.50x |  |" in report
-    assert "| 8 | comera | 2.0 | 1.00x | 4.0 | 1.00x | 10 | 2.50x |  |" in report
-    assert "| 1 | lte | 3.0 | - | 1.0 | - | 10 | 2.50x | method.heads=1 |" in report
-    assert "| 8 | galore | - | - | - | - | - | - | failed: ImportError" in report
+    assert "| 8 | dense | 10.0 | 5.00x | 0.2 | 35.8 | 36.0 | 9.00x | 10 | 2.50x |  |" in report
+    assert "| 8 | comera | 2.0 | 1.00x | 0.2 | 3.8 | 4.0 | 1.00x | 10 | 2.50x |  |" in report
+    assert "| 1 | lte | 3.0 | - | 0.2 | 0.8 | 1.0 | - | 10 | 2.50x | method.heads=1 |" in report
+    assert "| 8 | galore | - | - | - | - | - | - | - | - | failed: ImportError" in report
     pytest.importorskip("matplotlib")
     written = paper.plot_report(results, tmp_path)
     assert [path.name for path in written] == ["transformer_time.png", "transformer_memory.png"]
@@ -72,8 +75,8 @@ def test_a_memory_rise_below_the_floor_is_not_divided_by():
     results = [_row("comera", 1, 2.0, 0.5), _row("galore", 1, 5.0, 12.0), _row("comera", 8, 2.0, 1.5)]
     results.append(_row("dense", 8, 4.0, 6.0))
     report = paper.format_report(results, "comera bench paper")
-    assert "| 1 | galore | 5.0 | 2.50x | 12.0 | - |" in report
-    assert "| 8 | dense | 4.0 | 2.00x | 6.0 | 4.00x |" in report
+    assert "| 1 | galore | 5.0 | 2.50x | 0.2 | 11.8 | 12.0 | - |" in report
+    assert "| 8 | dense | 4.0 | 2.00x | 0.2 | 5.8 | 6.0 | 4.00x |" in report
 
 
 def test_a_case_killed_without_a_message_says_how_it_ended(tmp_path, monkeypatch):
@@ -108,6 +111,9 @@ def test_the_command_runs_each_case_in_a_fresh_process(tmp_path, fresh_cases):
     (result,) = record["results"]
     assert result["method"] == "cola" and result["batch"] == 4 and result["params"] == 867
     assert result["peak_mib"] >= result["model_mib"] > 0
+    assert result["training_mib"] == result["state_mib"] + max(result["train_mib"], 0.0)
+    # CoLA's 867 trained parameters: weights, gradients and AdamW's two moments, plus one step counter each
+    assert result["state_mib"] * 2**20 >= 4 * 4 * 867
     assert "| 4 | cola |" in (out / "transformer.md").read_text()
     assert not (out / "ladder.json").exists(), "only the chosen sections run"
     assert paper.main(["--workload", "nope", "--out", str(out)]) == 2
@@ -198,3 +204,27 @@ def test_quick_run_covers_every_section(tmp_path, fresh_cases):
     pytest.importorskip("matplotlib")
     for name in ("transformer_time", "ladder_time", "lookup_memory", "dlrm_time", "mlm_memory"):
         assert (out / f"{name}.png").stat().st_size > 1000
+
+
+def test_training_state_counts_every_kept_tensor_once():
+    from comera.bench.report import training_state_mib
+
+    model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.BatchNorm1d(20))
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
+    model(torch.randn(8, 10)).square().sum().backward()
+    optimizer.step()
+    params = sum(p.numel() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    steps = sum(s["step"].numel() * s["step"].element_size() for s in optimizer.state.values())
+    expected = 4 * params * 4 + buffers + steps  # weights, grads, exp_avg, exp_avg_sq (fp32) + counters
+    assert training_state_mib(model, optimizer) * 2**20 == expected
+    assert training_state_mib(model) * 2**20 == 2 * params * 4 + buffers
+
+    class Projector:
+        def __init__(self, matrix):
+            self.ortho_matrix = matrix
+
+    weight = model[0].weight
+    optimizer.state[weight]["projector"] = Projector(torch.zeros(20, 3))
+    optimizer.state[weight]["view"] = weight.detach()[:5]  # a view of a counted storage
+    assert training_state_mib(model, optimizer) * 2**20 == expected + 20 * 3 * 4

@@ -10,9 +10,12 @@ all five, in this order):
   model at ``--preset``, the method turns the model into what it trains (:meth:`Method.prepare`) and brings
   its objective and optimizer, exactly as ``comera train`` does; then one fixed batch of the training data is
   trained on for ``--warmup`` steps and timed for ``--repeats`` more (forward, objective, backward, optimizer
-  step). Reported per case: the median step time, every timed step, the rise of the resident set during one
-  step over the built model (``train_mib``: activations, gradients, optimizer state), the process's peak
-  resident set (``peak_mib``), and the trained and dense parameter counts. LTE splits a batch across its
+  step). Reported per case: the median step time, every timed step, what training keeps between steps
+  counted tensor by tensor (``state_mib``: parameters, buffers, gradients, optimizer state;
+  :func:`comera.bench.report.training_state_mib`), the rise of the resident set during one step over the
+  trained model (``train_mib``: activations and temporaries), their sum (``training_mib``, the training
+  memory the ratios use), the process's peak resident set (``peak_mib``), and the trained and dense
+  parameter counts. LTE splits a batch across its
   heads, so a batch its heads do not divide runs with ``method.heads`` set to the largest divisor of the
   batch not above the method's default (1 at batch 1); the row says so. Periodic work is not in the medians:
   GaLore's SVD (first step, then every ``update_proj_gap`` = 200 steps) falls in the warm-up, and LTE's merge
@@ -85,6 +88,7 @@ from comera.bench.report import (
     machine_description,
     peak_rise_mib,
     status_mib,
+    training_state_mib,
     update_section,
 )
 from comera.cpu import reuse_freed_memory
@@ -199,6 +203,7 @@ def run_case(
 
     for _ in range(warmup):
         step()
+    state = training_state_mib(model, optimizer if isinstance(optimizer, torch.optim.Optimizer) else None)
     built = status_mib("VmRSS", missing=float("nan"))
     rise = peak_rise_mib(step)
     if memory == "reuse":
@@ -218,6 +223,8 @@ def run_case(
         "ms": statistics.median(times),
         "times_ms": times,
         "train_mib": rise,
+        "state_mib": state,
+        "training_mib": state + max(rise, 0.0),
         "model_mib": built,
         "peak_mib": status_mib("VmHWM", missing=float("nan")),
         "params": sum(param.numel() for param in model.parameters() if param.requires_grad),
@@ -259,21 +266,22 @@ def _ratio(value: float, reference: float | None, floor: float = 0.0) -> str:
 
 
 def format_report(results: list[dict[str, Any]], command: str) -> str:
-    """Markdown: per batch size, each method's median step time and memory rise, their ratios to comera's
-    (``method / comera``: above 1 means comera is faster or leaner), and its whole-model compression (dense
-    parameters over the parameters it stores, frozen ones included)."""
+    """Markdown: per batch size, each method's median step time, its training memory (state kept between
+    steps, counted exactly, plus the measured rise during a step), their ratios to comera's (``method /
+    comera``: above 1 means comera is faster or leaner), and its whole-model compression (dense parameters
+    over the parameters it stores, frozen ones included)."""
     lines = [
         "## Training methods: time and memory per step",
         "",
         f"Machine: {machine_description()}. Command: `{command}`. Each case in a fresh process; median step "
-        f"time after warm-up (timed steps' allocation: {allocation_of(results)}); `train MiB` = peak "
-        "resident rise during a step over the built model (glibc's allocation setting); ratios are "
-        f'method / comera (memory: "-" where comera\'s rise is below {MEMORY_FLOOR_MIB:g} MiB, too small '
-        "to divide by).",
+        f"time after warm-up (timed steps' allocation: {allocation_of(results)}). `state MiB` = what "
+        "training keeps between steps, counted tensor by tensor (parameters, buffers, gradients, optimizer "
+        "state); `step MiB` = peak resident rise during one step over the trained model (activations and "
+        "temporaries; glibc's allocation setting); `training MiB` = their sum; ratios are method / comera.",
         "",
-        "| batch | method | ms | time / comera | train MiB | memory / comera | trained params | compression "
-        "| note |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| batch | method | ms | time / comera | state MiB | step MiB | training MiB | memory / comera "
+        "| trained params | compression | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_case = {(r["method"], r["batch"]): r for r in results}
     for batch in sorted({r["batch"] for r in results}):
@@ -283,17 +291,18 @@ def format_report(results: list[dict[str, Any]], command: str) -> str:
         ):
             row = by_case[(method, batch)]
             if "error" in row:
-                lines.append(
-                    f"| {batch} | {method} | - | - | - | - | - | - | failed: {' '.join(row['error'])} |"
-                )
+                dashes = " | ".join(["-"] * 8)
+                lines.append(f"| {batch} | {method} | {dashes} | failed: {' '.join(row['error'])} |")
                 continue
             ok = reference is not None and "error" not in reference
             time_ratio = _ratio(row["ms"], reference["ms"] if ok else None)
-            memory_ratio = _ratio(row["train_mib"], reference["train_mib"] if ok else None, MEMORY_FLOOR_MIB)
+            memory_ratio = _ratio(
+                row["training_mib"], reference["training_mib"] if ok else None, MEMORY_FLOOR_MIB
+            )
             lines.append(
-                f"| {batch} | {method} | {row['ms']:.1f} | {time_ratio} | {row['train_mib']:.1f} "
-                f"| {memory_ratio} | {row['params']:,} | {row['dense_params'] / row['stored_params']:.2f}x "
-                f"| {' '.join(row['settings'])} |"
+                f"| {batch} | {method} | {row['ms']:.1f} | {time_ratio} | {row['state_mib']:.1f} "
+                f"| {row['train_mib']:.1f} | {row['training_mib']:.1f} | {memory_ratio} | {row['params']:,} "
+                f"| {row['dense_params'] / row['stored_params']:.2f}x | {' '.join(row['settings'])} |"
             )
     return "\n".join(lines)
 
@@ -334,7 +343,7 @@ def plot_report(results: list[dict[str, Any]], out: Path) -> list[Path]:
         out,
         name="transformer",
         group="batch",
-        memory="train_mib",
+        memory="training_mib",
         xlabel="batch size",
         order=METHODS,
     )

@@ -23,6 +23,7 @@ __all__ = [
     "machine_description",
     "update_section",
     "peak_rise_mib",
+    "training_state_mib",
     "status_kib",
     "status_mib",
     "fmt",
@@ -167,6 +168,41 @@ def peak_rise_mib(step: Callable[[], object]) -> float:
     before = status_kib("VmRSS") or 0
     step()
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+
+
+def _reachable_tensors(value: object, visited: set[int], depth: int = 0) -> list[torch.Tensor]:
+    """Tensors in ``value``: itself, or inside dicts, lists, tuples and (up to depth 4) the attributes of
+    objects, such as a GaLore projector in an optimizer's state."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth > 4 or id(value) in visited or isinstance(value, (str, bytes, int, float, bool, type(None))):
+        return []
+    visited.add(id(value))
+    if isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    elif hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, type)):
+        items = list(vars(value).values())
+    else:
+        return []
+    return [tensor for item in items for tensor in _reachable_tensors(item, visited, depth + 1)]
+
+
+def training_state_mib(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> float:
+    """MiB of what training keeps between steps, counted tensor by tensor: the model's parameters and
+    buffers, the parameters' gradients, and every tensor of the optimizer's state (moments, projection
+    matrices of GaLore-style optimizers). Each storage counts once, however many tensors view it."""
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [param.grad for param in model.parameters() if param.grad is not None]
+    if optimizer is not None:
+        tensors += _reachable_tensors(list(optimizer.state.values()), set())
+    storages: dict[tuple[str, int], int] = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        key = (str(tensor.device), storage.data_ptr())
+        storages[key] = max(storages.get(key, 0), storage.nbytes())
+    return sum(storages.values()) / 2**20
 
 
 def fmt(value: float | None, digits: int = 1) -> str:

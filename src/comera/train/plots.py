@@ -175,7 +175,7 @@ def plot_comparison(run_dirs: list[str | os.PathLike], metric: str, path: str | 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4))
+    figure, axis = plt.subplots(figsize=(8.5, 4))
     events_drawn = False
     for run_dir in run_dirs:
         run_dir = Path(run_dir)
@@ -192,7 +192,7 @@ def plot_comparison(run_dirs: list[str | os.PathLike], metric: str, path: str | 
             _events(axis, records, prefix=f"{run_dir.name}: " if len(run_dirs) > 1 else "")
             events_drawn = True
     axis.set(xlabel="step", ylabel=metric, title=f"{metric} on the evaluation split")
-    axis.legend()
+    axis.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return _save(figure, path, plt)
