@@ -203,7 +203,7 @@ def test_plot_compare_draws_the_events_of_the_first_run_that_has_any(tmp_path, m
 
     runs = []
     for name, events in (("dense", []), ("comera", [("late_stage", 10)]), ("other", [("prune", 5)])):
-        lines = ['{"kind": "eval", "step": 10, "metrics": {"accuracy": 0.5}}']
+        lines = [f'{{"kind": "eval", "step": {step}, "metrics": {{"accuracy": 0.5}}}}' for step in (10, 20)]
         lines += [f'{{"kind": "event", "step": {step}, "event": "{event}"}}' for event, step in events]
         run = tmp_path / name
         run.mkdir()
@@ -216,3 +216,32 @@ def test_plot_compare_draws_the_events_of_the_first_run_that_has_any(tmp_path, m
     )
     plots.plot_comparison(runs, "accuracy", tmp_path / "all.png")
     assert drawn == ["comera: "]
+
+
+def test_plot_compare_of_runs_evaluated_once_shows_their_final_values(tmp_path, monkeypatch):
+    from comera.train import plots
+
+    runs = []
+    for name, value in (("dense", 0.86), ("comera", 0.87)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metrics.jsonl").write_text(f'{{"kind": "eval", "step": 251, "metrics": {{"ne": {value}}}}}\n')
+        runs.append(run)
+    shown = []
+    real = plots._final_values
+    monkeypatch.setattr(
+        plots,
+        "_final_values",
+        lambda figure, axis, series, *rest: (
+            shown.append([(n, p) for n, _, p in series]) or real(figure, axis, series, *rest)
+        ),
+    )
+    path = plots.plot_comparison(runs, "ne", tmp_path / "ne.png")
+    assert shown == [[("dense", [(251, 0.86)]), ("comera", [(251, 0.87)])]]
+    assert path.stat().st_size > 1000
+    (runs[1] / "metrics.jsonl").write_text(
+        '{"kind": "eval", "step": 100, "metrics": {"ne": 0.9}}\n'
+        '{"kind": "eval", "step": 251, "metrics": {"ne": 0.87}}\n'
+    )
+    plots.plot_comparison(runs, "ne", tmp_path / "ne2.png")
+    assert len(shown) == 1, "a run with a curve gets curves"

@@ -133,6 +133,7 @@ class DLRMRecipe(Recipe):
                 "late": 71,
                 "batch_size": 2048,
                 "log_every": 20,
+                "eval_every": 30,
                 "target_ratio": 0.8,
             },
             "tensorize": {"preset": "dlrm-small"},

@@ -167,7 +167,8 @@ def plot_comparison(run_dirs: list[str | os.PathLike], metric: str, path: str | 
     """One figure of the evaluation ``metric`` against the step for several runs (e.g. dense and comera).
 
     Each run is labelled by its folder name; the events (stage switch, prunes) of the first run that has
-    any are drawn, with that run's name in their legend labels.
+    any are drawn, with that run's name in their legend labels. When every run was evaluated once, the
+    figure shows that final value per run instead (a curve of one point says nothing).
     Raises ``ValueError`` naming a run that has no evaluation record with ``metric``.
     """
     import matplotlib
@@ -175,10 +176,8 @@ def plot_comparison(run_dirs: list[str | os.PathLike], metric: str, path: str | 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(8.5, 4))
-    events_drawn = False
-    for run_dir in run_dirs:
-        run_dir = Path(run_dir)
+    series = []
+    for run_dir in map(Path, run_dirs):
         records = _checked_records(run_dir)
         points = [
             (record["step"], record["metrics"][metric])
@@ -187,12 +186,33 @@ def plot_comparison(run_dirs: list[str | os.PathLike], metric: str, path: str | 
         ]
         if not points:
             raise ValueError(f"{run_dir}: no evaluation record has the metric {metric!r}")
-        axis.plot(*zip(*points), marker="o", label=run_dir.name)
+        series.append((run_dir.name, records, points))
+    figure, axis = plt.subplots(figsize=(8.5, 4))
+    if all(len(points) == 1 for _, _, points in series):
+        return _final_values(figure, axis, series, metric, Path(path), plt)
+    events_drawn = False
+    for name, records, points in series:
+        axis.plot(*zip(*points), marker="o", label=name)
         if not events_drawn and _has_events(records):
-            _events(axis, records, prefix=f"{run_dir.name}: " if len(run_dirs) > 1 else "")
+            _events(axis, records, prefix=f"{name}: " if len(series) > 1 else "")
             events_drawn = True
     axis.set(xlabel="step", ylabel=metric, title=f"{metric} on the evaluation split")
     axis.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _save(figure, path, plt)
+
+
+def _final_values(figure, axis, series, metric: str, path: Path, plt) -> Path:
+    """One marker per run at its only evaluation, labelled with the value."""
+    names = [name for name, _, _ in series]
+    values = [points[0][1] for _, _, points in series]
+    axis.plot(names, values, marker="o", linestyle="none", markersize=9)
+    for name, value in zip(names, values):
+        axis.annotate(f"{value:.4g}", (name, value), textcoords="offset points", xytext=(0, 8), ha="center")
+    steps = sorted({points[0][0] for _, _, points in series})
+    at = f"step {steps[0]}" if len(steps) == 1 else "the last evaluation"
+    axis.set(ylabel=metric, title=f"{metric} on the evaluation split at {at}")
+    axis.margins(y=0.2)
     path.parent.mkdir(parents=True, exist_ok=True)
     return _save(figure, path, plt)
