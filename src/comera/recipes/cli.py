@@ -15,7 +15,7 @@ from comera.methods import method_names
 from comera.recipes.base import get_recipe, recipe_names
 from comera.recipes.run import SetupError, default_run_dir, run
 
-__all__ = ["main", "RECIPE_MODULES", "load_recipes", "summary"]
+__all__ = ["main", "RECIPE_MODULES", "add_setting_arguments", "load_recipes", "summary"]
 
 RECIPE_MODULES: tuple[str, ...] = ("comera.recipes.nli", "comera.recipes.dlrm", "comera.recipes.mlm")
 """Modules whose import registers the built-in recipes and methods."""
@@ -64,6 +64,27 @@ def summary(results: dict) -> str:
     return "\n".join(lines)
 
 
+def add_setting_arguments(parser: argparse.ArgumentParser, scope: str = "") -> None:
+    """``--preset``, ``--data``, ``--config``, ``--set`` and ``--cache``, as ``comera train`` and
+    ``comera compare`` take them (``scope`` ends their help, e.g. ``", for every method"``)."""
+    parser.add_argument("--preset", default="small", help="model/data size preset: paper, small, smoke")
+    parser.add_argument("--data", default=None, help="data file or folder (default: the embedded data)")
+    parser.add_argument(
+        "--config", default=None, help=f"TOML file of settings ([model], [train], ...){scope}"
+    )
+    parser.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help=f"override one setting{scope}, e.g. train.batch_size=16 (repeatable)",
+    )
+    parser.add_argument(
+        "--cache", default=None, help="cache folder (default: $COMERA_CACHE or ~/.cache/comera)"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="comera train",
@@ -71,22 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("workload", choices=recipe_names(), help="the workload recipe")
     parser.add_argument("--method", default="comera", choices=method_names(), help="training method")
-    parser.add_argument("--preset", default="small", help="model/data size preset: paper, small, smoke")
-    parser.add_argument("--data", default=None, help="data file or folder (default: the embedded data)")
-    parser.add_argument("--config", default=None, help="TOML file of settings ([model], [train], ...)")
-    parser.add_argument(
-        "--set",
-        dest="assignments",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one setting, e.g. train.batch_size=16 (repeatable)",
-    )
+    add_setting_arguments(parser)
     parser.add_argument("--out", default=None, help="run folder (default: runs/WORKLOAD-PRESET-METHOD)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
-    parser.add_argument(
-        "--cache", default=None, help="cache folder (default: $COMERA_CACHE or ~/.cache/comera)"
-    )
     parser.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar"
     )

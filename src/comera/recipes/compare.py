@@ -37,6 +37,7 @@ from typing import Any
 from comera.atomic import atomic_write_bytes
 from comera.methods import get_method, method_names
 from comera.recipes.base import get_recipe, recipe_names
+from comera.recipes.cli import add_setting_arguments, load_recipes
 from comera.recipes.run import SetupError, run, run_header
 
 __all__ = [
@@ -414,22 +415,9 @@ def _parser() -> argparse.ArgumentParser:
         help=f"methods in table order (default: {' '.join(DEFAULT_METHODS)}; choices: "
         f"{', '.join(method_names())})",
     )
-    parser.add_argument("--preset", default="small", help="model/data size preset: paper, small, smoke")
-    parser.add_argument("--data", default=None, help="data file or folder (default: the embedded data)")
-    parser.add_argument("--config", default=None, help="TOML file of settings, for every method")
-    parser.add_argument(
-        "--set",
-        dest="assignments",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one setting for every method, e.g. train.batch_size=16 (repeatable)",
-    )
+    add_setting_arguments(parser, ", for every method")
     parser.add_argument(
         "--out", default=None, help="comparison folder (default: runs/compare-WORKLOAD-PRESET)"
-    )
-    parser.add_argument(
-        "--cache", default=None, help="cache folder (default: $COMERA_CACHE or ~/.cache/comera)"
     )
     parser.add_argument("--rerun", action="store_true", help="train again the methods that already finished")
     parser.add_argument("--metric", default=None, help="evaluation metric to plot (default: the workload's)")
@@ -438,8 +426,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera compare``: 0 when every method ran, 1 when one failed, 2 for a bad command."""
-    from comera.recipes.cli import load_recipes
-
     load_recipes()
     args = _parser().parse_args(argv)
     try:
