@@ -113,3 +113,30 @@ def test_loss_is_the_mean_over_masked_tokens_and_zero_without_any():
     torch.testing.assert_close(recipe.loss_fn(model, batch), model(**batch).loss)
     batch["labels"] = torch.full_like(ids, -100)
     assert float(recipe.loss_fn(model, batch).detach()) == 0.0
+
+
+def test_lte_trains_the_encoder_linears_and_leaves_the_masked_rows_head_plain(tmp_path, cache):
+    import comera.baselines.lte  # noqa: F401  (registers the method)
+    from comera.baselines.lte import LTELinear
+    from comera.methods import MethodContext, get_method
+    from comera.recipes.run import run_header
+    from comera.recipes.settings import tensorize_config
+
+    # the LM head's transform sees the masked positions of all sequences as rows, which LTE's heads cannot
+    # split by sequence; the run must still train
+    results = run(
+        "mlm",
+        method="lte",
+        preset="smoke",
+        data=FOLDER,
+        assignments=[*SETTINGS, "method.heads=2"],
+        out=tmp_path / "run",
+        cache_dir=cache,
+    )
+    assert math.isfinite(results["evaluation"]["validation"]["mlm_loss"]) and results["steps"] == 6
+    settings = run_header("mlm", "lte", "smoke", FOLDER, assignments=SETTINGS)["settings"]
+    context = MethodContext(tensorize=tensorize_config(settings), settings=settings["method"])
+    model = get_method("lte").prepare(build_mlm_model("smoke", vocab_size=300), context)
+    assert type(model.lm_head.dense) is torch.nn.Linear
+    layer = model.roberta.encoder.layer[0]
+    assert isinstance(layer.attention.self.query, LTELinear) and isinstance(layer.output.dense, LTELinear)
