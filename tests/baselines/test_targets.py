@@ -27,6 +27,12 @@ def test_all_linear_leaves_out_tied_and_declared_heads():
     assert list(chosen) == ["block.query", "block.ffn", "block.out"]
 
 
+def test_all_linear_leaves_out_a_scalar_output_but_an_explicit_target_keeps_it():
+    model = nn.Sequential(nn.Linear(13, 64), nn.ReLU(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 1))
+    assert list(target_linears(model, TensorizeConfig())) == ["0", "2"]
+    assert list(target_linears(model, TensorizeConfig(target_modules=["4"]))) == ["4"]
+
+
 def test_explicit_targets_regex_and_exclusions():
     model = TinyLM()
     assert list(target_linears(model, TensorizeConfig(target_modules=["ffn", "classifier"]))) == [

@@ -5,7 +5,9 @@ Every baseline compares against CoMERA on the same layers, so each one reads the
 :mod:`comera.tensorize_config`) and acts on the ``nn.Linear`` modules it selects. Embedding tables are never
 selected (the baselines' papers act on attention and feed-forward linears); with ``"all-linear"`` an output
 head (a linear sharing its weight with an embedding, or the model's ``get_output_embeddings()``) is left out,
-as :func:`comera.tensorize_` leaves it out.
+as :func:`comera.tensorize_` leaves it out, and so is a linear with a single output (a scalar head such as
+DLRM's click logit): its weight is rank one already, and a rank-one bottleneck with CoLA's nonlinearity
+inside would bound the logit (on the DLRM small preset it kept validation NE near 1.0).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def target_linears(model: nn.Module, config: TensorizeConfig) -> dict[str, nn.Li
     linears = {name: m for name, m in root.named_modules() if name and isinstance(m, nn.Linear)}
     if config.target_modules == ALL_LINEAR:
         heads = _output_heads(root, linears)
-        chosen = {name: m for name, m in linears.items() if name not in heads}
+        chosen = {name: m for name, m in linears.items() if name not in heads and m.out_features > 1}
     else:
         chosen = {name: m for name, m in linears.items() if selector_matches(config.target_modules, name)}
     if config.exclude_modules is not None:
