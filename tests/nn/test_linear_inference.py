@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from comera import TTLinear, prune_
+from comera.nn.gated import invalidate_inference_caches
 
 
 def reference(layer: TTLinear, x: torch.Tensor) -> torch.Tensor:
@@ -67,10 +68,20 @@ def test_no_cache_while_training_or_recording_gradients():
     assert not cached(layer)
 
 
-def test_cache_follows_optimizer_steps_tau_and_in_place_updates():
+OPTIMIZERS = {
+    "adamw": lambda params: torch.optim.AdamW(params, lr=0.1),
+    # fused kernels update in place without bumping the parameters' version counters
+    "adamw-fused": lambda params: torch.optim.AdamW(params, lr=0.1, fused=True),
+    "adam-fused": lambda params: torch.optim.Adam(params, lr=0.1, fused=True),
+    "sgd-fused": lambda params: torch.optim.SGD(params, lr=0.1, fused=True),
+}
+
+
+@pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
+def test_cache_follows_optimizer_steps_tau_and_in_place_updates(optimizer_name):
     layer = make_layer()
     x = torch.randn(3, 30, dtype=torch.float64)
-    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
+    optimizer = OPTIMIZERS[optimizer_name](layer.parameters())
     with torch.no_grad():
         before = layer(x)
     layer.train()
@@ -128,6 +139,16 @@ def test_writes_through_data_need_clear_cache():
         layer.cores[0].data.mul_(2.0)  # invisible to the version counter, as documented
         torch.testing.assert_close(layer(x), before)
         layer.clear_cache()
+        torch.testing.assert_close(layer(x), reference(layer, x))
+
+
+def test_invalidate_inference_caches_covers_what_no_counter_sees():
+    layer = make_layer()
+    x = torch.randn(2, 30, dtype=torch.float64)
+    with torch.no_grad():
+        layer(x)
+        layer.cores[2].data.add_(1.0)  # as a step replayed from a CUDA graph: no version, no optimizer hook
+        invalidate_inference_caches()
         torch.testing.assert_close(layer(x), reference(layer, x))
 
 

@@ -11,9 +11,14 @@ Inference cache: in eval mode without autograd (``module.eval()`` under ``torch.
 ``torch.inference_mode()``), not while ``torch.compile`` traces, a module may keep tensors derived from its
 cores and gates (:meth:`GatedTrain.inference_cached`), such as merged halves, and reuse them across calls.
 Such a value is rebuilt when a core or gate is replaced, changes storage, dtype or shape, is updated in
-place through an autograd-visible op (optimizer steps, ``load_state_dict``, ``copy_`` under ``no_grad``), or
-when ``tau`` changes. Writes through ``.data`` are invisible to the version counter: call
-:meth:`GatedTrain.clear_cache` after them. The cache is not part of the state dict.
+place through an autograd-visible op (``load_state_dict``, ``copy_`` under ``no_grad``), when any
+``torch.optim.Optimizer`` in the process has taken a step since it was built, when
+:func:`invalidate_inference_caches` was called, or when ``tau`` changes. Optimizer steps are counted by a
+process-wide post-step hook because PyTorch's fused optimizers (``AdamW(fused=True)``, the Trainer's default)
+update parameters in place without bumping their version counters. Writes through ``.data`` and steps
+replayed from a captured CUDA graph are invisible to both: call :meth:`GatedTrain.clear_cache` or
+:func:`invalidate_inference_caches` after them (the Trainer does before every evaluation). The cache is not
+part of the state dict.
 """
 
 from __future__ import annotations
@@ -24,17 +29,36 @@ from typing import TypeVar
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from comera.nn.layer import ComeraLayer
 from comera.tt.cores import num_train_parameters
 from comera.tt.merge import fold_gates
 
-__all__ = ["DEFAULT_RANK", "GatedTrain", "mask_gate", "DEFAULT_TAU"]
+__all__ = ["DEFAULT_RANK", "GatedTrain", "mask_gate", "DEFAULT_TAU", "invalidate_inference_caches"]
 
 DEFAULT_RANK = 16
 """Max rank per bond of a new layer when none is given (layers and TensorizeConfig)."""
 DEFAULT_TAU = 1e-2
 _Cached = TypeVar("_Cached")
+
+
+_cache_generation = [0]
+"""Bumped by every optimizer step in the process and by :func:`invalidate_inference_caches`; part of every
+inference-cache key."""
+
+
+def invalidate_inference_caches() -> None:
+    """Make every comera module rebuild its inference cache on its next eval-mode call (cheap: no cache is
+    touched, their keys stop matching)."""
+    _cache_generation[0] += 1
+
+
+def _count_optimizer_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+    invalidate_inference_caches()
+
+
+register_optimizer_step_post_hook(_count_optimizer_step)
 
 
 def mask_gate(gate: torch.Tensor, tau: float) -> torch.Tensor:
@@ -123,6 +147,7 @@ class GatedTrain(ComeraLayer, nn.Module):
 
     def _parameter_key(self, tensors: tuple[torch.Tensor, ...]) -> tuple:
         return (
+            _cache_generation[0],
             self.tau,
             tuple(tensor._version for tensor in tensors),
             tuple(tensor.data_ptr() for tensor in tensors),

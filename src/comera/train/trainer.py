@@ -47,6 +47,7 @@ from tqdm.auto import tqdm
 
 from comera.cpu import reuse_freed_memory
 from comera.modules import unwrap_model
+from comera.nn.gated import invalidate_inference_caches
 from comera.nn.linear import TTLinear
 from comera.train.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -481,10 +482,12 @@ class Trainer:
         """The evaluator's metrics over the evaluation data (default: the mean task loss); ``{}`` without.
 
         Runs in eval mode without gradients on the unwrapped model; the global RNG state is left as it was.
-        Under DDP each rank evaluates its shard and the metrics cover all ranks' batches.
+        Under DDP each rank evaluates its shard and the metrics cover all ranks' batches. The layers'
+        inference caches are dropped first (steps replayed from a CUDA graph do not show in them).
         """
         if self.eval_data is None:
             return {}
+        invalidate_inference_caches()
         return run_evaluation(self.model, self.module, self.eval_data.epoch(0), self.evaluator)
 
     # records
