@@ -57,3 +57,12 @@ def test_removed_layers_count_zero_and_the_table_prints():
     assert lines[0].split()[:3] == ["layer", "format", "shapes"]
     assert any(line.startswith("tt ") and "3,2,3" in line for line in lines)
     assert "removed" in text and "MiB" in text
+
+
+def test_a_model_without_tensorized_layers_says_none_instead_of_a_ratio():
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    report = compression_report(model)
+    text = str(report)
+    assert "tensorized layers: none" in text and "inf" not in text
+    assert "whole model:       23 params" in text and text.rstrip().endswith("1.0x")
+    assert math.isinf(report.tensorized_ratio)
