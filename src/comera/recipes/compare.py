@@ -90,9 +90,9 @@ def _state(run_dir: Path, header: dict[str, Any]) -> str:
                 f"{run_dir} holds files of a run but no {_CONFIG}; move it away or use another --out"
             )
         return "empty"
-    recorded = json.loads(config.read_text())
-    if recorded != _normalised(header):
-        changed = sorted(key for key in header if recorded.get(key) != _normalised(header)[key])
+    recorded, expected = json.loads(config.read_text()), _normalised(header)
+    if recorded != expected:
+        changed = sorted(key for key in expected if recorded.get(key) != expected[key])
         raise ValueError(
             f"{run_dir} holds a run with other settings (differences in {changed}); "
             "use another --out, or --rerun to replace it"
