@@ -39,3 +39,20 @@ def test_missed_targets_are_named():
     report = checks_report(rows)
     assert "4.50x faster than nn.Linear (target 5x, missed)" in report
     assert "1.10x faster than the published TT layer (target 1.2x, missed)" in report
+
+
+def test_no_output_pool_turns_the_pool_off_and_says_so(tmp_path, capsys):
+    from comera.bench.layers import main
+    from comera.tt.recycle import configure_output_pool, output_pool
+
+    target = tmp_path / "bench.md"
+    target.write_text("<!-- bench:layers:start -->\n<!-- bench:layers:end -->\n")
+    try:
+        args = ["--shapes", "16x12", "--batches", "4", "--ranks", "2", "--repeats", "1", "--memory", "default"]
+        assert main([*args, "--no-output-pool", "--write", str(target)]) == 0
+        assert output_pool().max_bytes == 0
+        assert "(allocation: glibc default; output pool off)" in target.read_text()
+    finally:
+        configure_output_pool()
+    assert output_pool().max_bytes == 64 << 20
+    capsys.readouterr()

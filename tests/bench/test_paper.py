@@ -208,7 +208,9 @@ def test_quick_run_covers_every_section(tmp_path, fresh_cases):
 
 def test_training_state_counts_every_kept_tensor_once():
     from comera.bench.report import training_state_mib
+    from comera.tt.recycle import output_pool
 
+    output_pool().release()  # outputs pooled by earlier tests in this process are not this model's
     model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.BatchNorm1d(20))
     optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
     model(torch.randn(8, 10)).square().sum().backward()
@@ -228,3 +230,11 @@ def test_training_state_counts_every_kept_tensor_once():
     optimizer.state[weight]["projector"] = Projector(torch.zeros(20, 3))
     optimizer.state[weight]["view"] = weight.detach()[:5]  # a view of a counted storage
     assert training_state_mib(model, optimizer) * 2**20 == expected + 20 * 3 * 4
+
+    pool = output_pool()
+    pool.release()
+    dropped = pool.take((1 << 20,), torch.zeros(1))  # 4 MiB: pooled by default
+    assert training_state_mib(model, optimizer) * 2**20 == expected + 20 * 3 * 4
+    del dropped  # now a free buffer the pool alone keeps: counted
+    assert training_state_mib(model, optimizer) * 2**20 == expected + 20 * 3 * 4 + (4 << 20)
+    pool.release()

@@ -25,6 +25,11 @@ def test_cases_report_their_sizes_and_the_table_compares_them():
     assert results[1]["parameters"] < dense / 4
     for result in results:
         assert result["ms"] > 0 and result["step_peak_mb"] is not None
-    report = format_report(results, "comera bench mlm --preset smoke")
-    assert f"| dense | {dense:,} | 1.00x |" in report
-    assert "dense / comera: step time" in report
+    assert results[0]["rank"] is None and results[1]["rank"] == 4  # the smoke preset's
+    lower = run_case("smoke", "comera", 2, 16, 300, repeats=1, rank=2)
+    assert lower["rank"] == 2 and lower["parameters"] < results[1]["parameters"]
+    report = format_report([*results, lower], "comera bench mlm --preset smoke --ranks 2")
+    assert f"| dense | - | {dense:,} | 1.00x |" in report
+    assert f"| comera | 2 | {lower['parameters']:,} |" in report
+    assert "dense / comera (rank 4): step time" in report
+    assert "dense / comera (rank 2): step time" in report

@@ -8,7 +8,8 @@ memory bound is visible. Two checks follow the table: the order the cost model p
 ``ORDER_TOLERANCE`` (10 %) of the fastest order measured in the same run, for every shape and batch (the
 violators are listed), and the B=4096, r=30 targets (TT auto at least 5x faster than ``nn.Linear`` and 1.2x
 faster than the published TT layer, :mod:`comera.bench.published_linear`). ``--memory default`` runs in a
-process that never calls :func:`comera.cpu.reuse_freed_memory`. ``--write`` replaces the ``layers`` section
+process that never calls :func:`comera.cpu.reuse_freed_memory`; ``--no-output-pool`` turns off the TT
+paths' output pool (:mod:`comera.tt.recycle`). ``--write`` replaces the ``layers`` section
 of a markdown file.
 """
 
@@ -36,6 +37,7 @@ from comera.bench.report import (
 from comera.cpu import reuse_freed_memory
 from comera.nn.linear import TTLinear, TTMLinear
 from comera.tt.costs import ORDERS
+from comera.tt.recycle import configure_output_pool
 
 SHAPES = ((768, 768), (768, 3072), (3072, 768))
 BATCHES = (1, 128, 4096)
@@ -161,6 +163,7 @@ def checks_report(rows: list[dict]) -> str:
 
 _ALLOCATION_SETTINGS = {
     "default": ({}, ["--memory", "default"]),
+    "default, output pool off": ({}, ["--memory", "default", "--no-output-pool"]),
     "THP_MEM_ALLOC_ENABLE=1": ({"THP_MEM_ALLOC_ENABLE": "1"}, ["--memory", "default"]),
     "reuse_freed_memory()": ({}, ["--memory", "reuse"]),
 }
@@ -213,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allocator", action="store_true", help="also compare CPU allocation settings")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     add_memory_argument(parser)
+    parser.add_argument(
+        "--no-output-pool",
+        action="store_true",
+        help="turn off the TT paths' output pool (comera.tt.configure_output_pool(max_bytes=0))",
+    )
     parser.add_argument("--write", metavar="MARKDOWN", help="update the --section section of this file")
     parser.add_argument(
         "--section", default="layers", help="name of the section --write replaces (default: layers)"
@@ -223,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.memory == "reuse":
         reuse_freed_memory()
+    if args.no_output_pool:
+        configure_output_pool(max_bytes=0)
     torch.manual_seed(0)
     shapes, batches, ranks = SHAPES, BATCHES, RANKS
     if args.quick:
@@ -249,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             "## Linear layers: forward+backward, fp32\n\n"
             f"Machine: {machine_description()}. Command: `comera bench layers {shlex.join(given)}` "
             "(allocation: "
-            f"{'comera.cpu.reuse_freed_memory()' if args.memory == 'reuse' else 'glibc default'}).\n"
+            f"{'comera.cpu.reuse_freed_memory()' if args.memory == 'reuse' else 'glibc default'}"
+            f"{'; output pool off' if args.no_output_pool else ''}).\n"
             "Columns after the times are speedups over `nn.Linear` (higher is faster), medians of "
             f"{args.repeats} runs after 2 warm-up runs, all measured in one process; within a row the "
             "methods are timed round-robin so load changes hit all of them alike. Shapes are the defaults "
@@ -265,9 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         if allocation:
             body += (
                 "\n### CPU allocation settings\n\n"
-                "The B=4096, r=30 rows again, each setting in a fresh process: glibc's default, PyTorch's "
-                "transparent huge pages (`THP_MEM_ALLOC_ENABLE=1`), and `comera.cpu.reuse_freed_memory()` "
-                "(freed blocks stay in the heap). Both layers share the setting.\n\n" + allocation + "\n"
+                "The B=4096, r=30 rows again, each setting in a fresh process: glibc's default (with the TT "
+                "paths' output pool, `comera.tt.recycle`, and without it), PyTorch's transparent huge pages "
+                "(`THP_MEM_ALLOC_ENABLE=1`), and `comera.cpu.reuse_freed_memory()` (freed blocks stay in the "
+                "heap). Both layers share the setting.\n\n" + allocation + "\n"
             )
         update_section(args.write, args.section, body)
     return 0

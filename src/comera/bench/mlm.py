@@ -18,7 +18,9 @@ the case shows up as a rise), then ``--repeats`` timed steps after one more warm
 median. Before the timed steps ``--memory reuse`` (the default, what the ``Trainer`` does on CPU) calls
 :func:`comera.cpu.reuse_freed_memory`; ``--memory default`` keeps glibc's setting. The process's peak
 resident size at the end (model, gradients, optimizer state and the step's peak together) is reported too.
-``--threads`` sets torch's thread count; ``--write`` replaces a section (``--section``, default ``mlm``) of
+``--ranks R ...`` adds comera cases with the tensorized linears' max rank set to each ``R`` (the embedding keeps
+the preset's), a ladder that shows what the step costs apart from those linears. ``--threads`` sets torch's
+thread count; ``--write`` replaces a section (``--section``, default ``mlm``) of
 a markdown file with the table.
 """
 
@@ -74,8 +76,9 @@ def make_batch(batch: int, seq_len: int, vocab_size: int, seed: int = 0) -> dict
     return MaskingCollator(ids, seed=seed)([blocks[i] for i in range(min(batch, len(blocks)))])
 
 
-def build_step(preset: str, method: str, vocab_size: int):
-    """The model and a function running one training step on a batch (dict of tensors)."""
+def build_step(preset: str, method: str, vocab_size: int, rank: int | None = None):
+    """The model and a function running one training step on a batch (dict of tensors); ``rank`` (comera
+    only) replaces the preset's max rank of the tensorized linears (the embedding keeps its own)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     model = build_mlm_model(preset, vocab_size, dropout=0.1).train()
@@ -83,7 +86,8 @@ def build_step(preset: str, method: str, vocab_size: int):
         optimizer = torch.optim.AdamW(model.parameters(), lr=_LR_DENSE, weight_decay=0.0, fused=True)
         rank = None
     else:
-        tensorize_(model, tensorize_preset(f"mlm-{preset}"))
+        overrides = {} if rank is None else {"rank": rank}
+        tensorize_(model, tensorize_preset(f"mlm-{preset}", **overrides))
         optimizer = torch.optim.AdamW(param_groups(model, **_LR_GROUPS), fused=True)
         rank = RankAdaptation(model)
 
@@ -97,11 +101,18 @@ def build_step(preset: str, method: str, vocab_size: int):
 
 
 def run_case(
-    preset: str, method: str, batch: int, seq_len: int, vocab_size: int, repeats: int, memory: str = "reuse"
+    preset: str,
+    method: str,
+    batch: int,
+    seq_len: int,
+    vocab_size: int,
+    repeats: int,
+    memory: str = "reuse",
+    rank: int | None = None,
 ) -> dict:
     """Peak memory of one step and median time of ``repeats`` steps, in this process (module docstring)."""
     torch.manual_seed(0)
-    model, step = build_step(preset, method, vocab_size)
+    model, step = build_step(preset, method, vocab_size, rank)
     inputs = make_batch(batch, seq_len, vocab_size)
     step(make_batch(1, 16, vocab_size, seed=1))  # loads code, starts threads, creates the optimizer state
     start = time.perf_counter()
@@ -114,6 +125,7 @@ def run_case(
     return {
         "preset": preset,
         "method": method,
+        "rank": None if method == "dense" else (rank or tensorize_preset(f"mlm-{preset}").rank),
         "batch": batch,
         "seq_len": seq_len,
         "vocab_size": vocab_size,
@@ -156,26 +168,32 @@ def run_cases(
     repeats: int,
     threads: int | None = None,
     memory: str = "reuse",
+    ranks: Sequence[int] = (),
 ) -> list[dict]:
-    """Every method's case, each in a fresh process, with a progress line per case; ``RuntimeError`` with
-    the end of its stderr when one fails."""
+    """Every method's case, then comera at each of ``ranks`` (the tensorized linears' max rank), each in a
+    fresh process, with a progress line per case; ``RuntimeError`` with the end of its stderr when one
+    fails."""
     case_args = ["--preset", preset, "--batch", str(batch), "--seq-len", str(seq_len)]
     case_args += ["--vocab", str(vocab_size), "--memory", memory]
+    cases = [(method, []) for method in methods] + [("comera", ["--rank", str(rank)]) for rank in ranks]
     results = []
-    for method in methods:
-        result = _run_in_fresh_process(method, repeats, threads, case_args)
+    for method, extra in cases:
+        result = _run_in_fresh_process(method, repeats, threads, case_args + extra)
         results.append(result)
         print(
-            f"{method:7s} {result['ms']:10.1f} ms {fmt(result['step_peak_mb']):>9s} MiB step "
+            f"{_label(result):18s} {result['ms']:10.1f} ms {fmt(result['step_peak_mb']):>9s} MiB step "
             f"{fmt(result['process_peak_mb']):>9s} MiB process",
             flush=True,
         )
     return results
 
 
+def _label(result: dict) -> str:
+    return result["method"] if result.get("rank") is None else f"{result['method']} (rank {result['rank']})"
+
+
 def format_report(results: list[dict], command: str) -> str:
     """A markdown table of the cases, with dense/comera ratios of time and memory."""
-    by_method = {result["method"]: result for result in results}
     first = results[0]
     lines = [
         "## Masked-LM pre-training step (forward, loss, backward, AdamW)",
@@ -185,23 +203,26 @@ def format_report(results: list[dict], command: str) -> str:
         f"timed steps' allocation: {allocation_of(results)}; `{command}`.",
         f"Machine: {machine_description()}.",
         "",
-        "| method | parameters | compression | step ms (median) | step peak rise MiB | process peak MiB |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| method | linears' max rank | parameters | compression | step ms (median) | step peak rise MiB "
+        "| process peak MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for result in results:
         lines.append(
-            f"| {result['method']} | {result['parameters']:,} | "
+            f"| {result['method']} | {result.get('rank') or '-'} | {result['parameters']:,} | "
             f"{ratio(result['dense_parameters'], result['parameters'], 2)} | {fmt(result['ms'])} | "
             f"{fmt(result['step_peak_mb'])} | {fmt(result['process_peak_mb'])} |"
         )
-    if {"dense", "comera"} <= set(by_method):
-        dense, comera = by_method["dense"], by_method["comera"]
-        lines += [
-            "",
-            f"dense / comera: step time {ratio(dense['ms'], comera['ms'], 2)}, step peak rise "
-            f"{ratio(dense['step_peak_mb'], comera['step_peak_mb'], 2)}, process peak "
-            f"{ratio(dense['process_peak_mb'], comera['process_peak_mb'], 2)}.",
-        ]
+    dense = next((result for result in results if result["method"] == "dense"), None)
+    compressed = [result for result in results if result["method"] != "dense"]
+    if dense is not None and compressed:
+        lines.append("")
+        for result in compressed:
+            lines.append(
+                f"dense / {_label(result)}: step time {ratio(dense['ms'], result['ms'], 2)}, step peak rise "
+                f"{ratio(dense['step_peak_mb'], result['step_peak_mb'], 2)}, process peak "
+                f"{ratio(dense['process_peak_mb'], result['process_peak_mb'], 2)}."
+            )
     return "\n".join(lines)
 
 
@@ -213,6 +234,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=None, help="tokens per block (default: the preset's)")
     parser.add_argument("--vocab", type=int, default=VOCAB, help=f"vocabulary size (default {VOCAB})")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per method (default 3)")
+    parser.add_argument(
+        "--ranks",
+        nargs="+",
+        type=int,
+        default=[],
+        help="also run comera with the tensorized linears' max rank set to each of these (a rank ladder)",
+    )
+    parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=None, help="torch threads per case (default: torch's)")
     add_memory_argument(parser)
     parser.add_argument("--write", default=None, help="markdown file whose section (--section) is replaced")
@@ -222,6 +251,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("batch", "vocab", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    for rank in [*args.ranks, *([] if args.rank is None else [args.rank])]:
+        if rank < 1:
+            parser.error(f"--ranks must be >= 1, got {rank}")
     if args.seq_len is not None and not 2 <= args.seq_len <= MODEL_PRESETS[args.preset]["max_length"]:
         parser.error(
             f"--seq-len must be in [2, {MODEL_PRESETS[args.preset]['max_length']}], got {args.seq_len}"
@@ -237,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     seq_len = args.seq_len or MODEL_PRESETS[args.preset]["max_length"]
     if args.case is not None:
         method = args.case
-        result = run_case(args.preset, method, args.batch, seq_len, args.vocab, args.repeats, args.memory)
+        result = run_case(
+            args.preset, method, args.batch, seq_len, args.vocab, args.repeats, args.memory, args.rank
+        )
         print(json.dumps(result))
         return 0
     results = run_cases(
@@ -249,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         repeats=args.repeats,
         threads=args.threads,
         memory=args.memory,
+        ranks=args.ranks,
     )
     command = "comera bench mlm " + " ".join(argv if argv is not None else sys.argv[1:])
     report = format_report(results, command.strip())

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from comera.atomic import atomic_write_bytes
+from comera.tt.recycle import output_pool
 
 __all__ = [
     "median_ms",
@@ -192,7 +193,9 @@ def _reachable_tensors(value: object, visited: set[int], depth: int = 0) -> list
 def training_state_mib(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> float:
     """MiB of what training keeps between steps, counted tensor by tensor: the model's parameters and
     buffers, the parameters' gradients, and every tensor of the optimizer's state (moments, projection
-    matrices of GaLore-style optimizers). Each storage counts once, however many tensors view it."""
+    matrices of GaLore-style optimizers), plus the free buffers of the TT paths' output pool
+    (:mod:`comera.tt.recycle`), which stay allocated between steps. Each storage counts once, however
+    many tensors view it."""
     tensors = [*model.parameters(), *model.buffers()]
     tensors += [param.grad for param in model.parameters() if param.grad is not None]
     if optimizer is not None:
@@ -202,7 +205,7 @@ def training_state_mib(model: torch.nn.Module, optimizer: torch.optim.Optimizer 
         storage = tensor.untyped_storage()
         key = (str(tensor.device), storage.data_ptr())
         storages[key] = max(storages.get(key, 0), storage.nbytes())
-    return sum(storages.values()) / 2**20
+    return (sum(storages.values()) + output_pool().free_nbytes()) / 2**20
 
 
 def fmt(value: float | None, digits: int = 1) -> str:

@@ -5,15 +5,18 @@ from comera.tt.cores import core_std, num_train_parameters, tt_core_shapes, tt_f
 from comera.tt.costs import ORDERS, CostModel, choose_order, tt_order_costs, ttm_best_split, ttm_order_costs
 from comera.tt.merge import merge_tt_left, merge_tt_right, merge_ttm_left, merge_ttm_right
 from comera.tt.paths import tt_linear, ttm_linear
+from comera.tt.recycle import OutputPool, configure_output_pool, output_pool
 from comera.tt.shapes import auto_modes, auto_num_modes, factorize, max_ranks, resolve_ranks, suggest_padding
 from comera.tt.svd import tt_svd, ttm_svd
 
 __all__ = [
     "ORDERS",
     "CostModel",
+    "OutputPool",
     "auto_modes",
     "auto_num_modes",
     "choose_order",
+    "configure_output_pool",
     "core_std",
     "factorize",
     "low_rank_linear",
@@ -23,6 +26,7 @@ __all__ = [
     "merge_ttm_left",
     "merge_ttm_right",
     "num_train_parameters",
+    "output_pool",
     "resolve_ranks",
     "suggest_padding",
     "tt_core_shapes",

@@ -41,6 +41,7 @@ from comera.tt.merge import (
     merge_tt_right_backward,
     merge_tt_right_steps,
 )
+from comera.tt.recycle import pooled_output
 from comera.tt.workspace import Workspace, scratch
 
 __all__ = ["low_rank_linear", "tt_merge_linear", "ttm_split_linear"]
@@ -66,13 +67,21 @@ def _product(ctx, name: str, first: torch.Tensor, second: torch.Tensor) -> torch
     return torch.mm(first, second, out=out)
 
 
-def _low_rank_forward(x, left, right, bias):
+def _output_product(ctx, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """``first @ second`` to be returned to the caller: into a recycled buffer of the output pool
+    (:mod:`comera.tt.recycle`) where it applies, not under autocast, whose GEMMs pick their own dtype."""
+    if ctx.autocast_enabled or first.dtype != second.dtype:
+        return first @ second
+    return torch.mm(first, second, out=pooled_output((first.shape[0], second.shape[1]), first))
+
+
+def _low_rank_forward(ctx, x, left, right, bias):
     """``(out, inner)``: ``out = [X L, 1] @ [R; b]``, ``inner = X L`` (ones column appended if biased)."""
     inner = x @ left
     if bias is not None:
         inner = torch.nn.functional.pad(inner, (0, 1), value=1.0)
         right = torch.cat([right, bias.unsqueeze(0)], dim=0)
-    return inner @ right, inner
+    return _output_product(ctx, inner, right), inner
 
 
 def _low_rank_backward(ctx, grad_out, x, inner, left, right, needs):
@@ -83,7 +92,7 @@ def _low_rank_backward(ctx, grad_out, x, inner, left, right, needs):
     if needs_x or needs_left:
         projected = _product(ctx, "projected", grad_out, right[:rank].t())
         if needs_x:
-            grad_x = projected @ left.t()
+            grad_x = _output_product(ctx, projected, left.t())
         if needs_left:
             grad_left = (projected.t() @ x).t()
     if needs_right or needs_bias:
@@ -107,7 +116,7 @@ class _LowRankLinear(torch.autograd.Function):
     def forward(ctx, x, left, right, bias, workspace):
         _record_autocast(ctx, x)
         ctx.workspace = workspace
-        out, inner = _low_rank_forward(x, left, right, bias)
+        out, inner = _low_rank_forward(ctx, x, left, right, bias)
         ctx.save_for_backward(x, inner, left, right)
         return out
 
@@ -155,7 +164,7 @@ class _TTMergeLinear(torch.autograd.Function):
         cores = fold_gates(cores_and_gates[:num_cores], cores_and_gates[num_cores:])
         left = merge_tt_left(cores[:num_in_cores])[: x.shape[1]]
         right = merge_tt_right(cores[num_in_cores:])[:, :out_features]
-        out, inner = _low_rank_forward(x, left, right, bias)
+        out, inner = _low_rank_forward(ctx, x, left, right, bias)
         ctx.save_for_backward(x, inner, *cores_and_gates)
         return out
 
