@@ -16,10 +16,16 @@ __all__ = ["reuse_freed_memory"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_NEVER_TRIM = -1
+"""``M_TRIM_THRESHOLD`` of -1: glibc never gives the top of its heap back to the kernel."""
 
 
 def reuse_freed_memory(threshold_bytes: int = 1 << 30) -> bool:
     """Keep freed blocks below ``threshold_bytes`` in the heap for reuse (glibc ``mallopt``).
+
+    Blocks below the threshold come from the heap, and the heap is never trimmed: however much is freed at
+    once (a masked-LM step at 4 x 512 tokens frees over 1 GiB of activations), it stays mapped for the next
+    step instead of being faulted in again.
 
     Args:
         threshold_bytes: blocks smaller than this are served from (and returned to) the heap; in
@@ -39,4 +45,4 @@ def reuse_freed_memory(threshold_bytes: int = 1 << 30) -> bool:
     if not hasattr(libc, "mallopt"):
         return False
     applied = libc.mallopt(_M_MMAP_THRESHOLD, threshold_bytes) == 1
-    return applied and libc.mallopt(_M_TRIM_THRESHOLD, threshold_bytes) == 1
+    return applied and libc.mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM) == 1

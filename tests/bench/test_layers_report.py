@@ -48,7 +48,8 @@ def test_no_output_pool_turns_the_pool_off_and_says_so(tmp_path, capsys):
     target = tmp_path / "bench.md"
     target.write_text("<!-- bench:layers:start -->\n<!-- bench:layers:end -->\n")
     try:
-        args = ["--shapes", "16x12", "--batches", "4", "--ranks", "2", "--repeats", "1", "--memory", "default"]
+        args = ["--shapes", "16x12", "--batches", "4", "--ranks", "2", "--repeats", "1"]
+        args += ["--memory", "default"]
         assert main([*args, "--no-output-pool", "--write", str(target)]) == 0
         assert output_pool().max_bytes == 0
         assert "(allocation: glibc default; output pool off)" in target.read_text()

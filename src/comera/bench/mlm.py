@@ -18,9 +18,9 @@ the case shows up as a rise), then ``--repeats`` timed steps after one more warm
 median. Before the timed steps ``--memory reuse`` (the default, what the ``Trainer`` does on CPU) calls
 :func:`comera.cpu.reuse_freed_memory`; ``--memory default`` keeps glibc's setting. The process's peak
 resident size at the end (model, gradients, optimizer state and the step's peak together) is reported too.
-``--ranks R ...`` adds comera cases with the tensorized linears' max rank set to each ``R`` (the embedding keeps
-the preset's), a ladder that shows what the step costs apart from those linears. ``--threads`` sets torch's
-thread count; ``--write`` replaces a section (``--section``, default ``mlm``) of
+``--ranks R ...`` adds comera cases with the tensorized linears' max rank set to each ``R`` (the
+embedding keeps the preset's), a ladder that shows what the step costs apart from those linears.
+``--threads`` sets torch's thread count; ``--write`` replaces a section (``--section``, default ``mlm``) of
 a markdown file with the table.
 """
 
