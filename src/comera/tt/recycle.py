@@ -8,9 +8,12 @@ half of what a rank-30 TT layer computes for it. :func:`comera.cpu.reuse_freed_m
 for the whole process; this pool needs no process-wide setting.
 
 The pool keeps the storage of the outputs it handed out (forward outputs and input gradients of
-:func:`comera.tt.contract.tt_merge_linear` and :func:`comera.tt.contract.low_rank_linear`) and hands one
-out again only when its storage use count says that nothing else refers to it: no tensor, view, saved
-tensor, ``.grad`` or exported array. Such a storage is exactly one that would otherwise have been freed.
+:func:`comera.tt.contract.tt_merge_linear` and :func:`comera.tt.contract.low_rank_linear`), each in its own
+anonymous memory map so that a held buffer never splits glibc's heap, and hands one out again only when
+its storage use count and its Python storage object's reference count say that nothing else refers to it:
+no tensor, view, saved tensor, ``.grad``, exported array or storage object. Such a storage is exactly one
+that would otherwise have been freed. Pooled outputs cannot be resized in place (``resize_`` to another
+size raises, as for any tensor over external memory).
 Only outputs of at least ``min_bytes`` are pooled (smaller blocks stay in glibc's bins and are not
 trimmed), and the pool holds at most ``max_bytes`` in all, whether its buffers are in use or free, so it
 adds at most that much to a process's memory. Defaults: 4 MiB and 64 MiB (:func:`configure_output_pool`;
@@ -20,6 +23,7 @@ adds at most that much to a process's memory. Defaults: 4 MiB and 64 MiB (:func:
 from __future__ import annotations
 
 import math
+import mmap
 import sys
 import threading
 from collections.abc import Sequence
@@ -96,10 +100,11 @@ class OutputPool:
                 if held.numel() == count and held.dtype == like.dtype and _unreferenced(held):
                     self.reuses += 1
                     return _alias(held, shape)
-            fresh = torch.empty(count, dtype=like.dtype, device=like.device)
+            if not self._make_room(nbytes):
+                return like.new_empty(shape)
+            fresh = _mapped(count, like.dtype)
             self.allocations += 1
-            if self._make_room(nbytes):
-                self._held.append(fresh)
+            self._held.append(fresh)
             return _alias(fresh, shape)
 
     def _applies(self, like: torch.Tensor, nbytes: int) -> bool:
@@ -145,6 +150,14 @@ class OutputPool:
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def _mapped(count: int, dtype: torch.dtype) -> torch.Tensor:
+    """``count`` elements of ``dtype`` in their own anonymous memory map, outside glibc's heap: a pooled
+    buffer held for long must not pin the heap between blocks that activations free around it (measured:
+    with heap-allocated pool buffers, a six-encoder training step at batch 32 rose 276 MiB higher)."""
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    return torch.frombuffer(mmap.mmap(-1, count * itemsize), dtype=dtype, count=count)
 
 
 def _alias(held: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
