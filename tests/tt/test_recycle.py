@@ -77,6 +77,8 @@ def test_limits_and_their_validation():
     for bad in ({"min_bytes": -1, "max_bytes": 8}, {"min_bytes": 0, "max_bytes": 1.5}):
         with pytest.raises(ValueError, match="must be an int >= 0"):
             OutputPool(**bad)
+    empty = pool.take((0, 3), like)  # an empty batch: a plain empty tensor
+    assert empty.shape == (0, 3) and pool.nbytes() == 0
     off = OutputPool(min_bytes=0, max_bytes=0)
     off.take((4,), like)
     assert off.nbytes() == 0
@@ -115,6 +117,7 @@ def test_tt_layer_outputs_and_gradients_stay_right_when_outputs_are_kept_or_drop
     for x, y in kept:
         torch.testing.assert_close(y.double(), x.detach().double() @ weight.t() + bias, rtol=1e-5, atol=1e-5)
     assert pool_for_small_outputs.reuses > 0
+    assert layer(torch.randn(0, 48, requires_grad=True)).shape == (0, 40)  # an empty batch
 
 
 def test_an_accumulated_input_gradient_is_never_overwritten(pool_for_small_outputs):

@@ -111,6 +111,7 @@ class OutputPool:
         return (
             self.max_bytes > 0
             and like.device.type == "cpu"
+            and nbytes > 0
             and self.min_bytes <= nbytes <= self.max_bytes
             and not in_graph_capture()
         )
