@@ -1,9 +1,10 @@
 """CPU allocation tuning for training with compressed layers.
 
 A compressed layer spends a large share of its time allocating fresh output-sized tensors. glibc returns
-freed blocks above its mmap threshold (at most 32 MiB) to the kernel, so every such tensor is faulted in and
-zeroed page by page again. :func:`reuse_freed_memory` raises the threshold so freed blocks stay in the heap
-and are reused, which the layer benchmark measures (``comera bench layers --allocator``). It changes the whole
+freed blocks above its mmap threshold (at most 32 MiB) to the kernel, and trims the top of its heap once
+more than twice that is free, so such tensors are faulted in and zeroed page by page again.
+:func:`reuse_freed_memory` raises the threshold and turns trimming off, so freed blocks stay in the heap and
+are reused, which the layer benchmark measures (``comera bench layers --allocator``). It changes the whole
 process's allocator, for dense and compressed layers alike, and costs memory that stays mapped after a peak.
 """
 
