@@ -58,21 +58,23 @@ def _replay_autocast(ctx) -> torch.autocast:
     return torch.autocast(ctx.autocast_device, dtype=ctx.autocast_dtype, enabled=ctx.autocast_enabled)
 
 
-def _product(ctx, name: str, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-    """``first @ second`` into the call's workspace buffer ``name`` when it has one (not under autocast, whose
-    GEMMs pick their own output dtype), else a fresh tensor."""
-    if ctx.workspace is None or ctx.autocast_enabled or first.dtype != second.dtype:
+def _gemm_into(ctx, first: torch.Tensor, second: torch.Tensor, take) -> torch.Tensor:
+    """``first @ second`` written into ``take(shape, first)``; a plain product under autocast (whose GEMMs
+    pick their own output dtype) or for mixed dtypes."""
+    if ctx.autocast_enabled or first.dtype != second.dtype:
         return first @ second
-    out = scratch(ctx.workspace, name, (first.shape[0], second.shape[1]), first)
-    return torch.mm(first, second, out=out)
+    return torch.mm(first, second, out=take((first.shape[0], second.shape[1]), first))
+
+
+def _product(ctx, name: str, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """``first @ second`` into the call's workspace buffer ``name`` (a fresh tensor without a workspace)."""
+    return _gemm_into(ctx, first, second, lambda shape, like: scratch(ctx.workspace, name, shape, like))
 
 
 def _output_product(ctx, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-    """``first @ second`` to be returned to the caller: into a recycled buffer of the output pool
-    (:mod:`comera.tt.recycle`) where it applies, not under autocast, whose GEMMs pick their own dtype."""
-    if ctx.autocast_enabled or first.dtype != second.dtype:
-        return first @ second
-    return torch.mm(first, second, out=pooled_output((first.shape[0], second.shape[1]), first))
+    """``first @ second`` to be returned to the caller, in a recycled buffer of the output pool
+    (:mod:`comera.tt.recycle`) where it applies."""
+    return _gemm_into(ctx, first, second, pooled_output)
 
 
 def _low_rank_forward(ctx, x, left, right, bias):

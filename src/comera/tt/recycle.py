@@ -102,7 +102,7 @@ class OutputPool:
                     return _alias(held, shape)
             if not self._make_room(nbytes):
                 return like.new_empty(shape)
-            fresh = _mapped(count, like.dtype)
+            fresh = _mapped(nbytes, like.dtype)
             self.allocations += 1
             self._held.append(fresh)
             return _alias(fresh, shape)
@@ -125,13 +125,13 @@ class OutputPool:
         free = [held for held in self._held if _unreferenced(held)]
         if sum(_nbytes(held) for held in free) < excess:
             return False
-        dropped = []
+        dropped = set()
         for held in free:
             if excess <= 0:
                 break
-            dropped.append(held)
+            dropped.add(id(held))
             excess -= _nbytes(held)
-        self._held = [held for held in self._held if not any(held is gone for gone in dropped)]
+        self._held = [held for held in self._held if id(held) not in dropped]
         return True
 
     def nbytes(self) -> int:
@@ -153,12 +153,11 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _mapped(count: int, dtype: torch.dtype) -> torch.Tensor:
-    """``count`` elements of ``dtype`` in their own anonymous memory map, outside glibc's heap: a pooled
+def _mapped(nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+    """``nbytes`` of ``dtype`` elements in their own anonymous memory map, outside glibc's heap: a pooled
     buffer held for long must not pin the heap between blocks that activations free around it (measured:
     with heap-allocated pool buffers, a six-encoder training step at batch 32 rose 276 MiB higher)."""
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    return torch.frombuffer(mmap.mmap(-1, count * itemsize), dtype=dtype, count=count)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype)
 
 
 def _alias(held: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
