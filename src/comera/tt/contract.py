@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import torch
 from torch.autograd.function import once_differentiable
 
+from comera.tt.blocked import blocked_batch_sum_mm, blocked_mm_into
 from comera.tt.merge import (
     fold_gates,
     merge_tt_left,
@@ -58,23 +59,38 @@ def _replay_autocast(ctx) -> torch.autocast:
     return torch.autocast(ctx.autocast_device, dtype=ctx.autocast_dtype, enabled=ctx.autocast_enabled)
 
 
-def _gemm_into(ctx, first: torch.Tensor, second: torch.Tensor, take) -> torch.Tensor:
-    """``first @ second`` written into ``take(shape, first)``; a plain product under autocast (whose GEMMs
-    pick their own output dtype) or for mixed dtypes."""
-    if ctx.autocast_enabled or first.dtype != second.dtype:
-        return first @ second
-    return torch.mm(first, second, out=take((first.shape[0], second.shape[1]), first))
+def _plain_gemm(ctx, first: torch.Tensor, second: torch.Tensor) -> bool:
+    """Whether ``first @ second`` must be a plain product: under autocast (whose GEMMs pick their own output
+    dtype) or for mixed dtypes."""
+    return ctx.autocast_enabled or first.dtype != second.dtype
+
+
+def _mm_into(first: torch.Tensor, second: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return torch.mm(first, second, out=out)
 
 
 def _product(ctx, name: str, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     """``first @ second`` into the call's workspace buffer ``name`` (a fresh tensor without a workspace)."""
-    return _gemm_into(ctx, first, second, lambda shape, like: scratch(ctx.workspace, name, shape, like))
+    if _plain_gemm(ctx, first, second):
+        return first @ second
+    return _mm_into(first, second, scratch(ctx.workspace, name, (first.shape[0], second.shape[1]), first))
 
 
 def _output_product(ctx, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-    """``first @ second`` to be returned to the caller, in a recycled buffer of the output pool
-    (:mod:`comera.tt.recycle`) where it applies."""
-    return _gemm_into(ctx, first, second, pooled_output)
+    """``first @ second`` (batch rows x thin inner dimension x wide output) to be returned to the caller, in
+    a recycled buffer of the output pool (:mod:`comera.tt.recycle`) where it applies, by blocks of batch
+    rows on CPU (:func:`comera.tt.blocked.blocked_mm_into`)."""
+    if _plain_gemm(ctx, first, second):
+        return first @ second
+    return blocked_mm_into(first, second, pooled_output((first.shape[0], second.shape[1]), first))
+
+
+def _batch_sum_product(ctx, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """``first @ second`` summed over the batch (``(k, B) @ (B, n)``), by blocks of batch rows on CPU
+    (:func:`comera.tt.blocked.blocked_batch_sum_mm`)."""
+    if _plain_gemm(ctx, first, second):
+        return first @ second
+    return blocked_batch_sum_mm(first, second)
 
 
 def _low_rank_forward(ctx, x, left, right, bias):
@@ -96,9 +112,9 @@ def _low_rank_backward(ctx, grad_out, x, inner, left, right, needs):
         if needs_x:
             grad_x = _output_product(ctx, projected, left.t())
         if needs_left:
-            grad_left = (projected.t() @ x).t()
+            grad_left = _batch_sum_product(ctx, projected.t(), x).t()
     if needs_right or needs_bias:
-        grad_right_aug = inner.t() @ grad_out
+        grad_right_aug = _batch_sum_product(ctx, inner.t(), grad_out)
         grad_right = grad_right_aug[:rank] if needs_right else None
         grad_bias = grad_right_aug[rank] if needs_bias else None
     return grad_x, grad_left, grad_right, grad_bias
