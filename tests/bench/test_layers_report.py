@@ -57,3 +57,14 @@ def test_no_output_pool_turns_the_pool_off_and_says_so(tmp_path, capsys):
         configure_output_pool()
     assert output_pool().max_bytes == 64 << 20
     capsys.readouterr()
+
+
+def test_table_times_the_merge_order_with_and_without_row_blocks(capsys):
+    from comera.bench.layers import format_table, run_layer_benchmark
+
+    rows = run_layer_benchmark([(16, 12)], [4], [2], repeats=1)
+    assert {"tt:merge", "tt:merge-one-gemm"} <= set(rows[0])
+    header, rule, line = format_table(rows).splitlines()
+    assert "| TT merge | TT merge, one GEMM |" in header
+    assert header.count("|") == rule.count("|") == line.count("|")
+    capsys.readouterr()

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from comera.tt import blocked
-from comera.tt.blocked import batch_blocks, blocked_batch_sum_mm, blocked_mm_into
+from comera.tt.blocked import batch_blocks, blocked_batch_sum_mm, blocked_mm_into, single_gemms
 from comera.tt.contract import low_rank_linear, tt_merge_linear
 
 
@@ -35,6 +35,11 @@ def test_block_count_follows_threads_and_minimum_rows(monkeypatch, threads):
     assert batch_blocks(4096, cpu) == 1
     threads(2)
     assert batch_blocks(4096, torch.device("meta")) == 1
+    with single_gemms():
+        with single_gemms():
+            assert batch_blocks(4096, cpu) == 1
+        assert batch_blocks(4096, cpu) == 1
+    assert batch_blocks(4096, cpu) == 2
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -9,7 +9,9 @@ memory bound is visible. Two checks follow the table: the order the cost model p
 violators are listed), and the B=4096, r=30 targets (TT auto at least 5x faster than ``nn.Linear`` and 1.2x
 faster than the published TT layer, :mod:`comera.bench.published_linear`). ``--memory default`` runs in a
 process that never calls :func:`comera.cpu.reuse_freed_memory`; ``--no-output-pool`` turns off the TT
-paths' output pool (:mod:`comera.tt.recycle`). ``--write`` replaces the ``layers`` section
+paths' output pool (:mod:`comera.tt.recycle`). ``TT merge, one GEMM`` is the merge order with each
+batch-sized GEMM as one threaded GEMM instead of one block of batch rows per thread
+(:mod:`comera.tt.blocked`). ``--write`` replaces the ``layers`` section
 of a markdown file.
 """
 
@@ -36,6 +38,7 @@ from comera.bench.report import (
 )
 from comera.cpu import reuse_freed_memory
 from comera.nn.linear import TTLinear, TTMLinear
+from comera.tt.blocked import single_gemms
 from comera.tt.costs import ORDERS
 from comera.tt.recycle import configure_output_pool
 
@@ -54,6 +57,14 @@ def _fwd_bwd(layer: nn.Module, x: torch.Tensor, upstream: torch.Tensor):
         layer(x).backward(upstream)
 
     return run
+
+
+def _single_gemms(run):
+    def run_unblocked():
+        with single_gemms():
+            run()
+
+    return run_unblocked
 
 
 def _merge_flops_and_bytes(batch: int, m: int, n: int, rank: int) -> tuple[float, float]:
@@ -81,6 +92,7 @@ def run_layer_benchmark(shapes, batches, ranks, repeats: int) -> list[dict]:
                     layer.load_state_dict(tt.state_dict())
                 fns = {"nn.Linear": _fwd_bwd(dense, x, upstream), "tt:auto": _fwd_bwd(tt, x, upstream)}
                 fns.update({f"tt:{order}": _fwd_bwd(layer, x, upstream) for order, layer in fixed.items()})
+                fns["tt:merge-one-gemm"] = _single_gemms(_fwd_bwd(fixed["merge"], x, upstream))
                 fns["tt:published"] = _fwd_bwd(PublishedTTLinear(fixed["merge"]), x, upstream)
                 fns["ttm:auto"] = _fwd_bwd(TTMLinear(m, n, rank=rank), x, upstream)
                 row = {"shape": f"{m}->{n}", "batch": batch, "rank": rank}
@@ -96,7 +108,15 @@ def run_layer_benchmark(shapes, batches, ranks, repeats: int) -> list[dict]:
     return rows
 
 
-_COLUMNS = ("tt:merge", "tt:sequential", "tt:dense", "tt:auto", "tt:published", "ttm:auto")
+_COLUMNS = (
+    "tt:merge",
+    "tt:merge-one-gemm",
+    "tt:sequential",
+    "tt:dense",
+    "tt:auto",
+    "tt:published",
+    "ttm:auto",
+)
 
 
 def _format_row(row: dict) -> str:
@@ -114,10 +134,10 @@ def _format_row(row: dict) -> str:
 def format_table(rows: list[dict]) -> str:
     """Markdown table: times in ms and speedups over ``nn.Linear`` (fwd+bwd, higher is faster)."""
     header = (
-        "| shape | B | r | nn.Linear ms | TT auto ms | TT merge | TT sequential | TT dense | TT auto "
-        "| TT published | TTM auto | auto picks | picked / fastest order | auto / fastest TT | merge GFLOP/s "
-        "| merge GB/s | nn.Linear GFLOP/s |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| shape | B | r | nn.Linear ms | TT auto ms | TT merge | TT merge, one GEMM | TT sequential "
+        "| TT dense | TT auto | TT published | TTM auto | auto picks | picked / fastest order "
+        "| auto / fastest TT | merge GFLOP/s | merge GB/s | nn.Linear GFLOP/s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     return "\n".join([header, *(_format_row(row) for row in rows)])
 

@@ -13,7 +13,8 @@ thread's single-threaded GEMM. Measured on a 2-thread Intel Xeon (torch 2.13 CPU
 rank 30, n = 768, fp32): 0.71 -> 0.55 ms for the wide outputs and 0.84-0.86 -> 0.63-0.65 ms for the
 batch-summed ones. Below about 512 rows per block the split costs more than it gains (0.72-0.95x at
 256-512 rows, 1.08-1.14x at 1024), hence :data:`MIN_ROWS_PER_BLOCK`. Only CPU tensors are split; not
-measured on other CPUs or thread counts, where the rule is the same: one block per thread.
+measured on other CPUs or thread counts, where the rule is the same: one block per thread. Inside
+:func:`single_gemms` every product is one plain GEMM again (``comera bench layers`` times both).
 
 Index legend:
     s      block of batch rows (one per thread)
@@ -24,18 +25,34 @@ Index legend:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
-__all__ = ["MIN_ROWS_PER_BLOCK", "batch_blocks", "blocked_mm_into", "blocked_batch_sum_mm"]
+__all__ = ["MIN_ROWS_PER_BLOCK", "batch_blocks", "blocked_mm_into", "blocked_batch_sum_mm", "single_gemms"]
 
 MIN_ROWS_PER_BLOCK = 512
 """Fewest batch rows per block worth a batched GEMM (module docstring)."""
+
+_single_gemm_depth = 0
+
+
+@contextmanager
+def single_gemms() -> Iterator[None]:
+    """Within this block (process-wide, nestable), every product of this module is one plain GEMM."""
+    global _single_gemm_depth
+    _single_gemm_depth += 1
+    try:
+        yield
+    finally:
+        _single_gemm_depth -= 1
 
 
 def batch_blocks(rows: int, device: torch.device) -> int:
     """How many equal row blocks a batch of ``rows`` is cut into: one per intra-op thread, each at least
     :data:`MIN_ROWS_PER_BLOCK` rows, on CPU only; 1 means one plain GEMM."""
-    if device.type != "cpu":
+    if device.type != "cpu" or _single_gemm_depth:
         return 1
     return max(1, min(torch.get_num_threads(), rows // MIN_ROWS_PER_BLOCK))
 
