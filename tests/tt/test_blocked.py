@@ -30,16 +30,18 @@ def test_block_count_follows_threads_and_minimum_rows(monkeypatch, threads):
     monkeypatch.setattr(blocked, "MIN_ROWS_PER_BLOCK", 512)
     cpu = torch.device("cpu")
     threads(2)
-    assert [batch_blocks(rows, cpu) for rows in (0, 511, 1023, 1024, 4096, 4097)] == [1, 1, 1, 2, 2, 2]
+    monkeypatch.setattr(blocked, "MAX_WIDTH", 1024)
+    assert [batch_blocks(rows, 768, cpu) for rows in (0, 511, 1023, 1024, 4096, 4097)] == [1, 1, 1, 2, 2, 2]
+    assert [batch_blocks(4096, width, cpu) for width in (1, 1023, 1024, 3072)] == [2, 2, 1, 1]
     threads(1)
-    assert batch_blocks(4096, cpu) == 1
+    assert batch_blocks(4096, 768, cpu) == 1
     threads(2)
-    assert batch_blocks(4096, torch.device("meta")) == 1
+    assert batch_blocks(4096, 768, torch.device("meta")) == 1
     with single_gemms():
         with single_gemms():
-            assert batch_blocks(4096, cpu) == 1
-        assert batch_blocks(4096, cpu) == 1
-    assert batch_blocks(4096, cpu) == 2
+            assert batch_blocks(4096, 768, cpu) == 1
+        assert batch_blocks(4096, 768, cpu) == 1
+    assert batch_blocks(4096, 768, cpu) == 2
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

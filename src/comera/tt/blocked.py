@@ -1,7 +1,8 @@
 """Batch-sized CPU GEMMs run as one batched GEMM over equal blocks of batch rows.
 
 The merge-first path (:mod:`comera.tt.contract`) multiplies batch-sized operands by thin rank-sized ones.
-Two of its GEMM shapes use a CPU's threads poorly when handed to the BLAS as one product:
+Two of its GEMM shapes use a CPU's threads poorly when handed to the BLAS as one product while the
+feature width ``n`` is moderate:
 
 - a wide output from a thin inner dimension, ``(B, r) @ (r, n)`` (the forward's ``[X L, 1] [R; b]`` and
   the backward's ``dY R^T L^T``);
@@ -9,12 +10,15 @@ Two of its GEMM shapes use a CPU's threads poorly when handed to the BLAS as one
   ``U^T X``).
 
 Cut into one block of rows per intra-op thread and run as a single ``torch.bmm``, each block is one
-thread's single-threaded GEMM. Measured on a 2-thread Intel Xeon (torch 2.13 CPU build, B = 4096,
-rank 30, n = 768, fp32): 0.71 -> 0.55 ms for the wide outputs and 0.84-0.86 -> 0.63-0.65 ms for the
-batch-summed ones. Below about 512 rows per block the split costs more than it gains (0.72-0.95x at
-256-512 rows, 1.08-1.14x at 1024), hence :data:`MIN_ROWS_PER_BLOCK`. Only CPU tensors are split; not
-measured on other CPUs or thread counts, where the rule is the same: one block per thread. Inside
-:func:`single_gemms` every product is one plain GEMM again (``comera bench layers`` times both).
+thread's single-threaded GEMM. Measured on a 2-thread Intel Xeon (torch 2.13 CPU build, MKL, fp32, rank
+30, B = 4096), layer forward + backward against the same layer with one GEMM each, timed round-robin:
+512->512 3.98 vs 4.51 ms, 768->768 5.64 vs 6.63 ms, 1024->1024 7.90 vs 8.00 ms; with every GEMM blocked,
+wider layers lost (1024->4096 21.9 vs 20.4 ms, 4096->1024 39.5 vs 37.2 ms, 2048->2048 16.8 vs 16.3 ms),
+so only GEMMs whose width ``n`` is below :data:`MAX_WIDTH` are blocked. Below about 512 rows per block the
+split costs more than it gains, hence :data:`MIN_ROWS_PER_BLOCK`. Only CPU tensors are split. These are
+the BLAS's threading choices on one machine; not measured on other CPUs or thread counts, where the rule is
+the same: one block per thread. Inside :func:`single_gemms` every product is one plain GEMM again
+(``comera bench layers`` times both).
 
 Index legend:
     s      block of batch rows (one per thread)
@@ -30,10 +34,20 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["MIN_ROWS_PER_BLOCK", "batch_blocks", "blocked_mm_into", "blocked_batch_sum_mm", "single_gemms"]
+__all__ = [
+    "MAX_WIDTH",
+    "MIN_ROWS_PER_BLOCK",
+    "batch_blocks",
+    "blocked_mm_into",
+    "blocked_batch_sum_mm",
+    "single_gemms",
+]
 
 MIN_ROWS_PER_BLOCK = 512
 """Fewest batch rows per block worth a batched GEMM (module docstring)."""
+
+MAX_WIDTH = 1024
+"""GEMMs whose feature width is this or more run as one GEMM (module docstring)."""
 
 _single_gemm_depth = 0
 
@@ -49,10 +63,11 @@ def single_gemms() -> Iterator[None]:
         _single_gemm_depth -= 1
 
 
-def batch_blocks(rows: int, device: torch.device) -> int:
-    """How many equal row blocks a batch of ``rows`` is cut into: one per intra-op thread, each at least
-    :data:`MIN_ROWS_PER_BLOCK` rows, on CPU only; 1 means one plain GEMM."""
-    if device.type != "cpu" or _single_gemm_depth:
+def batch_blocks(rows: int, width: int, device: torch.device) -> int:
+    """How many equal row blocks a GEMM over a batch of ``rows`` and a feature width ``width`` is cut into:
+    one per intra-op thread, each at least :data:`MIN_ROWS_PER_BLOCK` rows, for widths below
+    :data:`MAX_WIDTH`, on CPU only; 1 means one plain GEMM."""
+    if device.type != "cpu" or _single_gemm_depth or width >= MAX_WIDTH:
         return 1
     return max(1, min(torch.get_num_threads(), rows // MIN_ROWS_PER_BLOCK))
 
@@ -62,7 +77,7 @@ def blocked_mm_into(first: torch.Tensor, second: torch.Tensor, out: torch.Tensor
     ``(B, n)``, computed block of rows by block of rows in one batched GEMM (``s b k, s k n -> s b n``, the
     same ``second`` for every block); rows past the last whole block by a plain GEMM. Returns ``out``."""
     rows = first.shape[0]
-    blocks = batch_blocks(rows, first.device)
+    blocks = batch_blocks(rows, second.shape[1], first.device)
     if blocks == 1:
         return torch.mm(first, second, out=out)
     size = rows // blocks
@@ -83,7 +98,7 @@ def blocked_batch_sum_mm(first: torch.Tensor, second: torch.Tensor) -> torch.Ten
     (``s k b, s b n -> s k n``), then their sum over ``s``; rows past the last whole block are added by a
     plain GEMM. Returns a new ``(k, n)`` tensor."""
     rows = second.shape[0]
-    blocks = batch_blocks(rows, second.device)
+    blocks = batch_blocks(rows, second.shape[1], second.device)
     if blocks == 1:
         return first @ second
     size = rows // blocks
