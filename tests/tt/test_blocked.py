@@ -107,3 +107,16 @@ def test_merge_path_gradients_through_blocks(small_blocks, rows, with_bias):
     left = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
     right = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(low_rank_linear, (x, left, right, bias))
+
+
+def test_compiled_merge_layer_runs_one_gemm_and_matches_eager(threads):
+    """Under ``torch.compile`` tracing no block count is asked of the threads (it would break the graph)."""
+    from comera import TTLinear
+
+    threads(2)
+    layer = TTLinear(24, 20, rank=3, order="merge")
+    x = torch.randn(1030, 24)
+    with torch.no_grad():
+        want = layer(x)
+        got = torch.compile(layer, fullgraph=True, backend="eager")(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

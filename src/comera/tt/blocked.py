@@ -10,13 +10,14 @@ feature width ``n`` is moderate:
   ``U^T X``).
 
 Cut into one block of rows per intra-op thread and run as a single ``torch.bmm``, each block is one
-thread's single-threaded GEMM. Measured on a 2-thread Intel Xeon (torch 2.13 CPU build, MKL, fp32, rank
-30, B = 4096), layer forward + backward against the same layer with one GEMM each, timed round-robin:
-512->512 3.98 vs 4.51 ms, 768->768 5.64 vs 6.63 ms, 1024->1024 7.90 vs 8.00 ms; with every GEMM blocked,
-wider layers lost (1024->4096 21.9 vs 20.4 ms, 4096->1024 39.5 vs 37.2 ms, 2048->2048 16.8 vs 16.3 ms),
-so only GEMMs whose width ``n`` is below :data:`MAX_WIDTH` are blocked. Below about 512 rows per block the
-split costs more than it gains, hence :data:`MIN_ROWS_PER_BLOCK`. Only CPU tensors are split. These are
-the BLAS's threading choices on one machine; not measured on other CPUs or thread counts, where the rule is
+thread's single-threaded GEMM. On a 2-thread Intel Xeon (torch 2.13 CPU build, MKL, fp32, rank 30,
+B = 4096) the 768-wide products took 0.54-0.65 ms so against 0.66-0.86 ms as one GEMM, and a 768->768
+layer's forward + backward ran 5.86x faster than ``nn.Linear`` against 5.28x for the same layer with one
+GEMM each; with every width blocked, wider layers lost (1024->4096 12.35x vs 13.86x, 4096->1024 10.53x vs
+12.15x), so only GEMMs whose width ``n`` is below :data:`MAX_WIDTH` are blocked (docs/benchmarks.md, "Row
+blocks for the thin GEMMs"). Below about 512 rows per block the split cost more than it gained, hence
+:data:`MIN_ROWS_PER_BLOCK`. Only CPU tensors are split, and not while ``torch.compile`` traces. These are
+the BLAS's threading choices on one machine, not measured on other CPUs or thread counts, where the rule is
 the same: one block per thread. Inside :func:`single_gemms` every product is one plain GEMM again
 (``comera bench layers`` times both).
 
@@ -66,8 +67,11 @@ def single_gemms() -> Iterator[None]:
 def batch_blocks(rows: int, width: int, device: torch.device) -> int:
     """How many equal row blocks a GEMM over a batch of ``rows`` and a feature width ``width`` is cut into:
     one per intra-op thread, each at least :data:`MIN_ROWS_PER_BLOCK` rows, for widths below
-    :data:`MAX_WIDTH`, on CPU only; 1 means one plain GEMM."""
-    if device.type != "cpu" or _single_gemm_depth or width >= MAX_WIDTH:
+    :data:`MAX_WIDTH`, on CPU only and not while ``torch.compile`` traces (the compiler picks its own
+    kernels); 1 means one plain GEMM."""
+    if device.type != "cpu" or _single_gemm_depth or width >= MAX_WIDTH or rows < 2 * MIN_ROWS_PER_BLOCK:
+        return 1
+    if torch.compiler.is_compiling():
         return 1
     return max(1, min(torch.get_num_threads(), rows // MIN_ROWS_PER_BLOCK))
 
