@@ -73,7 +73,7 @@ def batch_blocks(rows: int, width: int, device: torch.device) -> int:
         return 1
     if torch.compiler.is_compiling():
         return 1
-    return max(1, min(torch.get_num_threads(), rows // MIN_ROWS_PER_BLOCK))
+    return min(torch.get_num_threads(), rows // MIN_ROWS_PER_BLOCK)
 
 
 def blocked_mm_into(first: torch.Tensor, second: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,8 @@ is made, and in the backward ``T_aug^T dY`` yields ``dR`` and ``db`` in one pass
 (``dL`` is computed transposed: the wide-output layout runs about 25% faster than ``X^T U`` on CPU). Saved per
 call: ``X`` (as any linear layer) and the small ``T_aug``. :func:`tt_merge_linear` takes the cores and does
 the merges itself, forward and again backward, so neither ``L``, ``R`` nor the partial merges are held in
-between.
+between. On CPU, ``T_aug R_aug``, ``U L^T``, ``T_aug^T dY`` and ``U^T X`` run by blocks of batch rows, one
+per thread (:mod:`comera.tt.blocked`).
 
 TTM: with ``A = merge(F_1..F_p)`` of shape ``(M_L, N_L, r)`` and ``C = merge(F_{p+1}..F_d)`` of shape
 ``(r, M_R, N_R)``, ``Y[b, jl, jr] = sum_{il, ir, a} X[b, il, ir] A[il, jl, a] C[a, ir, jr] + bias``:
@@ -65,15 +66,11 @@ def _plain_gemm(ctx, first: torch.Tensor, second: torch.Tensor) -> bool:
     return ctx.autocast_enabled or first.dtype != second.dtype
 
 
-def _mm_into(first: torch.Tensor, second: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    return torch.mm(first, second, out=out)
-
-
 def _product(ctx, name: str, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     """``first @ second`` into the call's workspace buffer ``name`` (a fresh tensor without a workspace)."""
     if _plain_gemm(ctx, first, second):
         return first @ second
-    return _mm_into(first, second, scratch(ctx.workspace, name, (first.shape[0], second.shape[1]), first))
+    return torch.mm(first, second, out=scratch(ctx.workspace, name, (first.shape[0], second.shape[1]), first))
 
 
 def _output_product(ctx, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
