@@ -11,7 +11,7 @@ feature width ``n`` is moderate:
 
 Cut into one block of rows per intra-op thread and run as a single ``torch.bmm``, each block is one
 thread's single-threaded GEMM. On a 2-thread Intel Xeon (torch 2.13 CPU build, MKL, fp32, rank 30,
-B = 4096) the 768-wide products took 0.54-0.65 ms so against 0.66-0.86 ms as one GEMM, and a 768->768
+B = 4096) the 768-wide products took 0.54-0.65 ms blocked against 0.66-0.86 ms as one GEMM, and a 768->768
 layer's forward + backward ran 5.86x faster than ``nn.Linear`` against 5.28x for the same layer with one
 GEMM each; with every width blocked, wider layers lost (1024->4096 12.35x vs 13.86x, 4096->1024 10.53x vs
 12.15x), so only GEMMs whose width ``n`` is below :data:`MAX_WIDTH` are blocked (docs/benchmarks.md, "Row
