@@ -50,9 +50,14 @@ def layer_registry(monkeypatch):
 
 
 @pytest.fixture
-def one_thread():
+def threads():
+    """``torch.set_num_threads`` for the test; the thread count before it is restored afterwards."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def one_thread(threads):
     """One intra-op thread for the test: many small kernels on a shared CPU run faster and steadier so."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    threads(1)

@@ -12,14 +12,6 @@ from comera.tt.contract import low_rank_linear, tt_merge_linear
 
 
 @pytest.fixture
-def threads():
-    """Sets the intra-op thread count for the test and restores it afterwards."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
 def small_blocks(monkeypatch, threads):
     """Blocks of at least 3 rows and 2 threads, so small batches take the blocked route."""
     monkeypatch.setattr(blocked, "MIN_ROWS_PER_BLOCK", 3)
