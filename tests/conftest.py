@@ -61,3 +61,15 @@ def threads():
 def one_thread(threads):
     """One intra-op thread for the test: many small kernels on a shared CPU run faster and steadier so."""
     threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _estimated_choices():
+    """Autotuning off (comera.tt.autotune): every choice comes from the estimates, so a test's bits and
+    routes never depend on the machine's timings; tests of autotuning turn it on themselves."""
+    from comera.tt.autotune import autotune, clear_autotune_cache
+
+    clear_autotune_cache()
+    with autotune(False):
+        yield
+    clear_autotune_cache()

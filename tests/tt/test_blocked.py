@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from comera.tt import blocked
-from comera.tt.blocked import batch_blocks, blocked_batch_sum_mm, blocked_mm_into, single_gemms
+from comera.tt.blocked import blocked_batch_sum_mm, blocked_mm_into, rule_blocks, single_gemms
 from comera.tt.contract import low_rank_linear, tt_merge_linear
 
 
@@ -23,17 +23,17 @@ def test_block_count_follows_threads_and_minimum_rows(monkeypatch, threads):
     cpu = torch.device("cpu")
     threads(2)
     monkeypatch.setattr(blocked, "MAX_WIDTH", 1024)
-    assert [batch_blocks(rows, 768, cpu) for rows in (0, 511, 1023, 1024, 4096, 4097)] == [1, 1, 1, 2, 2, 2]
-    assert [batch_blocks(4096, width, cpu) for width in (1, 1023, 1024, 3072)] == [2, 2, 1, 1]
+    assert [rule_blocks(rows, 768, cpu) for rows in (0, 511, 1023, 1024, 4096, 4097)] == [1, 1, 1, 2, 2, 2]
+    assert [rule_blocks(4096, width, cpu) for width in (1, 1023, 1024, 3072)] == [2, 2, 1, 1]
     threads(1)
-    assert batch_blocks(4096, 768, cpu) == 1
+    assert rule_blocks(4096, 768, cpu) == 1
     threads(2)
-    assert batch_blocks(4096, 768, torch.device("meta")) == 1
+    assert rule_blocks(4096, 768, torch.device("meta")) == 1
     with single_gemms():
         with single_gemms():
-            assert batch_blocks(4096, 768, cpu) == 1
-        assert batch_blocks(4096, 768, cpu) == 1
-    assert batch_blocks(4096, 768, cpu) == 2
+            assert rule_blocks(4096, 768, cpu) == 1
+        assert rule_blocks(4096, 768, cpu) == 1
+    assert rule_blocks(4096, 768, cpu) == 2
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -11,9 +11,11 @@ where ``W`` (``(out_features, in_features)``, as ``nn.Linear.weight``) is repres
 When ``in_shape`` / ``out_shape`` are not given they are chosen by :func:`comera.tt.shapes.auto_modes`: a
 balanced factorisation, padded up when the size folds badly (``in_features=97`` folds as ``98 = 7 x 14``).
 The padded rows of ``W`` multiply zeros and padded outputs are sliced off, so padding never changes results.
-The contraction order (:mod:`comera.tt.paths`) is picked per call from the batch size by the cost model of
-:mod:`comera.tt.costs`, or
-fixed with ``order``.
+The contraction order (:mod:`comera.tt.paths`) is picked per call from the batch size (``order="auto"``,
+the default) or fixed with ``order``. ``"auto"`` asks the cost model of :mod:`comera.tt.costs`; with
+autotuning on (:mod:`comera.tt.autotune`, the default) the first call of each call shape times the orders
+the cost model cannot tell apart on the call's own operands (on detached copies: no gradient reaches the
+parameters, no random number is drawn) and later calls of that shape run the fastest.
 
 Non-finite inputs: rows are independent, so a row holding ``inf`` or ``NaN`` never affects another row.
 Within that row every output entry is non-finite: ``order="dense"`` gives what ``nn.Linear`` gives
@@ -35,17 +37,19 @@ from comera.checks import check_int
 from comera.nn.gated import DEFAULT_RANK, DEFAULT_TAU, GatedTrain, autocast_output, check_float_dtype
 from comera.nn.layer import NameOf, Resolve, register_layer, spec_arguments
 from comera.nn.removed import RemovedLinear
+from comera.tt.autotune import autotune_enabled, size_bucket, tuned
 from comera.tt.cores import core_std, tt_core_shapes, tt_full, ttm_core_shapes, ttm_full
 from comera.tt.costs import (
     ORDERS,
     auto_tt_order,
     auto_ttm_order,
+    contested_orders,
     tt_order_costs,
     ttm_merge_split,
     ttm_order_costs,
 )
 from comera.tt.fp8 import fp8_supported
-from comera.tt.merge import merge_tt_left, merge_tt_right
+from comera.tt.merge import fold_gates, merge_tt_left, merge_tt_right
 from comera.tt.paths import GEMMS, tt_linear, ttm_linear
 from comera.tt.shapes import auto_modes, auto_num_modes, check_modes, resolve_ranks
 from comera.tt.svd import tt_svd, ttm_svd
@@ -143,10 +147,85 @@ class _TrainLinear(GatedTrain):
                 "convert one of them, e.g. layer.to(input.dtype)"
             )
 
-    def _order_for(self, batch: int) -> str:
+    def order_costs(self, batch: int, backward: bool = True) -> dict[str, float]:
+        """Estimated microseconds of each contraction order for ``batch`` rows (:mod:`comera.tt.costs`)."""
         raise NotImplementedError
 
+    def _estimated_order(self, batch: int, backward: bool) -> str:
+        raise NotImplementedError
+
+    def chosen_order(self, input: torch.Tensor) -> str:
+        """The contraction order an ``order="auto"`` call on ``input`` (``(*, in_features)``) runs now, under
+        the current grad mode (measured now if autotuning has not timed this call shape yet)."""
+        return self._order_for(input.reshape(-1, self.in_features))
+
+    def _order_for(self, x: torch.Tensor) -> str:
+        """The order of an ``order="auto"`` call on the 2-D ``x``: the cost model's, or the fastest measured
+        one among those it cannot tell apart (:mod:`comera.tt.autotune`)."""
+        batch, backward = x.shape[0], torch.is_grad_enabled()
+        estimate = self._estimated_order(batch, backward)
+        if not autotune_enabled():
+            return estimate
+        key = (
+            type(self).__name__,
+            size_bucket(batch),
+            self.in_shape,
+            self.out_shape,
+            self.max_ranks,
+            self.bias is not None,
+            getattr(self, "gemm", "fp32"),
+            backward,
+            x.requires_grad,
+            x.dtype,
+            x.device.type,
+            torch.is_autocast_enabled(x.device.type),
+            torch.get_num_threads(),
+        )
+        return tuned(
+            key,
+            lambda: contested_orders(self.order_costs(batch, backward)),
+            estimate,
+            self._trial(x, backward),
+            x.device,
+        )
+
+    def _trial(self, x: torch.Tensor, backward: bool) -> Callable[[str], object]:
+        """A runner of one order on detached copies of ``x`` and the parameters (forward, and with
+        ``backward`` the gradients of every copy the call would differentiate), for
+        :func:`comera.tt.autotune.tuned`; the copies are made at its first run."""
+        made: list[tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor | None]] = []
+
+        def copies():
+            if not made:
+                with torch.no_grad():
+                    cores = [core.detach().requires_grad_(backward) for core in self.core_list()]
+                    gates = [gate.detach().requires_grad_(backward) for gate in self.masked_gates()]
+                    bias = None if self.bias is None else self.bias.detach().requires_grad_(backward)
+                made.append((x.detach().requires_grad_(backward and x.requires_grad), cores, gates, bias))
+            return made[0]
+
+        def run(order: str) -> None:
+            inputs, cores, gates, bias = copies()
+            with torch.set_grad_enabled(backward):
+                out = self._contract_with(inputs, order, cores, gates, bias)
+                if backward:
+                    leaves = [t for t in (inputs, *cores, *gates, bias) if t is not None and t.requires_grad]
+                    torch.autograd.grad(out, leaves, torch.ones_like(out))
+
+        return run
+
     def _contract(self, x: torch.Tensor, order: str) -> torch.Tensor:
+        return self._contract_with(x, order, self.core_list(), self.masked_gates(), self.bias)
+
+    def _contract_with(
+        self,
+        x: torch.Tensor,
+        order: str,
+        cores: list[torch.Tensor],
+        gates: list[torch.Tensor],
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``x @ W + bias`` by ``order`` for the 2-D ``x``, ``W`` given by ``cores`` and masked ``gates``."""
         raise NotImplementedError
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -159,7 +238,7 @@ class _TrainLinear(GatedTrain):
         x = input.reshape(-1, self.in_features)
         if self._serves_from_cache():
             return autocast_output(self._from_cache(x)).reshape(*lead, self.out_features)
-        order = self._order_for(x.shape[0]) if self.order == "auto" else self.order
+        order = self._order_for(x) if self.order == "auto" else self.order
         return autocast_output(self._contract(x, order)).reshape(*lead, self.out_features)
 
     def _serves_from_cache(self) -> bool:
@@ -429,21 +508,12 @@ class TTLinear(_TrainLinear):
         """Estimated microseconds of each contraction order for ``batch`` rows (:mod:`comera.tt.costs`)."""
         return tt_order_costs(batch, self.in_shape, self.out_shape, self.max_ranks, backward)
 
-    def _order_for(self, batch: int) -> str:
-        return auto_tt_order(batch, self.in_shape, self.out_shape, self.max_ranks, torch.is_grad_enabled())
+    def _estimated_order(self, batch: int, backward: bool) -> str:
+        return auto_tt_order(batch, self.in_shape, self.out_shape, self.max_ranks, backward)
 
-    def _contract(self, x: torch.Tensor, order: str) -> torch.Tensor:
-        return tt_linear(
-            x,
-            self.core_list(),
-            len(self.in_shape),
-            self.out_features,
-            self.bias,
-            order,
-            self.gemm,
-            self.workspace,
-            self.masked_gates(),
-        )
+    def _contract_with(self, x, order, cores, gates, bias):
+        num_in = len(self.in_shape)
+        return tt_linear(x, cores, num_in, self.out_features, bias, order, self.gemm, self.workspace, gates)
 
     def _serves_from_cache(self) -> bool:
         return self.serves_from_cache() and self.order in ("auto", "merge") and self.gemm == "fp32"
@@ -528,15 +598,15 @@ class TTMLinear(_TrainLinear):
         """Estimated microseconds of each contraction order for ``batch`` rows (:mod:`comera.tt.costs`)."""
         return ttm_order_costs(batch, self.in_shape, self.out_shape, self.max_ranks, backward)
 
-    def _order_for(self, batch: int) -> str:
-        return auto_ttm_order(batch, self.in_shape, self.out_shape, self.max_ranks, torch.is_grad_enabled())
+    def _estimated_order(self, batch: int, backward: bool) -> str:
+        return auto_ttm_order(batch, self.in_shape, self.out_shape, self.max_ranks, backward)
 
-    def _contract(self, x: torch.Tensor, order: str) -> torch.Tensor:
+    def _contract_with(self, x, order, cores, gates, bias):
         split = None
         if order == "merge":
             backward = torch.is_grad_enabled()
             split = ttm_merge_split(x.shape[0], self.in_shape, self.out_shape, self.max_ranks, backward)
-        return ttm_linear(x, self.gated_cores(), self.out_features, self.bias, order, split, self.workspace)
+        return ttm_linear(x, fold_gates(cores, gates), self.out_features, bias, order, split, self.workspace)
 
     def _dense_padded(self) -> torch.Tensor:
         return ttm_full(self.gated_cores())

@@ -14,11 +14,15 @@ thread's single-threaded GEMM. On a 2-thread Intel Xeon (torch 2.13 CPU build, M
 B = 4096) the 768-wide products took 0.54-0.65 ms blocked against 0.66-0.86 ms as one GEMM, and a 768->768
 layer's forward + backward ran 5.86x faster than ``nn.Linear`` against 5.28x for the same layer with one
 GEMM each; with every width blocked, wider layers lost (1024->4096 12.35x vs 13.86x, 4096->1024 10.53x vs
-12.15x), so only GEMMs whose width ``n`` is below :data:`MAX_WIDTH` are blocked (docs/benchmarks.md, "Row
-blocks for the thin GEMMs"). Below about 512 rows per block the split cost more than it gained, hence
-:data:`MIN_ROWS_PER_BLOCK`. Only CPU tensors are split, and not while ``torch.compile`` traces. These are
-the BLAS's threading choices on one machine, not measured on other CPUs or thread counts, where the rule is
-the same: one block per thread. Inside :func:`single_gemms` every product is one plain GEMM again
+12.15x) (docs/benchmarks.md, "Row blocks for the thin GEMMs"). Below about 512 rows per block the split cost
+more than it gained, hence :data:`MIN_ROWS_PER_BLOCK`.
+
+These are the BLAS's threading choices on one machine, so whether a GEMM is split is measured on the
+machine: with autotuning on (the default, :mod:`comera.tt.autotune`), the first GEMM of each shape times one
+plain GEMM against one block per thread and keeps the faster. Without measuring (autotuning off,
+deterministic algorithms, ``torch.compile``), :func:`rule_blocks` decides from the Xeon's measurements:
+GEMMs whose width ``n`` is below :data:`MAX_WIDTH` are split. Only CPU tensors are split, and not while
+``torch.compile`` traces. Inside :func:`single_gemms` every product is one plain GEMM again
 (``comera bench layers`` times both).
 
 Index legend:
@@ -30,15 +34,18 @@ Index legend:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+
+from comera.tt.autotune import size_bucket, tuned
 
 __all__ = [
     "MAX_WIDTH",
     "MIN_ROWS_PER_BLOCK",
     "batch_blocks",
+    "rule_blocks",
     "blocked_mm_into",
     "blocked_batch_sum_mm",
     "single_gemms",
@@ -64,26 +71,41 @@ def single_gemms() -> Iterator[None]:
         _single_gemm_depth -= 1
 
 
-def batch_blocks(rows: int, width: int, device: torch.device) -> int:
-    """How many equal row blocks a GEMM over a batch of ``rows`` and a feature width ``width`` is cut into:
-    one per intra-op thread, each at least :data:`MIN_ROWS_PER_BLOCK` rows, for widths below
-    :data:`MAX_WIDTH`, on CPU only and not while ``torch.compile`` traces (the compiler picks its own
-    kernels); 1 means one plain GEMM."""
-    if device.type != "cpu" or _single_gemm_depth or width >= MAX_WIDTH or rows < 2 * MIN_ROWS_PER_BLOCK:
+def rule_blocks(rows: int, width: int, device: torch.device) -> int:
+    """The estimate: how many equal row blocks a GEMM over a batch of ``rows`` and a feature width ``width``
+    is cut into without measuring: one per intra-op thread, each at least :data:`MIN_ROWS_PER_BLOCK` rows,
+    for widths below :data:`MAX_WIDTH`, on CPU only and not while ``torch.compile`` traces (the compiler
+    picks its own kernels); 1 means one plain GEMM."""
+    if device.type != "cpu" or _single_gemm_depth or rows < 2 * MIN_ROWS_PER_BLOCK:
         return 1
     if torch.compiler.is_compiling():
         return 1
-    return min(torch.get_num_threads(), rows // MIN_ROWS_PER_BLOCK)
+    return min(torch.get_num_threads(), rows // MIN_ROWS_PER_BLOCK) if width < MAX_WIDTH else 1
 
 
-def blocked_mm_into(first: torch.Tensor, second: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out = first @ second`` for ``first`` ``(B, k)``, ``second`` ``(k, n)``, contiguous ``out``
-    ``(B, n)``, computed block of rows by block of rows in one batched GEMM (``s b k, s k n -> s b n``, the
-    same ``second`` for every block); rows past the last whole block by a plain GEMM. Returns ``out``."""
-    rows = first.shape[0]
-    blocks = batch_blocks(rows, second.shape[1], first.device)
+def batch_blocks(kind: str, first: torch.Tensor, second: torch.Tensor, run: Callable[[int], object]) -> int:
+    """How many row blocks this call's GEMM runs in: :func:`rule_blocks`'s estimate, or, with autotuning on
+    (:mod:`comera.tt.autotune`) and a split possible, the faster of one GEMM and one block per thread,
+    measured with ``run(blocks)`` at the first call of the shape (``kind``, the batch's power-of-two range,
+    the other dimensions, the thread count, the dtype)."""
+    rows, width = (first.shape[0], second.shape[1]) if kind == "rows" else (second.shape[0], second.shape[1])
+    inner = first.shape[1] if kind == "rows" else first.shape[0]
+    estimate = rule_blocks(rows, width, first.device)
+    if first.device.type != "cpu" or _single_gemm_depth or torch.compiler.is_compiling():
+        return estimate
+    threads = torch.get_num_threads()
+    split = min(threads, rows // MIN_ROWS_PER_BLOCK)
+    if split < 2:
+        return estimate
+    key = ("blocked", kind, size_bucket(rows), inner, width, threads, first.dtype)
+    return tuned(key, lambda: (1, split), estimate, run, first.device)
+
+
+def _mm_into_blocks(first: torch.Tensor, second: torch.Tensor, out: torch.Tensor, blocks: int) -> None:
     if blocks == 1:
-        return torch.mm(first, second, out=out)
+        torch.mm(first, second, out=out)
+        return
+    rows = first.shape[0]
     size = rows // blocks
     whole = size * blocks
     torch.bmm(
@@ -93,18 +115,22 @@ def blocked_mm_into(first: torch.Tensor, second: torch.Tensor, out: torch.Tensor
     )
     if whole < rows:
         torch.mm(first[whole:], second, out=out[whole:])
+
+
+def blocked_mm_into(first: torch.Tensor, second: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out = first @ second`` for ``first`` ``(B, k)``, ``second`` ``(k, n)``, contiguous ``out``
+    ``(B, n)``, computed block of rows by block of rows in one batched GEMM (``s b k, s k n -> s b n``, the
+    same ``second`` for every block; :func:`batch_blocks` says how many); rows past the last whole block by
+    a plain GEMM. Returns ``out``."""
+    blocks = batch_blocks("rows", first, second, lambda count: _mm_into_blocks(first, second, out, count))
+    _mm_into_blocks(first, second, out, blocks)
     return out
 
 
-def blocked_batch_sum_mm(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-    """``first @ second`` for ``first`` ``(k, B)`` and ``second`` ``(B, n)``, the batch ``B`` being the
-    summed dimension: one partial product per block of batch rows in one batched GEMM
-    (``s k b, s b n -> s k n``), then their sum over ``s``; rows past the last whole block are added by a
-    plain GEMM. Returns a new ``(k, n)`` tensor."""
-    rows = second.shape[0]
-    blocks = batch_blocks(rows, second.shape[1], second.device)
+def _batch_sum_blocks(first: torch.Tensor, second: torch.Tensor, blocks: int) -> torch.Tensor:
     if blocks == 1:
         return first @ second
+    rows = second.shape[0]
     size = rows // blocks
     whole = size * blocks
     partials = torch.bmm(
@@ -115,3 +141,12 @@ def blocked_batch_sum_mm(first: torch.Tensor, second: torch.Tensor) -> torch.Ten
     if whole < rows:
         total.addmm_(first[:, whole:], second[whole:])
     return total
+
+
+def blocked_batch_sum_mm(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """``first @ second`` for ``first`` ``(k, B)`` and ``second`` ``(B, n)``, the batch ``B`` being the
+    summed dimension: one partial product per block of batch rows in one batched GEMM
+    (``s k b, s b n -> s k n``; :func:`batch_blocks` says how many blocks), then their sum over ``s``; rows
+    past the last whole block are added by a plain GEMM. Returns a new ``(k, n)`` tensor."""
+    blocks = batch_blocks("summed", first, second, lambda count: _batch_sum_blocks(first, second, count))
+    return _batch_sum_blocks(first, second, blocks)

@@ -36,10 +36,8 @@ from torch.autograd.function import once_differentiable
 from comera.tt.blocked import blocked_batch_sum_mm, blocked_mm_into
 from comera.tt.merge import (
     fold_gates,
-    merge_tt_left,
     merge_tt_left_backward,
     merge_tt_left_steps,
-    merge_tt_right,
     merge_tt_right_backward,
     merge_tt_right_steps,
 )
@@ -168,19 +166,36 @@ def low_rank_linear(
     return _LowRankLinear.apply(x, left, right, bias, workspace)
 
 
+def keeps_merges(input_elements: int, merges: Sequence[torch.Tensor]) -> bool:
+    """Whether the merge order keeps its folded cores and partial merges for the backward instead of
+    merging again there: when they hold no more elements than the input ``X`` (``input_elements``), which a
+    linear layer keeps anyway, so the kept memory at most doubles the layer's. Large batches keep them (the
+    merges are then tiny next to ``X``), a handful of rows merges again (the merges would dominate)."""
+    return sum(merge.numel() for merge in merges) <= input_elements
+
+
 class _TTMergeLinear(torch.autograd.Function):
-    """``Y = (X @ L) @ R + bias``; ``L``, ``R`` merged from gated TT cores here and again in the backward."""
+    """``Y = (X @ L) @ R + bias``; ``L``, ``R`` merged from gated TT cores here, and kept for the backward
+    only while they are small next to ``X`` (:func:`keeps_merges`), merged again there otherwise."""
 
     @staticmethod
     def forward(ctx, x, bias, workspace, num_in_cores, out_features, num_cores, *cores_and_gates):
         _record_autocast(ctx, x)
         ctx.workspace = workspace
         ctx.num_in_cores, ctx.out_features, ctx.num_cores = num_in_cores, out_features, num_cores
+        ctx.num_gates = len(cores_and_gates) - num_cores
         cores = fold_gates(cores_and_gates[:num_cores], cores_and_gates[num_cores:])
-        left = merge_tt_left(cores[:num_in_cores])[: x.shape[1]]
-        right = merge_tt_right(cores[num_in_cores:])[:, :out_features]
+        left_steps = merge_tt_left_steps(cores[:num_in_cores])
+        right_steps = merge_tt_right_steps(cores[num_in_cores:])
+        left = left_steps[-1][: x.shape[1]]
+        right = right_steps[-1][:, :out_features]
         out, inner = _low_rank_forward(ctx, x, left, right, bias)
-        ctx.save_for_backward(x, inner, *cores_and_gates)
+        ctx.kept_steps = keeps_merges(x.numel(), [*left_steps, *right_steps, *cores])
+        if ctx.kept_steps:
+            ctx.num_left_steps = len(left_steps)
+            ctx.save_for_backward(x, inner, *cores_and_gates, *cores, *left_steps, *right_steps)
+        else:
+            ctx.save_for_backward(x, inner, *cores_and_gates)
         return out
 
     @staticmethod
@@ -189,13 +204,29 @@ class _TTMergeLinear(torch.autograd.Function):
         return _in_autocast_replay(ctx, _TTMergeLinear._backward, grad_out)
 
     @staticmethod
-    def _backward(ctx, grad_out):
-        x, inner, *cores_and_gates = ctx.saved_tensors
+    def _saved_merges(ctx, saved):
+        """``(cores_and_gates, folded cores, left steps, right steps)`` from the saved tensors, merging again
+        what the forward did not keep."""
         num_in, num_cores = ctx.num_in_cores, ctx.num_cores
+        cores_and_gates = saved[: num_cores + ctx.num_gates]
+        if not ctx.kept_steps:
+            cores = fold_gates(cores_and_gates[:num_cores], cores_and_gates[num_cores:])
+            left_steps, right_steps = (
+                merge_tt_left_steps(cores[:num_in]),
+                merge_tt_right_steps(cores[num_in:]),
+            )
+            return cores_and_gates, cores, left_steps, right_steps
+        rest = saved[num_cores + ctx.num_gates :]
+        cores, steps = rest[:num_cores], rest[num_cores:]
+        return cores_and_gates, cores, steps[: ctx.num_left_steps], steps[ctx.num_left_steps :]
+
+    @staticmethod
+    def _backward(ctx, grad_out):
+        x, inner, *saved = ctx.saved_tensors
+        num_in, num_cores = ctx.num_in_cores, ctx.num_cores
+        cores_and_gates, cores, left_steps, right_steps = _TTMergeLinear._saved_merges(ctx, saved)
         raw_cores, gates = cores_and_gates[:num_cores], cores_and_gates[num_cores:]
-        cores = fold_gates(raw_cores, gates)
         left_cores, right_cores = cores[:num_in], cores[num_in:]
-        left_steps, right_steps = merge_tt_left_steps(left_cores), merge_tt_right_steps(right_cores)
         left = left_steps[-1][: x.shape[1]]
         right = right_steps[-1][:, : ctx.out_features]
         needs_x, needs_bias = ctx.needs_input_grad[:2]

@@ -36,6 +36,8 @@ __all__ = [
     "ttm_order_costs",
     "ttm_best_split",
     "choose_order",
+    "CONTESTED_MARGIN",
+    "contested_orders",
     "auto_tt_order",
     "auto_ttm_order",
     "ttm_merge_split",
@@ -362,6 +364,21 @@ def ttm_order_costs(
     if len(row_modes) > 1:
         costs["merge"] = ttm_best_split(batch, row_modes, col_modes, ranks, backward, model)[1]
     return costs
+
+
+CONTESTED_MARGIN = 4.0
+"""Orders estimated at most this many times slower than the cheapest are measured by autotuning
+(:func:`contested_orders`): the estimate's machine constants come from one CPU, and overheads it does not
+model dominate small calls."""
+
+
+def contested_orders(costs: dict[str, float], margin: float = CONTESTED_MARGIN) -> tuple[str, ...]:
+    """The orders of ``costs`` whose estimate is within ``margin`` times the cheapest, in :data:`ORDERS`
+    order: the ones the estimate cannot tell apart on an unknown machine."""
+    if not costs:
+        raise ValueError(f"costs must name at least one of {ORDERS}, got none")
+    cheapest = min(costs.values())
+    return tuple(name for name in ORDERS if name in costs and costs[name] <= margin * cheapest)
 
 
 def choose_order(costs: dict[str, float]) -> str:

@@ -1,0 +1,169 @@
+"""Choices measured on the machine at first use and cached per call shape (as cuDNN's benchmark mode does).
+
+Which contraction order a TT/TTM layer runs (:mod:`comera.tt.costs`) and whether a thin batch-sized GEMM
+runs by blocks of rows (:mod:`comera.tt.blocked`) depend on the CPU: its BLAS, its vector units, its
+caches and how the BLAS threads a given shape. The cost model and the blocking rule are estimates made on
+one machine. With autotuning on (the default), the first call of each distinct call shape times the
+alternatives the estimate cannot tell apart, with the call's own operands, and every later call of that
+shape reuses the fastest one; the estimate alone decides when autotuning is off.
+
+What autotuning never does:
+
+- measure while ``torch.compile`` traces or a CUDA graph is captured: the estimate decides there, so a
+  compiled graph is the same in every process and on every machine;
+- measure when ``torch.use_deterministic_algorithms(True)`` is set, or after :func:`set_autotune` ``(False)``
+  or with the environment variable ``COMERA_AUTOTUNE=0``: the estimate decides, so two processes make the
+  same choices and give the same bits;
+- draw random numbers (the global RNG state is untouched) or touch a parameter's ``.grad``.
+
+Every alternative computes the same product; they differ in rounding only. A process that measures can
+therefore pick another alternative than a process that does not, or than one on a busier machine, and its
+results then differ in the last bits: use one of the switches above where runs must match bit for bit.
+
+Cache keys are built by the callers from the call shape; batch-sized dimensions enter as
+:func:`size_bucket` (the power-of-two range they fall in), so a run whose batch varies from step to step
+(sequences of varying length) measures once per range, not once per batch. Timing on GPUs synchronises the
+device around each run (written for CUDA, not yet run on a GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TypeVar
+
+import torch
+
+__all__ = [
+    "ENVIRONMENT_VARIABLE",
+    "REPEATS",
+    "autotune",
+    "autotune_cache",
+    "autotune_enabled",
+    "clear_autotune_cache",
+    "set_autotune",
+    "size_bucket",
+    "tuned",
+]
+
+Choice = TypeVar("Choice", bound=Hashable)
+
+ENVIRONMENT_VARIABLE = "COMERA_AUTOTUNE"
+"""``COMERA_AUTOTUNE=0`` in the environment turns autotuning off for the process."""
+
+REPEATS = 3
+"""Timed rounds per alternative (after one warm-up round); the median of each decides."""
+
+_switch = {"enabled": os.environ.get(ENVIRONMENT_VARIABLE, "1").strip() != "0"}
+_cache: dict[Hashable, Hashable] = {}
+
+
+def set_autotune(enabled: bool) -> None:
+    """Turn autotuning on or off for the process; while it is off the estimates decide (choices already
+    measured stay cached and are used again when it is turned back on)."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    _switch["enabled"] = enabled
+
+
+@contextmanager
+def autotune(enabled: bool) -> Iterator[None]:
+    """Autotuning on or off within the block; the setting before it is restored afterwards."""
+    before = _switch["enabled"]
+    set_autotune(enabled)
+    try:
+        yield
+    finally:
+        _switch["enabled"] = before
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def autotune_enabled() -> bool:
+    """Whether a call now may measure: the switch is on, deterministic algorithms are not requested, and
+    neither ``torch.compile`` tracing nor a CUDA-graph capture is in progress."""
+    return (
+        _switch["enabled"]
+        and not torch.are_deterministic_algorithms_enabled()
+        and not torch.compiler.is_compiling()
+        and not _capturing()
+    )
+
+
+def autotune_cache() -> dict[Hashable, Hashable]:
+    """A copy of the measured choices: cache key -> the fastest alternative."""
+    return dict(_cache)
+
+
+def clear_autotune_cache() -> None:
+    """Forget every measured choice (the next call of each shape measures again)."""
+    _cache.clear()
+
+
+def size_bucket(size: int) -> int:
+    """The power-of-two range ``[2^(k-1), 2^k)`` that ``size`` falls in, as ``k`` (0 for 0)."""
+    return int(size).bit_length()
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_seconds(
+    candidates: Sequence[Choice], run: Callable[[Choice], object], device: torch.device
+) -> dict[Choice, float]:
+    """Each candidate run once to warm up, then :data:`REPEATS` rounds of all of them in turn (round-robin,
+    so a change of machine load hits every candidate alike); the median seconds of each."""
+    for candidate in candidates:
+        run(candidate)
+    times: dict[Choice, list[float]] = {candidate: [] for candidate in candidates}
+    for _ in range(REPEATS):
+        for candidate in candidates:
+            _synchronize(device)
+            start = time.perf_counter()
+            run(candidate)
+            _synchronize(device)
+            times[candidate].append(time.perf_counter() - start)
+    return {candidate: statistics.median(measured) for candidate, measured in times.items()}
+
+
+def tuned(
+    key: Hashable,
+    candidates: Callable[[], Sequence[Choice]],
+    default: Choice,
+    run: Callable[[Choice], object],
+    device: torch.device,
+) -> Choice:
+    """The fastest of ``candidates`` for the call shape ``key``, measured at its first call.
+
+    Args:
+        key: the call shape (hashable); the choice is cached under it.
+        candidates: returns the alternatives worth measuring (``default`` among them or not); called only
+            when ``key`` has no cached choice yet.
+        default: the estimate's choice, returned whenever nothing is measured.
+        run: runs one alternative once on the call's operands (its result is discarded).
+        device: where ``run`` computes (synchronised around each timing on GPUs).
+
+    Returns:
+        ``default`` while autotuning is off or cannot measure (module docstring); else the choice cached for
+        ``key``, made now if there is none: ``default`` for fewer than two candidates, else the candidate of
+        smallest median time.
+    """
+    if not autotune_enabled():
+        return default
+    if key in _cache:
+        return _cache[key]  # type: ignore[return-value]
+    candidates = tuple(candidates())
+    if len(candidates) < 2:
+        _cache[key] = default
+        return default
+    medians = _median_seconds(candidates, run, device)
+    best = min(candidates, key=medians.__getitem__)
+    _cache[key] = best
+    return best
