@@ -46,7 +46,7 @@ def test_smoke_run_writes_results_with_exact_masked_lm_metrics(tmp_path, cache, 
     data = build_code_data(
         FOLDER, cache_dir=tmp_path, seq_len=32, vocab_size=300, extensions=[".src"], validation_fraction=0.25
     )
-    loss_sum, correct, count = 0.0, 0, 0
+    loss_sum, correct, count, near_ties = 0.0, 0, 0, 0
     with torch.no_grad():
         for index in range(len(data.validation)):
             batch = data.collator([data.validation[index]])
@@ -56,10 +56,15 @@ def test_smoke_run_writes_results_with_exact_masked_lm_metrics(tmp_path, cache, 
             output = model(**batch)
             loss_sum += float(output.loss) * masked
             chosen = batch["labels"] != -100
-            correct += int((output.logits[chosen].argmax(-1) == batch["labels"][chosen]).sum())
+            logits = output.logits[chosen]
+            correct += int((logits.argmax(-1) == batch["labels"][chosen]).sum())
+            top_two = logits.topk(2, dim=-1).values
+            near_ties += int((top_two[:, 0] - top_two[:, 1] < 1e-4).sum())
             count += masked
     assert math.isclose(metrics["mlm_loss"], loss_sum / count, rel_tol=1e-5)
-    assert metrics["mlm_accuracy"] == correct / count
+    # the run batched the blocks, this loop takes one at a time: the logits agree to rounding, so exactly
+    # the same tokens are right unless two top logits are within rounding of each other (none, in practice)
+    assert abs(round(metrics["mlm_accuracy"] * count) - correct) <= near_ties
 
 
 def test_evaluator_merges_shards_into_the_whole_split_values():

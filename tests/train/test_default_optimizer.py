@@ -1,8 +1,9 @@
 """The Trainer's default AdamW: PyTorch's fused kernel where the parameters allow it, same updates."""
 
 import torch
-from tiny import make_model
+from tiny import implementation, loss_fn, make_data, make_model, trainer_optimizer
 
+from comera.train import Trainer
 from comera.train.config import TrainConfig
 from comera.train.objective import CoMERAObjective
 from comera.train.setup import default_optimizer, fusable
@@ -37,3 +38,26 @@ def test_parameters_the_kernel_cannot_take_fall_back_to_the_default():
     on_meta = torch.nn.Parameter(torch.empty(3, device="meta"))
     assert not fusable([on_meta])
     assert fusable([torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))])
+
+
+def settings(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Every param group's options and parameter shapes."""
+    return [
+        {
+            **{key: value for key, value in group.items() if key != "params"},
+            "shapes": [p.shape for p in group["params"]],
+        }
+        for group in optimizer.param_groups
+    ]
+
+
+def test_reference_loops_step_with_the_very_optimizer_the_trainer_builds():
+    """The hand-written loops that tests compare with a Trainer bit for bit build their optimizer with
+    ``tiny.trainer_optimizer``: it must be the Trainer's default in class, groups, rates and implementation
+    (two AdamW implementations agree only to rounding, by an amount that depends on the CPU)."""
+    config = TrainConfig(lr_cores=2e-3, lr_gates=3e-2, lr_other=4e-3, weight_decay=0.05)
+    trainer = Trainer(make_model(), loss_fn, make_data(), config=config)
+    reference = trainer_optimizer(make_model(), config)
+    assert type(reference) is type(trainer.optimizer)
+    assert implementation(reference) == implementation(trainer.optimizer)
+    assert settings(reference) == settings(trainer.optimizer)

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from tiny import loss_fn, make_data, make_model, parameters_of
+from tiny import loss_fn, make_data, make_model, parameters_of, trainer_optimizer
 
-from comera import RankAdaptation, param_groups
+from comera import RankAdaptation
 from comera.train import NonFiniteError, TrainConfig, Trainer, read_metrics
 
 RATES = {"lr_cores": 1e-3, "lr_gates": 1e-2, "lr_other": 1e-3}
@@ -32,12 +32,13 @@ class Poisoned:
         return loss + torch.sqrt(weight - weight.detach()).sum()  # value 0, gradient +inf
 
 
-def reference_skipping(bad_calls, steps, batch_size=8):
+def reference_skipping(bad_calls, steps, config):
     """Hand-written loop that runs the forward of a bad step (same dropout draws) and applies nothing."""
     model = make_model()
     torch.manual_seed(0)
     rank = RankAdaptation(model)
-    optimizer = torch.optim.AdamW(param_groups(model, **RATES))
+    optimizer = trainer_optimizer(model, config)
+    batch_size = config.batch_size
     inputs, labels = make_data().tensors
     batches = [
         (inputs[i : i + batch_size], labels[i : i + batch_size]) for i in range(0, len(inputs), batch_size)
@@ -69,7 +70,7 @@ def test_non_finite_steps_are_skipped_and_counted(kind, tmp_path, capsys):
     model = make_model()
     trainer = Trainer(model, Poisoned(bad, kind), make_data(), config=config)
     result = trainer.fit()
-    expected, expected_rank = reference_skipping(bad, 12)
+    expected, expected_rank = reference_skipping(bad, 12, config)
     assert result.nonfinite == 2 and result.rollbacks == 0
     got, want = parameters_of(model), parameters_of(expected)
     for name in want:

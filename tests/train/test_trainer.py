@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from tiny import accuracy_fn, loss_fn, make_data, make_model, parameters_of
+from tiny import accuracy_fn, loss_fn, make_data, make_model, parameters_of, trainer_optimizer
 from torch import nn
 
 import comera.train.trainer as trainer_module
-from comera import RankAdaptation, param_groups, prune_
+from comera import RankAdaptation, prune_
 from comera.nn.gated import DEFAULT_TAU
 from comera.train import TrainConfig, Trainer, read_metrics
 from comera.train.objective import CoMERAObjective
@@ -19,10 +19,7 @@ def reference_run(config: TrainConfig, batches: list, epochs_early: int, epochs_
     model = make_model()
     torch.manual_seed(config.seed)
     rank = RankAdaptation(model, gamma=config.gamma, tau=DEFAULT_TAU, surrogate=config.surrogate)
-    optimizer = torch.optim.AdamW(  # fused, as the Trainer's default optimizer on CPU
-        param_groups(model, lr_cores=config.lr_cores, lr_gates=config.lr_gates, lr_other=config.lr_other),
-        fused=True,
-    )
+    optimizer = trainer_optimizer(model, config)
     step = 0
     for epoch in range(epochs_early + epochs_late):
         if epoch == epochs_early:

@@ -8,13 +8,14 @@ switch, after a resume and after a rollback. One test trains on a real CUDA grap
 
 import pytest
 import torch
-from tiny import loss_fn, make_data, make_model, parameters_of
+from tiny import implementation, loss_fn, make_data, make_model, parameters_of
 from torch import nn
 
 import comera.train.setup as train_setup
 import comera.train.trainer as trainer_module
 from comera.train import NonFiniteError, TrainConfig, Trainer, read_metrics
 from comera.train.guard import total_grad_norm
+from comera.train.setup import default_optimizer
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
@@ -24,13 +25,16 @@ class RecordingGraphStep:
 
     Like a replay, a step overwrites the gradients (they are not set to None afterwards) and undoes the loss
     average of a non-finite step. ``invalidate`` records ``(steps so far, stage, ranks of the first layer)``.
-    CPU cannot step a capturable AdamW, so ``capturable`` is switched off for the duration of each step.
+    CPU cannot step a capturable AdamW, so for the duration of each step the optimizer takes the
+    implementation flags of the eager Trainer's default optimizer: both runs then step with the same kernel
+    and their parameters can be compared bit for bit on any CPU.
     """
 
     def __init__(self, model, loss, optimizer, rank, **options):
         self.model, self.loss, self.optimizer, self.rank, self.options = model, loss, optimizer, rank, options
         self.steps = 0
         self.invalidations = []
+        self.eager_implementation = implementation(default_optimizer(rank, TrainConfig()))
 
     def step(self, batch):
         self.steps += 1
@@ -45,14 +49,17 @@ class RecordingGraphStep:
         if finite:
             if self.options["grad_clip"] is not None:
                 torch.nn.utils.clip_grads_with_norm_(params, self.options["grad_clip"], norm)
-            for group in self.optimizer.param_groups:
-                group["capturable"] = False
+            graph_implementation = implementation(self.optimizer)
+            self._set_implementation(self.eager_implementation)
             self.optimizer.step()
-            for group in self.optimizer.param_groups:
-                group["capturable"] = True
+            self._set_implementation(graph_implementation)
         else:
             self.rank.restore(saved)
         return torch.stack([task.detach().float(), objective.detach().float(), norm.float(), finite.float()])
+
+    def _set_implementation(self, flags):
+        for group, group_flags in zip(self.optimizer.param_groups, flags, strict=True):
+            group.update(group_flags)
 
     def invalidate(self):
         self.invalidations.append((self.steps, self.rank.stage, self.model[0].max_ranks))

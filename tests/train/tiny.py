@@ -7,6 +7,9 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from comera import TTLinear, TTMLinear
+from comera.train.config import TrainConfig
+from comera.train.objective import CoMERAObjective
+from comera.train.setup import default_optimizer
 
 FEATURES = 12
 CLASSES = 3
@@ -54,6 +57,23 @@ def accuracy_fn(model: nn.Module, batch) -> dict[str, float]:
         "loss": float(nn.functional.cross_entropy(logits, labels)),
         "accuracy": float((logits.argmax(dim=1) == labels).float().mean()),
     }
+
+
+IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable")
+"""The ``torch.optim`` options that pick which kernels an optimizer step runs."""
+
+
+def trainer_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """The optimizer a ``Trainer`` with ``config`` builds by default for ``model``: same class, groups, rates
+    and implementation (:func:`comera.train.setup.default_optimizer`). A hand-written reference loop that
+    compares parameters bit for bit with a Trainer run steps with it: PyTorch's AdamW implementations
+    (fused, foreach, single-tensor) agree only to rounding, and by how much depends on the CPU."""
+    return default_optimizer(CoMERAObjective(model), config)
+
+
+def implementation(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Every param group's :data:`IMPLEMENTATION_FLAGS`."""
+    return [{flag: group[flag] for flag in IMPLEMENTATION_FLAGS} for group in optimizer.param_groups]
 
 
 def parameters_of(model: nn.Module) -> dict[str, torch.Tensor]:
