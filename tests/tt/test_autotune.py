@@ -200,7 +200,7 @@ def test_real_measurement_gives_correct_results(tuning):
     x = torch.randn(33, 64, requires_grad=True)
     out = layer(x)
     keys = [key for key in autotune_cache() if key[0] == "TTLinear"]
-    contested = contested_orders(layer.order_costs(33, True))
+    contested = layer._candidate_orders(33, True)
     if len(contested) > 1:
         assert len(keys) == 1 and autotune_cache()[keys[0]] in contested
     reference = x.double() @ layer.double().to_dense().T + layer.bias.double()
@@ -243,3 +243,32 @@ def test_blocked_gemm_split_is_measured(tuning, monkeypatch, threads):
         calls.clear()
         blocked.blocked_mm_into(first, second, torch.empty(40, 2000))
         assert not calls  # the rule again
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_factors_order_gradcheck_against_merge(with_bias):
+    """The plain-autograd run of the merge order: gradcheck, and equal to the merge-first function."""
+    from comera.tt.paths import FACTORS, tt_linear
+
+    cores = [
+        torch.randn(1, 2, 3, dtype=torch.float64, requires_grad=True),
+        torch.randn(3, 3, 2, dtype=torch.float64, requires_grad=True),
+        torch.randn(2, 5, 1, dtype=torch.float64, requires_grad=True),
+    ]
+    gates = [torch.rand(3, dtype=torch.float64, requires_grad=True) + 0.5]
+    x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)  # 5 of the 6 padded input entries
+    bias = torch.randn(4, dtype=torch.float64, requires_grad=True) if with_bias else None
+
+    def factors(x, bias, *tensors):
+        return tt_linear(x, tensors[:3], 2, 4, bias, order=FACTORS, gates=tensors[3:])
+
+    assert torch.autograd.gradcheck(factors, (x, bias, *cores, *gates))
+    merged = tt_linear(x, cores, 2, 4, bias, order="merge", gates=gates)
+    torch.testing.assert_close(factors(x, bias, *cores, *gates), merged, rtol=1e-12, atol=1e-12)
+
+
+def test_tt_candidates_add_factors_beside_merge():
+    layer = TTLinear(768, 768, rank=30)
+    candidates = layer._candidate_orders(4096, True)
+    assert "merge" in candidates and candidates[-1] == "factors"
+    assert "factors" not in TTMLinear(768, 768, rank=30)._candidate_orders(4096, True)

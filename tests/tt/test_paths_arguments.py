@@ -70,9 +70,10 @@ def test_ttm_linear_refuses_a_split_outside_the_bonds():
 def test_unknown_order_and_gemm_are_refused_by_name():
     cores = _tt_cores()
     x = torch.zeros(1, 6, dtype=torch.float64)
-    message = "order must be one of ('merge', 'sequential', 'dense'), got 'fast'"
+    message = "order must be one of ('merge', 'sequential', 'dense', 'factors'), got 'fast'"
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         tt_linear(x, cores, 2, 8, None, order="fast")
+    message = "order must be one of ('merge', 'sequential', 'dense'), got 'fast'"
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         ttm_linear(x, _ttm_cores((2, 3), (3, 2), (2,)), 6, None, order="fast")
     message = "gemm must be one of ('fp32', 'fp8'), got 'int8'"

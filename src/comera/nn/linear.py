@@ -50,7 +50,7 @@ from comera.tt.costs import (
 )
 from comera.tt.fp8 import fp8_supported
 from comera.tt.merge import fold_gates, merge_tt_left, merge_tt_right
-from comera.tt.paths import GEMMS, tt_linear, ttm_linear
+from comera.tt.paths import FACTORS, GEMMS, tt_linear, ttm_linear
 from comera.tt.shapes import auto_modes, auto_num_modes, check_modes, resolve_ranks
 from comera.tt.svd import tt_svd, ttm_svd
 from comera.tt.workspace import Workspace
@@ -183,11 +183,15 @@ class _TrainLinear(GatedTrain):
         )
         return tuned(
             key,
-            lambda: contested_orders(self.order_costs(batch, backward)),
+            lambda: self._candidate_orders(batch, backward),
             estimate,
             self._trial(x, backward),
             x.device,
         )
+
+    def _candidate_orders(self, batch: int, backward: bool) -> tuple[str, ...]:
+        """The orders autotuning measures for ``batch`` rows: those the cost model cannot tell apart."""
+        return contested_orders(self.order_costs(batch, backward))
 
     def _trial(self, x: torch.Tensor, backward: bool) -> Callable[[str], object]:
         """A runner of one order on detached copies of ``x`` and the parameters (forward, and with
@@ -510,6 +514,13 @@ class TTLinear(_TrainLinear):
 
     def _estimated_order(self, batch: int, backward: bool) -> str:
         return auto_tt_order(batch, self.in_shape, self.out_shape, self.max_ranks, backward)
+
+    def _candidate_orders(self, batch: int, backward: bool) -> tuple[str, ...]:
+        """The contested orders, and :data:`comera.tt.paths.FACTORS` beside ``"merge"`` (fp32 GEMMs)."""
+        contested = super()._candidate_orders(batch, backward)
+        if "merge" in contested and self.gemm == "fp32":
+            return (*contested, FACTORS)
+        return contested
 
     def _contract_with(self, x, order, cores, gates, bias):
         num_in = len(self.in_shape)

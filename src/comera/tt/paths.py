@@ -8,7 +8,9 @@ Three orders compute the same ``y = x W + b`` (``W`` is ``in x out``, folded row
   which can win for a handful of rows.
 - ``"dense"``: rebuild ``W`` and do one GEMM. Wins only when the ranks are close to full.
 
-Which order a call uses is decided by the cost model in :mod:`comera.tt.costs`.
+Which order a call uses is decided by the cost model in :mod:`comera.tt.costs`, or measured
+(:mod:`comera.tt.autotune`). For TT layers autotuning also measures :data:`FACTORS`, the ``"merge"`` order
+run by plain autograd ops.
 
 Index legend (einsum strings):
     b      batch rows
@@ -39,16 +41,24 @@ from comera.tt.merge import (
 from comera.tt.padded import padded_rows_linear
 from comera.tt.workspace import Workspace
 
-__all__ = ["GEMMS", "tt_linear", "ttm_linear"]
+__all__ = ["FACTORS", "GEMMS", "tt_linear", "ttm_linear"]
+
+FACTORS = "factors"
+"""The ``"merge"`` order of a TT layer run by plain autograd ops: ``L`` and ``R`` merged from the gated cores
+by differentiable products (autograd keeps the partial merges for the backward), then ``addmm(b, X L, R)``.
+It runs the same products as the merge-first custom function (:func:`comera.tt.contract.tt_merge_linear`)
+with fewer Python-side steps but none of its batch-sized savings (fused bias gradient, blocked GEMMs,
+recycled outputs), so it can win for small batches, where per-op overhead dominates; the cost model does
+not tell the two apart, so only autotuning picks it."""
 
 GEMMS = ("fp32", "fp8")
 """Number formats of the merge order's batch-sized GEMMs: the input dtype, or FP8 with per-tensor scales
 (:mod:`comera.tt.fp8`). The other orders always run in the input dtype."""
 
 
-def _check_order(order: str) -> None:
-    if order not in ORDERS:
-        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+def _check_order(order: str, extra: tuple[str, ...] = ()) -> None:
+    if order not in ORDERS + extra:
+        raise ValueError(f"order must be one of {ORDERS + extra}, got {order!r}")
 
 
 def _pad_columns(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -103,7 +113,7 @@ def tt_linear(
         num_in_cores: how many leading cores carry input modes (``1 <= d < len(cores)``).
         out_features: output columns kept (the product of the output modes may be larger).
         bias: ``(out_features,)`` or None.
-        order: one of :data:`ORDERS`.
+        order: one of :data:`ORDERS`, or :data:`FACTORS`.
         gemm: one of :data:`GEMMS`; ``"fp8"`` affects the ``"merge"`` order only.
         workspace: scratch buffers of the ``"merge"`` order's backward, reused across calls.
         gates: at most ``len(cores) - 1`` bond gates; gate ``k`` scales the right-rank axis of core ``k``
@@ -112,13 +122,17 @@ def tt_linear(
     Returns:
         ``(B, out_features)``.
     """
-    _check_order(order)
+    _check_order(order, (FACTORS,))
     if gemm not in GEMMS:
         raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
     in_features = x.shape[1]
     if order == "merge" and gemm == "fp32":
         return tt_merge_linear(x, cores, num_in_cores, out_features, bias, workspace, gates)
     cores = fold_gates(cores, gates)
+    if order == FACTORS:
+        left = merge_tt_left(cores[:num_in_cores])[:in_features]
+        right = merge_tt_right(cores[num_in_cores:])[:, :out_features]
+        return x @ left @ right if bias is None else torch.addmm(bias, x @ left, right)
     if order == "merge":
         left = merge_tt_left(cores[:num_in_cores])[:in_features]
         right = merge_tt_right(cores[num_in_cores:])[:, :out_features]
