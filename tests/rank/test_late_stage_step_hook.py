@@ -111,6 +111,23 @@ def test_the_hook_does_not_keep_the_controller_alive():
     optimizer.step()
 
 
+def test_a_copy_runs_its_own_controller_from_its_own_hook():
+    gc.collect()  # controllers of earlier tests go with their hooks
+    hooks = len(_global_optimizer_post_hooks)
+    model, adaptation, optimizer = _frozen_gates()
+    twin = copy.deepcopy(adaptation)
+    assert len(_global_optimizer_post_hooks) == hooks + 2
+    _train_step(model, optimizer, adaptation)
+    twin_optimizer = torch.optim.SGD(twin.model.parameters(), lr=0.0)
+    for _ in range(2):
+        _train_step(twin.model, twin_optimizer, twin)
+    assert _controller_steps(adaptation) == pytest.approx(1, abs=1e-9)
+    assert _controller_steps(twin) == pytest.approx(2, abs=1e-9)
+    del twin
+    gc.collect()
+    assert len(_global_optimizer_post_hooks) == hooks + 1
+
+
 def test_a_compiled_training_step_runs_the_controller_after_each_optimizer_step():
     model, adaptation, optimizer = _frozen_gates()
     step = torch.compile(_train_step, backend="eager")

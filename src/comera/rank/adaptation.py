@@ -128,7 +128,8 @@ class RankAdaptation:
         surrogate: ``"size"`` (size-weighted l1 of the masked gates over the initial size) or ``"mean_gate"``
             (the reference code's mean live gate value), see :mod:`comera.rank.surrogate`.
         step_hook: run the late-stage controller from a global optimizer step post-hook, after every step of
-            an optimizer that holds the model's gates (registered by :meth:`begin_late_stage`, held weakly).
+            an optimizer that holds the model's gates (registered by :meth:`begin_late_stage` or by loading a
+            late-stage state, held weakly).
             False: the training loop calls :meth:`after_step` after every optimizer step itself (the
             :class:`comera.Trainer` does; so must a loop whose optimizer step is replayed from a CUDA graph).
 
@@ -137,7 +138,7 @@ class RankAdaptation:
         target_size, target_loss: ``S*`` and ``L*`` of the late stage (None before it).
         switch: 0-dim tensor, 1.0 when the last late-stage step weighted the size term, else 0.0.
         size_weight: 0-dim tensor, the dual weight ``w`` of the size term in the descend phase (1.0 at the
-            start of the late stage; updated in place by :meth:`after_step`).
+            start of the late stage; updated in place by the controller step).
         reached_at_step: the step at which the size first was at most ``(1 + TARGET_TOLERANCE) * target_size``
             in the current late stage (the ``step`` given to :meth:`after_step`, or with the step hook alone
             the late optimizer step count), else None.
@@ -230,6 +231,14 @@ class RankAdaptation:
         elif not wanted and self._hook_remover is not None:
             self._hook_remover()
             self._hook_remover = None
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the step hook out: the copy registers its own (:meth:`__setstate__`)."""
+        return {**self.__dict__, "_hook_remover": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._sync_step_hook()
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         gates = [gate for train in self._trains() for gate in train.gate_list()]
