@@ -28,6 +28,7 @@ _KEYS = {
     "recovery",
     "late_count",
     "reached_at_step",
+    "late_optimizer_steps",
     "keep",
 }
 _OLD_KEYS = _KEYS - {
@@ -37,6 +38,7 @@ _OLD_KEYS = _KEYS - {
     "recovery",
     "late_count",
     "reached_at_step",
+    "late_optimizer_steps",
     "keep",
 }
 
@@ -118,6 +120,7 @@ def test_late_state_without_the_controller_keys_gets_the_documented_defaults():
         "recovery": 0.3,
         "late_count": 0,
         "reached_at_step": None,
+        "late_optimizer_steps": 0,
         "keep": None,
     }
     assert second.state_dict() == {**state, **defaults}

@@ -145,7 +145,9 @@ class CoMERAObjective(Objective):
             one value for every layer), a number overrides every layer's.
 
     Attributes:
-        adaptation: the wrapped :class:`comera.RankAdaptation`.
+        adaptation: the wrapped :class:`comera.RankAdaptation`, built with ``step_hook=False``: the Trainer
+            runs the late-stage controller through :meth:`after_step` after every applied step, outside the
+            compiled or graph-captured step (a hook would run inside them, and skipped steps must not count).
     """
 
     name = "comera"
@@ -157,7 +159,7 @@ class CoMERAObjective(Objective):
     ) -> None:
         if tau is None:
             tau = _layers_tau(model)
-        self.adaptation = RankAdaptation(model, gamma=gamma, tau=tau, surrogate=surrogate)
+        self.adaptation = RankAdaptation(model, gamma=gamma, tau=tau, surrogate=surrogate, step_hook=False)
         super().__init__(model)
         self.initial_size = self.adaptation.initial_size
 
