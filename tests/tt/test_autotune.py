@@ -82,7 +82,21 @@ def test_median_not_mean_decides(tuning, monkeypatch):
     def run(candidate):
         now[0] += next(costs_of_a) if candidate == "a" else 1.0
 
-    assert tuned("outlier", lambda: ("a", "b"), "b", run, torch.device("cpu")) == "a"
+    assert tuned("outlier", lambda: ("a", "b"), "estimate", run, torch.device("cpu")) == "a"
+
+
+def test_a_lucky_round_does_not_overturn_the_estimate(tuning, monkeypatch):
+    """``b`` has the smaller median, but one of its runs is slower than the estimate's median: the
+    estimate ``a`` stays; when every run of ``b`` beats it, ``b`` is chosen."""
+    now = [0.0]
+    monkeypatch.setattr(autotune_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    for costs_of_b, expected in (([0.0, 1.0, 1.0, 9.0], "a"), ([0.0, 1.0, 1.0, 1.5], "b")):
+        costs = {"a": iter([0.0, 2.0, 2.0, 2.0]), "b": iter(costs_of_b)}
+
+        def run(candidate, costs=costs):
+            now[0] += next(costs[candidate])
+
+        assert tuned(("lucky", expected), lambda: ("a", "b"), "a", run, torch.device("cpu")) == expected
 
 
 def test_single_candidate_is_not_measured(tuning, fake_clock):
@@ -150,14 +164,14 @@ def test_contested_orders_needs_costs():
 
 
 def _slow_except(fast: str):
-    """Fake medians: ``fast`` is the fastest order, every other candidate slower."""
+    """Fake timings: ``fast`` is the fastest order in every run, every other candidate slower."""
 
-    def medians(candidates, run, device):
+    def timed(candidates, run, device):
         for candidate in candidates:
             run(candidate)
-        return {candidate: (0.001 if candidate == fast else 1.0) for candidate in candidates}
+        return {candidate: [0.001 if candidate == fast else 1.0] * 3 for candidate in candidates}
 
-    return medians
+    return timed
 
 
 @pytest.mark.parametrize("layer_type", [TTLinear, TTMLinear])
@@ -173,7 +187,7 @@ def test_layer_runs_the_measured_order_and_stays_exact(tuning, monkeypatch, laye
     monkeypatch.setattr(
         "comera.nn.linear.contested_orders", lambda costs: contested_orders(costs, float("inf"))
     )
-    monkeypatch.setattr(autotune_module, "_median_seconds", _slow_except(other))
+    monkeypatch.setattr(autotune_module, "_timed_seconds", _slow_except(other))
     used = []
     real_contract = layer._contract
 
@@ -218,7 +232,7 @@ def test_compiled_layer_never_measures(tuning, monkeypatch):
     with torch.no_grad():
         want = layer(x)  # eager: may measure (the cache is then filled for eager calls only)
         clear_autotune_cache()
-        monkeypatch.setattr(autotune_module, "_median_seconds", refuse)
+        monkeypatch.setattr(autotune_module, "_timed_seconds", refuse)
         got = torch.compile(layer, fullgraph=True, backend="eager")(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -228,7 +242,7 @@ def test_blocked_gemm_split_is_measured(tuning, monkeypatch, threads):
     monkeypatch.setattr(blocked, "MIN_ROWS_PER_BLOCK", 4)
     first, second = torch.randn(40, 3), torch.randn(3, 2000)  # wider than MAX_WIDTH: the rule says 1 block
     assert blocked.rule_blocks(40, 2000, first.device) == 1
-    monkeypatch.setattr(autotune_module, "_median_seconds", _slow_except(2))
+    monkeypatch.setattr(autotune_module, "_timed_seconds", _slow_except(2))
     calls = []
     real_bmm = torch.bmm
     monkeypatch.setattr(torch, "bmm", lambda *a, **k: calls.append(1) or real_bmm(*a, **k))

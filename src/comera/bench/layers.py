@@ -40,6 +40,7 @@ from comera.cpu import reuse_freed_memory
 from comera.nn.linear import TTLinear, TTMLinear
 from comera.tt.blocked import single_gemms
 from comera.tt.costs import ORDERS
+from comera.tt.paths import FACTORS
 from comera.tt.recycle import configure_output_pool
 
 SHAPES = ((768, 768), (768, 3072), (3072, 768))
@@ -48,6 +49,7 @@ RANKS = (8, 16, 30)
 ORDER_TOLERANCE = 0.10
 TARGET_BATCH, TARGET_RANK = 4096, 30
 TARGET_VS_LINEAR, TARGET_VS_PUBLISHED = 5.0, 1.2
+TT_ORDERS = (*ORDERS, FACTORS)
 
 
 def _fwd_bwd(layer: nn.Module, x: torch.Tensor, upstream: torch.Tensor):
@@ -87,7 +89,7 @@ def run_layer_benchmark(shapes, batches, ranks, repeats: int) -> list[dict]:
             upstream = torch.randn(batch, n)
             for rank in ranks:
                 tt = TTLinear(m, n, rank=rank, order="auto")
-                fixed = {order: TTLinear(m, n, rank=rank, order=order) for order in ORDERS}
+                fixed = {order: TTLinear(m, n, rank=rank, order=order) for order in TT_ORDERS}
                 for layer in fixed.values():
                     layer.load_state_dict(tt.state_dict())
                 fns = {"nn.Linear": _fwd_bwd(dense, x, upstream), "tt:auto": _fwd_bwd(tt, x, upstream)}
@@ -112,6 +114,7 @@ def run_layer_benchmark(shapes, batches, ranks, repeats: int) -> list[dict]:
 _COLUMNS = (
     "tt:merge",
     "tt:merge-one-gemm",
+    "tt:factors",
     "tt:sequential",
     "tt:dense",
     "tt:auto",
@@ -122,7 +125,7 @@ _COLUMNS = (
 
 def _format_row(row: dict) -> str:
     ratios = " | ".join(f"{row['nn.Linear'] / row[c]:.2f}x" for c in _COLUMNS)
-    fastest_tt = min(row[f"tt:{order}"] for order in ORDERS)
+    fastest_tt = min(row[f"tt:{order}"] for order in TT_ORDERS)
     chosen = row[f"tt:{row['auto picks']}"] / fastest_tt
     return (
         f"| {row['shape']} | {row['batch']} | {row['rank']} | {row['nn.Linear']:.3f} | "
@@ -135,10 +138,11 @@ def _format_row(row: dict) -> str:
 def format_table(rows: list[dict]) -> str:
     """Markdown table: times in ms and speedups over ``nn.Linear`` (fwd+bwd, higher is faster)."""
     header = (
-        "| shape | B | r | nn.Linear ms | TT auto ms | TT merge | TT merge, one GEMM | TT sequential "
+        "| shape | B | r | nn.Linear ms | TT auto ms | TT merge | TT merge, one GEMM | TT factors "
+        "| TT sequential "
         "| TT dense | TT auto | TT published | TTM auto | auto picks | picked / fastest order "
         "| auto / fastest TT | merge GFLOP/s | merge GB/s | nn.Linear GFLOP/s |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     return "\n".join([header, *(_format_row(row) for row in rows)])
 
@@ -149,7 +153,7 @@ def order_violations(rows: list[dict], tolerance: float = ORDER_TOLERANCE) -> li
 
 
 def _fastest(row: dict) -> tuple[str, float]:
-    return min(((order, row[f"tt:{order}"]) for order in ORDERS), key=lambda item: item[1])
+    return min(((order, row[f"tt:{order}"]) for order in TT_ORDERS), key=lambda item: item[1])
 
 
 def checks_report(rows: list[dict]) -> str:

@@ -103,16 +103,18 @@ class _TrainLinear(GatedTrain):
             self.register_parameter("bias", None)
         self.reset_parameters()
 
+    _order_choices: tuple[str, ...] = _ORDER_CHOICES
+
     @property
     def order(self) -> str:
-        """Contraction order: ``"auto"`` (cost model per call) or one of ``"merge"``, ``"sequential"``,
-        ``"dense"``."""
+        """Contraction order: ``"auto"`` (chosen per call) or one of ``"merge"``, ``"sequential"``,
+        ``"dense"`` (and for ``TTLinear`` also ``"factors"``, :data:`comera.tt.paths.FACTORS`)."""
         return self._order
 
     @order.setter
     def order(self, value: str) -> None:
-        if value not in _ORDER_CHOICES:
-            raise ValueError(f"order must be one of {_ORDER_CHOICES}, got {value!r}")
+        if value not in self._order_choices:
+            raise ValueError(f"order must be one of {self._order_choices}, got {value!r}")
         self._order = value
 
     def dense_num_parameters(self) -> int:
@@ -454,6 +456,8 @@ class TTLinear(_TrainLinear):
 
     format = "tt"
     report_format = "tt"
+
+    _order_choices = (*_ORDER_CHOICES, FACTORS)
 
     def __init__(
         self,

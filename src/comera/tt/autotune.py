@@ -115,11 +115,11 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_seconds(
+def _timed_seconds(
     candidates: Sequence[Choice], run: Callable[[Choice], object], device: torch.device
-) -> dict[Choice, float]:
+) -> dict[Choice, list[float]]:
     """Each candidate run once to warm up, then :data:`REPEATS` rounds of all of them in turn (round-robin,
-    so a change of machine load hits every candidate alike); the median seconds of each."""
+    so a change of machine load hits every candidate alike); the seconds of each timed run."""
     for candidate in candidates:
         run(candidate)
     times: dict[Choice, list[float]] = {candidate: [] for candidate in candidates}
@@ -130,7 +130,17 @@ def _median_seconds(
             run(candidate)
             _synchronize(device)
             times[candidate].append(time.perf_counter() - start)
-    return {candidate: statistics.median(measured) for candidate, measured in times.items()}
+    return times
+
+
+def _fastest(times: dict[Choice, list[float]], default: Choice) -> Choice:
+    """The candidate of smallest median time, if it beat ``default`` consistently: its slowest run faster
+    than the median of ``default``'s (on a busy machine one lucky round must not overturn the estimate);
+    ``default`` otherwise. Without ``default`` among the candidates, the smallest median."""
+    best = min(times, key=lambda candidate: statistics.median(times[candidate]))
+    if best == default or default not in times:
+        return best
+    return best if max(times[best]) < statistics.median(times[default]) else default
 
 
 def tuned(
@@ -153,7 +163,8 @@ def tuned(
     Returns:
         ``default`` while autotuning is off or cannot measure (module docstring); else the choice cached for
         ``key``, made now if there is none: ``default`` for fewer than two candidates, else the candidate of
-        smallest median time.
+        smallest median time where it beat ``default`` in every timed run against ``default``'s median
+        (:func:`_fastest`).
     """
     if not autotune_enabled():
         return default
@@ -163,7 +174,6 @@ def tuned(
     if len(candidates) < 2:
         _cache[key] = default
         return default
-    medians = _median_seconds(candidates, run, device)
-    best = min(candidates, key=medians.__getitem__)
+    best = _fastest(_timed_seconds(candidates, run, device), default)
     _cache[key] = best
     return best
