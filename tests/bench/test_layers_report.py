@@ -12,6 +12,7 @@ def row(shape, batch, rank, picks, merge, sequential, dense, auto, published, li
         "tt:merge": merge,
         "tt:sequential": sequential,
         "tt:dense": dense,
+        "tt:factors": 2 * max(merge, sequential, dense),
         "tt:auto": auto,
         "tt:published": published,
         "nn.Linear": linear,
