@@ -11,9 +11,9 @@ Each record has ``"kind"``:
 
 A process killed mid-write leaves a torn last line (no final newline): :func:`read_metrics` ignores it, and a
 :class:`MetricsLog` cuts it off before it appends anything (:attr:`MetricsLog.torn_bytes` says how much), so
-later records never follow a torn one. On resume, records of steps after the checkpoint are dropped (they will
-be recomputed; events are kept), and so are lines that are not valid JSON (a torn record that an older
-version appended to).
+later records never follow a torn one. On resume or rollback, the records of steps after the checkpoint are
+dropped (they will be recomputed), except the events of :data:`HISTORY_EVENTS`, which tell what happened to
+the run; so are lines that are not valid JSON (a torn record that an older version appended to).
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ import torch
 
 from comera.atomic import atomic_write_bytes
 
-__all__ = ["METRICS_NAME", "MetricsLog", "read_metrics", "peak_memory_mib"]
+__all__ = ["METRICS_NAME", "HISTORY_EVENTS", "MetricsLog", "read_metrics", "peak_memory_mib"]
 
 METRICS_NAME = "metrics.jsonl"
+HISTORY_EVENTS = ("resume", "rollback", "unreadable_checkpoint", "torn_record_dropped")
+"""Events kept when the records after a checkpoint are dropped: the run's own history, not its training."""
 
 
 def _parse_lines(path: Path) -> tuple[list[dict[str, Any]], list[int], bool]:
@@ -112,13 +114,15 @@ class MetricsLog:
             file.write(json.dumps(record, allow_nan=True) + "\n")
 
     def drop_after(self, step: int) -> int:
-        """Rewrite the file without ``train``/``eval`` records of steps after ``step`` and without lines that
-        are not valid JSON (atomically); returns the number of such lines dropped."""
+        """Rewrite the file without the records of steps after ``step`` (but for :data:`HISTORY_EVENTS`) and
+        without lines that are not valid JSON (atomically); returns the number of such lines dropped."""
         if self.path is None or not self.path.is_file():
             return 0
         records, invalid, _ = _parse_lines(self.path)
         kept = [
-            record for record in records if record.get("kind") == "event" or record.get("step", 0) <= step
+            record
+            for record in records
+            if record.get("step", 0) <= step or record.get("event") in HISTORY_EVENTS
         ]
         text = "".join(json.dumps(record, allow_nan=True) + "\n" for record in kept)
         atomic_write_bytes(self.path, text.encode())
