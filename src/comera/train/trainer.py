@@ -399,9 +399,11 @@ class Trainer:
             return
         if candidates:
             raise NoReadableCheckpointError(self.checkpoint_dir, len(candidates))
+        where = "no checkpoint folder (config.run_dir and checkpoint_dir are None)"
+        if self.checkpoint_dir is not None:
+            where = f"no checkpoint in {self.checkpoint_dir}"
         warnings.warn(
-            f"resume: no checkpoint in {self.checkpoint_dir}; training starts from step 0 (the records of "
-            "the earlier attempt are dropped)",
+            f"resume: {where}; training starts from step 0 (the records of the earlier attempt are dropped)",
             RuntimeWarning,
             stacklevel=3,
         )
