@@ -381,7 +381,10 @@ def test_an_unknown_model_name_is_refused_listing_the_registered_ones(tmp_path):
     _, path, config = _registered_save(tmp_path, {"name": "test-io-contract-sequential", "kwargs": {}})
     config["model"]["name"] = "test-io-contract-missing"
     path.write_text(json.dumps(config))
-    message = r"key 'model\.name' is 'test-io-contract-missing', not a registered model; registered: \[.*\]"
+    message = (
+        r"key 'model\.name' is 'test-io-contract-missing', not a registered model; registered: \[.*\] "
+        r"\(import the module that registers it with comera\.register_model\)"
+    )
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: {message}$") as raised:
         load_pretrained(tmp_path)
     assert "'test-io-contract-sequential'" in str(raised.value).rsplit("registered: ", 1)[1]

@@ -4,13 +4,16 @@ A file: a temporary file in the target folder, fsync, ``os.replace``, then a fol
 (:func:`atomic_replace_folder`): a new folder beside the target holding the new files (and links to the
 target's other entries), swapped with the target in one ``renameat2(RENAME_EXCHANGE)`` where the system has
 it. A reader (or a resumed run) sees either the old files or the complete new ones, never a partial write,
-even if the process is killed mid-write.
+even if the process is killed mid-write. A process killed mid-write leaves its temporary file or folder
+behind (a hidden name ending in ``.tmp`` or ``.old``); :func:`remove_stale_temporaries` deletes those of a
+folder once no writer is running there.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -19,10 +22,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_replace_folder"]
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_replace_folder", "remove_stale_temporaries"]
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
+# the names this module gives its temporaries: .NAME.<uuid hex>.tmp (files and staging folders) and
+# .NAME.<mkdtemp suffix>.old (a replaced folder set aside)
+_TEMPORARY = re.compile(r"\..+\.([0-9a-f]{32}\.tmp|[a-z0-9_]{8}\.old)")
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -134,6 +140,27 @@ def atomic_replace_folder(directory: str | os.PathLike, files: Mapping[str, byte
             shutil.rmtree(staging, ignore_errors=True)
     _fsync_directory(directory.parent)
     return directory
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files and folders that writes of this module left in ``directory`` (not in its
+    sub-folders) when their process was killed; returns the paths deleted.
+
+    Call it only while no write into ``directory`` is running (for a run folder: before training starts).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = []
+    for entry in sorted(directory.iterdir()):
+        if not _TEMPORARY.fullmatch(entry.name):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
 
 
 def _swap_aside(directory: Path, staging: Path) -> None:

@@ -6,13 +6,15 @@ spec (:mod:`comera.nn.layer`: its kind and constructor attributes, with the *cur
 the saved tensors. Loading re-applies those layers to ``base_model`` (the untensorized model, e.g. a Hugging
 Face model built from its config), or builds the comera model the config names (models register
 themselves with :func:`register_model` and carry their constructor arguments in a ``comera_model``
-attribute ``{"name": ..., "kwargs": {...}}``).
+attribute ``{"name": ..., "kwargs": {...}}``; the built-in models of :mod:`comera.models` are registered on
+first use, so ``import comera`` is enough to load a model that ``comera train`` saved).
 
 Transactions. A save encodes and checks everything first, writes both files into a new folder beside the
 target and swaps it in (:func:`comera.atomic.atomic_replace_folder`): the folder holds the complete old save
 or the complete new one, whatever fails. A load reads and checks the config, every weight's key and shape,
 and every recorded module of the base model before it changes the base model; on any error the base model
-is left as it was.
+is left as it was. A base model built on the ``meta`` device (no memory, the natural start for a large
+model) is materialised on the CPU from the saved weights.
 
 Shared tensors (a tied head and its embedding) are stored once and listed under ``"aliases"``; the keys of
 persistent buffers are listed under ``"buffers"`` (so that reports can count parameters from the files).
@@ -20,6 +22,7 @@ persistent buffers are listed under ``"buffers"`` (so that reports can count par
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -62,6 +65,8 @@ _REQUIRED_KEYS = ("format_version", "library_version", "dtype", "layers", "tenso
 _FORMAT_1_KEYS = {"type": "kind", "ranks": "rank"}
 
 _MODEL_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+_BUILTIN_MODEL_MODULES = ("comera.models.transformer", "comera.models.mlm", "comera.models.dlrm")
+"""Modules whose import registers the built-in models (imported when a saved model names one)."""
 
 
 def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
@@ -305,11 +310,14 @@ def _build_base(config: dict[str, Any], path: Path) -> nn.Module:
             f"{path}: key 'model' names no registered comera model (saved from {config.get('model_class')}); "
             "pass base_model= the untensorized model"
         )
+    if spec["name"] not in _MODEL_REGISTRY:
+        for module in _BUILTIN_MODEL_MODULES:
+            importlib.import_module(module)
     builder = _MODEL_REGISTRY.get(spec["name"])
     if builder is None:
         raise ValueError(
             f"{path}: key 'model.name' is {spec['name']!r}, not a registered model; registered: "
-            f"{sorted(_MODEL_REGISTRY)}"
+            f"{sorted(_MODEL_REGISTRY)} (import the module that registers it with comera.register_model)"
         )
     kwargs = spec.get("kwargs", {})
     if not isinstance(kwargs, dict):
@@ -334,10 +342,43 @@ def _recorded_modules(root: nn.Module, config: dict[str, Any], path: Path) -> di
 
 
 def _placement_of(module: nn.Module, default: torch.dtype) -> tuple[torch.device, torch.dtype]:
+    """Where a layer replacing ``module`` is built: its device (the CPU for a meta module, which the saved
+    weights materialise) and its floating dtype."""
     tensor = next(iter(module.parameters()), None)
     if tensor is None:
         return torch.device("cpu"), default
-    return tensor.device, tensor.dtype if tensor.is_floating_point() else default
+    device = torch.device("cpu") if tensor.is_meta else tensor.device
+    return device, tensor.dtype if tensor.is_floating_point() else default
+
+
+def _materialise_meta(
+    root: nn.Module, saved_keys: set[str], path: Path
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Give every meta parameter and buffer of ``root`` empty CPU storage (in place: shared tensors stay
+    shared), to be filled from the saved weights; returns the swapped pairs, which a second
+    ``torch.utils.swap_tensors`` of each undoes. ``ValueError`` for a meta tensor that the save does not
+    hold (a non-persistent buffer), before anything is changed."""
+    named = [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]
+    on_meta = [(name, tensor) for name, tensor in named if tensor.is_meta]
+    missing = sorted(name for name, _ in on_meta if name not in saved_keys)
+    if missing:
+        raise ValueError(
+            f"{path}: the base model's tensor {missing[0]!r} is on the meta device and the save does not "
+            f"hold it (a buffer that is not saved; {len(missing)} in all); build those buffers on a real "
+            "device (only parameters and saved buffers may be on the meta device)"
+        )
+    swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
+    done: set[int] = set()
+    for _, tensor in on_meta:
+        if id(tensor) in done:
+            continue
+        done.add(id(tensor))
+        empty = torch.empty_like(tensor, device="cpu")
+        if isinstance(tensor, nn.Parameter):
+            empty = nn.Parameter(empty, requires_grad=tensor.requires_grad)
+        torch.utils.swap_tensors(tensor, empty)
+        swapped.append((tensor, empty))
+    return swapped
 
 
 def _check_state(
@@ -363,6 +404,8 @@ def load_pretrained(directory: str | os.PathLike, base_model: nn.Module | None =
     the base model's module at every recorded name (it must exist and be the dense module the recorded
     layer stands for, e.g. an ``nn.Linear`` of the recorded sizes, or a layer of the recorded kind). On any
     error ``base_model`` is left as it was. A module reachable under several names is replaced under all.
+    Parameters and saved buffers of ``base_model`` on the ``meta`` device are materialised on the CPU with
+    the saved values (shared ones stay shared); a meta buffer that the save does not hold is refused.
 
     Args:
         directory: the folder holding ``comera_config.json`` and ``model.safetensors``.
@@ -395,12 +438,16 @@ def load_pretrained(directory: str | os.PathLike, base_model: nn.Module | None =
     _check_state(state_shapes(root, swaps), saved.tensors, weights_path)
     configs = tuple(TensorizeConfig.from_dict(entry) for entry in config["tensorize_configs"])
     done: list[tuple[nn.Module, nn.Module]] = []
+    materialised: list[tuple[torch.Tensor, torch.Tensor]] = []
     try:
         for name, layer in layers.items():
             replace_module(root, found[name], layer)
             done.append((found[name], layer))
+        materialised = _materialise_meta(root, set(saved.tensors), weights_path)
         root.load_state_dict(saved.tensors, strict=True)
     except BaseException:
+        for tensor, empty in reversed(materialised):
+            torch.utils.swap_tensors(tensor, empty)
         for old, new in reversed(done):
             replace_module(root, new, old)
         raise

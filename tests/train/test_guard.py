@@ -65,6 +65,7 @@ def test_non_finite_steps_are_skipped_and_counted(kind, tmp_path, capsys):
         run_dir=str(tmp_path),
         plot=False,
         progress=True,
+        prune_at=(),  # the reference never prunes
         **RATES,
     )
     model = make_model()

@@ -1,7 +1,9 @@
 """``comera train WORKLOAD``: run a recipe from the command line and print where its results are.
 
 Errors in the command (an unknown workload, method, preset or setting, a missing data file, a run folder that
-exists) are reported in one line naming what is wrong, with exit status 2, before anything is trained.
+exists, a resume that cannot continue) are reported in one line naming what is wrong, with exit status 2,
+before anything is trained. Warnings (a resume without a checkpoint, a dropped torn record) are printed as
+one line each.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import importlib
 import math
 import sys
+import warnings
 
 from comera.methods import method_names
 from comera.recipes.base import get_recipe, recipe_names
@@ -41,6 +44,10 @@ def _number(value: object) -> str:
     return str(value)
 
 
+def _milliseconds(seconds: float | None) -> str:
+    return "-" if seconds is None else _number(seconds * 1000)
+
+
 def _times(value: float | None) -> str:
     return "-" if value is None else f"{_number(value)}x"
 
@@ -57,10 +64,12 @@ def summary(results: dict) -> str:
         f"{_times(compression['tensorized'])}, whole model {_times(compression['whole'])}"
     )
     lines.append(
-        f"  step {_number(results['step_time_s'] * 1000)} ms (median), peak memory "
+        f"  step {_milliseconds(results['step_time_s'])} ms (median), peak memory "
         f"{_number(results['peak_memory_mib'])} MiB, {results['steps']} steps in "
         f"{_number(results['wall_time_s'])} s"
     )
+    if "earlier_run" in results:
+        lines.append(f"  the files of the run it replaced: {results['earlier_run']}")
     return "\n".join(lines)
 
 
@@ -94,7 +103,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--method", default="comera", choices=method_names(), help="training method")
     add_setting_arguments(parser)
     parser.add_argument("--out", default=None, help="run folder (default: runs/WORKLOAD-PRESET-METHOD)")
-    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    again = parser.add_mutually_exclusive_group()
+    again.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its newest readable checkpoint (step 0 without one)",
+    )
+    again.add_argument(
+        "--restart",
+        action="store_true",
+        help="move the files of the run in --out to OUT.old-N and train it again from step 0",
+    )
     parser.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar"
     )
@@ -110,6 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"comera train: unknown --preset {args.preset!r}; choose one of {presets}", file=sys.stderr)
         return 2
     out = args.out or default_run_dir(args.workload, args.preset, args.method)
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _train(args, out)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"comera train: warning: {message}", file=sys.stderr if file is None else file)
+
+
+def _train(args: argparse.Namespace, out) -> int:
     try:
         results = run(
             args.workload,
@@ -120,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             assignments=args.assignments,
             out=out,
             resume=args.resume,
+            restart=args.restart,
             cache_dir=args.cache,
             progress=args.progress,
         )

@@ -38,7 +38,7 @@ from comera.atomic import atomic_write_bytes
 from comera.methods import get_method, method_names
 from comera.recipes.base import get_recipe, recipe_names
 from comera.recipes.cli import add_setting_arguments, load_recipes
-from comera.recipes.run import SetupError, run, run_header
+from comera.recipes.run import SetupError, header_difference, run, run_header, strict_json
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -90,11 +90,10 @@ def _state(run_dir: Path, header: dict[str, Any]) -> str:
                 f"{run_dir} holds files of a run but no {_CONFIG}; move it away or use another --out"
             )
         return "empty"
-    recorded, expected = json.loads(config.read_text()), _normalised(header)
-    if recorded != expected:
-        changed = sorted(key for key in expected if recorded.get(key) != expected[key])
+    difference = header_difference(json.loads(config.read_text()), _normalised(header))
+    if difference is not None:
         raise ValueError(
-            f"{run_dir} holds a run with other settings (differences in {changed}); "
+            f"{run_dir} holds a run with other settings or data: {difference}; "
             "use another --out, or --rerun to replace it"
         )
     return "finished" if (run_dir / _RESULTS).exists() else "unfinished"
@@ -396,7 +395,7 @@ def _write_outputs(
             for item in runs
         ],
     }
-    atomic_write_bytes(out / "comparison.json", (json.dumps(record, indent=2) + "\n").encode())
+    atomic_write_bytes(out / "comparison.json", strict_json(record).encode())
     log(f"[compare] wrote {out / 'comparison.md'}" + (f" and {plot_path}" if plot_path else ""))
 
 

@@ -2,21 +2,28 @@
 
 The run folder::
 
-    config.json        recipe, method, preset, data path and the resolved settings
+    config.json        recipe, method, preset, data path, the data's fingerprint and the resolved settings
     metrics.jsonl      train / eval / event records (comera.train.metrics)
     plots/*.png        loss and evaluation, size ratio, ranks (rank-adaptive runs)
     checkpoints/       the Trainer's checkpoints (resume with resume=True / --resume)
-    model/             the trained model (comera.save_pretrained)
+    model/             the trained model (comera.save_pretrained), pruned to its active ranks
     report.txt         comera.compression_report of the trained model
     results.json       the run's results (keys below)
 
 ``results.json``: ``recipe``, ``method``, ``preset``; ``evaluation`` (split -> the recipe's metrics);
 ``data`` (split -> examples ``read`` and ``skipped``, plus the recipe's facts); ``params`` (trained
-entries), ``dense_params`` (the untensorized model's), ``compression`` (``tensorized``: dense / compressed
-entries of the tensorized layers, ``whole``: of the whole model); ``step_time_s`` (median seconds per
-training step after the first logged window), ``peak_memory_mib`` (peak resident memory of the process, or
-CUDA allocator peak), ``wall_time_s``, ``steps``, ``stage``, ``size_ratio`` and, for CoMERA,
-``target_reached``.
+entries of the saved model), ``dense_params`` (the untensorized model's), ``compression`` (``tensorized``:
+dense / compressed entries of the tensorized layers, ``whole``: of the whole model); ``step_time_s`` (median
+seconds per training step after the first logged window), ``peak_memory_mib`` (peak resident memory of the
+process, or CUDA allocator peak), ``wall_time_s`` (this process's, plus the training time of earlier
+processes up to the checkpoint a resume continued from), ``steps``, ``stage``, ``size_ratio``, for CoMERA
+``target_reached``, and after a restart ``earlier_run`` (where the replaced run's files were moved). It is
+strict JSON: a number that is not finite (a metric undefined on the data, a time never measured) is null.
+
+A run killed at any moment resumes (``resume=True``): from the newest readable checkpoint, or from step 0
+when there is none (the earlier records are dropped); a torn last metrics record and stale temporary files
+are cleaned up. A resume is refused, naming the difference, when a setting or the data's content changed.
+When no checkpoint is readable, ``restart=True`` moves the folder aside and trains again.
 """
 
 from __future__ import annotations
@@ -38,16 +45,33 @@ from torch.utils.data import DataLoader
 from comera.atomic import atomic_write_bytes
 from comera.io import save_pretrained
 from comera.methods import Method, MethodContext, get_method
+from comera.rank import prune_
 from comera.recipes.base import Recipe, RecipeData, get_recipe
+from comera.recipes.fingerprint import data_fingerprint, fingerprint_difference
 from comera.recipes.settings import resolve_settings, tensorize_config
 from comera.report import compression_report
+from comera.train.checkpoint import NoReadableCheckpointError
 from comera.train.config import TrainConfig
 from comera.train.evaluation import run_evaluation
 from comera.train.metrics import read_metrics
 from comera.train.trainer import Trainer
 from comera.version import __version__
 
-__all__ = ["run", "run_header", "SetupError", "default_cache_dir", "default_run_dir"]
+__all__ = [
+    "run",
+    "run_header",
+    "header_difference",
+    "strict_json",
+    "SetupError",
+    "default_cache_dir",
+    "default_run_dir",
+    "RUN_ENTRIES",
+]
+
+RUN_ENTRIES = ("config.json", "metrics.jsonl", "checkpoints", "model", "results.json")
+"""Entries of a run folder whose presence means the folder holds a run (finished or not)."""
+RUN_OUTPUTS = ("plots", "report.txt")
+"""The other entries a run writes."""
 
 
 class SetupError(ValueError):
@@ -69,28 +93,98 @@ def default_run_dir(recipe: str, preset: str, method: str) -> Path:
     return Path("runs") / f"{recipe}-{preset}-{method}"
 
 
-def _check_folder(out: Path, header: dict[str, Any], resume: bool) -> None:
+def header_difference(recorded: dict[str, Any], header: dict[str, Any]) -> str | None:
+    """None when a run folder's ``config.json`` (``recorded``) matches ``header``; else what differs: the
+    data file that changed (by name, size and hash), or the keys with other values."""
+    if "data_files" not in recorded:  # a folder written before fingerprints were recorded
+        recorded = {**recorded, "data_files": header.get("data_files")}
+    if recorded == header:
+        return None
+    if recorded.get("data") == header.get("data"):
+        changed = fingerprint_difference(recorded.get("data_files"), header.get("data_files"))
+        if changed is not None:
+            return f"the data changed since the run started ({changed})"
+    keys = sorted(key for key in {*header, *recorded} if recorded.get(key) != header.get(key))
+    return f"it was started with other settings (differences in {keys})"
+
+
+def _aside_name(out: Path) -> Path:
+    out = out.resolve()
+    number = 1
+    while (aside := out.with_name(f"{out.name}.old-{number}")).exists():
+        number += 1
+    return aside
+
+
+def _move_run_aside(out: Path) -> Path | None:
+    """Move the run's files in ``out`` into a new folder ``OUT.old-N`` beside it; returns that folder, or
+    None when ``out`` holds no run. Other files in ``out`` stay."""
+    if not any((out / name).exists() for name in RUN_ENTRIES):
+        return None
+    aside = _aside_name(out)
+    aside.mkdir()
+    for name in (*RUN_ENTRIES, *RUN_OUTPUTS):
+        if (out / name).exists():
+            (out / name).rename(aside / name)
+    return aside
+
+
+def _check_folder(out: Path, header: dict[str, Any], resume: bool, restart: bool) -> Path | None:
+    """Check ``out`` for the run; with ``restart``, move the files of a run in it aside and return where."""
+    if restart:
+        return _move_run_aside(out)
     config_path = out / "config.json"
     if resume:
         if not config_path.exists():
             raise FileNotFoundError(f"--resume: {config_path} not found; there is no run to resume in {out}")
-        recorded = json.loads(config_path.read_text())
-        if recorded != header:
-            changed = sorted(key for key in header if recorded.get(key) != header[key])
+        difference = header_difference(json.loads(config_path.read_text()), header)
+        if difference is not None:
             raise ValueError(
-                f"--resume: the run in {out} was started with other settings (differences in {changed}); "
-                "resume with the same command, or start a new run with another --out"
+                f"--resume: the run in {out} cannot continue: {difference}; resume with the same command "
+                "and data, start it again with --restart, or start a new run with another --out"
             )
-        return
-    if (out / "checkpoints").exists() or (out / "results.json").exists():
+        return None
+    if any((out / name).exists() for name in RUN_ENTRIES):
         raise FileExistsError(
-            f"{out} already holds a run; continue it with --resume, or choose another --out"
+            f"{out} already holds a run; continue it with --resume, start it again with --restart (its "
+            "files are moved aside), or choose another --out"
         )
+    return None
 
 
 def _finite_or_none(value: float) -> float | None:
     """JSON has no infinity: a ratio without tensorized layers is reported as null."""
     return value if math.isfinite(value) else None
+
+
+def _finite_values(value: Any) -> Any:
+    if isinstance(value, float):
+        return _finite_or_none(value)
+    if isinstance(value, dict):
+        return {key: _finite_values(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_values(item) for item in value]
+    return value
+
+
+def strict_json(value: Any) -> str:
+    """``value`` (dicts, lists, numbers, strings) as strict JSON text, indented with a final newline: NaN
+    and infinities become null."""
+    return json.dumps(_finite_values(value), indent=2, allow_nan=False) + "\n"
+
+
+def _check_splits(data: RecipeData, data_path: Path | None) -> None:
+    """Every split must hold examples: an evaluation of none has no value (``ValueError`` naming it)."""
+    source = "the embedded data" if data_path is None else f"--data {data_path}"
+    for split, dataset in {"train": data.train, **data.evals}.items():
+        if hasattr(dataset, "__len__") and len(dataset) == 0:
+            counts = data.info.get("splits", {}).get(split)
+            read = (
+                ""
+                if counts is None
+                else f" ({counts.get('read', 0)} read, {counts.get('skipped', 0)} skipped)"
+            )
+            raise ValueError(f"{source}: the {split} split has no examples{read}; give data with some")
 
 
 def _step_time(records: list[dict[str, Any]]) -> float:
@@ -129,6 +223,7 @@ def run(
     assignments: Iterable[str] = (),
     out: str | Path | None = None,
     resume: bool = False,
+    restart: bool = False,
     cache_dir: str | Path | None = None,
     progress: bool | None = None,
 ) -> dict[str, Any]:
@@ -141,14 +236,20 @@ def run(
         data: the recipe's data file or folder; None for its embedded default data.
         config_file: a TOML file of settings; ``assignments``: ``"section.key=value"`` strings.
         out: the run folder; default :func:`default_run_dir`.
-        resume: continue the run in ``out`` from its newest checkpoint (the settings must be the same).
+        resume: continue the run in ``out`` from its newest readable checkpoint, or from step 0 if there is
+            none (the settings and the data's content must be the same).
+        restart: move the files in ``out`` aside (to ``OUT.old-N``, the first free N) and train from step
+            0; for a run that cannot resume (every checkpoint corrupt, changed settings or data).
         cache_dir: default :func:`default_cache_dir`.
         progress: show a progress bar (None: when stderr is a terminal).
 
     Raises:
-        SetupError: before training, for bad settings, data or run folder (the message names which).
+        SetupError: before training, for bad settings, data or run folder, or a resume without a readable
+            checkpoint (the message names which).
     """
     started = time.perf_counter()
+    if resume and restart:
+        raise SetupError("--resume and --restart exclude each other: continue the run, or start it again")
     try:
         setup = _set_up(
             recipe_name,
@@ -159,6 +260,7 @@ def run(
             list(assignments),
             out,
             resume,
+            restart,
             cache_dir,
             progress,
         )
@@ -177,8 +279,9 @@ def run_header(
     assignments: Iterable[str] = (),
 ) -> dict[str, Any]:
     """The ``config.json`` a run with these arguments writes: recipe, method, preset, data path and the
-    resolved settings. Checks them without building anything: ``ValueError`` for an unknown recipe,
-    method, preset or setting, ``FileNotFoundError`` for a missing data path or TOML file."""
+    resolved settings, and ``data_files``: the data's fingerprint (:mod:`comera.recipes.fingerprint`; it
+    reads the data files once). Checks them without building anything: ``ValueError`` for an unknown
+    recipe, method, preset or setting, ``FileNotFoundError`` for a missing data path or TOML file."""
     recipe = get_recipe(recipe_name)
     settings = resolve_settings(
         recipe.presets, preset, get_method(method), config_file=config_file, assignments=assignments
@@ -191,6 +294,7 @@ def run_header(
         "method": method,
         "preset": preset,
         "data": None if data_path is None else str(data_path.resolve()),
+        "data_files": data_fingerprint(data_path),
         "settings": settings,
     }
 
@@ -206,10 +310,11 @@ class _Setup:
     header: dict[str, Any]
     dense_params: int
     trainer: Trainer
+    earlier_run: Path | None
 
 
 def _set_up(
-    recipe_name, method, preset, data, config_file, assignments, out, resume, cache_dir, progress
+    recipe_name, method, preset, data, config_file, assignments, out, resume, restart, cache_dir, progress
 ) -> _Setup:
     recipe = get_recipe(recipe_name)
     chosen = get_method(method)
@@ -217,9 +322,10 @@ def _set_up(
     settings = header["settings"]
     out = Path(out) if out is not None else default_run_dir(recipe_name, preset, method)
     data_path = None if data is None else Path(data)
-    _check_folder(out, header, resume)
+    earlier_run = _check_folder(out, header, resume, restart)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     recipe_data = recipe.build_data(settings["data"], data_path, cache)
+    _check_splits(recipe_data, data_path)
     torch.manual_seed(settings["train"].get("seed", 0))
     model = recipe.build_model(settings["model"], recipe_data)
     dense_params = compression_report(model).model_dense_params
@@ -241,7 +347,9 @@ def _set_up(
         collate_fn=recipe_data.collate_fn,
         callbacks=chosen.callbacks(model, context),
     )
-    return _Setup(recipe, chosen, settings, out, recipe_data, model, header, dense_params, trainer)
+    return _Setup(
+        recipe, chosen, settings, out, recipe_data, model, header, dense_params, trainer, earlier_run
+    )
 
 
 def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
@@ -256,7 +364,19 @@ def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
     )
     out.mkdir(parents=True, exist_ok=True)
     _write_text(out / "config.json", json.dumps(setup.header, indent=2) + "\n")
-    fit = trainer.fit(resume=resume)
+    fit_started = time.perf_counter()
+    try:
+        fit = trainer.fit(resume=resume)
+    except NoReadableCheckpointError as error:
+        raise SetupError(
+            f"--resume: no readable checkpoint in {error.directory}: all {error.count} are truncated or "
+            f"corrupt; start the run again with --restart (the files in {out} are moved to "
+            f"{_aside_name(out)})"
+        ) from error
+    earlier_time = max(fit.train_time_s - (time.perf_counter() - fit_started), 0.0)
+    pruned = trainer.objective.prunes and prune_(model).changed
+    if pruned:  # the saved model holds what is reported: its active ranks (the function is unchanged)
+        trainer.last_eval = {}
     evaluation = _evaluate_splits(trainer, recipe, data, settings)
     save_pretrained(model, out / "model")
     report = compression_report(model)
@@ -277,7 +397,7 @@ def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
         },
         "step_time_s": _step_time(records),
         "peak_memory_mib": _peak_memory(records),
-        "wall_time_s": time.perf_counter() - started,
+        "wall_time_s": time.perf_counter() - started + earlier_time,
         "steps": fit.step,
         "stage": fit.stage,
         "size_ratio": fit.ratio,
@@ -286,5 +406,8 @@ def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
     adaptation = getattr(trainer.objective, "adaptation", None)
     if adaptation is not None and hasattr(adaptation, "target_reached"):
         results["target_reached"] = bool(adaptation.target_reached)
-    _write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
-    return results
+    if setup.earlier_run is not None:
+        results["earlier_run"] = str(setup.earlier_run)
+    text = strict_json(results)
+    _write_text(out / "results.json", text)
+    return json.loads(text)

@@ -30,11 +30,25 @@ __all__ = [
     "load_checkpoint",
     "capture_rng",
     "restore_rng",
+    "NoReadableCheckpointError",
 ]
 
 CHECKPOINT_FORMAT = "comera-train-checkpoint"
 CHECKPOINT_VERSION = 1
 _NAME = re.compile(r"step-(\d{8,})\.pt")
+
+
+class NoReadableCheckpointError(ValueError):
+    """A resume found ``count`` checkpoint files in ``directory``, none of them readable (each truncated or
+    corrupt)."""
+
+    def __init__(self, directory: str | os.PathLike, count: int) -> None:
+        self.directory = Path(directory)
+        self.count = count
+        super().__init__(
+            f"no readable checkpoint in {self.directory}: all {count} are truncated or corrupt; start fresh "
+            "with resume=False"
+        )
 
 
 def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:

@@ -57,7 +57,9 @@ class TrainConfig:
         ema: decay of the loss moving average used by the late-stage switch, [0, 1).
         recovery: fraction of the late stage kept for recovery after the exact trim to the target, [0, 1):
             the trim happens at the latest after ``1 - recovery`` of the late stage.
-        prune_at: subset of :data:`PRUNE_POINTS`; empty never prunes.
+        prune_at: subset of :data:`PRUNE_POINTS`; empty never prunes. The default prunes at the end of
+            the early stage, of every late-stage epoch and of training (so the trained model holds its
+            active ranks even when the late stage ends mid-epoch).
 
     Optimisation (default optimizer: AdamW on :func:`comera.param_groups`):
         lr_cores, lr_gates, lr_other, weight_decay: the three groups' learning rates and decay.
@@ -118,7 +120,7 @@ class TrainConfig:
     rho: tuple[float, float] = (0.1, 0.01)
     ema: float = 0.98
     recovery: float = DEFAULT_RECOVERY
-    prune_at: tuple[str, ...] = ("early_end", "late_epoch")
+    prune_at: tuple[str, ...] = ("early_end", "late_epoch", "end")
     lr_cores: float = 1e-4
     lr_gates: float = 1e-3
     lr_other: float = 5e-5

@@ -9,7 +9,11 @@ Each record has ``"kind"``:
 - ``"event"``: ``step`` and ``"event"`` (``"late_stage"``, ``"prune"``, ``"rollback"``, ``"resume"``) with
   details.
 
-On resume, records of steps after the checkpoint are dropped (they will be recomputed); events are kept.
+A process killed mid-write leaves a torn last line (no final newline): :func:`read_metrics` ignores it, and a
+:class:`MetricsLog` cuts it off before it appends anything (:attr:`MetricsLog.torn_bytes` says how much), so
+later records never follow a torn one. On resume or rollback, the records of steps after the checkpoint are
+dropped (they will be recomputed), except the events of :data:`HISTORY_EVENTS`, which tell what happened to
+the run; so are lines that are not valid JSON (a torn record that an older version appended to).
 """
 
 from __future__ import annotations
@@ -23,29 +27,47 @@ from typing import Any
 
 import torch
 
-__all__ = ["METRICS_NAME", "MetricsLog", "read_metrics", "peak_memory_mib"]
+from comera.atomic import atomic_write_bytes
+
+__all__ = ["METRICS_NAME", "HISTORY_EVENTS", "MetricsLog", "read_metrics", "peak_memory_mib"]
 
 METRICS_NAME = "metrics.jsonl"
+HISTORY_EVENTS = ("resume", "rollback", "unreadable_checkpoint", "torn_record_dropped")
+"""Events kept when the records after a checkpoint are dropped: the run's own history, not its training."""
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every record of a ``metrics.jsonl`` file (or a run folder); a torn last line is ignored."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / METRICS_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: metrics file not found")
-    records = []
-    lines = path.read_text().splitlines()
+def _parse_lines(path: Path) -> tuple[list[dict[str, Any]], list[int], bool]:
+    """The records of ``path``, the numbers of the lines that are not valid JSON, and whether the last of
+    those is the file's torn tail (a last line without its newline)."""
+    text = path.read_text()
+    lines = text.splitlines()
+    records, invalid = [], []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
-            if number == len(lines):
-                break
-            raise ValueError(f"{path}: line {number} is not valid JSON") from None
+            invalid.append(number)
+    torn = bool(invalid) and invalid[-1] == len(lines) and not text.endswith("\n")
+    return records, invalid, torn
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every record of a ``metrics.jsonl`` file (or a run folder); a torn last line is ignored.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: a line other than a torn last one is not valid JSON.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: metrics file not found")
+    records, invalid, torn = _parse_lines(path)
+    damaged = invalid[:-1] if torn else invalid
+    if damaged:
+        raise ValueError(f"{path}: line {damaged[0]} is not valid JSON")
     return records
 
 
@@ -58,12 +80,31 @@ def peak_memory_mib(device: torch.device) -> float:
 
 
 class MetricsLog:
-    """Appends records to ``directory/metrics.jsonl`` (or keeps nothing when ``directory`` is None)."""
+    """Appends records to ``directory/metrics.jsonl`` (or keeps nothing when ``directory`` is None).
+
+    An existing file's torn last line (a process killed mid-write) is cut off when the log is opened;
+    :attr:`torn_bytes` is the number of bytes cut (0 when the file was whole).
+    """
 
     def __init__(self, directory: str | os.PathLike | None) -> None:
         self.path = None if directory is None else Path(directory) / METRICS_NAME
+        self.torn_bytes = 0
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.torn_bytes = self._cut_torn_tail()
+
+    def _cut_torn_tail(self) -> int:
+        if not self.path.is_file():
+            return 0
+        data = self.path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            return 0
+        whole = data.rfind(b"\n") + 1
+        with self.path.open("r+b") as file:
+            file.truncate(whole)
+            file.flush()
+            os.fsync(file.fileno())
+        return len(data) - whole
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record and flush it to the OS."""
@@ -72,18 +113,17 @@ class MetricsLog:
         with self.path.open("a") as file:
             file.write(json.dumps(record, allow_nan=True) + "\n")
 
-    def drop_after(self, step: int) -> None:
-        """Rewrite the file without ``train``/``eval`` records of steps after ``step`` (atomic rename)."""
+    def drop_after(self, step: int) -> int:
+        """Rewrite the file without the records of steps after ``step`` (but for :data:`HISTORY_EVENTS`) and
+        without lines that are not valid JSON (atomically); returns the number of such lines dropped."""
         if self.path is None or not self.path.is_file():
-            return
+            return 0
+        records, invalid, _ = _parse_lines(self.path)
         kept = [
             record
-            for record in read_metrics(self.path)
-            if record.get("kind") == "event" or record.get("step", 0) <= step
+            for record in records
+            if record.get("step", 0) <= step or record.get("event") in HISTORY_EVENTS
         ]
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
-        with temporary.open("w") as file:
-            file.writelines(json.dumps(record, allow_nan=True) + "\n" for record in kept)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.path)
+        text = "".join(json.dumps(record, allow_nan=True) + "\n" for record in kept)
+        atomic_write_bytes(self.path, text.encode())
+        return len(invalid)

@@ -45,6 +45,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from comera.atomic import remove_stale_temporaries
 from comera.cpu import reuse_freed_memory
 from comera.modules import unwrap_model
 from comera.nn.gated import invalidate_inference_caches
@@ -52,6 +53,7 @@ from comera.nn.linear import TTLinear
 from comera.train.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
+    NoReadableCheckpointError,
     capture_rng,
     checkpoint_path,
     latest_checkpoint,
@@ -80,7 +82,10 @@ _END = object()
 
 @dataclass(frozen=True)
 class FitResult:
-    """What :meth:`Trainer.fit` reached: final step, stage, size ratio, last evaluation, guard counters."""
+    """What :meth:`Trainer.fit` reached: final step, stage, size ratio, last evaluation, guard counters, and
+    ``train_time_s``: seconds spent in :meth:`Trainer.fit` by this process and, for a resumed run, by the
+    earlier processes up to the checkpoint it resumed from (not compared: two equal runs take their own
+    time)."""
 
     step: int
     stage: str
@@ -89,6 +94,7 @@ class FitResult:
     eval: dict[str, float] = field(default_factory=dict)
     nonfinite: int = 0
     rollbacks: int = 0
+    train_time_s: float = field(default=0.0, compare=False)
 
 
 def _with_last(batches: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
@@ -193,6 +199,8 @@ class Trainer:
         self.epoch = 0
         self.batch_in_epoch = 0
         self.last_eval: dict[str, float] = {}
+        self._time_before = 0.0
+        self._fit_started = time.perf_counter()
         self._bf16 = config.precision == "bf16"
         if config.precision == "fp8":
             for layer in self.module.modules():
@@ -305,10 +313,32 @@ class Trainer:
 
         Args:
             resume: False starts fresh (seeding torch, ``random`` and numpy with ``config.seed``); True
-                continues from the newest readable checkpoint in the checkpoint folder if there is one (else
-                starts fresh; a corrupt newest checkpoint is reported and the previous one used); a path
+                continues from the newest readable checkpoint in the checkpoint folder (a corrupt newest
+                checkpoint is reported and the previous one used); without any checkpoint it warns and
+                starts fresh, dropping the ``train``/``eval`` records of the earlier attempt; a path
                 continues from that checkpoint file.
+
+        Before anything else, the temporary files that a killed process left in the run and checkpoint
+        folders are deleted, and a torn last line of ``metrics.jsonl`` is reported (a warning and a
+        ``"torn_record_dropped"`` event).
+
+        Raises:
+            NoReadableCheckpointError: ``resume=True`` and every checkpoint file is unreadable.
         """
+        self._fit_started = time.perf_counter()
+        if self.process_rank == 0:
+            for folder in (self.run_dir, self.checkpoint_dir):
+                if folder is not None:
+                    remove_stale_temporaries(folder)
+        if self.metrics.torn_bytes:
+            warnings.warn(
+                f"{self.metrics.path}: dropped a torn last record ({self.metrics.torn_bytes} bytes without a "
+                "newline, left by a process killed mid-write)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self._event("torn_record_dropped", bytes=self.metrics.torn_bytes)
+            self.metrics.torn_bytes = 0
         if resume is False:
             self._seed()
         elif resume is True:
@@ -316,8 +346,7 @@ class Trainer:
         else:
             path = Path(resume)
             self._restore(load_checkpoint(path), rollback=False)
-            self.metrics.drop_after(self.step)
-            self._event("resume", checkpoint=str(path))
+            self._resumed_from(path)
         total = self.total_steps
         self.model.train()
         if self.step == 0 and self._late_stage_due():
@@ -344,7 +373,17 @@ class Trainer:
             eval=dict(self.last_eval),
             nonfinite=self.guard.total,
             rollbacks=self.guard.rollbacks,
+            train_time_s=self._train_time(),
         )
+
+    def _train_time(self) -> float:
+        return self._time_before + time.perf_counter() - self._fit_started
+
+    def _resumed_from(self, path: Path | None) -> None:
+        """Drop the records of steps after the resumed state (and unreadable lines); log the resume."""
+        unreadable = self.metrics.drop_after(self.step)
+        details = {"unreadable_lines_dropped": unreadable} if unreadable else {}
+        self._event("resume", checkpoint=None if path is None else str(path), **details)
 
     def _resume_latest(self) -> None:
         candidates = [] if self.checkpoint_dir is None else list_checkpoints(self.checkpoint_dir)
@@ -356,15 +395,20 @@ class Trainer:
                 self._event("unreadable_checkpoint", checkpoint=str(path), error=str(error))
                 continue
             self._restore(payload, rollback=False)
-            self.metrics.drop_after(self.step)
-            self._event("resume", checkpoint=str(path))
+            self._resumed_from(path)
             return
         if candidates:
-            raise ValueError(
-                f"no readable checkpoint in {self.checkpoint_dir}: all {len(candidates)} are corrupt; "
-                "start fresh with resume=False"
-            )
+            raise NoReadableCheckpointError(self.checkpoint_dir, len(candidates))
+        where = "no checkpoint folder (config.run_dir and checkpoint_dir are None)"
+        if self.checkpoint_dir is not None:
+            where = f"no checkpoint in {self.checkpoint_dir}"
+        warnings.warn(
+            f"resume: {where}; training starts from step 0 (the records of the earlier attempt are dropped)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         self._seed()
+        self._resumed_from(None)
 
     def _late_stage_due(self) -> bool:
         return (
@@ -547,7 +591,12 @@ class Trainer:
             "structure": model_structure(self.module),
             "optimizer": self.optimizer.state_dict(),
             "objective": self.objective.state_dict(),
-            "progress": {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch},
+            "progress": {
+                "step": self.step,
+                "epoch": self.epoch,
+                "batch_in_epoch": self.batch_in_epoch,
+                "train_time_s": self._train_time(),
+            },
             "guard": self.guard.state_dict(),
             "rng": rng_per_rank[self.process_rank],
             "rng_per_rank": rng_per_rank,
@@ -581,6 +630,8 @@ class Trainer:
         self.batch_in_epoch = int(progress["batch_in_epoch"])
         if not rollback:
             self.guard.load_state_dict(payload["guard"])
+            self._time_before = float(progress.get("train_time_s", 0.0))
+            self._fit_started = time.perf_counter()
         per_rank = payload.get("rng_per_rank", [])
         restore_rng(per_rank[self.process_rank] if len(per_rank) == self.world_size else payload["rng"])
         self._window.clear()

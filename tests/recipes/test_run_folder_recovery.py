@@ -1,0 +1,171 @@
+"""A run folder always resumes, or says why not: a killed run's leftovers, missing or unreadable checkpoints,
+edited data; and results.json describes the saved model in strict JSON."""
+
+import json
+import shutil
+
+import pytest
+import torch
+import toy
+from safetensors.torch import load_file
+
+import comera
+from comera.recipes.cli import main
+from comera.recipes.run import SetupError, run, strict_json
+from comera.train import read_metrics
+
+LATE_STAGE_MID_EPOCH = ['train.unit="step"', "train.early=4", "train.late=3", "train.target_ratio=0.3"]
+
+
+def _strict_load(path):
+    def refuse(constant):
+        raise ValueError(f"{path} holds {constant}, which is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def _run(tmp_path, out, assignments=(), **kwargs):
+    settings = ["train.plot=false", *assignments]
+    return run("toy", preset="smoke", out=out, cache_dir=tmp_path / "cache", assignments=settings, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished toy run's folder and results (copy it before changing it)."""
+    folder = tmp_path_factory.mktemp("finished")
+    return folder / "run", _run(folder, folder / "run")
+
+
+@pytest.fixture
+def killed_run(finished_run, tmp_path):
+    """A copy of the finished run without its results.json, as a run killed after its last checkpoint."""
+    source, results = finished_run
+    out = tmp_path / "run"
+    shutil.copytree(source, out)
+    (out / "results.json").unlink()
+    return out, results
+
+
+def test_resume_without_a_checkpoint_says_so_and_keeps_only_the_records_it_recomputes(killed_run, tmp_path):
+    out, results = killed_run
+    shutil.rmtree(out / "checkpoints")
+    shutil.rmtree(out / "model")
+    with pytest.raises(SetupError, match="already holds a run; continue it with --resume"):
+        _run(tmp_path, out)
+    with pytest.warns(RuntimeWarning, match="no checkpoint in .*training starts from step 0"):
+        resumed = _run(tmp_path, out, resume=True)
+    steps = [record["step"] for record in read_metrics(out) if record["kind"] == "train"]
+    assert steps == list(range(1, results["steps"] + 1)), "every step logged once"
+    events = [record["event"] for record in read_metrics(out) if record["kind"] == "event"]
+    assert events.count("late_stage") == 1 and "resume" in events
+    assert resumed["evaluation"] == results["evaluation"]
+
+
+def test_a_torn_metrics_line_is_dropped_with_a_warning_and_the_log_stays_valid(killed_run, tmp_path):
+    """Killed mid-write before its first checkpoint: the resume trains from step 0 and appends."""
+    out, results = killed_run
+    shutil.rmtree(out / "checkpoints")
+    with (out / "metrics.jsonl").open("a") as file:
+        file.write('{"kind": "train", "step": 4, "lo')
+    with pytest.warns(RuntimeWarning, match="dropped a torn last record"):
+        _run(tmp_path, out, resume=True)
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert any(record.get("event") == "torn_record_dropped" for record in records)
+    assert _strict_load(out / "results.json")["evaluation"] == results["evaluation"]
+
+
+def test_a_resume_refuses_edited_data_naming_the_file(tmp_path):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text('{"label": "neutral"}\n')
+    out = tmp_path / "run"
+    _run(tmp_path, out, data=data)
+    (out / "results.json").unlink()
+    data.write_text('{"label": "entails"}\n')  # the same size, other content
+    with pytest.raises(SetupError, match=r"the data changed since the run started \(pairs\.jsonl: 21 bytes"):
+        _run(tmp_path, out, data=data, resume=True)
+
+
+def test_stale_temporaries_of_a_killed_process_are_removed_and_others_kept(killed_run, tmp_path):
+    out, _ = killed_run
+    stale = [
+        out / "checkpoints" / f".step-00000006.pt.{'a' * 32}.tmp",
+        out / f".metrics.jsonl.{'b' * 32}.tmp",
+        out / f".model.{'c' * 32}.tmp",
+    ]
+    for path in stale[:2]:
+        path.write_bytes(b"half a file")
+    stale[2].mkdir()
+    (stale[2] / "model.safetensors").write_bytes(b"half a file")
+    kept = [out / "notes.tmp", out / ".notes.tmp"]
+    for path in kept:
+        path.write_text("mine")
+    _run(tmp_path, out, resume=True)
+    assert not any(path.exists() for path in stale)
+    assert all(path.exists() for path in kept)
+
+
+def test_wall_time_counts_the_training_time_before_the_resumed_checkpoint(killed_run, tmp_path):
+    out, _ = killed_run
+    (newest,) = sorted((out / "checkpoints").glob("step-*.pt"))[-1:]
+    payload = torch.load(newest, weights_only=True)
+    payload["progress"]["train_time_s"] = 1000.0
+    torch.save(payload, newest)
+    assert _run(tmp_path, out, resume=True)["wall_time_s"] > 1000.0
+
+
+def test_unreadable_checkpoints_are_one_line_and_restart_keeps_the_old_files(killed_run, tmp_path, capsys):
+    out, _ = killed_run
+    arguments = ["toy", "--preset", "smoke", "--out", str(out), "--cache", str(tmp_path / "cache")]
+    arguments += ["--set", "train.plot=false"]
+    checkpoints = sorted((out / "checkpoints").glob("step-*.pt"))
+    for path in checkpoints:
+        path.write_bytes(b"junk")
+    capsys.readouterr()
+    assert main([*arguments, "--resume"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error[-1].startswith("comera train: --resume: no readable checkpoint in")
+    assert "start the run again with --restart" in error[-1]
+    assert all(line.startswith("comera train: ") for line in error), "warnings in one line each"
+    assert main([*arguments, "--restart"]) == 0
+    aside = out.with_name("run.old-1")
+    assert "the files of the run it replaced: " in capsys.readouterr().out
+    assert (aside / "checkpoints" / checkpoints[-1].name).read_bytes() == b"junk"
+    assert (aside / "config.json").is_file() and not (aside / "results.json").exists()
+    assert _strict_load(out / "results.json")["earlier_run"] == str(aside)
+    with pytest.raises(SystemExit):
+        main([*arguments, "--resume", "--restart"])
+
+
+@pytest.mark.parametrize("prune_at", [None, '["early_end"]'])
+def test_the_saved_model_holds_the_reported_parameters_when_the_late_stage_ends_mid_epoch(tmp_path, prune_at):
+    out = tmp_path / "run"
+    extra = [] if prune_at is None else [f"train.prune_at={prune_at}"]
+    results = _run(tmp_path, out, assignments=[*LATE_STAGE_MID_EPOCH, *extra])
+    base = toy.ToyRecipe().build_model({"hidden": 32}, None)
+    saved = comera.load_pretrained(out / "model", base_model=base)
+    trains = [module for module in saved.modules() if isinstance(module, comera.GatedTrain)]
+    assert trains and all(train.ranks == train.max_ranks for train in trains), "stored ranks are active"
+    assert results["params"] == comera.compression_report(saved).model_params
+    stored = load_file(str(out / "model" / "model.safetensors"))
+    core_entries = sum(tensor.numel() for key, tensor in stored.items() if ".cores." in key)
+    assert core_entries == comera.compression_report(saved).tensorized_params
+
+
+def test_an_evaluation_split_without_examples_is_refused_before_training(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(SetupError, match=r"the validation split has no examples \(0 read, 0 skipped\)"):
+        _run(tmp_path, out, assignments=["data.eval_samples=0"])
+    assert not (out / "checkpoints").exists()
+
+
+def test_results_json_is_strict_json_when_a_metric_is_undefined(tmp_path, monkeypatch):
+    """As the AUC of a split with one class: the metric is null, the file strict JSON."""
+    compute = toy.AccuracyEvaluator.compute
+    monkeypatch.setattr(toy.AccuracyEvaluator, "compute", lambda self: {**compute(self), "auc": float("nan")})
+    out = tmp_path / "run"
+    results = _run(tmp_path, out)
+    assert _strict_load(out / "results.json") == results
+    assert results["evaluation"]["test"]["auc"] is None and results["evaluation"]["test"]["accuracy"] > 0
+    text = strict_json({"a": [float("nan"), float("-inf"), 1.5]})
+    assert json.loads(text) == {"a": [None, None, 1.5]}

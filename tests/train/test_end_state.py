@@ -1,0 +1,50 @@
+"""What a finished or resumed Trainer run leaves: a model at its active ranks, a log without torn lines, the
+training time carried through checkpoints."""
+
+import json
+
+import pytest
+from tiny import loss_fn, make_data, make_model
+
+from comera import GatedTrain
+from comera.train import TrainConfig, Trainer
+from comera.train.checkpoint import NoReadableCheckpointError
+
+
+def _trains(model):
+    return [module for module in model.modules() if isinstance(module, GatedTrain)]
+
+
+def test_a_late_stage_ending_mid_epoch_leaves_the_model_at_its_active_ranks():
+    # 48 samples in batches of 8: 6 steps per epoch; the late stage trims to its target at its last step
+    config = TrainConfig(early=4, late=3, unit="step", batch_size=8, target_ratio=0.3, plot=False)
+    model = make_model()
+    Trainer(model, loss_fn, make_data(), config=config).fit()
+    trains = _trains(model)
+    assert [train.max_ranks for train in trains] != [train.max_ranks for train in _trains(make_model())]
+    assert all(train.ranks == train.max_ranks for train in trains), "pruned at the end of training"
+
+
+def test_training_after_a_torn_line_without_a_checkpoint_keeps_every_line_valid(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n{"kind": "train", "st')
+    config = TrainConfig(early=1, batch_size=8, log_every=1, run_dir=str(tmp_path), plot=False)
+    with pytest.warns(RuntimeWarning, match="dropped a torn last record"):
+        Trainer(make_model(), loss_fn, make_data(), config=config).fit(resume=True)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 7))
+
+
+def test_train_time_is_carried_through_a_checkpoint_and_all_unreadable_is_its_own_error(tmp_path):
+    config = TrainConfig(early=1, batch_size=8, checkpoint_every=3, run_dir=str(tmp_path), plot=False)
+    first = Trainer(make_model(), loss_fn, make_data(), config=config)
+    first.fit()
+    payload = first.state_dict()
+    assert payload["progress"]["train_time_s"] > 0
+    payload["progress"]["train_time_s"] = 500.0
+    resumed = Trainer(make_model(), loss_fn, make_data(), config=config)
+    resumed._restore(payload, rollback=False)
+    assert resumed.state_dict()["progress"]["train_time_s"] >= 500.0
+    for path in (tmp_path / "checkpoints").glob("step-*.pt"):
+        path.write_bytes(b"junk")
+    with pytest.warns(RuntimeWarning), pytest.raises(NoReadableCheckpointError, match="all 2 are truncated"):
+        Trainer(make_model(), loss_fn, make_data(), config=config).fit(resume=True)
