@@ -58,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="comera", description="comera: tensor-train training for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="train the sentence-pair workload dense and with comera", add_help=False)
+    sub.add_parser(
+        "demo",
+        help="train the sentence-pair workload dense and with comera, then time both at the paper's size",
+        add_help=False,
+    )
     sub.add_parser("train", help="train a workload: comera train WORKLOAD --help", add_help=False)
     sub.add_parser(
         "compare",

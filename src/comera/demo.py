@@ -1,65 +1,196 @@
-"""``comera demo``: the sentence-pair workload trained dense and with CoMERA, side by side.
+"""``comera demo``: the sentence-pair workload trained dense and with CoMERA, side by side, at two sizes.
 
-Both runs go through ``comera compare nli --methods dense comera --rerun`` (:mod:`comera.recipes.compare`):
-the same recipe (``comera train nli --preset small``) and the same Trainer, each in a fresh process so that
-each peak memory is its own: the dense model, and the CoMERA model (tensorized by the
-``nli-small`` preset, early stage, late stage toward a smaller size, pruned). The data is the embedded task
-(a docstring paired with a function's code from this Python's standard library: does it match?). At the end
-one table compares accuracy, parameters, compression, step time and peak memory, and names the plots.
+Accuracy: both runs go through ``comera compare nli --methods dense comera --rerun``
+(:mod:`comera.recipes.compare`): the same recipe (``comera train nli --preset small``) and the same Trainer,
+each in a fresh process: the dense model, and the CoMERA model (tensorized by the ``nli-small`` preset,
+early stage, late stage toward a smaller size, pruned). The data is the embedded task (a docstring paired
+with a function's code from this Python's standard library: does it match?).
 
-Usage: ``comera demo [--out runs/demo] [--preset small] [--set section.key=value ...]``.
+Speed and memory: at the small size the model is too small for them to show, so they are measured on the
+paper's model (``--speed-preset``, default ``paper``: width 768, six encoders) by the transformer case of
+``comera bench paper`` (:func:`comera.bench.paper.run_fresh_case`), dense and comera, each in a fresh
+process: one fixed batch of ``--speed-batch`` pairs (default 32, the preset's training batch), trained for
+``--speed-warmup`` untimed steps, one step whose memory rise is measured and one more, then
+``--speed-steps`` timed steps (their median is the step time). Training memory is what training keeps
+between steps (parameters, gradients, optimizer state, counted tensor by tensor) plus that rise
+(activations and temporaries).
+
+At the end one table compares accuracy, parameters and compression (small size) with step time and training
+memory (paper size), each with its ratio to dense, and names the run folders; ``OUT/speed.json`` keeps the
+two speed cases. With ``--preset smoke`` (a quick check) the speed comparison runs at the ``smoke`` size
+too, unless ``--speed-preset`` says otherwise; ``--no-speed`` leaves it out.
+
+Usage: ``comera demo [--out runs/demo] [--preset small] [--set section.key=value ...] [--no-speed]
+[--speed-preset paper] [--speed-batch 32] [--speed-steps 7] [--speed-warmup 1]``. ``--set`` changes a
+setting of the two accuracy runs only.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+from comera.bench.paper import run_fresh_case
+from comera.recipes.base import get_recipe
 from comera.recipes.cli import load_recipes
 from comera.recipes.compare import compare
-from comera.recipes.run import SetupError
+from comera.recipes.run import SetupError, default_cache_dir
 
-__all__ = ["main", "format_table"]
+__all__ = ["main", "format_table", "SpeedSettings", "run_speed"]
 
 METHODS = ("dense", "comera")
+WORKLOAD = "nli"
+LEAST = {"speed_batch": 1, "speed_steps": 5, "speed_warmup": 1}
+"""The smallest value of each speed flag (the step timer of ``comera bench paper`` needs >= 5 timed steps
+and >= 1 warm-up step)."""
 
 
-def _ratio(value: float | None) -> str:
+@dataclass(frozen=True)
+class SpeedSettings:
+    """How the speed comparison runs: the ``preset`` of the workload, the ``batch`` size, the timed
+    ``steps`` and the untimed ``warmup`` steps before them."""
+
+    preset: str
+    batch: int
+    steps: int
+    warmup: int
+
+    def describe(self) -> str:
+        """One line: model size, batch, steps."""
+        return (
+            f"preset {self.preset} ({_model_size(_preset_model(self.preset))}), batch {self.batch}, "
+            f"median of {self.steps} timed steps after {self.warmup + 2} untimed"
+        )
+
+
+def _preset_model(preset: str) -> dict[str, Any]:
+    return dict(get_recipe(WORKLOAD).presets[preset]["model"])
+
+
+def _model_size(model: Mapping[str, Any]) -> str:
+    return f"width {model['d_model']}, {model['n_layers']} blocks"
+
+
+def run_speed(settings: SpeedSettings, cache_dir: Path) -> dict[str, dict[str, Any]]:
+    """Step time and training memory of the dense and the comera model (method -> the case's result, with
+    ``error`` when it failed), each in a fresh process (:func:`comera.bench.paper.run_fresh_case`)."""
+    return {
+        method: run_fresh_case(
+            WORKLOAD,
+            settings.preset,
+            method,
+            settings.batch,
+            repeats=settings.steps,
+            warmup=settings.warmup,
+            cache_dir=cache_dir,
+        )
+        for method in METHODS
+    }
+
+
+def _times(dense: float, comera: float, more: str, less: str) -> str:
+    """How many times ``comera`` is ``less`` than ``dense`` (``more`` when it is larger)."""
+    if dense <= 0 or comera <= 0:
+        return "-"
+    return f"{dense / comera:.1f}x {less}" if dense >= comera else f"{comera / dense:.1f}x {more}"
+
+
+def _compression(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}x"
 
 
-def format_table(results: dict[str, dict]) -> str:
-    """The side-by-side table of the demo's runs (``results``: method -> results.json)."""
-    dense = results["dense"]
-    rows = [("", *results)]
+def _accuracy_rows(results: Mapping[str, dict]) -> list[tuple[str, ...]]:
+    dense, comera = results["dense"], results["comera"]
     split = next(iter(dense["evaluation"]))
-    rows.append(("accuracy", *(f"{r['evaluation'][split]['accuracy']:.3f}" for r in results.values())))
-    rows.append(("loss", *(f"{r['evaluation'][split]['loss']:.3f}" for r in results.values())))
-    rows.append(("parameters", *(f"{r['params']:,}" for r in results.values())))
-    rows.append(
+    accuracy = [r["evaluation"][split]["accuracy"] for r in (dense, comera)]
+    return [
+        (f"  accuracy ({split})", *(f"{value:.3f}" for value in accuracy), _points(*accuracy)),
         (
-            "compression, tensorized layers",
-            *(_ratio(r["compression"]["tensorized"]) for r in results.values()),
-        )
-    )
-    rows.append(("compression, whole model", *(_ratio(r["compression"]["whole"]) for r in results.values())))
-    rows.append(("step time (ms, median)", *(f"{1e3 * r['step_time_s']:.1f}" for r in results.values())))
-    rows.append(
+            "  parameters",
+            f"{dense['params']:,}",
+            f"{comera['params']:,}",
+            _times(dense["params"], comera["params"], "more", "fewer"),
+        ),
         (
-            "speed-up over dense (>1: faster)",
-            *(f"{dense['step_time_s'] / r['step_time_s']:.2f}x" for r in results.values()),
-        )
-    )
-    rows.append(("peak memory (MiB)", *(f"{r['peak_memory_mib']:.0f}" for r in results.values())))
-    rows.append(("wall time (s)", *(f"{r['wall_time_s']:.0f}" for r in results.values())))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+            "  compression, tensorized layers",
+            _compression(dense["compression"]["tensorized"]),
+            _compression(comera["compression"]["tensorized"]),
+            "",
+        ),
+    ]
+
+
+def _points(dense: float, comera: float) -> str:
+    return f"{100 * (comera - dense):+.1f} points"
+
+
+def _speed_rows(speed: Mapping[str, dict]) -> list[tuple[str, ...]]:
+    dense, comera = speed["dense"], speed["comera"]
+    failed = [f"{method} failed: {' '.join(r['error'])}" for method, r in speed.items() if "error" in r]
+    if failed:
+        return [("  not measured", "-", "-", "; ".join(failed))]
+    return [
+        (
+            "  parameters",
+            f"{dense['params']:,}",
+            f"{comera['params']:,}",
+            _times(dense["params"], comera["params"], "more", "fewer"),
+        ),
+        (
+            "  step time (ms, median)",
+            f"{dense['ms']:.0f}",
+            f"{comera['ms']:.0f}",
+            _times(dense["ms"], comera["ms"], "slower", "faster"),
+        ),
+        (
+            "  training memory (MiB)",
+            f"{dense['training_mib']:.0f}",
+            f"{comera['training_mib']:.0f}",
+            _times(dense["training_mib"], comera["training_mib"], "more", "less"),
+        ),
+        ("    kept between steps", f"{dense['state_mib']:.0f}", f"{comera['state_mib']:.0f}", ""),
+        ("    rise during a step", f"{dense['train_mib']:.0f}", f"{comera['train_mib']:.0f}", ""),
+    ]
+
+
+def format_table(
+    results: Mapping[str, dict],
+    accuracy_size: str,
+    speed: Mapping[str, dict] | None = None,
+    speed_size: str = "",
+) -> str:
+    """The demo's table: columns dense, comera and comera against dense.
+
+    Args:
+        results: method -> ``results.json`` of its accuracy run (``"dense"`` and ``"comera"``).
+        accuracy_size: the title of the accuracy rows (preset and model size).
+        speed: method -> its case of :func:`run_speed`, or None to leave the speed rows out.
+        speed_size: the title of the speed rows.
+    """
+    rows: list[tuple[str, ...]] = [("", "dense", "comera", "comera vs dense")]
+    rows += [(f"{accuracy_size}, trained:",), *_accuracy_rows(results)]
+    if speed is not None:
+        rows += [(f"{speed_size}:",), *_speed_rows(speed)]
+    cells = [row for row in rows if len(row) == 4]
+    widths = [max(len(row[i]) for row in cells) for i in range(4)]
     lines = []
-    for number, row in enumerate(rows):
-        cells = [row[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])]
-        lines.append("  ".join(cells))
-        if number == 0:
-            lines.append("  ".join("-" * width for width in widths))
+    for row in rows:
+        if len(row) == 1:
+            lines.append(row[0])
+            continue
+        label, dense, comera, versus = row
+        lines.append(
+            "  ".join(
+                [label.ljust(widths[0]), dense.rjust(widths[1]), comera.rjust(widths[2]), versus]
+            ).rstrip()
+        )
+        if row is rows[0]:
+            lines.append("-" * len(lines[0]))
     return "\n".join(lines)
 
 
@@ -74,17 +205,57 @@ def _data_line(results: dict) -> str:
     return text
 
 
+def _note(accuracy_preset: str, speed_preset: str) -> str:
+    """The lines under the table: which size each part is measured at, and what training memory is."""
+    return (
+        f"Accuracy and compression are measured at preset {accuracy_preset}, step time and memory at preset "
+        f"{speed_preset}\n(the step of `comera bench paper`'s transformer section: one fixed batch, each "
+        "method in a fresh process).\nTraining memory = what training keeps between steps (parameters, "
+        "gradients, optimizer state)\n+ the resident set's rise during one step (activations, temporaries).\n"
+    )
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="comera demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="runs/demo", help="folder of the runs (default: runs/demo)")
+    parser.add_argument("--preset", default="small", help="preset of the accuracy runs (default: small)")
+    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--no-speed", action="store_true", help="leave out the speed and memory comparison")
+    parser.add_argument(
+        "--speed-preset",
+        default=None,
+        help="preset of the speed comparison (default: paper; smoke with --preset smoke)",
+    )
+    parser.add_argument("--speed-batch", type=int, default=32, help="batch of the speed comparison (32)")
+    parser.add_argument("--speed-steps", type=int, default=7, help="timed steps per method (>= 5; 7)")
+    parser.add_argument("--speed-warmup", type=int, default=1, help="untimed steps first (>= 1; 1)")
+    args = parser.parse_args(argv)
+    for name, least in LEAST.items():
+        if getattr(args, name) < least:
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} must be >= {least}, got {getattr(args, name)}")
+    if args.speed_preset is None:
+        args.speed_preset = "smoke" if args.preset == "smoke" else "paper"
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera demo``."""
-    parser = argparse.ArgumentParser(prog="comera demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="runs/demo", help="folder of the two runs (default: runs/demo)")
-    parser.add_argument("--preset", default="small", help="workload preset (default: small)")
-    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    args = parser.parse_args(argv)
+    args = _parse(argv)
     out = Path(args.out)
     load_recipes()
+    presets = get_recipe(WORKLOAD).presets
+    if not args.no_speed and args.speed_preset not in presets:
+        choices = sorted(presets)
+        print(
+            f"comera demo: --speed-preset: unknown preset {args.speed_preset!r}; choose one of {choices}",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        runs = compare("nli", METHODS, preset=args.preset, assignments=args.assignments, out=out, rerun=True)
+        runs = compare(
+            WORKLOAD, METHODS, preset=args.preset, assignments=args.assignments, out=out, rerun=True
+        )
     except SetupError as error:
         print(f"comera demo: {error}", file=sys.stderr)
         return 2
@@ -92,14 +263,27 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         raise SystemExit(f"comera demo: the {failed[0].method} run failed: {failed[0].error}")
     results = {item.method: item.results for item in runs}
+    model = json.loads((runs[0].run_dir / "config.json").read_text())["settings"]["model"]
+    accuracy_size = f"preset {args.preset} ({_model_size(model)})"
+    speed, settings = None, None
+    if not args.no_speed:
+        settings = SpeedSettings(args.speed_preset, args.speed_batch, args.speed_steps, args.speed_warmup)
+        print(f"\n[speed] dense and comera, {settings.describe()}, each in a fresh process", flush=True)
+        speed = run_speed(settings, default_cache_dir())
+        record = {"settings": asdict(settings), "cases": speed}
+        (out / "speed.json").write_text(json.dumps(record, indent=2) + "\n")
     print()
-    print(f"comera demo: sentence pairs, preset {args.preset}; {_data_line(results['dense'])}")
-    print(format_table(results))
+    print(f"comera demo: sentence pairs; {_data_line(results['dense'])}")
+    print(format_table(results, accuracy_size, speed, settings.describe() if settings else ""))
     print()
+    if settings is not None:
+        print(_note(args.preset, settings.preset))
     for method in METHODS:
         print(f"{method}: {out / method}/results.json, plots in {out / method}/plots/")
     print(f"both: {out}/comparison.md, {out}/compare-accuracy.png")
-    return 0
+    if settings is not None:
+        print(f"speed and memory: {out}/speed.json")
+    return 1 if speed is not None and any("error" in case for case in speed.values()) else 0
 
 
 if __name__ == "__main__":

@@ -109,6 +109,7 @@ __all__ = [
     "SECTIONS",
     "Section",
     "run_case",
+    "run_fresh_case",
     "lte_heads",
     "ladder_ranks",
     "format_report",
@@ -236,19 +237,32 @@ def run_case(
     }
 
 
-def _fresh(
-    args: argparse.Namespace, method: str, batch: int, cache_dir: Path, rank: int | None = None
+def run_fresh_case(
+    workload: str,
+    preset: str,
+    method: str,
+    batch: int,
+    *,
+    repeats: int,
+    warmup: int,
+    cache_dir: Path,
+    threads: int | None = None,
+    memory: str = "reuse",
+    imports: Sequence[str] = (),
+    rank: int | None = None,
 ) -> dict[str, Any]:
-    """One case of :func:`run_case` in a new interpreter, with a progress line; a failed case is an entry
-    with ``error`` (the last line of its stderr)."""
+    """:func:`run_case` in a new interpreter (so its peak memory is its own), with a progress line on stdout;
+    the arguments are :func:`run_case`'s, plus ``threads`` (torch threads in the case; None: torch's default)
+    and ``imports`` (modules imported first, e.g. one registering its own recipe). Returns the case's result,
+    or, for a failed case, an entry with ``error`` (the last line of its stderr)."""
     case = f"{method}:{batch}" + ("" if rank is None else f":{rank}")
     command = [sys.executable, "-m", "comera.bench.paper", "--case", case]
-    command += ["--workload", args.workload, "--preset", args.preset, "--cache", str(cache_dir)]
-    command += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--memory", args.memory]
-    for module in args.imports:
+    command += ["--workload", workload, "--preset", preset, "--cache", str(cache_dir)]
+    command += ["--repeats", str(repeats), "--warmup", str(warmup), "--memory", memory]
+    for module in imports:
         command += ["--import", module]
-    if args.threads is not None:
-        command += ["--threads", str(args.threads)]
+    if threads is not None:
+        command += ["--threads", str(threads)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode == 0:
         result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -256,8 +270,27 @@ def _fresh(
         return result
     error = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}, nothing on stderr"]
     print(f"{case:14s} failed: {' '.join(error)}", flush=True)
-    result = {"workload": args.workload, "preset": args.preset, "method": method, "batch": batch}
+    result = {"workload": workload, "preset": preset, "method": method, "batch": batch}
     return {**result, "error": error, **({} if rank is None else {"rank": rank})}
+
+
+def _fresh(
+    args: argparse.Namespace, method: str, batch: int, cache_dir: Path, rank: int | None = None
+) -> dict[str, Any]:
+    """:func:`run_fresh_case` with the command's flags."""
+    return run_fresh_case(
+        args.workload,
+        args.preset,
+        method,
+        batch,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        cache_dir=cache_dir,
+        threads=args.threads,
+        memory=args.memory,
+        imports=args.imports,
+        rank=rank,
+    )
 
 
 def _ratio(value: float, reference: float | None, floor: float = 0.0) -> str:
