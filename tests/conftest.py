@@ -33,6 +33,10 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Autotuning off in every process the tests start (comera.tt.autotune): a run in a fresh process then makes
+# the same choices as the test's own process, so resumed and compared runs can be checked bit for bit.
+os.environ["COMERA_AUTOTUNE"] = "0"
+
 
 @pytest.fixture(autouse=True)
 def _seed():
