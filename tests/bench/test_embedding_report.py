@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from comera.bench.embedding import applies, format_report
+import torch
+
+from comera.bench.embedding import applies, format_report, layout_batch
 
 
 def entry(method, ms, peak, table="paper", count=10_000):
@@ -55,3 +57,24 @@ def test_published_order_needs_an_order_4_table():
     assert applies("paper", "published") and applies("paper", "published+unique")
     assert not applies("dlrm", "published")
     assert applies("dlrm", "auto")
+
+
+def test_layouts_give_the_ids_and_gradients_they_name():
+    indices = torch.arange(300)
+    ids, grad = layout_batch(indices, 4, "contiguous")
+    assert ids is indices and grad.shape == (300, 4) and grad.is_contiguous()
+    assert layout_batch(indices, 4, "broadcast") == (indices, None)
+    ids, grad = layout_batch(indices, 4, "column-major")
+    assert ids is indices and grad.shape == (300, 4) and grad.stride() == (1, 300)
+    ids, grad = layout_batch(indices, 4, "sequence-first")
+    assert torch.equal(ids, indices.reshape(100, 3).t()) and ids.stride() == (1, 3)
+    assert grad.shape == (3, 100, 4) and grad.stride() == (4, 12, 1)
+
+
+def test_report_lists_the_layouts_and_their_targets():
+    auto = entry("auto", 60.0, 40.0)
+    auto["layout_ms"] = {"contiguous": 60.0, "broadcast": 66.0, "column-major": 78.0}
+    results = [auto, entry("published+unique", 150.0, 300.0)]
+    report = format_report(results, "comera bench embedding --layouts")
+    assert "| paper | uniform | 10000 | auto | 60.0 (1.00) | 66.0 (1.10) | 78.0 (1.30) | 1.9x |" in report
+    assert "within 1.2x of contiguous: missed; >= 1.5x faster than published+unique: met." in report

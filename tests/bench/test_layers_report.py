@@ -69,3 +69,38 @@ def test_table_times_the_merge_order_with_and_without_row_blocks(capsys):
     assert "| TT merge | TT merge, one GEMM |" in header
     assert header.count("|") == rule.count("|") == line.count("|")
     capsys.readouterr()
+
+
+def test_layout_tensors_have_the_layouts_they_name():
+    from comera.bench.layer_layouts import LAYOUTS, layout_tensors
+
+    for layout in LAYOUTS:
+        x, grad = layout_tensors(256, 6, 4, layout)
+        assert x.shape == (2, 128, 6) and x.requires_grad
+        transposed_input = layout in ("input transposed", "sequence-first")
+        assert x.stride() == (
+            (6, 12, 1) if transposed_input else (0, 6, 1) if layout == "input broadcast" else (768, 6, 1)
+        )
+        if layout == "gradient broadcast":
+            assert grad is None
+        else:
+            transposed_grad = layout in ("gradient transposed", "sequence-first")
+            assert grad.shape == (2, 128, 4) and grad.stride() == (
+                (4, 8, 1) if transposed_grad else (512, 4, 1)
+            )
+    assert layout_tensors(7, 6, 4, "contiguous")[0].shape == (7, 1, 6)  # 128 does not divide 7
+
+
+def test_layout_report_names_the_layers_more_than_1_2x_behind():
+    from comera.bench.layer_layouts import format_layouts, layout_checks
+
+    layouts = ("contiguous", "gradient broadcast")
+    rows = [
+        {"layer": "nn.Linear 8->8", "batch": 4, "contiguous": 1.0, "gradient broadcast": 2.0},
+        {"layer": "TTLinear 8->8 r=2", "batch": 4, "contiguous": 1.0, "gradient broadcast": 1.1},
+        {"layer": "TTMLinear 8->8 r=2", "batch": 4, "contiguous": 1.0, "gradient broadcast": 1.5},
+    ]
+    assert "| TTMLinear 8->8 r=2 | 4 | 1.00 (1.00) | 1.50 (1.50) | 1.50x |" in format_layouts(rows, layouts)
+    checks = layout_checks(rows, layouts)
+    assert "1 of 2 compressed layers have every layout within 1.2x" in checks
+    assert "- TTMLinear 8->8 r=2, B=4: gradient broadcast 1.50x" in checks

@@ -20,6 +20,13 @@ The report ends with the targets: the default lookup against the published looku
 (at least 1.5x faster at every batch) and whether its time never falls as the batch grows.
 ``--threads`` sets torch's thread count in every case. ``--write`` replaces a section of a markdown file
 (``--section``, default ``embedding``) with the tables.
+
+``--layouts`` times each case once per layout of the upstream gradient (:data:`LAYOUTS`: contiguous,
+``broadcast`` as ``out.sum().backward()`` sends it, ``column-major``, and ``sequence-first``: ids and gradient
+of a ``(T, B)`` batch seen as ``(B, T)`` through ``.t()`` / ``.transpose(0, 1)``), round-robin in the case's
+process (:func:`comera.bench.report.interleaved_medians_ms`), and the report adds a table of the layouts and
+their ratios to the contiguous time, with the target: every layout within 1.2x of contiguous and at least
+1.5x faster than the published lookup with its unique step.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from comera.bench.report import (
     ALLOCATION,
     add_memory_argument,
     fmt,
+    interleaved_medians_ms,
     machine_description,
     median_ms,
     peak_rise_mib,
@@ -53,7 +61,9 @@ __all__ = [
     "TABLES",
     "METHODS",
     "PUBLISHED_METHODS",
+    "LAYOUTS",
     "applies",
+    "layout_batch",
     "build_table",
     "make_indices",
     "run_case",
@@ -83,6 +93,10 @@ ZIPF_EXPONENT = 1.05
 AUTHORS_MS = {10_000: 262.0, 20_000: 564.0, 40_000: 1163.0}
 AUTHORS_UNIQUE_MS = {10_000: 128.0, 20_000: 276.0, 40_000: 476.0}
 TARGET_VS_PUBLISHED = 1.5
+LAYOUTS = ("contiguous", "broadcast", "column-major", "sequence-first")
+TARGET_VS_CONTIGUOUS = 1.2
+SEQUENCE_LENGTH = 100
+"""Steps ``T`` of a ``sequence-first`` batch (when it divides the batch; else one step per id)."""
 
 
 def make_indices(rows: int, count: int, distribution: str, seed: int = 0) -> torch.Tensor:
@@ -98,6 +112,30 @@ def make_indices(rows: int, count: int, distribution: str, seed: int = 0) -> tor
     ranks = torch.searchsorted(cdf, torch.rand(count, generator=generator, dtype=torch.float64))
     shuffle = torch.randperm(rows, generator=generator)
     return shuffle[ranks.clamp_(max=rows - 1)]
+
+
+def layout_batch(indices: torch.Tensor, dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Ids and upstream gradient of one :data:`LAYOUTS` entry for ``indices`` (``(N,)``) and rows of ``dim``.
+
+    ``contiguous``: ``(N,)`` ids, a ``(N, dim)`` gradient. ``broadcast``: the same ids, gradient None (the
+    step calls ``out.sum().backward()``, whose gradient is one value expanded). ``column-major``: the
+    gradient is a ``(dim, N)`` tensor transposed. ``sequence-first``: ids ``(T, N / T)`` and a gradient
+    ``(T, N / T, dim)``, both seen batch-first through ``.t()`` / ``.transpose(0, 1)``
+    (``T =`` :data:`SEQUENCE_LENGTH`).
+    """
+    count = indices.shape[0]
+    generator = torch.Generator().manual_seed(1)
+    if layout == "contiguous":
+        return indices, torch.randn(count, dim, generator=generator)
+    if layout == "broadcast":
+        return indices, None
+    if layout == "column-major":
+        return indices, torch.randn(dim, count, generator=generator).t()
+    if layout != "sequence-first":
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    steps = SEQUENCE_LENGTH if count % SEQUENCE_LENGTH == 0 else count
+    grad = torch.randn(steps, count // steps, dim, generator=generator).transpose(0, 1)
+    return indices.reshape(steps, count // steps).t(), grad
 
 
 def applies(table: str, method: str) -> bool:
@@ -129,14 +167,40 @@ def _build(table: str, method: str) -> nn.Module:
     return embedding
 
 
+def _timed_layouts(method: str, layouts: Sequence[str]) -> tuple[str, ...]:
+    """The layouts a case times: none for the published lookup (1-D ids only; its contiguous time is the
+    reference of the targets)."""
+    return () if method in PUBLISHED_METHODS else tuple(layouts)
+
+
+def _layout_step(module: nn.Module, ids: torch.Tensor, grad: torch.Tensor | None):
+    def step() -> None:
+        module.zero_grad(set_to_none=True)
+        out = module(ids)
+        if grad is None:
+            out.sum().backward()
+        else:
+            out.backward(grad)
+
+    return step
+
+
 def run_case(
-    table: str, method: str, distribution: str, count: int, repeats: int, memory: str = "reuse"
+    table: str,
+    method: str,
+    distribution: str,
+    count: int,
+    repeats: int,
+    memory: str = "reuse",
+    layouts: Sequence[str] = (),
 ) -> dict:
     """Peak memory of the first step and median time of ``repeats`` more steps, in this process.
 
     The first step runs with glibc's allocation setting, so that memory freed while building the case is
     returned to the kernel and the step's peak shows as a rise of the resident size; with ``memory="reuse"``
     :func:`comera.cpu.reuse_freed_memory` is applied after it (one more warm-up step, then the timed ones).
+    With ``layouts`` (:data:`LAYOUTS` entries; ignored for the published lookup) the timed steps run once
+    per layout, round-robin, and the result's ``layout_ms`` maps each layout to its median.
     """
     module = _build(table, method)
     indices = make_indices(TABLES[table]["rows"], count, distribution)
@@ -156,12 +220,19 @@ def run_case(
     if memory == "reuse":
         reuse_freed_memory()
         warmup = 1
+    layout_ms = {}
+    layouts = _timed_layouts(method, layouts)
+    if layouts:
+        dim = TABLES[table]["dim"]
+        steps = {layout: _layout_step(module, *layout_batch(indices, dim, layout)) for layout in layouts}
+        layout_ms = interleaved_medians_ms(steps, repeats=repeats, warmup=max(warmup, 1))
     return {
         "table": table,
         "method": method,
         "distribution": distribution,
         "count": count,
-        "ms": median_ms(step, repeats=repeats, warmup=warmup),
+        "layout_ms": layout_ms,
+        "ms": layout_ms["contiguous"] if "contiguous" in layout_ms else median_ms(step, repeats, warmup),
         "peak_mb": peak,
         "distinct": int(torch.unique(indices).numel()),
         "parameters": sum(param.numel() for param in module.parameters() if param.dim() > 1),
@@ -169,11 +240,13 @@ def run_case(
 
 
 def _run_in_fresh_process(
-    case: str, repeats: int, threads: int | None, memory: str, attempts: int = 3
+    case: str, repeats: int, threads: int | None, memory: str, layouts: Sequence[str] = (), attempts: int = 3
 ) -> dict:
     """Run one case in a new interpreter; retried after a pause if it fails (e.g. a half-saved checkout)."""
     command = [sys.executable, "-m", "comera.bench.embedding", "--case", case, "--repeats", str(repeats)]
     command += ["--memory", memory]
+    if layouts:
+        command += ["--layouts", *layouts]
     if threads is not None:
         command += ["--threads", str(threads)]
     for attempt in range(attempts):
@@ -195,6 +268,7 @@ def run_cases(
     threads: int | None = None,
     memory: str = "reuse",
     results_path: str | None = None,
+    layouts: Sequence[str] = (),
 ) -> list[dict]:
     """Every case (table x distribution x size x method where it :func:`applies`), each in a fresh process,
     with a progress line per case; cases found in the JSON-lines file ``results_path`` are reused, new ones
@@ -207,15 +281,18 @@ def run_cases(
                 for method in [m for m in methods if applies(table, m)]:
                     case = f"{table}:{method}:{distribution}:{count}"
                     result = done.get(case)
-                    if result is None:
-                        result = _run_in_fresh_process(case, repeats, threads, memory)
+                    if result is None or set(result.get("layout_ms", {})) != set(
+                        _timed_layouts(method, layouts)
+                    ):
+                        result = _run_in_fresh_process(case, repeats, threads, memory, layouts)
                         if results_path:
                             with open(results_path, "a") as handle:
                                 handle.write(json.dumps(result) + "\n")
                     results.append(result)
+                    by_layout = " ".join(f"{k}={v:.1f}" for k, v in result.get("layout_ms", {}).items())
                     print(
                         f"{table:6s} {distribution:8s} {count:6d} {method:13s} {result['ms']:10.1f} ms "
-                        f"{result['peak_mb']:9.1f} MiB",
+                        f"{result['peak_mb']:9.1f} MiB {by_layout}",
                         flush=True,
                     )
     return results
@@ -364,6 +441,7 @@ def format_report(results: list[dict], command: str, memory: str = "reuse") -> s
             f"(target {TARGET_VS_PUBLISHED:g}x at every batch: {'met' if met else 'missed'})."
         )
     lines.extend(_monotonic_lines(cases, value))
+    lines.extend(_layout_lines(results, cases, value))
     lines += ["", "Parameters:", "", "| table | dense | TTM | compression |", "|---|---|---|---|"]
     for table in sorted({r["table"] for r in results}):
         dense = next(
@@ -397,6 +475,60 @@ def _monotonic_lines(cases: list[tuple], value) -> list[str]:
     return lines
 
 
+def _layout_lines(results: list[dict], cases: list[tuple], value) -> list[str]:
+    """The gradient-layout table (cases timed with ``--layouts``) and its targets, as markdown lines."""
+    timed = [r for r in results if r.get("layout_ms")]
+    if not timed:
+        return []
+    layouts = [layout for layout in LAYOUTS if any(layout in r["layout_ms"] for r in timed)]
+    header = " | ".join(f"{layout} ms" for layout in layouts)
+    lines = [
+        "",
+        "Upstream-gradient layouts (each case's layouts timed round-robin in its process; ratio to the",
+        "contiguous time of the same method in parentheses; `broadcast` is `out.sum().backward()`'s expanded",
+        "gradient, `column-major` a transposed `(dim, N)` tensor, `sequence-first` ids `(T, B).t()` and a",
+        f"gradient `(T, B, dim).transpose(0, 1)` with T = {SEQUENCE_LENGTH}):",
+        "",
+        f"| table | ids | batch | method | {header} | published+unique / slowest layout |",
+        "|---|---|---|---|" + "---|" * (len(layouts) + 1),
+    ]
+    verdicts = []
+    for entry in timed:
+        case = (entry["table"], entry["distribution"], entry["count"])
+        times = entry["layout_ms"]
+        contiguous = times.get("contiguous")
+        cells = [
+            fmt(times.get(layout))
+            + (f" ({times[layout] / contiguous:.2f})" if layout in times and contiguous else "")
+            for layout in layouts
+        ]
+        published = value(case, "published+unique", "ms")
+        slowest = max(times.values())
+        lines.append(
+            f"| {case[0]} | {case[1]} | {case[2]} | {entry['method']} | "
+            + " | ".join(cells)
+            + f" | {ratio(published, slowest)} |"
+        )
+        if entry["method"] == "auto" and contiguous:
+            within = slowest / contiguous <= TARGET_VS_CONTIGUOUS
+            faster = published is not None and published / slowest >= TARGET_VS_PUBLISHED
+            verdicts.append((case, within, faster if published is not None else None))
+    lines.append("")
+    for case, within, faster in verdicts:
+        against = (
+            ""
+            if faster is None
+            else (
+                f"; >= {TARGET_VS_PUBLISHED:g}x faster than published+unique: {'met' if faster else 'missed'}"
+            )
+        )
+        lines.append(
+            f"- {case[0]}, {case[1]} ids, {case[2]}: every layout of the default lookup within "
+            f"{TARGET_VS_CONTIGUOUS:g}x of contiguous: {'met' if within else 'missed'}{against}."
+        )
+    return lines
+
+
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="comera bench embedding", description=__doc__.splitlines()[0])
     parser.add_argument("--tables", nargs="+", default=list(TABLES), choices=list(TABLES))
@@ -418,6 +550,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="JSON-lines file: each case is appended as it finishes and reused on rerun",
     )
+    parser.add_argument(
+        "--layouts",
+        nargs="*",
+        default=None,
+        choices=list(LAYOUTS),
+        help="time each case with these upstream-gradient layouts (no value: all of them)",
+    )
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -427,9 +566,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    layouts = () if args.layouts is None else tuple(args.layouts or LAYOUTS)
     if args.case is not None:
         table, method, distribution, count = args.case.split(":")
-        print(json.dumps(run_case(table, method, distribution, int(count), args.repeats, args.memory)))
+        result = run_case(table, method, distribution, int(count), args.repeats, args.memory, layouts)
+        print(json.dumps(result))
         return 0
     results = run_cases(
         args.tables,
@@ -440,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         memory=args.memory,
         results_path=args.results,
+        layouts=layouts,
     )
     command = "comera bench embedding " + " ".join(argv if argv is not None else sys.argv[1:])
     report = format_report(results, command.strip(), args.memory)

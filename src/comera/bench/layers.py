@@ -12,7 +12,9 @@ process that never calls :func:`comera.cpu.reuse_freed_memory`; ``--no-output-po
 paths' output pool (:mod:`comera.tt.recycle`). ``TT merge, one GEMM`` is the merge order with each
 batch-sized GEMM as one threaded GEMM instead of one block of batch rows per thread
 (:mod:`comera.tt.blocked`). ``--write`` replaces the ``layers`` section
-of a markdown file.
+of a markdown file. ``--layouts`` times, instead, each layer for every memory layout of its input and
+upstream gradient (contiguous, transposed, broadcast; :mod:`comera.bench.layer_layouts`), the tied head of
+the paper's word embedding included, and reports each layout's ratio to the contiguous time.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from comera.bench.layer_layouts import LAYOUTS, format_layouts, layout_checks, run_layouts
 from comera.bench.published_linear import PublishedTTLinear
 from comera.bench.report import (
     add_memory_argument,
@@ -240,6 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", nargs="+", type=int, default=None, help="ranks to run instead")
     parser.add_argument("--allocator", action="store_true", help="also compare CPU allocation settings")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    parser.add_argument(
+        "--layouts",
+        nargs="*",
+        default=None,
+        choices=list(LAYOUTS),
+        help="time each layer per input/gradient layout instead (no value: all of them)",
+    )
+    parser.add_argument("--no-tied-head", action="store_true", help="with --layouts: leave out the tied head")
     add_memory_argument(parser)
     parser.add_argument(
         "--no-output-pool",
@@ -269,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     batches = tuple(args.batches) if args.batches else batches
     ranks = tuple(args.ranks) if args.ranks else ranks
     print(machine_description())
+    if args.layouts is not None:
+        return _layouts_main(args, given, shapes, batches, ranks)
     rows = run_layer_benchmark(shapes, batches, ranks, args.repeats)
     table = format_table(rows)
     print(table)
@@ -306,6 +319,35 @@ def main(argv: list[str] | None = None) -> int:
                 "(`THP_MEM_ALLOC_ENABLE=1`), and `comera.cpu.reuse_freed_memory()` (freed blocks stay in the "
                 "heap). Both layers share the setting.\n\n" + allocation + "\n"
             )
+        update_section(args.write, args.section, body)
+    return 0
+
+
+def _layouts_main(args: argparse.Namespace, given: list[str], shapes, batches, ranks) -> int:
+    """``--layouts``: the layout table, its check, and (``--write``) the section holding them."""
+    layouts = tuple(args.layouts) or LAYOUTS
+    if "contiguous" not in layouts:
+        layouts = ("contiguous", *layouts)
+    rows = run_layouts(shapes, batches, ranks, args.repeats, layouts, tied_head=not args.no_tied_head)
+    table, checks = format_layouts(rows, layouts), layout_checks(rows, layouts)
+    print(table)
+    print(checks)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows))
+    if args.write:
+        body = (
+            "## Linear layers and the tied head: input and gradient layouts, forward+backward, fp32\n\n"
+            f"Machine: {machine_description()}. Command: `comera bench layers {shlex.join(given)}` "
+            f"(allocation: {'comera.cpu.reuse_freed_memory()' if args.memory == 'reuse' else 'glibc default'}"
+            f"{'; output pool off' if args.no_output_pool else ''}).\n"
+            f"Medians of {args.repeats} runs after 2 warm-up runs; each layer's layouts timed round-robin in "
+            "one process; in parentheses the ratio to the contiguous layout. A batch of B rows is B/128 "
+            "sequences of 128 steps; `transposed` is a sequence-first `(T, B/T, features)` tensor seen "
+            "through `.transpose(0, 1)`, `input broadcast` one sequence expanded over the batch, "
+            "`gradient broadcast` the expanded gradient of `out.sum().backward()`, `sequence-first` input "
+            "and gradient both transposed (`comera/bench/layer_layouts.py`).\n\n"
+            f"{table}\n\n{checks}\n"
+        )
         update_section(args.write, args.section, body)
     return 0
 

@@ -47,7 +47,7 @@ from comera.nn.linear import _INITS, pad_mode_counts
 from comera.nn.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLinear
 from comera.tt.cores import core_std, ttm_core_shapes, ttm_full
 from comera.tt.costs import ORDERS, auto_ttm_order, ttm_merge_split
-from comera.tt.lookup import in_graph_capture, split_halves, ttm_lookup_rows
+from comera.tt.lookup import in_graph_capture, rows_at, split_halves, ttm_lookup_rows
 from comera.tt.paths import ttm_linear
 from comera.tt.shapes import auto_modes, auto_num_modes, check_modes, resolve_ranks
 from comera.tt.svd import ttm_svd
@@ -437,7 +437,7 @@ class TTMEmbedding(_TTMTable):
             return self.cores[0].new_empty(*input.shape, self.embedding_dim, device="meta")
         flat = input.reshape(-1)
         rows, position = self._lookup_rows(flat)
-        out = rows if position is None else functional.embedding(position, rows)
+        out = rows if position is None else rows_at(rows, position)
         if self.padding_idx is not None:
             out = out * (flat != self.padding_idx).unsqueeze(1).to(out.dtype)
         return out.reshape(*input.shape, self.embedding_dim)

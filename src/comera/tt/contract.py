@@ -97,8 +97,15 @@ def _low_rank_forward(ctx, x, left, right, bias):
     return _output_product(ctx, inner, right), inner
 
 
+def _gemm_operand(grad_out: torch.Tensor) -> torch.Tensor:
+    """``grad_out`` copied once into a contiguous tensor if it has a stride 0 (an expanded gradient, such as
+    ``out.sum()`` sends), else as it is: every GEMM handed an expanded operand would copy it again."""
+    return grad_out.contiguous() if 0 in grad_out.stride() else grad_out
+
+
 def _low_rank_backward(ctx, grad_out, x, inner, left, right, needs):
     """Gradients of ``x``, ``L``, ``R`` and the bias (None where ``needs`` says not wanted)."""
+    grad_out = _gemm_operand(grad_out)
     rank = left.shape[1]
     needs_x, needs_left, needs_right, needs_bias = needs
     grad_x = grad_left = grad_right = grad_bias = None
@@ -344,7 +351,7 @@ class _TTMSplitLinear(torch.autograd.Function):
         rows_left, cols_left, rank, rows_right, cols_right = ctx.dims
         needs_x, needs_left, needs_right, needs_bias = ctx.needs_input_grad[:4]
         batch = x.shape[0]
-        grad_out = grad_out.reshape(batch, cols_left, cols_right)
+        grad_out = _gemm_operand(grad_out).reshape(batch, cols_left, cols_right)
         grad_x = grad_left = grad_right = grad_bias = None
         if needs_left:
             grad_left_mat = torch.einsum("bpq,bkq->pk", grad_out, inner)

@@ -41,6 +41,7 @@ __all__ = [
     "best_lookup_split",
     "dedup_threshold",
     "ttm_lookup_rows",
+    "rows_at",
     "ttm_lookup",
 ]
 
@@ -100,6 +101,37 @@ def _chunks(batch: int, size: int) -> list[tuple[int, int]]:
     return [(start, min(start + size, batch)) for start in range(0, batch, size)]
 
 
+class _DenseChunks:
+    """Chunks of rows of an upstream gradient, each contiguous as the batched GEMMs need it.
+
+    A contiguous gradient's chunks are views of it. Any other layout (a transposed or column-major gradient,
+    an expanded one such as ``out.sum()`` sends) is copied chunk by chunk into the workspace buffer
+    ``"grad_out"`` of ``size`` rows (one chunk), which stays in cache, instead of handing ``torch.bmm`` a
+    layout it multiplies matrix by matrix. A gradient expanded along the batch (stride 0: every row the
+    same) is copied once, on the first chunk, and that copy serves every chunk.
+    """
+
+    def __init__(self, grad: torch.Tensor, size: int, workspace: Workspace | None) -> None:
+        self.grad = grad
+        self.buffer = None
+        if not grad.is_contiguous():
+            self.buffer = scratch(workspace, "grad_out", (size, *grad.shape[1:]), grad)
+        self.repeated = grad.stride(0) == 0
+        self.copied = False
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` (at most ``size``) of the gradient, contiguous (a view of the buffer, valid
+        until the next call)."""
+        chunk = self.grad[start:stop]
+        if self.buffer is None:
+            return chunk
+        dense = self.buffer[: stop - start]
+        if not (self.repeated and self.copied):
+            dense.copy_(chunk)
+            self.copied = True
+        return dense
+
+
 class _GatherProduct(torch.autograd.Function):
     """``out[b] = left[left_idx[b]] @ right_rows[right_idx[b]]`` without keeping the gathered slices.
 
@@ -149,9 +181,10 @@ class _GatherProduct(torch.autograd.Function):
             scratch(workspace, "grad_left", gathered[0].shape, left),
             scratch(workspace, "grad_right", gathered[1].shape, right_rows),
         )
+        dense_grad = _DenseChunks(grad_out, size, workspace)
         for start, stop in chunks:
             rows = stop - start
-            grad = grad_out[start:stop]
+            grad = dense_grad.rows(start, stop)
             rows_left, rows_right = left_idx[start:stop], right_idx[start:stop]
             if needs_left:
                 torch.index_select(right_rows, 0, rows_right, out=gathered[1][:rows])
@@ -162,6 +195,46 @@ class _GatherProduct(torch.autograd.Function):
                 torch.bmm(gathered[0][:rows].transpose(1, 2), grad, out=slice_grad[1][:rows])
                 grad_right.index_add_(0, rows_right, slice_grad[1][:rows])
         return None, None, grad_left, grad_right, None
+
+
+class _RowsAt(torch.autograd.Function):
+    """``rows[position]`` (``functional.embedding``) whose backward never copies an expanded gradient.
+
+    ``rows`` is ``(R, D)``, ``position`` 1-D; the output is ``(len(position), D)``. A gradient expanded
+    along its rows (stride 0, as ``out.sum()`` sends) gives row ``r`` the gradient ``count(r) * g`` from its
+    one distinct row ``g``; any other layout goes to the embedding's own backward (which makes it contiguous
+    once).
+    """
+
+    @staticmethod
+    def forward(ctx, rows, position):
+        ctx.save_for_backward(position)
+        ctx.num_rows = rows.shape[0]
+        return torch.nn.functional.embedding(position, rows)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (position,) = ctx.saved_tensors
+        if grad.shape[0] and grad.stride(0) == 0:
+            counts = torch.bincount(position, minlength=ctx.num_rows).to(grad.dtype)
+            return torch.outer(counts, grad[0]), None
+        return torch.ops.aten.embedding_dense_backward(grad, position, ctx.num_rows, -1, False), None
+
+
+def rows_at(rows: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """``rows[position]``, differentiable with respect to ``rows``, for the ``(rows, position)`` pair of
+    :func:`ttm_lookup_rows`.
+
+    Args:
+        rows: ``(R, D)`` distinct rows.
+        position: 1-D integer tensor of positions in ``[0, R)``.
+
+    Returns:
+        ``(len(position), D)``. Its backward sums each row's gradients; a gradient expanded along the rows
+        (every row the same) is not materialised.
+    """
+    return _RowsAt.apply(rows, position)
 
 
 def split_halves(cores: Sequence[torch.Tensor], split: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -352,4 +425,4 @@ def ttm_lookup(
     Arguments as :func:`ttm_lookup_rows`. Returns ``(len(indices), prod n_k)``.
     """
     rows, position = ttm_lookup_rows(cores, indices, path, dedup, split)
-    return rows if position is None else torch.nn.functional.embedding(position, rows)
+    return rows if position is None else rows_at(rows, position)
