@@ -46,6 +46,7 @@ from comera.bench.published_lookup import PublishedOrderLookup
 from comera.bench.report import (
     ALLOCATION,
     add_memory_argument,
+    backward_step,
     fmt,
     interleaved_medians_ms,
     machine_description,
@@ -173,18 +174,6 @@ def _timed_layouts(method: str, layouts: Sequence[str]) -> tuple[str, ...]:
     return () if method in PUBLISHED_METHODS else tuple(layouts)
 
 
-def _layout_step(module: nn.Module, ids: torch.Tensor, grad: torch.Tensor | None):
-    def step() -> None:
-        module.zero_grad(set_to_none=True)
-        out = module(ids)
-        if grad is None:
-            out.sum().backward()
-        else:
-            out.backward(grad)
-
-    return step
-
-
 def run_case(
     table: str,
     method: str,
@@ -224,7 +213,7 @@ def run_case(
     layouts = _timed_layouts(method, layouts)
     if layouts:
         dim = TABLES[table]["dim"]
-        steps = {layout: _layout_step(module, *layout_batch(indices, dim, layout)) for layout in layouts}
+        steps = {layout: backward_step(module, *layout_batch(indices, dim, layout)) for layout in layouts}
         layout_ms = interleaved_medians_ms(steps, repeats=repeats, warmup=max(warmup, 1))
     return {
         "table": table,

@@ -17,12 +17,12 @@ rank 32). Each layer's layouts are timed round-robin (:func:`comera.bench.report
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from comera.bench.report import interleaved_medians_ms
+from comera.bench.report import backward_step, interleaved_medians_ms
 from comera.nn.embedding import TTMEmbedding, TTMTiedHead
 from comera.nn.linear import TTLinear, TTMLinear
 
@@ -80,23 +80,10 @@ def layout_tensors(
     return x, _tensor(lead, out_features, grad_kind, generator)
 
 
-def _step(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None) -> Callable[[], None]:
-    def run() -> None:
-        x.grad = None
-        layer.zero_grad(set_to_none=True)
-        out = layer(x)
-        if grad is None:
-            out.sum().backward()
-        else:
-            out.backward(grad)
-
-    return run
-
-
 def _time_layouts(
     name: str, layer: nn.Module, batch: int, sizes: tuple[int, int], layouts: Sequence[str], repeats: int
 ) -> dict:
-    steps = {layout: _step(layer, *layout_tensors(batch, *sizes, layout)) for layout in layouts}
+    steps = {layout: backward_step(layer, *layout_tensors(batch, *sizes, layout)) for layout in layouts}
     return {"layer": name, "batch": batch, **interleaved_medians_ms(steps, repeats)}
 
 

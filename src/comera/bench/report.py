@@ -269,3 +269,20 @@ def grouped_bars(
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
+
+
+def backward_step(module: torch.nn.Module, inputs: torch.Tensor, grad: torch.Tensor | None):
+    """A timed step: clear the gradients of ``module`` (and of ``inputs`` where it has one), then
+    ``module(inputs)`` and its backward with ``grad`` as the upstream gradient, or, for None, of the
+    output's sum (a broadcast upstream gradient)."""
+
+    def step() -> None:
+        inputs.grad = None
+        module.zero_grad(set_to_none=True)
+        out = module(inputs)
+        if grad is None:
+            out.sum().backward()
+        else:
+            out.backward(grad)
+
+    return step
