@@ -11,9 +11,10 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, models
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 from comera.data.code import (
+    MAX_PIECE_CHARS,
     SPECIAL_TOKENS,
     CodeDocument,
     MaskingCollator,
@@ -25,6 +26,7 @@ from comera.data.code import (
     read_code,
     special_ids,
     split_of,
+    train_tokenizer,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -265,6 +267,21 @@ def test_tokenizer_is_cached_and_reused(tmp_path):
     for document in documents:
         encoding = first.encode(document.text, add_special_tokens=False)
         assert first.decode(encoding.ids, skip_special_tokens=False) == document.text
+
+
+def test_long_pieces_are_cut_and_the_rest_is_pre_tokenised_as_gpt2_does():
+    documents = _documents()
+    draw = random.Random(0)
+    blob = "".join(draw.choice("abcdefgh") for _ in range(3 * MAX_PIECE_CHARS + 17))
+    tokenizer = train_tokenizer([*(document.text for document in documents), f"x = '{blob}'\n"], 300)
+    pieces = [piece for piece, _ in tokenizer.pre_tokenizer.pre_tokenize_str(f"y={blob} z")]
+    assert max(map(len, pieces)) == MAX_PIECE_CHARS
+    assert "".join(pieces) == f"y={blob}Ġz"
+    gpt2 = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    for document in documents:
+        assert tokenizer.pre_tokenizer.pre_tokenize_str(document.text) == gpt2.pre_tokenize_str(document.text)
+    encoding = tokenizer.encode(blob, add_special_tokens=False)
+    assert tokenizer.decode(encoding.ids, skip_special_tokens=False) == blob
 
 
 def test_a_tokenizer_without_the_special_tokens_is_refused(tmp_path):

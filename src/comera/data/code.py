@@ -20,9 +20,10 @@ record: ``repo/path`` when both fields are there, so one source file's functions
 ``file:line``). The split depends on nothing else: not on the order of reading, the caps or the platform.
 
 Tokenizer (:func:`load_or_train_tokenizer`): byte-level BPE trained with ``tokenizers`` on the training split
-only, with the RoBERTa special tokens :data:`SPECIAL_TOKENS` (ids 0..4), cached as
-``code-bpe-{vocab}-{digest}.json`` in a cache folder; the digest covers the training documents (keys and
-contents) and the trainer settings, so changed data trains a new one. A given ``tokenizer.json`` is used as
+only, its pre-tokenised pieces cut to at most :data:`MAX_PIECE_CHARS` characters, with the RoBERTa special
+tokens :data:`SPECIAL_TOKENS` (ids 0..4), cached as ``code-bpe-{vocab}-{digest}.json`` in a cache folder;
+the digest covers the training documents (keys and contents) and the trainer settings, so changed data
+trains a new one. A given ``tokenizer.json`` is used as
 it is (it must know the special tokens). The token ids of each split are cached next to it
 (``code-tokens-{digest}.npz``, keyed by the tokenizer and the documents).
 
@@ -58,13 +59,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch.utils.data import Dataset
 
 from comera.atomic import atomic_write_bytes
 
 __all__ = [
     "SPECIAL_TOKENS",
+    "MAX_PIECE_CHARS",
     "DEFAULT_EXTENSIONS",
     "TEXT_FIELDS",
     "TAILS",
@@ -93,7 +95,11 @@ TEXT_FIELDS = ("code", "original_string")
 TAILS = ("pad", "drop")
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 _EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
-_TOKENIZER_FORMAT = 1
+_TOKENIZER_FORMAT = 2
+MAX_PIECE_CHARS = 256
+"""The longest pre-tokenised piece the BPE tokenizer sees: a longer one (a minified line, a data blob) is cut
+into pieces of at most this many characters, since BPE training time grows with the square of a piece's
+length (a one-megabyte token took minutes)."""
 _MIN_FREQUENCY = 2
 _IGNORE = -100
 
@@ -281,11 +287,18 @@ def _check_vocab_size(vocab_size: object) -> int:
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """A byte-level BPE tokenizer with :data:`SPECIAL_TOKENS` (ids 0..4) trained on ``texts``.
 
-    Its vocabulary has at most ``vocab_size`` tokens (fewer when the texts support fewer merges).
+    Its pre-tokeniser is GPT-2's byte-level one, with pieces longer than :data:`MAX_PIECE_CHARS` cut into
+    pieces of at most that length (in training and in encoding alike). Its vocabulary has at most
+    ``vocab_size`` tokens (fewer when the texts support fewer merges).
     """
     vocab_size = _check_vocab_size(vocab_size)
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+            pre_tokenizers.Split(Regex(f"[\\s\\S]{{1,{MAX_PIECE_CHARS}}}"), behavior="isolated"),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
