@@ -1,5 +1,6 @@
 """Code data for masked-LM pre-training: reading, split, tokenizer cache, packing and masking statistics."""
 
+import gzip
 import hashlib
 import json
 import math
@@ -198,6 +199,47 @@ def test_folder_reads_by_extension_and_skips_files_that_are_not_utf8():
     shell, _ = read_code(DATA / "code_folder", extensions=[".sh"])
     assert [d.key for d in shell] == ["pkg/sub/script.sh"]
     assert read_code(DATA / "code_folder") == ([], [])
+
+
+def test_unreadable_files_are_skipped_and_counted(tmp_path):
+    (tmp_path / "good.py").write_text("def f(x):\n    return x\n")
+    (tmp_path / "self.py").symlink_to("self.py")
+    (tmp_path / "loop.jsonl").symlink_to("loop.jsonl")
+    documents, skipped = read_code(tmp_path)
+    assert [d.key for d in documents] == ["good.py"]
+    assert sorted((s.key, s.reason) for s in skipped) == [
+        ("loop.jsonl", "unreadable"),
+        ("self.py", "unreadable"),
+    ]
+
+
+def test_a_truncated_gzip_file_is_named_with_the_last_line_read(tmp_path):
+    lines = b"".join(
+        json.dumps({"code": f"def f{i}(x):\n    return {i}\n"}).encode() + b"\n" for i in range(400)
+    )
+    packed = gzip.compress(lines)
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(
+        ValueError, match=r"cut\.jsonl\.gz: the compressed data is truncated or corrupt \(after line \d+\)"
+    ):
+        read_code(path)
+
+
+def test_a_gzip_file_is_read_by_its_content_whatever_its_name(tmp_path):
+    path = tmp_path / "functions.jsonl"
+    path.write_bytes((DATA / "code_jsonl_gz" / "functions.jsonl.gz").read_bytes())
+    plain, _ = read_code(DATA / "code_jsonl" / "functions.jsonl")
+    assert [d.text for d in read_code(path)[0]] == [d.text for d in plain]
+
+
+def test_a_corrupt_tokenizer_file_is_named(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_text('{"model": ')
+    with pytest.raises(
+        ValueError, match=r"tokenizer_file .*tokenizer\.json: not a tokenizers tokenizer\.json"
+    ):
+        load_or_train_tokenizer([], 300, tmp_path, tokenizer_file=path)
 
 
 def test_a_bad_json_line_raises_naming_file_and_line_or_is_skipped_and_counted():

@@ -65,6 +65,35 @@ def test_unknown_glue_label_is_malformed(tmp_path):
         read_glue_tsv(path)
 
 
+def _with_latin1_line(source: Path, target: Path, number: int) -> Path:
+    lines = source.read_bytes().splitlines(keepends=True)
+    lines[number - 1] = lines[number - 1].replace(b"a", b"\xe9", 1)
+    target.write_bytes(b"".join(lines))
+    return target
+
+
+@pytest.mark.parametrize(
+    ("source", "name", "reader"),
+    [(GLUE / "train.tsv", "train.tsv", read_glue_tsv), (DATA / "nli_pairs.jsonl", "pairs.jsonl", read_jsonl)],
+)
+def test_a_line_that_is_not_utf8_is_named_and_skippable(tmp_path, source, name, reader):
+    path = _with_latin1_line(source, tmp_path / name, 2)
+    with pytest.raises(
+        ValueError, match=rf"{name}:2: malformed line: byte 0xe9 at offset \d+ is not valid UTF-8"
+    ):
+        reader(path)
+    clean = reader(source)
+    examples = reader(path, skip_malformed=True)
+    assert examples.skipped_reasons["malformed"] == 1
+    assert examples.read == clean.read and len(examples) == len(clean) - 1
+
+
+def test_a_header_that_is_not_utf8_is_named(tmp_path):
+    path = _with_latin1_line(GLUE / "train.tsv", tmp_path / "train.tsv", 1)
+    with pytest.raises(ValueError, match=r"train\.tsv:1: header byte 0xe9 at offset \d+ is not valid UTF-8"):
+        read_glue_tsv(path)
+
+
 def test_missing_header_column_is_named(tmp_path):
     path = tmp_path / "train.tsv"
     path.write_text("index\tsentence1\tlabel\n0\ta\tentailment\n")

@@ -119,3 +119,10 @@ def test_wordpiece_training_leaves_out_words_that_encode_as_unk():
     assert "the" in tokenizer.get_vocab()
     assert tokenizer.encode("zq" * 60).tokens == ["[UNK]"]
     assert tokenizer.encode("the cat").tokens == ["the", "cat"]
+
+
+def test_a_vocabulary_line_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_bytes(b"[PAD]\n[UNK]\n[CLS]\n[SEP]\ncaf\xe9\n")
+    with pytest.raises(ValueError, match=r"vocab\.txt:5: byte 0xe9 at offset 3 is not valid UTF-8"):
+        load_tokenizer(path)

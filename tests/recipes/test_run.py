@@ -87,6 +87,17 @@ def test_assignment_values_are_read_as_toml():
     assert parse_assignment("data.path=some/where") == ("data", "path", "some/where")
 
 
+def test_a_config_that_is_a_folder_or_not_utf8_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"--config .*: a folder; expected a TOML file"):
+        resolve_settings(PRESETS, "smoke", get_method("comera"), config_file=tmp_path)
+    config = tmp_path / "run.toml"
+    config.write_bytes(b"[train]\n# caf\xe9\nbatch_size = 8\n")
+    with pytest.raises(
+        ValueError, match=r"--config .*run\.toml: line 2, column 6: byte 0xe9 is not valid UTF-8"
+    ):
+        resolve_settings(PRESETS, "smoke", get_method("comera"), config_file=config)
+
+
 def test_unknown_preset_and_config_table():
     with pytest.raises(ValueError, match=r"unknown preset 'paper'; choose one of \['smoke'\]"):
         resolve_settings(PRESETS, "paper", get_method("comera"))

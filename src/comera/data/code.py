@@ -5,9 +5,11 @@ Sources (:func:`read_code`):
 
 - CodeSearchNet-style ``*.jsonl`` / ``*.jsonl.gz`` files, one JSON object per line whose ``code`` (else
   ``original_string``) field holds the text; a line that is not such an object raises ``ValueError`` naming
-  file and line, or is skipped and counted with ``skip_bad_lines=True``;
+  file and line, or is skipped and counted with ``skip_bad_lines=True``; a truncated or corrupt gzip file
+  raises ``ValueError`` naming it and the last line read;
 - any folder of source files selected by extension (``.py`` by default), read as UTF-8; a file that is not
-  valid UTF-8 is skipped and counted. A folder may also hold ``*.jsonl(.gz)`` files;
+  valid UTF-8, or that cannot be read (a symbolic link to itself, no permission), is skipped and counted. A
+  folder may also hold ``*.jsonl(.gz)`` files;
 - nothing: the running Python's standard library (``sysconfig.get_paths()["stdlib"]``, ``*.py``, without
   ``site-packages``), which every machine has.
 
@@ -44,7 +46,6 @@ same masks for the same batches.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
@@ -55,7 +56,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -63,6 +64,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from torch.utils.data import Dataset
 
 from comera.atomic import atomic_write_bytes
+from comera.data.files import open_data, reading
 
 __all__ = [
     "SPECIAL_TOKENS",
@@ -112,7 +114,7 @@ class CodeDocument:
     text: str
 
 
-SKIP_REASONS = ("not_utf8", "bad_line", "empty")
+SKIP_REASONS = ("not_utf8", "unreadable", "bad_line", "empty")
 
 
 @dataclass(frozen=True)
@@ -190,12 +192,33 @@ def _record_text(record: object) -> str | None:
     return None
 
 
+def _numbered_lines(file: BinaryIO, path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line number, bytes)`` of ``file``; a truncated or corrupt gzip stream raises ``ValueError`` naming
+    ``path`` and the last line read."""
+    number = 0
+    while True:
+        with reading(path, f"after line {number}"):
+            raw = file.readline()
+        if not raw:
+            return
+        number += 1
+        yield number, raw
+
+
+def _read_file(file: Path, relative: str) -> CodeDocument | SkippedDocument:
+    try:
+        return CodeDocument(relative, file.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        return SkippedDocument(relative, "not_utf8")
+    except OSError:
+        return SkippedDocument(relative, "unreadable")
+
+
 def _jsonl_documents(
     path: Path, relative: str, skip_bad_lines: bool, skipped: list[SkippedDocument]
 ) -> Iterator[CodeDocument]:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rb") as file:
-        for number, raw in enumerate(file, start=1):
+    with open_data(path) as file:
+        for number, raw in _numbered_lines(file, path):
             if not raw.strip():
                 continue
             try:
@@ -238,12 +261,12 @@ def read_code(
         max_bytes: stop once the texts read hold this many UTF-8 bytes (None: no cap).
 
     Returns:
-        The documents read and those skipped (files not valid UTF-8, bad JSON lines when skipped, empty
-        texts).
+        The documents read and those skipped (files not valid UTF-8 or unreadable, bad JSON lines when
+        skipped, empty texts).
 
     Raises:
         FileNotFoundError: ``path`` does not exist. ValueError: a bad JSON line (file and line named) unless
-            skipped, or bad arguments.
+            skipped, a truncated or corrupt gzip file (named), or bad arguments.
     """
     extensions = _check_extensions(extensions)
     max_files, max_bytes = _check_cap(max_files, "max_files"), _check_cap(max_bytes, "max_bytes")
@@ -255,14 +278,14 @@ def read_code(
     size = 0
     for file in _source_files(root, extensions)[:max_files]:
         relative = file.name if root.is_file() else file.relative_to(root).as_posix()
-        if _is_jsonl(file):
+        if _is_jsonl(file) and os.access(file, os.R_OK):
             found = _jsonl_documents(file, relative, skip_bad_lines, skipped)
         else:
-            try:
-                found = [CodeDocument(relative, file.read_bytes().decode("utf-8"))]
-            except UnicodeDecodeError:
-                skipped.append(SkippedDocument(relative, "not_utf8"))
+            document = _read_file(file, relative)
+            if isinstance(document, SkippedDocument):
+                skipped.append(document)
                 continue
+            found = [document]
         for document in found:
             if not document.text.strip():
                 skipped.append(SkippedDocument(document.key, "empty"))
@@ -327,7 +350,10 @@ def load_or_train_tokenizer(
         path = Path(tokenizer_file)
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer_file {path} does not exist")
-        tokenizer = Tokenizer.from_file(str(path))
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as error:
+            raise ValueError(f"tokenizer_file {path}: not a tokenizers tokenizer.json ({error})") from None
         special_ids(tokenizer)
         return tokenizer, path, True
     vocab_size = _check_vocab_size(vocab_size)

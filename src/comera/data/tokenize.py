@@ -24,6 +24,7 @@ from tokenizers.processors import TemplateProcessing
 from tokenizers.trainers import WordPieceTrainer
 
 from comera.checks import check_int
+from comera.data.files import utf8_problem
 
 __all__ = ["SPECIAL_TOKENS", "PairTokenizer", "bert_wordpiece", "load_tokenizer", "train_wordpiece"]
 
@@ -70,9 +71,12 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, *, lowercase: bool = 
 
 def _read_vocab(path: Path) -> dict[str, int]:
     vocab: dict[str, int] = {}
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            token = line.rstrip("\r\n")
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            try:
+                token = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path}:{number}: {utf8_problem(error)}") from None
             if not token:
                 raise ValueError(f"{path}:{number}: empty line in a WordPiece vocabulary")
             vocab.setdefault(token, len(vocab))

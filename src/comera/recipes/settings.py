@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from comera.data.files import utf8_text
 from comera.methods import Method
 from comera.tensorize_config import TensorizeConfig, preset_names, tensorize_preset
 from comera.train.config import TrainConfig
@@ -50,13 +51,20 @@ def parse_assignment(text: str) -> tuple[str, str, Any]:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise ValueError(f"--config {path}: a folder; expected a TOML file")
     try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
+        data = path.read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(f"--config {path}: file not found") from None
+    except OSError as error:
+        raise ValueError(f"--config {path}: cannot be read ({error.strerror or error})") from None
+    try:
+        return tomllib.loads(utf8_text(data, path))
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"--config {path}: not valid TOML ({error})") from None
+    except ValueError as error:
+        raise ValueError(f"--config {error}") from None
 
 
 def _declared_types(config_class: type) -> dict[str, Any]:
