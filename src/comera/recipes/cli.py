@@ -1,7 +1,8 @@
 """``comera train WORKLOAD``: run a recipe from the command line and print where its results are.
 
 Errors in the command (an unknown workload, method, preset or setting, a missing data file, a run folder that
-exists) are reported in one line naming what is wrong, with exit status 2, before anything is trained.
+exists) are reported in one line naming what is wrong, with exit status 2, before anything is trained. A run
+that diverges (:class:`comera.train.guard.NonFiniteError`) is reported in one line with exit status 1.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from comera.methods import method_names
 from comera.recipes.base import get_recipe, recipe_names
 from comera.recipes.run import SetupError, default_run_dir, run
+from comera.train.guard import NonFiniteError
 
 __all__ = ["main", "RECIPE_MODULES", "add_setting_arguments", "load_recipes", "summary"]
 
@@ -126,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     except SetupError as error:
         print(f"comera train: {error}", file=sys.stderr)
         return 2
+    except NonFiniteError as error:
+        print(f"comera train: training diverged: {error}; run folder: {out}", file=sys.stderr)
+        return 1
     print(summary(results))
     print(f"run folder: {out} (results.json, metrics.jsonl, plots/, model/)")
     return 0

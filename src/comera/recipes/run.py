@@ -39,6 +39,7 @@ from comera.atomic import atomic_write_bytes
 from comera.io import save_pretrained
 from comera.methods import Method, MethodContext, get_method
 from comera.recipes.base import Recipe, RecipeData, get_recipe
+from comera.recipes.folders import writable_folder
 from comera.recipes.settings import resolve_settings, tensorize_config
 from comera.report import compression_report
 from comera.train.config import TrainConfig
@@ -47,7 +48,7 @@ from comera.train.metrics import read_metrics
 from comera.train.trainer import Trainer
 from comera.version import __version__
 
-__all__ = ["run", "run_header", "SetupError", "default_cache_dir", "default_run_dir"]
+__all__ = ["run", "run_header", "read_run_config", "SetupError", "default_cache_dir", "default_run_dir"]
 
 
 class SetupError(ValueError):
@@ -69,12 +70,23 @@ def default_run_dir(recipe: str, preset: str, method: str) -> Path:
     return Path("runs") / f"{recipe}-{preset}-{method}"
 
 
+def read_run_config(config_path: Path) -> Any:
+    """A run folder's ``config.json``; ``ValueError`` naming the file when it is not valid JSON."""
+    try:
+        return json.loads(config_path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"{config_path} is not valid JSON ({error}), so the run in its folder cannot be checked against "
+            "this command; repair the file, or use another --out"
+        ) from None
+
+
 def _check_folder(out: Path, header: dict[str, Any], resume: bool) -> None:
     config_path = out / "config.json"
     if resume:
         if not config_path.exists():
             raise FileNotFoundError(f"--resume: {config_path} not found; there is no run to resume in {out}")
-        recorded = json.loads(config_path.read_text())
+        recorded = read_run_config(config_path)
         if recorded != header:
             changed = sorted(key for key in header if recorded.get(key) != header[key])
             raise ValueError(
@@ -219,6 +231,8 @@ def _set_up(
     data_path = None if data is None else Path(data)
     _check_folder(out, header, resume)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    writable_folder(out, "--out")
+    writable_folder(cache, "--cache")
     recipe_data = recipe.build_data(settings["data"], data_path, cache)
     torch.manual_seed(settings["train"].get("seed", 0))
     model = recipe.build_model(settings["model"], recipe_data)
