@@ -1,5 +1,6 @@
 """MNLI readers on fixture files in GLUE's and JSON lines' real formats, and the recipe-facing builder."""
 
+import gzip
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,17 @@ def test_dataset_flags_shared_words_but_never_special_tokens(tmp_path):
         assert not flags[torch.isin(ids, torch.tensor(sorted(special)))].any()
         flagged_any |= bool(flags.any())
     assert flagged_any
+
+
+@pytest.mark.parametrize(
+    ("source", "reader"), [(GLUE / "train.tsv", read_glue_tsv), (DATA / "nli_pairs.jsonl", read_jsonl)]
+)
+def test_a_gzip_file_reads_as_its_text_and_a_truncated_one_is_named(tmp_path, source, reader):
+    packed = tmp_path / source.name
+    packed.write_bytes(gzip.compress(source.read_bytes()))
+    plain, unpacked = reader(source), reader(packed)
+    assert (unpacked.first, unpacked.second, unpacked.labels) == (plain.first, plain.second, plain.labels)
+    cut = tmp_path / f"cut-{source.name}"
+    cut.write_bytes(packed.read_bytes()[:-12])
+    with pytest.raises(ValueError, match=rf"cut-{source.name}: the compressed data is truncated or corrupt"):
+        reader(cut)

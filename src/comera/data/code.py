@@ -56,7 +56,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,7 +64,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from torch.utils.data import Dataset
 
 from comera.atomic import atomic_write_bytes
-from comera.data.files import open_data, reading
+from comera.data.files import numbered_lines, open_data
 
 __all__ = [
     "SPECIAL_TOKENS",
@@ -192,19 +192,6 @@ def _record_text(record: object) -> str | None:
     return None
 
 
-def _numbered_lines(file: BinaryIO, path: Path) -> Iterator[tuple[int, bytes]]:
-    """``(line number, bytes)`` of ``file``; a truncated or corrupt gzip stream raises ``ValueError`` naming
-    ``path`` and the last line read."""
-    number = 0
-    while True:
-        with reading(path, f"after line {number}"):
-            raw = file.readline()
-        if not raw:
-            return
-        number += 1
-        yield number, raw
-
-
 def _read_file(file: Path, relative: str) -> CodeDocument | SkippedDocument:
     try:
         return CodeDocument(relative, file.read_bytes().decode("utf-8"))
@@ -218,7 +205,7 @@ def _jsonl_documents(
     path: Path, relative: str, skip_bad_lines: bool, skipped: list[SkippedDocument]
 ) -> Iterator[CodeDocument]:
     with open_data(path) as file:
-        for number, raw in _numbered_lines(file, path):
+        for number, raw in numbered_lines(file, path):
             if not raw.strip():
                 continue
             try:

@@ -3,8 +3,8 @@
 :func:`open_data` opens a file for reading bytes; a gzip file (recognised by its first bytes, whatever its
 name) is decompressed on the fly. A bzip2, xz, zip, zstd or tar file raises ``ValueError`` naming the format,
 instead of being parsed as text. :func:`reading` turns a truncated or corrupt compressed stream into a
-``ValueError`` naming the file; :func:`utf8_text` and :func:`utf8_problem` describe bytes that are not UTF-8
-by line, column and byte value.
+``ValueError`` naming the file (:func:`numbered_lines` reads lines so); :func:`utf8_text` and
+:func:`utf8_problem` describe bytes that are not UTF-8 by line, column and byte value.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["open_data", "reading", "utf8_text", "utf8_problem"]
+__all__ = ["open_data", "reading", "numbered_lines", "utf8_text", "utf8_problem"]
 
 _GZIP = b"\x1f\x8b"
 _UNSUPPORTED = {
@@ -73,6 +73,19 @@ def reading(path: str | os.PathLike, where: str = "") -> Iterator[None]:
     except (EOFError, zlib.error, gzip.BadGzipFile) as error:
         place = f" ({where})" if where else ""
         raise ValueError(f"{path}: the compressed data is truncated or corrupt{place}: {error}") from None
+
+
+def numbered_lines(file: BinaryIO, path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:
+    """``(line number from 1, bytes)`` of ``file``; a truncated or corrupt gzip stream raises ``ValueError``
+    naming ``path`` and the last line read."""
+    number = 0
+    while True:
+        with reading(path, f"after line {number}"):
+            raw = file.readline()
+        if not raw:
+            return
+        number += 1
+        yield number, raw
 
 
 def utf8_problem(error: UnicodeDecodeError) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from comera.checks import check_int
-from comera.data.files import utf8_problem
+from comera.data.files import numbered_lines, open_data, utf8_problem
 from comera.data.pairs import PAIR_LABELS, PadCollate, PairDataset, PairExamples, build_docstring_pairs
 from comera.data.tokenize import PairTokenizer, load_tokenizer, train_wordpiece
 
@@ -94,23 +94,25 @@ def _malformed(examples: PairExamples, path: Path, number: int, error: Exception
 
 
 def read_glue_tsv(path: str | os.PathLike, *, skip_malformed: bool = False) -> PairExamples:
-    """The labelled pairs of a GLUE MNLI ``.tsv`` file (header line first; columns found by name).
+    """The labelled pairs of a GLUE MNLI ``.tsv`` file (header line first; columns found by name), or of its
+    gzip.
 
     A line is malformed when it is not UTF-8, its field count differs from the header's or its label is
     unknown.
     """
     path = Path(path)
     examples = PairExamples()
-    with path.open("rb") as lines:
+    with open_data(path) as file:
+        lines = numbered_lines(file, path)
         try:
-            header = _decoded(next(lines, b"")).rstrip("\r\n").split("\t")
+            header = _decoded(next(lines, (1, b""))[1]).rstrip("\r\n").split("\t")
         except _Malformed as error:
             raise ValueError(f"{path}:1: header {error}") from None
         missing = [name for name in _GLUE_COLUMNS if name not in header]
         if missing:
             raise ValueError(f"{path}:1: header lacks the column(s) {missing}; found {header}")
         first, second, gold = (header.index(name) for name in _GLUE_COLUMNS)
-        for number, line in enumerate(lines, start=2):
+        for number, line in lines:
             if not line.rstrip(b"\r\n"):
                 continue
             examples.read += 1
@@ -127,7 +129,8 @@ def read_glue_tsv(path: str | os.PathLike, *, skip_malformed: bool = False) -> P
 
 
 def read_jsonl(path: str | os.PathLike, *, skip_malformed: bool = False) -> PairExamples:
-    """The labelled pairs of a JSON lines file of ``{"premise": ..., "hypothesis": ..., "label": ...}``.
+    """The labelled pairs of a JSON lines file (or its gzip) of ``{"premise": ..., "hypothesis": ...,
+    "label": ...}``.
 
     A line is malformed when it is not UTF-8, not a JSON object, lacks a string premise or hypothesis, or
     has an unknown label (a label name of :data:`MNLI_LABELS` or its index; ``-1``, ``"-"`` or none = no
@@ -135,8 +138,8 @@ def read_jsonl(path: str | os.PathLike, *, skip_malformed: bool = False) -> Pair
     """
     path = Path(path)
     examples = PairExamples()
-    with path.open("rb") as lines:
-        for number, line in enumerate(lines, start=1):
+    with open_data(path) as file:
+        for number, line in numbered_lines(file, path):
             if not line.strip():
                 continue
             examples.read += 1
