@@ -1,6 +1,7 @@
 """In-place conversion of a model's dense layers to gated tensor-train layers, and back.
 
-``tensorize_(model, config)`` swaps the selected ``nn.Linear`` modules for :class:`comera.TTLinear` /
+``tensorize_(model, config)`` swaps the selected ``nn.Linear`` modules (and ``transformers``' ``Conv1D``, the
+transposed linear of GPT-2, given back as a ``Conv1D`` by ``untensorize_``) for :class:`comera.TTLinear` /
 :class:`comera.TTMLinear` (and, with ``embeddings``, ``nn.Embedding`` / ``nn.EmbeddingBag`` for their TTM
 versions), validating the whole plan before it changes anything. ``untensorize_`` rebuilds dense modules from
 the current (gated) cores. Both look through ``torch.compile`` and DDP wrappers (``_orig_mod``, ``module``);
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from comera.modules import names_of, replace_module, unwrap_model
+from comera.nn.conv1d import is_conv1d
 from comera.nn.embedding import TTMTiedHead
 from comera.nn.gated import GatedTrain
 from comera.nn.layer import ComeraLayer, is_layer, layer_for_dense
@@ -38,6 +40,7 @@ __all__ = [
 ]
 
 CONFIG_ATTRIBUTE = "comera_tensorize_configs"
+_CONV1D_STD = 0.02
 
 
 def tensorize_configs(model: nn.Module) -> tuple[TensorizeConfig, ...]:
@@ -75,7 +78,8 @@ def _select(
                 else f"close names: {_close_names(entry, candidates) or _close_names(entry, all_names)}"
             )
             raise ValueError(
-                f"{field} entry {entry!r} matched no nn.Linear, nn.Embedding or nn.EmbeddingBag; {hint}"
+                f"{field} entry {entry!r} matched no nn.Linear, transformers Conv1D, nn.Embedding or "
+                f"nn.EmbeddingBag; {hint}"
             )
         chosen.extend(hits)
     return list(dict.fromkeys(chosen))
@@ -91,6 +95,26 @@ def _output_heads(
     head = getter() if callable(getter) else None
     heads |= {name for name, module in linears.items() if module is head}
     return heads
+
+
+def _why_none(config: TensorizeConfig, linears: dict[str, nn.Module], modules: dict[str, nn.Module]) -> str:
+    """Why the selection is empty: no convertible linear at all (naming the types of the modules that hold
+    a matrix weight), or every target excluded."""
+    if config.target_modules != ALL_LINEAR or linears:
+        return "every target is excluded or is an output head"
+    unsupported = sorted(
+        {
+            type(module).__name__
+            for module in modules.values()
+            if layer_for_dense(module, config.format) is None
+            and isinstance(getattr(module, "weight", None), torch.Tensor)
+            and module.weight.dim() == 2
+        }
+    )
+    return (
+        f'target_modules="{ALL_LINEAR}" found no nn.Linear or transformers Conv1D; modules with a matrix '
+        f"weight are of the unsupported types {unsupported}"
+    )
 
 
 def _check_patterns_used(config: TensorizeConfig, names: list[str]) -> None:
@@ -138,14 +162,16 @@ def meta_init_std(model: nn.Module, module: nn.Module) -> float:
 
     A Hugging Face model (``_init_weights`` and ``config.initializer_range``) draws linear and embedding
     weights from ``N(0, initializer_range)``. Otherwise the layer's PyTorch default: ``nn.Linear`` draws
-    ``U(-1/sqrt(in), 1/sqrt(in))``, whose std is ``1/sqrt(3 * in_features)``; ``nn.Embedding`` and
-    ``nn.EmbeddingBag`` draw ``N(0, 1)``.
+    ``U(-1/sqrt(in), 1/sqrt(in))``, whose std is ``1/sqrt(3 * in_features)``; ``transformers``' ``Conv1D``
+    draws ``N(0, 0.02)``; ``nn.Embedding`` and ``nn.EmbeddingBag`` draw ``N(0, 1)``.
     """
     hf_range = _hf_initializer_range(unwrap_model(model))
     if hf_range is not None:
         return hf_range
     if isinstance(module, nn.Linear):
         return 1.0 / math.sqrt(3 * module.in_features)
+    if is_conv1d(module):
+        return _CONV1D_STD
     if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
         return 1.0
     raise TypeError(f"no default initialisation known for {type(module).__name__}")
@@ -308,7 +334,7 @@ def tensorize_(
         excluded = set(_select(config.exclude_modules, {**linears, **tables}, names, "exclude_modules"))
     picked = _resolve_shared(list(dict.fromkeys(chosen)), excluded, modules, all_names)
     if not picked:
-        raise ValueError("the config selects no module to tensorize (all targets excluded?)")
+        raise ValueError(f"the config selects no module to tensorize: {_why_none(config, linears, modules)}")
     tied: dict[int, str] = {}
     if config.tie_output_head:
         picked_tables = {id(modules[name].weight): name for name in picked.values() if name in tables}

@@ -1,5 +1,6 @@
 """Code data for masked-LM pre-training: reading, split, tokenizer cache, packing and masking statistics."""
 
+import gzip
 import hashlib
 import json
 import math
@@ -11,9 +12,10 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, models
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 from comera.data.code import (
+    MAX_PIECE_CHARS,
     SPECIAL_TOKENS,
     CodeDocument,
     MaskingCollator,
@@ -25,6 +27,7 @@ from comera.data.code import (
     read_code,
     special_ids,
     split_of,
+    train_tokenizer,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -198,6 +201,47 @@ def test_folder_reads_by_extension_and_skips_files_that_are_not_utf8():
     assert read_code(DATA / "code_folder") == ([], [])
 
 
+def test_unreadable_files_are_skipped_and_counted(tmp_path):
+    (tmp_path / "good.py").write_text("def f(x):\n    return x\n")
+    (tmp_path / "self.py").symlink_to("self.py")
+    (tmp_path / "loop.jsonl").symlink_to("loop.jsonl")
+    documents, skipped = read_code(tmp_path)
+    assert [d.key for d in documents] == ["good.py"]
+    assert sorted((s.key, s.reason) for s in skipped) == [
+        ("loop.jsonl", "unreadable"),
+        ("self.py", "unreadable"),
+    ]
+
+
+def test_a_truncated_gzip_file_is_named_with_the_last_line_read(tmp_path):
+    lines = b"".join(
+        json.dumps({"code": f"def f{i}(x):\n    return {i}\n"}).encode() + b"\n" for i in range(400)
+    )
+    packed = gzip.compress(lines)
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(
+        ValueError, match=r"cut\.jsonl\.gz: the compressed data is truncated or corrupt \(after line \d+\)"
+    ):
+        read_code(path)
+
+
+def test_a_gzip_file_is_read_by_its_content_whatever_its_name(tmp_path):
+    path = tmp_path / "functions.jsonl"
+    path.write_bytes((DATA / "code_jsonl_gz" / "functions.jsonl.gz").read_bytes())
+    plain, _ = read_code(DATA / "code_jsonl" / "functions.jsonl")
+    assert [d.text for d in read_code(path)[0]] == [d.text for d in plain]
+
+
+def test_a_corrupt_tokenizer_file_is_named(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_text('{"model": ')
+    with pytest.raises(
+        ValueError, match=r"tokenizer_file .*tokenizer\.json: not a tokenizers tokenizer\.json"
+    ):
+        load_or_train_tokenizer([], 300, tmp_path, tokenizer_file=path)
+
+
 def test_a_bad_json_line_raises_naming_file_and_line_or_is_skipped_and_counted():
     path = DATA / "code_bad_line" / "broken.jsonl"
     with pytest.raises(ValueError, match=r"broken\.jsonl: line 3: not valid JSON"):
@@ -265,6 +309,21 @@ def test_tokenizer_is_cached_and_reused(tmp_path):
     for document in documents:
         encoding = first.encode(document.text, add_special_tokens=False)
         assert first.decode(encoding.ids, skip_special_tokens=False) == document.text
+
+
+def test_long_pieces_are_cut_and_the_rest_is_pre_tokenised_as_gpt2_does():
+    documents = _documents()
+    draw = random.Random(0)
+    blob = "".join(draw.choice("abcdefgh") for _ in range(3 * MAX_PIECE_CHARS + 17))
+    tokenizer = train_tokenizer([*(document.text for document in documents), f"x = '{blob}'\n"], 300)
+    pieces = [piece for piece, _ in tokenizer.pre_tokenizer.pre_tokenize_str(f"y={blob} z")]
+    assert max(map(len, pieces)) == MAX_PIECE_CHARS
+    assert "".join(pieces) == f"y={blob}Ġz"
+    gpt2 = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    for document in documents:
+        assert tokenizer.pre_tokenizer.pre_tokenize_str(document.text) == gpt2.pre_tokenize_str(document.text)
+    encoding = tokenizer.encode(blob, add_special_tokens=False)
+    assert tokenizer.decode(encoding.ids, skip_special_tokens=False) == blob
 
 
 def test_a_tokenizer_without_the_special_tokens_is_refused(tmp_path):

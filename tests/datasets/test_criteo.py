@@ -1,6 +1,10 @@
 """The Criteo loader on fixture files against a line-by-line Python parser; cache, split and batches."""
 
+import bz2
+import gzip
+import lzma
 import math
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -224,3 +228,47 @@ def test_bad_options_are_rejected(tmp_path):
         load_criteo(SAMPLE, tmp_path, hash_size=1)
     with pytest.raises(FileNotFoundError, match="not found"):
         load_criteo(tmp_path / "missing.txt", tmp_path)
+
+
+def test_a_gzip_file_is_read_as_its_text(tmp_path):
+    packed = tmp_path / "day_0.gz"
+    packed.write_bytes(gzip.compress(SAMPLE.read_bytes()))
+    log, plain = load_criteo(packed, tmp_path / "cache", chunk_bytes=200), load_criteo(SAMPLE, tmp_path)
+    assert log.read == plain.read and log.cardinalities == plain.cardinalities
+    np.testing.assert_array_equal(log.data.ids, plain.data.ids)
+    np.testing.assert_array_equal(log.data.dense, plain.data.dense)
+
+
+def test_a_truncated_gzip_file_is_named(tmp_path):
+    packed = gzip.compress(SAMPLE.read_bytes())
+    path = tmp_path / "day_1.gz"
+    path.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(ValueError, match=r"day_1.gz: the compressed data is truncated or corrupt"):
+        load_criteo(path, tmp_path / "cache", chunk_bytes=64)
+
+
+def _tar_of(path: Path, target: Path) -> Path:
+    with tarfile.open(target, "w:gz") as archive:
+        archive.add(path, arcname="train.txt")
+    return target
+
+
+@pytest.mark.parametrize(
+    ("pack", "match"),
+    [
+        (lambda path, tmp: _tar_of(path, tmp / "dac.tar.gz"), r"dac.tar.gz: a tar archive inside gzip"),
+        (
+            lambda path, tmp: _written(tmp / "t.bz2", bz2.compress(path.read_bytes())),
+            r"t.bz2: bzip2-compressed, not a text file",
+        ),
+        (lambda path, tmp: _written(tmp / "t.xz", lzma.compress(path.read_bytes())), r"t.xz: xz-compressed"),
+    ],
+)
+def test_archives_and_other_compressions_are_named(tmp_path, pack, match):
+    with pytest.raises(ValueError, match=match):
+        load_criteo(pack(SAMPLE, tmp_path), tmp_path / "cache")
+
+
+def _written(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path

@@ -1,5 +1,6 @@
 """MNLI readers on fixture files in GLUE's and JSON lines' real formats, and the recipe-facing builder."""
 
+import gzip
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,35 @@ def test_unknown_glue_label_is_malformed(tmp_path):
     path = tmp_path / "train.tsv"
     path.write_text("\n".join([lines[0], lines[4]]) + "\n")
     with pytest.raises(ValueError, match=r"train\.tsv:2: malformed line: label 'maybe'"):
+        read_glue_tsv(path)
+
+
+def _with_latin1_line(source: Path, target: Path, number: int) -> Path:
+    lines = source.read_bytes().splitlines(keepends=True)
+    lines[number - 1] = lines[number - 1].replace(b"a", b"\xe9", 1)
+    target.write_bytes(b"".join(lines))
+    return target
+
+
+@pytest.mark.parametrize(
+    ("source", "name", "reader"),
+    [(GLUE / "train.tsv", "train.tsv", read_glue_tsv), (DATA / "nli_pairs.jsonl", "pairs.jsonl", read_jsonl)],
+)
+def test_a_line_that_is_not_utf8_is_named_and_skippable(tmp_path, source, name, reader):
+    path = _with_latin1_line(source, tmp_path / name, 2)
+    with pytest.raises(
+        ValueError, match=rf"{name}:2: malformed line: byte 0xe9 at offset \d+ is not valid UTF-8"
+    ):
+        reader(path)
+    clean = reader(source)
+    examples = reader(path, skip_malformed=True)
+    assert examples.skipped_reasons["malformed"] == 1
+    assert examples.read == clean.read and len(examples) == len(clean) - 1
+
+
+def test_a_header_that_is_not_utf8_is_named(tmp_path):
+    path = _with_latin1_line(GLUE / "train.tsv", tmp_path / "train.tsv", 1)
+    with pytest.raises(ValueError, match=r"train\.tsv:1: header byte 0xe9 at offset \d+ is not valid UTF-8"):
         read_glue_tsv(path)
 
 
@@ -211,3 +241,17 @@ def test_dataset_flags_shared_words_but_never_special_tokens(tmp_path):
         assert not flags[torch.isin(ids, torch.tensor(sorted(special)))].any()
         flagged_any |= bool(flags.any())
     assert flagged_any
+
+
+@pytest.mark.parametrize(
+    ("source", "reader"), [(GLUE / "train.tsv", read_glue_tsv), (DATA / "nli_pairs.jsonl", read_jsonl)]
+)
+def test_a_gzip_file_reads_as_its_text_and_a_truncated_one_is_named(tmp_path, source, reader):
+    packed = tmp_path / source.name
+    packed.write_bytes(gzip.compress(source.read_bytes()))
+    plain, unpacked = reader(source), reader(packed)
+    assert (unpacked.first, unpacked.second, unpacked.labels) == (plain.first, plain.second, plain.labels)
+    cut = tmp_path / f"cut-{source.name}"
+    cut.write_bytes(packed.read_bytes()[:-12])
+    with pytest.raises(ValueError, match=rf"cut-{source.name}: the compressed data is truncated or corrupt"):
+        reader(cut)

@@ -7,7 +7,7 @@ from tokenizers import Tokenizer
 from tokenizers.processors import BertProcessing
 from transformers import BertTokenizer
 
-from comera.data.tokenize import PairTokenizer, bert_wordpiece, load_tokenizer
+from comera.data.tokenize import PairTokenizer, bert_wordpiece, load_tokenizer, train_wordpiece
 
 VOCAB = Path(__file__).parent.parent / "data" / "nli_vocab" / "vocab.txt"
 WORDS = VOCAB.read_text().split()
@@ -110,3 +110,19 @@ def test_bad_inputs_are_named(tmp_path):
         load_tokenizer(tmp_path / "vocab.txt")
     with pytest.raises(ValueError, match="same length"):
         PairTokenizer(bert_wordpiece({t: i for i, t in enumerate(WORDS)})).encode_pairs(["a"], [])
+
+
+def test_wordpiece_training_leaves_out_words_that_encode_as_unk():
+    texts = ["the cat sat on the mat", "a cat and a mat", "zq" * 60]
+    tokenizer = train_wordpiece(texts, 200)
+    assert not [token for token in tokenizer.get_vocab() if "z" in token or "q" in token]
+    assert "the" in tokenizer.get_vocab()
+    assert tokenizer.encode("zq" * 60).tokens == ["[UNK]"]
+    assert tokenizer.encode("the cat").tokens == ["the", "cat"]
+
+
+def test_a_vocabulary_line_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_bytes(b"[PAD]\n[UNK]\n[CLS]\n[SEP]\ncaf\xe9\n")
+    with pytest.raises(ValueError, match=r"vocab\.txt:5: byte 0xe9 at offset 3 is not valid UTF-8"):
+        load_tokenizer(path)

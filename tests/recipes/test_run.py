@@ -44,11 +44,58 @@ def test_bad_settings_name_the_key_and_the_choices(assignment, match):
         resolve_settings(PRESETS, "smoke", get_method("comera"), assignments=[assignment])
 
 
+@pytest.mark.parametrize(
+    ("preset_value", "assignment", "expected"),
+    [
+        ("auto", "train.compile=true", True),
+        ("auto", "train.compile=false", False),
+        (False, "train.compile=auto", "auto"),
+        (False, "train.compile=true", True),
+        (None, "train.tau=1", 1),
+        (None, "tensorize.embeddings=true", True),
+        (None, "tensorize.embeddings=['table']", ["table"]),
+    ],
+)
+def test_a_setting_takes_every_type_its_field_declares(preset_value, assignment, expected):
+    presets = {"smoke": {**PRESETS["smoke"], "train": {**PRESETS["smoke"]["train"]}}}
+    if preset_value is not None:
+        presets["smoke"]["train"]["compile"] = preset_value
+    section, key, _ = parse_assignment(assignment)
+    settings = resolve_settings(presets, "smoke", get_method("comera"), assignments=[assignment])
+    assert settings[section][key] == expected
+
+
+@pytest.mark.parametrize(
+    ("assignment", "match"),
+    [
+        ("train.compile=3", r"train.compile must be of type bool or str, got 3"),
+        ("train.compile=maybe", r"compile must be True, False or 'auto', got 'maybe'"),
+        ("train.batch_size=8.0", r"train.batch_size must be of type int, got 8.0"),
+        ("tensorize.rank='x'", r"tensorize.rank must be of type int or tuple, got 'x'"),
+        ("tensorize.format=tx", r"format must be one of"),
+    ],
+)
+def test_a_value_of_another_type_is_refused_before_anything_is_built(assignment, match):
+    with pytest.raises(ValueError, match=match):
+        resolve_settings(PRESETS, "smoke", get_method("comera"), assignments=[assignment])
+
+
 def test_assignment_values_are_read_as_toml():
     assert parse_assignment("train.lr_other=1e-3") == ("train", "lr_other", 1e-3)
     assert parse_assignment("tensorize.rank=[2, 3]") == ("tensorize", "rank", [2, 3])
     assert parse_assignment("train.compile=false") == ("train", "compile", False)
     assert parse_assignment("data.path=some/where") == ("data", "path", "some/where")
+
+
+def test_a_config_that_is_a_folder_or_not_utf8_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"--config .*: a folder; expected a TOML file"):
+        resolve_settings(PRESETS, "smoke", get_method("comera"), config_file=tmp_path)
+    config = tmp_path / "run.toml"
+    config.write_bytes(b"[train]\n# caf\xe9\nbatch_size = 8\n")
+    with pytest.raises(
+        ValueError, match=r"--config .*run\.toml: line 2, column 6: byte 0xe9 is not valid UTF-8"
+    ):
+        resolve_settings(PRESETS, "smoke", get_method("comera"), config_file=config)
 
 
 def test_unknown_preset_and_config_table():

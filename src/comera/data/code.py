@@ -5,9 +5,11 @@ Sources (:func:`read_code`):
 
 - CodeSearchNet-style ``*.jsonl`` / ``*.jsonl.gz`` files, one JSON object per line whose ``code`` (else
   ``original_string``) field holds the text; a line that is not such an object raises ``ValueError`` naming
-  file and line, or is skipped and counted with ``skip_bad_lines=True``;
+  file and line, or is skipped and counted with ``skip_bad_lines=True``; a truncated or corrupt gzip file
+  raises ``ValueError`` naming it and the last line read;
 - any folder of source files selected by extension (``.py`` by default), read as UTF-8; a file that is not
-  valid UTF-8 is skipped and counted. A folder may also hold ``*.jsonl(.gz)`` files;
+  valid UTF-8, or that cannot be read (a symbolic link to itself, no permission), is skipped and counted. A
+  folder may also hold ``*.jsonl(.gz)`` files;
 - nothing: the running Python's standard library (``sysconfig.get_paths()["stdlib"]``, ``*.py``, without
   ``site-packages``), which every machine has.
 
@@ -20,9 +22,10 @@ record: ``repo/path`` when both fields are there, so one source file's functions
 ``file:line``). The split depends on nothing else: not on the order of reading, the caps or the platform.
 
 Tokenizer (:func:`load_or_train_tokenizer`): byte-level BPE trained with ``tokenizers`` on the training split
-only, with the RoBERTa special tokens :data:`SPECIAL_TOKENS` (ids 0..4), cached as
-``code-bpe-{vocab}-{digest}.json`` in a cache folder; the digest covers the training documents (keys and
-contents) and the trainer settings, so changed data trains a new one. A given ``tokenizer.json`` is used as
+only, its pre-tokenised pieces cut to at most :data:`MAX_PIECE_CHARS` characters, with the RoBERTa special
+tokens :data:`SPECIAL_TOKENS` (ids 0..4), cached as ``code-bpe-{vocab}-{digest}.json`` in a cache folder;
+the digest covers the training documents (keys and contents) and the trainer settings, so changed data
+trains a new one. A given ``tokenizer.json`` is used as
 it is (it must know the special tokens). The token ids of each split are cached next to it
 (``code-tokens-{digest}.npz``, keyed by the tokenizer and the documents).
 
@@ -43,7 +46,6 @@ same masks for the same batches.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
@@ -58,13 +60,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch.utils.data import Dataset
 
 from comera.atomic import atomic_write_bytes
+from comera.data.files import numbered_lines, open_data
 
 __all__ = [
     "SPECIAL_TOKENS",
+    "MAX_PIECE_CHARS",
     "DEFAULT_EXTENSIONS",
     "TEXT_FIELDS",
     "TAILS",
@@ -93,7 +97,11 @@ TEXT_FIELDS = ("code", "original_string")
 TAILS = ("pad", "drop")
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 _EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
-_TOKENIZER_FORMAT = 1
+_TOKENIZER_FORMAT = 2
+MAX_PIECE_CHARS = 256
+"""The longest pre-tokenised piece the BPE tokenizer sees: a longer one (a minified line, a data blob) is cut
+into pieces of at most this many characters, since BPE training time grows with the square of a piece's
+length (a one-megabyte token took minutes)."""
 _MIN_FREQUENCY = 2
 _IGNORE = -100
 
@@ -106,7 +114,7 @@ class CodeDocument:
     text: str
 
 
-SKIP_REASONS = ("not_utf8", "bad_line", "empty")
+SKIP_REASONS = ("not_utf8", "unreadable", "bad_line", "empty")
 
 
 @dataclass(frozen=True)
@@ -184,12 +192,20 @@ def _record_text(record: object) -> str | None:
     return None
 
 
+def _read_file(file: Path, relative: str) -> CodeDocument | SkippedDocument:
+    try:
+        return CodeDocument(relative, file.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        return SkippedDocument(relative, "not_utf8")
+    except OSError:
+        return SkippedDocument(relative, "unreadable")
+
+
 def _jsonl_documents(
     path: Path, relative: str, skip_bad_lines: bool, skipped: list[SkippedDocument]
 ) -> Iterator[CodeDocument]:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rb") as file:
-        for number, raw in enumerate(file, start=1):
+    with open_data(path) as file:
+        for number, raw in numbered_lines(file, path):
             if not raw.strip():
                 continue
             try:
@@ -232,12 +248,12 @@ def read_code(
         max_bytes: stop once the texts read hold this many UTF-8 bytes (None: no cap).
 
     Returns:
-        The documents read and those skipped (files not valid UTF-8, bad JSON lines when skipped, empty
-        texts).
+        The documents read and those skipped (files not valid UTF-8 or unreadable, bad JSON lines when
+        skipped, empty texts).
 
     Raises:
         FileNotFoundError: ``path`` does not exist. ValueError: a bad JSON line (file and line named) unless
-            skipped, or bad arguments.
+            skipped, a truncated or corrupt gzip file (named), or bad arguments.
     """
     extensions = _check_extensions(extensions)
     max_files, max_bytes = _check_cap(max_files, "max_files"), _check_cap(max_bytes, "max_bytes")
@@ -249,14 +265,14 @@ def read_code(
     size = 0
     for file in _source_files(root, extensions)[:max_files]:
         relative = file.name if root.is_file() else file.relative_to(root).as_posix()
-        if _is_jsonl(file):
+        if _is_jsonl(file) and os.access(file, os.R_OK):
             found = _jsonl_documents(file, relative, skip_bad_lines, skipped)
         else:
-            try:
-                found = [CodeDocument(relative, file.read_bytes().decode("utf-8"))]
-            except UnicodeDecodeError:
-                skipped.append(SkippedDocument(relative, "not_utf8"))
+            document = _read_file(file, relative)
+            if isinstance(document, SkippedDocument):
+                skipped.append(document)
                 continue
+            found = [document]
         for document in found:
             if not document.text.strip():
                 skipped.append(SkippedDocument(document.key, "empty"))
@@ -281,11 +297,18 @@ def _check_vocab_size(vocab_size: object) -> int:
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """A byte-level BPE tokenizer with :data:`SPECIAL_TOKENS` (ids 0..4) trained on ``texts``.
 
-    Its vocabulary has at most ``vocab_size`` tokens (fewer when the texts support fewer merges).
+    Its pre-tokeniser is GPT-2's byte-level one, with pieces longer than :data:`MAX_PIECE_CHARS` cut into
+    pieces of at most that length (in training and in encoding alike). Its vocabulary has at most
+    ``vocab_size`` tokens (fewer when the texts support fewer merges).
     """
     vocab_size = _check_vocab_size(vocab_size)
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+            pre_tokenizers.Split(Regex(f"[\\s\\S]{{1,{MAX_PIECE_CHARS}}}"), behavior="isolated"),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -314,7 +337,10 @@ def load_or_train_tokenizer(
         path = Path(tokenizer_file)
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer_file {path} does not exist")
-        tokenizer = Tokenizer.from_file(str(path))
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as error:
+            raise ValueError(f"tokenizer_file {path}: not a tokenizers tokenizer.json ({error})") from None
         special_ids(tokenizer)
         return tokenizer, path, True
     vocab_size = _check_vocab_size(vocab_size)

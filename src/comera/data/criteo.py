@@ -2,7 +2,9 @@
 
 Format: one sample per line, 40 tab-separated fields: the label (``0``/``1``), 13 integer features
 ``I1..I13`` and 26 categorical features ``C1..C26`` written as hexadecimal numbers; any feature may be empty.
-``\\r\\n`` line ends are accepted. Processing follows the DLRM reference:
+``\\r\\n`` line ends are accepted; a gzip file (Criteo Terabyte's ``day_N.gz``) is read as it is, while a
+tar archive (Criteo Kaggle's ``dac.tar.gz``) or another compression is refused, naming it. Processing
+follows the DLRM reference:
 
 - integers: empty reads as 0, negatives are clamped to 0, then ``log(1 + x)`` (float32);
 - categories: per column, a map from the values seen to ids ``1..K`` (ascending value order), built in one
@@ -40,6 +42,7 @@ import numpy as np
 
 from comera.checks import check_int
 from comera.data.clicks import ClickData
+from comera.data.files import open_data, reading
 
 __all__ = [
     "KAGGLE_CARDINALITIES",
@@ -222,11 +225,17 @@ def _parse_fields(
     return ParsedLines(value[:, 0].astype(np.uint8), integers, categories.astype(np.uint64), skipped)
 
 
+def _read(handle, chunk_bytes: int, path: str | os.PathLike, line: int) -> bytes:
+    with reading(path, f"after line {line - 1}"):
+        return handle.read(chunk_bytes)
+
+
 def read_blocks(path: str | os.PathLike, chunk_bytes: int) -> Iterator[tuple[int, bytes]]:
-    """``(number of the first line, bytes of whole lines)`` blocks of about ``chunk_bytes`` from ``path``."""
+    """``(number of the first line, bytes of whole lines)`` blocks of about ``chunk_bytes`` from ``path``
+    (gzip decompressed; :func:`comera.data.files.open_data`)."""
     line, rest = 1, b""
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk_bytes):
+    with open_data(path) as handle:
+        while block := _read(handle, chunk_bytes, path, line):
             block = rest + block
             cut = block.rfind(b"\n") + 1
             if cut == 0:
@@ -325,7 +334,7 @@ def load_criteo(
     """Parse a Criteo file into the cache (first call) or open the cached arrays (later calls).
 
     Args:
-        path: a Kaggle ``train.txt`` or Terabyte ``day_N`` file.
+        path: a Kaggle ``train.txt`` or Terabyte ``day_N`` file, or a gzip of one (``day_N.gz``).
         cache_dir: where the parsed arrays are kept (one sub-folder per file and options).
         min_frequency: values seen fewer times share id 0 with empty fields.
         hash_size: cap every table at this many rows: the mapped ids are taken modulo ``hash_size`` (the

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from comera.checks import check_int
+from comera.data.files import numbered_lines, open_data, utf8_problem
 from comera.data.pairs import PAIR_LABELS, PadCollate, PairDataset, PairExamples, build_docstring_pairs
 from comera.data.tokenize import PairTokenizer, load_tokenizer, train_wordpiece
 
@@ -58,6 +59,14 @@ class _Malformed(ValueError):
     pass
 
 
+def _decoded(line: bytes) -> str:
+    """One line as text; :class:`_Malformed` naming the byte when it is not UTF-8."""
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise _Malformed(utf8_problem(error)) from None
+
+
 def _label_id(value: object, labels: Sequence[str]) -> int | None:
     """The label's index; None for a missing gold label; raises :class:`_Malformed` for anything else."""
     if value in _MISSING_LABELS:
@@ -85,25 +94,30 @@ def _malformed(examples: PairExamples, path: Path, number: int, error: Exception
 
 
 def read_glue_tsv(path: str | os.PathLike, *, skip_malformed: bool = False) -> PairExamples:
-    """The labelled pairs of a GLUE MNLI ``.tsv`` file (header line first; columns found by name).
+    """The labelled pairs of a GLUE MNLI ``.tsv`` file (header line first; columns found by name), or of its
+    gzip.
 
-    A line is malformed when its field count differs from the header's or its label is unknown.
+    A line is malformed when it is not UTF-8, its field count differs from the header's or its label is
+    unknown.
     """
     path = Path(path)
     examples = PairExamples()
-    with path.open(encoding="utf-8", newline="") as lines:
-        header = next(lines, "").rstrip("\r\n").split("\t")
+    with open_data(path) as file:
+        lines = numbered_lines(file, path)
+        try:
+            header = _decoded(next(lines, (1, b""))[1]).rstrip("\r\n").split("\t")
+        except _Malformed as error:
+            raise ValueError(f"{path}:1: header {error}") from None
         missing = [name for name in _GLUE_COLUMNS if name not in header]
         if missing:
             raise ValueError(f"{path}:1: header lacks the column(s) {missing}; found {header}")
         first, second, gold = (header.index(name) for name in _GLUE_COLUMNS)
-        for number, line in enumerate(lines, start=2):
-            text = line.rstrip("\r\n")
-            if not text:
+        for number, line in lines:
+            if not line.rstrip(b"\r\n"):
                 continue
             examples.read += 1
-            fields = text.split("\t")
             try:
+                fields = _decoded(line).rstrip("\r\n").split("\t")
                 if len(fields) != len(header):
                     raise _Malformed(f"{len(fields)} tab-separated fields, the header has {len(header)}")
                 label = _label_id(fields[gold], MNLI_LABELS)
@@ -115,21 +129,23 @@ def read_glue_tsv(path: str | os.PathLike, *, skip_malformed: bool = False) -> P
 
 
 def read_jsonl(path: str | os.PathLike, *, skip_malformed: bool = False) -> PairExamples:
-    """The labelled pairs of a JSON lines file of ``{"premise": ..., "hypothesis": ..., "label": ...}``.
+    """The labelled pairs of a JSON lines file (or its gzip) of ``{"premise": ..., "hypothesis": ...,
+    "label": ...}``.
 
-    A line is malformed when it is not a JSON object, lacks a string premise or hypothesis, or has an
-    unknown label (a label name of :data:`MNLI_LABELS` or its index; ``-1``, ``"-"`` or none = no label).
+    A line is malformed when it is not UTF-8, not a JSON object, lacks a string premise or hypothesis, or
+    has an unknown label (a label name of :data:`MNLI_LABELS` or its index; ``-1``, ``"-"`` or none = no
+    label).
     """
     path = Path(path)
     examples = PairExamples()
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
+    with open_data(path) as file:
+        for number, line in numbered_lines(file, path):
             if not line.strip():
                 continue
             examples.read += 1
             try:
                 try:
-                    record = json.loads(line)
+                    record = json.loads(_decoded(line))
                 except json.JSONDecodeError as error:
                     raise _Malformed(f"not valid JSON ({error.msg})") from None
                 if not isinstance(record, dict):

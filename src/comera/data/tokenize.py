@@ -18,12 +18,13 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import WordPiece
 from tokenizers.processors import TemplateProcessing
 from tokenizers.trainers import WordPieceTrainer
 
 from comera.checks import check_int
+from comera.data.files import utf8_problem
 
 __all__ = ["SPECIAL_TOKENS", "PairTokenizer", "bert_wordpiece", "load_tokenizer", "train_wordpiece"]
 
@@ -48,20 +49,34 @@ def bert_wordpiece(vocab: dict[str, int] | None = None, *, lowercase: bool = Tru
 
 def train_wordpiece(texts: Iterable[str], vocab_size: int, *, lowercase: bool = True) -> Tokenizer:
     """A BERT-style WordPiece tokenizer whose vocabulary (at most ``vocab_size``, with the special tokens
-    first, so [PAD] is 0) is trained on ``texts``; pieces seen fewer than twice are left out."""
+    first, so [PAD] is 0) is trained on ``texts``; pieces seen fewer than twice are left out.
+
+    Words longer than the model's ``max_input_chars_per_word`` (100) are left out of training: they encode
+    as [UNK] anyway, and training time grows with the square of a word's length (a one-megabyte word would
+    take hours).
+    """
     tokenizer = bert_wordpiece(lowercase=lowercase)
+    longest = tokenizer.model.max_input_chars_per_word
+    splitter = tokenizer.pre_tokenizer
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [splitter, pre_tokenizers.Split(Regex(f"[\\s\\S]{{{longest + 1},}}"), behavior="removed")]
+    )
     trainer = WordPieceTrainer(
         vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS), show_progress=False
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    tokenizer.pre_tokenizer = splitter
     return tokenizer
 
 
 def _read_vocab(path: Path) -> dict[str, int]:
     vocab: dict[str, int] = {}
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            token = line.rstrip("\r\n")
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            try:
+                token = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path}:{number}: {utf8_problem(error)}") from None
             if not token:
                 raise ValueError(f"{path}:{number}: empty line in a WordPiece vocabulary")
             vocab.setdefault(token, len(vocab))

@@ -34,6 +34,15 @@ import torch
 from torch import nn
 
 from comera.checks import check_int
+from comera.nn.conv1d import (
+    check_dense_kind,
+    conv1d_mismatch,
+    dense_kind_of,
+    is_conv1d,
+    linear_sizes,
+    new_conv1d,
+    weight_in_out,
+)
 from comera.nn.gated import DEFAULT_RANK, DEFAULT_TAU, GatedTrain, autocast_output, check_float_dtype
 from comera.nn.layer import NameOf, Resolve, register_layer, spec_arguments
 from comera.nn.removed import RemovedLinear
@@ -80,6 +89,8 @@ class _TrainLinear(GatedTrain):
     dense_type = nn.Linear
     role = "linear"
     shape_options = ("in_shape", "out_shape")
+    dense_kind = "linear"
+    """``"conv1d"`` for a layer converted from a ``transformers`` ``Conv1D`` (:mod:`comera.nn.conv1d`)."""
 
     def __init__(
         self,
@@ -280,9 +291,14 @@ class _TrainLinear(GatedTrain):
             f"ranks={self.ranks}, max_ranks={self.max_ranks}, compression={self.compression:.1f}x"
         )
 
+    @classmethod
+    def converts(cls, module: nn.Module) -> bool:
+        """Whether ``module`` is an ``nn.Linear`` or a ``transformers`` ``Conv1D``."""
+        return isinstance(module, nn.Linear) or is_conv1d(module)
+
     @staticmethod
-    def _padded_weight(linear: nn.Linear, layer: _TrainLinear) -> torch.Tensor:
-        weight = linear.weight.detach().t()
+    def _padded_weight(linear: nn.Module, layer: _TrainLinear) -> torch.Tensor:
+        weight = weight_in_out(linear).detach()
         rows, cols = math.prod(layer.in_shape), math.prod(layer.out_shape)
         return torch.nn.functional.pad(weight, (0, cols - weight.shape[1], 0, rows - weight.shape[0]))
 
@@ -313,18 +329,13 @@ class _TrainLinear(GatedTrain):
         return layer
 
     @classmethod
-    def _like(cls, linear: nn.Linear, **options: Any):
-        """A layer with ``linear``'s sizes, device and dtype, and its bias copied; cores freshly
-        initialised. ``options``: the constructor's keyword arguments (shapes, rank, tau, order)."""
+    def _like(cls, linear: nn.Module, **options: Any):
+        """A layer with the sizes, device and dtype of ``linear`` (an ``nn.Linear`` or a ``Conv1D``), its
+        bias copied; cores freshly initialised. ``options``: the constructor's keyword arguments (shapes,
+        rank, tau, order)."""
         weight = linear.weight
-        layer = cls(
-            linear.in_features,
-            linear.out_features,
-            bias=linear.bias is not None,
-            device=weight.device,
-            dtype=weight.dtype,
-            **options,
-        )
+        layer = cls(**linear_sizes(linear), device=weight.device, dtype=weight.dtype, **options)
+        layer.dense_kind = dense_kind_of(linear)
         if linear.bias is not None:
             with torch.no_grad():
                 layer.bias.copy_(linear.bias)
@@ -349,6 +360,7 @@ class _TrainLinear(GatedTrain):
             "rank": list(self.max_ranks),
             "tau": self.tau,
             "order": self.order,
+            **({"dense_kind": self.dense_kind} if self.dense_kind != "linear" else {}),
         }
 
     @classmethod
@@ -362,21 +374,27 @@ class _TrainLinear(GatedTrain):
     ) -> _TrainLinear:
         """A fresh layer with the sizes, shapes, stored ranks and settings recorded in ``spec``."""
         arguments = spec_arguments(cls, spec)
-        return cls(
+        dense_kind = check_dense_kind(arguments.pop("dense_kind", "linear"))
+        layer = cls(
             arguments.pop("in_features"),
             arguments.pop("out_features"),
             **arguments,
             device=device,
             dtype=dtype,
         )
+        layer.dense_kind = dense_kind
+        return layer
 
     @classmethod
     def from_dense(cls, module: nn.Module, *, init: str = "tt_svd", **options: Any) -> _TrainLinear:
-        """The layer standing for the ``nn.Linear`` ``module``: its sizes, bias (copied), device, dtype and
-        training mode; cores by TT-SVD of its weight (``init="tt_svd"``) or random at the weight's scale
-        (``init="random"``). ``options``: constructor keywords (shapes, rank, tau, order)."""
+        """The layer standing for the ``nn.Linear`` (or ``transformers`` ``Conv1D``) ``module``: its sizes,
+        bias (copied), device, dtype and training mode; cores by TT-SVD of its weight (``init="tt_svd"``) or
+        random at the weight's scale (``init="random"``). ``options``: constructor keywords (shapes, rank,
+        tau, order)."""
         if not cls.converts(module):
-            raise TypeError(f"module must be an nn.Linear, got {type(module).__name__}")
+            raise TypeError(
+                f"module must be an nn.Linear or a transformers Conv1D, got {type(module).__name__}"
+            )
         if init not in _INITS:
             raise ValueError(f"init must be one of {_INITS}, got {init!r}")
         layer = cls._like(module, **options)
@@ -386,8 +404,11 @@ class _TrainLinear(GatedTrain):
             layer.match_scale_(module.weight)
         return layer.train(module.training)
 
-    def to_dense_module(self, dense_of: Callable[[nn.Module], nn.Module | None] | None = None) -> nn.Linear:
-        """An ``nn.Linear`` with weight :meth:`to_dense` and a copy of the bias, in this layer's mode."""
+    def to_dense_module(self, dense_of: Callable[[nn.Module], nn.Module | None] | None = None) -> nn.Module:
+        """An ``nn.Linear`` (a ``Conv1D`` for a layer converted from one) with weight :meth:`to_dense` and a
+        copy of the bias, in this layer's mode."""
+        if self.dense_kind == "conv1d":
+            return new_conv1d(self.to_dense(), self.bias).train(self.training)
         like = self.cores[0]
         linear = nn.Linear(
             self.in_features,
@@ -406,7 +427,12 @@ class _TrainLinear(GatedTrain):
         """A :class:`RemovedLinear` of the same sizes holding this layer's bias (the same parameter)."""
         like = self.cores[0]
         removed = RemovedLinear(
-            self.in_features, self.out_features, bias=False, device=like.device, dtype=like.dtype
+            self.in_features,
+            self.out_features,
+            bias=False,
+            dense_kind=self.dense_kind,
+            device=like.device,
+            dtype=like.dtype,
         )
         if self.bias is not None:
             removed.bias = self.bias
@@ -418,6 +444,11 @@ class _TrainLinear(GatedTrain):
             "out_features": self.out_features,
             "bias": self.bias is not None,
         }
+
+    def dense_mismatch(self, module: nn.Module) -> str | None:
+        if is_conv1d(module):
+            return conv1d_mismatch(self.dense_attributes(), module)
+        return super().dense_mismatch(module)
 
     @property
     def mode_shapes(self) -> tuple[tuple[int, ...], ...]:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from comera.nn.conv1d import check_dense_kind, conv1d_mismatch, is_conv1d, new_conv1d
 from comera.nn.layer import ComeraLayer, NameOf, Resolve, register_layer, spec_arguments
 
 __all__ = ["RemovedLayer", "RemovedLinear", "RemovedEmbedding", "RemovedEmbeddingBag"]
@@ -85,12 +86,14 @@ class RemovedLinear(RemovedLayer):
         out_features: int,
         bias: bool = True,
         *,
+        dense_kind: str = "linear",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
+        self.dense_kind = check_dense_kind(dense_kind)
         self.register_buffer("_like", torch.empty(0, device=device, dtype=dtype), persistent=False)
         if bias:
             self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype))
@@ -108,6 +111,23 @@ class RemovedLinear(RemovedLayer):
             "out_features": self.out_features,
             "bias": self.bias is not None,
         }
+
+    def _extra_spec(self) -> dict[str, Any]:
+        return {"dense_kind": self.dense_kind} if self.dense_kind != "linear" else {}
+
+    def _dense_arguments(self) -> dict[str, Any]:
+        return self.dense_attributes()
+
+    def dense_mismatch(self, module: nn.Module) -> str | None:
+        if is_conv1d(module):
+            return conv1d_mismatch(self.dense_attributes(), module)
+        return super().dense_mismatch(module)
+
+    def to_dense_module(self, dense_of: Callable[[nn.Module], nn.Module | None] | None = None) -> nn.Module:
+        """An ``nn.Linear`` (a ``Conv1D`` when it stands for one) with a zero weight and this bias."""
+        if self.dense_kind == "conv1d":
+            return new_conv1d(self.to_dense(), self.bias).train(self.training)
+        return super().to_dense_module(dense_of)
 
     def _placement(self) -> dict[str, Any]:
         like = self._like if self.bias is None else self.bias

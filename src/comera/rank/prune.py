@@ -7,7 +7,9 @@ Layers without dead entries are left untouched.
 
 Parameters are shrunk in place (``param.data = ...``): the ``nn.Parameter`` objects stay the same, so the
 optimizer's ``param_groups``, tied modules and user references keep pointing at the right tensors; only the
-optimizer's per-parameter state is sliced.
+optimizer's per-parameter state is sliced. Their cached gradient accumulators are dropped, so a graph kept
+from before the prune (a loss still referenced, a compiled step) cannot impose the old shapes on the next
+backward.
 
 Gate folding (``fold_gates=True``, the default): the surviving gate values are multiplied into the core on
 their left and the gates reset to 1, which leaves the function unchanged. Optimizer state is then mapped
@@ -93,7 +95,21 @@ def _transform_state(
         state[key] = sliced.contiguous()
 
 
+def _other_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype != torch.float64 else torch.float32
+
+
 def _replace_data(param: nn.Parameter, value: torch.Tensor) -> None:
+    """Give ``param`` the (smaller) ``value`` and forget its gradient accumulator.
+
+    Autograd caches a leaf's ``AccumulateGrad`` node, with the leaf's shape, for as long as some graph holds
+    it (a loss or output kept from a step before the prune, a compiled step's graph), and ``param.data =``
+    drops that cache only when the dtype or device changes. A kept node would make every later backward
+    fail with "invalid gradient ... expected [old shape]", so the data passes through an empty tensor of
+    another dtype first: the next graph then builds a fresh accumulator with the new shape. Hooks
+    registered on ``param`` are kept.
+    """
+    param.data = value.new_empty(0, dtype=_other_dtype(value.dtype))
     param.data = value.contiguous()
     param.grad = None
 

@@ -2,7 +2,8 @@
 
 Errors in the command (an unknown workload, method, preset or setting, a missing data file, a run folder that
 exists, a resume that cannot continue) are reported in one line naming what is wrong, with exit status 2,
-before anything is trained. Warnings (a resume without a checkpoint, a dropped torn record) are printed as
+before anything is trained. A run that diverges (:class:`comera.train.guard.NonFiniteError`) is reported in
+one line with exit status 1. Warnings (a resume without a checkpoint, a dropped torn record) are printed as
 one line each.
 """
 
@@ -17,6 +18,7 @@ import warnings
 from comera.methods import method_names
 from comera.recipes.base import get_recipe, recipe_names
 from comera.recipes.run import SetupError, default_run_dir, run
+from comera.train.guard import NonFiniteError
 
 __all__ = ["main", "RECIPE_MODULES", "add_setting_arguments", "load_recipes", "summary"]
 
@@ -156,6 +158,9 @@ def _train(args: argparse.Namespace, out) -> int:
     except SetupError as error:
         print(f"comera train: {error}", file=sys.stderr)
         return 2
+    except NonFiniteError as error:
+        print(f"comera train: training diverged: {error}; run folder: {out}", file=sys.stderr)
+        return 1
     print(summary(results))
     print(f"run folder: {out} (results.json, metrics.jsonl, plots/, model/)")
     return 0

@@ -38,7 +38,15 @@ from comera.atomic import atomic_write_bytes
 from comera.methods import get_method, method_names
 from comera.recipes.base import get_recipe, recipe_names
 from comera.recipes.cli import add_setting_arguments, load_recipes
-from comera.recipes.run import SetupError, header_difference, run, run_header, strict_json
+from comera.recipes.folders import writable_folder
+from comera.recipes.run import (
+    SetupError,
+    header_difference,
+    read_run_config,
+    run,
+    run_header,
+    strict_json,
+)
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -90,7 +98,7 @@ def _state(run_dir: Path, header: dict[str, Any]) -> str:
                 f"{run_dir} holds files of a run but no {_CONFIG}; move it away or use another --out"
             )
         return "empty"
-    difference = header_difference(json.loads(config.read_text()), _normalised(header))
+    difference = header_difference(read_run_config(config), _normalised(header))
     if difference is not None:
         raise ValueError(
             f"{run_dir} holds a run with other settings or data: {difference}; "
@@ -184,8 +192,6 @@ def compare(
     assignments = list(assignments)
     try:
         recipe = get_recipe(workload)
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out} is a file; the comparison needs a folder")
         if not methods:
             raise ValueError(f"methods: give at least one of {list(method_names())}")
         repeated = sorted({name for name in methods if methods.count(name) > 1})
@@ -200,6 +206,9 @@ def compare(
             run_dir = out / method
             replace = rerun and (run_dir / _CONFIG).exists()
             plans.append((method, run_dir, "replace" if replace else _state(run_dir, header)))
+        writable_folder(out, "--out")
+        if cache_dir is not None:
+            writable_folder(Path(cache_dir), "--cache")
     except (ValueError, FileNotFoundError, ImportError) as error:
         raise SetupError(str(error)) from error
     runner = _subprocess_runner if fresh_process else _in_process_runner

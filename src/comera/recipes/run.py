@@ -48,6 +48,7 @@ from comera.methods import Method, MethodContext, get_method
 from comera.rank import prune_
 from comera.recipes.base import Recipe, RecipeData, get_recipe
 from comera.recipes.fingerprint import data_fingerprint, fingerprint_difference
+from comera.recipes.folders import writable_folder
 from comera.recipes.settings import resolve_settings, tensorize_config
 from comera.report import compression_report
 from comera.train.checkpoint import NoReadableCheckpointError
@@ -61,6 +62,7 @@ __all__ = [
     "run",
     "run_header",
     "header_difference",
+    "read_run_config",
     "strict_json",
     "SetupError",
     "default_cache_dir",
@@ -91,6 +93,17 @@ def default_cache_dir() -> Path:
 def default_run_dir(recipe: str, preset: str, method: str) -> Path:
     """``runs/RECIPE-PRESET-METHOD`` under the current folder."""
     return Path("runs") / f"{recipe}-{preset}-{method}"
+
+
+def read_run_config(config_path: Path) -> Any:
+    """A run folder's ``config.json``; ``ValueError`` naming the file when it is not valid JSON."""
+    try:
+        return json.loads(config_path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"{config_path} is not valid JSON ({error}), so the run in its folder cannot be checked against "
+            "this command; repair the file, or use another --out"
+        ) from None
 
 
 def header_difference(recorded: dict[str, Any], header: dict[str, Any]) -> str | None:
@@ -137,7 +150,7 @@ def _check_folder(out: Path, header: dict[str, Any], resume: bool, restart: bool
     if resume:
         if not config_path.exists():
             raise FileNotFoundError(f"--resume: {config_path} not found; there is no run to resume in {out}")
-        difference = header_difference(json.loads(config_path.read_text()), header)
+        difference = header_difference(read_run_config(config_path), header)
         if difference is not None:
             raise ValueError(
                 f"--resume: the run in {out} cannot continue: {difference}; resume with the same command "
@@ -324,6 +337,8 @@ def _set_up(
     data_path = None if data is None else Path(data)
     earlier_run = _check_folder(out, header, resume, restart)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    writable_folder(out, "--out")
+    writable_folder(cache, "--cache")
     recipe_data = recipe.build_data(settings["data"], data_path, cache)
     _check_splits(recipe_data, data_path)
     torch.manual_seed(settings["train"].get("seed", 0))

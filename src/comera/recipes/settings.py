@@ -2,8 +2,10 @@
 
 Every key must exist in the preset (``model``, ``data``), be a :class:`comera.TrainConfig` field (``train``),
 a :class:`comera.TensorizeConfig` field or ``preset`` (``tensorize``), or one of the method's settings
-(``method``); a value must have its default's type (an int is accepted for a float). Anything else raises
-``ValueError`` naming the key and the valid choices, before any data is read or model built.
+(``method``). A ``train`` or ``tensorize`` value must have a type its field declares (``train.compile`` takes
+``true``, ``false`` or ``"auto"``, whatever the preset set); any other value must have its default's type. An
+int is accepted for a float, a list for a tuple. Anything else raises ``ValueError`` naming the key and the
+valid choices, before any data is read or model built.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import sys
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from comera.data.files import utf8_text
 from comera.methods import Method
 from comera.tensorize_config import TensorizeConfig, preset_names, tensorize_preset
 from comera.train.config import TrainConfig
@@ -46,13 +51,57 @@ def parse_assignment(text: str) -> tuple[str, str, Any]:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise ValueError(f"--config {path}: a folder; expected a TOML file")
     try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
+        data = path.read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(f"--config {path}: file not found") from None
+    except OSError as error:
+        raise ValueError(f"--config {path}: cannot be read ({error.strerror or error})") from None
+    try:
+        return tomllib.loads(utf8_text(data, path))
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"--config {path}: not valid TOML ({error})") from None
+    except ValueError as error:
+        raise ValueError(f"--config {error}") from None
+
+
+def _declared_types(config_class: type) -> dict[str, Any]:
+    """``{field: its type annotation}`` of a settings dataclass."""
+    return typing.get_type_hints(config_class)
+
+
+_DECLARED = {"train": _declared_types(TrainConfig), "tensorize": _declared_types(TensorizeConfig)}
+
+
+def _fits(value: Any, declared: Any) -> bool:
+    """Whether a TOML ``value`` has the declared type (unions, Optional, tuples as lists, ints as floats)."""
+    origin = typing.get_origin(declared)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, option) for option in typing.get_args(declared))
+    if declared is type(None):
+        return value is None
+    if declared is bool or isinstance(value, bool):
+        return declared is bool and isinstance(value, bool)
+    if declared is float:
+        return isinstance(value, _NUMBER)
+    if origin in (tuple, list) or declared in (tuple, list):
+        return isinstance(value, (list, tuple))
+    if origin is not None and issubclass(origin, Mapping):
+        return isinstance(value, Mapping)
+    return isinstance(value, origin or declared)
+
+
+def _type_name(declared: Any) -> str:
+    options = (
+        typing.get_args(declared) if typing.get_origin(declared) in (typing.Union, types.UnionType) else ()
+    )
+    if options:
+        return " or ".join(_type_name(option) for option in options)
+    if declared is type(None):
+        return "None"
+    return getattr(typing.get_origin(declared) or declared, "__name__", str(declared))
 
 
 def _valid_keys(section: str, defaults: Mapping[str, Any], method: Method) -> dict[str, Any]:
@@ -81,7 +130,10 @@ def _apply(settings: dict[str, Any], section: str, key: str, value: Any, valid: 
     if key not in valid:
         raise ValueError(f"{where}: unknown key {section}.{key}; valid keys of [{section}]: {sorted(valid)}")
     default = settings[section].get(key, valid[key])
-    if not _same_kind(value, default):
+    declared = _DECLARED.get(section, {}).get(key)
+    if declared is not None and not _fits(value, declared):
+        raise ValueError(f"{where}: {section}.{key} must be of type {_type_name(declared)}, got {value!r}")
+    if declared is None and not _same_kind(value, default):
         raise ValueError(
             f"{where}: {section}.{key} must be of type {type(default).__name__} like its default "
             f"{default!r}, got {value!r}"
@@ -141,6 +193,7 @@ def resolve_settings(
             f"tensorize.preset {name!r} is not registered; registered presets: {list(preset_names())}"
         )
     TrainConfig.from_dict(settings["train"])
+    tensorize_config(settings)
     return settings
 
 

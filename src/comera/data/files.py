@@ -1,0 +1,106 @@
+"""Reading data files: gzip decompressed by content, other archives named, and errors that name the file.
+
+:func:`open_data` opens a file for reading bytes; a gzip file (recognised by its first bytes, whatever its
+name) is decompressed on the fly. A bzip2, xz, zip, zstd or tar file raises ``ValueError`` naming the format,
+instead of being parsed as text. :func:`reading` turns a truncated or corrupt compressed stream into a
+``ValueError`` naming the file (:func:`numbered_lines` reads lines so); :func:`utf8_text` and
+:func:`utf8_problem` describe bytes that are not UTF-8 by line, column and byte value.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["open_data", "reading", "numbered_lines", "utf8_text", "utf8_problem"]
+
+_GZIP = b"\x1f\x8b"
+_UNSUPPORTED = {
+    b"BZh": "bzip2-compressed",
+    b"\xfd7zXZ\x00": "xz-compressed",
+    b"\x28\xb5\x2f\xfd": "zstd-compressed",
+    b"PK\x03\x04": "a zip archive",
+}
+_TAR_MAGIC, _TAR_MAGIC_AT = b"ustar", 257
+
+
+def _format_of(head: bytes) -> str | None:
+    for magic, name in _UNSUPPORTED.items():
+        if head.startswith(magic):
+            return name
+    if head[_TAR_MAGIC_AT : _TAR_MAGIC_AT + len(_TAR_MAGIC)] == _TAR_MAGIC:
+        return "a tar archive"
+    return None
+
+
+def open_data(path: str | os.PathLike) -> BinaryIO:
+    """``path`` opened for reading bytes, decompressed when it is gzip.
+
+    Raises:
+        ValueError: the file (or the gzip file's content) is a bzip2, xz, zip, zstd or tar archive; the
+            message names the format and the file.
+    """
+    path = Path(path)
+    with open(path, "rb") as probe:
+        compressed = probe.read(len(_GZIP)) == _GZIP
+    handle: BinaryIO = gzip.open(path, "rb") if compressed else open(path, "rb")  # noqa: SIM115
+    try:
+        with reading(path):
+            head = handle.read(_TAR_MAGIC_AT + len(_TAR_MAGIC))
+            handle.seek(0)
+    except BaseException:
+        handle.close()
+        raise
+    found = _format_of(head)
+    if found is not None:
+        handle.close()
+        inside = " inside gzip" if compressed else ""
+        raise ValueError(f"{path}: {found}{inside}, not a text file; extract or decompress it first")
+    return handle
+
+
+@contextmanager
+def reading(path: str | os.PathLike, where: str = "") -> Iterator[None]:
+    """Raise a truncated or corrupt compressed stream read inside the block as ``ValueError`` naming
+    ``path`` (and ``where``, e.g. ``"after line 12"``)."""
+    try:
+        yield
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        place = f" ({where})" if where else ""
+        raise ValueError(f"{path}: the compressed data is truncated or corrupt{place}: {error}") from None
+
+
+def numbered_lines(file: BinaryIO, path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:
+    """``(line number from 1, bytes)`` of ``file``; a truncated or corrupt gzip stream raises ``ValueError``
+    naming ``path`` and the last line read."""
+    number = 0
+    while True:
+        with reading(path, f"after line {number}"):
+            raw = file.readline()
+        if not raw:
+            return
+        number += 1
+        yield number, raw
+
+
+def utf8_problem(error: UnicodeDecodeError) -> str:
+    """``"byte 0xe9 at offset 12 is not valid UTF-8"`` for a failed decoding of one line."""
+    return f"byte 0x{error.object[error.start]:02x} at offset {error.start} is not valid UTF-8"
+
+
+def utf8_text(data: bytes, path: str | os.PathLike) -> str:
+    """``data`` decoded as UTF-8; ``ValueError`` naming ``path``, the line, the column and the byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line_start = data.rfind(b"\n", 0, error.start) + 1
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ValueError(
+            f"{path}: line {line}, column {error.start - line_start + 1}: byte "
+            f"0x{data[error.start]:02x} is not valid UTF-8 (save the file as UTF-8)"
+        ) from None

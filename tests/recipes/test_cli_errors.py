@@ -1,0 +1,76 @@
+"""``comera train`` errors in one line: folders that cannot be written and a ``--config`` folder are refused
+before any data is built; a corrupt ``config.json`` on resume is named; a diverging run ends with one line."""
+
+import os
+from pathlib import Path
+
+import pytest
+import toy
+
+from comera.recipes.cli import main
+
+
+@pytest.fixture
+def no_data(monkeypatch):
+    """Fail the test if the recipe builds its data: the error must come first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the data was built before the error")
+
+    monkeypatch.setattr(toy.ToyRecipe, "build_data", refuse)
+
+
+def _train(out: Path, cache: Path, *extra: str) -> list[str]:
+    return ["toy", "--preset", "smoke", "--out", str(out), "--cache", str(cache), "--no-progress", *extra]
+
+
+def _one_line_error(capsys, arguments: list[str], status: int = 2) -> str:
+    assert main(arguments) == status
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1, error
+    return error
+
+
+def test_out_and_cache_under_a_file_are_refused_before_the_data_is_built(tmp_path, capsys, no_data):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    error = _one_line_error(capsys, _train(blocker / "run", tmp_path / "cache"))
+    assert f"--out {blocker / 'run'}: {blocker} is a file, not a folder" in error
+    error = _one_line_error(capsys, _train(tmp_path / "run", blocker / "cache"))
+    assert f"--cache {blocker / 'cache'}: {blocker} is a file, not a folder" in error
+
+
+def _unwritable_folder(tmp_path: Path) -> Path:
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        return locked / "run"
+    if not Path("/proc/self").is_dir():
+        pytest.skip("needs a folder root cannot write to")
+    return Path("/proc/self/comera-run")
+
+
+def test_an_unwritable_out_is_refused_before_the_data_is_built(tmp_path, capsys, no_data):
+    out = _unwritable_folder(tmp_path)
+    error = _one_line_error(capsys, _train(out, tmp_path / "cache"))
+    assert f"--out {out}: cannot create or write to it" in error
+
+
+def test_a_config_folder_is_refused(tmp_path, capsys, no_data):
+    error = _one_line_error(capsys, _train(tmp_path / "run", tmp_path / "cache", "--config", str(tmp_path)))
+    assert f"--config {tmp_path}: a folder; expected a TOML file" in error
+
+
+def test_a_corrupt_config_json_on_resume_is_named(tmp_path, capsys, no_data):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"recipe": "toy", ')
+    error = _one_line_error(capsys, _train(out, tmp_path / "cache", "--resume"))
+    assert f"{out / 'config.json'} is not valid JSON" in error
+
+
+def test_a_diverging_run_ends_with_one_line(tmp_path, capsys):
+    rates = [f"--set=train.{name}=1e30" for name in ("lr_cores", "lr_gates", "lr_other")]
+    error = _one_line_error(capsys, _train(tmp_path / "run", tmp_path / "cache", *rates), status=1)
+    assert error.startswith("comera train: training diverged:") and str(tmp_path / "run") in error
