@@ -88,11 +88,11 @@ def batch_blocks(kind: str, first: torch.Tensor, second: torch.Tensor, run: Call
     (:mod:`comera.tt.autotune`) and a split possible, the faster of one GEMM and one block per thread,
     measured with ``run(blocks)`` at the first call of the shape (``kind``, the batch's power-of-two range,
     the other dimensions, the thread count, the dtype)."""
-    rows, width = (first.shape[0], second.shape[1]) if kind == "rows" else (second.shape[0], second.shape[1])
-    inner = first.shape[1] if kind == "rows" else first.shape[0]
+    rows = first.shape[0] if kind == "rows" else second.shape[0]
+    inner, width = first.shape[1] if kind == "rows" else first.shape[0], second.shape[1]
     estimate = rule_blocks(rows, width, first.device)
     if first.device.type != "cpu" or _single_gemm_depth or torch.compiler.is_compiling():
-        return estimate
+        return estimate  # get_num_threads() inside a trace would break fullgraph compiles
     threads = torch.get_num_threads()
     split = min(threads, rows // MIN_ROWS_PER_BLOCK)
     if split < 2:
