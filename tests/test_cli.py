@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from comera.bench.report import update_section
 from comera.cli import main
+from comera.measure import update_section
 
 
 def test_update_section_replaces_only_its_own_block(tmp_path):

@@ -56,7 +56,7 @@ def test_a_meta_buffer_the_save_does_not_hold_is_refused_and_the_base_left_alone
 
 
 def test_a_model_saved_from_a_builtin_class_loads_in_a_process_that_imported_only_comera(tmp_path):
-    from comera.models.dlrm import DLRM
+    from comera.workloads.dlrm.model import DLRM
 
     torch.manual_seed(0)
     model = tensorize_(DLRM([20, 30], [4, 8], [8, 1]), rank=2, target_modules=["top.0"])

@@ -1,7 +1,9 @@
 """The ``comera`` command: ``demo``, ``train WORKLOAD``, ``compare WORKLOAD``, ``bench NAME``, ``report DIR``,
 ``plot RUN_DIR``.
 
-``demo`` and ``bench`` run their job (``comera.demo``, ``comera.bench.NAME``) in a fresh Python process.
+``demo`` and ``bench`` run their job (:mod:`comera.commands.demo`, the module
+:data:`comera.bench.BENCHMARKS` names) in a fresh Python process; ``train`` and ``compare`` hand over to
+:mod:`comera.commands.train` and :mod:`comera.commands.compare`.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         add_help=False,
     )
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
-    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("name", choices=list(BENCHMARKS))
     report = sub.add_parser(
         "report", help="print the compression report of a saved model folder or a training run folder"
     )
@@ -94,16 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plot":
         return _plot(args.run_dir, args.out, args.compare, args.metric)
     if args.command == "train":
-        from comera.recipes.cli import main as train
+        from comera.commands.train import main as train
 
         return train(rest)
     if args.command == "compare":
-        from comera.recipes.compare import main as compare
+        from comera.commands.compare import main as compare
 
         return compare(rest)
     if args.command == "demo":
-        return _run_module("comera.demo", rest)
-    return _run_module(f"comera.bench.{args.name}", rest)
+        return _run_module("comera.commands.demo", rest)
+    return _run_module(BENCHMARKS[args.name], rest)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,11 @@ _REQUIRED_KEYS = ("format_version", "library_version", "dtype", "layers", "tenso
 _FORMAT_1_KEYS = {"type": "kind", "ranks": "rank"}
 
 _MODEL_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
-_BUILTIN_MODEL_MODULES = ("comera.models.transformer", "comera.models.mlm", "comera.models.dlrm")
+_BUILTIN_MODEL_MODULES = (
+    "comera.workloads.nli.model",
+    "comera.workloads.mlm.model",
+    "comera.workloads.dlrm.model",
+)
 """Modules whose import registers the built-in models (imported when a saved model names one)."""
 
 

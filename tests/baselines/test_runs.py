@@ -11,8 +11,8 @@ import comera.baselines.apollo
 import comera.baselines.cola
 import comera.baselines.galore
 import comera.baselines.lte  # noqa: F401  (register the baselines)
+from comera.commands.train import load_recipes
 from comera.methods import method_names
-from comera.recipes.cli import load_recipes
 from comera.recipes.run import run
 from comera.train import read_metrics
 

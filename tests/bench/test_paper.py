@@ -207,7 +207,7 @@ def test_quick_run_covers_every_section(tmp_path, fresh_cases):
 
 
 def test_training_state_counts_every_kept_tensor_once():
-    from comera.bench.report import training_state_mib
+    from comera.measure import training_state_mib
     from comera.tt.recycle import output_pool
 
     output_pool().release()  # outputs pooled by earlier tests in this process are not this model's

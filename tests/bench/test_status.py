@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from comera.bench.report import status_kib, status_mib
+from comera.measure import status_kib, status_mib
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status is Linux's")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from comera import demo
-from comera.recipes.compare import MethodRun
+from comera.commands import demo
+from comera.commands.compare import MethodRun
 
 SOURCE = Path(demo.__file__).parents[1]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import toy
 
-from comera.recipes.cli import main
+from comera.commands.train import main
 
 
 @pytest.fixture

@@ -10,13 +10,13 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from comera.recipes.cli import main
+from comera.commands.train import main
 
 SETTINGS = ["train.early=160", "train.late=40", "train.checkpoint_every=10", "train.keep_checkpoints=3"]
 
 
 def _command(out, cache, *extra):
-    command = [sys.executable, "-m", "comera.recipes.cli", "nli", "--preset", "smoke", "--out", str(out)]
+    command = [sys.executable, "-m", "comera.commands.train", "nli", "--preset", "smoke", "--out", str(out)]
     command += ["--cache", str(cache), "--no-progress"]
     for assignment in SETTINGS:
         command += ["--set", assignment]

@@ -1,14 +1,20 @@
-"""Benchmarks reachable as ``comera bench NAME``: each submodule ``NAME`` exposes ``main(argv) -> int``."""
+"""Benchmarks reachable as ``comera bench NAME``: each module of :data:`BENCHMARKS` exposes
+``main(argv) -> int`` and is run with ``python -m MODULE`` in a fresh process.
 
-BENCHMARKS = (
-    "layers",
-    "embedding",
-    "inference",
-    "trainer",
-    "transformer",
-    "attention",
-    "dlrm",
-    "mlm",
-    "paper",
-    "meta_memory",
-)
+The layer benchmarks live here; a workload's own benchmark lives in its folder (``workloads/NAME/bench.py``)
+and is named here by module path, so this package sits above the workloads and nothing below imports it.
+"""
+
+BENCHMARKS: dict[str, str] = {
+    "layers": "comera.bench.layers",
+    "embedding": "comera.bench.embedding",
+    "inference": "comera.bench.inference",
+    "trainer": "comera.bench.trainer",
+    "transformer": "comera.workloads.nli.bench",
+    "attention": "comera.bench.attention",
+    "dlrm": "comera.workloads.dlrm.bench",
+    "mlm": "comera.workloads.mlm.bench",
+    "paper": "comera.bench.paper",
+    "meta_memory": "comera.bench.meta_memory",
+}
+"""Benchmark name -> the module ``comera bench NAME`` runs."""

@@ -32,7 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from comera.bench.report import (
+from comera.cpu import reuse_freed_memory
+from comera.measure import (
     add_memory_argument,
     allocation_of,
     interleaved_medians_ms,
@@ -40,7 +41,6 @@ from comera.bench.report import (
     peak_rise_mib,
     update_section,
 )
-from comera.cpu import reuse_freed_memory
 from comera.models.attention import attention_context, plain_dropout_attention
 
 __all__ = ["VARIANTS", "parse_shape", "make_inputs", "make_step", "run_shape", "format_report", "main"]

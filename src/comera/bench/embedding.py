@@ -24,7 +24,7 @@ The report ends with the targets: the default lookup against the published looku
 ``--layouts`` times each case once per layout of the upstream gradient (:data:`LAYOUTS`: contiguous,
 ``broadcast`` as ``out.sum().backward()`` sends it, ``column-major``, and ``sequence-first``: ids and gradient
 of a ``(T, B)`` batch seen as ``(B, T)`` through ``.t()`` / ``.transpose(0, 1)``), round-robin in the case's
-process (:func:`comera.bench.report.interleaved_medians_ms`), and the report adds a table of the layouts and
+process (:func:`comera.measure.interleaved_medians_ms`), and the report adds a table of the layouts and
 their ratios to the contiguous time, with the target: every layout within 1.2x of contiguous and at least
 1.5x faster than the published lookup with its unique step.
 """
@@ -43,7 +43,8 @@ import torch
 from torch import nn
 
 from comera.bench.published_lookup import PublishedOrderLookup
-from comera.bench.report import (
+from comera.cpu import reuse_freed_memory
+from comera.measure import (
     ALLOCATION,
     add_memory_argument,
     backward_step,
@@ -55,7 +56,6 @@ from comera.bench.report import (
     ratio,
     update_section,
 )
-from comera.cpu import reuse_freed_memory
 from comera.nn.embedding import TTMEmbedding
 
 __all__ = [

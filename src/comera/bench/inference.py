@@ -12,10 +12,10 @@ Embedding: the paper's 30522 x 768 word embedding (rows 16*20*10*10, columns 4*4
 every call (train mode); ``TTM cached``, ``TTMEmbedding`` in eval mode reusing its merged halves.
 
 Time: each timed sample runs ``--calls`` forward calls; the methods of a row are sampled round-robin in a
-fresh random order each round (:func:`comera.bench.report.interleaved_medians_ms`), median of
+fresh random order each round (:func:`comera.measure.interleaved_medians_ms`), median of
 ``--repeats`` samples, reported per call. Memory: for each shape and method, a fresh process builds the
 layer and runs one call; the rise of its peak resident size over the size before building is reported
-(:func:`comera.bench.report.peak_rise_mib`): the weights, the cache and the call's temporaries.
+(:func:`comera.measure.peak_rise_mib`): the weights, the cache and the call's temporaries.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from comera.bench.embedding import TABLES, build_table
-from comera.bench.report import interleaved_medians_ms, machine_description, peak_rise_mib, update_section
+from comera.measure import interleaved_medians_ms, machine_description, peak_rise_mib, update_section
 from comera.nn.linear import TTLinear
 
 __all__ = ["SHAPES", "METHODS", "EMBEDDING_METHODS", "build", "main"]

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.bench.report import allocation_of, fmt, machine_description, pyplot, ratio
+from comera.measure import allocation_of, fmt, machine_description, pyplot, ratio
 from comera.rank import entry_scores, gated_trains, hold_entries, prune_
 from comera.rank.prune import PruneResult
 from comera.report import compression_report

@@ -12,7 +12,7 @@ steps (:data:`SEQUENCE_LENGTH` when it divides ``B``, else one step each), ``(B 
 
 Layers: ``nn.Linear`` (for scale), ``TTLinear`` and ``TTMLinear`` (``order="auto"``) of each shape and rank,
 and the ``TTMTiedHead`` of the paper's word embedding (30522 x 768, rows 16*20*10*10, columns 4*4*8*6,
-rank 32). Each layer's layouts are timed round-robin (:func:`comera.bench.report.interleaved_medians_ms`).
+rank 32). Each layer's layouts are timed round-robin (:func:`comera.measure.interleaved_medians_ms`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from comera.bench.report import backward_step, interleaved_medians_ms
+from comera.measure import backward_step, interleaved_medians_ms
 from comera.nn.embedding import TTMEmbedding, TTMTiedHead
 from comera.nn.linear import TTLinear, TTMLinear
 

@@ -33,13 +33,13 @@ from torch import nn
 
 from comera.bench.layer_layouts import LAYOUTS, format_layouts, layout_checks, run_layouts
 from comera.bench.published_linear import PublishedTTLinear
-from comera.bench.report import (
+from comera.cpu import reuse_freed_memory
+from comera.measure import (
     add_memory_argument,
     interleaved_medians_ms,
     machine_description,
     update_section,
 )
-from comera.cpu import reuse_freed_memory
 from comera.nn.linear import TTLinear, TTMLinear
 from comera.tt.blocked import single_gemms
 from comera.tt.costs import ORDERS

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertForSequenceClassification
 
-from comera.bench.report import peak_rise_mib
+from comera.measure import peak_rise_mib
 from comera.rank import RankAdaptation, param_groups
 from comera.tensorize import materialize_, tensorize_
 

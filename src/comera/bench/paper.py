@@ -12,7 +12,7 @@ all five, in this order):
   trained on for ``--warmup`` steps and timed for ``--repeats`` more (forward, objective, backward, optimizer
   step). Reported per case: the median step time, every timed step, what training keeps between steps
   counted tensor by tensor (``state_mib``: parameters, buffers, gradients, optimizer state;
-  :func:`comera.bench.report.training_state_mib`), the rise of the resident set during one step over the
+  :func:`comera.measure.training_state_mib`), the rise of the resident set during one step over the
   trained model (``train_mib``: activations and temporaries), their sum (``training_mib``, the training
   memory the ratios use), the process's peak resident set (``peak_mib``), and the trained and dense
   parameter counts. LTE splits a batch across its
@@ -29,10 +29,10 @@ all five, in this order):
 - ``lookup`` (Fig. 5): :mod:`comera.bench.embedding` on the paper's word table (30522 x 768, rank 32) with
   uniform ids, batches of ``--lookup-ids`` (default 10k, 20k, 40k), every lookup variant (``nn.Embedding``,
   naive, split, optimized, auto, and the published order with and without its unique step).
-- ``dlrm`` (Fig. 8): :mod:`comera.bench.dlrm`, one training step of DLRM (``--dlrm-size``, default
+- ``dlrm`` (Fig. 8): :mod:`comera.workloads.dlrm.bench`, one training step of DLRM (``--dlrm-size``, default
   ``paper``) at batches ``--dlrm-batches`` (default 10k, 20k, 40k): dense, comera with the optimized lookup,
   without deduplication (``comera-split``) and without the lookup optimizations (``comera-naive``).
-- ``mlm``: :mod:`comera.bench.mlm`, one masked-LM pre-training step of the RoBERTa model
+- ``mlm``: :mod:`comera.workloads.mlm.bench`, one masked-LM pre-training step of the RoBERTa model
   (``--mlm-preset``, default ``paper``), ``--mlm-batch`` blocks of the preset's length, dense and comera.
 
 Each section NAME writes ``NAME.json`` (``section``, ``command``, ``machine``, ``results``: the cases),
@@ -72,7 +72,7 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
-from comera.bench import dlrm, embedding, mlm
+from comera.bench import embedding
 from comera.bench.ladder import (
     compression_fields,
     default_ladder,
@@ -81,7 +81,8 @@ from comera.bench.ladder import (
     preset_rank,
     truncate_ranks_,
 )
-from comera.bench.report import (
+from comera.cpu import reuse_freed_memory
+from comera.measure import (
     add_memory_argument,
     allocation_of,
     grouped_bars,
@@ -91,15 +92,16 @@ from comera.bench.report import (
     training_state_mib,
     update_section,
 )
-from comera.cpu import reuse_freed_memory
 from comera.methods import MethodContext, get_method
-from comera.models.mlm import MODEL_PRESETS as MLM_PRESETS
-from comera.recipes.base import get_recipe
-from comera.recipes.cli import load_recipes
+from comera.recipes.builtin_methods import load_methods
 from comera.recipes.settings import resolve_settings, tensorize_config
 from comera.report import compression_report
 from comera.train.config import TrainConfig
 from comera.train.setup import default_optimizer
+from comera.workloads import load_recipe
+from comera.workloads.dlrm import bench as dlrm
+from comera.workloads.mlm import bench as mlm
+from comera.workloads.mlm.model import MODEL_PRESETS as MLM_PRESETS
 
 __all__ = [
     "METHODS",
@@ -176,7 +178,7 @@ def run_case(
     With ``rank``, the prepared model is first cut to that rank (:func:`comera.bench.ladder.truncate_ranks_`)
     and the case also reports ``rank``, the number of layers sliced (``pruned_layers``) and the model's
     compression (``tensorized_ratio``, ``model_ratio``, ``max_rank``)."""
-    recipe, method = get_recipe(workload), get_method(method_name)
+    recipe, method = load_recipe(workload), get_method(method_name)
     assignments = _assignments(method_name, batch)
     settings = resolve_settings(recipe.presets, preset, method, assignments=assignments)
     data = recipe.build_data(settings["data"], None, cache_dir)
@@ -385,7 +387,7 @@ def plot_report(results: list[dict[str, Any]], out: Path) -> list[Path]:
 def ladder_ranks(workload: str, preset: str) -> list[int]:
     """The default ladder of ``preset`` of ``workload``: :func:`comera.bench.ladder.default_ladder` of the
     rank of its comera tensorization."""
-    settings = resolve_settings(get_recipe(workload).presets, preset, get_method("comera"))
+    settings = resolve_settings(load_recipe(workload).presets, preset, get_method("comera"))
     return default_ladder(preset_rank(tensorize_config(settings)))
 
 
@@ -534,7 +536,7 @@ def _check_numbers(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 def _check_names(args: argparse.Namespace) -> str | None:
     """What is wrong with ``--workload``, ``--preset`` or ``--methods`` (naming the flag), or None."""
     try:
-        recipe = get_recipe(args.workload)
+        recipe = load_recipe(args.workload)
     except ValueError as error:
         return f"--workload: {error}"
     if args.preset not in recipe.presets:
@@ -597,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     for module in args.imports:
         importlib.import_module(module)
-    load_recipes()
+    load_methods()
     if args.case is not None:
         return _run_one_case(args)
     problem = _check_names(args)

@@ -25,7 +25,7 @@ import time
 import torch
 from torch import nn
 
-from comera.bench.report import machine_description, update_section
+from comera.measure import machine_description, update_section
 from comera.nn.linear import TTLinear
 from comera.rank.adaptation import RankAdaptation
 from comera.rank.groups import param_groups

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from comera.atomic import atomic_write_bytes
+from comera.commands.train import add_setting_arguments
 from comera.methods import get_method, method_names
-from comera.recipes.base import get_recipe, recipe_names
-from comera.recipes.cli import add_setting_arguments, load_recipes
+from comera.recipes.builtin_methods import load_methods
 from comera.recipes.folders import writable_folder
 from comera.recipes.run import (
     SetupError,
@@ -47,6 +47,7 @@ from comera.recipes.run import (
     run_header,
     strict_json,
 )
+from comera.workloads import load_recipe, workload_names
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -115,7 +116,7 @@ def _check_packages(method: str) -> None:
 
 
 def _subprocess_runner(arguments: dict[str, Any]) -> None:
-    command = [sys.executable, "-m", "comera.recipes.cli", *_command_arguments(arguments), "--no-progress"]
+    command = [sys.executable, "-m", "comera.commands.train", *_command_arguments(arguments), "--no-progress"]
     done = subprocess.run(command, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the run exited with status {done.returncode} (its messages are above)")
@@ -191,7 +192,7 @@ def compare(
     out = Path(out) if out is not None else Path("runs") / f"compare-{workload}-{preset}"
     assignments = list(assignments)
     try:
-        recipe = get_recipe(workload)
+        recipe = load_recipe(workload)
         if not methods:
             raise ValueError(f"methods: give at least one of {list(method_names())}")
         repeated = sorted({name for name in methods if methods.count(name) > 1})
@@ -354,7 +355,7 @@ def _write_outputs(
     assignments: list[str],
     log: Callable[[str], None],
 ) -> None:
-    from comera.bench.report import machine_description
+    from comera.measure import machine_description
     from comera.train.plots import plot_comparison
 
     out.mkdir(parents=True, exist_ok=True)
@@ -413,7 +414,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="comera compare",
         description="Train one workload with several methods (each in a fresh process) and compare them.",
     )
-    parser.add_argument("workload", choices=recipe_names(), help="the workload recipe")
+    parser.add_argument("workload", choices=workload_names(), help="the workload recipe")
     parser.add_argument(
         "--methods",
         nargs="+",
@@ -434,7 +435,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera compare``: 0 when every method ran, 1 when one failed, 2 for a bad command."""
-    load_recipes()
+    load_methods()
     args = _parser().parse_args(argv)
     try:
         runs = compare(
@@ -453,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"comera compare: {error}", file=sys.stderr)
         return 2
     print()
-    print(format_markdown(runs, _leading_metric(runs, get_recipe(args.workload).primary_metric)))
+    print(format_markdown(runs, _leading_metric(runs, load_recipe(args.workload).primary_metric)))
     return 1 if any(item.status == "failed" for item in runs) else 0
 
 

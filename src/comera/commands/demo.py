@@ -1,7 +1,7 @@
 """``comera demo``: the sentence-pair workload trained dense and with CoMERA, side by side, at two sizes.
 
 Accuracy: both runs go through ``comera compare nli --methods dense comera --rerun``
-(:mod:`comera.recipes.compare`): the same recipe (``comera train nli --preset small``) and the same Trainer,
+(:mod:`comera.commands.compare`): the same recipe (``comera train nli --preset small``) and the same Trainer,
 each in a fresh process: the dense model, and the CoMERA model (tensorized by the ``nli-small`` preset,
 early stage, late stage toward a smaller size, pruned). The data is the embedded task (a docstring paired
 with a function's code from this Python's standard library: does it match?).
@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from comera.bench.paper import run_fresh_case
-from comera.recipes.base import get_recipe
-from comera.recipes.cli import load_recipes
-from comera.recipes.compare import compare
+from comera.commands.compare import compare
+from comera.recipes.builtin_methods import load_methods
 from comera.recipes.run import SetupError, default_cache_dir
+from comera.workloads import load_recipe
 
 __all__ = ["main", "format_table", "SpeedSettings", "run_speed"]
 
@@ -69,7 +69,7 @@ class SpeedSettings:
 
 
 def _preset_model(preset: str) -> dict[str, Any]:
-    return dict(get_recipe(WORKLOAD).presets[preset]["model"])
+    return dict(load_recipe(WORKLOAD).presets[preset]["model"])
 
 
 def _model_size(model: Mapping[str, Any]) -> str:
@@ -243,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera demo``."""
     args = _parse(argv)
     out = Path(args.out)
-    load_recipes()
-    presets = get_recipe(WORKLOAD).presets
+    load_methods()
+    presets = load_recipe(WORKLOAD).presets
     if not args.no_speed and args.speed_preset not in presets:
         choices = sorted(presets)
         print(

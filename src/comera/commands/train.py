@@ -10,32 +10,17 @@ one line each.
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import sys
 import warnings
 
 from comera.methods import method_names
-from comera.recipes.base import get_recipe, recipe_names
+from comera.recipes.builtin_methods import load_methods
 from comera.recipes.run import SetupError, default_run_dir, run
 from comera.train.guard import NonFiniteError
+from comera.workloads import load_recipe, workload_names
 
-__all__ = ["main", "RECIPE_MODULES", "add_setting_arguments", "load_recipes", "summary"]
-
-RECIPE_MODULES: tuple[str, ...] = ("comera.recipes.nli", "comera.recipes.dlrm", "comera.recipes.mlm")
-"""Modules whose import registers the built-in recipes and methods."""
-METHOD_MODULES: tuple[str, ...] = (
-    "comera.baselines.galore",
-    "comera.baselines.apollo",
-    "comera.baselines.lte",
-    "comera.baselines.cola",
-)
-
-
-def load_recipes() -> None:
-    """Import every built-in recipe and baseline module so they are registered."""
-    for module in (*RECIPE_MODULES, *METHOD_MODULES):
-        importlib.import_module(module)
+__all__ = ["main", "add_setting_arguments", "summary"]
 
 
 def _number(value: object) -> str:
@@ -101,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="comera train",
         description="Train a workload (dense or compressed) and write a run folder with results.json.",
     )
-    parser.add_argument("workload", choices=recipe_names(), help="the workload recipe")
+    parser.add_argument("workload", choices=workload_names(), help="the workload recipe")
     parser.add_argument("--method", default="comera", choices=method_names(), help="training method")
     add_setting_arguments(parser)
     parser.add_argument("--out", default=None, help="run folder (default: runs/WORKLOAD-PRESET-METHOD)")
@@ -124,10 +109,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera train``."""
-    load_recipes()
+    load_methods()
     args = _parser().parse_args(argv)
-    if args.preset not in get_recipe(args.workload).presets:
-        presets = sorted(get_recipe(args.workload).presets)
+    presets = load_recipe(args.workload).presets
+    if args.preset not in presets:
+        presets = sorted(presets)
         print(f"comera train: unknown --preset {args.preset!r}; choose one of {presets}", file=sys.stderr)
         return 2
     out = args.out or default_run_dir(args.workload, args.preset, args.method)

@@ -6,7 +6,7 @@ which at 512 tokens costs more than the attention's matrix products. :func:`atte
 probabilities itself in that case and drops them with the random bytes of :mod:`comera.models.dropout`
 (``p`` quantised to 1/256): block by block (:mod:`comera.models.blocked_attention`), or with plain ops
 under ``torch.compile`` and autocast. Everywhere else (CUDA, evaluation, ``p == 0``) it calls SDPA. Both
-models of the workloads use it: :class:`comera.models.transformer.TransformerClassifier` directly and the
+models of the workloads use it: :class:`comera.workloads.nli.model.TransformerClassifier` directly and the
 RoBERTa masked LM through the ``"comera"`` attention implementation registered with Hugging Face
 ``transformers``.
 """

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from comera.data import criteo
-from comera.data.clicks import ClickData, collate_clicks
-from comera.data.criteo import MalformedLineError, load_criteo, parse_lines, split_by_line_order
+from comera.workloads.dlrm import criteo
+from comera.workloads.dlrm.clicks import ClickData, collate_clicks
+from comera.workloads.dlrm.criteo import MalformedLineError, load_criteo, parse_lines, split_by_line_order
 
 DATA = Path(__file__).parent.parent / "data"
 SAMPLE = DATA / "criteo_sample.txt"

@@ -7,10 +7,10 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss, roc_auc_score
 from sklearn.preprocessing import OneHotEncoder
 
-from comera.data import synthetic_criteo as synthetic_module
-from comera.data.criteo import KAGGLE_CARDINALITIES
-from comera.data.synthetic_criteo import synthetic_criteo
 from comera.metrics import binary_entropy
+from comera.workloads.dlrm import synthetic as synthetic_module
+from comera.workloads.dlrm.criteo import KAGGLE_CARDINALITIES
+from comera.workloads.dlrm.synthetic import synthetic_criteo
 
 
 def test_schema_and_capped_cardinalities():

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from comera import TTMEmbeddingBag, compression_report, tensorize_, tensorize_preset
-from comera.bench.dlrm import build_model, format_report, main
-from comera.models.dlrm import DLRM
+from comera import TTMEmbeddingBag, compression_report, tensorize_
+from comera.workloads.dlrm.bench import build_model, format_report, main
+from comera.workloads.dlrm.model import DLRM
+from comera.workloads.dlrm.presets import TENSORIZE_PRESETS
 
 
 def test_comera_model_has_the_tables_tensorize_builds():
     direct = build_model("smoke", "comera-naive")
-    converted = tensorize_(DLRM.from_preset("smoke"), tensorize_preset("dlrm-smoke"))
+    converted = tensorize_(DLRM.from_preset("smoke"), TENSORIZE_PRESETS["dlrm-smoke"])
     for ours, theirs in zip(direct.tables, converted.tables):
         assert type(ours) is type(theirs)
         if isinstance(ours, TTMEmbeddingBag):

@@ -14,16 +14,15 @@ from comera import (
     load_pretrained,
     save_pretrained,
     tensorize_,
-    tensorize_preset,
     untensorize_,
 )
-from comera.models.dlrm import (
+from comera.workloads.dlrm.model import (
     CRITEO_KAGGLE_CARDINALITIES,
     DLRM,
     DotInteraction,
     dlrm_preset,
-    dlrm_tensorize_config,
 )
+from comera.workloads.dlrm.presets import TENSORIZE_PRESETS, dlrm_tensorize_config
 
 CARDINALITIES = (50, 7, 300, 3, 120)
 BOTTOM, TOP = (13, 12, 4), (10, 1)
@@ -144,13 +143,13 @@ def test_tensorized_backward_matches_dense_reconstruction_gradient():
 
 
 def test_named_presets_select_tables_above_threshold():
-    paper = tensorize_preset("dlrm-paper")
+    paper = TENSORIZE_PRESETS["dlrm-paper"]
     large = [f"tables.{i}" for i, rows in enumerate(CRITEO_KAGGLE_CARDINALITIES) if rows > 100_000]
     assert list(paper.target_modules) == large and len(large) == 7
     assert paper.rank == 32
     assert paper.shapes_for("tables.2")["col_shape"] == (2, 2, 2, 2)
     model = DLRM.from_preset("smoke")
-    tensorize_(model, tensorize_preset("dlrm-smoke"))
+    tensorize_(model, TENSORIZE_PRESETS["dlrm-smoke"])
     converted = {i for i, t in enumerate(model.tables) if isinstance(t, TTMEmbeddingBag)}
     assert converted == {i for i, rows in enumerate(dlrm_preset("smoke")["cardinalities"]) if rows > 500}
     report = compression_report(model)
@@ -160,7 +159,7 @@ def test_named_presets_select_tables_above_threshold():
 
 def test_small_preset_compresses_its_tables_over_50x():
     model = DLRM.from_preset("small")
-    tensorize_(model, tensorize_preset("dlrm-small"))
+    tensorize_(model, TENSORIZE_PRESETS["dlrm-small"])
     assert compression_report(model).tensorized_ratio > 50
 
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 from sklearn.metrics import accuracy_score, log_loss, roc_auc_score
 
-import comera.recipes.dlrm  # noqa: F401  (registers the recipe)
+import comera.workloads.dlrm.recipe  # noqa: F401  (registers the recipe)
 from comera import TTMEmbeddingBag, load_pretrained
-from comera.data.synthetic_criteo import synthetic_criteo
 from comera.recipes.run import SetupError, run
+from comera.workloads.dlrm.synthetic import synthetic_criteo
 
 FIXTURE = Path(__file__).parent.parent / "data" / "criteo_sample.txt"
 

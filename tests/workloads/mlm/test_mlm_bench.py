@@ -1,7 +1,7 @@
 """The masked-LM step benchmark at smoke size, in this process."""
 
-from comera.bench.mlm import format_report, make_batch, run_case
-from comera.models.mlm import build_mlm_model
+from comera.workloads.mlm.bench import format_report, make_batch, run_case
+from comera.workloads.mlm.model import build_mlm_model
 
 
 def test_batch_is_masked_full_blocks():

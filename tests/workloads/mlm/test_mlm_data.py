@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from comera.data.code import (
+from comera.workloads.mlm.data import (
     MAX_PIECE_CHARS,
     SPECIAL_TOKENS,
     CodeDocument,

@@ -13,9 +13,9 @@ from transformers import RobertaForMaskedLM
 
 import comera
 from comera.models.dropout import FastDropout, keep_mask, quantized_p
-from comera.models.hf_mlm import comera_attention
-from comera.models.mlm import build_mlm_model, mlm_config
-from comera.tensorize_config import tensorize_preset
+from comera.workloads.mlm.hf_model import comera_attention
+from comera.workloads.mlm.model import build_mlm_model, mlm_config
+from comera.workloads.mlm.presets import TENSORIZE_PRESETS
 
 VOCAB = 300
 
@@ -44,7 +44,7 @@ def test_masked_only_scores_equal_the_full_logits_at_the_masked_positions(tensor
     torch.manual_seed(0)
     model = build_mlm_model("smoke", VOCAB, dropout=0.0)
     if tensorized:
-        comera.tensorize_(model, tensorize_preset("mlm-smoke"))
+        comera.tensorize_(model, TENSORIZE_PRESETS["mlm-smoke"])
     model = model.to(torch.float64).train()
     batch = _batch()
     chosen = batch["labels"] != -100

@@ -9,15 +9,16 @@ from torch import nn
 from transformers import RobertaForMaskedLM
 
 import comera
-from comera.models.mlm import MODEL_PRESETS, build_mlm_model, mlm_config
-from comera.tensorize_config import preset_names, tensorize_preset
+from comera.tensorize_config import preset_names
+from comera.workloads.mlm.model import MODEL_PRESETS, build_mlm_model, mlm_config
+from comera.workloads.mlm.presets import TENSORIZE_PRESETS
 
 VOCAB = 300
 
 
 def _tensorized(dtype=torch.float64) -> RobertaForMaskedLM:
     model = build_mlm_model("smoke", VOCAB, dropout=0.0)
-    comera.tensorize_(model, tensorize_preset("mlm-smoke"))
+    comera.tensorize_(model, TENSORIZE_PRESETS["mlm-smoke"])
     return model.to(dtype).eval()
 
 
@@ -135,7 +136,7 @@ def test_lm_head_bias_stays_one_parameter(tmp_path, operation):
 
 
 def test_paper_preset_compresses_the_whole_model_at_least_4x():
-    config = tensorize_preset("mlm-paper")
+    config = TENSORIZE_PRESETS["mlm-paper"]
     with torch.device("meta"):
         dense = RobertaForMaskedLM(mlm_config("paper", 50265))
     dense_total = sum(p.numel() for p in dense.parameters())

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import comera
-import comera.recipes.mlm  # noqa: F401  (registers the recipe)
-from comera.data.code import build_code_data
-from comera.models.mlm import build_mlm_model
+import comera.workloads.mlm.recipe  # noqa: F401  (registers the recipe)
 from comera.recipes.base import get_recipe
-from comera.recipes.mlm import MaskedLMEvaluator
 from comera.recipes.run import run
+from comera.workloads.mlm.data import build_code_data
+from comera.workloads.mlm.model import build_mlm_model
+from comera.workloads.mlm.recipe import MaskedLMEvaluator
 
 FOLDER = Path(__file__).resolve().parents[1] / "data" / "code_folder"
 # the fixture's sources end in .src; with this fraction one of its four files is in validation

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from comera.data.nli import build_nli_data, read_glue_tsv, read_jsonl, read_mnli
-from comera.data.pairs import PadCollate, exact_match_flags
 from comera.data.tokenize import load_tokenizer
+from comera.workloads.nli.data import build_nli_data, read_glue_tsv, read_jsonl, read_mnli
+from comera.workloads.nli.pairs import PadCollate, exact_match_flags
 
 DATA = Path(__file__).parent.parent / "data"
 GLUE = DATA / "glue_mnli"

@@ -9,15 +9,15 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from comera import compression_report, load_pretrained, save_pretrained, tensorize_, untensorize_
 from comera.models.dropout import keep_mask, quantized_p
-from comera.models.transformer import (
+from comera.tensorize_config import tensorize_preset
+from comera.workloads.nli.model import (
     MODEL_PRESETS,
-    TENSORIZE_PRESETS,
     SelfAttention,
     TransformerClassifier,
     TransformerConfig,
     padding_bias,
 )
-from comera.tensorize_config import tensorize_preset
+from comera.workloads.nli.presets import TENSORIZE_PRESETS
 
 SMOKE = MODEL_PRESETS["smoke"]
 
@@ -119,7 +119,7 @@ def test_training_attention_drops_probabilities_with_the_fast_mask():
 
 def test_tensorized_smoke_preset_equals_its_dense_reconstruction():
     model = TransformerClassifier.from_preset("smoke").double().eval()
-    tensorize_(model, tensorize_preset("nli-smoke"))
+    tensorize_(model, TENSORIZE_PRESETS["nli-smoke"])
     dense = untensorize_(copy.deepcopy(model))
     assert not any(hasattr(m, "cores") for m in dense.modules())
     ids, types, mask = _batch(SMOKE["vocab_size"])
@@ -138,13 +138,13 @@ def test_paper_preset_shapes_give_the_reference_parameter_counts():
 
 def test_small_preset_compression_at_initialisation():
     model = TransformerClassifier.from_preset("small")
-    report = compression_report(tensorize_(model, tensorize_preset("nli-small")))
+    report = compression_report(tensorize_(model, TENSORIZE_PRESETS["nli-small"]))
     assert report.tensorized_ratio > 20  # 21.2x at the initial ranks; the late stage halves the size
 
 
 def test_save_and_load_rebuild_the_tensorized_model(tmp_path):
     model = TransformerClassifier.from_preset("smoke", vocab_size=50, num_classes=2).double().eval()
-    tensorize_(model, tensorize_preset("nli-smoke"))
+    tensorize_(model, TENSORIZE_PRESETS["nli-smoke"])
     save_pretrained(model, tmp_path)
     loaded = load_pretrained(tmp_path).eval()
     assert isinstance(loaded, TransformerClassifier) and loaded.config.vocab_size == 50

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from comera.data.pairs import build_docstring_pairs, documented_functions, stdlib_modules
+from comera.workloads.nli.pairs import build_docstring_pairs, documented_functions, stdlib_modules
 
 SOURCE = textwrap.dedent(
     '''

@@ -8,10 +8,10 @@ from sklearn.metrics import accuracy_score, log_loss
 from torch.utils.data import DataLoader
 
 import comera
-from comera.data.nli import build_nli_data
 from comera.recipes.base import RecipeData
-from comera.recipes.nli import NLIRecipe, PairAccuracy
 from comera.recipes.run import run
+from comera.workloads.nli.data import build_nli_data
+from comera.workloads.nli.recipe import NLIRecipe, PairAccuracy
 
 SMOKE = NLIRecipe.presets["smoke"]
 

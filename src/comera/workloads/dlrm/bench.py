@@ -1,8 +1,8 @@
 """DLRM training-step benchmark: time and peak memory of dense and CoMERA DLRM at batch 10k, 20k and 40k.
 
-Run as ``comera bench dlrm`` (or ``python -m comera.bench.dlrm``). The paper's Fig. 8 comparison: one
-training step (forward, binary cross-entropy, backward, AdamW update) of the DLRM Criteo Kaggle model
-(:mod:`comera.models.dlrm`, ``--size paper`` = the full 33.8M-row tables) with
+Run as ``comera bench dlrm`` (or ``python -m comera.workloads.dlrm.bench``). The paper's Fig. 8 comparison:
+one training step (forward, binary cross-entropy, backward, AdamW update) of the DLRM Criteo Kaggle model
+(:mod:`comera.workloads.dlrm.model`, ``--size paper`` = the full 33.8M-row tables) with
 
 - ``dense``: every table an ``nn.EmbeddingBag``;
 - ``comera``: the tables the ``dlrm-SIZE`` tensorization preset selects as ``TTMEmbeddingBag`` with the
@@ -37,11 +37,11 @@ import numpy as np
 import torch
 from torch.nn import functional
 
-from comera.bench.report import fmt, machine_description, median_ms, ratio, status_kib, update_section
-from comera.data.synthetic_criteo import synthetic_criteo
-from comera.models.dlrm import DLRM, dlrm_preset, reference_table
+from comera.measure import fmt, machine_description, median_ms, ratio, status_kib, update_section
 from comera.nn.embedding import TTMEmbeddingBag
-from comera.tensorize_config import tensorize_preset
+from comera.workloads.dlrm.model import DLRM, dlrm_preset, reference_table
+from comera.workloads.dlrm.presets import TENSORIZE_PRESETS
+from comera.workloads.dlrm.synthetic import synthetic_criteo
 
 __all__ = [
     "METHODS",
@@ -71,7 +71,7 @@ def build_model(size: str, method: str, device: str = "cpu") -> DLRM:
     kwargs = dlrm_preset(size)
     if method == "dense":
         return DLRM(**kwargs).to(device)
-    config = tensorize_preset(f"dlrm-{size}")
+    config = TENSORIZE_PRESETS[f"dlrm-{size}"]
     selected = set(config.target_modules)
 
     def table(index: int, rows: int, dim: int) -> torch.nn.Module:
@@ -151,7 +151,7 @@ def run_case(size: str, method: str, batch: int, repeats: int, device: str = "cp
 
 
 def _run_in_fresh_process(case: str, repeats: int, threads: int | None, device: str) -> dict:
-    command = [sys.executable, "-m", "comera.bench.dlrm", "--case", case, "--repeats", str(repeats)]
+    command = [sys.executable, "-m", "comera.workloads.dlrm.bench", "--case", case, "--repeats", str(repeats)]
     command += ["--device", device]
     if threads is not None:
         command += ["--threads", str(threads)]

@@ -3,7 +3,7 @@
 A :class:`ClickData` holds ``N`` samples of a Criteo-style click log as three arrays (in memory or numpy
 memmaps): ``dense`` ``(N, 13)`` float32 (already transformed), ``ids`` ``(N, 26)`` integer category ids and
 ``labels`` ``(N,)`` 0/1. Batches are :class:`ClickBatch` tuples ``(dense (B, 13) float32, ids (26, B) int64,
-labels (B,) float32)``, the layout :class:`comera.models.dlrm.DLRM` takes.
+labels (B,) float32)``, the layout :class:`comera.workloads.dlrm.model.DLRM` takes.
 
 Batches are gathered with one numpy fancy index per array, never sample by sample: indexing a
 ``ClickData`` returns a cheap ``(data, row)`` handle and :func:`collate_clicks` turns a list of handles into

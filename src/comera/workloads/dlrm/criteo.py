@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from comera.checks import check_int
-from comera.data.clicks import ClickData
 from comera.data.files import open_data, reading
+from comera.workloads.dlrm.clicks import ClickData
 
 __all__ = [
     "KAGGLE_CARDINALITIES",

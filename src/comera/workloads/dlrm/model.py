@@ -28,23 +28,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.data.criteo import KAGGLE_CARDINALITIES
 from comera.io import MODEL_ATTRIBUTE, register_model
-from comera.tensorize_config import TensorizeConfig, register_preset
-from comera.tt.shapes import factorize
+from comera.workloads.dlrm.criteo import KAGGLE_CARDINALITIES
 
 __all__ = [
     "CRITEO_KAGGLE_CARDINALITIES",
     "DLRM",
     "DotInteraction",
     "MODEL_PRESETS",
-    "TENSORIZE_PRESETS",
     "dlrm_preset",
-    "dlrm_tensorize_config",
     "reference_table",
 ]
 
-# Rows of the 26 Criteo Kaggle tables in the DLRM reference (kept with the parser, comera.data.criteo).
+# Rows of the 26 Criteo Kaggle tables in the DLRM reference (kept with the parser,
+# comera.workloads.dlrm.criteo).
 CRITEO_KAGGLE_CARDINALITIES = KAGGLE_CARDINALITIES
 
 
@@ -72,47 +69,12 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-# Tensorization per model preset: tables with more than ``min_rows`` rows become TTM bags of ``order`` cores
-# at max rank ``rank``. The paper's embedding tables use order 4 and rank 32 (paper-notes section 10.3); the
-# small preset uses rank 24: its capped 200k-row tables compress about 60x at the start, 80x after the late
-# stage (target ratio 0.8), with normalized entropy within 1% of dense on the synthetic data.
-TENSORIZE_PRESETS: dict[str, dict[str, int]] = {
-    "paper": {"min_rows": 100_000, "rank": 32, "order": 4},
-    "small": {"min_rows": 100_000, "rank": 24, "order": 4},
-    "smoke": {"min_rows": 500, "rank": 4, "order": 3},
-}
-
 
 def dlrm_preset(name: str) -> dict[str, Any]:
     """Keyword arguments of :class:`DLRM` for preset ``name``: ``"paper"``, ``"small"`` or ``"smoke"``."""
     if name not in MODEL_PRESETS:
         raise ValueError(f"unknown DLRM preset {name!r}; valid presets: {sorted(MODEL_PRESETS)}")
     return {key: tuple(value) for key, value in MODEL_PRESETS[name].items()}
-
-
-def dlrm_tensorize_config(
-    cardinalities: Sequence[int], embedding_dim: int, *, min_rows: int, rank: int, order: int = 4
-) -> TensorizeConfig:
-    """TTM bags for the tables of more than ``min_rows`` rows; everything else stays dense.
-
-    The tables are selected by index (``tables.I``). Column modes are the balanced factorisation of
-    ``embedding_dim`` into ``order`` modes; row modes are left to :class:`comera.TTMEmbeddingBag`, which
-    folds the actual row count into as many modes (:func:`comera.auto_modes`), so the config also fits data
-    whose tables are somewhat smaller or larger than ``cardinalities``.
-
-    Raises:
-        ValueError: no table has more than ``min_rows`` rows.
-    """
-    large = [index for index, rows in enumerate(cardinalities) if rows > min_rows]
-    if not large:
-        raise ValueError(
-            f"min_rows must be below the largest table ({max(cardinalities)} rows) so that some table is "
-            f"tensorized, got {min_rows}"
-        )
-    names = tuple(f"tables.{index}" for index in large)
-    col_shape = tuple(reversed(factorize(embedding_dim, order)))
-    shapes = {r"tables\.\d+": {"col_shape": col_shape}}
-    return TensorizeConfig(target_modules=names, embeddings=names, rank=rank, shape_pattern=shapes)
 
 
 def _check_sizes(value: object, name: str, minimum_length: int) -> tuple[int, ...]:
@@ -293,19 +255,3 @@ class DLRM(nn.Module):
                 f"ids give {embedded.shape[0]} samples but dense has {bottom.shape[0]} (batch sizes differ)"
             )
         return self.top(self.interaction(bottom, embedded)).squeeze(1)
-
-
-def _register_presets() -> None:
-    for name, model in MODEL_PRESETS.items():
-        setting = TENSORIZE_PRESETS[name]
-        config = dlrm_tensorize_config(
-            model["cardinalities"],
-            model["bottom_mlp"][-1],
-            min_rows=setting["min_rows"],
-            rank=setting["rank"],
-            order=setting["order"],
-        )
-        register_preset(f"dlrm-{name}", config)
-
-
-_register_presets()

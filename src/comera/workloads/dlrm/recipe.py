@@ -1,14 +1,14 @@
 """The DLRM workload: click-through prediction on Criteo-format data (``comera train dlrm``).
 
 Data: with ``--data PATH``, a Criteo Kaggle ``train.txt`` or Terabyte day file
-(:func:`comera.data.criteo.load_criteo`: id maps or hashing, a memmap cache under the cache folder); without
-it, the synthetic click log of :func:`comera.data.synthetic_criteo.synthetic_criteo` (Criteo's schema,
-power-law ids, a planted click model), also kept in the cache folder. Both are split by line order as the
-DLRM reference does: the first 6/7 train, the last 1/7 halved into test and validation. Model:
-:class:`comera.models.dlrm.DLRM` with the table sizes the data gives; ``comera`` turns the large tables into
-TTM bags by the ``dlrm-PRESET`` tensorization preset. The low-rank baselines (``galore``, ``apollo``,
-``lte``, ``cola``) act on the linears of the bottom and top MLPs (``tensorize.target_modules="all-linear"``),
-the tables staying dense.
+(:func:`comera.workloads.dlrm.criteo.load_criteo`: id maps or hashing, a memmap cache under the cache folder);
+without it, the synthetic click log of :func:`comera.workloads.dlrm.synthetic.synthetic_criteo` (Criteo's
+schema, power-law ids, a planted click model), also kept in the cache folder. Both are split by line order as
+the DLRM reference does: the first 6/7 train, the last 1/7 halved into test and validation. Model:
+:class:`comera.workloads.dlrm.model.DLRM` with the table sizes the data gives; ``comera`` turns the large
+tables into TTM bags by the ``dlrm-PRESET`` tensorization preset. The low-rank baselines (``galore``,
+``apollo``, ``lte``, ``cola``) act on the linears of the bottom and top MLPs
+(``tensorize.target_modules="all-linear"``), the tables staying dense.
 Evaluation: accuracy, ROC AUC, log loss and normalized entropy, exact over each whole split
 (:class:`comera.metrics.BinaryMetrics`).
 
@@ -27,45 +27,18 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from comera.data.clicks import ClickBatch, ClickData, collate_clicks
-from comera.data.criteo import load_criteo
-from comera.data.synthetic_criteo import synthetic_criteo
 from comera.metrics import BinaryMetrics
-from comera.models.dlrm import DLRM, dlrm_preset
 from comera.recipes.base import Recipe, RecipeData, register_recipe
 from comera.train.evaluation import Evaluator
+from comera.workloads.dlrm.clicks import ClickBatch, ClickData, collate_clicks
+from comera.workloads.dlrm.criteo import load_criteo
+from comera.workloads.dlrm.model import DLRM
+from comera.workloads.dlrm.presets import RECIPE_PRESETS
+from comera.workloads.dlrm.synthetic import synthetic_criteo
 
 __all__ = ["ClickEvaluator", "DLRMRecipe"]
 
 _METRICS = ("auc", "ne", "log_loss", "accuracy")
-
-
-def _model_settings(preset: str) -> dict[str, list[int]]:
-    sizes = dlrm_preset(preset)
-    return {"bottom_mlp": list(sizes["bottom_mlp"]), "top_mlp": list(sizes["top_mlp"])}
-
-
-def _data_settings(rows: int, max_table_rows: int | None) -> dict[str, Any]:
-    return {
-        "rows": rows,
-        "max_table_rows": max_table_rows,
-        "seed": 0,
-        "min_frequency": 1,
-        "hash_size": None,
-        "skip_malformed": False,
-    }
-
-
-# One pass over the training split, as the DLRM reference trains on Criteo: a second epoch overfits the
-# tables (on the synthetic data, dense NE 0.88 after one epoch, 1.19 after two). The stage lengths count
-# steps: early ~70% and late ~30% of the preset's one epoch.
-_TRAIN_COMMON = {"unit": "step", "lr_cores": 1e-3, "lr_gates": 1e-3, "lr_other": 1e-3, "compile": False}
-_BASELINES_ON_THE_MLPS = {
-    method: {"tensorize": {"target_modules": "all-linear"}} for method in ("galore", "apollo", "lte", "cola")
-}
-"""The low-rank baselines act on linears; comera's tensorization of DLRM targets its tables only, so the
-baselines target every linear of the bottom and top MLPs instead (the tables stay dense and train with
-AdamW)."""
 
 
 class ClickEvaluator(Evaluator):
@@ -116,37 +89,7 @@ class DLRMRecipe(Recipe):
     name = "dlrm"
     description = "DLRM click-through prediction on Criteo data (synthetic without --data)"
     primary_metric = "ne"
-    presets = {
-        "paper": {
-            "model": _model_settings("paper"),
-            "data": _data_settings(45_840_617, None),
-            "train": {**_TRAIN_COMMON, "early": 2800, "late": 1130, "batch_size": 10_000, "log_every": 50},
-            "tensorize": {"preset": "dlrm-paper"},
-            "method": _BASELINES_ON_THE_MLPS,
-        },
-        "small": {
-            "model": _model_settings("small"),
-            "data": _data_settings(600_000, 200_000),
-            "train": {
-                **_TRAIN_COMMON,
-                "early": 180,
-                "late": 71,
-                "batch_size": 2048,
-                "log_every": 20,
-                "eval_every": 30,
-                "target_ratio": 0.8,
-            },
-            "tensorize": {"preset": "dlrm-small"},
-            "method": _BASELINES_ON_THE_MLPS,
-        },
-        "smoke": {
-            "model": _model_settings("smoke"),
-            "data": _data_settings(2100, 1000),
-            "train": {**_TRAIN_COMMON, "early": 5, "late": 3, "batch_size": 256, "log_every": 2},
-            "tensorize": {"preset": "dlrm-smoke"},
-            "method": _BASELINES_ON_THE_MLPS,
-        },
-    }
+    presets = RECIPE_PRESETS
 
     def build_data(self, settings: dict[str, Any], data_path: Path | None, cache_dir: Path) -> RecipeData:
         """Synthetic data (``rows``, ``max_table_rows``, ``seed``) or the Criteo file ``data_path``

@@ -33,8 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-from comera.data.clicks import ClickData
-from comera.data.criteo import KAGGLE_CARDINALITIES, NUM_CATEGORICAL, NUM_INTEGER, split_by_line_order
+from comera.workloads.dlrm.clicks import ClickData
+from comera.workloads.dlrm.criteo import (
+    KAGGLE_CARDINALITIES,
+    NUM_CATEGORICAL,
+    NUM_INTEGER,
+    split_by_line_order,
+)
 
 __all__ = ["SyntheticCriteo", "synthetic_criteo"]
 

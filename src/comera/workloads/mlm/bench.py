@@ -1,19 +1,19 @@
 """Masked-LM pre-training step benchmark: time and memory of one step, dense against comera.
 
-Run as ``comera bench mlm`` or ``python -m comera.bench.mlm``. The model is the RoBERTa masked LM of
-:mod:`comera.models.mlm` (``--preset``, default ``paper``: RoBERTa-base with a ``--vocab``-token vocabulary,
-default 50265 as RoBERTa/CodeBERT), dense or tensorized by the ``mlm-PRESET`` preset. A step is what training
-does: forward of ``--batch`` blocks of ``--seq-len`` tokens masked as in pre-training
-(:class:`comera.data.code.MaskingCollator` on random token blocks), the masked-LM loss with the LM head on the
-masked positions only, as ``comera train mlm`` computes it (for comera plus the rank objective's size term,
-:class:`comera.RankAdaptation`), backward, and an AdamW step (PyTorch's fused kernel, as the ``Trainer``'s
-default; comera: the paper's three parameter groups). Both methods use the same model class, dropout and
-attention (:func:`comera.models.mlm.build_mlm_model`).
+Run as ``comera bench mlm`` or ``python -m comera.workloads.mlm.bench``. The model is the RoBERTa masked LM of
+:mod:`comera.workloads.mlm.model` (``--preset``, default ``paper``: RoBERTa-base with a ``--vocab``-token
+vocabulary, default 50265 as RoBERTa/CodeBERT), dense or tensorized by the ``mlm-PRESET`` preset. A step is
+what training does: forward of ``--batch`` blocks of ``--seq-len`` tokens masked as in pre-training
+(:class:`comera.workloads.mlm.data.MaskingCollator` on random token blocks), the masked-LM loss with the LM
+head on the masked positions only, as ``comera train mlm`` computes it (for comera plus the rank objective's
+size term, :class:`comera.RankAdaptation`), backward, and an AdamW step (PyTorch's fused kernel, as the
+``Trainer``'s default; comera: the paper's three parameter groups). Both methods use the same model class,
+dropout and attention (:func:`comera.workloads.mlm.model.build_mlm_model`).
 
 Every method runs in a fresh process (``--case``): it builds the model, the optimizer and a batch, runs a
 step on a 16-token batch (so that code pages, threads and the optimizer state exist), then one full step
 whose memory is the rise of the process's peak resident set size over its resident size just before it
-(:func:`comera.bench.report.peak_rise_mib`; glibc's allocation setting, so that memory freed while building
+(:func:`comera.measure.peak_rise_mib`; glibc's allocation setting, so that memory freed while building
 the case shows up as a rise), then ``--repeats`` timed steps after one more warm-up step; time is their
 median. Before the timed steps ``--memory reuse`` (the default, what the ``Trainer`` does on CPU) calls
 :func:`comera.cpu.reuse_freed_memory`; ``--memory default`` keeps glibc's setting. The process's peak
@@ -35,7 +35,8 @@ from collections.abc import Sequence
 
 import torch
 
-from comera.bench.report import (
+from comera.cpu import reuse_freed_memory
+from comera.measure import (
     add_memory_argument,
     allocation_of,
     fmt,
@@ -46,13 +47,12 @@ from comera.bench.report import (
     status_mib,
     update_section,
 )
-from comera.cpu import reuse_freed_memory
-from comera.data.code import MaskingCollator, SpecialIds, pack_documents
-from comera.models.mlm import MODEL_PRESETS, build_mlm_model
 from comera.rank import RankAdaptation, param_groups
 from comera.report import compression_report
 from comera.tensorize import tensorize_
-from comera.tensorize_config import tensorize_preset
+from comera.workloads.mlm.data import MaskingCollator, SpecialIds, pack_documents
+from comera.workloads.mlm.model import MODEL_PRESETS, build_mlm_model
+from comera.workloads.mlm.presets import TENSORIZE_PRESETS
 
 __all__ = ["METHODS", "VOCAB", "make_batch", "build_step", "run_case", "run_cases", "format_report", "main"]
 
@@ -87,7 +87,7 @@ def build_step(preset: str, method: str, vocab_size: int, rank: int | None = Non
         rank = None
     else:
         overrides = {} if rank is None else {"rank": rank}
-        tensorize_(model, tensorize_preset(f"mlm-{preset}", **overrides))
+        tensorize_(model, TENSORIZE_PRESETS[f"mlm-{preset}"].with_overrides(**overrides))
         optimizer = torch.optim.AdamW(param_groups(model, **_LR_GROUPS), fused=True)
         rank = RankAdaptation(model)
 
@@ -125,7 +125,7 @@ def run_case(
     return {
         "preset": preset,
         "method": method,
-        "rank": None if method == "dense" else (rank or tensorize_preset(f"mlm-{preset}").rank),
+        "rank": None if method == "dense" else (rank or TENSORIZE_PRESETS[f"mlm-{preset}"].rank),
         "batch": batch,
         "seq_len": seq_len,
         "vocab_size": vocab_size,
@@ -143,7 +143,7 @@ def _run_in_fresh_process(case: str, repeats: int, threads: int | None, case_arg
     command = [
         sys.executable,
         "-m",
-        "comera.bench.mlm",
+        "comera.workloads.mlm.bench",
         "--case",
         case,
         "--repeats",

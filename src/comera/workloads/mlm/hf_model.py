@@ -1,7 +1,8 @@
 """The Hugging Face side of the masked-LM workload: its model class and its attention implementation.
 
-Imported by :func:`comera.models.mlm.build_mlm_model` when a model is built (it needs ``transformers``, the
-optional ``hf`` extra). Three things make a pre-training step cheaper without changing what is computed:
+Imported by :func:`comera.workloads.mlm.model.build_mlm_model` when a model is built (it needs
+``transformers``, the optional ``hf`` extra). Three things make a pre-training step cheaper without changing
+what is computed:
 
 - :class:`CodeMaskedLM` scores only the masked positions when asked (``masked_only=True``): the LM head's
   ``(tokens, vocabulary)`` product, its softmax and their backward shrink to the ~15% of tokens that carry

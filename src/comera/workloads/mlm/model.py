@@ -20,12 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from comera.checks import check_int
 from comera.io import MODEL_ATTRIBUTE, register_model
-from comera.tensorize_config import TensorizeConfig, register_preset
 
 __all__ = [
     "MODEL_NAME",
     "MODEL_PRESETS",
-    "TENSORIZE_PRESETS",
     "mlm_config",
     "build_mlm_model",
 ]
@@ -56,11 +54,6 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
     },
 }
 
-# Module-name patterns of the linears of a RoBERTa masked LM, by the role that fixes their folding.
-_SQUARE = r"attention\.self\.(query|key|value)|attention\.output\.dense|lm_head\.dense"
-_EXPAND = r"intermediate\.dense"
-_CONTRACT = r"layer\.\d+\.output\.dense"
-
 
 if TYPE_CHECKING:
     from transformers import RobertaConfig, RobertaForMaskedLM
@@ -76,37 +69,6 @@ def _transformers():
             "pip install -c constraints.txt 'comera[hf]'"
         ) from None
     return transformers
-
-
-def _tensorize_config(
-    hidden_modes: tuple[int, ...], ffn_modes: tuple[int, ...], rank: int, embedding_rank: int
-) -> TensorizeConfig:
-    """All linears TT with the given foldings (input modes of width ``hidden_modes``, of FFN ``ffn_modes``),
-    the word embedding TTM (shapes chosen automatically, as the vocabulary varies), the decoder tied to it."""
-    reverse = tuple(reversed(hidden_modes))
-    return TensorizeConfig(
-        target_modules="all-linear",
-        embeddings=["word_embeddings"],
-        format="tt",
-        rank=rank,
-        rank_pattern={"word_embeddings": embedding_rank},
-        shape_pattern={
-            _SQUARE: {"in_shape": hidden_modes, "out_shape": reverse},
-            _EXPAND: {"in_shape": hidden_modes, "out_shape": ffn_modes},
-            _CONTRACT: {"in_shape": tuple(reversed(ffn_modes)), "out_shape": reverse},
-        },
-        init="random",
-        tie_output_head=True,
-    )
-
-
-TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
-    "mlm-paper": _tensorize_config((12, 8, 8), (12, 16, 16), rank=128, embedding_rank=128),
-    "mlm-small": _tensorize_config((4, 8, 8), (8, 8, 16), rank=32, embedding_rank=32),
-    "mlm-smoke": _tensorize_config((4, 8), (8, 8), rank=4, embedding_rank=4),
-}
-for _name, _config in TENSORIZE_PRESETS.items():
-    register_preset(_name, _config)
 
 
 def _check_preset(preset: object) -> dict[str, int]:
@@ -181,8 +143,8 @@ def build_mlm_model(
     """A freshly initialised dense RoBERTa masked LM of model preset ``preset`` (arguments of
     :func:`mlm_config`), with its decoder tied to the word embedding.
 
-    The model is a :class:`comera.models.hf_mlm.CodeMaskedLM` (a ``RobertaForMaskedLM`` whose forward can
-    score only the masked positions, ``masked_only=True``). With ``fast_training`` (the default) its
+    The model is a :class:`comera.workloads.mlm.hf_model.CodeMaskedLM` (a ``RobertaForMaskedLM`` whose forward
+    can score only the masked positions, ``masked_only=True``). With ``fast_training`` (the default) its
     dropouts are :class:`comera.models.dropout.FastDropout` (``p`` quantised to 1/256) and its attention is
     the ``"comera"`` implementation (cheap dropout draws on the attention probabilities on CPU); without it,
     ``nn.Dropout`` and SDPA as ``transformers`` builds them. Evaluation-mode outputs are the same either way.
@@ -204,7 +166,7 @@ def build_mlm_model(
     }
     config = mlm_config(preset, vocab_size, **kwargs)
     _transformers()
-    from comera.models.hf_mlm import ATTENTION, CodeMaskedLM, use_fast_dropout
+    from comera.workloads.mlm.hf_model import ATTENTION, CodeMaskedLM, use_fast_dropout
 
     model = CodeMaskedLM(config)
     if fast_training:

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.bench.report import (
+from comera.cpu import reuse_freed_memory
+from comera.measure import (
     add_memory_argument,
     allocation_of,
     machine_description,
@@ -36,9 +37,7 @@ from comera.bench.report import (
     status_mib,
     update_section,
 )
-from comera.cpu import reuse_freed_memory
 from comera.tensorize import tensorize_
-from comera.tensorize_config import tensorize_preset
 from comera.train.config import TrainConfig
 from comera.train.objective import default_objective
 from comera.train.setup import default_optimizer
@@ -51,12 +50,13 @@ SEQUENCE = 128
 
 def build(method: str, preset: str = "paper") -> nn.Module:
     """The preset's model, dense or tensorized by ``nli-PRESET`` (random cores: training from scratch)."""
-    from comera.models.transformer import TransformerClassifier
+    from comera.workloads.nli.model import TransformerClassifier
+    from comera.workloads.nli.presets import TENSORIZE_PRESETS
 
     torch.manual_seed(0)
     model = TransformerClassifier.from_preset(preset)
     if method == "comera":
-        tensorize_(model, tensorize_preset(f"nli-{preset}"))
+        tensorize_(model, TENSORIZE_PRESETS[f"nli-{preset}"])
     return model
 
 
@@ -129,7 +129,7 @@ def run_case(
 
 
 def _fresh(method: str, batch: int, repeats: int, threads: int | None, preset: str, memory: str) -> dict:
-    command = [sys.executable, "-m", "comera.bench.transformer", "--case", f"{method}:{batch}"]
+    command = [sys.executable, "-m", "comera.workloads.nli.bench", "--case", f"{method}:{batch}"]
     command += ["--repeats", str(repeats), "--preset", preset, "--memory", memory]
     if threads is not None:
         command += ["--threads", str(threads)]

@@ -13,7 +13,8 @@ with ``skip_malformed=True`` is skipped and counted.
 
 :func:`read_mnli` reads a GLUE folder, a folder of ``.jsonl`` files, or a single ``.jsonl`` file (split into
 train and validation by line number). :func:`build_nli_data` is what a recipe calls: MNLI when given a data
-path, else the embedded docstring task (:mod:`comera.data.pairs`), tokenised, with counts and baselines.
+path, else the embedded docstring task (:mod:`comera.workloads.nli.pairs`), tokenised, with counts and
+baselines.
 """
 
 from __future__ import annotations
@@ -28,8 +29,14 @@ from pathlib import Path
 
 from comera.checks import check_int
 from comera.data.files import numbered_lines, open_data, utf8_problem
-from comera.data.pairs import PAIR_LABELS, PadCollate, PairDataset, PairExamples, build_docstring_pairs
 from comera.data.tokenize import PairTokenizer, load_tokenizer, train_wordpiece
+from comera.workloads.nli.pairs import (
+    PAIR_LABELS,
+    PadCollate,
+    PairDataset,
+    PairExamples,
+    build_docstring_pairs,
+)
 
 __all__ = [
     "MNLI_LABELS",
@@ -213,10 +220,10 @@ class NLIData:
     """What :func:`build_nli_data` returns (the fields of a recipe's data).
 
     Attributes:
-        train: the training :class:`~comera.data.pairs.PairDataset`.
+        train: the training :class:`~comera.workloads.nli.pairs.PairDataset`.
         evals: evaluation datasets by split name ("validation", or "validation_matched" /
             "validation_mismatched" for GLUE MNLI).
-        collate_fn: a :class:`~comera.data.pairs.PadCollate` for the tokenizer's padding id.
+        collate_fn: a :class:`~comera.workloads.nli.pairs.PadCollate` for the tokenizer's padding id.
         info: "splits" ``{split: {"read": lines, "skipped": lines, "skipped_reasons": {reason: lines},
             "examples": pairs kept, "majority_accuracy": accuracy of always answering the split's most
             frequent label}}``, and "task", "label_names", "num_classes", "vocab_size", "pad_token_id",
@@ -279,7 +286,7 @@ def build_nli_data(
     Args:
         data_path: a GLUE MNLI folder, a folder of ``.jsonl`` files, a ``.jsonl`` file (see
             :func:`read_mnli`), or None for the embedded task
-            (:func:`~comera.data.pairs.build_docstring_pairs`).
+            (:func:`~comera.workloads.nli.pairs.build_docstring_pairs`).
         cache_dir: where trained vocabularies and the embedded task are cached.
         tokenizer: a local ``vocab.txt`` / ``tokenizer.json`` (or folder) for MNLI; None trains a WordPiece
             vocabulary of ``vocab_size`` on the training split (cached). The embedded task always trains its
@@ -291,7 +298,7 @@ def build_nli_data(
         skip_malformed: skip and count malformed lines instead of raising.
         validation_every: for a single ``.jsonl`` file, every n-th pair goes to validation.
         train_pairs / validation_pairs / same_module_negatives / seed: settings of the embedded task
-            (:func:`~comera.data.pairs.build_docstring_pairs`).
+            (:func:`~comera.workloads.nli.pairs.build_docstring_pairs`).
 
     Returns:
         An :class:`NLIData`.

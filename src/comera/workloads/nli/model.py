@@ -31,12 +31,10 @@ from comera.checks import check_int, check_number
 from comera.io import MODEL_ATTRIBUTE, register_model
 from comera.models.attention import attention_context
 from comera.models.dropout import FastDropout
-from comera.tensorize_config import TensorizeConfig, register_preset
 
 __all__ = [
     "MODEL_NAME",
     "MODEL_PRESETS",
-    "TENSORIZE_PRESETS",
     "TransformerConfig",
     "TransformerClassifier",
     "padding_bias",
@@ -65,9 +63,10 @@ class TransformerConfig:
         layer_norm_eps: epsilon of every LayerNorm.
         pad_token_id: the padding id (its embedding row starts at zero and gets no gradient).
         exact_match: add a learned embedding of each token's exact-match flag (1 when its id also occurs in
-            the other sentence, see :func:`comera.data.pairs.exact_match_flags`), the reading-comprehension
-            feature that lets a small model trained from scratch relate the two sentences token by token.
-            Off in the paper's model; on in the ``small`` and ``smoke`` recipe presets of the embedded task.
+            the other sentence, see :func:`comera.workloads.nli.pairs.exact_match_flags`), the
+            reading-comprehension feature that lets a small model trained from scratch relate the two
+            sentences token by token. Off in the paper's model; on in the ``small`` and ``smoke`` recipe
+            presets of the embedded task.
     """
 
     vocab_size: int = 30522
@@ -292,69 +291,3 @@ class TransformerClassifier(nn.Module):
             x = block(x, bias)
         pooled = torch.tanh(self.pooler(x[:, 0]))
         return self.classifier(self.dropout(pooled))
-
-
-_TARGETS = ("query", "key", "value", "output", "ffn_in", "ffn_out", "pooler")
-
-
-def _tensorize_config(
-    *,
-    linear_rank: int,
-    embedding_rank: int,
-    attention: tuple[tuple[int, ...], tuple[int, ...]],
-    ffn: tuple[tuple[int, ...], tuple[int, ...]],
-    col_shape: tuple[int, ...],
-    row_shape: tuple[int, ...] | None = None,
-) -> TensorizeConfig:
-    """TT for every projection (``ffn_out`` takes the transpose of ``ffn``'s shapes), TTM for the word table.
-
-    ``attention``/``ffn`` are ``(in_shape, out_shape)``; ``row_shape`` None lets the vocabulary fold itself.
-    """
-    table = (
-        {"col_shape": col_shape} if row_shape is None else {"row_shape": row_shape, "col_shape": col_shape}
-    )
-    return TensorizeConfig(
-        target_modules=_TARGETS,
-        embeddings=("embeddings.word",),
-        format="tt",
-        rank=linear_rank,
-        rank_pattern={r"embeddings\.word": embedding_rank},
-        shape_pattern={
-            r"embeddings\.word": table,
-            "query|key|value|output|pooler": {"in_shape": attention[0], "out_shape": attention[1]},
-            "ffn_in": {"in_shape": ffn[0], "out_shape": ffn[1]},
-            "ffn_out": {"in_shape": tuple(reversed(ffn[1])), "out_shape": tuple(reversed(ffn[0]))},
-        },
-    )
-
-
-TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
-    # The reference code's settings (paper-notes.md section 2.6): linears rank 30, word table rank 32.
-    "nli-paper": _tensorize_config(
-        linear_rank=30,
-        embedding_rank=32,
-        attention=((12, 8, 8), (8, 8, 12)),
-        ffn=((12, 8, 8), (12, 16, 16)),
-        row_shape=(16, 20, 10, 10),
-        col_shape=(4, 4, 8, 6),
-    ),
-    # The ``small`` model (width 128, FFN 512); the word table's rows fold from the data's vocabulary size.
-    "nli-small": _tensorize_config(
-        linear_rank=8,
-        embedding_rank=16,
-        attention=((4, 4, 8), (8, 4, 4)),
-        ffn=((4, 4, 8), (8, 8, 8)),
-        col_shape=(2, 4, 4, 4),
-    ),
-    # The ``smoke`` model (width 16, FFN 32).
-    "nli-smoke": _tensorize_config(
-        linear_rank=4,
-        embedding_rank=4,
-        attention=((4, 4), (4, 4)),
-        ffn=((4, 4), (4, 8)),
-        col_shape=(4, 4),
-    ),
-}
-
-for _name, _config in TENSORIZE_PRESETS.items():
-    register_preset(_name, _config)

@@ -2,10 +2,11 @@
 task.
 
 Data: ``--data`` a GLUE MNLI folder, a folder of ``.jsonl`` files or one ``.jsonl`` file
-(:func:`comera.data.nli.build_nli_data`); without it, the embedded docstring-code task built from the
-standard library (:mod:`comera.data.pairs`). Model: :class:`comera.models.transformer.TransformerClassifier`
-at the preset's sizes, its vocabulary and classes taken from the data. Tensorization: ``nli-PRESET``.
-Metrics: accuracy and mean cross-entropy over every pair of a split.
+(:func:`comera.workloads.nli.data.build_nli_data`); without it, the embedded docstring-code task built from
+the standard library (:mod:`comera.workloads.nli.pairs`). Model:
+:class:`comera.workloads.nli.model.TransformerClassifier` at the preset's sizes, its vocabulary and classes
+taken from the data. Tensorization: ``nli-PRESET``. Metrics: accuracy and mean cross-entropy over every pair
+of a split.
 
 Presets:
 
@@ -27,10 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comera.data.nli import build_nli_data
-from comera.models.transformer import MODEL_PRESETS, TransformerClassifier
 from comera.recipes.base import Recipe, RecipeData, register_recipe
 from comera.train.evaluation import Evaluator
+from comera.workloads.nli.data import build_nli_data
+from comera.workloads.nli.model import TransformerClassifier
+from comera.workloads.nli.presets import RECIPE_PRESETS
 
 __all__ = ["NLIRecipe", "PairAccuracy"]
 
@@ -71,19 +73,6 @@ class PairAccuracy(Evaluator):
         return {"accuracy": self.correct / self.count, "loss": self.loss / self.count}
 
 
-def _sizes(preset: str, exact_match: bool = False) -> dict[str, Any]:
-    """The model section of a preset: the model preset's sizes except those the data decides, and whether
-    the model embeds the exact-match flags (on for the embedded task's presets, see docs/results.md)."""
-    defaults = {"d_model": 768, "n_layers": 6, "n_heads": 12, "d_ff": 3072, "max_positions": 512}
-    sizes = {**defaults, **MODEL_PRESETS[preset]}
-    return {
-        **{key: sizes[key] for key in ("d_model", "n_layers", "n_heads", "d_ff", "max_positions")},
-        "dropout": 0.1,
-        "layer_norm_eps": 1e-12,
-        "exact_match": exact_match,
-    }
-
-
 @register_recipe
 class NLIRecipe(Recipe):
     """Sentence-pair classification with :class:`TransformerClassifier` (see the module docstring)."""
@@ -91,78 +80,7 @@ class NLIRecipe(Recipe):
     name = "nli"
     description = "six-encoder transformer on sentence pairs (MNLI, or the embedded docstring-code task)"
     primary_metric = "accuracy"
-    presets = {
-        "paper": {
-            "model": _sizes("paper"),
-            "data": {"max_length": 128, "tokenizer": None, "vocab_size": None, "skip_malformed": False},
-            "train": {
-                "batch_size": 32,
-                "unit": "epoch",
-                "early": 20,
-                "late": 10,
-                "gamma": 0.01,
-                "tau": 1e-2,
-                "target_ratio": 0.2,
-                "target_loss": 0.8,
-                "lr_cores": 1e-4,
-                "lr_gates": 1e-3,
-                "lr_other": 5e-5,
-                "log_every": 100,
-            },
-            "tensorize": {"preset": "nli-paper"},
-            "method": {"dense": {"train": {"lr_other": 1e-4}}},
-        },
-        "small": {
-            "model": _sizes("small", exact_match=True),
-            "data": {
-                "max_length": 64,
-                "tokenizer": None,
-                "vocab_size": 2048,
-                "skip_malformed": False,
-                "train_pairs": 9000,
-                "validation_pairs": 2000,
-                "same_module_negatives": 0.5,
-            },
-            "train": {
-                "batch_size": 32,
-                "unit": "epoch",
-                "early": 4,
-                "late": 2,
-                "gamma": 0.01,
-                "target_ratio": 0.5,
-                "recovery": 0.6,
-                "lr_cores": 1e-3,
-                "lr_gates": 1e-3,
-                "lr_other": 5e-4,
-                "log_every": 20,
-            },
-            "tensorize": {"preset": "nli-small"},
-            "method": {"dense": {"train": {"lr_other": 5e-4}}},
-        },
-        "smoke": {
-            "model": _sizes("smoke", exact_match=True),
-            "data": {
-                "max_length": 32,
-                "tokenizer": None,
-                "vocab_size": 300,
-                "skip_malformed": False,
-                "train_pairs": 48,
-                "validation_pairs": 16,
-            },
-            "train": {
-                "batch_size": 8,
-                "unit": "step",
-                "early": 4,
-                "late": 2,
-                "lr_cores": 1e-3,
-                "lr_gates": 1e-2,
-                "lr_other": 1e-3,
-                "log_every": 1,
-                "plot": False,
-            },
-            "tensorize": {"preset": "nli-smoke"},
-        },
-    }
+    presets = RECIPE_PRESETS
 
     def build_data(self, settings: dict[str, Any], data_path: Path | None, cache_dir: Path) -> RecipeData:
         data = build_nli_data(data_path, cache_dir, **settings)

@@ -1,0 +1,127 @@
+"""The masked-LM workload's presets: the recipe presets (``comera train mlm --preset NAME``) and the
+tensorization presets they name (``mlm-paper``, ``mlm-small``, ``mlm-smoke``), registered with
+:func:`comera.tensorize_config.register_preset` on import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from comera.tensorize_config import TensorizeConfig, register_preset
+
+__all__ = ["RECIPE_PRESETS", "TENSORIZE_PRESETS"]
+
+# Module-name patterns of the linears of a RoBERTa masked LM, by the role that fixes their folding.
+_SQUARE = r"attention\.self\.(query|key|value)|attention\.output\.dense|lm_head\.dense"
+_EXPAND = r"intermediate\.dense"
+_CONTRACT = r"layer\.\d+\.output\.dense"
+
+
+def _tensorize_config(
+    hidden_modes: tuple[int, ...], ffn_modes: tuple[int, ...], rank: int, embedding_rank: int
+) -> TensorizeConfig:
+    """All linears TT with the given foldings (input modes of width ``hidden_modes``, of FFN ``ffn_modes``),
+    the word embedding TTM (shapes chosen automatically, as the vocabulary varies), the decoder tied to it."""
+    reverse = tuple(reversed(hidden_modes))
+    return TensorizeConfig(
+        target_modules="all-linear",
+        embeddings=["word_embeddings"],
+        format="tt",
+        rank=rank,
+        rank_pattern={"word_embeddings": embedding_rank},
+        shape_pattern={
+            _SQUARE: {"in_shape": hidden_modes, "out_shape": reverse},
+            _EXPAND: {"in_shape": hidden_modes, "out_shape": ffn_modes},
+            _CONTRACT: {"in_shape": tuple(reversed(ffn_modes)), "out_shape": reverse},
+        },
+        init="random",
+        tie_output_head=True,
+    )
+
+
+TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
+    "mlm-paper": _tensorize_config((12, 8, 8), (12, 16, 16), rank=128, embedding_rank=128),
+    "mlm-small": _tensorize_config((4, 8, 8), (8, 8, 16), rank=32, embedding_rank=32),
+    "mlm-smoke": _tensorize_config((4, 8), (8, 8), rank=4, embedding_rank=4),
+}
+for _name, _config in TENSORIZE_PRESETS.items():
+    register_preset(_name, _config)
+
+
+def _data_settings(vocab_size: int, seq_len: int, **changes: Any) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "seq_len": seq_len,
+        "tokenizer_file": None,
+        "extensions": [".py"],
+        "validation_fraction": 0.05,
+        "max_files": None,
+        "max_bytes": None,
+        "skip_bad_lines": False,
+        "tail": "pad",
+        "mask_probability": 0.15,
+        "seed": 0,
+    }
+    settings.update(changes)
+    return settings
+
+
+_LTE_OFF_THE_HEAD = {"lte": {"tensorize": {"exclude_modules": ["lm_head.dense"]}}}
+"""LTE splits a batch across its heads along the first dimension. The LM head's transform runs on the masked
+positions of every sequence gathered into rows, which do not follow the heads' split of the sequences, so
+under LTE it stays a plain linear trained with AdamW."""
+
+
+RECIPE_PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {
+        "model": {"preset": "paper", "dropout": 0.1},
+        "data": _data_settings(50265, 512),
+        "train": {
+            "unit": "step",
+            "early": 20000,
+            "late": 10000,
+            "target_ratio": 0.5,
+            "batch_size": 32,
+            "eval_every": 2000,
+            "checkpoint_every": 2000,
+            "log_every": 50,
+        },
+        "tensorize": {"preset": "mlm-paper"},
+        "method": _LTE_OFF_THE_HEAD,
+    },
+    "small": {
+        "model": {"preset": "small", "dropout": 0.1},
+        "data": _data_settings(8192, 128, max_bytes=4_000_000),
+        "train": {
+            "unit": "step",
+            "early": 300,
+            "late": 100,
+            "target_ratio": 0.5,
+            "batch_size": 8,
+            "lr_cores": 1e-3,
+            "lr_gates": 1e-3,
+            "lr_other": 5e-4,
+            "eval_every": 50,
+            "log_every": 10,
+        },
+        "tensorize": {"preset": "mlm-small"},
+        "method": _LTE_OFF_THE_HEAD,
+    },
+    "smoke": {
+        "model": {"preset": "smoke", "dropout": 0.1},
+        "data": _data_settings(300, 32, max_bytes=400_000, validation_fraction=0.3),
+        "train": {
+            "unit": "step",
+            "early": 4,
+            "late": 2,
+            "batch_size": 8,
+            "lr_cores": 1e-3,
+            "lr_gates": 1e-3,
+            "lr_other": 1e-3,
+            "log_every": 1,
+            "eval_every": 3,
+        },
+        "tensorize": {"preset": "mlm-smoke"},
+        "method": _LTE_OFF_THE_HEAD,
+    },
+}
