@@ -9,7 +9,7 @@ import pytest
 from comera.commands import demo
 from comera.commands.compare import MethodRun
 
-SOURCE = Path(demo.__file__).parents[1]
+SOURCE = Path(demo.__file__).parents[2]
 
 
 def _results(params, accuracy, tensorized):

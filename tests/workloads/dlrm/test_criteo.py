@@ -15,7 +15,7 @@ from comera.workloads.dlrm import criteo
 from comera.workloads.dlrm.clicks import ClickData, collate_clicks
 from comera.workloads.dlrm.criteo import MalformedLineError, load_criteo, parse_lines, split_by_line_order
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 SAMPLE = DATA / "criteo_sample.txt"
 
 

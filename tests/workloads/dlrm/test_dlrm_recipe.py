@@ -16,7 +16,7 @@ from comera import TTMEmbeddingBag, load_pretrained
 from comera.recipes.run import SetupError, run
 from comera.workloads.dlrm.synthetic import synthetic_criteo
 
-FIXTURE = Path(__file__).parent.parent / "data" / "criteo_sample.txt"
+FIXTURE = Path(__file__).parents[2] / "data" / "criteo_sample.txt"
 
 
 @pytest.mark.parametrize("method", ["dense", "comera"])

@@ -30,7 +30,7 @@ from comera.workloads.mlm.data import (
     train_tokenizer,
 )
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 # the folder fixture's sources end in .src so that linters of this repository leave them alone
 SOURCE = [".src"]
 IDS = SpecialIds(bos=0, pad=1, eos=2, unk=3, mask=4, vocab_size=1000)

@@ -15,7 +15,7 @@ from comera.workloads.mlm.data import build_code_data
 from comera.workloads.mlm.model import build_mlm_model
 from comera.workloads.mlm.recipe import MaskedLMEvaluator
 
-FOLDER = Path(__file__).resolve().parents[1] / "data" / "code_folder"
+FOLDER = Path(__file__).resolve().parents[2] / "data" / "code_folder"
 # the fixture's sources end in .src; with this fraction one of its four files is in validation
 SETTINGS = ['data.extensions=[".src"]', "data.validation_fraction=0.25", "train.plot=false"]
 

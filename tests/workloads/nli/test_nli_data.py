@@ -12,7 +12,7 @@ from comera.data.tokenize import load_tokenizer
 from comera.workloads.nli.data import build_nli_data, read_glue_tsv, read_jsonl, read_mnli
 from comera.workloads.nli.pairs import PadCollate, exact_match_flags
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 GLUE = DATA / "glue_mnli"
 VOCAB = DATA / "nli_vocab" / "vocab.txt"
 
