@@ -11,8 +11,8 @@ import comera.baselines.apollo
 import comera.baselines.cola
 import comera.baselines.galore
 import comera.baselines.lte  # noqa: F401  (register the baselines)
-from comera.commands.train import load_recipes
 from comera.methods import method_names
+from comera.recipes.builtin_methods import load_methods
 from comera.recipes.run import run
 from comera.train import read_metrics
 
@@ -73,5 +73,5 @@ def test_lte_refuses_a_batch_its_heads_do_not_divide(tmp_path):
 
 
 def test_the_command_line_loads_every_baseline():
-    load_recipes()
+    load_methods()
     assert {"dense", "comera", "galore", "apollo", "lte", "cola"} <= set(method_names())

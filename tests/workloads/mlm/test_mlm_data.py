@@ -14,21 +14,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from comera.workloads.mlm.data import (
+from comera.data.bpe import (
     MAX_PIECE_CHARS,
     SPECIAL_TOKENS,
-    CodeDocument,
-    MaskingCollator,
     SpecialIds,
-    build_code_data,
     load_or_train_tokenizer,
-    mask_tokens,
-    pack_documents,
-    read_code,
     special_ids,
-    split_of,
     train_tokenizer,
 )
+from comera.data.sources import CodeDocument, read_code, split_of
+from comera.workloads.mlm.data import build_code_data
+from comera.workloads.mlm.masking import MaskingCollator, mask_tokens
+from comera.workloads.mlm.packing import pack_documents
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 # the folder fixture's sources end in .src so that linters of this repository leave them alone

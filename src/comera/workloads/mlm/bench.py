@@ -4,7 +4,7 @@ Run as ``comera bench mlm`` or ``python -m comera.workloads.mlm.bench``. The mod
 :mod:`comera.workloads.mlm.model` (``--preset``, default ``paper``: RoBERTa-base with a ``--vocab``-token
 vocabulary, default 50265 as RoBERTa/CodeBERT), dense or tensorized by the ``mlm-PRESET`` preset. A step is
 what training does: forward of ``--batch`` blocks of ``--seq-len`` tokens masked as in pre-training
-(:class:`comera.workloads.mlm.data.MaskingCollator` on random token blocks), the masked-LM loss with the LM
+(:class:`comera.workloads.mlm.masking.MaskingCollator` on random token blocks), the masked-LM loss with the LM
 head on the masked positions only, as ``comera train mlm`` computes it (for comera plus the rank objective's
 size term, :class:`comera.RankAdaptation`), backward, and an AdamW step (PyTorch's fused kernel, as the
 ``Trainer``'s default; comera: the paper's three parameter groups). Both methods use the same model class,
@@ -36,6 +36,7 @@ from collections.abc import Sequence
 import torch
 
 from comera.cpu import reuse_freed_memory
+from comera.data.bpe import SpecialIds
 from comera.measure import (
     add_memory_argument,
     allocation_of,
@@ -50,8 +51,9 @@ from comera.measure import (
 from comera.rank import RankAdaptation, param_groups
 from comera.report import compression_report
 from comera.tensorize import tensorize_
-from comera.workloads.mlm.data import MaskingCollator, SpecialIds, pack_documents
+from comera.workloads.mlm.masking import MaskingCollator
 from comera.workloads.mlm.model import MODEL_PRESETS, build_mlm_model
+from comera.workloads.mlm.packing import pack_documents
 from comera.workloads.mlm.presets import TENSORIZE_PRESETS
 
 __all__ = ["METHODS", "VOCAB", "make_batch", "build_step", "run_case", "run_cases", "format_report", "main"]

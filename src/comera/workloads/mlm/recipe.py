@@ -24,9 +24,10 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from comera.data.sources import default_source_dir
 from comera.recipes.base import Recipe, RecipeData, register_recipe
 from comera.train.evaluation import Evaluator
-from comera.workloads.mlm.data import build_code_data, default_source_dir
+from comera.workloads.mlm.data import build_code_data
 from comera.workloads.mlm.model import build_mlm_model
 from comera.workloads.mlm.presets import RECIPE_PRESETS
 

@@ -1,0 +1,146 @@
+"""A byte-level BPE tokenizer trained on the machine from local documents (``tokenizers``), with RoBERTa's
+special tokens, cached by a digest of what it was trained on; shared by the language-model workloads.
+
+Tokenizer (:func:`load_or_train_tokenizer`): byte-level BPE trained with ``tokenizers`` on the training split
+only, its pre-tokenised pieces cut to at most :data:`MAX_PIECE_CHARS` characters, with the RoBERTa special
+tokens :data:`SPECIAL_TOKENS` (ids 0..4), cached as ``code-bpe-{vocab}-{digest}.json`` in a cache folder;
+the digest covers the training documents (keys and contents) and the trainer settings, so changed data
+trains a new one. A given ``tokenizer.json`` is used as it is (it must know the special tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from comera.atomic import atomic_write_bytes
+from comera.data.sources import CodeDocument, documents_digest
+
+__all__ = [
+    "SPECIAL_TOKENS",
+    "MAX_PIECE_CHARS",
+    "SpecialIds",
+    "load_or_train_tokenizer",
+    "special_ids",
+    "train_tokenizer",
+]
+
+SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+_TOKENIZER_FORMAT = 2
+MAX_PIECE_CHARS = 256
+"""The longest pre-tokenised piece the BPE tokenizer sees: a longer one (a minified line, a data blob) is cut
+into pieces of at most this many characters, since BPE training time grows with the square of a piece's
+length (a one-megabyte token took minutes)."""
+_MIN_FREQUENCY = 2
+
+
+def _check_vocab_size(vocab_size: object) -> int:
+    smallest = len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIAL_TOKENS) + 1
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < smallest:
+        raise ValueError(
+            f"vocab_size must be an int >= {smallest} (256 bytes + {len(SPECIAL_TOKENS)} special tokens + 1 "
+            f"merge), got {vocab_size!r}"
+        )
+    return vocab_size
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE tokenizer with :data:`SPECIAL_TOKENS` (ids 0..4) trained on ``texts``.
+
+    Its pre-tokeniser is GPT-2's byte-level one, with pieces longer than :data:`MAX_PIECE_CHARS` cut into
+    pieces of at most that length (in training and in encoding alike). Its vocabulary has at most
+    ``vocab_size`` tokens (fewer when the texts support fewer merges).
+    """
+    vocab_size = _check_vocab_size(vocab_size)
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+            pre_tokenizers.Split(Regex(f"[\\s\\S]{{1,{MAX_PIECE_CHARS}}}"), behavior="isolated"),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=_MIN_FREQUENCY,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer
+
+
+def load_or_train_tokenizer(
+    train_documents: Sequence[CodeDocument],
+    vocab_size: int,
+    cache_dir: str | Path,
+    tokenizer_file: str | Path | None = None,
+) -> tuple[Tokenizer, Path, bool]:
+    """The tokenizer to use: ``tokenizer_file`` if given, else the cached one trained on the same documents
+    with the same ``vocab_size``, else a newly trained one written to ``cache_dir``.
+
+    Returns:
+        ``(tokenizer, path of its tokenizer.json, whether it was read rather than trained)``.
+    """
+    if tokenizer_file is not None:
+        path = Path(tokenizer_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer_file {path} does not exist")
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as error:
+            raise ValueError(f"tokenizer_file {path}: not a tokenizers tokenizer.json ({error})") from None
+        special_ids(tokenizer)
+        return tokenizer, path, True
+    vocab_size = _check_vocab_size(vocab_size)
+    if not train_documents:
+        raise ValueError("cannot train a tokenizer: the training split has no documents")
+    ordered = sorted(train_documents, key=lambda document: document.key)
+    digest = documents_digest(ordered, "code-bpe", _TOKENIZER_FORMAT, vocab_size, _MIN_FREQUENCY)
+    path = Path(cache_dir) / f"code-bpe-{vocab_size}-{digest}.json"
+    if path.is_file():
+        return Tokenizer.from_file(str(path)), path, True
+    tokenizer = train_tokenizer((document.text for document in train_documents), vocab_size)
+    atomic_write_bytes(path, tokenizer.to_str().encode())
+    return tokenizer, path, False
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """Ids of the special tokens of a tokenizer, and its vocabulary size."""
+
+    bos: int
+    pad: int
+    eos: int
+    unk: int
+    mask: int
+    vocab_size: int
+
+    @property
+    def all(self) -> tuple[int, ...]:
+        """Every special id."""
+        return (self.bos, self.pad, self.eos, self.unk, self.mask)
+
+    @cached_property
+    def ordinary(self) -> torch.Tensor:
+        """The ids of all other tokens, ascending: ``(vocab_size - 5,)`` int64."""
+        keep = torch.ones(self.vocab_size, dtype=torch.bool)
+        keep[list(self.all)] = False
+        return keep.nonzero().flatten()
+
+
+def special_ids(tokenizer: Tokenizer) -> SpecialIds:
+    """The ids of :data:`SPECIAL_TOKENS` in ``tokenizer``; ``ValueError`` naming any that is missing."""
+    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    missing = [token for token, index in ids.items() if index is None]
+    if missing:
+        raise ValueError(
+            f"the tokenizer lacks the special token(s) {missing}; it needs all of {SPECIAL_TOKENS}"
+        )
+    return SpecialIds(*(ids[token] for token in SPECIAL_TOKENS), vocab_size=tokenizer.get_vocab_size())

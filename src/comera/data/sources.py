@@ -1,0 +1,241 @@
+"""Text documents read from source files, JSON-lines corpora or, by default, the running Python's standard
+library, and their deterministic train/validation split: the corpus layer any language-model workload reads
+(the masked LM's :mod:`comera.workloads.mlm.data`).
+
+Sources (:func:`read_code`):
+
+- CodeSearchNet-style ``*.jsonl`` / ``*.jsonl.gz`` files, one JSON object per line whose ``code`` (else
+  ``original_string``) field holds the text; a line that is not such an object raises ``ValueError`` naming
+  file and line, or is skipped and counted with ``skip_bad_lines=True``; a truncated or corrupt gzip file
+  raises ``ValueError`` naming it and the last line read;
+- any folder of source files selected by extension (``.py`` by default), read as UTF-8; a file that is not
+  valid UTF-8, or that cannot be read (a symbolic link to itself, no permission), is skipped and counted. A
+  folder may also hold ``*.jsonl(.gz)`` files;
+- nothing: the running Python's standard library (``sysconfig.get_paths()["stdlib"]``, ``*.py``, without
+  ``site-packages``), which every machine has.
+
+``max_files`` / ``max_bytes`` cap what is read; files are taken in the order of a hash of their relative
+path, so a cap gives a fixed pseudo-random sample rather than the first packages alphabetically.
+
+Split (:func:`split_of`): a document goes to validation when a SHA-256 hash of its key, as a fraction of
+``2**64``, is below ``validation_fraction``. The key is the file's path relative to the source (for a JSON
+record: ``repo/path`` when both fields are there, so one source file's functions stay together, else
+``file:line``). The split depends on nothing else: not on the order of reading, the caps or the platform.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from comera.data.files import numbered_lines, open_data
+
+__all__ = [
+    "DEFAULT_EXTENSIONS",
+    "TEXT_FIELDS",
+    "SKIP_REASONS",
+    "CodeDocument",
+    "SkippedDocument",
+    "default_source_dir",
+    "documents_digest",
+    "read_code",
+    "read_counts",
+    "split_of",
+]
+
+DEFAULT_EXTENSIONS = (".py",)
+TEXT_FIELDS = ("code", "original_string")
+_JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
+_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
+
+
+@dataclass(frozen=True)
+class CodeDocument:
+    """One text to train on; ``key`` decides its split (module docstring)."""
+
+    key: str
+    text: str
+
+
+SKIP_REASONS = ("not_utf8", "unreadable", "bad_line", "empty")
+
+
+@dataclass(frozen=True)
+class SkippedDocument:
+    """A file, JSON line or empty text left out; ``key`` is its split key, ``reason`` one of
+    :data:`SKIP_REASONS`."""
+
+    key: str
+    reason: str
+
+
+def read_counts(documents: Sequence[CodeDocument], skipped: Sequence[SkippedDocument]) -> dict[str, int]:
+    """``{"read": n, "skipped": k}`` plus ``"skipped_<reason>"`` for each of :data:`SKIP_REASONS`."""
+    counts = {"read": len(documents), "skipped": len(skipped)}
+    for reason in SKIP_REASONS:
+        counts[f"skipped_{reason}"] = sum(entry.reason == reason for entry in skipped)
+    return counts
+
+
+def _unit_hash(*parts: object) -> float:
+    """A fraction in ``[0, 1)`` from SHA-256 of ``parts`` (stable across runs and platforms)."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def split_of(key: str, validation_fraction: float) -> str:
+    """``"validation"`` or ``"train"`` for a document key (module docstring)."""
+    return "validation" if _unit_hash("split", key) < validation_fraction else "train"
+
+
+def default_source_dir() -> Path:
+    """The running Python's standard library folder."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _is_jsonl(path: Path) -> bool:
+    return path.name.endswith(_JSONL_SUFFIXES)
+
+
+def _check_extensions(extensions: object) -> tuple[str, ...]:
+    if isinstance(extensions, str) or not isinstance(extensions, Sequence) or not extensions:
+        raise ValueError(f"extensions must be a non-empty list like ['.py'], got {extensions!r}")
+    for extension in extensions:
+        if not isinstance(extension, str) or not extension.startswith(".") or len(extension) < 2:
+            raise ValueError(f"extensions must be strings starting with '.', like '.py', got {extension!r}")
+    return tuple(extensions)
+
+
+def _check_cap(value: object, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1 or None (no cap), got {value!r}")
+    return value
+
+
+def _source_files(root: Path, extensions: tuple[str, ...]) -> list[Path]:
+    """Files under ``root`` with one of ``extensions`` or a JSON-lines suffix, in hash order of their path;
+    folders named in :data:`_EXCLUDED_DIRS` and hidden folders are not entered."""
+    if root.is_file():
+        return [root]
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = sorted(name for name in subfolders if name not in _EXCLUDED_DIRS and name[0] != ".")
+        files += [Path(folder, name) for name in names if name.endswith(extensions) or _is_jsonl(Path(name))]
+    return sorted(files, key=lambda path: (_unit_hash("order", path.relative_to(root).as_posix()), path))
+
+
+def _record_text(record: object) -> str | None:
+    if not isinstance(record, dict):
+        return None
+    for name in TEXT_FIELDS:
+        if isinstance(record.get(name), str):
+            return record[name]
+    return None
+
+
+def _read_file(file: Path, relative: str) -> CodeDocument | SkippedDocument:
+    try:
+        return CodeDocument(relative, file.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        return SkippedDocument(relative, "not_utf8")
+    except OSError:
+        return SkippedDocument(relative, "unreadable")
+
+
+def _jsonl_documents(
+    path: Path, relative: str, skip_bad_lines: bool, skipped: list[SkippedDocument]
+) -> Iterator[CodeDocument]:
+    with open_data(path) as file:
+        for number, raw in numbered_lines(file, path):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as error:
+                problem = f"not valid JSON ({error})"
+                record = None
+            else:
+                problem = f"a JSON object with a string field among {list(TEXT_FIELDS)}"
+                problem = None if _record_text(record) is not None else f"expected {problem}"
+            if problem is not None:
+                if not skip_bad_lines:
+                    raise ValueError(f"{path}: line {number}: {problem}")
+                skipped.append(SkippedDocument(f"{relative}:{number}", "bad_line"))
+                continue
+            repo, name = record.get("repo"), record.get("path")
+            key = (
+                f"{repo}/{name}"
+                if isinstance(repo, str) and isinstance(name, str)
+                else f"{relative}:{number}"
+            )
+            yield CodeDocument(key, _record_text(record))
+
+
+def read_code(
+    path: str | Path | None = None,
+    *,
+    extensions: Sequence[str] = DEFAULT_EXTENSIONS,
+    skip_bad_lines: bool = False,
+    max_files: int | None = None,
+    max_bytes: int | None = None,
+) -> tuple[list[CodeDocument], list[SkippedDocument]]:
+    """Read code documents from ``path`` (module docstring); None reads the standard library.
+
+    Args:
+        path: a ``*.jsonl`` / ``*.jsonl.gz`` file, or a folder of source files and JSON-lines files.
+        extensions: file name endings of source files in a folder.
+        skip_bad_lines: skip (and count) bad JSON lines instead of raising.
+        max_files: read at most this many files (None: all).
+        max_bytes: stop once the texts read hold this many UTF-8 bytes (None: no cap).
+
+    Returns:
+        The documents read and those skipped (files not valid UTF-8 or unreadable, bad JSON lines when
+        skipped, empty texts).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist. ValueError: a bad JSON line (file and line named) unless
+            skipped, a truncated or corrupt gzip file (named), or bad arguments.
+    """
+    extensions = _check_extensions(extensions)
+    max_files, max_bytes = _check_cap(max_files, "max_files"), _check_cap(max_bytes, "max_bytes")
+    root = default_source_dir() if path is None else Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"data path {root} does not exist")
+    skipped: list[SkippedDocument] = []
+    documents: list[CodeDocument] = []
+    size = 0
+    for file in _source_files(root, extensions)[:max_files]:
+        relative = file.name if root.is_file() else file.relative_to(root).as_posix()
+        if _is_jsonl(file) and os.access(file, os.R_OK):
+            found = _jsonl_documents(file, relative, skip_bad_lines, skipped)
+        else:
+            document = _read_file(file, relative)
+            if isinstance(document, SkippedDocument):
+                skipped.append(document)
+                continue
+            found = [document]
+        for document in found:
+            if not document.text.strip():
+                skipped.append(SkippedDocument(document.key, "empty"))
+                continue
+            documents.append(document)
+            size += len(document.text.encode("utf-8"))
+            if max_bytes is not None and size >= max_bytes:
+                return documents, skipped
+    return documents, skipped
+
+
+def documents_digest(documents: Sequence[CodeDocument], *settings: object) -> str:
+    """Digest of ``settings`` and the documents' keys and contents, in order."""
+    digest = hashlib.sha256("/".join(map(str, settings)).encode())
+    for document in documents:
+        digest.update(document.key.encode() + b"\0")
+        digest.update(hashlib.sha256(document.text.encode("utf-8")).digest())
+    return digest.hexdigest()[:16]
