@@ -25,9 +25,9 @@ from torch import nn
 
 from comera.modules import names_of, replace_module, unwrap_model
 from comera.nn.conv1d import is_conv1d
-from comera.nn.embedding import TTMTiedHead
 from comera.nn.gated import GatedTrain
 from comera.nn.layer import ComeraLayer, is_layer, layer_for_dense
+from comera.nn.tied_head import TTMTiedHead
 from comera.tensorize_config import ALL_LINEAR, TensorizeConfig, pattern_matches, selector_matches
 
 __all__ = [

@@ -23,8 +23,9 @@ import torch
 from torch import nn
 
 from comera.measure import backward_step, interleaved_medians_ms
-from comera.nn.embedding import TTMEmbedding, TTMTiedHead
+from comera.nn.embedding import TTMEmbedding
 from comera.nn.linear import TTLinear, TTMLinear
+from comera.nn.tied_head import TTMTiedHead
 
 __all__ = [
     "LAYOUTS",
