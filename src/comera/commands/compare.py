@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from comera.atomic import atomic_write_bytes
+from comera.commands.numbers import number, times
 from comera.commands.train import add_setting_arguments
 from comera.methods import get_method, method_names
 from comera.recipes.builtin_methods import load_methods
@@ -265,17 +266,6 @@ def _leading_metric(runs: list[MethodRun], primary: str) -> str:
     return primary if primary in names or not names else names[0]
 
 
-def _number(value: Any) -> str:
-    """Four significant digits; ``"-"`` for a missing or NaN value."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _times(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}x"
-
-
 def format_markdown(runs: Sequence[MethodRun], primary: str) -> str:
     """The comparison table in markdown: one row per method; ratios against the ``dense`` row if present.
 
@@ -307,7 +297,7 @@ def format_markdown(runs: Sequence[MethodRun], primary: str) -> str:
             lines.append("| " + " | ".join(cells) + " |")
             continue
         evaluation = results["evaluation"].get(_first_split(results) or "", {})
-        cells = [item.method, *(_number(evaluation.get(name)) for name in names)]
+        cells = [item.method, *(number(evaluation.get(name)) for name in names)]
         if dense is not None and primary in names:
             reference = dense["evaluation"].get(_first_split(dense) or "", {}).get(primary)
             value = evaluation.get(primary)
@@ -321,12 +311,12 @@ def format_markdown(runs: Sequence[MethodRun], primary: str) -> str:
         step = results["step_time_s"]
         speed = None if dense is None or not step else dense["step_time_s"] / step
         cells += [
-            _times(results["compression"]["tensorized"]),
-            _times(results["compression"]["whole"], 2),
+            times(results["compression"]["tensorized"], 1),
+            times(results["compression"]["whole"], 2),
             f"{results['params']:,}",
-            _number(1e3 * step),
-            _times(speed, 2),
-            _number(results["peak_memory_mib"]),
+            number(1e3 * step),
+            times(speed, 2),
+            number(results["peak_memory_mib"]),
             f"{results['wall_time_s']:.0f}",
             _note(item),
         ]

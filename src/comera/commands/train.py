@@ -10,10 +10,10 @@ one line each.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import warnings
 
+from comera.commands.numbers import milliseconds, number, times
 from comera.methods import method_names
 from comera.recipes.builtin_methods import load_methods
 from comera.recipes.run import SetupError, default_run_dir, run
@@ -23,37 +23,21 @@ from comera.workloads import load_recipe, workload_names
 __all__ = ["main", "add_setting_arguments", "summary"]
 
 
-def _number(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.4g}"
-    return str(value)
-
-
-def _milliseconds(seconds: float | None) -> str:
-    return "-" if seconds is None else _number(seconds * 1000)
-
-
-def _times(value: float | None) -> str:
-    return "-" if value is None else f"{_number(value)}x"
-
-
 def summary(results: dict) -> str:
     """A few lines of a ``results.json``: evaluation metrics, compression, step time, memory."""
     lines = [f"{results['recipe']} / {results['method']} / preset {results['preset']}"]
     for split, metrics in results["evaluation"].items():
-        shown = ", ".join(f"{name} {_number(value)}" for name, value in metrics.items())
+        shown = ", ".join(f"{name} {number(value)}" for name, value in metrics.items())
         lines.append(f"  {split}: {shown}")
     compression = results["compression"]
     lines.append(
         f"  params {results['params']:,} (dense {results['dense_params']:,}); compression: tensorized layers "
-        f"{_times(compression['tensorized'])}, whole model {_times(compression['whole'])}"
+        f"{times(compression['tensorized'])}, whole model {times(compression['whole'])}"
     )
     lines.append(
-        f"  step {_milliseconds(results['step_time_s'])} ms (median), peak memory "
-        f"{_number(results['peak_memory_mib'])} MiB, {results['steps']} steps in "
-        f"{_number(results['wall_time_s'])} s"
+        f"  step {milliseconds(results['step_time_s'])} ms (median), peak memory "
+        f"{number(results['peak_memory_mib'])} MiB, {results['steps']} steps in "
+        f"{number(results['wall_time_s'])} s"
     )
     if "earlier_run" in results:
         lines.append(f"  the files of the run it replaced: {results['earlier_run']}")

@@ -1,0 +1,36 @@
+"""How the command layer writes numbers into its tables and summaries (``comera train``'s summary,
+``comera compare``'s table), in one place so that both say the same thing about the same value.
+
+A missing value (None: not measured, not applicable) is ``"-"``; a value that is not a number (NaN: an
+evaluation over nothing, a diverged loss) is ``"nan"``, never ``"-"``, so that a broken run does not read as
+one that had nothing to report.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["milliseconds", "number", "times"]
+
+
+def number(value: object) -> str:
+    """``value`` with four significant digits if a float, as ``str`` otherwise; ``"-"`` for None, ``"nan"``
+    for NaN."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def milliseconds(seconds: float | None) -> str:
+    """``seconds`` in milliseconds, as :func:`number` writes it."""
+    return "-" if seconds is None else number(seconds * 1000)
+
+
+def times(value: float | None, digits: int | None = None) -> str:
+    """A ratio followed by ``x``: ``digits`` decimals, or four significant digits when ``digits`` is None;
+    ``"-"`` for None and ``"nan"`` for NaN (no ``x`` after either)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return number(value)
+    return f"{value:.{digits}f}x" if digits is not None else f"{number(value)}x"

@@ -1,0 +1,68 @@
+"""The command layer's number formats: one behaviour for the train summary and the comparison table."""
+
+import math
+
+import pytest
+
+from comera.commands.numbers import milliseconds, number, times
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (None, "-"),
+        (math.nan, "nan"),
+        (0.123456, "0.1235"),
+        (12345.6, "1.235e+04"),
+        (math.inf, "inf"),
+        (7, "7"),
+        ("ok", "ok"),
+    ],
+)
+def test_number_keeps_missing_and_not_a_number_apart(value, text):
+    assert number(value) == text
+
+
+def test_milliseconds():
+    assert milliseconds(None) == "-"
+    assert milliseconds(0.0123456) == "12.35"
+    assert milliseconds(math.nan) == "nan"
+
+
+@pytest.mark.parametrize(
+    ("value", "digits", "text"),
+    [
+        (None, 2, "-"),
+        (math.nan, 2, "nan"),
+        (math.nan, None, "nan"),
+        (21.1875, 1, "21.2x"),
+        (1.005, 2, "1.00x"),  # 1.005 is stored as 1.00499999...
+        (21.1875, None, "21.19x"),
+        (3, 2, "3.00x"),
+    ],
+)
+def test_times_writes_a_ratio_or_says_why_there_is_none(value, digits, text):
+    assert times(value, digits) == text
+
+
+def test_the_summary_and_the_table_write_a_nan_metric_alike(tmp_path):
+    from comera.commands.compare import MethodRun, format_markdown
+    from comera.commands.train import summary
+
+    results = {
+        "recipe": "toy",
+        "method": "comera",
+        "preset": "smoke",
+        "evaluation": {"validation": {"accuracy": math.nan}},
+        "compression": {"tensorized": None, "whole": 1.0},
+        "step_time_s": 0.01,
+        "peak_memory_mib": None,
+        "steps": 3,
+        "wall_time_s": 1.0,
+        "params": 10,
+        "dense_params": 40,
+    }
+    assert "accuracy nan" in summary(results)
+    run = MethodRun("comera", tmp_path, "trained", results, None)
+    table = format_markdown([run], "accuracy")
+    assert "| comera | nan |" in table
