@@ -15,6 +15,9 @@ Usage: ``python tools/import_graph.py src/comera`` (standard library only; nothi
   ``io.py`` -> ``io``), ranked by ``LAYERS``; an arrow from a lower layer to a higher one is upward. Top-level
   modules named in no layer (``version``, ``atomic``, ...) form the base, below ``tt``; the package's own
   ``__init__.py`` is the public facade, above everything. The exit status is 1 when an upward arrow exists.
+- **crossing arrows**: the folders of a layer named in ``SEPARATE`` (each workload in ``workloads/``) must not
+  import each other: ``workloads/nli/recipe.py -> workloads/dlrm/model.py`` is a crossing arrow, and the
+  exit status is 1 when one exists. What two of them share belongs to a lower layer.
 """
 
 from __future__ import annotations
@@ -32,10 +35,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tensorize", "tensorize_config", "io", "report", "modules"),
     ("rank",),
     ("train",),
-    ("methods",),
-    ("models", "data", "metrics", "baselines", "recipes", "bench", "demo"),
+    ("methods", "baselines"),
+    ("recipes", "data", "models", "metrics", "measure"),
+    ("workloads",),
+    ("bench",),
+    ("commands",),
     ("cli",),
 )
+"""Layers from the bottom up; a file may import its own layer and those below. ``baselines`` shares the
+methods' layer until it becomes part of the ``methods`` package."""
+SEPARATE: tuple[str, ...] = ("workloads",)
+"""Layers whose folders are independent of each other (no import from one into another)."""
 BASE_LAYER = "base"
 FACADE_LAYER = "facade"
 
@@ -108,6 +118,18 @@ def layer_rank(layer: str) -> int:
     return next(i for i, group in enumerate(LAYERS, start=1) if layer in group)
 
 
+def crosses(source: str, target: str) -> bool:
+    """Whether the arrow ``source -> target`` runs between two folders of a layer in ``SEPARATE``."""
+    source_parts, target_parts = Path(source).parts, Path(target).parts
+    return (
+        len(source_parts) > 2
+        and len(target_parts) > 2
+        and source_parts[0] == target_parts[0]
+        and source_parts[0] in SEPARATE
+        and source_parts[1] != target_parts[1]
+    )
+
+
 def floors(edges: dict[str, set[str]]) -> dict[str, int]:
     """Floor of every file (0 for a file that imports nothing internal); raises ``CycleError`` on a cycle."""
     floor: dict[str, int] = {}
@@ -154,9 +176,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {low} -> {high}: {count}")
         for _, _, source, target in (u for u in upward if (u[0], u[1]) == (low, high)):
             print(f"    {source} -> {target}")
+    crossing = sorted(
+        (source, target) for source, targets in edges.items() for target in targets if crosses(source, target)
+    )
+    print(f"crossing arrows: {len(crossing)}")
+    for source, target in crossing:
+        print(f"    {source} -> {target}")
     base = sorted({f for f in edges if layer_of(f) == BASE_LAYER})
     print(f"base (in no named layer): {' '.join(base) or '-'}")
-    return 1 if upward else 0
+    return 1 if upward or crossing else 0
 
 
 if __name__ == "__main__":
