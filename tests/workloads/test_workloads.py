@@ -38,7 +38,7 @@ def test_loading_one_workload_imports_no_other_and_not_transformers(name):
         capture_output=True,
         text=True,
         check=True,
-        env={"PYTHONPATH": str(SOURCE)},
+        env={**os.environ, "PYTHONPATH": str(SOURCE)},
     )
     assert result.stdout.split() == [f"['{name}']", "False"]
 
