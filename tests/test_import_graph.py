@@ -108,3 +108,10 @@ def test_the_layers_rank_the_workloads_between_the_recipe_engine_and_the_benchma
     assert (
         rank("methods") < rank("recipes") < rank("workloads") < rank("bench") < rank("commands") < rank("cli")
     )
+
+
+def test_every_package_folder_has_an_init_file():
+    """setuptools' ``packages.find`` installs only folders holding ``__init__.py``."""
+    package = ROOT / "src" / "comera"
+    folders = {path.parent for path in package.rglob("*.py") if "__pycache__" not in path.parts}
+    assert sorted(str(f.relative_to(package)) for f in folders if not (f / "__init__.py").is_file()) == []

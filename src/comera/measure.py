@@ -1,4 +1,5 @@
-"""Shared helpers of the benchmarks: timing medians, machine description, docs/benchmarks.md sections."""
+"""Measuring helpers shared by the benchmarks and the command layer: timing medians, peak memory, the
+machine description, docs/benchmarks.md sections, plots. It imports only the base and the tensor math."""
 
 from __future__ import annotations
 

@@ -1,1 +1,3 @@
-"""Data of the reference workloads: loaders of the public formats, the embedded default data, batching."""
+"""The shared data layer: opening data files (:mod:`.files`), WordPiece tokenizers (:mod:`.tokenize`), corpora
+of source code read and split (:mod:`.sources`) and the local BPE tokenizer (:mod:`.bpe`). A workload's own
+data lives in its folder, :mod:`comera.workloads`."""

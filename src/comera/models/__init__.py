@@ -1,1 +1,2 @@
-"""Reference models of the workloads (transformer classifier, DLRM, RoBERTa masked LM)."""
+"""Building blocks the workloads' models share: attention (:mod:`.attention`, :mod:`.blocked_attention`) and a
+dropout with cheap random draws (:mod:`.dropout`). The models themselves live in their workloads' folders."""

@@ -1,2 +1,3 @@
-"""Workload recipes (model + data + loss + evaluation + tensorization + settings) and the run that trains
-them: ``comera train WORKLOAD``. Importing this package registers every recipe."""
+"""The recipe engine: what a workload recipe is (:mod:`.base`), a run's settings (:mod:`.settings`), the run
+that trains one and writes its folder (:mod:`.run`, :mod:`.folders`, :mod:`.fingerprint`). The workloads
+themselves live in :mod:`comera.workloads`, above this package."""

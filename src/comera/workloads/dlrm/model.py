@@ -14,9 +14,9 @@ One step, top to bottom:
    trained with binary cross-entropy on logits.
 
 The tables are named ``tables.0`` ... ``tables.25``. CoMERA stores the large ones as
-:class:`comera.TTMEmbeddingBag` through the tensorization presets registered here (``"dlrm-paper"``,
-``"dlrm-small"``, ``"dlrm-smoke"``; :func:`dlrm_tensorize_config` for other cardinalities); small tables
-and the MLPs stay dense.
+:class:`comera.TTMEmbeddingBag` through the tensorization presets of :mod:`comera.workloads.dlrm.presets`
+(``"dlrm-paper"``, ``"dlrm-small"``, ``"dlrm-smoke"``; ``dlrm_tensorize_config`` there for other
+cardinalities); small tables and the MLPs stay dense.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """RoBERTa-architecture masked-language model for CodeBERT-style pre-training on code (workload 3).
 
 The model is Hugging Face's ``RobertaForMaskedLM`` built from a ``RobertaConfig`` (never downloaded). Its LM
-head's decoder shares its weight with the word embedding, so :func:`comera.tensorize_` with the presets below
-turns the embedding into a :class:`comera.TTMEmbedding` and the decoder into a :class:`comera.TTMTiedHead` on
-the same cores; every other linear (attention, feed-forward, the head's transform) becomes a
-:class:`comera.TTLinear`.
+head's decoder shares its weight with the word embedding, so :func:`comera.tensorize_` with the presets of
+:mod:`comera.workloads.mlm.presets` turns the embedding into a :class:`comera.TTMEmbedding` and the decoder
+into a :class:`comera.TTMTiedHead` on the same cores; every other linear (attention, feed-forward, the head's
+transform) becomes a :class:`comera.TTLinear`.
 
 Model presets (:data:`MODEL_PRESETS`): ``paper`` is RoBERTa-base (12 layers, width 768, 12 heads, FFN 3072,
 512 tokens); ``small`` fits a CPU run of a few minutes; ``smoke`` is for tests. The vocabulary size comes from
-the tokenizer. Tensorization presets ``mlm-paper``, ``mlm-small`` and ``mlm-smoke`` are registered with
-:func:`comera.tensorize_config.register_preset` on import.
+the tokenizer. Tensorization presets ``mlm-paper``, ``mlm-small`` and ``mlm-smoke`` live beside the recipe, in
+:mod:`comera.workloads.mlm.presets`.
 
 Special token ids follow RoBERTa: ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2 (``<unk>`` 3, ``<mask>`` 4).
 """

@@ -9,7 +9,8 @@ A BERT-style post-LN encoder classifying a pair "[CLS] a [SEP] b [SEP]" from its
 
 Every projection is its own ``nn.Linear`` (``query``, ``key``, ``value``, ``output``, ``ffn_in``, ``ffn_out``,
 ``pooler``) so a :class:`comera.TensorizeConfig` can target each one; the tensorization presets of this model
-("nli-paper", "nli-small", "nli-smoke") are registered at import. The dense baseline is this same model.
+("nli-paper", "nli-small", "nli-smoke") live beside the recipe, in :mod:`comera.workloads.nli.presets`. The
+dense baseline is this same model.
 
 Speed: attention runs through :func:`comera.models.attention.attention_context`: SDPA, except on CPU in
 training with attention dropout, where the probabilities are formed explicitly so that cheap random draws
