@@ -1,0 +1,127 @@
+"""Reading a corpus of source code (JSON lines, folders, the standard library) and its split."""
+
+import gzip
+import hashlib
+import json
+import math
+import random
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from comera.data.sources import read_code, split_of
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+# the folder fixture's sources end in .src so that linters of this repository leave them alone
+SOURCE = [".src"]
+
+
+def _within_binomial(count: int, trials: int, probability: float, sigmas: float = 5.0) -> bool:
+    """Whether ``count`` is within ``sigmas`` standard deviations of Binomial(trials, probability)'s mean."""
+    mean = trials * probability
+    return abs(count - mean) <= sigmas * math.sqrt(trials * probability * (1 - probability))
+
+
+def test_jsonl_and_gzip_read_the_code_or_original_string_field():
+    plain, skipped = read_code(DATA / "code_jsonl" / "functions.jsonl")
+    gzipped, _ = read_code(DATA / "code_jsonl_gz")
+    assert skipped == []
+    records = [
+        json.loads(line) for line in (DATA / "code_jsonl" / "functions.jsonl").read_text().splitlines()
+    ]
+    assert [d.text for d in plain] == [r.get("code", r.get("original_string")) for r in records]
+    assert plain[0].key == "octo/calc/calc/ops.py" == plain[1].key
+    assert plain[4].key == "functions.jsonl:5"
+    assert [d.text for d in gzipped] == [d.text for d in plain]
+
+
+def test_folder_reads_by_extension_and_skips_files_that_are_not_utf8():
+    documents, skipped = read_code(DATA / "code_folder", extensions=SOURCE)
+    keys = sorted(d.key for d in documents)
+    assert keys == ["main.src", "pkg/__init__.src", "pkg/sub/shapes.src", "pkg/util.src"]
+    assert sorted((s.key, s.reason) for s in skipped) == [
+        ("pkg/empty.src", "empty"),
+        ("pkg/latin1.src", "not_utf8"),
+    ]
+    for document in documents:
+        assert document.text == (DATA / "code_folder" / document.key).read_text(encoding="utf-8")
+    shell, _ = read_code(DATA / "code_folder", extensions=[".sh"])
+    assert [d.key for d in shell] == ["pkg/sub/script.sh"]
+    assert read_code(DATA / "code_folder") == ([], [])
+
+
+def test_unreadable_files_are_skipped_and_counted(tmp_path):
+    (tmp_path / "good.py").write_text("def f(x):\n    return x\n")
+    (tmp_path / "self.py").symlink_to("self.py")
+    (tmp_path / "loop.jsonl").symlink_to("loop.jsonl")
+    documents, skipped = read_code(tmp_path)
+    assert [d.key for d in documents] == ["good.py"]
+    assert sorted((s.key, s.reason) for s in skipped) == [
+        ("loop.jsonl", "unreadable"),
+        ("self.py", "unreadable"),
+    ]
+
+
+def test_a_truncated_gzip_file_is_named_with_the_last_line_read(tmp_path):
+    lines = b"".join(
+        json.dumps({"code": f"def f{i}(x):\n    return {i}\n"}).encode() + b"\n" for i in range(400)
+    )
+    packed = gzip.compress(lines)
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(
+        ValueError, match=r"cut\.jsonl\.gz: the compressed data is truncated or corrupt \(after line \d+\)"
+    ):
+        read_code(path)
+
+
+def test_a_gzip_file_is_read_by_its_content_whatever_its_name(tmp_path):
+    path = tmp_path / "functions.jsonl"
+    path.write_bytes((DATA / "code_jsonl_gz" / "functions.jsonl.gz").read_bytes())
+    plain, _ = read_code(DATA / "code_jsonl" / "functions.jsonl")
+    assert [d.text for d in read_code(path)[0]] == [d.text for d in plain]
+
+
+def test_a_bad_json_line_raises_naming_file_and_line_or_is_skipped_and_counted():
+    path = DATA / "code_bad_line" / "broken.jsonl"
+    with pytest.raises(ValueError, match=r"broken\.jsonl: line 3: not valid JSON"):
+        read_code(path)
+    documents, skipped = read_code(path, skip_bad_lines=True)
+    assert len(documents) == 3
+    assert [(s.key, s.reason) for s in skipped] == [
+        ("broken.jsonl:3", "bad_line"),
+        ("broken.jsonl:5", "bad_line"),
+    ]
+
+
+def test_caps_take_a_fixed_sample():
+    first, _ = read_code(DATA / "code_folder", extensions=SOURCE, max_files=3)
+    second, _ = read_code(DATA / "code_folder", extensions=SOURCE, max_files=3)
+    assert [d.key for d in first] == [d.key for d in second]
+    capped, _ = read_code(DATA / "code_folder", extensions=SOURCE, max_bytes=1)
+    assert len(capped) == 1
+
+
+def test_default_source_is_the_standard_library():
+    documents, _ = read_code(None, max_files=4)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    assert 1 <= len(documents) <= 4
+    for document in documents:
+        assert document.key.endswith(".py") and "site-packages" not in document.key
+        assert (stdlib / document.key).read_text(encoding="utf-8") == document.text
+
+
+def test_split_is_a_fixed_function_of_the_key():
+    keys = [f"pkg{i % 17}/module_{i}.py" for i in range(20_000)]
+    expected = [
+        int.from_bytes(hashlib.sha256(f"split\x1f{key}".encode()).digest()[:8], "big") / 2**64 < 0.05
+        for key in keys
+    ]
+    assert [split_of(key, 0.05) == "validation" for key in keys] == expected
+    assert _within_binomial(sum(expected), len(keys), 0.05)
+    shuffled = keys[:]
+    random.Random(0).shuffle(shuffled)
+    assert {k for k in shuffled if split_of(k, 0.05) == "validation"} == {
+        k for k, e in zip(keys, expected) if e
+    }
