@@ -29,6 +29,7 @@ test: install-dev
 lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python tools/import_graph.py src/comera > /dev/null
 
 bench: install-dev
 	$(BIN)/comera bench layers --write docs/benchmarks.md
