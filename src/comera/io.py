@@ -6,8 +6,8 @@ spec (:mod:`comera.nn.layer`: its kind and constructor attributes, with the *cur
 the saved tensors. Loading re-applies those layers to ``base_model`` (the untensorized model, e.g. a Hugging
 Face model built from its config), or builds the comera model the config names (models register
 themselves with :func:`register_model` and carry their constructor arguments in a ``comera_model``
-attribute ``{"name": ..., "kwargs": {...}}``; the built-in models of :mod:`comera.models` are registered on
-first use, so ``import comera`` is enough to load a model that ``comera train`` saved).
+attribute ``{"name": ..., "kwargs": {...}}``; the built-in models of :mod:`comera.workloads` are registered
+on first use, so ``import comera`` is enough to load a model that ``comera train`` saved).
 
 Transactions. A save encodes and checks everything first, writes both files into a new folder beside the
 target and swaps it in (:func:`comera.atomic.atomic_replace_folder`): the folder holds the complete old save
