@@ -111,5 +111,8 @@ def recipe_names() -> tuple[str, ...]:
 def get_recipe(name: str) -> Recipe:
     """A new instance of the registered recipe ``name``; ``ValueError`` naming the valid ones otherwise."""
     if name not in _RECIPES:
-        raise ValueError(f"unknown workload {name!r}; choose one of {list(recipe_names())}")
+        raise ValueError(
+            f"unknown workload {name!r}; choose one of {list(recipe_names())} (a built-in workload registers "
+            "its recipe when comera.workloads.load_recipe(NAME) imports it)"
+        )
     return _RECIPES[name]()
