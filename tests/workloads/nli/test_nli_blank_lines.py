@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from comera.data.nli import read_glue_tsv, read_jsonl
+from comera.workloads.nli.data import read_glue_tsv, read_jsonl
 
-GLUE = Path(__file__).parent.parent / "data" / "glue_mnli"
+GLUE = Path(__file__).parents[2] / "data" / "glue_mnli"
 
 
 def with_blank_lines(lines: list[bytes]) -> bytes:
