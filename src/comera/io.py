@@ -39,7 +39,7 @@ from torch import nn
 from comera.atomic import atomic_replace_folder
 from comera.modules import replace_module, state_shapes, unwrap_model
 from comera.nn.layer import is_layer, layer_type
-from comera.tensorize import CONFIG_ATTRIBUTE, tensorize_configs
+from comera.tensorize import CONFIG_ATTRIBUTE, hf_init_weights, tensorize_configs
 from comera.tensorize_config import TensorizeConfig
 from comera.version import __version__
 
@@ -65,7 +65,12 @@ _REQUIRED_KEYS = ("format_version", "library_version", "dtype", "layers", "tenso
 _FORMAT_1_KEYS = {"type": "kind", "ranks": "rank"}
 
 _MODEL_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
-_BUILTIN_MODEL_MODULES = ("comera.models.transformer", "comera.models.mlm", "comera.models.dlrm")
+_BUILTIN_MODEL_MODULES = (
+    "comera.models.transformer",
+    "comera.models.mlm",
+    "comera.models.dlrm",
+    "comera.workloads.lm.model",
+)
 """Modules whose import registers the built-in models (imported when a saved model names one)."""
 
 
@@ -356,17 +361,26 @@ def _materialise_meta(
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Give every meta parameter and buffer of ``root`` empty CPU storage (in place: shared tensors stay
     shared), to be filled from the saved weights; returns the swapped pairs, which a second
-    ``torch.utils.swap_tensors`` of each undoes. ``ValueError`` for a meta tensor that the save does not
-    hold (a non-persistent buffer), before anything is changed."""
+    ``torch.utils.swap_tensors`` of each undoes.
+
+    A meta buffer that the save does not hold (a non-persistent one, such as the rotary frequencies of a
+    Hugging Face LLaMA) is computed by the model's own ``_init_weights`` on the module holding it, in a
+    Hugging Face model (:func:`comera.tensorize.hf_init_weights`); the saved weights overwrite whatever else
+    that call initialises. In any other model it is refused with ``ValueError``, before anything is changed.
+    """
     named = [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]
     on_meta = [(name, tensor) for name, tensor in named if tensor.is_meta]
     missing = sorted(name for name, _ in on_meta if name not in saved_keys)
-    if missing:
+    hf_init = hf_init_weights(root)
+    if missing and hf_init is None:
         raise ValueError(
             f"{path}: the base model's tensor {missing[0]!r} is on the meta device and the save does not "
             f"hold it (a buffer that is not saved; {len(missing)} in all); build those buffers on a real "
             "device (only parameters and saved buffers may be on the meta device)"
         )
+    holders = {
+        id(module): module for module in (root.get_submodule(name.rpartition(".")[0]) for name in missing)
+    }
     swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
     done: set[int] = set()
     for _, tensor in on_meta:
@@ -378,6 +392,9 @@ def _materialise_meta(
             empty = nn.Parameter(empty, requires_grad=tensor.requires_grad)
         torch.utils.swap_tensors(tensor, empty)
         swapped.append((tensor, empty))
+    with torch.no_grad():
+        for module in holders.values():
+            hf_init(module)
     return swapped
 
 
@@ -405,7 +422,8 @@ def load_pretrained(directory: str | os.PathLike, base_model: nn.Module | None =
     layer stands for, e.g. an ``nn.Linear`` of the recorded sizes, or a layer of the recorded kind). On any
     error ``base_model`` is left as it was. A module reachable under several names is replaced under all.
     Parameters and saved buffers of ``base_model`` on the ``meta`` device are materialised on the CPU with
-    the saved values (shared ones stay shared); a meta buffer that the save does not hold is refused.
+    the saved values (shared ones stay shared); a meta buffer that the save does not hold (non-persistent)
+    is computed by a Hugging Face model's ``_init_weights`` and refused in any other model.
 
     Args:
         directory: the folder holding ``comera_config.json`` and ``model.safetensors``.
