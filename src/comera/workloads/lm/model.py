@@ -240,7 +240,8 @@ def next_token_loss(
     targets = labels[:, 1:]
     if pad_token_id is not None:
         targets = targets.masked_fill(targets == pad_token_id, IGNORE_INDEX)
-    scored = logits[:, :-1].flatten(0, 1).float()
+    scored = logits[:, :-1].flatten(0, 1)
+    scored = scored.to(torch.promote_types(scored.dtype, torch.float32))  # bfloat16 logits: the sum in fp32
     total = F.cross_entropy(scored, targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
     return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
