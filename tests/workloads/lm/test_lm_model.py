@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import comera
@@ -77,6 +77,7 @@ def test_logits_have_the_contracted_shape_and_long_inputs_are_refused():
         model(ids(1, 33))
 
 
+@settings(max_examples=12)
 @given(position=st.integers(0, 15), new_token=st.integers(0, 95), seed=st.integers(0, 2**16))
 def test_changing_token_t_leaves_every_earlier_logit_unchanged(position, new_token, seed):
     model = smoke()
@@ -252,9 +253,9 @@ def _defaults() -> dict:
 def test_a_few_steps_lower_the_loss_on_a_repeating_sequence(tensorized):
     model = (tensorized_smoke if tensorized else smoke)(torch.float32).train()
     tokens = torch.arange(8).repeat(4)[None, :].repeat(4, 1)  # 0..7 four times: predictable after one period
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-2)
     losses = []
-    for _ in range(30):
+    for _ in range(15):
         loss = model.loss(tokens)
         optimizer.zero_grad()
         loss.backward()
