@@ -22,6 +22,7 @@ persistent buffers are listed under ``"buffers"`` (so that reports can count par
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import os
@@ -364,9 +365,9 @@ def _materialise_meta(
     ``torch.utils.swap_tensors`` of each undoes.
 
     A meta buffer that the save does not hold (a non-persistent one, such as the rotary frequencies of a
-    Hugging Face LLaMA) is computed by the model's own ``_init_weights`` on the module holding it, in a
-    Hugging Face model (:func:`comera.tensorize.hf_init_weights`); the saved weights overwrite whatever else
-    that call initialises. In any other model it is refused with ``ValueError``, before anything is changed.
+    Hugging Face LLaMA) is computed by the model's own ``_init_weights`` (on a copy of the module holding
+    it), in a Hugging Face model (:func:`comera.tensorize.hf_init_weights`); in any other model it is
+    refused with ``ValueError``, before anything is changed.
     """
     named = [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]
     on_meta = [(name, tensor) for name, tensor in named if tensor.is_meta]
@@ -378,9 +379,6 @@ def _materialise_meta(
             f"hold it (a buffer that is not saved; {len(missing)} in all); build those buffers on a real "
             "device (only parameters and saved buffers may be on the meta device)"
         )
-    holders = {
-        id(module): module for module in (root.get_submodule(name.rpartition(".")[0]) for name in missing)
-    }
     swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
     done: set[int] = set()
     for _, tensor in on_meta:
@@ -392,10 +390,24 @@ def _materialise_meta(
             empty = nn.Parameter(empty, requires_grad=tensor.requires_grad)
         torch.utils.swap_tensors(tensor, empty)
         swapped.append((tensor, empty))
-    with torch.no_grad():
-        for module in holders.values():
-            hf_init(module)
+    _compute_unsaved_buffers(root, missing, hf_init)
     return swapped
+
+
+def _compute_unsaved_buffers(root: nn.Module, names: list[str], init: Callable[[nn.Module], None]) -> None:
+    """Fill the (materialised) buffers ``names`` of ``root`` with what ``init`` gives them, run on a copy of
+    each module holding one, so that nothing else of the base model changes."""
+    by_holder: dict[str, list[str]] = {}
+    for name in names:
+        holder, _, buffer = name.rpartition(".")
+        by_holder.setdefault(holder, []).append(buffer)
+    with torch.no_grad():
+        for holder, buffers in by_holder.items():
+            module = root.get_submodule(holder)
+            scratch = copy.deepcopy(module)
+            init(scratch)
+            for buffer in buffers:
+                module._buffers[buffer].copy_(scratch._buffers[buffer])
 
 
 def _check_state(
