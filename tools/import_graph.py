@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rank",),
     ("train",),
     ("methods",),
-    ("models", "data", "metrics", "baselines", "recipes", "bench", "demo"),
+    ("models", "workloads", "data", "metrics", "baselines", "recipes", "bench", "demo"),
     ("cli",),
 )
 BASE_LAYER = "base"
