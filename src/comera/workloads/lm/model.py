@@ -114,7 +114,8 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     # untied head: 58.07M parameters (2 * 32000 * 512 in the tables, 3.16M per block).
     "paper": {},
     # GaLore's llama_20m shape (4 layers, width 256, SwiGLU 688) with an 8192-token vocabulary: 7.4M
-    # parameters, a CPU run of about 15 minutes per method on 2 cores.
+    # parameters, sized for a CPU run of about 15 minutes per method on 2 cores (to be measured with the
+    # recipe, which comes later).
     "small": {"vocab_size": 8192, "hidden_size": 256, "n_layers": 4, "n_heads": 4, "intermediate_size": 688},
     # Tests: two tiny blocks; 88 = 8 x 11 keeps a prime factor in the MLP width, as 1376 = 32 x 43 does.
     "smoke": {
