@@ -22,6 +22,7 @@ persistent buffers are listed under ``"buffers"`` (so that reports can count par
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import os
@@ -39,7 +40,7 @@ from torch import nn
 from comera.atomic import atomic_replace_folder
 from comera.modules import replace_module, state_shapes, unwrap_model
 from comera.nn.layer import is_layer, layer_type
-from comera.tensorize import CONFIG_ATTRIBUTE, tensorize_configs
+from comera.tensorize import CONFIG_ATTRIBUTE, hf_init_weights, tensorize_configs
 from comera.tensorize_config import TensorizeConfig
 from comera.version import __version__
 
@@ -69,6 +70,7 @@ _BUILTIN_MODEL_MODULES = (
     "comera.workloads.nli.model",
     "comera.workloads.mlm.model",
     "comera.workloads.dlrm.model",
+    "comera.workloads.lm.model",
 )
 """Modules whose import registers the built-in models (imported when a saved model names one)."""
 
@@ -360,12 +362,18 @@ def _materialise_meta(
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Give every meta parameter and buffer of ``root`` empty CPU storage (in place: shared tensors stay
     shared), to be filled from the saved weights; returns the swapped pairs, which a second
-    ``torch.utils.swap_tensors`` of each undoes. ``ValueError`` for a meta tensor that the save does not
-    hold (a non-persistent buffer), before anything is changed."""
+    ``torch.utils.swap_tensors`` of each undoes.
+
+    A meta buffer that the save does not hold (a non-persistent one, such as the rotary frequencies of a
+    Hugging Face LLaMA) is computed by the model's own ``_init_weights`` (on a copy of the module holding
+    it), in a Hugging Face model (:func:`comera.tensorize.hf_init_weights`); in any other model it is
+    refused with ``ValueError``, before anything is changed.
+    """
     named = [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]
     on_meta = [(name, tensor) for name, tensor in named if tensor.is_meta]
     missing = sorted(name for name, _ in on_meta if name not in saved_keys)
-    if missing:
+    hf_init = hf_init_weights(root)
+    if missing and hf_init is None:
         raise ValueError(
             f"{path}: the base model's tensor {missing[0]!r} is on the meta device and the save does not "
             f"hold it (a buffer that is not saved; {len(missing)} in all); build those buffers on a real "
@@ -382,7 +390,24 @@ def _materialise_meta(
             empty = nn.Parameter(empty, requires_grad=tensor.requires_grad)
         torch.utils.swap_tensors(tensor, empty)
         swapped.append((tensor, empty))
+    _compute_unsaved_buffers(root, missing, hf_init)
     return swapped
+
+
+def _compute_unsaved_buffers(root: nn.Module, names: list[str], init: Callable[[nn.Module], None]) -> None:
+    """Fill the (materialised) buffers ``names`` of ``root`` with what ``init`` gives them, run on a copy of
+    each module holding one, so that nothing else of the base model changes."""
+    by_holder: dict[str, list[str]] = {}
+    for name in names:
+        holder, _, buffer = name.rpartition(".")
+        by_holder.setdefault(holder, []).append(buffer)
+    with torch.no_grad():
+        for holder, buffers in by_holder.items():
+            module = root.get_submodule(holder)
+            scratch = copy.deepcopy(module)
+            init(scratch)
+            for buffer in buffers:
+                module._buffers[buffer].copy_(scratch._buffers[buffer])
 
 
 def _check_state(
@@ -409,7 +434,8 @@ def load_pretrained(directory: str | os.PathLike, base_model: nn.Module | None =
     layer stands for, e.g. an ``nn.Linear`` of the recorded sizes, or a layer of the recorded kind). On any
     error ``base_model`` is left as it was. A module reachable under several names is replaced under all.
     Parameters and saved buffers of ``base_model`` on the ``meta`` device are materialised on the CPU with
-    the saved values (shared ones stay shared); a meta buffer that the save does not hold is refused.
+    the saved values (shared ones stay shared); a meta buffer that the save does not hold (non-persistent)
+    is computed by a Hugging Face model's ``_init_weights`` and refused in any other model.
 
     Args:
         directory: the folder holding ``comera_config.json`` and ``model.safetensors``.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ __all__ = [
     "untensorize_",
     "materialize_",
     "meta_init_std",
+    "hf_init_weights",
     "tensorize_configs",
     "CONFIG_ATTRIBUTE",
 ]
@@ -403,6 +404,15 @@ def _meta_holders(root: nn.Module) -> dict[int, tuple[torch.Tensor, list[tuple[n
     return holders
 
 
+def hf_init_weights(model: nn.Module) -> Callable[[nn.Module], None] | None:
+    """``model._init_weights`` of a Hugging Face model (one with a ``config`` and a callable
+    ``_init_weights(module)``, which initialises one module as the model's own ``init_weights`` would);
+    None for any other model."""
+    root = unwrap_model(model)
+    init = getattr(root, "_init_weights", None) if hasattr(root, "config") else None
+    return init if callable(init) else None
+
+
 def materialize_(model: nn.Module, device: torch.device | str = "cpu") -> nn.Module:
     """Give every parameter and buffer of ``model`` still on the meta device real storage on ``device`` and
     initialise it, in place; tensors already real (the cores :func:`tensorize_` created) are not touched.
@@ -427,9 +437,8 @@ def materialize_(model: nn.Module, device: torch.device | str = "cpu") -> nn.Mod
     root = unwrap_model(model)
     holders = _meta_holders(root)
     fresh = {id(module): module for _, places in holders.values() for module, _, _ in places}
-    hf_init = getattr(root, "_init_weights", None) if hasattr(root, "config") else None
-    if not callable(hf_init):
-        hf_init = None
+    hf_init = hf_init_weights(root)
+    if hf_init is None:
         needs_init = {
             id(module) for tensor, places in holders.values() if tensor.numel() for module, _, _ in places
         }

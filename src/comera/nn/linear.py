@@ -10,7 +10,9 @@ where ``W`` (``(out_features, in_features)``, as ``nn.Linear.weight``) is repres
 
 When ``in_shape`` / ``out_shape`` are not given they are chosen by :func:`comera.tt.shapes.auto_modes`: a
 balanced factorisation, padded up when the size folds badly (``in_features=97`` folds as ``98 = 7 x 14``).
-The padded rows of ``W`` multiply zeros and padded outputs are sliced off, so padding never changes results.
+Given shapes may pad the same way (a product larger than the size, e.g. ``out_shape=(16, 11, 8)`` for 1376
+outputs), which is also how a saved spec records an automatically padded layout so that it loads back. The
+padded rows of ``W`` multiply zeros and padded outputs are sliced off, so padding never changes results.
 The contraction order (:mod:`comera.tt.paths`) is picked per call from the batch size (``order="auto"``,
 the default) or fixed with ``order``. ``"auto"`` asks the cost model of :mod:`comera.tt.costs`; with
 autotuning on (:mod:`comera.tt.autotune`, the default) the first call of each call shape times the orders
@@ -463,8 +465,10 @@ class TTLinear(_TrainLinear):
         in_features: size of each input sample.
         out_features: size of each output sample.
         bias: learn an additive bias.
-        in_shape: input modes (product ``== in_features``); default: balanced, padded if needed.
-        out_shape: output modes (product ``== out_features``); default likewise.
+        in_shape: input modes (product ``>= in_features``: a larger product pads the weight with zero rows
+            that inputs never reach); default: balanced, padded if needed.
+        out_shape: output modes (product ``>= out_features``, padded outputs are sliced off); default
+            likewise.
         rank: max rank per bond (int) or one per bond (``len(in_shape) + len(out_shape) - 1`` ints);
             clipped to what the shapes allow.
         tau: gate threshold; gate entries with ``|g| <= tau`` are dead.
@@ -509,12 +513,14 @@ class TTLinear(_TrainLinear):
         check_int(out_features, "out_features", 1)
         check_float_dtype(dtype)
         self.in_shape = (
-            auto_modes(in_features) if in_shape is None else check_modes(in_shape, in_features, "in_shape")
+            auto_modes(in_features)
+            if in_shape is None
+            else check_modes(in_shape, in_features, "in_shape", allow_padding=True)
         )
         self.out_shape = (
             auto_modes(out_features, descending=True)
             if out_shape is None
-            else check_modes(out_shape, out_features, "out_shape")
+            else check_modes(out_shape, out_features, "out_shape", allow_padding=True)
         )
         modes = self.in_shape + self.out_shape
         shapes = tt_core_shapes(modes, resolve_ranks(rank, modes))
@@ -591,9 +597,11 @@ class TTMLinear(_TrainLinear):
 
     Args:
         in_features, out_features, bias: as ``nn.Linear``.
-        in_shape: row modes ``m_k`` (product ``== in_features``); default balanced, padded if needed.
-        out_shape: column modes ``n_k``; when it and ``in_shape`` differ in length, the shorter is padded
-            at the end with modes of size 1 (which change no index), so any two factorisations work.
+        in_shape: row modes ``m_k`` (product ``>= in_features``, a larger product pads with zero rows);
+            default balanced, padded if needed.
+        out_shape: column modes ``n_k`` (product ``>= out_features``, padded outputs are sliced off); when
+            it and ``in_shape`` differ in length, the shorter is padded at the end with modes of size 1
+            (which change no index), so any two factorisations work.
         rank: max rank per bond (int) or ``d - 1`` ints; clipped to what the shapes allow.
         tau: gate threshold.
         order: contraction order, ``"auto"`` or one of :data:`comera.tt.costs.ORDERS`.
@@ -623,9 +631,9 @@ class TTMLinear(_TrainLinear):
         check_int(out_features, "out_features", 1)
         check_float_dtype(dtype)
         if in_shape is not None:
-            in_shape = check_modes(in_shape, in_features, "in_shape")
+            in_shape = check_modes(in_shape, in_features, "in_shape", allow_padding=True)
         if out_shape is not None:
-            out_shape = check_modes(out_shape, out_features, "out_shape")
+            out_shape = check_modes(out_shape, out_features, "out_shape", allow_padding=True)
         if in_shape is not None and out_shape is not None:
             in_shape, out_shape = pad_mode_counts(in_shape, out_shape)
         given = in_shape or out_shape

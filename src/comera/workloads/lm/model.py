@@ -1,0 +1,316 @@
+"""A LLaMA-style decoder for causal language-model pre-training (workload 4), in one file.
+
+The layout is LLaMA's, as GaLore, APOLLO, Fira and CoLA pre-train it:
+
+    x = embed(input_ids)                                   (B, T) -> (B, T, D)
+    block (x n_layers)  x = x + o(attention(rotary(q(h)), rotary(k(h)), v(h)))   with h = norm(x)
+                        x = x + down(silu(gate(h)) * up(h))                       with h = norm(x)
+    logits = lm_head(norm(x))                              (B, T, D) -> (B, T, V)
+
+with RMSNorm before each sublayer and at the end, causal attention through
+``F.scaled_dot_product_attention(is_causal=True)``, rotary positions on queries and keys (Hugging Face's
+"rotate half" pairing: feature ``i`` turns with feature ``i + head_dim / 2``), a SwiGLU MLP, no biases, and
+an LM head that is its own matrix or tied to the embedding (``tie_embeddings``). Every projection is its own
+``nn.Linear`` (``attention.q/k/v/o``, ``mlp.gate/up/down``, ``lm_head``) so a :class:`comera.TensorizeConfig`
+targets each one; the tensorization presets live in :mod:`comera.workloads.lm.presets` (registered when
+this module is imported).
+
+Initialisation follows Hugging Face's LLaMA: linear and embedding weights from ``N(0, initializer_range)``,
+norm weights 1. The model follows Hugging Face's protocol for it (a ``config`` with ``initializer_range`` and
+an ``_init_weights(module)`` method), so a model built on the meta device and passed through
+:func:`comera.tensorize_` and :func:`comera.materialize_` is initialised as one built for real.
+
+The loss (:func:`next_token_loss`) is the mean cross entropy of predicting token ``t + 1`` from positions
+``<= t``, skipping targets equal to ``-100`` or to the padding id. Padding goes at the end of a sequence (a
+causal model never lets a later pad change an earlier position), so no attention mask is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from comera.checks import check_bool, check_int, check_number, check_optional_int
+from comera.io import MODEL_ATTRIBUTE, register_model
+from comera.workloads.lm import presets as _presets  # noqa: F401  (registers the lm-* tensorization presets)
+
+__all__ = [
+    "IGNORE_INDEX",
+    "MODEL_NAME",
+    "MODEL_PRESETS",
+    "LMConfig",
+    "LlamaLM",
+    "RMSNorm",
+    "SwiGLU",
+    "apply_rotary",
+    "next_token_loss",
+    "rotary_tables",
+]
+
+MODEL_NAME = "llama-lm"
+IGNORE_INDEX = -100
+"""The label of positions that carry no target (Hugging Face's convention)."""
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """Sizes of a :class:`LlamaLM` (the defaults are the ``paper`` preset, GaLore's ``llama_60m``).
+
+    Attributes:
+        vocab_size: rows of the token embedding and outputs of the LM head (>= 2).
+        hidden_size: model width ``D``; a multiple of ``n_heads`` with an even head size.
+        n_layers: decoder blocks (>= 1).
+        n_heads: attention heads; head size ``hidden_size // n_heads``.
+        intermediate_size: inner width of the SwiGLU MLP (>= 1).
+        max_seq_len: the longest input the model accepts (>= 1).
+        rope_theta: base of the rotary frequencies ``theta ** (-2i / head_size)`` (> 0).
+        norm_eps: epsilon of every RMSNorm (> 0).
+        initializer_range: std of the normal initialisation of linear and embedding weights (> 0).
+        tie_embeddings: the LM head reuses the embedding table (False: a separate matrix, as GaLore's
+            LLaMA models).
+        pad_token_id: the padding id, whose targets the loss skips; None when the data has no padding.
+    """
+
+    vocab_size: int = 32000
+    hidden_size: int = 512
+    n_layers: int = 8
+    n_heads: int = 8
+    intermediate_size: int = 1376
+    max_seq_len: int = 256
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    initializer_range: float = 0.02
+    tie_embeddings: bool = False
+    pad_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int(self.vocab_size, "vocab_size", 2)
+        for name in ("hidden_size", "n_layers", "n_heads", "intermediate_size", "max_seq_len"):
+            check_int(getattr(self, name), name, 1)
+        if self.hidden_size % self.n_heads or (self.hidden_size // self.n_heads) % 2:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be n_heads ({self.n_heads}) times an even head size "
+                "(rotary positions turn features in pairs)"
+            )
+        check_number(self.rope_theta, "rope_theta", 0.0, open_low=True)
+        check_number(self.norm_eps, "norm_eps", 0.0, open_low=True)
+        check_number(self.initializer_range, "initializer_range", 0.0, open_low=True)
+        check_bool(self.tie_embeddings, "tie_embeddings")
+        check_optional_int(self.pad_token_id, "pad_token_id", 0, self.vocab_size - 1)
+
+    @property
+    def head_dim(self) -> int:
+        """Features per attention head."""
+        return self.hidden_size // self.n_heads
+
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    # GaLore's llama_60m: 8 layers, width 512, 8 heads, SwiGLU 1376, 32000 tokens, 256-token sequences,
+    # untied head: 58.07M parameters (2 * 32000 * 512 in the tables, 3.16M per block).
+    "paper": {},
+    # GaLore's llama_20m shape (4 layers, width 256, SwiGLU 688) with an 8192-token vocabulary: 7.4M
+    # parameters, sized for a CPU run of about 15 minutes per method on 2 cores (to be measured with the
+    # recipe, which comes later).
+    "small": {"vocab_size": 8192, "hidden_size": 256, "n_layers": 4, "n_heads": 4, "intermediate_size": 688},
+    # Tests: two tiny blocks; 88 = 8 x 11 keeps a prime factor in the MLP width, as 1376 = 32 x 43 does.
+    "smoke": {
+        "vocab_size": 96,
+        "hidden_size": 32,
+        "n_layers": 2,
+        "n_heads": 4,
+        "intermediate_size": 88,
+        "max_seq_len": 32,
+    },
+}
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm: ``y = x / sqrt(mean(x ** 2, -1) + eps) * weight``, computed in at least
+    float32. Shapes: ``(*, dim) -> (*, dim)``, in the input's dtype."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def reset_parameters(self) -> None:
+        """Unit weights."""
+        nn.init.ones_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.promote_types(x.dtype, torch.float32))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotary_tables(
+    length: int,
+    head_dim: int,
+    theta: float,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` of the rotary angles ``t * theta ** (-2i / head_dim)`` (position ``t``, frequency
+    ``i``), each ``(length, head_dim // 2)``, computed in float64 and cast to ``dtype``."""
+    frequencies = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(length, device=device, dtype=torch.float64), frequencies)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Turn each pair ``(x[..., i], x[..., i + d/2])`` of ``x`` ``(B, H, T, d)`` by the angle of its position
+    and frequency (``cos``/``sin`` ``(T, d/2)``, :func:`rotary_tables`); returns ``(B, H, T, d)``."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with rotary positions and bias-free ``q``/``k``/``v``/``o``.
+
+    Shapes: ``x`` ``(B, T, D)``, ``cos``/``sin`` ``(T, head_dim / 2)`` -> ``(B, T, D)``.
+    """
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        width = config.hidden_size
+        self.n_heads = config.n_heads
+        self.q = nn.Linear(width, width, bias=False)
+        self.k = nn.Linear(width, width, bias=False)
+        self.v = nn.Linear(width, width, bias=False)
+        self.o = nn.Linear(width, width, bias=False)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        return x.view(batch, length, self.n_heads, width // self.n_heads).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q = apply_rotary(self._heads(self.q(x)), cos, sin)
+        k = apply_rotary(self._heads(self.k(x)), cos, sin)
+        context = F.scaled_dot_product_attention(q, k, self._heads(self.v(x)), is_causal=True)
+        return self.o(context.transpose(1, 2).flatten(2))
+
+
+class SwiGLU(nn.Module):
+    """LLaMA's MLP: ``down(silu(gate(x)) * up(x))``, bias-free. Shapes: ``(*, D) -> (*, D)``."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block: ``x + attention(norm(x))``, then ``x + mlp(norm(x))``.
+
+    Shapes: ``x`` ``(B, T, D)``, ``cos``/``sin`` ``(T, head_dim / 2)`` -> ``(B, T, D)``.
+    """
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.attention = Attention(config)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def next_token_loss(
+    logits: torch.Tensor, labels: torch.Tensor, pad_token_id: int | None = None
+) -> torch.Tensor:
+    """Mean cross entropy of ``logits[:, t]`` against ``labels[:, t + 1]`` over the targets that are neither
+    ``-100`` nor ``pad_token_id``; 0 when no target is left.
+
+    Shapes: ``logits`` ``(B, T, V)``, ``labels`` ``(B, T)`` int64 (usually the input ids) -> a scalar.
+    """
+    if logits.dim() != 3 or labels.shape != logits.shape[:2]:
+        raise ValueError(
+            f"logits must be (B, T, V) and labels (B, T), got {tuple(logits.shape)} and {tuple(labels.shape)}"
+        )
+    targets = labels[:, 1:]
+    if pad_token_id is not None:
+        targets = targets.masked_fill(targets == pad_token_id, IGNORE_INDEX)
+    scored = logits[:, :-1].flatten(0, 1)
+    scored = scored.to(torch.promote_types(scored.dtype, torch.float32))  # bfloat16 logits: the sum in fp32
+    total = F.cross_entropy(scored, targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+    return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
+
+
+@register_model(MODEL_NAME)
+class LlamaLM(nn.Module):
+    """The LLaMA-style decoder (module docstring for the layout).
+
+    Build with keyword sizes (the fields of :class:`LMConfig`), a ``config=``, or :meth:`from_preset`.
+    ``comera_model`` records the sizes so :func:`comera.load_pretrained` rebuilds it by name.
+
+    Forward shapes: ``input_ids`` ``(B, T)`` int64 with ``1 <= T <= max_seq_len`` -> logits ``(B, T, V)``;
+    position ``t`` sees the tokens ``<= t`` only.
+    """
+
+    def __init__(self, config: LMConfig | None = None, **sizes: Any) -> None:
+        super().__init__()
+        if config is not None and sizes:
+            raise ValueError(f"pass either config or keyword sizes, not both (got {sorted(sizes)})")
+        if config is None:
+            valid = [f.name for f in dataclasses.fields(LMConfig)]
+            unknown = sorted(set(sizes) - set(valid))
+            if unknown:
+                raise ValueError(f"unknown LlamaLM argument(s) {unknown}; valid: {valid}")
+            config = LMConfig(**sizes)
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.apply(self._init_weights)
+        setattr(self, MODEL_ATTRIBUTE, {"name": MODEL_NAME, "kwargs": dataclasses.asdict(config)})
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> LlamaLM:
+        """The model preset ``name`` ("paper", "small", "smoke") with the fields in ``overrides`` replaced,
+        e.g. ``LlamaLM.from_preset("small", vocab_size=tokenizer_size)``."""
+        if name not in MODEL_PRESETS:
+            raise ValueError(f"unknown LM preset {name!r}; valid presets: {sorted(MODEL_PRESETS)}")
+        return cls(**{**MODEL_PRESETS[name], **overrides})
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Hugging Face LLaMA's initialisation of one module: ``N(0, initializer_range)`` linear and
+        embedding weights, unit norms (also what :func:`comera.materialize_` calls on a meta-built model)."""
+        with torch.no_grad():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(0.0, self.config.initializer_range)
+            elif isinstance(module, RMSNorm):
+                module.reset_parameters()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if input_ids.dim() != 2 or not 1 <= input_ids.shape[1] <= self.config.max_seq_len:
+            raise ValueError(
+                f"input_ids must be (B, T) with 1 <= T <= max_seq_len ({self.config.max_seq_len}), got "
+                f"{tuple(input_ids.shape)}"
+            )
+        x = self.embed(input_ids)
+        cos, sin = rotary_tables(
+            input_ids.shape[1], self.config.head_dim, self.config.rope_theta, x.device, x.dtype
+        )
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.lm_head(self.norm(x))
+
+    def loss(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """:func:`next_token_loss` of the logits of ``input_ids`` (``(B, T)``) against ``labels`` (``(B, T)``,
+        default ``input_ids``), skipping the config's padding id; a scalar."""
+        labels = input_ids if labels is None else labels
+        return next_token_loss(self(input_ids), labels, self.config.pad_token_id)

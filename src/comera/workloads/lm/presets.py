@@ -1,0 +1,111 @@
+"""Tensorization presets of the language-model workload, registered with
+:func:`comera.tensorize_config.register_preset` on import.
+
+``lm-paper``, ``lm-small``, ``lm-smoke`` fit the :class:`~comera.workloads.lm.model.LlamaLM` presets of the
+same names: the attention projections ``q``/``k``/``v``/``o`` and the MLP's ``gate``/``up``/``down`` become
+:class:`comera.TTLinear`, the token embedding a :class:`comera.TTMEmbedding`. The LM head follows the
+embedding: a tied head (``tie_embeddings=True``) becomes a :class:`comera.TTMTiedHead` on the embedding's
+cores; an untied one a ``TTLinear`` with the linear rank and automatic shapes.
+
+The MLP width. 1376 = 2^5 x 43 (and the ``small`` preset's 688 = 2^4 x 43) has the prime 43, so no
+balanced three-mode folding exists. It is refactored, not padded: the output modes of ``gate``/``up`` are
+``(4, 8, 43)`` with the 43 on the train's last core (and ``down`` takes ``(43, 8, 4)`` on its first), where a
+core holds ``r x 43`` entries instead of ``r x 43 x r``. At rank 32, with the input modes ``(8, 8, 8)``:
+
+=====================  ========  =======  ===========================
+output modes           size      cores    largest rank of the last bond
+=====================  ========  =======  ===========================
+(4, 8, 43) (chosen)    1376      23,968   32
+(8, 11, 16)            1408      24,384   16
+(16, 11, 8)            1408      29,568   8
+(17, 9, 9) (automatic) 1377      30,385   9
+=====================  ========  =======  ===========================
+
+The refactored layout has the fewest parameters, every inner bond can reach rank 32, and no padded row or
+column is computed; padding to 1408 or 1440 (:func:`comera.suggest_padding`, or a padded ``shape_pattern``)
+costs 2-27% more cores, 2.3-4.7% wasted outputs, and caps the last bond at the size of the last mode.
+
+Ranks: ``paper`` 32 for linears and the embedding (the reference CoMERA code's 30/32 rounded to the
+modes); ``small`` 16 and 16; ``smoke`` 4 and 4.
+
+``lm-hf-llama`` and ``lm-hf-gpt2`` target Hugging Face's ``LlamaForCausalLM`` (``q_proj``, ``k_proj``,
+``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``, ``embed_tokens``) and
+``GPT2LMHeadModel`` (the ``Conv1D`` layers ``c_attn``, ``c_proj``, ``c_fc`` and ``wte``; GPT-2's ``lm_head``
+is tied to ``wte`` and becomes a ``TTMTiedHead``) with rank 16 and automatic shapes; override the rank with
+``tensorize_preset(name, rank=...)``. The learned positions of GPT-2 (``wpe``) stay dense.
+"""
+
+from __future__ import annotations
+
+from comera.tensorize_config import TensorizeConfig, register_preset
+
+__all__ = ["TENSORIZE_PRESETS", "lm_tensorize_config"]
+
+_LINEARS = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
+
+
+def lm_tensorize_config(
+    *,
+    linear_rank: int,
+    embedding_rank: int,
+    width: tuple[int, ...],
+    mlp: tuple[int, ...],
+    rows: tuple[int, ...],
+) -> TensorizeConfig:
+    """The config of a :class:`~comera.workloads.lm.model.LlamaLM`: TT projections, TTM embedding.
+
+    Args:
+        linear_rank: rank of every TT projection (and of an untied head).
+        embedding_rank: rank of the TTM embedding (and so of a tied head).
+        width: modes of the model width, ascending; the attention maps ``width -> reversed(width)``, the
+            MLP's ``gate``/``up`` read ``width`` and ``down`` writes ``reversed(width)``.
+        mlp: modes of the MLP width as ``gate``/``up`` write them; ``down`` reads them reversed.
+        rows: modes of the vocabulary (the embedding's rows); its columns take ``width``.
+    """
+    back = tuple(reversed(width))
+    return TensorizeConfig(
+        target_modules=_LINEARS,
+        embeddings=("embed",),
+        format="tt",
+        rank=linear_rank,
+        rank_pattern={"embed": embedding_rank},
+        shape_pattern={
+            "embed": {"row_shape": rows, "col_shape": width},
+            r"attention\.(q|k|v|o)": {"in_shape": width, "out_shape": back},
+            r"mlp\.(gate|up)": {"in_shape": width, "out_shape": mlp},
+            r"mlp\.down": {"in_shape": tuple(reversed(mlp)), "out_shape": back},
+        },
+    )
+
+
+TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
+    "lm-paper": lm_tensorize_config(
+        linear_rank=32, embedding_rank=32, width=(8, 8, 8), mlp=(4, 8, 43), rows=(40, 20, 40)
+    ),
+    "lm-small": lm_tensorize_config(
+        linear_rank=16, embedding_rank=16, width=(4, 8, 8), mlp=(4, 4, 43), rows=(16, 16, 32)
+    ),
+    "lm-smoke": lm_tensorize_config(linear_rank=4, embedding_rank=4, width=(4, 8), mlp=(8, 11), rows=(8, 12)),
+    "lm-hf-llama": TensorizeConfig(
+        target_modules=(
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+            "lm_head",
+        ),
+        embeddings=("embed_tokens",),
+        rank=16,
+    ),
+    "lm-hf-gpt2": TensorizeConfig(
+        target_modules=("c_attn", "c_proj", "c_fc", "lm_head"),
+        embeddings=("wte",),
+        rank=16,
+    ),
+}
+
+for _name, _config in TENSORIZE_PRESETS.items():
+    register_preset(_name, _config)

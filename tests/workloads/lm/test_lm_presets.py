@@ -1,0 +1,78 @@
+"""The tensorization presets of the language-model workload: what they convert, their layouts and sizes."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import comera
+from comera.tensorize_config import preset_names, tensorize_preset
+from comera.workloads.lm.model import LlamaLM
+
+TARGETS = ("attention.q", "attention.k", "attention.v", "attention.o", "mlp.gate", "mlp.up", "mlp.down")
+
+
+def tensorized(preset: str, **overrides) -> LlamaLM:
+    with torch.device("meta"):
+        model = LlamaLM.from_preset(preset, **overrides)
+    comera.tensorize_(model, tensorize_preset(f"lm-{preset}"))
+    return comera.materialize_(model)
+
+
+def test_presets_are_registered_when_the_model_module_is_imported():
+    assert {"lm-paper", "lm-small", "lm-smoke", "lm-hf-llama", "lm-hf-gpt2"} <= set(preset_names())
+
+
+@pytest.mark.parametrize("preset", ["paper", "small", "smoke"])
+@pytest.mark.parametrize("tie", [False, True])
+def test_every_projection_becomes_tt_and_the_embedding_ttm(preset, tie):
+    model = tensorized(preset, tie_embeddings=tie)
+    assert [name for name, m in model.named_modules() if isinstance(m, nn.Linear)] == []
+    for block in model.blocks:
+        for name in TARGETS:
+            assert isinstance(block.get_submodule(name), comera.TTLinear), name
+    assert isinstance(model.embed, comera.TTMEmbedding)
+    if tie:
+        assert isinstance(model.lm_head, comera.TTMTiedHead) and model.lm_head.embedding is model.embed
+    else:
+        assert isinstance(model.lm_head, comera.TTLinear)
+
+
+def test_paper_layouts_refactor_1376_exactly_and_keep_the_named_ranks():
+    model = tensorized("paper")
+    mlp = model.blocks[0].mlp
+    assert (mlp.up.in_shape, mlp.up.out_shape) == ((8, 8, 8), (4, 8, 43))
+    assert (mlp.down.in_shape, mlp.down.out_shape) == ((43, 8, 4), (8, 8, 8))
+    assert math.prod(mlp.up.out_shape) == 1376 == math.prod(mlp.down.in_shape)  # no padding
+    assert mlp.up.max_ranks == (8, 32, 32, 32, 32)
+    assert model.embed.row_shape == (40, 20, 40) and model.embed.col_shape == (8, 8, 8)
+    assert max(model.embed.max_ranks) == 32
+
+
+def test_the_docstring_table_of_1376_layouts_is_what_tt_linear_builds():
+    def cores(out_shape):
+        layer = comera.TTLinear(512, 1376, bias=False, in_shape=(8, 8, 8), out_shape=out_shape, rank=32)
+        return sum(core.numel() for core in layer.cores), layer.max_ranks[-1]
+
+    table = {(4, 8, 43): (23968, 32), (8, 11, 16): (24384, 16), (16, 11, 8): (29568, 8)}
+    for layout, expected in table.items():
+        assert cores(layout) == expected
+    automatic = comera.TTLinear(512, 1376, bias=False, rank=32)
+    assert automatic.out_shape == (17, 9, 9)
+    assert (sum(core.numel() for core in automatic.cores), automatic.max_ranks[-1]) == (30385, 9)
+
+
+@pytest.mark.parametrize("preset, at_least", [("paper", 5.0), ("small", 5.0)])
+def test_tensorized_layers_are_compressed_at_least_5x(preset, at_least):
+    with torch.device("meta"):
+        dense = LlamaLM.from_preset(preset)
+    targeted = sum(
+        module.weight.numel()
+        for name, module in dense.named_modules()
+        if isinstance(module, (nn.Linear, nn.Embedding)) and name != ""
+    )
+    model = tensorized(preset)
+    layers = [m for m in model.modules() if isinstance(m, (comera.TTLinear, comera.TTMEmbedding))]
+    stored = sum(core.numel() for layer in layers for core in layer.cores)
+    assert targeted / stored >= at_least
