@@ -5,7 +5,7 @@ the median of at least ``--repeats`` (>= 5) steps after warm-up. ``--sections`` 
 all five, in this order):
 
 - ``transformer`` (the paper's Fig. 1 comparison of training methods): for each method (dense, comera and
-  the baselines of :mod:`comera.baselines`) and each batch size (``--batches``, default 1, 32, 64, 128), the
+  the baselines of :mod:`comera.methods`) and each batch size (``--batches``, default 1, 32, 64, 128), the
   workload's recipe (``--workload``, default ``nli``: the six-encoder transformer) builds its data and dense
   model at ``--preset``, the method turns the model into what it trains (:meth:`Method.prepare`) and brings
   its objective and optimizer, exactly as ``comera train`` does; then one fixed batch of the training data is

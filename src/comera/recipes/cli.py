@@ -23,18 +23,13 @@ from comera.train.guard import NonFiniteError
 __all__ = ["main", "RECIPE_MODULES", "add_setting_arguments", "load_recipes", "summary"]
 
 RECIPE_MODULES: tuple[str, ...] = ("comera.recipes.nli", "comera.recipes.dlrm", "comera.recipes.mlm")
-"""Modules whose import registers the built-in recipes and methods."""
-METHOD_MODULES: tuple[str, ...] = (
-    "comera.baselines.galore",
-    "comera.baselines.apollo",
-    "comera.baselines.lte",
-    "comera.baselines.cola",
-)
+"""Modules whose import registers the built-in recipes (the built-in methods are registered by
+:mod:`comera.methods`)."""
 
 
 def load_recipes() -> None:
-    """Import every built-in recipe and baseline module so they are registered."""
-    for module in (*RECIPE_MODULES, *METHOD_MODULES):
+    """Import every built-in recipe module so they are registered."""
+    for module in RECIPE_MODULES:
         importlib.import_module(module)
 
 
