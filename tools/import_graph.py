@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rank",),
     ("train",),
     ("methods",),
-    ("models", "data", "metrics", "baselines", "recipes", "bench", "demo"),
+    ("models", "data", "metrics", "recipes", "bench", "demo"),
     ("cli",),
 )
 BASE_LAYER = "base"

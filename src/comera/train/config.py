@@ -6,8 +6,8 @@ count epochs or optimizer steps (``unit``). A method's own settings are not here
 ``target_ratio``, ``prune_at``, ``lr_cores`` ...) are :class:`comera.methods.comera.CoMERASettings` (the
 ``method`` section of a recipe run); :data:`MOVED_KEYS` names their new home when an old key is given.
 
-Intervals (``log_every``, ``eval_every``, ``checkpoint_every``) always count steps; ``None`` for eval and checkpoints means "at the end of every epoch".
-Every run also evaluates and checkpoints at its last step.
+Intervals (``log_every``, ``eval_every``, ``checkpoint_every``) always count steps; ``None`` for eval and
+checkpoints means "at the end of every epoch". Every run also evaluates and checkpoints at its last step.
 """
 
 from __future__ import annotations
