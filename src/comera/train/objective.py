@@ -123,9 +123,9 @@ class Objective:
         params = trainable_parameters(self.model.parameters())
         return [{"name": "other", "params": params, "lr": lr, "weight_decay": weight_decay}] if params else []
 
-    def begin_late_stage(self, *, late_steps: int) -> dict[str, Any]:
-        """Enter the late stage, which lasts ``late_steps`` steps; returns the details logged with the event.
-        Only for staged objectives."""
+    def begin_late_stage(self, *, late_steps: int | None = None) -> dict[str, Any]:
+        """Enter the late stage, which lasts ``late_steps`` steps (None: open-ended); returns the details
+        logged with the event. Only for staged objectives."""
         raise RuntimeError(f"the {self.name!r} objective has no late stage")
 
     def after_step(self, step: int) -> dict[str, Any] | None:

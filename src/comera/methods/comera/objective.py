@@ -105,7 +105,7 @@ class CoMERAObjective(Objective):
             weight_decay=weight_decay,
         )
 
-    def begin_late_stage(self, *, late_steps: int) -> dict[str, Any]:
+    def begin_late_stage(self, *, late_steps: int | None = None) -> dict[str, Any]:
         """:meth:`comera.RankAdaptation.begin_late_stage` with the settings' ``target_ratio``,
         ``target_loss``, ``rho``, ``ema`` and ``recovery`` (with ``late_steps``, the deadline of the trim)."""
         settings = self.settings
