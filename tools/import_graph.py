@@ -35,15 +35,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tensorize", "tensorize_config", "io", "report", "modules"),
     ("rank",),
     ("train",),
-    ("methods", "baselines"),
+    ("methods",),
     ("recipes", "data", "models", "metrics", "measure"),
     ("workloads",),
     ("bench",),
     ("commands",),
     ("cli",),
 )
-"""Layers from the bottom up; a file may import its own layer and those below. ``baselines`` shares the
-methods' layer until it becomes part of the ``methods`` package."""
+"""Layers from the bottom up; a file may import its own layer and those below."""
 SEPARATE: tuple[str, ...] = ("workloads",)
 """Layers whose folders are independent of each other (no import from one into another)."""
 BASE_LAYER = "base"

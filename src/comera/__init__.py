@@ -1,5 +1,6 @@
 """comera: train models directly in compressed tensor-train form, with ranks learned during training."""
 
+from comera import methods
 from comera.io import load_pretrained, register_model, save_pretrained
 from comera.nn import GatedTrain, TTLinear, TTMEmbedding, TTMEmbeddingBag, TTMLinear, TTMTiedHead
 from comera.rank import PruneResult, RankAdaptation, param_groups, prune_
@@ -29,6 +30,7 @@ __all__ = [
     "factorize",
     "load_pretrained",
     "materialize_",
+    "methods",
     "param_groups",
     "plot_run",
     "prune_",

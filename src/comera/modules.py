@@ -1,5 +1,6 @@
 """Walking and replacing modules in a model's tree.
 
+``trainable_parameters`` lists a model's trainable parameters once each (shared ones once, in order).
 ``unwrap_model`` looks through ``torch.compile`` (``_orig_mod``) and DDP / DataParallel (``module``) wrappers.
 ``replace_module`` swaps one module object for another under *every* name it is reachable by, so a module
 shared by two attributes (``self.b = self.a``) stays shared. ``state_shapes`` predicts the state dict a
@@ -8,14 +9,36 @@ tree would have after such swaps, without changing it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
 
-__all__ = ["unwrap_model", "set_submodule", "names_of", "replace_module", "state_shapes"]
+__all__ = [
+    "trainable_parameters",
+    "unwrap_model",
+    "set_submodule",
+    "names_of",
+    "replace_module",
+    "state_shapes",
+]
 
 _WRAPPER_NAMES = ("DistributedDataParallel", "DataParallel")
+
+
+def trainable_parameters(params: Iterable[nn.Parameter], seen: set[int] | None = None) -> list[nn.Parameter]:
+    """The parameters of ``params`` that require gradients and are not in ``seen`` (ids), each once, in order.
+
+    ``seen`` is updated in place with the ids returned, so successive calls split parameters into disjoint
+    groups (a parameter shared by two modules lands in the first group that lists it).
+    """
+    seen = set() if seen is None else seen
+    kept = []
+    for param in params:
+        if param.requires_grad and id(param) not in seen:
+            seen.add(id(param))
+            kept.append(param)
+    return kept
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

@@ -208,9 +208,9 @@ def _build_for_real(
     return layer.train(module.training)
 
 
-def _role(module: nn.Module, format: str = "tt") -> str | None:
+def _role(module: nn.Module, layer_format: str = "tt") -> str | None:
     """``"linear"`` or ``"embedding"``: the selection a dense module belongs to (None: not convertible)."""
-    layer = layer_for_dense(module, format)
+    layer = layer_for_dense(module, layer_format)
     return None if layer is None else layer.role
 
 

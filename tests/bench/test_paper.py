@@ -18,9 +18,6 @@ RECIPES = Path(__file__).parents[1] / "recipes"
 sys.path.insert(0, str(RECIPES))
 import toy  # noqa: E402, F401  (registers the toy recipe)
 
-import comera.baselines.cola  # noqa: E402, F401
-import comera.baselines.lte  # noqa: E402, F401
-
 
 def test_lte_heads_divide_the_batch():
     assert [paper.lte_heads(batch, 4) for batch in (1, 2, 6, 8, 9, 32)] == [1, 2, 3, 4, 3, 4]

@@ -10,7 +10,6 @@ import sys
 import pytest
 import toy  # noqa: F401  (registers the toy recipe)
 
-import comera.baselines.lte  # noqa: F401  (registers the lte method)
 from comera.commands import compare as compare_module
 from comera.commands.compare import compare, format_markdown
 from comera.recipes.run import SetupError

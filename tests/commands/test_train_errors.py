@@ -71,6 +71,6 @@ def test_a_corrupt_config_json_on_resume_is_named(tmp_path, capsys, no_data):
 
 
 def test_a_diverging_run_ends_with_one_line(tmp_path, capsys):
-    rates = [f"--set=train.{name}=1e30" for name in ("lr_cores", "lr_gates", "lr_other")]
+    rates = [f"--set=method.{name}=1e30" for name in ("lr_cores", "lr_gates")] + ["--set=train.lr_other=1e30"]
     error = _one_line_error(capsys, _train(tmp_path / "run", tmp_path / "cache", *rates), status=1)
     assert error.startswith("comera train: training diverged:") and str(tmp_path / "run") in error

@@ -8,7 +8,7 @@ from sklearn.metrics import accuracy_score
 
 from comera.methods import get_method
 from comera.recipes.run import SetupError, run
-from comera.recipes.settings import parse_assignment, resolve_settings
+from comera.recipes.settings import parse_assignment, resolve_settings, upgrade_run_header
 from comera.train import read_metrics
 
 PRESETS = toy.ToyRecipe.presets
@@ -37,6 +37,12 @@ def test_settings_layer_preset_method_file_and_assignments(tmp_path):
         ("tensorize.preset=nope", r"tensorize.preset 'nope' is not registered"),
         ("train.run_dir=x", r"unknown key train.run_dir"),
         ("hidden=3", r"--set expects section.key=value"),
+        ("train.gamma=0.1", r"train.gamma moved to method.gamma"),
+        ("train.prune_at=[]", r"train.prune_at moved to method.prune_at"),
+        ("method.gama=0.1", r"unknown key method.gama; valid keys of \[method\]: \[.*'gamma'"),
+        ("method.gamma=-1", r"gamma must be a finite number in \[0.0, inf\]"),
+        ("method.prune_at='end'", r"method.prune_at must be of type tuple, got 'end'"),
+        ("method.target_loss='low'", r"method.target_loss must be of type float or None"),
     ],
 )
 def test_bad_settings_name_the_key_and_the_choices(assignment, match):
@@ -51,7 +57,7 @@ def test_bad_settings_name_the_key_and_the_choices(assignment, match):
         ("auto", "train.compile=false", False),
         (False, "train.compile=auto", "auto"),
         (False, "train.compile=true", True),
-        (None, "train.tau=1", 1),
+        (None, "method.tau=1", 1),
         (None, "tensorize.embeddings=true", True),
         (None, "tensorize.embeddings=['table']", ["table"]),
     ],
@@ -78,6 +84,36 @@ def test_a_setting_takes_every_type_its_field_declares(preset_value, assignment,
 def test_a_value_of_another_type_is_refused_before_anything_is_built(assignment, match):
     with pytest.raises(ValueError, match=match):
         resolve_settings(PRESETS, "smoke", get_method("comera"), assignments=[assignment])
+
+
+def test_comera_settings_are_the_method_section(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text("[method]\ngamma = 0.5\nprune_at = ['end']\n")
+    settings = resolve_settings(
+        PRESETS, "smoke", get_method("comera"), config_file=config, assignments=["method.lr_cores=3e-3"]
+    )
+    assert settings["method"] == {
+        **get_method("comera").defaults,
+        "gamma": 0.5,
+        "prune_at": ["end"],
+        "lr_cores": 3e-3,
+    }
+    assert "gamma" not in settings["train"]
+    config.write_text("[train]\ngamma = 0.5\n")
+    with pytest.raises(ValueError, match=r"--config .*run\.toml: train.gamma moved to method.gamma"):
+        resolve_settings(PRESETS, "smoke", get_method("comera"), config_file=config)
+
+
+def test_an_old_run_header_is_read_with_comera_s_keys_in_the_method_section():
+    train = {"early": 2, "gamma": 0.5, "lr_gates": 0.1, "lr_other": 1e-3}
+    old = {"recipe": "toy", "method": "comera", "settings": {"train": train, "method": {}}}
+    upgraded = upgrade_run_header(old, get_method("comera"))
+    assert upgraded["settings"]["train"] == {"early": 2, "lr_other": 1e-3}
+    assert upgraded["settings"]["method"] == {**get_method("comera").defaults, "gamma": 0.5, "lr_gates": 0.1}
+    dense = upgrade_run_header({**old, "method": "dense"}, get_method("dense"))
+    assert dense["settings"] == {"train": {"early": 2, "lr_other": 1e-3}, "method": {}}
+    assert upgrade_run_header(upgraded, get_method("comera")) == upgraded
+    assert old["settings"]["train"]["gamma"] == 0.5, "the recorded header is not changed"
 
 
 def test_assignment_values_are_read_as_toml():

@@ -14,7 +14,7 @@ from comera.commands.train import main
 from comera.recipes.run import SetupError, run, strict_json
 from comera.train import read_metrics
 
-LATE_STAGE_MID_EPOCH = ['train.unit="step"', "train.early=4", "train.late=3", "train.target_ratio=0.3"]
+LATE_STAGE_MID_EPOCH = ['train.unit="step"', "train.early=4", "train.late=3", "method.target_ratio=0.3"]
 
 
 def _strict_load(path):
@@ -140,7 +140,7 @@ def test_unreadable_checkpoints_are_one_line_and_restart_keeps_the_old_files(kil
 @pytest.mark.parametrize("prune_at", [None, '["early_end"]'])
 def test_the_saved_model_holds_the_reported_parameters_when_the_late_stage_ends_mid_epoch(tmp_path, prune_at):
     out = tmp_path / "run"
-    extra = [] if prune_at is None else [f"train.prune_at={prune_at}"]
+    extra = [] if prune_at is None else [f"method.prune_at={prune_at}"]
     results = _run(tmp_path, out, assignments=[*LATE_STAGE_MID_EPOCH, *extra])
     base = toy.ToyRecipe().build_model({"hidden": 32}, None)
     saved = comera.load_pretrained(out / "model", base_model=base)

@@ -12,9 +12,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny import loss_fn, make_data, make_model  # noqa: E402
+from tiny import loss_fn, make_data, make_model, run_settings  # noqa: E402
 
-from comera.train import TrainConfig, Trainer  # noqa: E402
+from comera.methods.comera import CoMERAObjective  # noqa: E402
+from comera.train import Trainer  # noqa: E402
 
 KILL_CONFIG = {
     "early": 2,
@@ -32,6 +33,14 @@ KILL_CONFIG = {
 }
 
 
+def kill_trainer(run_dir: str, callbacks=()) -> Trainer:
+    """The Trainer of the killed and the uninterrupted runs (a fresh model with a dead gate)."""
+    config, settings = run_settings(run_dir=run_dir, **KILL_CONFIG)
+    model = make_model(dead_gate=True)
+    objective = CoMERAObjective(model, settings)
+    return Trainer(model, loss_fn, make_data(), config=config, objective=objective, callbacks=callbacks)
+
+
 def pause_after(step: int):
     def callback(trainer: Trainer) -> None:
         if trainer.step == step:
@@ -44,11 +53,8 @@ def pause_after(step: int):
 def main() -> None:
     run_dir, pause = sys.argv[1], int(sys.argv[2])
     torch.set_num_threads(1)
-    config = TrainConfig(run_dir=run_dir, **KILL_CONFIG)
     callbacks = [pause_after(pause)] if pause else []
-    Trainer(make_model(dead_gate=True), loss_fn, make_data(), config=config, callbacks=callbacks).fit(
-        resume=True
-    )
+    kill_trainer(run_dir, callbacks).fit(resume=True)
     print("DONE", flush=True)
 
 

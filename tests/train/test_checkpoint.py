@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kill_child import KILL_CONFIG
+from kill_child import kill_trainer
 from tiny import loss_fn, make_data, make_model
 
 from comera.train import TrainConfig, Trainer, latest_checkpoint, load_checkpoint, read_metrics
@@ -37,13 +37,13 @@ def test_sigkill_mid_run_then_resume_gives_identical_parameters(tmp_path):
     assert child.returncode == -signal.SIGKILL
     checkpoints = [step for step, _ in list_checkpoints(tmp_path / "killed" / "checkpoints")]
     assert checkpoints[-1] == 12, checkpoints  # forced by the prune at the end of the early stage
-    resumed = make_model(dead_gate=True)
-    config = TrainConfig(run_dir=str(tmp_path / "killed"), **KILL_CONFIG)
-    assert Trainer(resumed, loss_fn, make_data(), config=config).fit(resume=True).step == 24
+    resumed_trainer = kill_trainer(str(tmp_path / "killed"))
+    assert resumed_trainer.fit(resume=True).step == 24
+    resumed = resumed_trainer.module
 
-    model = make_model(dead_gate=True)
-    config = TrainConfig(run_dir=str(tmp_path / "whole"), **KILL_CONFIG)
-    Trainer(model, loss_fn, make_data(), config=config).fit()
+    whole = kill_trainer(str(tmp_path / "whole"))
+    whole.fit()
+    model = whole.module
     final = load_checkpoint(latest_checkpoint(tmp_path / "killed" / "checkpoints"))
     assert final["progress"]["step"] == 24
     expected = model.state_dict()

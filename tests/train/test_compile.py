@@ -7,6 +7,7 @@ keeps the test affordable on a small shared CPU; the run crosses a prune and the
 import torch
 from tiny import loss_fn, make_data, make_model, parameters_of
 
+from comera.methods.comera import CoMERAObjective
 from comera.train import TrainConfig, Trainer
 from comera.train.config import AUTO_COMPILE_MIN_STEPS
 
@@ -14,17 +15,10 @@ from comera.train.config import AUTO_COMPILE_MIN_STEPS
 def run(compile_step: bool):
     model = make_model(dropout=0.0, dead_gate=True)
     config = TrainConfig(
-        early=2,
-        late=1,
-        unit="step",
-        batch_size=16,
-        gamma=1.0,
-        lr_gates=0.05,
-        prune_at=("early_end",),
-        compile=compile_step,
-        compile_backend="eager",
+        early=2, late=1, unit="step", batch_size=16, compile=compile_step, compile_backend="eager"
     )
-    result = Trainer(model, loss_fn, make_data(), config=config).fit()
+    objective = CoMERAObjective(model, gamma=1.0, lr_gates=0.05, prune_at=("early_end",))
+    result = Trainer(model, loss_fn, make_data(), config=config, objective=objective).fit()
     return model, result
 
 

@@ -1,4 +1,5 @@
-"""TrainConfig: bad values are refused with the argument's name and range; the dict form round-trips."""
+"""TrainConfig: bad values are refused with the argument's name and range; the dict form round-trips; the keys
+that moved to CoMERA's settings name their new home."""
 
 import pytest
 
@@ -11,18 +12,9 @@ from comera.train import TrainConfig
         ({"early": -1}, "early must be an int >= 0"),
         ({"early": 0, "late": 0}, "early \\+ late must be >= 1"),
         ({"unit": "epochs"}, "unit must be one of"),
-        ({"gamma": float("nan")}, "gamma must be a finite number"),
-        ({"target_ratio": 0.0}, "target_ratio must be a finite number in \\(0.0, 1.0\\]"),
-        ({"target_ratio": 1.5}, "target_ratio"),
-        ({"early": 0, "late": 2}, "target_loss is required"),
-        ({"rho": (0.1,)}, "rho must be a pair"),
-        ({"ema": 1.0}, "ema must be a finite number in \\[0.0, 1.0\\)"),
-        ({"prune_at": "early_end"}, "prune_at must be a tuple"),
-        ({"prune_at": ("sometimes",)}, "prune_at must be a tuple of values from"),
         ({"batch_size": 0}, "batch_size must be an int >= 1"),
         ({"grad_clip": 0.0}, "grad_clip"),
         ({"keep_checkpoints": 0}, "keep_checkpoints must be an int >= 1"),
-        ({"surrogate": "l1"}, "surrogate must be one of"),
         ({"run_dir": 3}, "run_dir must be a path"),
         ({"eval_every": 0}, "eval_every must be an int >= 1"),
         ({"precision": "fp16"}, "precision must be one of"),
@@ -55,9 +47,9 @@ def test_bad_values_name_the_argument(overrides, message):
 
 
 def test_dict_round_trip_and_unknown_keys():
-    config = TrainConfig(early=2, late=3, rho=(0.2, 0.03), prune_at=("end",), target_loss=0.7)
+    config = TrainConfig(early=2, late=3, graph_buckets=None, lr_other=1e-3)
     values = config.to_dict()
-    assert values["rho"] == [0.2, 0.03] and values["prune_at"] == ["end"]
+    assert values["early"] == 2 and values["lr_other"] == 1e-3
     assert TrainConfig.from_dict(values) == config
     with pytest.raises(ValueError, match="unknown TrainConfig keys \\['epochs'\\]"):
         TrainConfig.from_dict({**values, "epochs": 3})
@@ -75,3 +67,11 @@ def test_paths_are_accepted_as_path_objects(tmp_path):
     config = TrainConfig(run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "ck")
     assert config.run_dir == str(tmp_path / "run") and config.checkpoint_dir == str(tmp_path / "ck")
     assert TrainConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize("key", ["gamma", "target_ratio", "prune_at", "lr_cores", "lr_gates", "tau"])
+def test_moved_keys_name_their_new_home(key):
+    with pytest.raises(TypeError, match=f"train.{key} moved to method.{key}.*CoMERASettings\\({key}="):
+        TrainConfig(early=2, **{key: 0.5})
+    with pytest.raises(ValueError, match=f"train.{key} moved to method.{key}"):
+        TrainConfig.from_dict({**TrainConfig().to_dict(), key: 0.5})

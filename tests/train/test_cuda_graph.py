@@ -11,8 +11,8 @@ from tiny import FEATURES, loss_fn, make_model
 from torch import nn
 
 from comera import prune_
+from comera.methods.comera import CoMERAObjective
 from comera.train.cuda_graph import STEP_VALUES, CudaGraphStep
-from comera.train.objective import CoMERAObjective
 from comera.train.padding import batch_length, check_buckets, choose_bucket, fill_static, pad_batch, pad_to
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -117,7 +117,7 @@ def test_bad_arguments_are_named(change, error, match):
 def _cuda_parts(seed=0, dead_gate=False):
     model = make_model(seed=seed, dropout=0.0, dead_gate=dead_gate).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
-    return model, optimizer, CoMERAObjective(model)
+    return model, optimizer, CoMERAObjective(model, target_ratio=0.5, target_loss=0.5)
 
 
 def _eager_step(model, optimizer, rank, batch, loss, grad_clip=None):
@@ -207,7 +207,7 @@ def test_recapture_after_prune_and_stage_switch_matches_eager():
             stepper.invalidate()
         if index == 6:
             for _, _, rank in (graph_parts, eager_parts):
-                rank.begin_late_stage(target_ratio=0.5, target_loss=0.5)
+                rank.begin_late_stage()
             stepper.invalidate()
         stepper.step(batch)
         _eager_step(*eager_parts, batch, _cuda_loss)

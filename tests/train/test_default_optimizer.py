@@ -3,9 +3,9 @@
 import torch
 from tiny import implementation, loss_fn, make_data, make_model, trainer_optimizer
 
+from comera.methods.comera import CoMERAObjective, CoMERASettings
 from comera.train import Trainer
 from comera.train.config import TrainConfig
-from comera.train.objective import CoMERAObjective
 from comera.train.setup import default_optimizer, fusable
 
 
@@ -16,7 +16,7 @@ def test_cpu_models_get_the_fused_kernel_and_the_same_update_as_the_plain_one():
     assert all(group["fused"] for group in optimizer.param_groups)
     twin = make_model()
     plain = torch.optim.AdamW(
-        CoMERAObjective(twin).param_groups(lr_cores=1e-3, lr_gates=1e-2, lr_other=1e-3, weight_decay=0.01),
+        CoMERAObjective(twin, lr_cores=1e-3, lr_gates=1e-2).param_groups(lr=1e-3, weight_decay=0.01),
         foreach=False,
     )
     for group in optimizer.param_groups:
@@ -55,9 +55,11 @@ def test_reference_loops_step_with_the_very_optimizer_the_trainer_builds():
     """The hand-written loops that tests compare with a Trainer bit for bit build their optimizer with
     ``tiny.trainer_optimizer``: it must be the Trainer's default in class, groups, rates and implementation
     (two AdamW implementations agree only to rounding, by an amount that depends on the CPU)."""
-    config = TrainConfig(lr_cores=2e-3, lr_gates=3e-2, lr_other=4e-3, weight_decay=0.05)
-    trainer = Trainer(make_model(), loss_fn, make_data(), config=config)
-    reference = trainer_optimizer(make_model(), config)
+    config = TrainConfig(lr_other=4e-3, weight_decay=0.05)
+    rates = CoMERASettings(lr_cores=2e-3, lr_gates=3e-2)
+    model = make_model()
+    trainer = Trainer(model, loss_fn, make_data(), config=config, objective=CoMERAObjective(model, rates))
+    reference = trainer_optimizer(make_model(), config, rates)
     assert type(reference) is type(trainer.optimizer)
     assert implementation(reference) == implementation(trainer.optimizer)
     assert settings(reference) == settings(trainer.optimizer)

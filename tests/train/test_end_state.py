@@ -7,6 +7,7 @@ import pytest
 from tiny import loss_fn, make_data, make_model
 
 from comera import GatedTrain
+from comera.methods.comera import CoMERAObjective
 from comera.train import TrainConfig, Trainer
 from comera.train.checkpoint import NoReadableCheckpointError
 
@@ -17,9 +18,10 @@ def _trains(model):
 
 def test_a_late_stage_ending_mid_epoch_leaves_the_model_at_its_active_ranks():
     # 48 samples in batches of 8: 6 steps per epoch; the late stage trims to its target at its last step
-    config = TrainConfig(early=4, late=3, unit="step", batch_size=8, target_ratio=0.3, plot=False)
+    config = TrainConfig(early=4, late=3, unit="step", batch_size=8, plot=False)
     model = make_model()
-    Trainer(model, loss_fn, make_data(), config=config).fit()
+    objective = CoMERAObjective(model, target_ratio=0.3)
+    Trainer(model, loss_fn, make_data(), config=config, objective=objective).fit()
     trains = _trains(model)
     assert [train.max_ranks for train in trains] != [train.max_ranks for train in _trains(make_model())]
     assert all(train.ranks == train.max_ranks for train in trains), "pruned at the end of training"

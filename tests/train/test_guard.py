@@ -5,9 +5,11 @@ import torch
 from tiny import loss_fn, make_data, make_model, parameters_of, trainer_optimizer
 
 from comera import RankAdaptation
+from comera.methods.comera import CoMERAObjective, CoMERASettings
 from comera.train import NonFiniteError, TrainConfig, Trainer, read_metrics
 
-RATES = {"lr_cores": 1e-3, "lr_gates": 1e-2, "lr_other": 1e-3}
+RATES = {"lr_other": 1e-3}
+GATED_RATES = CoMERASettings(lr_cores=1e-3, lr_gates=1e-2, prune_at=())  # the reference never prunes
 
 
 class Poisoned:
@@ -37,7 +39,7 @@ def reference_skipping(bad_calls, steps, config):
     model = make_model()
     torch.manual_seed(0)
     rank = RankAdaptation(model)
-    optimizer = trainer_optimizer(model, config)
+    optimizer = trainer_optimizer(model, config, GATED_RATES)
     batch_size = config.batch_size
     inputs, labels = make_data().tensors
     batches = [
@@ -65,11 +67,11 @@ def test_non_finite_steps_are_skipped_and_counted(kind, tmp_path, capsys):
         run_dir=str(tmp_path),
         plot=False,
         progress=True,
-        prune_at=(),  # the reference never prunes
         **RATES,
     )
     model = make_model()
-    trainer = Trainer(model, Poisoned(bad, kind), make_data(), config=config)
+    objective = CoMERAObjective(model, GATED_RATES)
+    trainer = Trainer(model, Poisoned(bad, kind), make_data(), config=config, objective=objective)
     result = trainer.fit()
     expected, expected_rank = reference_skipping(bad, 12, config)
     assert result.nonfinite == 2 and result.rollbacks == 0

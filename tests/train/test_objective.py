@@ -1,4 +1,5 @@
-"""Objectives: one Trainer loop for a dense baseline and for CoMERA; tau ownership; a detached loss."""
+"""Objectives: one Trainer loop for a dense baseline and for CoMERA; the default-objective and evaluation-hook
+registries; the generic hooks; tau ownership; a detached loss."""
 
 import math
 
@@ -7,9 +8,16 @@ import torch
 from tiny import CLASSES, FEATURES, loss_fn, make_data, make_model, parameters_of
 from torch import nn
 
+import comera.train.objective as objective_module
 from comera import TTLinear
+from comera.methods.comera import CoMERAObjective
 from comera.train import TrainConfig, Trainer, read_metrics
-from comera.train.objective import CoMERAObjective, TaskObjective, default_objective
+from comera.train.objective import (
+    TaskObjective,
+    default_objective,
+    register_default_objective,
+    register_evaluation_hook,
+)
 
 
 def dense_model(seed: int = 0) -> nn.Module:
@@ -54,10 +62,50 @@ def test_a_dense_model_trains_through_the_same_trainer_as_a_plain_adamw_loop(tmp
 
 
 def test_default_objective_follows_the_model():
-    assert isinstance(
-        default_objective(make_model(), gamma=0.01, tau=None, surrogate="size"), CoMERAObjective
-    )
-    assert isinstance(default_objective(dense_model(), gamma=0.01, tau=None, surrogate="size"), TaskObjective)
+    objective = default_objective(make_model())
+    assert isinstance(objective, CoMERAObjective) and objective.settings.gamma == 0.01
+    assert isinstance(default_objective(dense_model()), TaskObjective)
+    assert isinstance(Trainer(make_model(), loss_fn, make_data()).objective, CoMERAObjective)
+
+
+def test_a_registered_default_objective_factory_is_asked_first(monkeypatch):
+    monkeypatch.setattr(objective_module, "_DEFAULT_FACTORIES", list(objective_module._DEFAULT_FACTORIES))
+    asked = []
+
+    def only_dense(model):
+        asked.append(model)
+        return None if any(isinstance(m, TTLinear) for m in model.modules()) else TaskObjective(model)
+
+    assert register_default_objective(only_dense) is only_dense
+    register_default_objective(only_dense)
+    dense, gated = dense_model(), make_model()
+    assert type(default_objective(dense)) is TaskObjective and asked == [dense]
+    assert isinstance(default_objective(gated), CoMERAObjective), "falls through to the earlier factory"
+    with pytest.raises(TypeError, match="factory must be callable"):
+        register_default_objective("comera")
+
+
+def test_evaluation_hooks_run_before_every_evaluation(monkeypatch):
+    monkeypatch.setattr(objective_module, "_EVALUATION_HOOKS", [])
+    calls = []
+    register_evaluation_hook(lambda: calls.append("hook"))
+    config = TrainConfig(early=2, batch_size=16, plot=False)
+    Trainer(dense_model(), loss_fn, make_data(), eval_data=make_data(16, 3), config=config).fit()
+    assert calls == ["hook", "hook"], "one evaluation per epoch end"
+    with pytest.raises(TypeError, match="hook must be callable"):
+        register_evaluation_hook(None)
+
+
+def test_task_objective_hooks_do_nothing_and_give_one_group():
+    model = dense_model()
+    objective = TaskObjective(model)
+    assert not any(objective.prunes_at(point) for point in objective_module.STAGE_POINTS)
+    assert objective.structure() == {} and objective.prune(None) is None
+    objective.check_stages(early=0, late=3)
+    objective.set_precision("fp8")
+    (group,) = objective.param_groups(lr=0.5, weight_decay=0.1)
+    assert (group["name"], group["lr"], group["weight_decay"]) == ("other", 0.5, 0.1)
+    assert [id(p) for p in group["params"]] == [id(p) for p in model.parameters()]
 
 
 def test_task_objective_counts_trainable_entries_once():
@@ -68,12 +116,12 @@ def test_task_objective_counts_trainable_entries_once():
     assert objective.size() == sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert objective.device_state() == [] and objective.prune(None) is None
     with pytest.raises(RuntimeError, match="no late stage"):
-        objective.begin_late_stage(target_ratio=0.5)
+        objective.begin_late_stage(late_steps=3)
     with pytest.raises(ValueError, match="0-dim"):
         objective.loss(torch.ones(2))
 
 
-def test_tau_belongs_to_the_layers_unless_the_config_overrides_it():
+def test_tau_belongs_to_the_layers_unless_the_settings_override_it():
     model = make_model()
     for module in model.modules():
         if hasattr(module, "tau"):
@@ -81,7 +129,7 @@ def test_tau_belongs_to_the_layers_unless_the_config_overrides_it():
     trainer = Trainer(model, loss_fn, make_data(), config=TrainConfig(plot=False))
     assert trainer.objective.adaptation.tau == 0.05
     assert all(m.tau == 0.05 for m in model.modules() if hasattr(m, "gates"))
-    Trainer(model, loss_fn, make_data(), config=TrainConfig(plot=False, tau=0.2))
+    Trainer(model, loss_fn, make_data(), objective=CoMERAObjective(model, tau=0.2))
     assert all(m.tau == 0.2 for m in model.modules() if hasattr(m, "gates"))
 
 
@@ -104,10 +152,16 @@ def test_a_loss_detached_from_the_model_is_refused_at_the_first_step():
 
 
 def test_objective_state_round_trips_through_a_checkpoint(tmp_path):
-    config = TrainConfig(early=1, late=1, batch_size=16, run_dir=str(tmp_path), plot=False, target_loss=2.0)
-    first = Trainer(make_model(), loss_fn, make_data(), config=config)
+    config = TrainConfig(early=1, late=1, batch_size=16, run_dir=str(tmp_path), plot=False)
+
+    def trainer():
+        model = make_model()
+        objective = CoMERAObjective(model, target_loss=2.0)
+        return Trainer(model, loss_fn, make_data(), config=config, objective=objective)
+
+    first = trainer()
     first.fit()
-    resumed = Trainer(make_model(), loss_fn, make_data(), config=config)
+    resumed = trainer()
     resumed.fit(resume=True)
     a, b = first.objective.adaptation, resumed.objective.adaptation
     assert (b.stage, b.target_size, b.target_loss) == (a.stage, a.target_size, a.target_loss)

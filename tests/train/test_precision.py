@@ -4,6 +4,7 @@ import pytest
 import torch
 from tiny import loss_fn, make_data, make_model, parameters_of
 
+from comera.methods.comera import CoMERAObjective
 from comera.train import TrainConfig, Trainer
 
 
@@ -27,10 +28,11 @@ def train(precision, order=None):
             if hasattr(layer, "order"):
                 layer.order = order
     recorder = RecordingLoss()
-    config = TrainConfig(
-        early=2, batch_size=16, precision=precision, lr_cores=1e-2, lr_other=1e-2, eval_every=6
-    )
-    result = Trainer(model, recorder, make_data(), eval_data=make_data(), config=config).fit()
+    config = TrainConfig(early=2, batch_size=16, precision=precision, lr_other=1e-2, eval_every=6)
+    objective = CoMERAObjective(model, lr_cores=1e-2)
+    result = Trainer(
+        model, recorder, make_data(), eval_data=make_data(), config=config, objective=objective
+    ).fit()
     return model, recorder.dtypes, result
 
 

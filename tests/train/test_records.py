@@ -5,6 +5,7 @@ import json
 import pytest
 from tiny import accuracy_fn, loss_fn, make_data, make_model
 
+from comera.methods.comera import CoMERAObjective
 from comera.train import TrainConfig, Trainer, plot_run, rank_history, read_metrics
 
 pytest.importorskip("matplotlib")
@@ -13,13 +14,17 @@ pytest.importorskip("matplotlib")
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
-    config = TrainConfig(
-        early=1, late=1, batch_size=8, log_every=2, run_dir=str(run_dir), gamma=1.0, lr_gates=0.05, plot=False
-    )
+    config = TrainConfig(early=1, late=1, batch_size=8, log_every=2, run_dir=str(run_dir), plot=False)
     model = make_model(dead_gate=True)
     initial = sum(model[i].num_parameters() for i in (0, 3))
     trainer = Trainer(
-        model, loss_fn, make_data(), eval_data=make_data(16, 3), eval_fn=accuracy_fn, config=config
+        model,
+        loss_fn,
+        make_data(),
+        eval_data=make_data(16, 3),
+        eval_fn=accuracy_fn,
+        config=config,
+        objective=CoMERAObjective(model, gamma=1.0, lr_gates=0.05),
     )
     trainer.fit()
     return run_dir, model, initial

@@ -2,36 +2,38 @@
 
 import pytest
 import torch
-from tiny import accuracy_fn, loss_fn, make_data, make_model, parameters_of, trainer_optimizer
+from tiny import accuracy_fn, loss_fn, make_data, make_model, parameters_of, run_settings, trainer_optimizer
 from torch import nn
 
 import comera.train.trainer as trainer_module
 from comera import RankAdaptation, prune_
+from comera.methods.comera import CoMERAObjective, CoMERASettings
 from comera.nn.gated import DEFAULT_TAU
 from comera.train import TrainConfig, Trainer, read_metrics
-from comera.train.objective import CoMERAObjective
 
 FAST_GATES = {"gamma": 1.0, "lr_gates": 0.05, "lr_cores": 1e-3, "lr_other": 1e-3}
 
 
-def reference_run(config: TrainConfig, batches: list, epochs_early: int, epochs_late: int) -> nn.Module:
+def reference_run(
+    config: TrainConfig, settings: CoMERASettings, batches: list, epochs_early: int, epochs_late: int
+) -> nn.Module:
     """CoMERA written out by hand: early epochs, prune, late stage, prune after every late epoch."""
     model = make_model()
     torch.manual_seed(config.seed)
-    rank = RankAdaptation(model, gamma=config.gamma, tau=DEFAULT_TAU, surrogate=config.surrogate)
-    optimizer = trainer_optimizer(model, config)
+    rank = RankAdaptation(model, gamma=settings.gamma, tau=DEFAULT_TAU, surrogate=settings.surrogate)
+    optimizer = trainer_optimizer(model, config, settings)
     step = 0
     for epoch in range(epochs_early + epochs_late):
         if epoch == epochs_early:
             prune_(model, optimizer)
             late_steps = epochs_late * len(batches)
             rank.begin_late_stage(
-                config.target_ratio,
-                config.target_loss,
-                config.rho,
-                config.ema,
+                settings.target_ratio,
+                settings.target_loss,
+                settings.rho,
+                settings.ema,
                 late_steps=late_steps,
-                recovery=config.recovery,
+                recovery=settings.recovery,
             )
         for inputs, labels in batches:
             rank.loss(loss_fn(model, (inputs, labels))).backward()
@@ -51,15 +53,15 @@ def batches_of(dataset, size):
 
 @pytest.mark.parametrize("recovery", [0.3, 0.75])
 def test_two_stages_with_pruning_match_a_hand_written_loop(recovery):
-    config = TrainConfig(
+    config, settings = run_settings(
         early=2, late=2, batch_size=8, shuffle=False, target_ratio=0.5, recovery=recovery, **FAST_GATES
     )
     data = make_data()
     model = make_model()
     ranks_before = [layer.max_ranks for layer in (model[0], model[3])]
-    trainer = Trainer(model, loss_fn, data, config=config)
+    trainer = Trainer(model, loss_fn, data, config=config, objective=CoMERAObjective(model, settings))
     result = trainer.fit()
-    expected = reference_run(config, batches_of(data, 8), 2, 2)
+    expected = reference_run(config, settings, batches_of(data, 8), 2, 2)
     assert result.step == 24 and result.stage == "late"
     assert [layer.max_ranks for layer in (model[0], model[3])] != ranks_before, "nothing was pruned"
     got, want = parameters_of(model), parameters_of(expected)
@@ -69,15 +71,17 @@ def test_two_stages_with_pruning_match_a_hand_written_loop(recovery):
 
 
 def test_late_stage_target_is_a_fraction_of_the_size_at_the_switch(tmp_path):
-    config = TrainConfig(
+    config, settings = run_settings(
         early=5, late=3, unit="step", batch_size=8, target_ratio=0.4, run_dir=str(tmp_path), **FAST_GATES
     )
     sizes = {}
+    model = make_model()
     trainer = Trainer(
-        make_model(),
+        model,
         loss_fn,
         make_data(),
         config=config,
+        objective=CoMERAObjective(model, settings),
         callbacks=[lambda t: sizes.setdefault(t.step, t.objective.size())],
     )
     trainer.fit()
@@ -88,10 +92,10 @@ def test_late_stage_target_is_a_fraction_of_the_size_at_the_switch(tmp_path):
 
 
 def test_no_late_stage_and_no_pruning_when_not_configured():
-    config = TrainConfig(early=1, late=0, batch_size=8, prune_at=(), **FAST_GATES)
+    config, settings = run_settings(early=1, late=0, batch_size=8, prune_at=(), **FAST_GATES)
     model = make_model()
     shapes = [p.shape for p in model.parameters()]
-    trainer = Trainer(model, loss_fn, make_data(), config=config)
+    trainer = Trainer(model, loss_fn, make_data(), config=config, objective=CoMERAObjective(model, settings))
     assert trainer.fit().stage == "early"
     assert [p.shape for p in model.parameters()] == shapes
 
@@ -118,7 +122,7 @@ def test_evaluation_interval_and_values(tmp_path):
 
 def test_resume_from_a_pruned_late_stage_checkpoint_in_process(tmp_path):
     def config(run):
-        return TrainConfig(
+        return run_settings(
             early=2,
             late=2,
             batch_size=8,
@@ -129,13 +133,18 @@ def test_resume_from_a_pruned_late_stage_checkpoint_in_process(tmp_path):
             **FAST_GATES,
         )
 
+    def make_trainer(model, run):
+        run_config, settings = config(run)
+        objective = CoMERAObjective(model, settings)
+        return Trainer(model, loss_fn, make_data(), config=run_config, objective=objective)
+
     full_model = make_model()
-    Trainer(full_model, loss_fn, make_data(), config=config("full")).fit()
+    make_trainer(full_model, "full").fit()
     first = make_model()
-    Trainer(first, loss_fn, make_data(), config=config("part")).fit()
+    make_trainer(first, "part").fit()
     checkpoint = tmp_path / "part" / "checkpoints" / "step-00000015.pt"
     resumed = make_model()
-    trainer = Trainer(resumed, loss_fn, make_data(), config=config("part"))
+    trainer = make_trainer(resumed, "part")
     assert trainer.fit(resume=str(checkpoint)).step == 24
     assert resumed[0].max_ranks == full_model[0].max_ranks
     got, want = parameters_of(resumed), parameters_of(full_model)

@@ -14,6 +14,7 @@ import pytest
 from tiny import loss_fn, make_data, make_model
 from torch.optim.optimizer import _global_optimizer_post_hooks
 
+from comera.methods.comera import CoMERAObjective
 from comera.rank.adaptation import DUAL_RATE
 from comera.train import TrainConfig, Trainer, read_metrics
 
@@ -43,16 +44,14 @@ def test_the_controller_runs_once_per_applied_step(bad_call, tmp_path):
         late=LATE,
         unit="step",
         batch_size=8,
-        target_ratio=TARGET_RATIO,
-        recovery=0.0,
-        lr_gates=0.0,
         compile=False,
-        prune_at=(),
         run_dir=str(tmp_path),
         plot=False,
     )
+    model = make_model()
+    objective = CoMERAObjective(model, target_ratio=TARGET_RATIO, recovery=0.0, lr_gates=0.0, prune_at=())
     hooks = len(_global_optimizer_post_hooks)
-    trainer = Trainer(make_model(), NaNOnCall(bad_call), make_data(), config=config)
+    trainer = Trainer(model, NaNOnCall(bad_call), make_data(), config=config, objective=objective)
     result = trainer.fit()
     adaptation = trainer.objective.adaptation
     trims = [

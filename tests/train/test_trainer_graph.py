@@ -13,6 +13,7 @@ from torch import nn
 
 import comera.train.setup as train_setup
 import comera.train.trainer as trainer_module
+from comera.methods.comera import CoMERAObjective
 from comera.train import NonFiniteError, TrainConfig, Trainer, read_metrics
 from comera.train.guard import total_grad_norm
 from comera.train.setup import default_optimizer
@@ -85,7 +86,6 @@ def config(run_dir, cuda_graph, **overrides):
         "late": 3,
         "unit": "step",
         "batch_size": 16,
-        "prune_at": ("early_end",),
         "grad_clip": 1.0,
         "log_every": 1,
         "run_dir": str(run_dir),
@@ -94,6 +94,12 @@ def config(run_dir, cuda_graph, **overrides):
         **overrides,
     }
     return TrainConfig(**values)
+
+
+def make_trainer(model, loss, data, config, **options):
+    """A Trainer with CoMERA's objective pruning at the end of the early stage only."""
+    objective = CoMERAObjective(model, prune_at=("early_end",))
+    return Trainer(model, loss, data, config=config, objective=objective, **options)
 
 
 def train_records(run_dir):
@@ -111,8 +117,8 @@ def assert_same_parameters(got_model, want_model):
 def test_every_step_runs_through_the_graph_step_and_matches_eager(fakes, tmp_path):
     eager_model, graph_model = make_model(dead_gate=True), make_model(dead_gate=True)
     full_ranks = graph_model[0].max_ranks
-    eager = Trainer(eager_model, loss_fn, make_data(), config=config(tmp_path / "eager", False)).fit()
-    trainer = Trainer(graph_model, loss_fn, make_data(), config=config(tmp_path / "graph", True))
+    eager = make_trainer(eager_model, loss_fn, make_data(), config=config(tmp_path / "eager", False)).fit()
+    trainer = make_trainer(graph_model, loss_fn, make_data(), config=config(tmp_path / "graph", True))
     assert all(group["capturable"] for group in trainer.optimizer.param_groups)
     assert not trainer.compiles()
     result = trainer.fit()
@@ -139,10 +145,10 @@ def test_resume_invalidates_and_continues_like_an_uninterrupted_run(fakes, tmp_p
         return config(tmp_path / run, True, checkpoint_every=2, keep_checkpoints=10)
 
     full_model = make_model(dead_gate=True)
-    Trainer(full_model, loss_fn, make_data(), config=graph_config("full")).fit()
-    Trainer(make_model(dead_gate=True), loss_fn, make_data(), config=graph_config("part")).fit()
+    make_trainer(full_model, loss_fn, make_data(), config=graph_config("full")).fit()
+    make_trainer(make_model(dead_gate=True), loss_fn, make_data(), config=graph_config("part")).fit()
     resumed = make_model(dead_gate=True)
-    trainer = Trainer(resumed, loss_fn, make_data(), config=graph_config("part"))
+    trainer = make_trainer(resumed, loss_fn, make_data(), config=graph_config("part"))
     checkpoint = tmp_path / "part" / "checkpoints" / "step-00000004.pt"
     assert trainer.fit(resume=str(checkpoint)).step == 6
     ranks = full_model[0].max_ranks
@@ -162,7 +168,7 @@ def test_nonfinite_steps_are_counted_from_the_graph_values(fakes, tmp_path):
         model = make_model()
         overrides = {"early": 2, "late": 0, "unit": "epoch", "shuffle": False}
         run_config = config(tmp_path / str(cuda_graph), cuda_graph, **overrides)
-        return model, Trainer(model, loss_fn, nan_data(), config=run_config).fit()
+        return model, make_trainer(model, loss_fn, nan_data(), config=run_config).fit()
 
     (eager_model, eager), (graph_model, graph) = run(False), run(True)
     assert graph.nonfinite == eager.nonfinite == 2
@@ -174,7 +180,7 @@ def test_nonfinite_steps_are_counted_from_the_graph_values(fakes, tmp_path):
 
 def test_rollback_restores_and_invalidates(fakes, tmp_path):
     overrides = {"shuffle": False, "checkpoint_every": 1, "max_nonfinite": 1, "max_rollbacks": 1}
-    trainer = Trainer(make_model(), loss_fn, nan_data(), config=config(tmp_path, True, **overrides))
+    trainer = make_trainer(make_model(), loss_fn, nan_data(), config=config(tmp_path, True, **overrides))
     with pytest.raises(NonFiniteError, match="after 1 rollbacks"):
         trainer.fit()
     assert fakes[0].steps == 3  # good step, bad step, rollback to step 1, bad step again
@@ -187,23 +193,25 @@ def test_refusals_name_the_option(fakes, monkeypatch, tmp_path):
     plain = torch.optim.AdamW(model.parameters())
     for optimizer in (plain, torch.optim.SGD(model.parameters(), lr=0.1)):
         with pytest.raises(ValueError, match="optimizer must be torch.optim.AdamW or torch.optim.Adam built"):
-            Trainer(model, loss_fn, make_data(), config=config(tmp_path, True), optimizer=optimizer)
+            make_trainer(model, loss_fn, make_data(), config=config(tmp_path, True), optimizer=optimizer)
     monkeypatch.setattr(trainer_module, "world", lambda: (0, 2))
     with pytest.raises(ValueError, match="cuda_graph=True supports single-process runs only"):
-        Trainer(model, loss_fn, make_data(), config=config(tmp_path, True))
+        make_trainer(model, loss_fn, make_data(), config=config(tmp_path, True))
     assert not fakes
 
 
 def test_uneven_last_batch_is_refused_without_buckets(fakes, tmp_path):
     with pytest.raises(ValueError, match="50 samples leave a last batch of 2 \\(batch_size=16\\)"):
-        Trainer(make_model(), loss_fn, make_data(50), config=config(tmp_path, True))
-    trainer = Trainer(make_model(), loss_fn, make_data(50), config=config(tmp_path, True, drop_last=True))
+        make_trainer(make_model(), loss_fn, make_data(50), config=config(tmp_path, True))
+    trainer = make_trainer(
+        make_model(), loss_fn, make_data(50), config=config(tmp_path, True, drop_last=True)
+    )
     assert len(trainer.train_data) == 3
 
 
 def test_cpu_model_is_refused(tmp_path):
     with pytest.raises(ValueError, match="cuda_graph needs a CUDA model; on CPU use compile"):
-        Trainer(make_model(), loss_fn, make_data(), config=config(tmp_path, True))
+        make_trainer(make_model(), loss_fn, make_data(), config=config(tmp_path, True))
 
 
 def cuda_loss(model, batch):
@@ -216,7 +224,7 @@ def test_cuda_graph_trainer_matches_eager_on_cuda(tmp_path):
     def run(cuda_graph):
         model = make_model(dropout=0.0, dead_gate=True).cuda()
         run_config = config(tmp_path / str(cuda_graph), cuda_graph, compile=False, early=4, late=4)
-        return model, Trainer(model, cuda_loss, make_data(), config=run_config).fit()
+        return model, make_trainer(model, cuda_loss, make_data(), config=run_config).fit()
 
     (eager_model, eager), (graph_model, graph) = run(False), run(True)
     assert graph.step == eager.step == 8 and graph.stage == eager.stage == "late"

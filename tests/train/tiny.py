@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
 from comera import TTLinear, TTMLinear
+from comera.methods.comera import CoMERAObjective, CoMERASettings
 from comera.train.config import TrainConfig
-from comera.train.objective import CoMERAObjective
 from comera.train.setup import default_optimizer
 
 FEATURES = 12
@@ -63,12 +65,22 @@ IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable")
 """The ``torch.optim`` options that pick which kernels an optimizer step runs."""
 
 
-def trainer_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+def run_settings(**values) -> tuple[TrainConfig, CoMERASettings]:
+    """``values`` split into a :class:`TrainConfig` (the generic keys) and :class:`CoMERASettings` (CoMERA's
+    keys, which were ``TrainConfig`` fields before Reshape 2)."""
+    comera_keys = {field.name for field in dataclasses.fields(CoMERASettings)}
+    config = TrainConfig(**{key: value for key, value in values.items() if key not in comera_keys})
+    return config, CoMERASettings(**{key: value for key, value in values.items() if key in comera_keys})
+
+
+def trainer_optimizer(
+    model: nn.Module, config: TrainConfig, settings: CoMERASettings | None = None
+) -> torch.optim.Optimizer:
     """The optimizer a ``Trainer`` with ``config`` builds by default for ``model``: same class, groups, rates
     and implementation (:func:`comera.train.setup.default_optimizer`). A hand-written reference loop that
     compares parameters bit for bit with a Trainer run steps with it: PyTorch's AdamW implementations
     (fused, foreach, single-tensor) agree only to rounding, and by how much depends on the CPU."""
-    return default_optimizer(CoMERAObjective(model), config)
+    return default_optimizer(CoMERAObjective(model, settings), config)
 
 
 def implementation(optimizer: torch.optim.Optimizer) -> list[dict]:

@@ -5,7 +5,7 @@ the median of at least ``--repeats`` (>= 5) steps after warm-up. ``--sections`` 
 all five, in this order):
 
 - ``transformer`` (the paper's Fig. 1 comparison of training methods): for each method (dense, comera and
-  the baselines of :mod:`comera.baselines`) and each batch size (``--batches``, default 1, 32, 64, 128), the
+  the baselines of :mod:`comera.methods`) and each batch size (``--batches``, default 1, 32, 64, 128), the
   workload's recipe (``--workload``, default ``nli``: the six-encoder transformer) builds its data and dense
   model at ``--preset``, the method turns the model into what it trains (:meth:`Method.prepare`) and brings
   its objective and optimizer, exactly as ``comera train`` does; then one fixed batch of the training data is
@@ -93,7 +93,6 @@ from comera.measure import (
     update_section,
 )
 from comera.methods import MethodContext, get_method
-from comera.recipes.builtin_methods import load_methods
 from comera.recipes.settings import resolve_settings, tensorize_config
 from comera.report import compression_report
 from comera.train.config import TrainConfig
@@ -599,7 +598,6 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     for module in args.imports:
         importlib.import_module(module)
-    load_methods()
     if args.case is not None:
         return _run_one_case(args)
     problem = _check_names(args)

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from comera.measure import machine_description, update_section
+from comera.methods.comera import CoMERAObjective, CoMERASettings
 from comera.nn.linear import TTLinear
 from comera.rank.adaptation import RankAdaptation
 from comera.rank.groups import param_groups
@@ -104,14 +105,12 @@ class HandLoop:
 
 def trainer(batches: list, compile_step: bool = False, callbacks=()) -> Trainer:
     config = TrainConfig(
-        early=len(batches),
-        unit="step",
-        prune_at=(),
-        progress=False,
-        compile=compile_step,
-        **RATES,
+        early=len(batches), unit="step", progress=False, compile=compile_step, lr_other=RATES["lr_other"]
     )
-    return Trainer(make_model(), loss_fn, batches, config=config, callbacks=callbacks)
+    model = make_model()
+    settings = CoMERASettings(prune_at=(), lr_cores=RATES["lr_cores"], lr_gates=RATES["lr_gates"])
+    objective = CoMERAObjective(model, settings)
+    return Trainer(model, loss_fn, batches, config=config, objective=objective, callbacks=callbacks)
 
 
 def overhead(steps: int) -> dict[str, float]:

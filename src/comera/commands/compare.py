@@ -38,7 +38,6 @@ from comera.atomic import atomic_write_bytes
 from comera.commands.numbers import number, times
 from comera.commands.train import add_setting_arguments
 from comera.methods import get_method, method_names
-from comera.recipes.builtin_methods import load_methods
 from comera.recipes.folders import writable_folder
 from comera.recipes.run import (
     SetupError,
@@ -425,7 +424,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera compare``: 0 when every method ran, 1 when one failed, 2 for a bad command."""
-    load_methods()
     args = _parser().parse_args(argv)
     try:
         runs = compare(

@@ -37,7 +37,6 @@ from typing import Any
 
 from comera.bench.paper import run_fresh_case
 from comera.commands.compare import compare
-from comera.recipes.builtin_methods import load_methods
 from comera.recipes.run import SetupError, default_cache_dir
 from comera.workloads import load_recipe
 
@@ -243,7 +242,6 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera demo``."""
     args = _parse(argv)
     out = Path(args.out)
-    load_methods()
     presets = load_recipe(WORKLOAD).presets
     if not args.no_speed and args.speed_preset not in presets:
         choices = sorted(presets)

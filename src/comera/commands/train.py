@@ -15,7 +15,6 @@ import warnings
 
 from comera.commands.numbers import milliseconds, number, times
 from comera.methods import method_names
-from comera.recipes.builtin_methods import load_methods
 from comera.recipes.run import SetupError, default_run_dir, run
 from comera.train.guard import NonFiniteError
 from comera.workloads import load_recipe, workload_names
@@ -93,7 +92,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera train``."""
-    load_methods()
     args = _parser().parse_args(argv)
     presets = load_recipe(args.workload).presets
     if args.preset not in presets:

@@ -183,9 +183,10 @@ def is_layer(module: object) -> bool:
     return isinstance(module, ComeraLayer)
 
 
-def layer_for_dense(module: nn.Module, format: str) -> type[ComeraLayer] | None:
-    """The layer type converting ``module``: the one of ``format`` if several convert it; None if none."""
+def layer_for_dense(module: nn.Module, layer_format: str) -> type[ComeraLayer] | None:
+    """The layer type converting ``module``: the one of ``layer_format`` (``"tt"``, ``"ttm"``) if several
+    convert it; None if none."""
     candidates = [cls for cls in _LAYER_TYPES.values() if cls.converts(module)]
     if len(candidates) > 1:
-        candidates = [cls for cls in candidates if cls.format == format]
+        candidates = [cls for cls in candidates if cls.format == layer_format]
     return candidates[0] if len(candidates) == 1 else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from comera.checks import check_number
+from comera.modules import trainable_parameters
 from comera.rank.size import gated_trains
 
 __all__ = ["param_groups"]
@@ -28,17 +29,10 @@ def param_groups(
     decay = check_number(weight_decay, "weight_decay", 0.0)
     seen: set[int] = set()
     members: dict[str, list[nn.Parameter]] = {"cores": [], "gates": [], "other": []}
-
-    def add(group: str, params) -> None:
-        for param in params:
-            if param.requires_grad and id(param) not in seen:
-                seen.add(id(param))
-                members[group].append(param)
-
-    for _, train in gated_trains(model):
-        add("cores", train.cores)
-        add("gates", train.gates)
-    add("other", model.parameters())
+    for _, layer_train in gated_trains(model):
+        members["cores"] += trainable_parameters(layer_train.cores, seen)
+        members["gates"] += trainable_parameters(layer_train.gates, seen)
+    members["other"] += trainable_parameters(model.parameters(), seen)
     return [
         {"name": name, "params": params, "lr": rates[name], "weight_decay": 0.0 if name == "gates" else decay}
         for name, params in members.items()

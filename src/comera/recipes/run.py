@@ -45,11 +45,10 @@ from torch.utils.data import DataLoader
 from comera.atomic import atomic_write_bytes
 from comera.io import save_pretrained
 from comera.methods import Method, MethodContext, get_method
-from comera.rank import prune_
 from comera.recipes.base import Recipe, RecipeData, get_recipe
 from comera.recipes.fingerprint import data_fingerprint, fingerprint_difference
 from comera.recipes.folders import writable_folder
-from comera.recipes.settings import resolve_settings, tensorize_config
+from comera.recipes.settings import resolve_settings, tensorize_config, upgrade_run_header
 from comera.report import compression_report
 from comera.train.checkpoint import NoReadableCheckpointError
 from comera.train.config import TrainConfig
@@ -142,15 +141,20 @@ def _move_run_aside(out: Path) -> Path | None:
     return aside
 
 
-def _check_folder(out: Path, header: dict[str, Any], resume: bool, restart: bool) -> Path | None:
-    """Check ``out`` for the run; with ``restart``, move the files of a run in it aside and return where."""
+def _check_folder(
+    out: Path, header: dict[str, Any], method: Method, resume: bool, restart: bool
+) -> Path | None:
+    """Check ``out`` for the run; with ``restart``, move the files of a run in it aside and return where.
+
+    A ``config.json`` written before Reshape 2 (CoMERA's settings under ``train``) is compared as
+    :func:`comera.recipes.settings.upgrade_run_header` reads it, so such a run resumes."""
     if restart:
         return _move_run_aside(out)
     config_path = out / "config.json"
     if resume:
         if not config_path.exists():
             raise FileNotFoundError(f"--resume: {config_path} not found; there is no run to resume in {out}")
-        difference = header_difference(read_run_config(config_path), header)
+        difference = header_difference(upgrade_run_header(read_run_config(config_path), method), header)
         if difference is not None:
             raise ValueError(
                 f"--resume: the run in {out} cannot continue: {difference}; resume with the same command "
@@ -264,19 +268,20 @@ def run(
     if resume and restart:
         raise SetupError("--resume and --restart exclude each other: continue the run, or start it again")
     try:
-        setup = _set_up(
-            recipe_name,
-            method,
-            preset,
-            data,
-            config_file,
-            list(assignments),
-            out,
-            resume,
-            restart,
-            cache_dir,
-            progress,
+        request = _Request(
+            recipe_name=recipe_name,
+            method=method,
+            preset=preset,
+            data=data,
+            config_file=config_file,
+            assignments=tuple(assignments),
+            out=out,
+            resume=resume,
+            restart=restart,
+            cache_dir=cache_dir,
+            progress=progress,
         )
+        setup = _set_up(request)
     except (ValueError, FileNotFoundError, FileExistsError, TypeError, ImportError) as error:
         raise SetupError(str(error)) from error
     return _train(setup, resume, started)
@@ -312,6 +317,23 @@ def run_header(
     }
 
 
+@dataclass(frozen=True)
+class _Request:
+    """The arguments of :func:`run` that :func:`_set_up` reads."""
+
+    recipe_name: str
+    method: str
+    preset: str
+    data: str | Path | None
+    config_file: str | Path | None
+    assignments: tuple[str, ...]
+    out: str | Path | None
+    resume: bool
+    restart: bool
+    cache_dir: str | Path | None
+    progress: bool | None
+
+
 @dataclass
 class _Setup:
     recipe: Recipe
@@ -326,17 +348,26 @@ class _Setup:
     earlier_run: Path | None
 
 
-def _set_up(
-    recipe_name, method, preset, data, config_file, assignments, out, resume, restart, cache_dir, progress
-) -> _Setup:
-    recipe = get_recipe(recipe_name)
-    chosen = get_method(method)
-    header = run_header(recipe_name, method, preset, data, config_file=config_file, assignments=assignments)
+def _set_up(request: _Request) -> _Setup:
+    recipe = get_recipe(request.recipe_name)
+    chosen = get_method(request.method)
+    header = run_header(
+        request.recipe_name,
+        request.method,
+        request.preset,
+        request.data,
+        config_file=request.config_file,
+        assignments=request.assignments,
+    )
     settings = header["settings"]
-    out = Path(out) if out is not None else default_run_dir(recipe_name, preset, method)
-    data_path = None if data is None else Path(data)
-    earlier_run = _check_folder(out, header, resume, restart)
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    out = (
+        Path(request.out)
+        if request.out is not None
+        else default_run_dir(request.recipe_name, request.preset, request.method)
+    )
+    data_path = None if request.data is None else Path(request.data)
+    earlier_run = _check_folder(out, header, chosen, request.resume, request.restart)
+    cache = Path(request.cache_dir) if request.cache_dir is not None else default_cache_dir()
     writable_folder(out, "--out")
     writable_folder(cache, "--cache")
     recipe_data = recipe.build_data(settings["data"], data_path, cache)
@@ -344,9 +375,11 @@ def _set_up(
     torch.manual_seed(settings["train"].get("seed", 0))
     model = recipe.build_model(settings["model"], recipe_data)
     dense_params = compression_report(model).model_dense_params
-    train_config = TrainConfig.from_dict({**settings["train"], "run_dir": str(out), "progress": progress})
+    run_config = TrainConfig.from_dict(
+        {**settings["train"], "run_dir": str(out), "progress": request.progress}
+    )
     context = MethodContext(
-        tensorize=tensorize_config(settings), settings=settings["method"], train=train_config
+        tensorize=tensorize_config(settings), settings=settings["method"], train=run_config
     )
     model = chosen.prepare(model, context)
     first_eval = next(iter(recipe_data.evals.values()), None)
@@ -354,7 +387,7 @@ def _set_up(
         model,
         recipe.loss_fn,
         recipe_data.train,
-        config=train_config,
+        config=run_config,
         objective=chosen.objective(model, context),
         optimizer=chosen.optimizer(model, context),
         eval_data=first_eval,
@@ -389,7 +422,7 @@ def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
             f"{_aside_name(out)})"
         ) from error
     earlier_time = max(fit.train_time_s - (time.perf_counter() - fit_started), 0.0)
-    pruned = trainer.objective.prunes and prune_(model).changed
+    pruned = trainer.objective.prune(None) is not None
     if pruned:  # the saved model holds what is reported: its active ranks (the function is unchanged)
         trainer.last_eval = {}
     evaluation = _evaluate_splits(trainer, recipe, data, settings)

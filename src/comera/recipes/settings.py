@@ -2,8 +2,14 @@
 
 Every key must exist in the preset (``model``, ``data``), be a :class:`comera.TrainConfig` field (``train``),
 a :class:`comera.TensorizeConfig` field or ``preset`` (``tensorize``), or one of the method's settings
-(``method``). A ``train`` or ``tensorize`` value must have a type its field declares (``train.compile`` takes
-``true``, ``false`` or ``"auto"``, whatever the preset set); any other value must have its default's type. An
+(``method``: for ``comera`` the fields of :class:`comera.methods.comera.CoMERASettings`). A key that moved
+from ``train`` to ``method`` in Reshape 2 (``train.gamma``, ``train.prune_at`` ...) raises ``ValueError``
+naming its new key (``train.gamma moved to method.gamma``); :func:`upgrade_run_header` reads the
+``config.json`` of a run folder written before, so such a run still resumes.
+
+A ``train``, ``tensorize`` or dataclass-backed ``method`` value must have a type its field declares
+(``train.compile`` takes ``true``, ``false`` or ``"auto"``, whatever the preset set); any other value must
+have its default's type. An
 int is accepted for a float, a list for a tuple. Anything else raises ``ValueError`` naming the key and the
 valid choices, before any data is read or model built.
 """
@@ -22,14 +28,14 @@ from typing import Any
 from comera.data.files import utf8_text
 from comera.methods import Method
 from comera.tensorize_config import TensorizeConfig, preset_names, tensorize_preset
-from comera.train.config import TrainConfig
+from comera.train.config import MOVED_KEYS, TrainConfig, moved_key_message
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:
     import tomli as tomllib
 
-__all__ = ["SECTIONS", "resolve_settings", "parse_assignment", "tensorize_config"]
+__all__ = ["SECTIONS", "resolve_settings", "parse_assignment", "tensorize_config", "upgrade_run_header"]
 
 SECTIONS = ("model", "data", "train", "tensorize", "method")
 _RUN_OWNED = ("run_dir", "checkpoint_dir")
@@ -126,11 +132,21 @@ def _same_kind(value: Any, default: Any) -> bool:
     return isinstance(value, type(default))
 
 
-def _apply(settings: dict[str, Any], section: str, key: str, value: Any, valid: dict[str, Any], where: str):
+def _apply(
+    settings: dict[str, Any],
+    section: str,
+    key: str,
+    value: Any,
+    valid: dict[str, Any],
+    where: str,
+    declared_types: dict[str, dict[str, Any]],
+):
+    if section == "train" and key in MOVED_KEYS:
+        raise ValueError(f"{where}: {moved_key_message(key)}")
     if key not in valid:
         raise ValueError(f"{where}: unknown key {section}.{key}; valid keys of [{section}]: {sorted(valid)}")
     default = settings[section].get(key, valid[key])
-    declared = _DECLARED.get(section, {}).get(key)
+    declared = declared_types.get(section, {}).get(key)
     if declared is not None and not _fits(value, declared):
         raise ValueError(f"{where}: {section}.{key} must be of type {_type_name(declared)}, got {value!r}")
     if declared is None and not _same_kind(value, default):
@@ -170,9 +186,12 @@ def resolve_settings(
     settings["method"] = dict(method.defaults)
     defaults = {section: dict(settings[section]) for section in SECTIONS}
     valid = {section: _valid_keys(section, defaults[section], method) for section in SECTIONS}
+    declared = {**_DECLARED, "method": {}}
+    if method.settings_type is not None:
+        declared["method"] = _declared_types(method.settings_type)
     for section, values in (per_method.get(method.name) or {}).items():
         for key, value in values.items():
-            _apply(settings, section, key, value, valid[section], f"preset {preset!r}")
+            _apply(settings, section, key, value, valid[section], f"preset {preset!r}", declared)
     if config_file is not None:
         path = Path(config_file)
         for section, values in _read_toml(path).items():
@@ -181,20 +200,42 @@ def resolve_settings(
                     f"--config {path}: unknown table [{section}]; valid tables: {list(SECTIONS)}"
                 )
             for key, value in values.items():
-                _apply(settings, section, key, value, valid[section], f"--config {path}")
+                _apply(settings, section, key, value, valid[section], f"--config {path}", declared)
     for text in assignments:
         section, key, value = parse_assignment(text)
         if section not in SECTIONS:
             raise ValueError(f"--set {text!r}: unknown section {section!r}; valid sections: {list(SECTIONS)}")
-        _apply(settings, section, key, value, valid[section], f"--set {text!r}")
+        _apply(settings, section, key, value, valid[section], f"--set {text!r}", declared)
     name = settings["tensorize"].get("preset")
     if name not in preset_names():
         raise ValueError(
             f"tensorize.preset {name!r} is not registered; registered presets: {list(preset_names())}"
         )
     TrainConfig.from_dict(settings["train"])
+    method.check_settings(settings["method"])
     tensorize_config(settings)
     return settings
+
+
+def upgrade_run_header(recorded: dict[str, Any], method: Method) -> dict[str, Any]:
+    """A run folder's ``config.json`` (``recorded``) as the current code writes it, for comparison.
+
+    A folder written before Reshape 2 kept CoMERA's settings in ``settings.train`` (:data:`MOVED_KEYS`):
+    for a ``comera`` run they move to ``settings.method`` over the method's defaults (its ``method`` section
+    was empty then); for any other method they are dropped (no baseline read them). A current header is
+    returned unchanged.
+    """
+    settings = recorded.get("settings")
+    if not isinstance(settings, dict) or not isinstance(settings.get("train"), dict):
+        return recorded
+    moved = {key: value for key, value in settings["train"].items() if key in MOVED_KEYS}
+    if not moved:
+        return recorded
+    train = {key: value for key, value in settings["train"].items() if key not in MOVED_KEYS}
+    section = dict(settings.get("method") or {})
+    if recorded.get("method") == "comera":
+        section = {**method.defaults, **section, **moved}
+    return {**recorded, "settings": {**settings, "train": train, "method": section}}
 
 
 def tensorize_config(settings: dict[str, Any]) -> TensorizeConfig:

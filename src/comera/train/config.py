@@ -1,10 +1,13 @@
-"""``TrainConfig``: every setting of a CoMERA training run, checked on construction (docs/method.md §4, §7).
+"""``TrainConfig``: the generic settings of a training run (any method), checked on construction.
 
-A run has an early stage (weighted sum of task loss and size surrogate) and, when ``late > 0``, a late stage
-(achievement scalarisation toward ``target_ratio`` of the size reached at the end of the early stage). Stage
-lengths count epochs or optimizer steps (``unit``). Intervals (``log_every``, ``eval_every``,
-``checkpoint_every``) always count steps; ``None`` for eval and checkpoints means "at the end of every epoch".
-Every run also evaluates and checkpoints at its last step.
+A run has an early stage and, when ``late > 0``, a late stage; an objective with stages (CoMERA's:
+docs/method.md §4) switches between them, any other runs ``early + late`` of the same objective. Stage lengths
+count epochs or optimizer steps (``unit``). A method's own settings are not here: CoMERA's (``gamma``,
+``target_ratio``, ``prune_at``, ``lr_cores`` ...) are :class:`comera.methods.comera.CoMERASettings` (the
+``method`` section of a recipe run); :data:`MOVED_KEYS` names their new home when an old key is given.
+
+Intervals (``log_every``, ``eval_every``, ``checkpoint_every``) always count steps; ``None`` for eval and
+checkpoints means "at the end of every epoch". Every run also evaluates and checkpoints at its last step.
 """
 
 from __future__ import annotations
@@ -17,19 +20,38 @@ from dataclasses import dataclass
 from typing import Any
 
 from comera.checks import check_int, check_number, check_optional_int
-from comera.rank.adaptation import DEFAULT_RECOVERY
-from comera.rank.surrogate import SURROGATES
 from comera.train.padding import check_buckets
 
-__all__ = ["TrainConfig", "AUTO_COMPILE_MIN_STEPS", "PRUNE_POINTS", "PRECISIONS", "UNITS"]
+__all__ = ["TrainConfig", "AUTO_COMPILE_MIN_STEPS", "MOVED_KEYS", "PRECISIONS", "UNITS", "moved_key_message"]
 
 UNITS = ("epoch", "step")
 PRECISIONS = ("fp32", "bf16", "fp8")
 AUTO_COMPILE_MIN_STEPS = 10_000
 """With ``compile="auto"``, CPU runs of at least this many steps compile the training step."""
-PRUNE_POINTS = ("early_end", "late_epoch", "epoch", "end")
-"""Where :func:`comera.prune_` runs: end of the early stage, end of every late-stage epoch, end of every
-epoch, end of training. An empty tuple never prunes."""
+MOVED_KEYS = (
+    "gamma",
+    "tau",
+    "surrogate",
+    "target_ratio",
+    "target_loss",
+    "rho",
+    "ema",
+    "recovery",
+    "prune_at",
+    "lr_cores",
+    "lr_gates",
+)
+"""Keys that were ``TrainConfig`` fields before Reshape 2 and are now CoMERA's settings
+(:class:`comera.methods.comera.CoMERASettings`, the ``method`` section of a recipe run)."""
+
+
+def moved_key_message(key: str) -> str:
+    """Where the old ``TrainConfig`` field ``key`` (one of :data:`MOVED_KEYS`) lives now."""
+    return (
+        f"train.{key} moved to method.{key}: CoMERA's settings are "
+        f"comera.methods.comera.CoMERASettings({key}=...), passed as "
+        f"Trainer(..., objective=CoMERAObjective(model, settings)) or --set method.{key}=..."
+    )
 
 
 def _pad_key(key: object) -> bool:
@@ -48,21 +70,10 @@ class TrainConfig:
         early: length of the early stage (>= 0) in ``unit``s. Paper: 20 epochs.
         late: length of the late stage (>= 0); 0 skips it. Paper: 10 epochs.
         unit: ``"epoch"`` or ``"step"``.
-        gamma, surrogate: early-stage size weight and size surrogate (see :class:`comera.RankAdaptation`).
-        tau: gate threshold; None (default) keeps the one the layers were built with (``TensorizeConfig.tau``
-            owns it), a number overrides every gated layer's when the Trainer is built.
-        target_ratio: late-stage size target as a fraction of the size at the end of the early stage, (0, 1].
-        target_loss: late-stage loss target ``L*``; None = 1.05 x the smoothed loss at the stage switch.
-        rho: late-stage augmentation weights ``(rho_loss, rho_size)``.
-        ema: decay of the loss moving average used by the late-stage switch, [0, 1).
-        recovery: fraction of the late stage kept for recovery after the exact trim to the target, [0, 1):
-            the trim happens at the latest after ``1 - recovery`` of the late stage.
-        prune_at: subset of :data:`PRUNE_POINTS`; empty never prunes. The default prunes at the end of
-            the early stage, of every late-stage epoch and of training (so the trained model holds its
-            active ranks even when the late stage ends mid-epoch).
 
-    Optimisation (default optimizer: AdamW on :func:`comera.param_groups`):
-        lr_cores, lr_gates, lr_other, weight_decay: the three groups' learning rates and decay.
+    Optimisation (default optimizer: AdamW on the objective's ``param_groups``):
+        lr_other, weight_decay: the learning rate of the parameters the objective gives no rate of its own
+            (every parameter for a task-loss objective; CoMERA's cores and gates have theirs), and the decay.
         grad_clip: clip the total gradient norm to this value (> 0); None = no clipping.
 
     Data (used when the training data is a map-style dataset; iterables bring their own batching):
@@ -112,17 +123,6 @@ class TrainConfig:
     early: int = 1
     late: int = 0
     unit: str = "epoch"
-    gamma: float = 0.01
-    tau: float | None = None
-    surrogate: str = "size"
-    target_ratio: float = 0.5
-    target_loss: float | None = None
-    rho: tuple[float, float] = (0.1, 0.01)
-    ema: float = 0.98
-    recovery: float = DEFAULT_RECOVERY
-    prune_at: tuple[str, ...] = ("early_end", "late_epoch", "end")
-    lr_cores: float = 1e-4
-    lr_gates: float = 1e-3
     lr_other: float = 5e-5
     weight_decay: float = 0.0
     grad_clip: float | None = None
@@ -150,6 +150,13 @@ class TrainConfig:
     graph_length_dim: int = 1
     graph_warmup: int = 3
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> TrainConfig:
+        """Refuse the keys that moved to CoMERA's settings, naming their new home (``TypeError``)."""
+        moved = [key for key in kwargs if key in MOVED_KEYS]
+        if moved:
+            raise TypeError(f"TrainConfig got {moved}: {moved_key_message(moved[0])}")
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         check_int(self.early, "early", 0)
         check_int(self.late, "late", 0)
@@ -159,29 +166,7 @@ class TrainConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.unit not in UNITS:
             raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
-        check_number(self.gamma, "gamma", 0.0)
-        if self.tau is not None:
-            check_number(self.tau, "tau", 0.0)
-        if self.surrogate not in SURROGATES:
-            raise ValueError(f"surrogate must be one of {SURROGATES}, got {self.surrogate!r}")
-        check_number(self.target_ratio, "target_ratio", 0.0, 1.0, open_low=True)
-        if self.target_loss is not None:
-            check_number(self.target_loss, "target_loss", 0.0, open_low=True)
-        elif self.late > 0 and self.early == 0:
-            raise ValueError(
-                "target_loss is required when early == 0 and late > 0 (no loss to derive it from)"
-            )
-        if not isinstance(self.rho, (tuple, list)) or len(self.rho) != 2:
-            raise ValueError(f"rho must be a pair (rho_loss, rho_size) of numbers >= 0, got {self.rho!r}")
-        for value in self.rho:
-            check_number(value, "rho", 0.0)
-        object.__setattr__(self, "rho", tuple(float(value) for value in self.rho))
-        check_number(self.ema, "ema", 0.0, 1.0, open_high=True)
-        check_number(self.recovery, "recovery", 0.0, 1.0, open_high=True)
-        if isinstance(self.prune_at, str) or not all(point in PRUNE_POINTS for point in self.prune_at):
-            raise ValueError(f"prune_at must be a tuple of values from {PRUNE_POINTS}, got {self.prune_at!r}")
-        object.__setattr__(self, "prune_at", tuple(self.prune_at))
-        for name in ("lr_cores", "lr_gates", "lr_other", "weight_decay"):
+        for name in ("lr_other", "weight_decay"):
             check_number(getattr(self, name), name, 0.0)
         if self.grad_clip is not None:
             check_number(self.grad_clip, "grad_clip", 0.0, open_low=True)
@@ -257,6 +242,9 @@ class TrainConfig:
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError``."""
         known = {field.name for field in dataclasses.fields(cls)}
+        moved = sorted(set(values) & set(MOVED_KEYS))
+        if moved:
+            raise ValueError(f"unknown TrainConfig keys {moved}: {moved_key_message(moved[0])}")
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown TrainConfig keys {unknown}; valid keys: {sorted(known)}")

@@ -1,51 +1,69 @@
-"""What the training loop optimises on top of the task loss: CoMERA's two-stage rank objective, or the task
-loss alone (every baseline: dense, GaLore, LTE, APOLLO, CoLA).
+"""What the training loop optimises on top of the task loss, and the hooks through which a method steers the
+loop: :class:`Objective` (the protocol, also the plain task loss) and the default-objective registry.
 
-The :class:`comera.train.Trainer` asks its objective, and nothing else, about stages, sizes and pruning:
+The :class:`comera.train.Trainer` asks its objective, and nothing else, about stages, sizes and pruning; it
+knows no method. The hooks, in the order a run meets them:
 
+- :meth:`Objective.check_stages` and :meth:`Objective.set_precision` when the Trainer is built;
+- :meth:`Objective.param_groups`: the default AdamW's groups and learning rates;
 - :meth:`Objective.loss` turns the task loss into the optimised scalar inside the (compiled or graph-captured)
-  step: tensors only, no host sync;
-- :meth:`Objective.device_state` lists the device tensors ``loss`` mutates, so a skipped step or a CUDA-graph
-  warm-up can be undone (:meth:`Objective.snapshot` / :meth:`Objective.restore`);
-- :meth:`Objective.begin_late_stage`, :meth:`Objective.after_step` and :meth:`Objective.prune` are the
-  host-side decisions between steps;
-- :meth:`Objective.size` / :attr:`Objective.initial_size` give the logged model size, and
-  :meth:`Objective.state_dict` what a checkpoint stores.
+  step: tensors only, no host sync; :meth:`Objective.device_state` lists the device tensors ``loss`` mutates,
+  so a skipped step or a CUDA-graph warm-up can be undone (:meth:`Objective.snapshot` /
+  :meth:`Objective.restore`);
+- :meth:`Objective.after_step`, :meth:`Objective.begin_late_stage` (a staged objective, at ``config.early``),
+  :meth:`Objective.prunes_at` and :meth:`Objective.prune` (at an epoch end, the end of the early stage, the
+  end of training) are the host-side decisions between steps; a prune that changes shapes makes the Trainer
+  rebuild its DDP wrapper, drop its CUDA graphs and checkpoint;
+- :meth:`Objective.before_evaluation` before every evaluation;
+- :meth:`Objective.size` / :attr:`Objective.initial_size` / :meth:`Objective.record` give the logged numbers,
+  :meth:`Objective.state_dict` and :meth:`Objective.structure` what a checkpoint stores,
+  :meth:`Objective.apply_structure` re-applies that structure to a freshly built model on resume.
+
+Methods register what this layer cannot import: :func:`register_default_objective` (the objective a
+``Trainer(model, ...)`` without ``objective=`` gets: :mod:`comera.methods` registers CoMERA's for models
+with gated layers) and :func:`register_evaluation_hook` (e.g. dropping the tensor-train layers' inference
+caches, which steps replayed from a CUDA graph do not invalidate).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from comera.rank.adaptation import RankAdaptation
-from comera.rank.groups import param_groups
-from comera.rank.prune import PruneResult, prune_
-from comera.rank.size import gated_trains
+from comera.modules import trainable_parameters
 
-__all__ = ["Objective", "TaskObjective", "CoMERAObjective", "default_objective"]
+__all__ = [
+    "Objective",
+    "TaskObjective",
+    "default_objective",
+    "register_default_objective",
+    "register_evaluation_hook",
+    "STAGE_POINTS",
+]
 
+STAGE_POINTS = ("epoch_end", "early_end", "end")
+"""The points where the Trainer offers its objective a prune (:meth:`Objective.prunes_at`)."""
 
-def _trainable_parameters(model: nn.Module) -> int:
-    seen: set[int] = set()
-    total = 0
-    for param in model.parameters():
-        if param.requires_grad and id(param) not in seen:
-            seen.add(id(param))
-            total += param.numel()
-    return total
+DefaultObjectiveFactory = Callable[[nn.Module], "Objective | None"]
+_DEFAULT_FACTORIES: list[DefaultObjectiveFactory] = []
+_EVALUATION_HOOKS: list[Callable[[], None]] = []
 
 
 class Objective:
-    """The base protocol; :class:`TaskObjective` is its plain implementation.
+    """The base protocol; as it stands, the task loss alone (:class:`TaskObjective`).
+
+    Args:
+        model: the (unwrapped) model the Trainer trains.
 
     Attributes:
-        name: short name written into the run's records (``"task"``, ``"comera"``).
+        name: short name written into the run's records and checkpoints (``"task"``, ``"comera"``).
         has_stages: whether the objective has an early and a late stage (then ``config.late`` steps run the
             late stage; without stages the run is ``early + late`` steps of the same objective).
-        prunes: whether the Trainer's prune points (``config.prune_at``) apply.
+        prunes: whether the objective ever changes the model's shapes (:meth:`prune`).
+        initial_size: :meth:`size` when the objective was built (at least 1).
     """
 
     name = "task"
@@ -63,6 +81,14 @@ class Objective:
         """The current stage: ``"train"`` for an objective without stages, else ``"early"`` / ``"late"``."""
         return "train"
 
+    def check_stages(self, *, early: int, late: int) -> None:
+        """Check the run's stage lengths (``config.early``, ``config.late``) against the objective's settings;
+        ``ValueError`` naming the setting. Nothing to check here."""
+
+    def set_precision(self, precision: str) -> None:
+        """Adapt the model to the run's ``config.precision`` (``"fp32"``, ``"bf16"``, ``"fp8"``); here
+        nothing (autocast is the Trainer's)."""
+
     def loss(self, task_loss: torch.Tensor) -> torch.Tensor:
         """The optimised 0-dim scalar for a 0-dim ``task_loss`` (differentiable, no host sync)."""
         if not isinstance(task_loss, torch.Tensor) or task_loss.dim() != 0:
@@ -71,7 +97,7 @@ class Objective:
 
     def size(self) -> int:
         """The model size the records report: trainable parameter entries (shared ones once)."""
-        return _trainable_parameters(self.model)
+        return sum(param.numel() for param in trainable_parameters(self.model.parameters()))
 
     def ratio(self) -> float:
         """:meth:`size` over :attr:`initial_size`."""
@@ -91,14 +117,15 @@ class Objective:
             for tensor, saved in zip(self.device_state(), snapshot, strict=True):
                 tensor.copy_(saved)
 
-    def param_groups(self, *, lr_cores: float, lr_gates: float, lr_other: float, weight_decay: float):
-        """Parameter groups of the default AdamW: every trainable parameter at ``lr_other``."""
-        return param_groups(
-            self.model, lr_cores=lr_cores, lr_gates=lr_gates, lr_other=lr_other, weight_decay=weight_decay
-        )
+    def param_groups(self, *, lr: float, weight_decay: float) -> list[dict[str, Any]]:
+        """Parameter groups of the Trainer's default AdamW (``lr``: ``config.lr_other``): here one group
+        ``"other"`` with every trainable parameter (shared ones once)."""
+        params = trainable_parameters(self.model.parameters())
+        return [{"name": "other", "params": params, "lr": lr, "weight_decay": weight_decay}] if params else []
 
-    def begin_late_stage(self, **settings: Any) -> dict[str, Any]:
-        """Enter the late stage; returns the details logged with the event. Only for staged objectives."""
+    def begin_late_stage(self, *, late_steps: int | None = None) -> dict[str, Any]:
+        """Enter the late stage, which lasts ``late_steps`` steps (None: open-ended); returns the details
+        logged with the event. Only for staged objectives."""
         raise RuntimeError(f"the {self.name!r} objective has no late stage")
 
     def after_step(self, step: int) -> dict[str, Any] | None:
@@ -106,9 +133,27 @@ class Objective:
         whether parameters or structure changed, so a captured graph must be dropped), or None."""
         return None
 
-    def prune(self, optimizer: torch.optim.Optimizer | None) -> PruneResult | None:
-        """Physically shrink the model at a prune point (None: nothing to prune)."""
+    def prunes_at(self, point: str) -> bool:
+        """Whether to prune at ``point``, one of :data:`STAGE_POINTS` (never, here)."""
+        return False
+
+    def prune(self, optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
+        """Physically shrink the model (and ``optimizer``'s state) now; the details of the ``"prune"`` event
+        when shapes changed, else None (nothing to prune, here)."""
         return None
+
+    def structure(self) -> dict[str, Any]:
+        """What a checkpoint records about the model's shapes beyond its constructor's (none here)."""
+        return {}
+
+    def apply_structure(self, structure: dict[str, Any], optimizer: torch.optim.Optimizer | None) -> None:
+        """Bring a freshly built model to the shapes :meth:`structure` recorded, before its state dict is
+        loaded. Nothing to do here: an objective that never changes shapes records none."""
+
+    def before_evaluation(self) -> None:
+        """Run before every evaluation: here every hook of :func:`register_evaluation_hook`."""
+        for hook in _EVALUATION_HOOKS:
+            hook()
 
     def record(self) -> dict[str, Any]:
         """Extra entries for each metrics record (e.g. the ranks of every gated layer)."""
@@ -131,105 +176,39 @@ class Objective:
 class TaskObjective(Objective):
     """The task loss alone: the objective of every baseline (dense, GaLore, LTE, APOLLO, CoLA).
 
-    ``size()`` counts trainable parameter entries; no stages, no pruning.
+    ``size()`` counts trainable parameter entries; no stages, no pruning; one parameter group.
     """
 
 
-class CoMERAObjective(Objective):
-    """CoMERA's rank-adaptive objective (docs/method.md section 4): :class:`comera.RankAdaptation` wrapped.
+def register_default_objective(factory: DefaultObjectiveFactory) -> DefaultObjectiveFactory:
+    """Let ``factory(model) -> Objective | None`` pick the objective of a Trainer built without one.
 
-    Args:
-        model: a model with gated layers (``TTLinear``, ``TTMLinear``, TTM embeddings).
-        gamma, surrogate: as :class:`comera.RankAdaptation`.
-        tau: gate threshold; None keeps the threshold the layers were built with (``TensorizeConfig.tau``,
-            one value for every layer), a number overrides every layer's.
-
-    Attributes:
-        adaptation: the wrapped :class:`comera.RankAdaptation`, built with ``step_hook=False``: the Trainer
-            runs the late-stage controller through :meth:`after_step` after every applied step, outside the
-            compiled or graph-captured step (a hook would run inside them, and skipped steps must not count).
+    :func:`default_objective` asks the factories newest first; the first that returns an objective wins.
+    Registering the same function again does nothing. :mod:`comera.methods` registers CoMERA's (a
+    :class:`comera.methods.comera.CoMERAObjective` with default settings for a model with gated layers).
     """
-
-    name = "comera"
-    has_stages = True
-    prunes = True
-
-    def __init__(
-        self, model: nn.Module, *, gamma: float = 0.01, tau: float | None = None, surrogate: str = "size"
-    ) -> None:
-        if tau is None:
-            tau = _layers_tau(model)
-        self.adaptation = RankAdaptation(model, gamma=gamma, tau=tau, surrogate=surrogate, step_hook=False)
-        super().__init__(model)
-        self.initial_size = self.adaptation.initial_size
-
-    @property
-    def stage(self) -> str:
-        return self.adaptation.stage
-
-    def loss(self, task_loss: torch.Tensor) -> torch.Tensor:
-        return self.adaptation.loss(task_loss)
-
-    def size(self) -> int:
-        """Exact core entries of the active-rank model (syncs with the device)."""
-        return self.adaptation.size()
-
-    def device_state(self) -> list[torch.Tensor]:
-        return self.adaptation.device_state()
-
-    def param_groups(self, *, lr_cores: float, lr_gates: float, lr_other: float, weight_decay: float):
-        """CoMERA's three groups: cores, gates (never decayed), everything else."""
-        return super().param_groups(
-            lr_cores=lr_cores, lr_gates=lr_gates, lr_other=lr_other, weight_decay=weight_decay
-        )
-
-    def begin_late_stage(self, **settings: Any) -> dict[str, Any]:
-        """``settings``: ``target_ratio``, ``target_loss``, ``rho``, ``ema``, ``late_steps``, ``recovery`` of
-        :meth:`comera.RankAdaptation.begin_late_stage` (``late_steps`` and ``recovery`` set the deadline of
-        the trim)."""
-        self.adaptation.begin_late_stage(**settings)
-        return {"target_size": self.adaptation.target_size, "target_loss": self.adaptation.target_loss}
-
-    def after_step(self, step: int) -> dict[str, Any] | None:
-        hook = getattr(self.adaptation, "after_step", None)
-        return None if hook is None else hook(step)
-
-    def prune(self, optimizer: torch.optim.Optimizer | None) -> PruneResult | None:
-        return prune_(self.model, optimizer)
-
-    def record(self) -> dict[str, Any]:
-        record = {"ranks": {name: list(train.ranks) for name, train in gated_trains(self.model)}}
-        if self.stage == "late":
-            record["target_reached"] = self.adaptation.target_reached
-            record["reached_at_step"] = self.adaptation.reached_at_step
-        return record
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "rank_adaptation": self.adaptation.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.adaptation.load_state_dict(state.get("rank_adaptation", state))
-        self.initial_size = self.adaptation.initial_size
+    if not callable(factory):
+        raise TypeError(f"factory must be callable as factory(model), got {type(factory).__name__}")
+    if factory not in _DEFAULT_FACTORIES:
+        _DEFAULT_FACTORIES.append(factory)
+    return factory
 
 
-def _layers_tau(model: nn.Module) -> float:
-    taus = {float(train.tau) for _, train in gated_trains(model)}
-    if len(taus) > 1:
-        raise ValueError(
-            f"the model's gated layers use different gate thresholds {sorted(taus)}; pass tau= to set one "
-            "for all (TrainConfig.tau)"
-        )
-    if not taus:
-        raise ValueError(
-            "model has no gated layers (TTLinear, TTMLinear, ...); call comera.tensorize_ first, or train "
-            "with TaskObjective"
-        )
-    return taus.pop()
+def register_evaluation_hook(hook: Callable[[], None]) -> Callable[[], None]:
+    """Run ``hook()`` before every evaluation of every Trainer (:meth:`Objective.before_evaluation`);
+    registering the same function again does nothing."""
+    if not callable(hook):
+        raise TypeError(f"hook must be callable as hook(), got {type(hook).__name__}")
+    if hook not in _EVALUATION_HOOKS:
+        _EVALUATION_HOOKS.append(hook)
+    return hook
 
 
-def default_objective(model: nn.Module, *, gamma: float, tau: float | None, surrogate: str) -> Objective:
-    """:class:`CoMERAObjective` for a model with gated layers, else :class:`TaskObjective`."""
-    if any(len(train.gates) for _, train in gated_trains(model)):
-        return CoMERAObjective(model, gamma=gamma, tau=tau, surrogate=surrogate)
+def default_objective(model: nn.Module) -> Objective:
+    """The objective of a Trainer built without one: the newest registered factory's that returns one (see
+    :func:`register_default_objective`), else :class:`TaskObjective`."""
+    for factory in reversed(_DEFAULT_FACTORIES):
+        objective = factory(model)
+        if objective is not None:
+            return objective
     return TaskObjective(model)

@@ -11,7 +11,8 @@ Between steps, in this order: a metrics record every ``log_every`` steps; at an 
 configured; at the end of the early stage, pruning (``"early_end"``) and the switch to the late stage; at the
 last step, pruning (``"end"``); evaluation and checkpoint when due; then the callbacks. A prune that changes
 the model is followed by a checkpoint (when checkpoints are on), so a rollback never has to grow a layer.
-Stages and pruning apply to objectives that have them (:class:`comera.train.objective.CoMERAObjective`);
+Stages and pruning apply to objectives that have them (:class:`comera.methods.comera.CoMERAObjective`): the
+Trainer asks its objective through the hooks of :class:`comera.train.objective.Objective` and knows no method;
 with :class:`comera.train.objective.TaskObjective` a run is ``early + late`` steps of the task loss.
 
 With ``config.cuda_graph`` the whole step (guard included) is a replayed CUDA graph
@@ -48,8 +49,6 @@ from tqdm.auto import tqdm
 from comera.atomic import remove_stale_temporaries
 from comera.cpu import reuse_freed_memory
 from comera.modules import unwrap_model
-from comera.nn.gated import invalidate_inference_caches
-from comera.nn.linear import TTLinear
 from comera.train.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
@@ -70,7 +69,6 @@ from comera.train.metrics import MetricsLog
 from comera.train.objective import Objective, default_objective
 from comera.train.records import StepWindow, train_record
 from comera.train.setup import batches_for, check_arguments, default_optimizer, graph_step_for
-from comera.train.structure import apply_structure, model_structure
 from comera.version import __version__
 
 __all__ = ["Trainer", "FitResult"]
@@ -116,16 +114,18 @@ class Trainer:
             (a ``DataLoader``); see :mod:`comera.train.data` for the reproducibility contract.
         config: a :class:`TrainConfig`.
         objective: what is optimised on top of the task loss; default
-            :func:`comera.train.objective.default_objective`: CoMERA's rank objective
-            (``config.gamma``, ``config.tau``, ``config.surrogate``) for a model with gated layers, else the
-            plain task loss (:class:`comera.train.objective.TaskObjective`).
+            :func:`comera.train.objective.default_objective`: CoMERA's rank objective with default settings
+            (:class:`comera.methods.comera.CoMERAObjective`, registered by :mod:`comera.methods`) for a model
+            with gated layers, else the plain task loss (:class:`comera.train.objective.TaskObjective`). For
+            other CoMERA settings pass ``objective=CoMERAObjective(model, CoMERASettings(gamma=...))``.
         eval_data: dataset or iterable of batches for evaluation, or None.
         eval_fn: ``eval_fn(model, batch) -> {name: number}``, averaged over batches; default
             ``{"loss": loss_fn(model, batch)}``.
         evaluator: an :class:`comera.train.evaluation.Evaluator` for metrics exact over the whole evaluation
             set (instead of ``eval_fn``).
-        optimizer: default AdamW on the objective's parameter groups with the config's rates (CoMERA: cores,
-            gates, other; ``capturable=True`` with ``config.cuda_graph``). A method that brings its own
+        optimizer: default AdamW on the objective's parameter groups (``config.lr_other`` and
+            ``config.weight_decay``; CoMERA: cores and gates at its own rates, other; ``capturable=True``
+            with ``config.cuda_graph``). A method that brings its own
             optimizer (GaLore, APOLLO, ...) passes it here; it must hold the model's parameters, and pruning
             slices its state in place. With ``config.cuda_graph`` it must be AdamW or Adam with
             ``capturable=True``.
@@ -174,9 +174,8 @@ class Trainer:
             self.model = DistributedDataParallel(self.module)
         if objective is not None and objective.model is not self.module:
             raise ValueError("objective must be built on the same (unwrapped) model the Trainer trains")
-        self.objective = objective or default_objective(
-            self.module, gamma=config.gamma, tau=config.tau, surrogate=config.surrogate
-        )
+        self.objective = objective or default_objective(self.module)
+        self.objective.check_stages(early=config.early, late=config.late)
         self.optimizer = optimizer or default_optimizer(self.objective, config)
         self.train_data, self.eval_data = batches_for(
             train_data, eval_data, config, collate_fn, self.process_rank, self.world_size
@@ -202,10 +201,7 @@ class Trainer:
         self._time_before = 0.0
         self._fit_started = time.perf_counter()
         self._bf16 = config.precision == "bf16"
-        if config.precision == "fp8":
-            for layer in self.module.modules():
-                if isinstance(layer, TTLinear):
-                    layer.gemm = "fp8"
+        self.objective.set_precision(config.precision)
         self._device_type = self._device().type
         if config.reuse_cpu_memory and self._device_type == "cpu":
             reuse_freed_memory()
@@ -455,14 +451,11 @@ class Trainer:
         if epoch_end:
             self.epoch += 1
             self.batch_in_epoch = 0
-            late_epoch = self.objective.stage == "late" and "late_epoch" in config.prune_at
-            if "epoch" in config.prune_at or late_epoch:
-                pruned |= self._prune("epoch_end")
+            pruned |= self._prune("epoch_end")
         if self._late_stage_due():
-            if "early_end" in config.prune_at:
-                pruned |= self._prune("early_end")
+            pruned |= self._prune("early_end")
             self._begin_late_stage()
-        if last_step and "end" in config.prune_at:
+        if last_step:
             pruned |= self._prune("end")
         if self.eval_data is not None and self._due(config.eval_every, epoch_end, last_step):
             self._log_eval()
@@ -482,37 +475,23 @@ class Trainer:
         np.random.seed(self.config.seed)
 
     def _begin_late_stage(self) -> None:
-        config = self.config
-        details = self.objective.begin_late_stage(
-            target_ratio=config.target_ratio,
-            target_loss=config.target_loss,
-            rho=config.rho,
-            ema=config.ema,
-            late_steps=self._steps(config.late),
-            recovery=config.recovery,
-        )
+        details = self.objective.begin_late_stage(late_steps=self._steps(self.config.late))
         self._invalidate_graph()
         self._event("late_stage", **details)
 
     def _prune(self, point: str) -> bool:
-        if not self.objective.prunes:
+        """Prune at ``point`` if the objective wants to; True when the model's shapes changed."""
+        if not self.objective.prunes_at(point):
             return False
         if self.world_size > 1:
             self._drop_ddp_wrapper()
-        result = self.objective.prune(self.optimizer)
+        details = self.objective.prune(self.optimizer)
         if self.world_size > 1:
             self.model = DistributedDataParallel(self.module)
-        if result is None or not result.changed:
+        if details is None:
             return False
         self._invalidate_graph()
-        self._event(
-            "prune",
-            point=point,
-            stored_before=result.stored_before,
-            stored_after=result.stored_after,
-            removed=list(result.removed),
-            layers={layer.name: list(layer.ranks_after) for layer in result.layers},
-        )
+        self._event("prune", point=point, **details)
         return True
 
     def _drop_ddp_wrapper(self) -> None:
@@ -527,11 +506,12 @@ class Trainer:
 
         Runs in eval mode without gradients on the unwrapped model; the global RNG state is left as it was.
         Under DDP each rank evaluates its shard and the metrics cover all ranks' batches. The layers'
-        inference caches are dropped first (steps replayed from a CUDA graph do not show in them).
+        objective's :meth:`~comera.train.objective.Objective.before_evaluation` runs first (it drops the
+        tensor-train layers' inference caches: steps replayed from a CUDA graph do not show in them).
         """
         if self.eval_data is None:
             return {}
-        invalidate_inference_caches()
+        self.objective.before_evaluation()
         return run_evaluation(self.model, self.module, self.eval_data.epoch(0), self.evaluator)
 
     # records
@@ -588,7 +568,7 @@ class Trainer:
             "format_version": CHECKPOINT_VERSION,
             "library_version": __version__,
             "model": self.module.state_dict(),
-            "structure": model_structure(self.module),
+            "structure": self.objective.structure(),
             "optimizer": self.optimizer.state_dict(),
             "objective": self.objective.state_dict(),
             "progress": {
@@ -620,7 +600,7 @@ class Trainer:
         return path
 
     def _restore(self, payload: dict[str, Any], rollback: bool) -> None:
-        apply_structure(self.module, payload["structure"], self.optimizer)
+        self.objective.apply_structure(payload["structure"], self.optimizer)
         self.module.load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
         self.objective.load_state_dict(payload.get("objective", payload.get("rank_adaptation")))

@@ -1,7 +1,6 @@
 """``comera train dlrm`` end to end at smoke size; the reported metrics against scikit-learn on the saved
 model's predictions."""
 
-import importlib
 import json
 import math
 from pathlib import Path
@@ -76,8 +75,6 @@ def test_a_folder_or_a_malformed_file_is_refused(tmp_path):
 def test_every_baseline_trains_dlrm_on_its_mlps(tmp_path, method):
     if method in ("galore", "apollo"):
         pytest.importorskip(f"{method}_torch")
-    importlib.import_module(f"comera.baselines.{method}")  # registers the method
-
     settings = ["method.heads=2"] if method == "lte" else []
     results = run(
         "dlrm",

@@ -121,9 +121,8 @@ def test_loss_is_the_mean_over_masked_tokens_and_zero_without_any():
 
 
 def test_lte_trains_the_encoder_linears_and_leaves_the_masked_rows_head_plain(tmp_path, cache):
-    import comera.baselines.lte  # noqa: F401  (registers the method)
-    from comera.baselines.lte import LTELinear
     from comera.methods import MethodContext, get_method
+    from comera.methods.lte import LTELinear
     from comera.recipes.run import run_header
     from comera.recipes.settings import tensorize_config
 

@@ -81,7 +81,8 @@ def _data_settings(rows: int, max_table_rows: int | None) -> dict[str, Any]:
 # One pass over the training split, as the DLRM reference trains on Criteo: a second epoch overfits the
 # tables (on the synthetic data, dense NE 0.88 after one epoch, 1.19 after two). The stage lengths count
 # steps: early ~70% and late ~30% of the preset's one epoch.
-_TRAIN_COMMON = {"unit": "step", "lr_cores": 1e-3, "lr_gates": 1e-3, "lr_other": 1e-3, "compile": False}
+_TRAIN_COMMON = {"unit": "step", "lr_other": 1e-3, "compile": False}
+_COMERA_RATES = {"lr_cores": 1e-3, "lr_gates": 1e-3}
 _BASELINES_ON_THE_MLPS = {
     method: {"tensorize": {"target_modules": "all-linear"}} for method in ("galore", "apollo", "lte", "cola")
 }
@@ -96,7 +97,7 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
         "data": _data_settings(45_840_617, None),
         "train": {**_TRAIN_COMMON, "early": 2800, "late": 1130, "batch_size": 10_000, "log_every": 50},
         "tensorize": {"preset": "dlrm-paper"},
-        "method": _BASELINES_ON_THE_MLPS,
+        "method": {**_BASELINES_ON_THE_MLPS, "comera": {"method": _COMERA_RATES}},
     },
     "small": {
         "model": _model_settings("small"),
@@ -108,16 +109,18 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
             "batch_size": 2048,
             "log_every": 20,
             "eval_every": 30,
-            "target_ratio": 0.8,
         },
         "tensorize": {"preset": "dlrm-small"},
-        "method": _BASELINES_ON_THE_MLPS,
+        "method": {
+            **_BASELINES_ON_THE_MLPS,
+            "comera": {"method": {**_COMERA_RATES, "target_ratio": 0.8}},
+        },
     },
     "smoke": {
         "model": _model_settings("smoke"),
         "data": _data_settings(2100, 1000),
         "train": {**_TRAIN_COMMON, "early": 5, "late": 3, "batch_size": 256, "log_every": 2},
         "tensorize": {"preset": "dlrm-smoke"},
-        "method": _BASELINES_ON_THE_MLPS,
+        "method": {**_BASELINES_ON_THE_MLPS, "comera": {"method": _COMERA_RATES}},
     },
 }

@@ -95,7 +95,7 @@ def run_case(
     """Time and memory of one training step in this process (see the module doc)."""
     model = build(method, preset)
     model.train()
-    objective = default_objective(model, gamma=0.01, tau=None, surrogate="size")
+    objective = default_objective(model)
     optimizer = default_optimizer(objective, TrainConfig())
     inputs = _batch(model, batch, length)
     labels = inputs.pop("labels")

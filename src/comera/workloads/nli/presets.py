@@ -100,17 +100,23 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
             "unit": "epoch",
             "early": 20,
             "late": 10,
-            "gamma": 0.01,
-            "tau": 1e-2,
-            "target_ratio": 0.2,
-            "target_loss": 0.8,
-            "lr_cores": 1e-4,
-            "lr_gates": 1e-3,
             "lr_other": 5e-5,
             "log_every": 100,
         },
         "tensorize": {"preset": "nli-paper"},
-        "method": {"dense": {"train": {"lr_other": 1e-4}}},
+        "method": {
+            "comera": {
+                "method": {
+                    "gamma": 0.01,
+                    "tau": 1e-2,
+                    "target_ratio": 0.2,
+                    "target_loss": 0.8,
+                    "lr_cores": 1e-4,
+                    "lr_gates": 1e-3,
+                }
+            },
+            "dense": {"train": {"lr_other": 1e-4}},
+        },
     },
     "small": {
         "model": _sizes("small", exact_match=True),
@@ -128,16 +134,22 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
             "unit": "epoch",
             "early": 4,
             "late": 2,
-            "gamma": 0.01,
-            "target_ratio": 0.5,
-            "recovery": 0.6,
-            "lr_cores": 1e-3,
-            "lr_gates": 1e-3,
             "lr_other": 5e-4,
             "log_every": 20,
         },
         "tensorize": {"preset": "nli-small"},
-        "method": {"dense": {"train": {"lr_other": 5e-4}}},
+        "method": {
+            "comera": {
+                "method": {
+                    "gamma": 0.01,
+                    "target_ratio": 0.5,
+                    "recovery": 0.6,
+                    "lr_cores": 1e-3,
+                    "lr_gates": 1e-3,
+                }
+            },
+            "dense": {"train": {"lr_other": 5e-4}},
+        },
     },
     "smoke": {
         "model": _sizes("smoke", exact_match=True),
@@ -154,12 +166,11 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
             "unit": "step",
             "early": 4,
             "late": 2,
-            "lr_cores": 1e-3,
-            "lr_gates": 1e-2,
             "lr_other": 1e-3,
             "log_every": 1,
             "plot": False,
         },
         "tensorize": {"preset": "nli-smoke"},
+        "method": {"comera": {"method": {"lr_cores": 1e-3, "lr_gates": 1e-2}}},
     },
 }

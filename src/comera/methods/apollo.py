@@ -4,7 +4,7 @@ the ``apollo-torch`` package.
 The model stays dense; ``apollo_torch.APOLLOAdamW`` keeps Adam moments of a random rank-``R`` projection of
 each targeted weight's gradient and uses them only to scale the raw gradient channel-wise (or tensor-wise),
 so the optimizer state is close to SGD's. Targets and parameter groups are those of
-:mod:`comera.baselines.galore` (:func:`comera.baselines.projected.low_rank_groups`); nothing of APOLLO is
+:mod:`comera.methods.galore` (:func:`comera.methods.projected.low_rank_groups`); nothing of APOLLO is
 re-implemented.
 
 Settings (``method.KEY``) and where their defaults come from (the package's README, which gives the paper's
@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.baselines.projected import ProjectedMethod, portable_projectors, require_package
 from comera.checks import check_bool, check_choice, check_number
-from comera.methods import MethodContext, register_method
+from comera.methods.base import MethodContext
+from comera.methods.projected import ProjectedMethod, portable_projectors, require_package
 
 __all__ = ["APOLLOMethod", "SCALE_TYPES", "PROJECTIONS", "PROJ_TYPES"]
 
@@ -65,7 +65,7 @@ class APOLLOMethod(ProjectedMethod):
         check_bool(settings["scale_front"], "method.scale_front")
 
     def optimizer(self, model: nn.Module, context: MethodContext) -> torch.optim.Optimizer:
-        """``APOLLOAdamW`` on :func:`comera.baselines.projected.low_rank_groups`, checkpoint-safe."""
+        """``APOLLOAdamW`` on :func:`comera.methods.projected.low_rank_groups`, checkpoint-safe."""
         apollo = self.package()
         settings = self.settings(context)
         groups = self.groups(model, context, settings)
@@ -78,6 +78,3 @@ class APOLLOMethod(ProjectedMethod):
             return apollo.svd_projector.GaLoreProjector(group["rank"], **options)
 
         return portable_projectors(optimizer, build)
-
-
-register_method(APOLLOMethod())

@@ -1,7 +1,7 @@
 """``--method cola``: CoLA (Liu, Zhang, Wang, Yan, Yang, Hovland, Nicolae, Cappello, Tang and Zhang, EMNLP
 2025, "CoLA: Compute-Efficient Pre-Training of LLMs via Low-Rank Activation"), built from the paper.
 
-Each targeted linear ``y = W x + b`` (:func:`comera.baselines.targets.target_linears`) becomes a bottleneck
+Each targeted linear ``y = W x + b`` (:func:`comera.methods.targets.target_linears`) becomes a bottleneck
 auto-encoder ``y = B act(A x) + b`` with ``A`` of shape ``(r, in)``, ``B`` of shape ``(out, r)`` and a
 nonlinearity between the factors, trained from scratch (:class:`CoLALinear`). Nothing else changes; the
 objective is the task loss and the optimizer the Trainer's AdamW.
@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comera.baselines.targets import replace_targets
 from comera.checks import check_choice, check_int, check_number
-from comera.methods import Method, MethodContext, register_method
+from comera.methods.base import Method, MethodContext
+from comera.methods.targets import replace_targets
 
 __all__ = ["CoLALinear", "CoLAMethod", "ACTIVATIONS", "cola_rank"]
 
@@ -153,6 +153,3 @@ class CoLAMethod(Method):
             return CoLALinear.from_linear(linear, rank, settings["activation"])
 
         return replace_targets(model, context.tensorize, build)
-
-
-register_method(CoLAMethod())

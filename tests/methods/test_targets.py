@@ -3,7 +3,7 @@
 import pytest
 from torch import nn
 
-from comera.baselines.targets import replace_targets, target_linears
+from comera.methods.targets import replace_targets, target_linears
 from comera.tensorize_config import TensorizeConfig
 
 

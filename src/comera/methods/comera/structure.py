@@ -22,7 +22,8 @@ __all__ = ["model_structure", "apply_structure"]
 def model_structure(module: nn.Module) -> dict[str, dict]:
     """``{layer name: {"ranks": [...], "removed": bool}}`` for every gated or removed layer of ``module``."""
     structure = {
-        name: {"ranks": list(train.max_ranks), "removed": False} for name, train in gated_trains(module)
+        name: {"ranks": list(layer_train.max_ranks), "removed": False}
+        for name, layer_train in gated_trains(module)
     }
     for name, layer in module.named_modules():
         if isinstance(layer, RemovedLayer):
@@ -43,20 +44,22 @@ def apply_structure(
     if missing:
         raise ValueError(f"checkpoint key 'structure' names layers the model lacks: {missing}")
     with torch.no_grad():
-        for name, train in gated_trains(module):
+        for name, layer_train in gated_trains(module):
             if name not in structure:
                 continue
             spec = structure[name]
             if spec["removed"]:
-                train.gates[0].zero_()
+                layer_train.gates[0].zero_()
                 continue
             ranks = list(spec["ranks"])
-            if len(ranks) != len(train.gates) or any(r > m for r, m in zip(ranks, train.max_ranks)):
+            if len(ranks) != len(layer_train.gates) or any(
+                r > m for r, m in zip(ranks, layer_train.max_ranks)
+            ):
                 raise ValueError(
                     f"checkpoint key 'structure.{name}' records ranks {ranks}; "
-                    f"the layer holds {train.max_ranks}"
+                    f"the layer holds {layer_train.max_ranks}"
                 )
-            for gate, rank in zip(train.gates, ranks):
-                gate[:rank] = train.tau + 1.0
+            for gate, rank in zip(layer_train.gates, ranks):
+                gate[:rank] = layer_train.tau + 1.0
                 gate[rank:] = 0.0
     prune_(module, optimizer)

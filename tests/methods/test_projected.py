@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from comera.baselines.apollo import APOLLOMethod
-from comera.baselines.galore import GaLoreMethod
-from comera.baselines.projected import low_rank_groups, projection_rank
 from comera.methods import MethodContext
+from comera.methods.apollo import APOLLOMethod
+from comera.methods.galore import GaLoreMethod
+from comera.methods.projected import low_rank_groups, projection_rank
 from comera.tensorize_config import TensorizeConfig
 from comera.train.config import TrainConfig
 

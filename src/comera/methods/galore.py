@@ -3,7 +3,7 @@
 The model stays dense; ``galore_torch.GaLoreAdamW`` projects the gradient of each targeted linear's 2-D
 weight onto a rank-``R`` subspace (refreshed by SVD every ``update_proj_gap`` steps), keeps the Adam moments
 there and projects the update back, scaled by ``scale``. The targeted linears are those of the recipe's
-tensorization (:func:`comera.baselines.targets.target_linears`: attention and feed-forward linears;
+tensorization (:func:`comera.methods.targets.target_linears`: attention and feed-forward linears;
 embeddings never, an output head only when named); every other parameter is in a plain AdamW group of the
 same optimizer. Nothing of GaLore is re-implemented here: this module only builds the parameter groups.
 
@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.baselines.projected import ProjectedMethod, portable_projectors, require_package
 from comera.checks import check_choice, check_number
-from comera.methods import MethodContext, register_method
+from comera.methods.base import MethodContext
+from comera.methods.projected import ProjectedMethod, portable_projectors, require_package
 
 __all__ = ["GaLoreMethod", "PROJ_TYPES"]
 
@@ -56,7 +56,7 @@ class GaLoreMethod(ProjectedMethod):
         check_choice(settings["proj_type"], "method.proj_type", PROJ_TYPES)
 
     def optimizer(self, model: nn.Module, context: MethodContext) -> torch.optim.Optimizer:
-        """``GaLoreAdamW`` on :func:`comera.baselines.projected.low_rank_groups`, checkpoint-safe."""
+        """``GaLoreAdamW`` on :func:`comera.methods.projected.low_rank_groups`, checkpoint-safe."""
         galore = self.package()
         groups = self.groups(model, context, self.settings(context))
         optimizer = galore.GaLoreAdamW(groups, lr=context.train.lr_other, no_deprecation_warning=True)
@@ -67,6 +67,3 @@ class GaLoreMethod(ProjectedMethod):
             return projector(group["rank"], **options)
 
         return portable_projectors(optimizer, build)
-
-
-register_method(GaLoreMethod())

@@ -17,9 +17,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from comera.baselines.targets import target_linears
 from comera.checks import check_int, check_number
-from comera.methods import Method, MethodContext
+from comera.methods.base import Method, MethodContext
+from comera.methods.targets import target_linears
+from comera.modules import trainable_parameters
 from comera.tensorize_config import TensorizeConfig
 
 __all__ = ["BASELINES_EXTRA", "require_package", "projection_rank", "low_rank_groups", "portable_projectors"]
@@ -74,12 +75,7 @@ def low_rank_groups(
         if weight.requires_grad and id(weight) not in projected:
             projected.add(id(weight))
             by_rank.setdefault(projection_rank(weight.shape, rank, rank_fraction), []).append(weight)
-    seen = set(projected)
-    others = []
-    for param in model.parameters():
-        if param.requires_grad and id(param) not in seen:
-            seen.add(id(param))
-            others.append(param)
+    others = trainable_parameters(model.parameters(), seen=set(projected))
     common = {"lr": lr, "weight_decay": weight_decay}
     groups = [{"name": "other", "params": others, **common}] if others else []
     for projected_rank, weights in sorted(by_rank.items()):

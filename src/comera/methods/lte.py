@@ -1,7 +1,7 @@
 """``--method lte``: LoRA-the-Explorer (Huh, Cheung, Bernstein, Isola and Agrawal, 2024, "Training Neural
 Networks from Scratch with Parallel Low-Rank Adapters"), built from the paper.
 
-Each targeted linear (:func:`comera.baselines.targets.target_linears`) becomes an :class:`LTELinear`: its
+Each targeted linear (:func:`comera.methods.targets.target_linears`) becomes an :class:`LTELinear`: its
 main weight ``W`` is frozen and ``N`` LoRA heads ``(A_n, B_n)`` of rank ``r`` train in parallel, head ``n`` on
 the ``n``-th contiguous chunk of the batch (the paper's ``N`` workers, emulated in one process as the
 authors' "ddp" mode does: the main-weight product is shared). Every ``T`` optimizer steps the heads merge into
@@ -40,9 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comera.baselines.targets import replace_targets
 from comera.checks import check_int, check_number
-from comera.methods import Method, MethodContext, register_method
+from comera.methods.base import Method, MethodContext
+from comera.methods.targets import replace_targets
+from comera.modules import trainable_parameters
 
 __all__ = ["LTELinear", "LTEMethod", "lte_layers", "merge_heads", "merge_every"]
 
@@ -233,12 +234,7 @@ class LTEMethod(Method):
         settings = self._settings(context)
         layers = lte_layers(model)
         heads = [param for layer in layers for param in (layer.lora_A, layer.lora_B)]
-        seen = {id(param) for param in heads}
-        others = []
-        for param in model.parameters():
-            if param.requires_grad and id(param) not in seen:
-                seen.add(id(param))
-                others.append(param)
+        others = trainable_parameters(model.parameters(), seen={id(param) for param in heads})
         train = context.train
         groups = (
             [{"name": "other", "params": others, "lr": train.lr_other, "weight_decay": train.weight_decay}]
@@ -248,6 +244,3 @@ class LTEMethod(Method):
         groups.append({"name": "lte_heads", "params": heads, "lr": settings["lr"], "weight_decay": 0.0})
         optimizer = torch.optim.AdamW(groups, lr=settings["lr"])
         return merge_every(optimizer, layers, settings["merge_every"])
-
-
-register_method(LTEMethod())

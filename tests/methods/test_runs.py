@@ -1,18 +1,15 @@
 """Every baseline end to end through the recipe run on the toy recipe: the run folder's results, a falling
-loss, parameter counts, and the methods the command line loads."""
+loss, parameter counts, and every built-in method registered by importing the package."""
 
 import json
 import statistics
+import subprocess
+import sys
 
 import pytest
 import toy  # noqa: F401  (registers the toy recipe)
 
-import comera.baselines.apollo
-import comera.baselines.cola
-import comera.baselines.galore
-import comera.baselines.lte  # noqa: F401  (register the baselines)
 from comera.methods import method_names
-from comera.recipes.builtin_methods import load_methods
 from comera.recipes.run import run
 from comera.train import read_metrics
 
@@ -72,6 +69,19 @@ def test_lte_refuses_a_batch_its_heads_do_not_divide(tmp_path):
         run("toy", method="lte", preset="smoke", out=tmp_path / "run", assignments=["method.heads=3"])
 
 
-def test_the_command_line_loads_every_baseline():
-    load_methods()
+def test_the_command_line_knows_every_method():
     assert {"dense", "comera", "galore", "apollo", "lte", "cola"} <= set(method_names())
+
+
+@pytest.mark.parametrize("entry", ["comera", "comera.methods", "comera.train"])
+def test_importing_any_entry_point_registers_every_method_without_the_optional_packages(entry):
+    code = (
+        f"import sys, {entry}\n"
+        "from comera.methods import get_method, method_names\n"
+        "print(sorted(method_names()), type(get_method('galore')).__name__,\n"
+        "      [name for name in ('galore_torch', 'apollo_torch') if name in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[0] == (
+        "['apollo', 'cola', 'comera', 'dense', 'galore', 'lte'] GaLoreMethod []"
+    )

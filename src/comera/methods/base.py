@@ -1,11 +1,11 @@
-"""Training methods: how a recipe's dense model is turned into what is trained, and what trains it.
+"""The method interface and its registry: how a recipe's dense model is turned into what is trained, and
+what trains it.
 
 A :class:`Method` is a model transform (:meth:`Method.prepare`), an objective and an optimizer, plus
 optional callbacks; every method trains through the same :class:`comera.train.Trainer` loop, so step times
-are comparable by construction. Two methods live here: ``"comera"`` (tensorize by the recipe's named preset,
-CoMERA's two-stage rank objective, pruning) and ``"dense"`` (the same model untensorized, AdamW on every
-parameter). The baselines in :mod:`comera.baselines` (GaLore, LTE, APOLLO, CoLA) register themselves the
-same way with :func:`register_method`.
+are comparable by construction. :mod:`comera.methods` registers the built-in methods (``dense``, ``comera``,
+``galore``, ``apollo``, ``lte``, ``cola``) when it is imported; another method registers itself with
+:func:`register_method`.
 """
 
 from __future__ import annotations
@@ -17,16 +17,13 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from comera.tensorize import tensorize_
 from comera.tensorize_config import TensorizeConfig
 from comera.train.config import TrainConfig
-from comera.train.objective import CoMERAObjective, Objective, TaskObjective
+from comera.train.objective import Objective, TaskObjective
 
 __all__ = [
     "Method",
     "MethodContext",
-    "CoMERAMethod",
-    "DenseMethod",
     "register_method",
     "get_method",
     "method_names",
@@ -59,11 +56,14 @@ class Method:
             accepts exactly these keys).
         staged: whether the method has CoMERA's early and late stages (otherwise a run is ``early + late``
             steps of one objective).
+        settings_type: the dataclass of the method's settings, if it has one: a run's ``method`` values must
+            then have the types its fields declare (else the types of :attr:`defaults`).
     """
 
     name: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
     staged: ClassVar[bool] = False
+    settings_type: ClassVar[type | None] = None
 
     def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
         """Turn the recipe's dense ``model`` into the model this method trains (in place where possible)."""
@@ -81,25 +81,9 @@ class Method:
         """``callback(trainer)`` functions run after every step (e.g. periodic merges)."""
         return []
 
-
-class DenseMethod(Method):
-    """The recipe's model as built, dense, trained with AdamW on every parameter at ``lr_other``."""
-
-    name = "dense"
-
-
-class CoMERAMethod(Method):
-    """CoMERA: tensorize by the recipe's preset, then the rank-adaptive early and late stages with pruning."""
-
-    name = "comera"
-    staged = True
-
-    def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
-        return tensorize_(model, context.tensorize)
-
-    def objective(self, model: nn.Module, context: MethodContext) -> Objective:
-        train = context.train
-        return CoMERAObjective(model, gamma=train.gamma, tau=train.tau, surrogate=train.surrogate)
+    def check_settings(self, settings: dict[str, Any]) -> None:
+        """Check a run's ``method`` section (its keys are :attr:`defaults`'); ``ValueError`` naming the
+        setting. Called when a run's settings are resolved, before any data is read (nothing checked here)."""
 
 
 _METHODS: dict[str, Method] = {}
@@ -125,7 +109,3 @@ def get_method(name: str) -> Method:
     if name not in _METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {list(method_names())}")
     return _METHODS[name]
-
-
-register_method(CoMERAMethod())
-register_method(DenseMethod())

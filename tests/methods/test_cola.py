@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from comera.baselines.cola import CoLALinear, CoLAMethod, cola_rank
 from comera.methods import MethodContext
+from comera.methods.cola import CoLALinear, CoLAMethod, cola_rank
 from comera.report import compression_report
 from comera.tensorize_config import TensorizeConfig
 

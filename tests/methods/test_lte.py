@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from comera.baselines.lte import LTELinear, LTEMethod, lte_layers, merge_every, merge_heads
 from comera.methods import MethodContext
+from comera.methods.lte import LTELinear, LTEMethod, lte_layers, merge_every, merge_heads
 from comera.tensorize_config import TensorizeConfig
 from comera.train.config import TrainConfig
 from comera.train.trainer import Trainer

@@ -1,0 +1,49 @@
+"""Training methods, one module or folder each, and their registry (PEFT-style).
+
+:mod:`comera.methods.base` holds the interface (:class:`Method`, :class:`MethodContext`) and the registry
+(:func:`register_method`, :func:`get_method`, :func:`method_names`). Importing this package (``import comera``
+does) registers every built-in method, so ``get_method("galore")`` works from any entry point:
+
+- ``dense`` (:mod:`comera.methods.dense`): the model as built, AdamW on every parameter;
+- ``comera`` (:mod:`comera.methods.comera`): tensorize, then CoMERA's two-stage rank objective with pruning;
+- ``galore``, ``apollo`` (:mod:`comera.methods.galore`, :mod:`comera.methods.apollo`, sharing
+  :mod:`comera.methods.projected`): projected-gradient optimizers on the dense model; their optional
+  packages (``pip install 'comera[baselines]'``) are imported only when the method is used;
+- ``lte``, ``cola`` (:mod:`comera.methods.lte`, :mod:`comera.methods.cola`): the targeted linears
+  (:mod:`comera.methods.targets`) replaced by LoRA heads merged periodically, or by a bottleneck.
+
+It also registers CoMERA's hooks in the generic loop: :func:`comera.methods.comera.gated_model_objective` as
+the default objective of a ``Trainer`` built without one, and the tensor-train layers' inference-cache
+invalidation before every evaluation.
+"""
+
+from comera.methods.apollo import APOLLOMethod
+from comera.methods.base import Method, MethodContext, get_method, method_names, register_method
+from comera.methods.cola import CoLAMethod
+from comera.methods.comera import CoMERAMethod, CoMERAObjective, CoMERASettings, gated_model_objective
+from comera.methods.dense import DenseMethod
+from comera.methods.galore import GaLoreMethod
+from comera.methods.lte import LTEMethod
+from comera.nn.gated import invalidate_inference_caches
+from comera.train.objective import register_default_objective, register_evaluation_hook
+
+__all__ = [
+    "APOLLOMethod",
+    "CoLAMethod",
+    "CoMERAMethod",
+    "CoMERAObjective",
+    "CoMERASettings",
+    "DenseMethod",
+    "GaLoreMethod",
+    "LTEMethod",
+    "Method",
+    "MethodContext",
+    "get_method",
+    "method_names",
+    "register_method",
+]
+
+for _method in (DenseMethod(), CoMERAMethod(), GaLoreMethod(), APOLLOMethod(), LTEMethod(), CoLAMethod()):
+    register_method(_method)
+register_default_objective(gated_model_objective)
+register_evaluation_hook(invalidate_inference_caches)

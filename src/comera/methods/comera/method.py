@@ -1,0 +1,44 @@
+"""``--method comera``: tensorize the recipe's model by its named preset, then train it with
+:class:`comera.methods.comera.CoMERAObjective` built from the run's ``method`` section."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from comera.methods.base import Method, MethodContext
+from comera.methods.comera.objective import CoMERAObjective
+from comera.methods.comera.settings import CoMERASettings
+from comera.tensorize import tensorize_
+from comera.train.objective import Objective
+
+__all__ = ["CoMERAMethod"]
+
+
+class CoMERAMethod(Method):
+    """CoMERA: tensorize by the recipe's preset, then the rank-adaptive early and late stages with pruning.
+
+    The ``method`` section holds the fields of :class:`CoMERASettings` (``method.gamma``,
+    ``method.target_ratio``, ``method.prune_at``, ``method.lr_cores`` ...).
+    """
+
+    name = "comera"
+    staged = True
+    defaults = CoMERASettings().to_dict()
+    settings_type = CoMERASettings
+
+    def check_settings(self, settings: dict[str, Any]) -> None:
+        """:class:`CoMERASettings` built from ``settings`` (``ValueError`` naming the field)."""
+        self.settings(settings)
+
+    @staticmethod
+    def settings(settings: dict[str, Any]) -> CoMERASettings:
+        """The run's ``method`` section as :class:`CoMERASettings`."""
+        return CoMERASettings.from_dict(settings)
+
+    def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
+        return tensorize_(model, context.tensorize)
+
+    def objective(self, model: nn.Module, context: MethodContext) -> Objective:
+        return CoMERAObjective(model, self.settings({**self.defaults, **context.settings}))

@@ -1,0 +1,190 @@
+"""``CoMERAObjective``: CoMERA's rank-adaptive objective (docs/method.md section 4) behind the hooks of
+:class:`comera.train.objective.Objective`: the early and late stages of :class:`comera.RankAdaptation`, the
+prune points of :attr:`CoMERASettings.prune_at`, the pruned structure a checkpoint records, the cores and
+gates learning rates, and the FP8 switch of ``TTLinear``. (The layers' inference caches are dropped before
+every evaluation by the hook :mod:`comera.methods` registers for every objective.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from comera.methods.comera.settings import CoMERASettings
+from comera.methods.comera.structure import apply_structure, model_structure
+from comera.nn.linear import TTLinear
+from comera.rank.adaptation import RankAdaptation
+from comera.rank.groups import param_groups
+from comera.rank.prune import prune_
+from comera.rank.size import gated_trains
+from comera.train.objective import Objective
+
+__all__ = ["CoMERAObjective", "gated_model_objective"]
+
+
+class CoMERAObjective(Objective):
+    """CoMERA's rank-adaptive objective: :class:`comera.RankAdaptation` wrapped.
+
+    Args:
+        model: a model with gated layers (``TTLinear``, ``TTMLinear``, TTM embeddings).
+        settings: CoMERA's settings (default :class:`CoMERASettings`).
+        **overrides: fields of :class:`CoMERASettings` replaced in ``settings``
+            (``CoMERAObjective(model, gamma=0.1)``, as before Reshape 2).
+
+    Attributes:
+        settings: the resolved :class:`CoMERASettings` (``tau`` None: the layers' own threshold).
+        adaptation: the wrapped :class:`comera.RankAdaptation`, built with ``step_hook=False``: the Trainer
+            runs the late-stage controller through :meth:`after_step` after every applied step, outside the
+            compiled or graph-captured step (a hook would run inside them, and skipped steps must not count).
+    """
+
+    name = "comera"
+    has_stages = True
+    prunes = True
+
+    def __init__(self, model: nn.Module, settings: CoMERASettings | None = None, **overrides: Any) -> None:
+        if settings is None:
+            settings = CoMERASettings()
+        if not isinstance(settings, CoMERASettings):
+            raise TypeError(f"settings must be a CoMERASettings or None, got {type(settings).__name__}")
+        unknown = sorted(set(overrides) - {field.name for field in dataclasses.fields(CoMERASettings)})
+        if unknown:
+            raise TypeError(
+                f"unknown CoMERAObjective arguments {unknown}; CoMERASettings fields: "
+                f"{[field.name for field in dataclasses.fields(CoMERASettings)]}"
+            )
+        self.settings = dataclasses.replace(settings, **overrides)
+        tau = _layers_tau(model) if self.settings.tau is None else self.settings.tau
+        self.adaptation = RankAdaptation(
+            model, gamma=self.settings.gamma, tau=tau, surrogate=self.settings.surrogate, step_hook=False
+        )
+        super().__init__(model)
+        self.initial_size = self.adaptation.initial_size
+
+    @property
+    def stage(self) -> str:
+        return self.adaptation.stage
+
+    def check_stages(self, *, early: int, late: int) -> None:
+        """A late stage without an early one needs ``settings.target_loss`` (no loss to derive it from)."""
+        if late > 0 and early == 0 and self.settings.target_loss is None:
+            raise ValueError(
+                "method.target_loss (CoMERASettings.target_loss) is required when train.early == 0 and "
+                "train.late > 0 (no loss to derive it from)"
+            )
+
+    def set_precision(self, precision: str) -> None:
+        """``"fp8"``: every ``TTLinear`` runs the batch-sized GEMMs of its merge order in FP8
+        (``gemm="fp8"``: E4M3 operands, E5M2 gradients, per-tensor scales)."""
+        if precision == "fp8":
+            for layer in self.model.modules():
+                if isinstance(layer, TTLinear):
+                    layer.gemm = "fp8"
+
+    def loss(self, task_loss: torch.Tensor) -> torch.Tensor:
+        return self.adaptation.loss(task_loss)
+
+    def size(self) -> int:
+        """Exact core entries of the active-rank model (syncs with the device)."""
+        return self.adaptation.size()
+
+    def device_state(self) -> list[torch.Tensor]:
+        return self.adaptation.device_state()
+
+    def param_groups(self, *, lr: float, weight_decay: float) -> list[dict[str, Any]]:
+        """CoMERA's three groups (:func:`comera.param_groups`): cores at ``settings.lr_cores``, gates at
+        ``settings.lr_gates`` (never decayed), everything else at ``lr``."""
+        return param_groups(
+            self.model,
+            lr_cores=self.settings.lr_cores,
+            lr_gates=self.settings.lr_gates,
+            lr_other=lr,
+            weight_decay=weight_decay,
+        )
+
+    def begin_late_stage(self, *, late_steps: int | None = None) -> dict[str, Any]:
+        """:meth:`comera.RankAdaptation.begin_late_stage` with the settings' ``target_ratio``,
+        ``target_loss``, ``rho``, ``ema`` and ``recovery`` (with ``late_steps``, the deadline of the trim)."""
+        settings = self.settings
+        self.adaptation.begin_late_stage(
+            target_ratio=settings.target_ratio,
+            target_loss=settings.target_loss,
+            rho=settings.rho,
+            ema=settings.ema,
+            late_steps=late_steps,
+            recovery=settings.recovery,
+        )
+        return {"target_size": self.adaptation.target_size, "target_loss": self.adaptation.target_loss}
+
+    def after_step(self, step: int) -> dict[str, Any] | None:
+        hook = getattr(self.adaptation, "after_step", None)
+        return None if hook is None else hook(step)
+
+    def prunes_at(self, point: str) -> bool:
+        """``"epoch_end"``: with ``"epoch"`` in ``prune_at``, or ``"late_epoch"`` in the late stage;
+        ``"early_end"`` and ``"end"``: when named in ``prune_at``."""
+        prune_at = self.settings.prune_at
+        if point == "epoch_end":
+            return "epoch" in prune_at or (self.stage == "late" and "late_epoch" in prune_at)
+        return point in prune_at
+
+    def prune(self, optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
+        """:func:`comera.prune_`; the event's sizes, removed layers and new ranks when shapes changed."""
+        result = prune_(self.model, optimizer)
+        if not result.changed:
+            return None
+        return {
+            "stored_before": result.stored_before,
+            "stored_after": result.stored_after,
+            "removed": list(result.removed),
+            "layers": {layer.name: list(layer.ranks_after) for layer in result.layers},
+        }
+
+    def structure(self) -> dict[str, Any]:
+        """:func:`comera.methods.comera.structure.model_structure`: gated layers' ranks, removed layers."""
+        return model_structure(self.model)
+
+    def apply_structure(self, structure: dict[str, Any], optimizer: torch.optim.Optimizer | None) -> None:
+        apply_structure(self.model, structure, optimizer)
+
+    def record(self) -> dict[str, Any]:
+        record = {"ranks": {name: list(layer_train.ranks) for name, layer_train in gated_trains(self.model)}}
+        if self.stage == "late":
+            record["target_reached"] = self.adaptation.target_reached
+            record["reached_at_step"] = self.adaptation.reached_at_step
+        return record
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "rank_adaptation": self.adaptation.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.adaptation.load_state_dict(state.get("rank_adaptation", state))
+        self.initial_size = self.adaptation.initial_size
+
+
+def _layers_tau(model: nn.Module) -> float:
+    taus = {float(layer_train.tau) for _, layer_train in gated_trains(model)}
+    if len(taus) > 1:
+        raise ValueError(
+            f"the model's gated layers use different gate thresholds {sorted(taus)}; set CoMERASettings.tau "
+            "(method.tau) to use one for all"
+        )
+    if not taus:
+        raise ValueError(
+            "model has no gated layers (TTLinear, TTMLinear, ...); call comera.tensorize_ first, or train "
+            "with TaskObjective"
+        )
+    return taus.pop()
+
+
+def gated_model_objective(model: nn.Module) -> CoMERAObjective | None:
+    """The default objective of a Trainer built without one (registered by :mod:`comera.methods` with
+    :func:`comera.train.objective.register_default_objective`): :class:`CoMERAObjective` with default
+    settings for a model with gated layers, else None."""
+    if any(len(layer_train.gates) for _, layer_train in gated_trains(model)):
+        return CoMERAObjective(model)
+    return None

@@ -1,0 +1,96 @@
+"""``CoMERASettings``: CoMERA's own settings (docs/method.md §4, §7), checked on construction.
+
+The early stage minimises the task loss plus ``gamma`` times a size surrogate; the late stage (when the run's
+``train.late > 0``) drives the size toward ``target_ratio`` of the size reached at the end of the early stage.
+Until Reshape 2 these were :class:`comera.TrainConfig` fields; a recipe run now reads them from its ``method``
+section (``--set method.gamma=0.1``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from comera.checks import check_number
+from comera.rank.adaptation import DEFAULT_RECOVERY
+from comera.rank.surrogate import SURROGATES
+
+__all__ = ["CoMERASettings", "PRUNE_POINTS"]
+
+PRUNE_POINTS = ("early_end", "late_epoch", "epoch", "end")
+"""Where :func:`comera.prune_` runs: end of the early stage, end of every late-stage epoch, end of every
+epoch, end of training. An empty tuple never prunes."""
+
+
+@dataclass(frozen=True)
+class CoMERASettings:
+    """CoMERA's settings; paper values where the paper gives them.
+
+    Attributes:
+        gamma, surrogate: early-stage size weight and size surrogate (see :class:`comera.RankAdaptation`).
+        tau: gate threshold; None (default) keeps the one the layers were built with (``TensorizeConfig.tau``
+            owns it), a number overrides every gated layer's when the objective is built.
+        target_ratio: late-stage size target as a fraction of the size at the end of the early stage, (0, 1].
+        target_loss: late-stage loss target ``L*``; None = 1.05 x the smoothed loss at the stage switch
+            (required when the run has no early stage).
+        rho: late-stage augmentation weights ``(rho_loss, rho_size)``.
+        ema: decay of the loss moving average used by the late-stage switch, [0, 1).
+        recovery: fraction of the late stage kept for recovery after the exact trim to the target, [0, 1):
+            the trim happens at the latest after ``1 - recovery`` of the late stage.
+        prune_at: subset of :data:`PRUNE_POINTS`; empty never prunes. The default prunes at the end of the
+            early stage, of every late-stage epoch and of training (so the trained model holds its active
+            ranks even when the late stage ends mid-epoch).
+        lr_cores, lr_gates: learning rates of the cores and gates groups of the default AdamW
+            (:func:`comera.param_groups`; every other parameter trains at ``TrainConfig.lr_other``).
+    """
+
+    gamma: float = 0.01
+    tau: float | None = None
+    surrogate: str = "size"
+    target_ratio: float = 0.5
+    target_loss: float | None = None
+    rho: tuple[float, float] = (0.1, 0.01)
+    ema: float = 0.98
+    recovery: float = DEFAULT_RECOVERY
+    prune_at: tuple[str, ...] = ("early_end", "late_epoch", "end")
+    lr_cores: float = 1e-4
+    lr_gates: float = 1e-3
+
+    def __post_init__(self) -> None:
+        check_number(self.gamma, "gamma", 0.0)
+        if self.tau is not None:
+            check_number(self.tau, "tau", 0.0)
+        if self.surrogate not in SURROGATES:
+            raise ValueError(f"surrogate must be one of {SURROGATES}, got {self.surrogate!r}")
+        check_number(self.target_ratio, "target_ratio", 0.0, 1.0, open_low=True)
+        if self.target_loss is not None:
+            check_number(self.target_loss, "target_loss", 0.0, open_low=True)
+        if not isinstance(self.rho, (tuple, list)) or len(self.rho) != 2:
+            raise ValueError(f"rho must be a pair (rho_loss, rho_size) of numbers >= 0, got {self.rho!r}")
+        for value in self.rho:
+            check_number(value, "rho", 0.0)
+        object.__setattr__(self, "rho", tuple(float(value) for value in self.rho))
+        check_number(self.ema, "ema", 0.0, 1.0, open_high=True)
+        check_number(self.recovery, "recovery", 0.0, 1.0, open_high=True)
+        if isinstance(self.prune_at, str) or not all(point in PRUNE_POINTS for point in self.prune_at):
+            raise ValueError(f"prune_at must be a tuple of values from {PRUNE_POINTS}, got {self.prune_at!r}")
+        object.__setattr__(self, "prune_at", tuple(self.prune_at))
+        for name in ("lr_cores", "lr_gates"):
+            check_number(getattr(self, name), name, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form (lists for tuples), storable in JSON or a ``weights_only`` checkpoint."""
+        return {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in dataclasses.asdict(self).items()
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> CoMERASettings:
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming the valid ones."""
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown CoMERASettings keys {unknown}; valid keys: {sorted(known)}")
+        return cls(**{key: tuple(v) if isinstance(v, list) else v for key, v in values.items()})
