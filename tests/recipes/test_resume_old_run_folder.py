@@ -6,10 +6,10 @@ import json
 import shutil
 from pathlib import Path
 
-import comera.workloads.nli.recipe  # noqa: F401  (registers the nli recipe)
 import pytest
 from safetensors.torch import load_file
 
+import comera.workloads.nli.recipe  # noqa: F401  (registers the nli recipe)
 from comera.recipes.run import SetupError, run
 
 FIXTURE = Path(__file__).parents[1] / "data" / "run_folder_v0"
