@@ -15,10 +15,15 @@ import math
 import sys
 import warnings
 
+import torch
+
+from comera.launch import launch
 from comera.methods import method_names
 from comera.recipes.base import get_recipe, recipe_names
 from comera.recipes.run import SetupError, default_run_dir, run
+from comera.train.distributed import world
 from comera.train.guard import NonFiniteError
+from comera.train.parallel import init_from_environment, shutdown
 
 __all__ = ["main", "RECIPE_MODULES", "add_setting_arguments", "load_recipes", "summary"]
 
@@ -119,13 +124,27 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar"
     )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train in N processes on this machine (runs: torchrun --standalone --nproc-per-node N "
+        "-m comera train ...); train.batch_size is the global batch",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera train``."""
     load_recipes()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    if args.nproc is not None:
+        if args.nproc < 1:
+            print(f"comera train: --nproc must be >= 1, got {args.nproc}", file=sys.stderr)
+            return 2
+        return launch(args.nproc, ["train", *_without_nproc(argv)])
     if args.preset not in get_recipe(args.workload).presets:
         presets = sorted(get_recipe(args.workload).presets)
         print(f"comera train: unknown --preset {args.preset!r}; choose one of {presets}", file=sys.stderr)
@@ -136,11 +155,34 @@ def main(argv: list[str] | None = None) -> int:
         return _train(args, out)
 
 
+def _without_nproc(argv: list[str]) -> list[str]:
+    """``argv`` without its ``--nproc N`` / ``--nproc=N``."""
+    kept: list[str] = []
+    skip = False
+    for argument in argv:
+        if skip:
+            skip = False
+        elif argument == "--nproc":
+            skip = True
+        elif not argument.startswith("--nproc="):
+            kept.append(argument)
+    return kept
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     print(f"comera train: warning: {message}", file=sys.stderr if file is None else file)
 
 
 def _train(args: argparse.Namespace, out) -> int:
+    """Train in this process, or as one rank of a ``torchrun`` job (only rank 0 prints)."""
+    init_from_environment()
+    try:
+        return _train_here(args, out, world()[0] == 0)
+    finally:
+        shutdown()
+
+
+def _train_here(args: argparse.Namespace, out, speaks: bool) -> int:
     try:
         results = run(
             args.workload,
@@ -156,11 +198,22 @@ def _train(args: argparse.Namespace, out) -> int:
             progress=args.progress,
         )
     except SetupError as error:
-        print(f"comera train: {error}", file=sys.stderr)
+        if speaks:
+            print(f"comera train: {error}", file=sys.stderr)
         return 2
     except NonFiniteError as error:
-        print(f"comera train: training diverged: {error}; run folder: {out}", file=sys.stderr)
+        if speaks:
+            print(f"comera train: training diverged: {error}; run folder: {out}", file=sys.stderr)
         return 1
+    except torch.distributed.DistBackendError as error:
+        print(
+            f"comera train: process {world()[0]} lost another process of the run ({error}); "
+            f"continue it with --resume from the last checkpoint in {out}",
+            file=sys.stderr,
+        )
+        return 1
+    if not speaks:
+        return 0
     print(summary(results))
     print(f"run folder: {out} (results.json, metrics.jsonl, plots/, model/)")
     return 0

@@ -68,6 +68,7 @@ from comera.train.evaluation import Evaluator, MeanEvaluator, run_evaluation
 from comera.train.guard import NonFiniteGuard, total_grad_norm
 from comera.train.metrics import MetricsLog
 from comera.train.objective import Objective, default_objective
+from comera.train.parallel import all_true, per_rank_values
 from comera.train.records import StepWindow, train_record
 from comera.train.setup import batches_for, check_arguments, default_optimizer, graph_step_for
 from comera.train.structure import apply_structure, model_structure
@@ -281,7 +282,7 @@ class Trainer:
         params = self._parameters()
         norm = total_grad_norm(params).to(objective.device)
         values = torch.stack([task.float(), objective.float(), norm.float()]).tolist()
-        finite = NonFiniteGuard.is_finite(values[1] + values[2])
+        finite = all_true(NonFiniteGuard.is_finite(values[1] + values[2]))
         if finite:
             if self.config.grad_clip is not None:
                 torch.nn.utils.clip_grads_with_norm_(params, self.config.grad_clip, norm)
@@ -545,6 +546,10 @@ class Trainer:
             device=self._device(),
             nonfinite=self.guard.total,
         )
+        if self.world_size > 1:
+            record.update(
+                per_rank_values(step_time=record["step_time"], peak_memory_mib=record["peak_memory_mib"])
+            )
         self.metrics.write(record)
         if self._bar is not None:
             shown = {
