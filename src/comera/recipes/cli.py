@@ -15,15 +15,13 @@ import math
 import sys
 import warnings
 
-import torch
-
 from comera.launch import launch
 from comera.methods import method_names
 from comera.recipes.base import get_recipe, recipe_names
 from comera.recipes.run import SetupError, default_run_dir, run
 from comera.train.distributed import world
 from comera.train.guard import NonFiniteError
-from comera.train.parallel import init_from_environment, shutdown
+from comera.train.parallel import RankLostError, init_from_environment, shutdown
 
 __all__ = ["main", "RECIPE_MODULES", "add_setting_arguments", "load_recipes", "summary"]
 
@@ -205,12 +203,8 @@ def _train_here(args: argparse.Namespace, out, speaks: bool) -> int:
         if speaks:
             print(f"comera train: training diverged: {error}; run folder: {out}", file=sys.stderr)
         return 1
-    except torch.distributed.DistBackendError as error:
-        print(
-            f"comera train: process {world()[0]} lost another process of the run ({error}); "
-            f"continue it with --resume from the last checkpoint in {out}",
-            file=sys.stderr,
-        )
+    except RankLostError as error:
+        print(f"comera train: {error}", file=sys.stderr)
         return 1
     if not speaks:
         return 0

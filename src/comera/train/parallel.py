@@ -33,6 +33,9 @@ from comera.train.distributed import backend_for, gather_objects, is_distributed
 
 __all__ = [
     "RankError",
+    "RankLostError",
+    "lost_rank",
+    "peer_failure",
     "environment_world_size",
     "environment_device",
     "init_from_environment",
@@ -42,6 +45,7 @@ __all__ = [
     "on_rank_zero",
     "rank_zero_first",
     "per_rank_values",
+    "rank_seed",
 ]
 
 T = TypeVar("T")
@@ -60,6 +64,47 @@ class RankError(RuntimeError):
     def __init__(self, kind: str, message: str) -> None:
         self.kind = kind
         super().__init__(message)
+
+
+class RankLostError(RuntimeError):
+    """A collective call failed because another process of the run stopped (or timed out): every process
+    stops with this error and the run continues from its newest checkpoint (``fit(resume=True)``,
+    ``comera train --resume``)."""
+
+
+_PEER_FAILURES = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "gloo/transport",
+    "nccl",
+)
+"""Words of the ``RuntimeError`` s that the backends raise when another rank is gone (gloo raises plain
+``RuntimeError`` s, not ``torch.distributed.DistError`` s)."""
+
+
+def peer_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a collective call failing because another rank stopped or stopped answering."""
+    if isinstance(error, dist.DistError):
+        return True
+    message = str(error).lower()
+    return isinstance(error, RuntimeError) and any(words in message for words in _PEER_FAILURES)
+
+
+def lost_rank(error: Exception, checkpoint_dir: os.PathLike | str | None) -> RankLostError:
+    """The :class:`RankLostError` for ``error``, a failed collective call, naming where to resume from."""
+    rank, world_size = world()
+    where = (
+        "the run had no checkpoint folder, so it starts again from step 0"
+        if checkpoint_dir is None
+        else f"continue it from the newest checkpoint in {checkpoint_dir} (fit(resume=True), --resume)"
+    )
+    return RankLostError(
+        f"process {rank} of {world_size} stopped: another process of the run stopped or stopped answering "
+        f"({type(error).__name__}: {error}); {where}"
+    )
 
 
 def environment_world_size() -> int:
@@ -164,6 +209,12 @@ def rank_zero_first(job: Callable[[], T]) -> T:
     if world()[0] != 0:
         result = job()
     return result
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of the global RNGs (dropout, masking) on ``rank``: ``seed`` itself on rank 0, a different
+    one on every other rank, so that ranks do not draw the same random numbers for different examples."""
+    return (seed + rank * 1_000_033) % (2**63 - 1)
 
 
 def per_rank_values(**values: float) -> dict[str, list[Any]]:

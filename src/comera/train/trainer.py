@@ -68,7 +68,7 @@ from comera.train.evaluation import Evaluator, MeanEvaluator, run_evaluation
 from comera.train.guard import NonFiniteGuard, total_grad_norm
 from comera.train.metrics import MetricsLog
 from comera.train.objective import Objective, default_objective
-from comera.train.parallel import all_true, per_rank_values
+from comera.train.parallel import all_true, lost_rank, peer_failure, per_rank_values, rank_seed
 from comera.train.records import StepWindow, train_record
 from comera.train.setup import batches_for, check_arguments, default_optimizer, graph_step_for
 from comera.train.structure import apply_structure, model_structure
@@ -313,7 +313,8 @@ class Trainer:
         """Train to ``total_steps``.
 
         Args:
-            resume: False starts fresh (seeding torch, ``random`` and numpy with ``config.seed``); True
+            resume: False starts fresh (seeding torch, ``random`` and numpy with ``config.seed``, on rank r
+                of a process group with :func:`comera.train.parallel.rank_seed`); True
                 continues from the newest readable checkpoint in the checkpoint folder (a corrupt newest
                 checkpoint is reported and the previous one used); without any checkpoint it warns and
                 starts fresh, dropping the ``train``/``eval`` records of the earlier attempt; a path
@@ -325,6 +326,8 @@ class Trainer:
 
         Raises:
             NoReadableCheckpointError: ``resume=True`` and every checkpoint file is unreadable.
+            comera.train.parallel.RankLostError: another process of the run stopped (or stopped answering)
+                while this one waited for it in a collective call.
         """
         self._fit_started = time.perf_counter()
         if self.process_rank == 0:
@@ -360,6 +363,10 @@ class Trainer:
         try:
             while self.step < total:
                 self._run_epoch(total)
+        except RuntimeError as error:
+            if self.world_size > 1 and peer_failure(error):
+                raise lost_rank(error, self.checkpoint_dir) from error
+            raise
         finally:
             self._bar.close()
             self._bar = None
@@ -478,9 +485,10 @@ class Trainer:
         return last_step or (epoch_end if every is None else self.step % every == 0)
 
     def _seed(self) -> None:
-        torch.manual_seed(self.config.seed)
-        random.seed(self.config.seed)
-        np.random.seed(self.config.seed)
+        seed = rank_seed(self.config.seed, self.process_rank)
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
 
     def _begin_late_stage(self) -> None:
         config = self.config
@@ -625,8 +633,12 @@ class Trainer:
         return path
 
     def _restore(self, payload: dict[str, Any], rollback: bool) -> None:
+        if self.world_size > 1:  # the wrapper is rebuilt on the restored structure (shapes may change)
+            self._drop_ddp_wrapper()
         apply_structure(self.module, payload["structure"], self.optimizer)
         self.module.load_state_dict(payload["model"])
+        if self.world_size > 1:
+            self.model = DistributedDataParallel(self.module)
         self.optimizer.load_state_dict(payload["optimizer"])
         self.objective.load_state_dict(payload.get("objective", payload.get("rank_adaptation")))
         progress = payload["progress"]
