@@ -15,7 +15,7 @@ import math
 import sys
 import warnings
 
-from comera.launch import launch
+from comera.launch import launch, split_nproc
 from comera.methods import method_names
 from comera.recipes.base import get_recipe, recipe_names
 from comera.recipes.run import SetupError, default_run_dir, run
@@ -128,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="train in N processes on this machine (runs: torchrun --standalone --nproc-per-node N "
-        "-m comera train ...); train.batch_size is the global batch",
+        "-m comera train ...); train.batch_size is the global batch (read before the other options)",
     )
     return parser
 
@@ -136,13 +136,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera train``."""
     load_recipes()
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        nproc, argv = split_nproc(list(sys.argv[1:] if argv is None else argv))
+    except ValueError as error:
+        print(f"comera train: {error}", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
-    if args.nproc is not None:
-        if args.nproc < 1:
-            print(f"comera train: --nproc must be >= 1, got {args.nproc}", file=sys.stderr)
-            return 2
-        return launch(args.nproc, ["train", *_without_nproc(argv)])
+    if nproc is not None:
+        return launch(nproc, ["train", *argv])
     if args.preset not in get_recipe(args.workload).presets:
         presets = sorted(get_recipe(args.workload).presets)
         print(f"comera train: unknown --preset {args.preset!r}; choose one of {presets}", file=sys.stderr)
@@ -151,20 +152,6 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         return _train(args, out)
-
-
-def _without_nproc(argv: list[str]) -> list[str]:
-    """``argv`` without its ``--nproc N`` / ``--nproc=N``."""
-    kept: list[str] = []
-    skip = False
-    for argument in argv:
-        if skip:
-            skip = False
-        elif argument == "--nproc":
-            skip = True
-        elif not argument.startswith("--nproc="):
-            kept.append(argument)
-    return kept
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
