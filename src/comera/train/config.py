@@ -21,10 +21,12 @@ from comera.rank.adaptation import DEFAULT_RECOVERY
 from comera.rank.surrogate import SURROGATES
 from comera.train.padding import check_buckets
 
-__all__ = ["TrainConfig", "AUTO_COMPILE_MIN_STEPS", "PRUNE_POINTS", "PRECISIONS", "UNITS"]
+__all__ = ["TrainConfig", "AUTO_COMPILE_MIN_STEPS", "PRUNE_POINTS", "PRECISIONS", "UNITS", "PARALLEL_MODES"]
 
 UNITS = ("epoch", "step")
 PRECISIONS = ("fp32", "bf16", "fp8")
+PARALLEL_MODES = ("ddp", "fsdp")
+"""How a run in several processes holds the model (``TrainConfig.parallel``)."""
 AUTO_COMPILE_MIN_STEPS = 10_000
 """With ``compile="auto"``, CPU runs of at least this many steps compile the training step."""
 PRUNE_POINTS = ("early_end", "late_epoch", "epoch", "end")
@@ -107,6 +109,15 @@ class TrainConfig:
         graph_pad: with ``graph_buckets``, ``{batch key or tuple index: pad value}`` of the entries to pad.
         graph_length_dim: the dimension padded (>= 0; default 1, ``(batch, length, ...)``).
         graph_warmup: warm-up steps before each capture (>= 1); their effects are undone.
+
+    Several processes (``torchrun``; used when a process group with more than one rank is running, see
+    :mod:`comera.train.parallel`):
+        parallel: ``"ddp"`` (``DistributedDataParallel``: every rank holds the whole model and optimizer
+            state) or ``"fsdp"`` (FSDP2: the dense parts and their optimizer state are sharded over ranks;
+            :mod:`comera.train.fsdp`).
+        shard_cores: with ``"fsdp"``, shard the tensorized layers' parameters too (default False: they are
+            replicated, and pruning works as in one process; True needs an objective without stages or
+            pruning).
     """
 
     early: int = 1
@@ -149,6 +160,8 @@ class TrainConfig:
     graph_pad: dict[str | int, float] | None = None
     graph_length_dim: int = 1
     graph_warmup: int = 3
+    parallel: str = "ddp"
+    shard_cores: bool = False
 
     def __post_init__(self) -> None:
         check_int(self.early, "early", 0)
@@ -208,6 +221,10 @@ class TrainConfig:
         if not isinstance(self.reuse_cpu_memory, bool):
             raise ValueError(f"reuse_cpu_memory must be True or False, got {self.reuse_cpu_memory!r}")
         self._check_graph()
+        if self.parallel not in PARALLEL_MODES:
+            raise ValueError(f"parallel must be one of {PARALLEL_MODES}, got {self.parallel!r}")
+        if not isinstance(self.shard_cores, bool):
+            raise ValueError(f"shard_cores must be True or False, got {self.shard_cores!r}")
 
     def _check_graph(self) -> None:
         if not isinstance(self.cuda_graph, bool):

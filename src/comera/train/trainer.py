@@ -65,7 +65,17 @@ from comera.train.checkpoint import (
 from comera.train.config import AUTO_COMPILE_MIN_STEPS, TrainConfig
 from comera.train.distributed import barrier, check_backend, gather_objects, globally_averaged, world
 from comera.train.evaluation import Evaluator, MeanEvaluator, run_evaluation
-from comera.train.guard import NonFiniteGuard, total_grad_norm
+from comera.train.fsdp import (
+    check_sharding,
+    clip_gradients,
+    full_state,
+    grad_norm,
+    load_full_state,
+    reduce_replicated_gradients,
+    shard_model,
+    unfuse_mixed_groups,
+)
+from comera.train.guard import NonFiniteGuard
 from comera.train.metrics import MetricsLog
 from comera.train.objective import Objective, default_objective
 from comera.train.parallel import all_true, lost_rank, peer_failure, per_rank_values, rank_seed
@@ -170,15 +180,27 @@ class Trainer:
                 f"{self.world_size} ranks (DDP): the captured step has no gradient all-reduce; "
                 "set cuda_graph=False"
             )
-        if self.world_size > 1:
-            check_backend(self._device())
-            self.model = DistributedDataParallel(self.module)
         if objective is not None and objective.model is not self.module:
             raise ValueError("objective must be built on the same (unwrapped) model the Trainer trains")
         self.objective = objective or default_objective(
             self.module, gamma=config.gamma, tau=config.tau, surrogate=config.surrogate
         )
+        self._sharded = self.world_size > 1 and config.parallel == "fsdp"
+        if self.world_size > 1:
+            check_backend(self._device())
+            if self._sharded:
+                check_sharding(
+                    config.shard_cores,
+                    self.objective.prunes,
+                    self.objective.has_stages,
+                    optimizer is not None,
+                )
+                self.model = shard_model(self.module, config.shard_cores)
+            else:
+                self.model = DistributedDataParallel(self.module)
         self.optimizer = optimizer or default_optimizer(self.objective, config)
+        if self._sharded:
+            unfuse_mixed_groups(self.optimizer)
         self.train_data, self.eval_data = batches_for(
             train_data, eval_data, config, collate_fn, self.process_rank, self.world_size
         )
@@ -280,12 +302,14 @@ class Trainer:
         saved = self.objective.snapshot()
         task, objective = self._compute(batch)
         params = self._parameters()
-        norm = total_grad_norm(params).to(objective.device)
+        if self._sharded:
+            reduce_replicated_gradients(params)
+        norm = grad_norm(params).to(objective.device)
         values = torch.stack([task.float(), objective.float(), norm.float()]).tolist()
         finite = all_true(NonFiniteGuard.is_finite(values[1] + values[2]))
         if finite:
             if self.config.grad_clip is not None:
-                torch.nn.utils.clip_grads_with_norm_(params, self.config.grad_clip, norm)
+                clip_gradients(params, self.config.grad_clip, norm)
             self._apply()
         else:
             self.objective.restore(saved)
@@ -506,10 +530,11 @@ class Trainer:
     def _prune(self, point: str) -> bool:
         if not self.objective.prunes:
             return False
-        if self.world_size > 1:
+        rewrap = self.world_size > 1 and not self._sharded  # FSDP leaves the pruned (replicated) layers alone
+        if rewrap:
             self._drop_ddp_wrapper()
         result = self.objective.prune(self.optimizer)
-        if self.world_size > 1:
+        if rewrap:
             self.model = DistributedDataParallel(self.module)
         if result is None or not result.changed:
             return False
@@ -593,16 +618,22 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """The full training state as tensors and plain values (what a checkpoint file holds).
 
-        Under DDP this is collective (it gathers every rank's RNG state).
+        Under DDP this is collective (it gathers every rank's RNG state); under FSDP it also gathers the
+        whole model and optimizer state, which only rank 0 receives (the other ranks' ``"model"`` and
+        ``"optimizer"`` are empty).
         """
         rng_per_rank = gather_objects(capture_rng())
+        if self._sharded:
+            model_state, optimizer_state = full_state(self.module, self.optimizer)
+        else:
+            model_state, optimizer_state = self.module.state_dict(), self.optimizer.state_dict()
         return {
             "format": CHECKPOINT_FORMAT,
             "format_version": CHECKPOINT_VERSION,
             "library_version": __version__,
-            "model": self.module.state_dict(),
+            "model": model_state,
             "structure": model_structure(self.module),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer_state,
             "objective": self.objective.state_dict(),
             "progress": {
                 "step": self.step,
@@ -633,13 +664,17 @@ class Trainer:
         return path
 
     def _restore(self, payload: dict[str, Any], rollback: bool) -> None:
-        if self.world_size > 1:  # the wrapper is rebuilt on the restored structure (shapes may change)
+        rewrap = self.world_size > 1 and not self._sharded  # rebuilt on the restored structure
+        if rewrap:
             self._drop_ddp_wrapper()
         apply_structure(self.module, payload["structure"], self.optimizer)
-        self.module.load_state_dict(payload["model"])
-        if self.world_size > 1:
+        if self._sharded:
+            load_full_state(self.module, self.optimizer, payload["model"], payload["optimizer"])
+        else:
+            self.module.load_state_dict(payload["model"])
+            self.optimizer.load_state_dict(payload["optimizer"])
+        if rewrap:
             self.model = DistributedDataParallel(self.module)
-        self.optimizer.load_state_dict(payload["optimizer"])
         self.objective.load_state_dict(payload.get("objective", payload.get("rank_adaptation")))
         progress = payload["progress"]
         self.step = int(progress["step"])

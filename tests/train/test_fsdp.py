@@ -1,0 +1,66 @@
+"""FSDP2 on 2 CPU processes (gloo): the tiny comera model with its dense head sharded and its TT layers
+replicated trains as one process on the combined batches does (early stage, prune, late stage), including the
+evaluation; its checkpoints hold the whole state, so a sharded run resumes in one process and a
+one-process run resumes sharded; refused settings name themselves."""
+
+import pytest
+import torch
+from ranks import assert_same_end, checkpoint_steps, train, two_ranks
+from tiny import make_model
+
+from comera.train.config import TrainConfig
+from comera.train.fsdp import check_sharding, grad_norm, replicated_parameters
+
+STOP_AT = 8
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("reference"))
+
+
+def test_two_sharded_processes_match_one(tmp_path, reference):
+    ranks = two_ranks(tmp_path, "fsdp", run_dir=tmp_path / "run", parallel="fsdp")
+    assert [code for code, _ in ranks] == [0, 0], [saved["error"] for _, saved in ranks]
+    assert_same_end(ranks[0][1]["result"], reference)
+    assert ranks[1][1]["result"]["state"] == {}, "only rank 0 receives the whole state"
+    assert ranks[1][1]["result"]["eval"] == ranks[0][1]["result"]["eval"]
+
+
+def test_a_sharded_run_resumes_in_one_process_and_the_other_way(tmp_path, reference):
+    sharded = tmp_path / "sharded"
+    ranks = two_ranks(tmp_path, "first", run_dir=sharded, parallel="fsdp", callback=("stop", STOP_AT))
+    assert [code for code, _ in ranks] == [0, 0], [saved["error"] for _, saved in ranks]
+    assert checkpoint_steps(sharded)[-1] == STOP_AT
+    assert_same_end(train(sharded, resume=True), reference)
+
+    single = tmp_path / "single"
+    assert train(single, callback=("stop", STOP_AT)) is None
+    ranks = two_ranks(tmp_path, "second", run_dir=single, parallel="fsdp", resume=True)
+    assert [code for code, _ in ranks] == [0, 0], [saved["error"] for _, saved in ranks]
+    assert_same_end(ranks[0][1]["result"], reference)
+
+
+def test_refused_settings_name_themselves():
+    with pytest.raises(ValueError, match=r"parallel must be one of \('ddp', 'fsdp'\), got 'zero'"):
+        TrainConfig(parallel="zero")
+    with pytest.raises(ValueError, match="shard_cores must be True or False"):
+        TrainConfig(shard_cores=1)
+    with pytest.raises(ValueError, match="leave optimizer=None"):
+        check_sharding(False, True, True, optimizer_given=True)
+    with pytest.raises(ValueError, match="shard_cores=True cannot run an objective that reads the gates"):
+        check_sharding(True, True, True, optimizer_given=False)
+    check_sharding(True, False, False, optimizer_given=False)
+
+
+def test_replicated_parameters_are_those_of_the_tt_layers():
+    model = make_model()
+    replicated = replicated_parameters(model)
+    expected = {*model[0].parameters(), *model[3].parameters()}
+    assert replicated == expected and not replicated & set(model[5].parameters())
+
+
+def test_grad_norm_without_sharded_gradients_is_the_plain_norm():
+    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(4))]
+    params[0].grad, params[1].grad = torch.full((3,), 2.0), torch.full((4,), 1.0)
+    assert float(grad_norm(params)) == pytest.approx(4.0)
