@@ -13,8 +13,10 @@ import torch
 import torch.distributed as dist
 from tiny import loss_fn, make_data, make_model
 
+from comera import save_pretrained
 from comera.train import TrainConfig, Trainer
 from comera.train.checkpoint import list_checkpoints
+from comera.train.fsdp import is_sharded, whole_copy
 
 WORLD = 2
 GLOBAL_BATCH = 8
@@ -49,10 +51,16 @@ def die_at(step, rank):
 CALLBACKS = {"stop": stop_at, "die": die_at}
 
 
-def train(run_dir, world_size=1, resume=False, callback=None, parallel="ddp", **settings):
+def build():
+    """The tiny model every run starts from."""
+    return make_model(dropout=0.0, dead_gate=True)
+
+
+def train(run_dir, world_size=1, resume=False, callback=None, parallel="ddp", save_to=None, **settings):
     """The tiny run in this process (one rank of ``world_size``): the final state dict, or None if stopped.
 
     ``callback``: None or ``(name in CALLBACKS, *arguments)`` (closures do not reach a spawned process).
+    ``save_to``: a folder for ``comera.save_pretrained`` of the trained model (by rank 0).
     """
     config = TrainConfig(
         early=1,
@@ -68,7 +76,7 @@ def train(run_dir, world_size=1, resume=False, callback=None, parallel="ddp", **
     )
     made = [] if callback is None else [CALLBACKS[callback[0]](*callback[1:])]
     trainer = Trainer(
-        make_model(dropout=0.0, dead_gate=True),
+        build(),
         loss_fn,
         make_data(),
         eval_data=make_data(20, 3),
@@ -79,6 +87,10 @@ def train(run_dir, world_size=1, resume=False, callback=None, parallel="ddp", **
         trainer.fit(resume=resume)
     except Stop:
         return None
+    if save_to is not None:
+        whole = whole_copy(trainer.module, build) if is_sharded(trainer.module) else trainer.module
+        if trainer.process_rank == 0:
+            save_pretrained(whole, save_to)
     state = trainer.state_dict()  # whole on rank 0 under FSDP too
     return {"state": state["model"], "eval": dict(trainer.last_eval), "ranks": state["structure"]}
 

@@ -5,7 +5,8 @@ one-process run resumes sharded; refused settings name themselves."""
 
 import pytest
 import torch
-from ranks import assert_same_end, checkpoint_steps, train, two_ranks
+from ranks import TOLERANCE, assert_same_end, checkpoint_steps, train, two_ranks
+from safetensors.torch import load_file
 from tiny import make_model
 
 from comera.train.config import TrainConfig
@@ -16,13 +17,26 @@ STOP_AT = 8
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    return train(tmp_path_factory.mktemp("reference"))
+    folder = tmp_path_factory.mktemp("reference")
+    return {**train(folder, save_to=folder / "model"), "model": folder / "model"}
 
 
 def test_two_sharded_processes_match_one(tmp_path, reference):
-    ranks = two_ranks(tmp_path, "fsdp", run_dir=tmp_path / "run", parallel="fsdp")
+    ranks = two_ranks(tmp_path, "fsdp", run_dir=tmp_path / "run", parallel="fsdp", save_to=tmp_path / "model")
     assert [code for code, _ in ranks] == [0, 0], [saved["error"] for _, saved in ranks]
     assert_same_end(ranks[0][1]["result"], reference)
+    assert sorted(path.name for path in (tmp_path / "model").iterdir()) == [
+        "comera_config.json",
+        "model.safetensors",
+    ]
+    config = (tmp_path / "model" / "comera_config.json").read_text()
+    assert config == (reference["model"] / "comera_config.json").read_text()
+    saved, expected = (
+        load_file(folder / "model.safetensors") for folder in (tmp_path / "model", reference["model"])
+    )
+    assert saved.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(saved[name], value, **TOLERANCE, msg=name)
     assert ranks[1][1]["result"]["state"] == {}, "only rank 0 receives the whole state"
     assert ranks[1][1]["result"]["eval"] == ranks[0][1]["result"]["eval"]
 

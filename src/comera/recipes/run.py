@@ -62,6 +62,7 @@ from comera.train.config import TrainConfig
 from comera.train.data import EpochData
 from comera.train.distributed import gather_objects, world
 from comera.train.evaluation import run_evaluation
+from comera.train.fsdp import is_sharded, whole_copy
 from comera.train.metrics import read_metrics
 from comera.train.parallel import RankError, on_rank_zero, per_process_batch, rank_zero_first
 from comera.train.trainer import Trainer
@@ -439,16 +440,33 @@ def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
     if pruned:  # the saved model holds what is reported: its active ranks (the function is unchanged)
         trainer.last_eval = {}
     evaluation = _evaluate_splits(trainer, recipe, data, settings)
-    results = on_rank_zero(lambda: _write_outputs(setup, fit, evaluation, started - earlier_time))
+    saved = _whole_model(setup) if is_sharded(model) else model
+    results = on_rank_zero(lambda: _write_outputs(setup, saved, fit, evaluation, started - earlier_time))
     return gather_objects(results)[0]
 
 
-def _write_outputs(setup: _Setup, fit, evaluation: dict[str, dict], started: float) -> dict[str, Any]:
-    """Write ``model/``, ``report.txt`` and ``results.json`` (rank 0's job); returns the results.
+def _whole_model(setup: _Setup) -> nn.Module | None:
+    """The trained model of a sharded (FSDP) run, whole, on rank 0 (None elsewhere): built again from the
+    recipe and method (:func:`comera.train.fsdp.whole_copy`)."""
+    settings = setup.settings
+    context = MethodContext(
+        tensorize=tensorize_config(settings), settings=settings["method"], train=setup.trainer.config
+    )
+    return whole_copy(
+        setup.model,
+        lambda: setup.method.prepare(setup.recipe.build_model(settings["model"], setup.data), context),
+    )
+
+
+def _write_outputs(
+    setup: _Setup, model: nn.Module, fit, evaluation: dict[str, dict], started: float
+) -> dict[str, Any]:
+    """Write ``model/`` (``model``: the trained model, whole), ``report.txt`` and ``results.json`` (rank 0's
+    job); returns the results.
 
     ``started``: the ``time.perf_counter()`` the run's wall time counts from (earlier processes' time
     included)."""
-    method, out, data, model, trainer = setup.method, setup.out, setup.data, setup.model, setup.trainer
+    method, out, data, trainer = setup.method, setup.out, setup.data, setup.trainer
     save_pretrained(model, out / "model")
     report = compression_report(model)
     _write_text(out / "report.txt", f"{report}\n")

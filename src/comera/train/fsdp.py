@@ -20,7 +20,7 @@ sharded or not, resumes in M.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,6 +39,7 @@ from torch.distributed.tensor import DTensor
 
 from comera.nn.layer import is_layer
 from comera.train.guard import total_grad_norm
+from comera.train.structure import apply_structure, model_structure
 
 __all__ = [
     "shard_model",
@@ -53,6 +54,7 @@ __all__ = [
     "load_full_state",
     "full_model_state",
     "unfuse_mixed_groups",
+    "whole_copy",
 ]
 
 
@@ -218,3 +220,20 @@ def load_full_state(
 def full_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
     """The whole ``state_dict`` of a sharded ``module`` on rank 0's CPU (empty on the others); collective."""
     return get_model_state_dict(module, options=_FULL)
+
+
+def whole_copy(module: nn.Module, build: Callable[[], nn.Module]) -> nn.Module | None:
+    """An unsharded copy of the sharded ``module`` on rank 0 (None on the others); collective.
+
+    ``build()`` makes a fresh model of the same kind (as before training: the Trainer cannot unshard a model
+    in place); it is pruned to ``module``'s structure (:func:`comera.train.structure.apply_structure`) and
+    loaded with the gathered state. ``comera.save_pretrained`` of the copy writes what a one-process run
+    writes.
+    """
+    state = full_model_state(module)
+    if dist.get_rank() != 0:
+        return None
+    whole = build()
+    apply_structure(whole, model_structure(module))
+    whole.load_state_dict(state)
+    return whole
