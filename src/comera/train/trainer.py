@@ -24,7 +24,11 @@ see :func:`comera.train.distributed.backend_for`): when a process group with sev
 is running, the model is wrapped in ``DistributedDataParallel`` (rebuilt at every prune point),
 a map-style dataset is sharded by rank, the task loss the objective reads is averaged over ranks (so the
 late-stage switch and targets agree), rank 0 alone writes metrics, plots and checkpoints (which hold every
-rank's RNG state), and evaluation sums over all ranks.
+rank's RNG state), and evaluation sums over all ranks. With ``config.parallel == "fsdp"`` the model is
+sharded with FSDP2 instead (:mod:`comera.train.fsdp`; built once, pruning leaves the sharded parts alone).
+The non-finite guard's verdict is the AND over ranks, train records carry every rank's step time and peak
+memory, and a rank that stops makes the others raise :class:`comera.train.parallel.RankLostError`
+(:mod:`comera.train.parallel`).
 """
 
 from __future__ import annotations
