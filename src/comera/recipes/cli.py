@@ -15,6 +15,8 @@ import math
 import sys
 import warnings
 
+import torch
+
 from comera.launch import launch, split_nproc
 from comera.methods import method_names
 from comera.recipes.base import get_recipe, recipe_names
@@ -159,8 +161,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def _train(args: argparse.Namespace, out) -> int:
-    """Train in this process, or as one rank of a ``torchrun`` job (only rank 0 prints)."""
-    init_from_environment()
+    """Train in this process, or as one rank of a ``torchrun`` job (only rank 0 prints). The recipes train
+    on the CPU, so the process group uses gloo, GPUs or not."""
+    init_from_environment(torch.device("cpu"))
     try:
         return _train_here(args, out, world()[0] == 0)
     finally:
