@@ -61,7 +61,11 @@ def train(run_dir, world_size=1, resume=False, callback=None, parallel="ddp", sa
 
     ``callback``: None or ``(name in CALLBACKS, *arguments)`` (closures do not reach a spawned process).
     ``save_to``: a folder for ``comera.save_pretrained`` of the trained model (by rank 0).
+    ``settings``: ``TrainConfig`` fields, and ``eval_samples``. With the default 20 evaluation examples
+    every rank evaluates as many batches, and the mean over batches equals one process's (batches of 8, 8,
+    4 against 4, 4, 2 on each rank).
     """
+    eval_samples = settings.pop("eval_samples", 20)
     config = TrainConfig(
         early=1,
         late=1,
@@ -79,7 +83,7 @@ def train(run_dir, world_size=1, resume=False, callback=None, parallel="ddp", sa
         build(),
         loss_fn,
         make_data(),
-        eval_data=make_data(20, 3),
+        eval_data=make_data(eval_samples, 3),
         config=config,
         callbacks=made,
     )

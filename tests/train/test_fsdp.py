@@ -41,6 +41,15 @@ def test_two_sharded_processes_match_one(tmp_path, reference):
     assert ranks[1][1]["result"]["eval"] == ranks[0][1]["result"]["eval"]
 
 
+def test_ranks_with_different_numbers_of_evaluation_batches_evaluate_the_gathered_model(tmp_path):
+    # 17 examples: rank 0 evaluates 9 (3 batches of at most 4), rank 1 evaluates 8 (2 batches); sharded
+    # forward passes would wait for each other, the gathered model's do not
+    ranks = two_ranks(tmp_path, "uneven", run_dir=tmp_path / "run", parallel="fsdp", eval_samples=17)
+    assert [code for code, _ in ranks] == [0, 0], [saved["error"] for _, saved in ranks]
+    first, second = (saved["result"]["eval"] for _, saved in ranks)
+    assert first == second and set(first) == {"loss"}
+
+
 def test_a_sharded_run_resumes_in_one_process_and_the_other_way(tmp_path, reference):
     sharded = tmp_path / "sharded"
     ranks = two_ranks(tmp_path, "first", run_dir=sharded, parallel="fsdp", callback=("stop", STOP_AT))
