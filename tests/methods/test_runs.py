@@ -30,6 +30,7 @@ RESULT_KEYS = {
     "stage",
     "size_ratio",
     "nonfinite_steps",
+    "processes",
 }
 DENSE_PARAMS = 16 * 32 + 32 + 32 * 32 + 32 + 32 * 3 + 3
 # trained entries: CoLA ranks 4 and 8; LTE adds 4 heads of rank 16 and 32 on the frozen weights

@@ -13,10 +13,15 @@ import argparse
 import sys
 import warnings
 
+import torch
+
 from comera.commands.numbers import milliseconds, number, times
+from comera.launch import launch, split_nproc
 from comera.methods import method_names
 from comera.recipes.run import SetupError, default_run_dir, run
+from comera.train.distributed import world
 from comera.train.guard import NonFiniteError
+from comera.train.parallel import RankLostError, init_from_environment, shutdown
 from comera.workloads import load_recipe, workload_names
 
 __all__ = ["main", "add_setting_arguments", "summary"]
@@ -87,12 +92,27 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar"
     )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train in N processes on this machine (runs: torchrun --standalone --nproc-per-node N "
+        "-m comera train ...); train.batch_size is the global batch (read before the other options)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera train``."""
+    try:
+        nproc, argv = split_nproc(list(sys.argv[1:] if argv is None else argv))
+    except ValueError as error:
+        print(f"comera train: {error}", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
+    if nproc is not None:
+        return launch(nproc, ["train", *argv])
     presets = load_recipe(args.workload).presets
     if args.preset not in presets:
         presets = sorted(presets)
@@ -109,6 +129,16 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def _train(args: argparse.Namespace, out) -> int:
+    """Train in this process, or as one rank of a ``torchrun`` job (only rank 0 prints). The recipes train
+    on the CPU, so the process group uses gloo, GPUs or not."""
+    init_from_environment(torch.device("cpu"))
+    try:
+        return _train_here(args, out, world()[0] == 0)
+    finally:
+        shutdown()
+
+
+def _train_here(args: argparse.Namespace, out, speaks: bool) -> int:
     try:
         results = run(
             args.workload,
@@ -124,11 +154,18 @@ def _train(args: argparse.Namespace, out) -> int:
             progress=args.progress,
         )
     except SetupError as error:
-        print(f"comera train: {error}", file=sys.stderr)
+        if speaks:
+            print(f"comera train: {error}", file=sys.stderr)
         return 2
     except NonFiniteError as error:
-        print(f"comera train: training diverged: {error}; run folder: {out}", file=sys.stderr)
+        if speaks:
+            print(f"comera train: training diverged: {error}; run folder: {out}", file=sys.stderr)
         return 1
+    except RankLostError as error:
+        print(f"comera train: {error}", file=sys.stderr)
+        return 1
+    if not speaks:
+        return 0
     print(summary(results))
     print(f"run folder: {out} (results.json, metrics.jsonl, plots/, model/)")
     return 0

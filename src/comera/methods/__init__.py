@@ -25,6 +25,8 @@ from comera.methods.dense import DenseMethod
 from comera.methods.galore import GaLoreMethod
 from comera.methods.lte import LTEMethod
 from comera.nn.gated import invalidate_inference_caches
+from comera.nn.layer import is_layer
+from comera.train.fsdp import register_replicated_layer
 from comera.train.objective import register_default_objective, register_evaluation_hook
 
 __all__ = [
@@ -47,3 +49,4 @@ for _method in (DenseMethod(), CoMERAMethod(), GaLoreMethod(), APOLLOMethod(), L
     register_method(_method)
 register_default_objective(gated_model_objective)
 register_evaluation_hook(invalidate_inference_caches)
+register_replicated_layer(is_layer)

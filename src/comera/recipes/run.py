@@ -19,6 +19,12 @@ process, or CUDA allocator peak), ``wall_time_s`` (this process's, plus the trai
 processes up to the checkpoint a resume continued from), ``steps``, ``stage``, ``size_ratio``, for CoMERA
 ``target_reached``, and after a restart ``earlier_run`` (where the replaced run's files were moved). It is
 strict JSON: a number that is not finite (a metric undefined on the data, a time never measured) is null.
+``processes`` is the number of processes that trained; a multi-process run adds ``step_time_s_per_rank`` and
+``peak_memory_mib_per_rank``.
+
+Under ``torchrun`` (:mod:`comera.train.parallel`) every process runs :func:`run`: ``train.batch_size`` is the
+global batch (each of N processes takes ``batch_size / N``), rank 0 alone checks and writes the run folder,
+and every process returns rank 0's results.
 
 A run killed at any moment resumes (``resume=True``): from the newest readable checkpoint, or from step 0
 when there is none (the earlier records are dropped); a torn last metrics record and stale temporary files
@@ -45,6 +51,7 @@ from torch.utils.data import DataLoader
 from comera.atomic import atomic_write_bytes
 from comera.io import save_pretrained
 from comera.methods import Method, MethodContext, get_method
+from comera.methods.comera.structure import apply_structure
 from comera.recipes.base import Recipe, RecipeData, get_recipe
 from comera.recipes.fingerprint import data_fingerprint, fingerprint_difference
 from comera.recipes.folders import writable_folder
@@ -52,8 +59,12 @@ from comera.recipes.settings import resolve_settings, tensorize_config, upgrade_
 from comera.report import compression_report
 from comera.train.checkpoint import NoReadableCheckpointError
 from comera.train.config import TrainConfig
+from comera.train.data import EpochData
+from comera.train.distributed import gather_objects, world
 from comera.train.evaluation import run_evaluation
+from comera.train.fsdp import is_sharded, whole_copy
 from comera.train.metrics import read_metrics
+from comera.train.parallel import RankError, on_rank_zero, per_process_batch, rank_zero_first
 from comera.train.trainer import Trainer
 from comera.version import __version__
 
@@ -215,6 +226,21 @@ def _peak_memory(records: list[dict[str, Any]]) -> float:
     return max(peaks) if peaks else float("nan")
 
 
+def _per_rank(records: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per rank of a multi-process run: the median step time and the peak memory over the train records
+    (``{}`` for a single-process run)."""
+    rows = [r for r in records if r.get("kind") == "train" and "step_time_per_rank" in r]
+    if not rows:
+        return {}
+    ranks = range(len(rows[0]["step_time_per_rank"]))
+    times = [[row["step_time_per_rank"][rank] for row in rows] for rank in ranks]
+    peaks = [[row["peak_memory_mib_per_rank"][rank] for row in rows] for rank in ranks]
+    return {
+        "step_time_s_per_rank": [statistics.median(each[1:] if len(each) > 1 else each) for each in times],
+        "peak_memory_mib_per_rank": [max(each) for each in peaks],
+    }
+
+
 def _evaluate_splits(trainer: Trainer, recipe: Recipe, data: RecipeData, settings) -> dict[str, dict]:
     """Every evaluation split's metrics on the final model; the first split's come from the Trainer's
     evaluation at the last step (after its last prune), which saw the same model."""
@@ -222,10 +248,24 @@ def _evaluate_splits(trainer: Trainer, recipe: Recipe, data: RecipeData, setting
     first = next(iter(data.evals), None)
     results = {first: dict(trainer.last_eval)} if first is not None and trainer.last_eval else {}
     batch_size = trainer.config.batch_size
+    rank, world_size = world()
     for split, dataset in data.evals.items():
         if split in results:
             continue
-        batches = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=data.collate_fn)
+        if world_size > 1:  # each rank evaluates its shard; run_evaluation merges them
+            batches = EpochData(
+                dataset,
+                batch_size=batch_size,
+                shuffle=False,
+                drop_last=False,
+                seed=0,
+                collate_fn=data.collate_fn,
+                rank=rank,
+                world_size=world_size,
+                equal_shards=False,
+            ).epoch(0)
+        else:
+            batches = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=data.collate_fn)
         results[split] = run_evaluation(model, model, batches, recipe.evaluator(settings))
     return results
 
@@ -282,7 +322,7 @@ def run(
             progress=progress,
         )
         setup = _set_up(request)
-    except (ValueError, FileNotFoundError, FileExistsError, TypeError, ImportError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, TypeError, ImportError, RankError) as error:
         raise SetupError(str(error)) from error
     return _train(setup, resume, started)
 
@@ -366,17 +406,23 @@ def _set_up(request: _Request) -> _Setup:
         else default_run_dir(request.recipe_name, request.preset, request.method)
     )
     data_path = None if request.data is None else Path(request.data)
-    earlier_run = _check_folder(out, header, chosen, request.resume, request.restart)
     cache = Path(request.cache_dir) if request.cache_dir is not None else default_cache_dir()
-    writable_folder(out, "--out")
-    writable_folder(cache, "--cache")
-    recipe_data = recipe.build_data(settings["data"], data_path, cache)
+
+    def check_folders() -> Path | None:
+        earlier = _check_folder(out, header, chosen, request.resume, request.restart)
+        writable_folder(out, "--out")
+        writable_folder(cache, "--cache")
+        return earlier
+
+    earlier_run = on_rank_zero(check_folders)  # the run folder is rank 0's under torchrun
+    recipe_data = rank_zero_first(lambda: recipe.build_data(settings["data"], data_path, cache))
     _check_splits(recipe_data, data_path)
     torch.manual_seed(settings["train"].get("seed", 0))
     model = recipe.build_model(settings["model"], recipe_data)
     dense_params = compression_report(model).model_dense_params
+    batch_size = per_process_batch(settings["train"].get("batch_size", TrainConfig.batch_size), world()[1])
     run_config = TrainConfig.from_dict(
-        {**settings["train"], "run_dir": str(out), "progress": request.progress}
+        {**settings["train"], "batch_size": batch_size, "run_dir": str(out), "progress": request.progress}
     )
     context = MethodContext(
         tensorize=tensorize_config(settings), settings=settings["method"], train=run_config
@@ -401,17 +447,17 @@ def _set_up(request: _Request) -> _Setup:
 
 
 def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
-    recipe, method, settings, out, data, model, trainer = (
+    recipe, settings, out, data, model, trainer = (
         setup.recipe,
-        setup.method,
         setup.settings,
         setup.out,
         setup.data,
         setup.model,
         setup.trainer,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    _write_text(out / "config.json", json.dumps(setup.header, indent=2) + "\n")
+    if world()[0] == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        _write_text(out / "config.json", json.dumps(setup.header, indent=2) + "\n")
     fit_started = time.perf_counter()
     try:
         fit = trainer.fit(resume=resume)
@@ -426,6 +472,37 @@ def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
     if pruned:  # the saved model holds what is reported: its active ranks (the function is unchanged)
         trainer.last_eval = {}
     evaluation = _evaluate_splits(trainer, recipe, data, settings)
+    saved = _whole_model(setup) if is_sharded(model) else model
+    results = on_rank_zero(lambda: _write_outputs(setup, saved, fit, evaluation, started - earlier_time))
+    return gather_objects(results)[0]
+
+
+def _whole_model(setup: _Setup) -> nn.Module | None:
+    """The trained model of a sharded (FSDP) run, whole, on rank 0 (None elsewhere): built again from the
+    recipe and method (:func:`comera.train.fsdp.whole_copy`)."""
+    settings = setup.settings
+    context = MethodContext(
+        tensorize=tensorize_config(settings), settings=settings["method"], train=setup.trainer.config
+    )
+    structure = setup.trainer.objective.structure()
+
+    def build() -> nn.Module:
+        whole = setup.method.prepare(setup.recipe.build_model(settings["model"], setup.data), context)
+        apply_structure(whole, structure)
+        return whole
+
+    return whole_copy(setup.model, build)
+
+
+def _write_outputs(
+    setup: _Setup, model: nn.Module, fit, evaluation: dict[str, dict], started: float
+) -> dict[str, Any]:
+    """Write ``model/`` (``model``: the trained model, whole), ``report.txt`` and ``results.json`` (rank 0's
+    job); returns the results.
+
+    ``started``: the ``time.perf_counter()`` the run's wall time counts from (earlier processes' time
+    included)."""
+    method, out, data, trainer = setup.method, setup.out, setup.data, setup.trainer
     save_pretrained(model, out / "model")
     report = compression_report(model)
     _write_text(out / "report.txt", f"{report}\n")
@@ -445,11 +522,13 @@ def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
         },
         "step_time_s": _step_time(records),
         "peak_memory_mib": _peak_memory(records),
-        "wall_time_s": time.perf_counter() - started + earlier_time,
+        "wall_time_s": time.perf_counter() - started,
         "steps": fit.step,
         "stage": fit.stage,
         "size_ratio": fit.ratio,
         "nonfinite_steps": fit.nonfinite,
+        "processes": trainer.world_size,
+        **_per_rank(records),
     }
     adaptation = getattr(trainer.objective, "adaptation", None)
     if adaptation is not None and hasattr(adaptation, "target_reached"):

@@ -5,6 +5,10 @@ A checkpoint is a dict of tensors and plain Python values only (no pickled objec
 "progress", "rng", "config"}``. Files are named ``step-XXXXXXXX.pt``; writing goes to a temporary file in the
 same folder, is flushed and fsynced, then renamed over the final name, and the folder is fsynced, so a crash
 leaves either the old set of checkpoints or the new one, never a torn file.
+
+The file holds the whole state whatever the number of processes that wrote it (under FSDP the Trainer
+gathers it on rank 0 first: :func:`comera.train.fsdp.full_state`), so any number of processes resumes from
+it.
 """
 
 from __future__ import annotations

@@ -22,10 +22,20 @@ from typing import Any
 from comera.checks import check_int, check_number, check_optional_int
 from comera.train.padding import check_buckets
 
-__all__ = ["TrainConfig", "AUTO_COMPILE_MIN_STEPS", "MOVED_KEYS", "PRECISIONS", "UNITS", "moved_key_message"]
+__all__ = [
+    "TrainConfig",
+    "AUTO_COMPILE_MIN_STEPS",
+    "MOVED_KEYS",
+    "PARALLEL_MODES",
+    "PRECISIONS",
+    "UNITS",
+    "moved_key_message",
+]
 
 UNITS = ("epoch", "step")
 PRECISIONS = ("fp32", "bf16", "fp8")
+PARALLEL_MODES = ("ddp", "fsdp")
+"""How a run in several processes holds the model (``TrainConfig.parallel``)."""
 AUTO_COMPILE_MIN_STEPS = 10_000
 """With ``compile="auto"``, CPU runs of at least this many steps compile the training step."""
 MOVED_KEYS = (
@@ -118,6 +128,15 @@ class TrainConfig:
         graph_pad: with ``graph_buckets``, ``{batch key or tuple index: pad value}`` of the entries to pad.
         graph_length_dim: the dimension padded (>= 0; default 1, ``(batch, length, ...)``).
         graph_warmup: warm-up steps before each capture (>= 1); their effects are undone.
+
+    Several processes (``torchrun``; used when a process group with more than one rank is running, see
+    :mod:`comera.train.parallel`):
+        parallel: ``"ddp"`` (``DistributedDataParallel``: every rank holds the whole model and optimizer
+            state) or ``"fsdp"`` (FSDP2: the dense parts and their optimizer state are sharded over ranks;
+            :mod:`comera.train.fsdp`).
+        shard_cores: with ``"fsdp"``, shard the tensorized layers' parameters too (default False: they are
+            replicated, and pruning works as in one process; True needs an objective without stages or
+            pruning).
     """
 
     early: int = 1
@@ -149,6 +168,8 @@ class TrainConfig:
     graph_pad: dict[str | int, float] | None = None
     graph_length_dim: int = 1
     graph_warmup: int = 3
+    parallel: str = "ddp"
+    shard_cores: bool = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> TrainConfig:
         """Refuse the keys that moved to CoMERA's settings, naming their new home (``TypeError``)."""
@@ -193,6 +214,10 @@ class TrainConfig:
         if not isinstance(self.reuse_cpu_memory, bool):
             raise ValueError(f"reuse_cpu_memory must be True or False, got {self.reuse_cpu_memory!r}")
         self._check_graph()
+        if self.parallel not in PARALLEL_MODES:
+            raise ValueError(f"parallel must be one of {PARALLEL_MODES}, got {self.parallel!r}")
+        if not isinstance(self.shard_cores, bool):
+            raise ValueError(f"shard_cores must be True or False, got {self.shard_cores!r}")
 
     def _check_graph(self) -> None:
         if not isinstance(self.cuda_graph, bool):

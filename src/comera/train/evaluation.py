@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from comera.train.distributed import gather_objects
+from comera.train.fsdp import gathered
 
 __all__ = ["Evaluator", "MeanEvaluator", "run_evaluation"]
 
@@ -93,13 +94,14 @@ def run_evaluation(
     """Evaluate ``module`` (the unwrapped model) on ``batches`` with ``evaluator``; merged over DDP ranks.
 
     ``model`` (the possibly wrapped model) is put in eval mode for the duration and restored; gradients are
-    off and the global RNG state is left as it was.
+    off and the global RNG state is left as it was. A model sharded with FSDP is gathered whole for the
+    duration (:func:`comera.train.fsdp.gathered`), so ranks may evaluate different numbers of batches.
     """
     was_training = model.training
     model.eval()
     evaluator.reset()
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), gathered(module):
             for batch in batches:
                 evaluator.update(module, batch)
     finally:

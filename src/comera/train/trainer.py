@@ -25,7 +25,11 @@ see :func:`comera.train.distributed.backend_for`): when a process group with sev
 is running, the model is wrapped in ``DistributedDataParallel`` (rebuilt at every prune point),
 a map-style dataset is sharded by rank, the task loss the objective reads is averaged over ranks (so the
 late-stage switch and targets agree), rank 0 alone writes metrics, plots and checkpoints (which hold every
-rank's RNG state), and evaluation sums over all ranks.
+rank's RNG state), and evaluation sums over all ranks. With ``config.parallel == "fsdp"`` the model is
+sharded with FSDP2 instead (:mod:`comera.train.fsdp`; built once, pruning leaves the sharded parts alone).
+The non-finite guard's verdict is the AND over ranks, train records carry every rank's step time and peak
+memory, and a rank that stops makes the others raise :class:`comera.train.parallel.RankLostError`
+(:mod:`comera.train.parallel`).
 """
 
 from __future__ import annotations
@@ -64,9 +68,20 @@ from comera.train.checkpoint import (
 from comera.train.config import AUTO_COMPILE_MIN_STEPS, TrainConfig
 from comera.train.distributed import barrier, check_backend, gather_objects, globally_averaged, world
 from comera.train.evaluation import Evaluator, MeanEvaluator, run_evaluation
-from comera.train.guard import NonFiniteGuard, total_grad_norm
+from comera.train.fsdp import (
+    check_sharding,
+    clip_gradients,
+    full_state,
+    grad_norm,
+    load_full_state,
+    reduce_replicated_gradients,
+    shard_model,
+    unfuse_mixed_groups,
+)
+from comera.train.guard import NonFiniteGuard
 from comera.train.metrics import MetricsLog
 from comera.train.objective import Objective, default_objective
+from comera.train.parallel import all_true, lost_rank, peer_failure, per_rank_values, rank_seed
 from comera.train.records import StepWindow, train_record
 from comera.train.setup import batches_for, check_arguments, default_optimizer, graph_step_for
 from comera.version import __version__
@@ -169,14 +184,26 @@ class Trainer:
                 f"{self.world_size} ranks (DDP): the captured step has no gradient all-reduce; "
                 "set cuda_graph=False"
             )
-        if self.world_size > 1:
-            check_backend(self._device())
-            self.model = DistributedDataParallel(self.module)
         if objective is not None and objective.model is not self.module:
             raise ValueError("objective must be built on the same (unwrapped) model the Trainer trains")
         self.objective = objective or default_objective(self.module)
         self.objective.check_stages(early=config.early, late=config.late)
+        self._sharded = self.world_size > 1 and config.parallel == "fsdp"
+        if self.world_size > 1:
+            check_backend(self._device())
+            if self._sharded:
+                check_sharding(
+                    config.shard_cores,
+                    self.objective.prunes,
+                    self.objective.has_stages,
+                    optimizer is not None,
+                )
+                self.model = shard_model(self.module, config.shard_cores)
+            else:
+                self.model = DistributedDataParallel(self.module)
         self.optimizer = optimizer or default_optimizer(self.objective, config)
+        if self._sharded:
+            unfuse_mixed_groups(self.optimizer)
         self.train_data, self.eval_data = batches_for(
             train_data, eval_data, config, collate_fn, self.process_rank, self.world_size
         )
@@ -275,12 +302,14 @@ class Trainer:
         saved = self.objective.snapshot()
         task, objective = self._compute(batch)
         params = self._parameters()
-        norm = total_grad_norm(params).to(objective.device)
+        if self._sharded:
+            reduce_replicated_gradients(params)
+        norm = grad_norm(params).to(objective.device)
         values = torch.stack([task.float(), objective.float(), norm.float()]).tolist()
-        finite = NonFiniteGuard.is_finite(values[1] + values[2])
+        finite = all_true(NonFiniteGuard.is_finite(values[1] + values[2]))
         if finite:
             if self.config.grad_clip is not None:
-                torch.nn.utils.clip_grads_with_norm_(params, self.config.grad_clip, norm)
+                clip_gradients(params, self.config.grad_clip, norm)
             self._apply()
         else:
             self.objective.restore(saved)
@@ -308,7 +337,8 @@ class Trainer:
         """Train to ``total_steps``.
 
         Args:
-            resume: False starts fresh (seeding torch, ``random`` and numpy with ``config.seed``); True
+            resume: False starts fresh (seeding torch, ``random`` and numpy with ``config.seed``, on rank r
+                of a process group with :func:`comera.train.parallel.rank_seed`); True
                 continues from the newest readable checkpoint in the checkpoint folder (a corrupt newest
                 checkpoint is reported and the previous one used); without any checkpoint it warns and
                 starts fresh, dropping the ``train``/``eval`` records of the earlier attempt; a path
@@ -320,6 +350,8 @@ class Trainer:
 
         Raises:
             NoReadableCheckpointError: ``resume=True`` and every checkpoint file is unreadable.
+            comera.train.parallel.RankLostError: another process of the run stopped (or stopped answering)
+                while this one waited for it in a collective call.
         """
         self._fit_started = time.perf_counter()
         if self.process_rank == 0:
@@ -355,6 +387,10 @@ class Trainer:
         try:
             while self.step < total:
                 self._run_epoch(total)
+        except RuntimeError as error:
+            if self.world_size > 1 and peer_failure(error):
+                raise lost_rank(error, self.checkpoint_dir) from error
+            raise
         finally:
             self._bar.close()
             self._bar = None
@@ -470,9 +506,10 @@ class Trainer:
         return last_step or (epoch_end if every is None else self.step % every == 0)
 
     def _seed(self) -> None:
-        torch.manual_seed(self.config.seed)
-        random.seed(self.config.seed)
-        np.random.seed(self.config.seed)
+        seed = rank_seed(self.config.seed, self.process_rank)
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
 
     def _begin_late_stage(self) -> None:
         details = self.objective.begin_late_stage(late_steps=self._steps(self.config.late))
@@ -483,10 +520,11 @@ class Trainer:
         """Prune at ``point`` if the objective wants to; True when the model's shapes changed."""
         if not self.objective.prunes_at(point):
             return False
-        if self.world_size > 1:
+        rewrap = self.world_size > 1 and not self._sharded  # FSDP leaves the pruned (replicated) layers alone
+        if rewrap:
             self._drop_ddp_wrapper()
         details = self.objective.prune(self.optimizer)
-        if self.world_size > 1:
+        if rewrap:
             self.model = DistributedDataParallel(self.module)
         if details is None:
             return False
@@ -525,6 +563,10 @@ class Trainer:
             device=self._device(),
             nonfinite=self.guard.total,
         )
+        if self.world_size > 1:
+            record.update(
+                per_rank_values(step_time=record["step_time"], peak_memory_mib=record["peak_memory_mib"])
+            )
         self.metrics.write(record)
         if self._bar is not None:
             shown = {
@@ -560,16 +602,22 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """The full training state as tensors and plain values (what a checkpoint file holds).
 
-        Under DDP this is collective (it gathers every rank's RNG state).
+        Under DDP this is collective (it gathers every rank's RNG state); under FSDP it also gathers the
+        whole model and optimizer state, which only rank 0 receives (the other ranks' ``"model"`` and
+        ``"optimizer"`` are empty).
         """
         rng_per_rank = gather_objects(capture_rng())
+        if self._sharded:
+            model_state, optimizer_state = full_state(self.module, self.optimizer)
+        else:
+            model_state, optimizer_state = self.module.state_dict(), self.optimizer.state_dict()
         return {
             "format": CHECKPOINT_FORMAT,
             "format_version": CHECKPOINT_VERSION,
             "library_version": __version__,
-            "model": self.module.state_dict(),
+            "model": model_state,
             "structure": self.objective.structure(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer_state,
             "objective": self.objective.state_dict(),
             "progress": {
                 "step": self.step,
@@ -600,9 +648,17 @@ class Trainer:
         return path
 
     def _restore(self, payload: dict[str, Any], rollback: bool) -> None:
+        rewrap = self.world_size > 1 and not self._sharded  # rebuilt on the restored structure
+        if rewrap:
+            self._drop_ddp_wrapper()
         self.objective.apply_structure(payload["structure"], self.optimizer)
-        self.module.load_state_dict(payload["model"])
-        self.optimizer.load_state_dict(payload["optimizer"])
+        if self._sharded:
+            load_full_state(self.module, self.optimizer, payload["model"], payload["optimizer"])
+        else:
+            self.module.load_state_dict(payload["model"])
+            self.optimizer.load_state_dict(payload["optimizer"])
+        if rewrap:
+            self.model = DistributedDataParallel(self.module)
         self.objective.load_state_dict(payload.get("objective", payload.get("rank_adaptation")))
         progress = payload["progress"]
         self.step = int(progress["step"])

@@ -1,0 +1,92 @@
+"""``torchrun --nproc-per-node 2 -m comera train ...`` and ``comera train --nproc 2`` on CPU (gloo).
+
+Two processes on half the global batch each train the same model as one process (the nli and dlrm smoke
+presets draw no random numbers while training), so their ``results.json`` agree with a one-process run's to
+rounding, with DDP and with FSDP (whose ``model/`` is written from the gathered state); rank 0 alone writes
+the run folder; a setup error is reported once and stops every process.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from comera.launch import split_nproc, torchrun_command
+from comera.train.metrics import read_metrics
+
+TIMEOUT = 180
+
+
+def comera(*args, nproc=None, cwd=None):
+    """``python -m comera ARGS`` (under ``torchrun`` with ``nproc``), single-threaded, one line per error."""
+    command = [sys.executable, "-m", "comera", *args]
+    if nproc is not None:
+        command = torchrun_command(nproc, list(args))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=cwd)
+
+
+def results(folder):
+    return json.loads((folder / "results.json").read_text())
+
+
+def assert_same_results(many, one):
+    assert many["processes"] == 2 and one["processes"] == 1
+    assert len(many["step_time_s_per_rank"]) == 2 and len(many["peak_memory_mib_per_rank"]) == 2
+    assert "step_time_s_per_rank" not in one
+    assert many["steps"] == one["steps"] and many["size_ratio"] == pytest.approx(one["size_ratio"], abs=0)
+    assert many["evaluation"].keys() == one["evaluation"].keys()
+    for split, metrics in one["evaluation"].items():
+        for name, value in metrics.items():
+            assert many["evaluation"][split][name] == pytest.approx(value, rel=1e-5, abs=1e-6), (split, name)
+
+
+@pytest.mark.parametrize(
+    ("workload", "launcher", "parallel"),
+    [("nli", "torchrun", "ddp"), ("dlrm", "--nproc", "ddp"), ("dlrm", "--nproc", "fsdp")],
+)
+def test_two_processes_match_one(tmp_path, workload, launcher, parallel):
+    common = ["train", workload, "--preset", "smoke", "--cache", str(tmp_path / "cache")]
+    common += ["--set", f"train.parallel={parallel}"]
+    one = comera(*common, "--out", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr
+    if launcher == "torchrun":
+        many = comera(*common, "--out", str(tmp_path / "two"), nproc=2)
+    else:
+        many = comera(*common, "--out", str(tmp_path / "two"), "--nproc", "2")
+    assert many.returncode == 0, many.stderr
+    assert many.stdout.count("run folder:") == 1, many.stdout
+    assert_same_results(results(tmp_path / "two"), results(tmp_path / "one"))
+    records = read_metrics(tmp_path / "two")
+    steps = [record["step"] for record in records if record["kind"] == "train"]
+    assert len(steps) == len(set(steps)), "a record written by more than one process"
+    assert all(len(record["step_time_per_rank"]) == 2 for record in records if record["kind"] == "train")
+    if workload == "dlrm":  # the smoke nli's gates tie, so rounding may pick other ranks to trim
+        config = (tmp_path / "two" / "model" / "comera_config.json").read_text()
+        assert config == (tmp_path / "one" / "model" / "comera_config.json").read_text()
+
+
+def test_a_setup_error_is_reported_once_and_stops_every_process(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text("{}")
+    common = ["train", "nli", "--preset", "smoke", "--cache", str(tmp_path / "cache")]
+    taken = comera(*common, "--out", str(tmp_path / "run"), nproc=2)
+    assert taken.returncode != 0
+    assert taken.stderr.count("already holds a run; continue it with --resume") == 1, taken.stderr
+    odd = comera(*common, "--out", str(tmp_path / "odd"), "--set", "train.batch_size=7", "--nproc", "2")
+    assert odd.returncode != 0
+    assert odd.stderr.count("train.batch_size=7 is the global batch and must be a multiple") == 1, odd.stderr
+
+
+def test_nproc_is_split_from_the_other_arguments():
+    assert split_nproc(["nli", "--nproc", "4", "--preset", "smoke"]) == (4, ["nli", "--preset", "smoke"])
+    assert split_nproc(["nli", "--nproc=2"]) == (2, ["nli"])
+    assert split_nproc(["nli"]) == (None, ["nli"])
+    for bad in (["--nproc"], ["--nproc", "0"], ["--nproc=two"]):
+        with pytest.raises(ValueError, match="--nproc"):
+            split_nproc(bad)
+    command = torchrun_command(3, ["train", "nli"])
+    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--nproc-per-node=3" in command and command[-4:] == ["-m", "comera", "train", "nli"]
