@@ -11,7 +11,7 @@ import pytest
 import toy  # noqa: F401  (registers the toy recipe)
 
 from comera.commands import compare as compare_module
-from comera.commands.compare import compare, format_markdown
+from comera.commands.compare import compare, format_markdown, method_assignments
 from comera.recipes.run import SetupError
 
 
@@ -191,3 +191,26 @@ def test_the_command_compares_in_fresh_processes(tmp_path):
     assert again.returncode == 0 and "reusing the finished run" in again.stdout
     bad = subprocess.run([*command, "--set", "train.bogus=1"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "comera compare: " in bad.stderr and "train.bogus" in bad.stderr
+
+
+def test_a_method_setting_reaches_only_the_methods_that_have_it():
+    routed = method_assignments(
+        ["dense", "comera", "lte"], ["train.seed=3", "method.gamma=0.5", "method.target_ratio=0.3"]
+    )
+    assert routed["dense"] == routed["lte"] == ["train.seed=3"]
+    assert routed["comera"] == ["train.seed=3", "method.gamma=0.5", "method.target_ratio=0.3"]
+
+
+def test_a_method_setting_no_compared_method_has_is_refused_naming_its_owner(tmp_path):
+    with pytest.raises(
+        SetupError, match=r"method\.gamma: none of the compared methods \['dense'\].*\['comera'\]"
+    ):
+        _compare(tmp_path, ["dense"], assignments=["method.gamma=0.5"])
+
+
+def test_a_comparison_with_a_comera_setting_trains_dense_with_its_own_settings(tmp_path):
+    runs = _compare(tmp_path, ["dense", "comera"], assignments=["method.gamma=0.5"])
+    assert [run.status for run in runs] == ["trained", "trained"]
+    configs = {run.method: json.loads((run.run_dir / "config.json").read_text()) for run in runs}
+    assert configs["comera"]["settings"]["method"]["gamma"] == 0.5
+    assert "gamma" not in configs["dense"]["settings"]["method"]

@@ -47,12 +47,14 @@ from comera.recipes.run import (
     run_header,
     strict_json,
 )
+from comera.recipes.settings import parse_assignment
 from comera.workloads import load_recipe, workload_names
 
 __all__ = [
     "DEFAULT_METHODS",
     "MethodRun",
     "compare",
+    "method_assignments",
     "format_markdown",
     "main",
 ]
@@ -151,6 +153,32 @@ def _command_arguments(arguments: dict[str, Any]) -> list[str]:
     return words
 
 
+def method_assignments(methods: Sequence[str], assignments: Sequence[str]) -> dict[str, list[str]]:
+    """The ``--set`` assignments each method's run gets: every one outside the ``method`` section, and a
+    ``method.KEY=...`` one only for the methods that have the setting ``KEY`` (:attr:`Method.defaults`), so
+    ``--set method.gamma=0.1`` changes CoMERA's run and leaves dense's alone.
+
+    Raises:
+        ValueError: a ``method.KEY`` that none of ``methods`` has, naming the methods that have it.
+    """
+    routed: dict[str, list[str]] = {method: [] for method in methods}
+    for assignment in assignments:
+        section, key, _ = parse_assignment(assignment)
+        if section != "method":
+            takers = list(methods)
+        else:
+            takers = [method for method in methods if key in get_method(method).defaults]
+            if not takers:
+                owners = [name for name in method_names() if key in get_method(name).defaults]
+                raise ValueError(
+                    f"--set method.{key}: none of the compared methods {list(methods)} has this setting"
+                    + (f"; it belongs to {owners}" if owners else "")
+                )
+        for method in takers:
+            routed[method].append(assignment)
+    return routed
+
+
 def compare(
     workload: str,
     methods: Sequence[str] = DEFAULT_METHODS,
@@ -198,10 +226,11 @@ def compare(
         repeated = sorted({name for name in methods if methods.count(name) > 1})
         if repeated:
             raise ValueError(f"methods: each method at most once; repeated: {repeated}")
+        routed = method_assignments(methods, assignments)
         plans = []
         for method in methods:
             header = run_header(
-                workload, method, preset, data, config_file=config_file, assignments=assignments
+                workload, method, preset, data, config_file=config_file, assignments=routed[method]
             )
             _check_packages(method)
             run_dir = out / method
@@ -228,7 +257,7 @@ def compare(
             "data": data,
             "config": config_file,
             "cache": cache_dir,
-            "assignments": assignments,
+            "assignments": routed[method],
             "out": run_dir,
             "resume": state == "unfinished",
         }
