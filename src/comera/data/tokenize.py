@@ -14,6 +14,7 @@ Transformers' ``BertTokenizerFast(vocab_file=...)`` is not used: in transformers
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -26,7 +27,14 @@ from tokenizers.trainers import WordPieceTrainer
 from comera.checks import check_int
 from comera.data.files import utf8_problem
 
-__all__ = ["SPECIAL_TOKENS", "PairTokenizer", "bert_wordpiece", "load_tokenizer", "train_wordpiece"]
+__all__ = [
+    "SPECIAL_TOKENS",
+    "PairTokenizer",
+    "bert_wordpiece",
+    "load_tokenizer",
+    "tokenizer_digest",
+    "train_wordpiece",
+]
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -35,6 +43,17 @@ SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 _ENCODE_CHUNK = 128
 VOCAB_FILE = "vocab.txt"
 TOKENIZER_FILE = "tokenizer.json"
+
+
+def tokenizer_digest(tokenizer: Tokenizer) -> str:
+    """SHA-256 (hex) of ``tokenizer``'s serialised form: vocabulary, merges, normaliser and pre-tokeniser.
+
+    ``tokenizers``' trainers break ties between equally frequent pieces in an order that changes from
+    process to process, so a tokenizer trained again from the same texts may number (or even choose) its
+    pieces differently; a run records this digest of the tokenizer it trained with, and a resume refuses
+    another one by name.
+    """
+    return hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
 
 
 def bert_wordpiece(vocab: dict[str, int] | None = None, *, lowercase: bool = True) -> Tokenizer:

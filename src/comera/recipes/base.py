@@ -42,7 +42,9 @@ class RecipeData:
         collate_fn: turns a list of samples into a batch (None: ``torch.utils.data.default_collate``).
         info: facts to report: ``{"splits": {split: {"read": n, "skipped": k, ...}}, ...}`` plus anything
             the recipe wants in ``results.json`` under ``"data"`` (vocabulary size, majority-class accuracy,
-            where the data came from).
+            where the data came from). ``info["identity"]``, optional: ``{name: hex digest}`` of what the data
+            build made that its inputs do not fix (a tokenizer trained on the machine); a run records it in
+            ``config.json`` and a resume refuses data built differently, naming the entry.
     """
 
     train: Dataset

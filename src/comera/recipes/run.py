@@ -121,6 +121,7 @@ def header_difference(recorded: dict[str, Any], header: dict[str, Any]) -> str |
     data file that changed (by name, size and hash), or the keys with other values."""
     if "data_files" not in recorded:  # a folder written before fingerprints were recorded
         recorded = {**recorded, "data_files": header.get("data_files")}
+    recorded = {key: value for key, value in recorded.items() if key != "data_identity"}  # after the build
     if recorded == header:
         return None
     if recorded.get("data") == header.get("data"):
@@ -129,6 +130,22 @@ def header_difference(recorded: dict[str, Any], header: dict[str, Any]) -> str |
             return f"the data changed since the run started ({changed})"
     keys = sorted(key for key in {*header, *recorded} if recorded.get(key) != header.get(key))
     return f"it was started with other settings (differences in {keys})"
+
+
+def _check_identity(out: Path, identity: dict[str, str] | None, cache: Path) -> None:
+    """Refuse a resume whose data build made something else than the run's (``RecipeData.info["identity"]``,
+    recorded in ``config.json`` as ``data_identity``; folders written before it was recorded pass)."""
+    recorded = read_run_config(out / "config.json")
+    if "data_identity" not in recorded or recorded["data_identity"] == identity:
+        return
+    then, now = recorded["data_identity"] or {}, identity or {}
+    name = next(key for key in sorted({*then, *now}) if then.get(key) != now.get(key))
+    raise ValueError(
+        f"--resume: the run in {out} cannot continue: the data build made another {name} than the run's "
+        f"(sha256 {str(then.get(name))[:12]} then, {str(now.get(name))[:12]} now; it is trained on the "
+        f"machine, and training it again need not give the same one): resume with the --cache folder the "
+        f"run used (this command read {cache}), or start it again with --restart"
+    )
 
 
 def _aside_name(out: Path) -> Path:
@@ -417,6 +434,9 @@ def _set_up(request: _Request) -> _Setup:
     earlier_run = on_rank_zero(check_folders)  # the run folder is rank 0's under torchrun
     recipe_data = rank_zero_first(lambda: recipe.build_data(settings["data"], data_path, cache))
     _check_splits(recipe_data, data_path)
+    header["data_identity"] = recipe_data.info.get("identity")
+    if request.resume:
+        on_rank_zero(lambda: _check_identity(out, header["data_identity"], cache))
     torch.manual_seed(settings["train"].get("seed", 0))
     model = recipe.build_model(settings["model"], recipe_data)
     dense_params = compression_report(model).model_dense_params

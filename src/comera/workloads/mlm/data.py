@@ -9,7 +9,6 @@ tokenizer and the documents).
 
 from __future__ import annotations
 
-import hashlib
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from comera.data.sources import (
     read_counts,
     split_of,
 )
+from comera.data.tokenize import tokenizer_digest
 from comera.workloads.mlm.masking import MaskingCollator
 from comera.workloads.mlm.packing import PackedBlocks, pack_documents
 
@@ -71,8 +71,8 @@ def _encode_cached(
 ) -> list[list[int]]:
     """Token ids of ``documents``, read from or written to ``cache_dir`` (``.npz`` of plain arrays, keyed by
     the tokenizer and the documents)."""
-    tokenizer_digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
-    path = cache_dir / f"code-tokens-{documents_digest(documents, 'tokens', tokenizer_digest)}.npz"
+    digest = tokenizer_digest(tokenizer)
+    path = cache_dir / f"code-tokens-{documents_digest(documents, 'tokens', digest)}.npz"
     if path.is_file():
         with np.load(path, allow_pickle=False) as stored:
             ids, offsets = stored["ids"], stored["offsets"]
@@ -162,6 +162,11 @@ def build_code_data(
         }
         for name, blocks in packed.items()
     }
-    info.update(vocab_size=ids.vocab_size, tokenizer=str(tokenizer_path), tokenizer_cached=cached)
+    info.update(
+        vocab_size=ids.vocab_size,
+        tokenizer=str(tokenizer_path),
+        tokenizer_cached=cached,
+        identity={"tokenizer": tokenizer_digest(tokenizer)},
+    )
     collator = MaskingCollator(ids, mask_probability=mask_probability, seed=seed)
     return CodeData(packed["train"], packed["validation"], collator, tokenizer, tokenizer_path, ids, info)

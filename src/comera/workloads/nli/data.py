@@ -29,7 +29,7 @@ from pathlib import Path
 
 from comera.checks import check_int
 from comera.data.files import numbered_lines, open_data, utf8_problem
-from comera.data.tokenize import PairTokenizer, load_tokenizer, train_wordpiece
+from comera.data.tokenize import PairTokenizer, load_tokenizer, tokenizer_digest, train_wordpiece
 from comera.workloads.nli.pairs import (
     PAIR_LABELS,
     PadCollate,
@@ -333,6 +333,7 @@ def build_nli_data(
         pad_token_id=pair_tokenizer.pad_id,
         max_length=max_length,
         splits={name: _split_facts(examples) for name, examples in splits.items()},
+        identity={"tokenizer": tokenizer_digest(pair_tokenizer.tokenizer)},
     )
     train = datasets.pop("train")
     return NLIData(train=train, evals=datasets, collate_fn=PadCollate(pair_tokenizer.pad_id), info=info)
