@@ -16,5 +16,6 @@ BENCHMARKS: dict[str, str] = {
     "mlm": "comera.workloads.mlm.bench",
     "paper": "comera.bench.paper",
     "meta_memory": "comera.bench.meta_memory",
+    "scaling": "comera.bench.scaling",
 }
 """Benchmark name -> the module ``comera bench NAME`` runs."""
