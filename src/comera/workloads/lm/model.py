@@ -37,6 +37,7 @@ from torch import nn
 
 from comera.checks import check_bool, check_int, check_number, check_optional_int
 from comera.io import MODEL_ATTRIBUTE, register_model
+from comera.models.sizes import config_from
 from comera.workloads.lm import presets as _presets  # noqa: F401  (registers the lm-* tensorization presets)
 
 __all__ = [
@@ -260,14 +261,7 @@ class LlamaLM(nn.Module):
 
     def __init__(self, config: LMConfig | None = None, **sizes: Any) -> None:
         super().__init__()
-        if config is not None and sizes:
-            raise ValueError(f"pass either config or keyword sizes, not both (got {sorted(sizes)})")
-        if config is None:
-            valid = [f.name for f in dataclasses.fields(LMConfig)]
-            unknown = sorted(set(sizes) - set(valid))
-            if unknown:
-                raise ValueError(f"unknown LlamaLM argument(s) {unknown}; valid: {valid}")
-            config = LMConfig(**sizes)
+        config = config_from(LMConfig, config, sizes, "LlamaLM")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))

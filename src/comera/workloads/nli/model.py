@@ -32,6 +32,7 @@ from comera.checks import check_int, check_number
 from comera.io import MODEL_ATTRIBUTE, register_model
 from comera.models.attention import attention_context
 from comera.models.dropout import FastDropout
+from comera.models.sizes import config_from
 
 __all__ = [
     "MODEL_NAME",
@@ -236,14 +237,7 @@ class TransformerClassifier(nn.Module):
 
     def __init__(self, config: TransformerConfig | None = None, **sizes: Any) -> None:
         super().__init__()
-        if config is not None and sizes:
-            raise ValueError(f"pass either config or keyword sizes, not both (got {sorted(sizes)})")
-        if config is None:
-            valid = [f.name for f in dataclasses.fields(TransformerConfig)]
-            unknown = sorted(set(sizes) - set(valid))
-            if unknown:
-                raise ValueError(f"unknown TransformerClassifier argument(s) {unknown}; valid: {valid}")
-            config = TransformerConfig(**sizes)
+        config = config_from(TransformerConfig, config, sizes, "TransformerClassifier")
         self.config = config
         self.embeddings = Embeddings(config)
         self.blocks = nn.ModuleList(EncoderBlock(config) for _ in range(config.n_layers))
