@@ -121,7 +121,7 @@ def test_a_folder_with_other_settings_is_refused_before_anything_trains(finished
         (["dense", "sgd"], {}, r"unknown method 'sgd'"),
         (["dense"], {"preset": "huge"}, r"unknown preset 'huge'"),
         (["dense", "comera"], {"assignments": ["train.bogus=1"]}, r"unknown key train.bogus"),
-        (["dense", "lte"], {"assignments": ["method.heads=2"]}, r"method.heads"),
+        (["dense", "lte"], {"assignments": ["method.gamma=2"]}, r"method\.gamma: none of the compared"),
         (["dense"], {"data": "no/such/file.tsv"}, r"--data no/such/file.tsv: no such file"),
     ],
 )
