@@ -20,6 +20,7 @@ sharded or not, resumes in M.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,15 +28,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
 
 from comera.train.guard import total_grad_norm
 
@@ -55,6 +47,23 @@ __all__ = [
     "unfuse_mixed_groups",
     "whole_copy",
 ]
+
+
+def _is_dtensor(value: object) -> bool:
+    """Whether ``value`` is a ``DTensor``. While ``torch.distributed.tensor`` is not imported none can
+    exist, and it is not imported here: that import takes about a second, which ``import comera`` and every
+    one-process run would otherwise pay (the FSDP functions below import it when they shard)."""
+    package = sys.modules.get("torch.distributed.tensor")
+    return package is not None and isinstance(value, package.DTensor)
+
+
+def _fsdp_units(module: nn.Module) -> list[nn.Module]:
+    """The submodules of ``module`` (itself included) sharded by ``fully_shard``; none while
+    ``torch.distributed.fsdp`` is not imported (see :func:`_is_dtensor`)."""
+    package = sys.modules.get("torch.distributed.fsdp")
+    if package is None:
+        return []
+    return [layer for layer in module.modules() if isinstance(layer, package.FSDPModule)]
 
 
 _REPLICATED_LAYER_TESTS: list[Callable[[nn.Module], bool]] = []
@@ -89,6 +98,9 @@ def shard_model(module: nn.Module, shard_cores: bool = False) -> nn.Module:
         module: the unwrapped model, on its device; a process group must be running.
         shard_cores: shard the tensorized layers' parameters too (default: keep them replicated).
     """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
     device = next(iter(module.parameters()), torch.empty(0)).device
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     ignored = set() if shard_cores else replicated_parameters(module)
@@ -98,7 +110,7 @@ def shard_model(module: nn.Module, shard_cores: bool = False) -> nn.Module:
 
 def is_sharded(module: nn.Module) -> bool:
     """Whether ``module`` (or a submodule) was sharded with ``fully_shard``."""
-    return any(isinstance(layer, FSDPModule) for layer in module.modules())
+    return bool(_fsdp_units(module))
 
 
 def check_sharding(shard_cores: bool, prunes: bool, has_stages: bool, optimizer_given: bool) -> None:
@@ -123,9 +135,7 @@ def check_sharding(shard_cores: bool, prunes: bool, has_stages: bool, optimizer_
 
 def reduce_replicated_gradients(parameters: Iterable[torch.Tensor]) -> None:
     """Average over ranks the gradients that FSDP does not reduce (those that are not ``DTensor`` s)."""
-    grads = [
-        param.grad for param in parameters if param.grad is not None and not isinstance(param.grad, DTensor)
-    ]
+    grads = [param.grad for param in parameters if param.grad is not None and not _is_dtensor(param.grad)]
     if not grads:
         return
     flat = torch.cat([grad.reshape(-1) for grad in grads])
@@ -143,10 +153,10 @@ def grad_norm(parameters: list[torch.Tensor]) -> torch.Tensor:
     Without ``DTensor`` gradients this is :func:`comera.train.guard.total_grad_norm`; with them, the squares
     of each rank's shards are summed over ranks and added to those of the replicated gradients.
     """
-    sharded = [param.grad for param in parameters if isinstance(param.grad, DTensor)]
+    sharded = [param.grad for param in parameters if _is_dtensor(param.grad)]
     if not sharded:
         return total_grad_norm(parameters)
-    plain = [param for param in parameters if param.grad is not None and not isinstance(param.grad, DTensor)]
+    plain = [param for param in parameters if param.grad is not None and not _is_dtensor(param.grad)]
     squares = torch.stack([grad.to_local().float().pow(2).sum() for grad in sharded]).sum()
     dist.all_reduce(squares)
     replicated = total_grad_norm(plain).float().to(squares.device)
@@ -157,7 +167,7 @@ def clip_gradients(parameters: list[torch.Tensor], max_norm: float, norm: torch.
     """Scale the gradients so that their total ``norm`` is at most ``max_norm`` (as
     ``torch.nn.utils.clip_grads_with_norm_``, which cannot mix ``DTensor`` and plain gradients)."""
     grads = [param.grad for param in parameters if param.grad is not None]
-    if not any(isinstance(grad, DTensor) for grad in grads):
+    if not any(_is_dtensor(grad) for grad in grads):
         torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
         return
     coefficient = min(max_norm / (float(norm) + 1e-6), 1.0)
@@ -169,7 +179,7 @@ def unfuse_mixed_groups(optimizer: torch.optim.Optimizer) -> None:
     """Step every param group that mixes ``DTensor`` and plain parameters one tensor at a time: the fused and
     foreach kernels refuse the mix (a group keeps its flags otherwise)."""
     for group in optimizer.param_groups:
-        kinds = {isinstance(param, DTensor) for param in group["params"]}
+        kinds = {_is_dtensor(param) for param in group["params"]}
         if len(kinds) > 1:
             group["fused"], group["foreach"] = None, False
 
@@ -178,7 +188,7 @@ def unfuse_mixed_groups(optimizer: torch.optim.Optimizer) -> None:
 def gathered(module: nn.Module) -> Iterator[nn.Module]:
     """Inside, every FSDP unit of ``module`` holds its full parameters and forward passes communicate
     nothing (collective on entry and exit; a no-op for a model that is not sharded)."""
-    units = [layer for layer in module.modules() if isinstance(layer, FSDPModule)]
+    units = _fsdp_units(module)
     for unit in units:
         unit.set_reshard_after_forward(False, recurse=False)
         unit.unshard()
@@ -190,7 +200,16 @@ def gathered(module: nn.Module) -> Iterator[nn.Module]:
             unit.set_reshard_after_forward(True, recurse=False)
 
 
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+def _state_dict_api():
+    """``torch.distributed.checkpoint.state_dict``, imported on first use (see :func:`_is_dtensor`)."""
+    from torch.distributed.checkpoint import state_dict
+
+    return state_dict
+
+
+def _whole_on_cpu():
+    """Options for a whole state dict gathered on rank 0's CPU."""
+    return _state_dict_api().StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def _names_in_order(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -203,7 +222,7 @@ def full_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dic
     """``(model state, optimizer state)`` of a sharded run, whole, on rank 0's CPU (empty on the others);
     collective. The optimizer state is keyed by parameter position, as ``optimizer.state_dict()`` of one
     process is."""
-    model_state, named = get_state_dict(module, optimizer, options=_FULL)
+    model_state, named = _state_dict_api().get_state_dict(module, optimizer, options=_whole_on_cpu())
     if not named:
         return model_state, named
     position = {name: index for index, name in enumerate(_names_in_order(module, optimizer))}
@@ -231,14 +250,17 @@ def load_full_state(
             for group in optimizer_state["param_groups"]
         ],
     }
-    options = StateDictOptions(full_state_dict=True)
-    set_state_dict(module, optimizer, model_state_dict=model_state, optim_state_dict=named, options=options)
+    api = _state_dict_api()
+    options = api.StateDictOptions(full_state_dict=True)
+    api.set_state_dict(
+        module, optimizer, model_state_dict=model_state, optim_state_dict=named, options=options
+    )
     unfuse_mixed_groups(optimizer)
 
 
 def full_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
     """The whole ``state_dict`` of a sharded ``module`` on rank 0's CPU (empty on the others); collective."""
-    return get_model_state_dict(module, options=_FULL)
+    return _state_dict_api().get_model_state_dict(module, options=_whole_on_cpu())
 
 
 def whole_copy(module: nn.Module, build: Callable[[], nn.Module]) -> nn.Module | None:
