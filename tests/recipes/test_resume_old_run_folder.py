@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 import comera.workloads.nli.recipe  # noqa: F401  (registers the nli recipe)
@@ -46,9 +47,14 @@ def test_an_old_run_folder_resumes_to_the_old_uninterrupted_run(tmp_path, drop, 
     got = load_file(str(out / "model" / "model.safetensors"))
     want = load_file(str(FIXTURE / "expected" / "model.safetensors"))
     assert got.keys() == want.keys()
+    # the expected run was computed once, on the machine that made the fixture (an AMD EPYC): on another
+    # kind of CPU the fused AdamW and GEMM kernels round differently, so weights and metrics agree within a
+    # tolerance there (docs/testing.md, "When a test may compare bit for bit"); on the EPYC they are equal
     for name in want:
-        assert (got[name] == want[name]).all(), name
-    assert results["evaluation"] == expected["evaluation"]
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert results["evaluation"].keys() == expected["evaluation"].keys()
+    for split, metrics in expected["evaluation"].items():
+        assert results["evaluation"][split] == pytest.approx(metrics, rel=1e-5), split
     events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     (resume,) = [event for event in events if event.get("event") == "resume"]
     assert resume["checkpoint"].endswith(resumed_from)
