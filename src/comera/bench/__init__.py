@@ -17,5 +17,6 @@ BENCHMARKS: dict[str, str] = {
     "paper": "comera.bench.paper",
     "meta_memory": "comera.bench.meta_memory",
     "scaling": "comera.bench.scaling",
+    "gpu": "comera.bench.gpu",
 }
 """Benchmark name -> the module ``comera bench NAME`` runs."""

@@ -132,10 +132,16 @@ def _train(args: argparse.Namespace, out) -> int:
     """Train in this process, or as one rank of a ``torchrun`` job (only rank 0 prints). The recipes train
     on the CPU, so the process group uses gloo, GPUs or not."""
     init_from_environment(torch.device("cpu"))
+    every_rank_answers = False
     try:
-        return _train_here(args, out, world()[0] == 0)
+        code = _train_here(args, out, world()[0] == 0)
+        every_rank_answers = True
+        return code
+    except RankLostError as error:
+        print(f"comera train: {error}", file=sys.stderr)
+        return 1
     finally:
-        shutdown()
+        shutdown(wait=every_rank_answers)
 
 
 def _train_here(args: argparse.Namespace, out, speaks: bool) -> int:
@@ -160,9 +166,6 @@ def _train_here(args: argparse.Namespace, out, speaks: bool) -> int:
     except NonFiniteError as error:
         if speaks:
             print(f"comera train: training diverged: {error}; run folder: {out}", file=sys.stderr)
-        return 1
-    except RankLostError as error:
-        print(f"comera train: {error}", file=sys.stderr)
         return 1
     if not speaks:
         return 0

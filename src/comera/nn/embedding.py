@@ -270,7 +270,8 @@ class _TTMTable(GatedTrain):
         if order == "merge":
             split = ttm_merge_split(x.shape[0], self.col_shape, self.row_shape, self.max_ranks, backward)
         logits = ttm_linear(x, cores, self.num_embeddings, bias, order, split, zero_output=self.padding_idx)
-        return autocast_output(logits).reshape(*lead, self.num_embeddings)
+        logits = autocast_output(logits)
+        return logits if hidden.dim() == 2 else logits.reshape(*lead, self.num_embeddings)
 
     @torch.no_grad()
     def _load_table(self, weight: torch.Tensor) -> None:

@@ -145,9 +145,17 @@ def init_from_environment(device: torch.device | None = None) -> bool:
     return True
 
 
-def shutdown() -> None:
-    """Destroy the process group, if one exists (the counterpart of :func:`init_from_environment`)."""
+def shutdown(wait: bool = True) -> None:
+    """Destroy the process group, if one exists (the counterpart of :func:`init_from_environment`).
+
+    With ``wait`` (every rank is known to reach this call) the ranks first meet at a barrier, which also
+    waits for the group's outstanding collective work (FSDP2 issues some asynchronously): a rank that
+    destroyed its group while the other still exchanged with it could abort the run at its very end.
+    Pass ``wait=False`` after a rank was lost, when nobody would come to the barrier.
+    """
     if dist.is_available() and dist.is_initialized():
+        if wait:
+            dist.barrier()
         dist.destroy_process_group()
 
 

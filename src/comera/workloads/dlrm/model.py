@@ -254,4 +254,5 @@ class DLRM(nn.Module):
             raise ValueError(
                 f"ids give {embedded.shape[0]} samples but dense has {bottom.shape[0]} (batch sizes differ)"
             )
-        return self.top(self.interaction(bottom, embedded)).squeeze(1)
+        logits = self.top(self.interaction(bottom, embedded))
+        return logits.squeeze(1).clone()  # not a view: FSDP2 loses its backward hook on in-place ops to one
