@@ -119,7 +119,7 @@ class TrainConfig:
             a process-wide glibc setting; memory freed after a peak stays mapped. No effect on CUDA models
             or where the C library is not glibc.
 
-    CUDA graph (:class:`comera.train.cuda_graph.CudaGraphStep`; never run on a GPU yet):
+    CUDA graph (:class:`comera.train.cuda_graph.CudaGraphStep`; tested on one H200, not in CI):
         cuda_graph: capture the whole step (forward, objective, backward, on-device non-finite guard, AdamW
             step) as a CUDA graph and replay it. Needs a CUDA model, a single process, ``compile`` not True,
             and AdamW/Adam with ``capturable=True`` (the default optimizer is then built so).

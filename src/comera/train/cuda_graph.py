@@ -35,7 +35,9 @@ the graph's pool: between steps ``param.grad`` holds the last replay's gradients
 while the graph is in use. Autocast (``autocast_dtype``) runs with its weight cache disabled, as graph
 capture requires. Single process only (no DDP).
 
-This module has not been run on a GPU yet: its CUDA tests are skipped on machines without CUDA.
+Run on a GPU once (2026-11-26): its CUDA tests passed on one NVIDIA H200 with torch 2.11.0+cu130, and the
+whole step replayed 4x faster than the eager step on the small transformer of ``comera bench gpu``. The
+CUDA tests are skipped on machines without CUDA, which is where CI runs.
 """
 
 from __future__ import annotations
