@@ -70,7 +70,7 @@ _BUILTIN_MODEL_MODULES = (
     "comera.workloads.nli.model",
     "comera.workloads.mlm.model",
     "comera.workloads.dlrm.model",
-    "comera.workloads.lm.model",
+    "comera.workloads.llm.model",
 )
 """Modules whose import registers the built-in models (imported when a saved model names one)."""
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import comera
 from comera.nn.layer import is_layer
 from comera.tensorize_config import tensorize_preset
-from comera.workloads.lm.model import (
+from comera.workloads.llm.model import (
     MODEL_PRESETS,
     LlamaLM,
     LMConfig,
@@ -31,7 +31,7 @@ def smoke(dtype=torch.float64, **overrides) -> LlamaLM:
 
 def tensorized_smoke(dtype=torch.float64, **overrides) -> LlamaLM:
     model = smoke(torch.float32, **overrides)
-    comera.tensorize_(model, tensorize_preset("lm-smoke"))
+    comera.tensorize_(model, tensorize_preset("llm-smoke"))
     return model.to(dtype).eval()
 
 
@@ -279,7 +279,7 @@ def test_paper_preset_has_the_parameter_count_of_the_60m_configuration():
 def test_a_meta_built_model_is_initialised_like_one_built_for_real():
     with torch.device("meta"):
         model = LlamaLM.from_preset("smoke", vocab_size=4096, tie_embeddings=True)
-    comera.tensorize_(model, tensorize_preset("lm-smoke", shape_pattern={}, rank_pattern={}, rank=8))
+    comera.tensorize_(model, tensorize_preset("llm-smoke", shape_pattern={}, rank_pattern={}, rank=8))
     comera.materialize_(model)
     assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
     torch.testing.assert_close(model.norm.weight, torch.ones(32))

@@ -1,11 +1,12 @@
 """Tensorization presets of the language-model workload, registered with
 :func:`comera.tensorize_config.register_preset` on import.
 
-``lm-paper``, ``lm-small``, ``lm-smoke`` fit the :class:`~comera.workloads.lm.model.LlamaLM` presets of the
-same names: the attention projections ``q``/``k``/``v``/``o`` and the MLP's ``gate``/``up``/``down`` become
-:class:`comera.TTLinear`, the token embedding a :class:`comera.TTMEmbedding`. The LM head follows the
-embedding: a tied head (``tie_embeddings=True``) becomes a :class:`comera.TTMTiedHead` on the embedding's
-cores; an untied one a ``TTLinear`` with the linear rank and automatic shapes.
+``llm-paper``, ``llm-small``, ``llm-smoke`` fit the :class:`~comera.workloads.llm.model.LlamaLM`
+presets of the same names: the attention projections ``q``/``k``/``v``/``o`` and the MLP's
+``gate``/``up``/``down`` become :class:`comera.TTLinear`, the token embedding a
+:class:`comera.TTMEmbedding`. The LM head follows the embedding: a tied head (``tie_embeddings=True``)
+becomes a :class:`comera.TTMTiedHead` on the embedding's cores; an untied one a ``TTLinear`` with the
+linear rank and automatic shapes.
 
 The MLP width. 1376 = 2^5 x 43 (and the ``small`` preset's 688 = 2^4 x 43) has the prime 43, so no
 balanced three-mode folding exists. It is refactored, not padded: the output modes of ``gate``/``up`` are
@@ -28,7 +29,7 @@ costs 2-27% more cores, 2.3-4.7% wasted outputs, and caps the last bond at the s
 Ranks: ``paper`` 32 for linears and the embedding (the reference CoMERA code's 30/32 rounded to the
 modes); ``small`` 16 and 16; ``smoke`` 4 and 4.
 
-``lm-hf-llama`` and ``lm-hf-gpt2`` target Hugging Face's ``LlamaForCausalLM`` (``q_proj``, ``k_proj``,
+``llm-hf-llama`` and ``llm-hf-gpt2`` target Hugging Face's ``LlamaForCausalLM`` (``q_proj``, ``k_proj``,
 ``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``, ``embed_tokens``) and
 ``GPT2LMHeadModel`` (the ``Conv1D`` layers ``c_attn``, ``c_proj``, ``c_fc`` and ``wte``; GPT-2's ``lm_head``
 is tied to ``wte`` and becomes a ``TTMTiedHead``) with rank 16 and automatic shapes; override the rank with
@@ -39,12 +40,12 @@ from __future__ import annotations
 
 from comera.tensorize_config import TensorizeConfig, register_preset
 
-__all__ = ["TENSORIZE_PRESETS", "lm_tensorize_config"]
+__all__ = ["TENSORIZE_PRESETS", "llm_tensorize_config"]
 
 _LINEARS = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
 
 
-def lm_tensorize_config(
+def llm_tensorize_config(
     *,
     linear_rank: int,
     embedding_rank: int,
@@ -52,7 +53,7 @@ def lm_tensorize_config(
     mlp: tuple[int, ...],
     rows: tuple[int, ...],
 ) -> TensorizeConfig:
-    """The config of a :class:`~comera.workloads.lm.model.LlamaLM`: TT projections, TTM embedding.
+    """The config of a :class:`~comera.workloads.llm.model.LlamaLM`: TT projections, TTM embedding.
 
     Args:
         linear_rank: rank of every TT projection (and of an untied head).
@@ -79,14 +80,16 @@ def lm_tensorize_config(
 
 
 TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
-    "lm-paper": lm_tensorize_config(
+    "llm-paper": llm_tensorize_config(
         linear_rank=32, embedding_rank=32, width=(8, 8, 8), mlp=(4, 8, 43), rows=(40, 20, 40)
     ),
-    "lm-small": lm_tensorize_config(
+    "llm-small": llm_tensorize_config(
         linear_rank=16, embedding_rank=16, width=(4, 8, 8), mlp=(4, 4, 43), rows=(16, 16, 32)
     ),
-    "lm-smoke": lm_tensorize_config(linear_rank=4, embedding_rank=4, width=(4, 8), mlp=(8, 11), rows=(8, 12)),
-    "lm-hf-llama": TensorizeConfig(
+    "llm-smoke": llm_tensorize_config(
+        linear_rank=4, embedding_rank=4, width=(4, 8), mlp=(8, 11), rows=(8, 12)
+    ),
+    "llm-hf-llama": TensorizeConfig(
         target_modules=(
             "q_proj",
             "k_proj",
@@ -100,7 +103,7 @@ TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
         embeddings=("embed_tokens",),
         rank=16,
     ),
-    "lm-hf-gpt2": TensorizeConfig(
+    "llm-hf-gpt2": TensorizeConfig(
         target_modules=("c_attn", "c_proj", "c_fc", "lm_head"),
         embeddings=("wte",),
         rank=16,

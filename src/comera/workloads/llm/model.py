@@ -12,7 +12,7 @@ with RMSNorm before each sublayer and at the end, causal attention through
 "rotate half" pairing: feature ``i`` turns with feature ``i + head_dim / 2``), a SwiGLU MLP, no biases, and
 an LM head that is its own matrix or tied to the embedding (``tie_embeddings``). Every projection is its own
 ``nn.Linear`` (``attention.q/k/v/o``, ``mlp.gate/up/down``, ``lm_head``) so a :class:`comera.TensorizeConfig`
-targets each one; the tensorization presets live in :mod:`comera.workloads.lm.presets` (registered when
+targets each one; the tensorization presets live in :mod:`comera.workloads.llm.presets` (registered when
 this module is imported).
 
 Initialisation follows Hugging Face's LLaMA: linear and embedding weights from ``N(0, initializer_range)``,
@@ -38,7 +38,7 @@ from torch import nn
 from comera.checks import check_bool, check_int, check_number, check_optional_int
 from comera.io import MODEL_ATTRIBUTE, register_model
 from comera.models.sizes import config_from
-from comera.workloads.lm import presets as _presets  # noqa: F401  (registers the lm-* tensorization presets)
+from comera.workloads.llm import presets as _presets  # noqa: F401  (registers the llm-* tensorization presets)
 
 __all__ = [
     "IGNORE_INDEX",

@@ -10,7 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 import comera
 from comera.tensorize_config import tensorize_preset
-from comera.workloads.lm import presets  # noqa: F401  (registers lm-hf-llama and lm-hf-gpt2)
+from comera.workloads.llm import presets  # noqa: F401  (registers llm-hf-llama and llm-hf-gpt2)
 
 VOCAB = 128
 LLAMA = dict(
@@ -39,9 +39,9 @@ GPT2 = dict(
     attn_pdrop=0.0,
 )
 CASES = {
-    "llama": (LlamaForCausalLM, lambda: LlamaConfig(**LLAMA, tie_word_embeddings=False), "lm-hf-llama"),
-    "llama-tied": (LlamaForCausalLM, lambda: LlamaConfig(**LLAMA, tie_word_embeddings=True), "lm-hf-llama"),
-    "gpt2": (GPT2LMHeadModel, lambda: GPT2Config(**GPT2), "lm-hf-gpt2"),
+    "llama": (LlamaForCausalLM, lambda: LlamaConfig(**LLAMA, tie_word_embeddings=False), "llm-hf-llama"),
+    "llama-tied": (LlamaForCausalLM, lambda: LlamaConfig(**LLAMA, tie_word_embeddings=True), "llm-hf-llama"),
+    "gpt2": (GPT2LMHeadModel, lambda: GPT2Config(**GPT2), "llm-hf-gpt2"),
 }
 
 

@@ -1,9 +1,9 @@
-"""docs/lm.md's examples are executed, so they cannot drift from the code."""
+"""docs/llm.md's examples are executed, so they cannot drift from the code."""
 
 import re
 from pathlib import Path
 
-PAGE = Path(__file__).resolve().parents[3] / "docs" / "lm.md"
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "llm.md"
 
 
 def test_lm_page_python_blocks_run():

@@ -8,7 +8,7 @@ from torch import nn
 
 import comera
 from comera.tensorize_config import preset_names, tensorize_preset
-from comera.workloads.lm.model import LlamaLM
+from comera.workloads.llm.model import LlamaLM
 
 TARGETS = ("attention.q", "attention.k", "attention.v", "attention.o", "mlp.gate", "mlp.up", "mlp.down")
 
@@ -16,12 +16,12 @@ TARGETS = ("attention.q", "attention.k", "attention.v", "attention.o", "mlp.gate
 def tensorized(preset: str, **overrides) -> LlamaLM:
     with torch.device("meta"):
         model = LlamaLM.from_preset(preset, **overrides)
-    comera.tensorize_(model, tensorize_preset(f"lm-{preset}"))
+    comera.tensorize_(model, tensorize_preset(f"llm-{preset}"))
     return comera.materialize_(model)
 
 
 def test_presets_are_registered_when_the_model_module_is_imported():
-    assert {"lm-paper", "lm-small", "lm-smoke", "lm-hf-llama", "lm-hf-gpt2"} <= set(preset_names())
+    assert {"llm-paper", "llm-small", "llm-smoke", "llm-hf-llama", "llm-hf-gpt2"} <= set(preset_names())
 
 
 @pytest.mark.parametrize("preset", ["paper", "small", "smoke"])
