@@ -26,16 +26,16 @@ def test_a_count_below_one_is_refused_naming_the_flag(flag, capsys):
     assert f"{flag} must be >= 1, got 0" in capsys.readouterr().err
 
 
-def test_layer_table_gives_dense_over_tt_and_marks_missing_fp8():
+def test_layer_table_gives_dense_over_tt_eager_and_replayed_and_marks_missing_fp8():
+    timed = {"in": 8, "out": 4, "tokens": 16, "dense_graph_ms": 0.8, "tt_graph_ms": 0.2}
     rows = [
-        {"in": 8, "out": 4, "tokens": 16, "precision": "fp32", "dense_ms": 3.0, "tt_ms": 1.5,
-         "dense_mib": 10.0, "tt_mib": 2.0},
-        {"in": 8, "out": 4, "tokens": 16, "precision": "bf16", "dense_ms": 1.0, "tt_ms": 4.0,
-         "dense_mib": 5.0, "tt_mib": 1.0, "tt_fp8_ms": 0.5},
+        {**timed, "precision": "fp32", "dense_ms": 3.0, "tt_ms": 1.5, "dense_mib": 10.0, "tt_mib": 2.0},
+        {**timed, "precision": "bf16", "dense_ms": 1.0, "tt_ms": 4.0, "dense_mib": 5.0, "tt_mib": 1.0,
+         "tt_fp8_ms": 0.5},
     ]  # fmt: skip
     lines = layer_table(rows).splitlines()
     assert lines[0].endswith("TT fp8 ms |") and len(lines) == 4
-    assert lines[2] == "| 8 x 4 | 16 | fp32 | 3.000 | 1.500 | 2.00x | 10 | 2 | - |"
+    assert lines[2] == "| 8 x 4 | 16 | fp32 | 3.000 | 1.500 | 2.00x | 0.800 | 0.200 | 4.00x | 10 | 2 | - |"
     assert "| 0.25x |" in lines[3] and lines[3].endswith("| 0.500 |")
 
 
@@ -50,4 +50,5 @@ def test_a_short_run_on_cuda_writes_positive_times(tmp_path):
     assert main(["--repeats", "1", "--calls", "1", "--steps", "3", "--json", str(out)]) == 0
     measured = json.loads(out.read_text())
     assert all(row["dense_ms"] > 0 and row["tt_ms"] > 0 for row in measured["layers"])
+    assert all(row["dense_graph_ms"] > 0 and row["tt_graph_ms"] > 0 for row in measured["layers"])
     assert measured["eager"]["step_ms"] > 0 and measured["graph"]["step_ms"] > 0

@@ -1,10 +1,12 @@
 """GPU benchmark on one CUDA device: TT layers against dense, and the whole-step CUDA graph against eager.
 
 1. Layers: forward + backward of ``nn.Linear`` and of ``TTLinear`` (contraction order ``auto``) at the
-   paper transformer's projection shapes, in fp32 and under bf16 autocast; with ``--fp8`` also
-   ``TTLinear(gemm="fp8")`` where ``torch._scaled_mm`` supports FP8 on the device. Each case: CUDA-event
-   time of ``--calls`` calls after warm-up, median over ``--repeats`` samples, the cases of a row sampled
-   round-robin in one process; peak CUDA memory of one call over the layer's own.
+   paper transformer's projection shapes, in fp32 and under bf16 autocast, each called eagerly and as a
+   replayed CUDA graph of the same call (the GPU's own time, without Python or launch costs); with
+   ``--fp8`` also ``TTLinear(gemm="fp8")`` (eager) where ``torch._scaled_mm`` supports FP8 on the device.
+   Each case: CUDA-event time of ``--calls`` calls after warm-up, median over ``--repeats`` samples, the
+   cases of a row sampled round-robin in one process; peak CUDA memory of one eager call over what was
+   allocated before it.
 2. Training step: the Trainer on the small TT transformer of ``comera bench trainer`` (batch ``--batch``),
    eager against ``TrainConfig(cuda_graph=True)`` (forward, objective, backward, guard and AdamW replayed as
    one graph); median wall time per step after warm-up steps that include the capture.
@@ -16,6 +18,7 @@ Usage: ``comera bench gpu [--repeats N] [--calls N] [--steps N] [--batch B] [--f
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
@@ -50,15 +53,34 @@ def cuda_ms(call: Callable[[], None], calls: int) -> float:
 
 
 def training_call(layer: nn.Module, x: torch.Tensor, bf16: bool) -> Callable[[], None]:
-    """One forward and backward of ``layer`` on ``x`` (gradients set to None first)."""
+    """One forward and backward of ``layer`` on ``x`` (gradients set to None first; autocast without its
+    weight cache, as graph capture requires)."""
 
     def call() -> None:
         layer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", torch.bfloat16, enabled=bf16):
+        with torch.autocast("cuda", torch.bfloat16, enabled=bf16, cache_enabled=False):
             out = layer(x)
         out.float().square().mean().backward()
 
     return call
+
+
+def captured(call: Callable[[], None]) -> Callable[[], None]:
+    """``call`` captured as a CUDA graph after three warm-up calls on a side stream; returns its replay.
+
+    The replay launches the recorded kernels with no Python and no per-kernel launch cost, so its time is
+    what the GPU itself spends on the call.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph.replay
 
 
 def peak_call_mib(call: Callable[[], None]) -> float:
@@ -87,6 +109,10 @@ def layer_rows(repeats: int, calls: int, fp8: bool) -> list[dict]:
                 if fp8 and bf16 and fp8_supported(device):
                     layers["tt_fp8"] = TTLinear(fan_in, fan_out, rank=RANK, gemm="fp8").to(device)
                 work = {name: training_call(layer, x, bf16) for name, layer in layers.items()}
+                replayed = x.detach().clone().requires_grad_()
+                for name in ("dense", "tt"):
+                    twin = copy.deepcopy(layers[name])
+                    work[f"{name}_graph"] = captured(training_call(twin, replayed, bf16))
                 for call in work.values():
                     for _ in range(3):
                         call()
@@ -102,7 +128,8 @@ def layer_rows(repeats: int, calls: int, fp8: bool) -> list[dict]:
                 }
                 for name, call in work.items():
                     row[f"{name}_ms"] = statistics.median(samples[name])
-                    row[f"{name}_mib"] = peak_call_mib(call)
+                    if not name.endswith("_graph"):  # a replay allocates nothing: its pool is reserved
+                        row[f"{name}_mib"] = peak_call_mib(call)
                 rows.append(row)
     return rows
 
@@ -145,10 +172,13 @@ def step_ms(steps: int, batch: int, cuda_graph: bool, warmup: int = 5) -> dict[s
 
 
 def layer_table(rows: list[dict]) -> str:
-    """Markdown: one line per row, times and dense / TT ratios."""
+    """Markdown: one line per row; eager and graph-replayed times, their dense / TT ratios, peak memory."""
     has_fp8 = any("tt_fp8_ms" in row for row in rows)
-    head = "| in x out | tokens | precision | dense ms | TT ms | dense / TT | dense MiB | TT MiB |"
-    rule = "|---|---|---|---|---|---|---|---|"
+    head = (
+        "| in x out | tokens | precision | dense ms | TT ms | dense / TT | dense graph ms | TT graph ms | "
+        "dense / TT, graphs | dense MiB | TT MiB |"
+    )
+    rule = "|---|---|---|---|---|---|---|---|---|---|---|"
     if has_fp8:
         head += " TT fp8 ms |"
         rule += "---|"
@@ -156,8 +186,9 @@ def layer_table(rows: list[dict]) -> str:
     for row in rows:
         line = (
             f"| {row['in']} x {row['out']} | {row['tokens']} | {row['precision']} | {row['dense_ms']:.3f} | "
-            f"{row['tt_ms']:.3f} | {row['dense_ms'] / row['tt_ms']:.2f}x | {row['dense_mib']:.0f} | "
-            f"{row['tt_mib']:.0f} |"
+            f"{row['tt_ms']:.3f} | {row['dense_ms'] / row['tt_ms']:.2f}x | {row['dense_graph_ms']:.3f} | "
+            f"{row['tt_graph_ms']:.3f} | {row['dense_graph_ms'] / row['tt_graph_ms']:.2f}x | "
+            f"{row['dense_mib']:.0f} | {row['tt_mib']:.0f} |"
         )
         if has_fp8:
             line += f" {row['tt_fp8_ms']:.3f} |" if "tt_fp8_ms" in row else " - |"
