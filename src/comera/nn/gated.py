@@ -29,6 +29,7 @@ from typing import TypeVar
 
 import torch
 from torch import nn
+from torch.nn import functional
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from comera.nn.layer import ComeraLayer
@@ -62,8 +63,13 @@ register_optimizer_step_post_hook(_count_optimizer_step)
 
 
 def mask_gate(gate: torch.Tensor, tau: float) -> torch.Tensor:
-    """``gate`` where ``|gate| > tau``, else 0; the gradient is 1 on live entries and 0 on dead ones."""
-    return gate * (gate.abs() > tau)
+    """``gate`` where ``|gate| > tau``, else 0; the gradient is 1 on live entries and 0 on dead ones.
+
+    One kernel forward and one backward (``hardshrink`` is exactly this map), where ``gate * (|gate| > tau)``
+    takes four (abs, compare, cast, product) and as many in backward: every gated layer calls it once per
+    bond and step, which counts on a GPU, where small kernels cost their launch.
+    """
+    return functional.hardshrink(gate, tau)
 
 
 def check_float_dtype(dtype: torch.dtype | None, name: str = "dtype") -> None:
