@@ -63,14 +63,18 @@ class KVCache:
     def check_room(self, batch_size: int, new_positions: int) -> None:
         """``ValueError`` unless ``new_positions`` more positions of ``batch_size`` sequences fit."""
         if batch_size != self.batch_size:
-            raise ValueError(f"input_ids has {batch_size} sequences but the cache was made for {self.batch_size}")
+            raise ValueError(
+                f"input_ids has {batch_size} sequences but the cache was made for {self.batch_size}"
+            )
         if self.length + new_positions > self.max_length:
             raise ValueError(
                 f"the cache holds {self.length} of at most {self.max_length} positions: "
                 f"{new_positions} more do not fit"
             )
 
-    def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, layer: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new positions' ``keys``/``values`` ``(B, H, T, head_dim)`` of ``layer`` after the
         :attr:`length` filled ones; returns that layer's keys and values of all ``length + T`` positions,
         each ``(B, H, length + T, head_dim)`` (views of the buffers)."""

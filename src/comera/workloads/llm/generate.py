@@ -1,8 +1,9 @@
 """Text generation with a :class:`~comera.workloads.llm.model.LlamaLM` and its key-value cache.
 
-:func:`generate` runs the prompt through the model once, filling a :class:`~comera.workloads.llm.cache.KVCache`,
-then feeds each chosen token back as one new position: ``T + N - 1`` positions in all for a prompt of ``T``
-tokens and ``N`` new ones, where re-running the whole prefix would compute ``T + (T + 1) + ...`` positions.
+:func:`generate` runs the prompt through the model once, filling a
+:class:`~comera.workloads.llm.cache.KVCache`, then feeds each chosen token back as one new position:
+``T + N - 1`` positions in all for a prompt of ``T`` tokens and ``N`` new ones, where re-running the whole
+prefix would compute ``T + (T + 1) + ... + (T + N - 1)`` positions.
 The next token is the most likely one (``temperature=0``, greedy) or drawn from the softmax of the logits
 divided by the temperature, restricted to the ``top_k`` most likely tokens if asked, with a
 ``torch.Generator`` seeded by ``seed`` (the same seed, model and prompt give the same tokens).

@@ -42,9 +42,9 @@ from torch import nn
 
 from comera.checks import check_bool, check_int, check_number, check_optional_int
 from comera.io import MODEL_ATTRIBUTE, register_model
-from comera.workloads.llm.cache import KVCache
 from comera.models.sizes import config_from
 from comera.workloads.llm import presets as _presets  # noqa: F401  (registers the llm-* tensorization presets)
+from comera.workloads.llm.cache import KVCache
 
 __all__ = [
     "IGNORE_INDEX",
@@ -347,8 +347,8 @@ class LlamaLM(nn.Module):
         if input_ids.dim() != 2 or not 1 <= input_ids.shape[1] <= self.config.max_seq_len - start:
             after = "" if cache is None else f" - the cache's {start} positions"
             raise ValueError(
-                f"input_ids must be (B, T) with 1 <= T <= max_seq_len ({self.config.max_seq_len}){after}, got "
-                f"{tuple(input_ids.shape)}"
+                f"input_ids must be (B, T) with 1 <= T <= max_seq_len ({self.config.max_seq_len}){after}, "
+                f"got {tuple(input_ids.shape)}"
             )
         if cache is not None:
             cache.check_room(*input_ids.shape)
