@@ -1,9 +1,10 @@
-"""The ``comera`` command: ``demo``, ``train WORKLOAD``, ``compare WORKLOAD``, ``bench NAME``, ``report DIR``,
-``plot RUN_DIR``.
+"""The ``comera`` command: ``demo``, ``train WORKLOAD``, ``compare WORKLOAD``, ``generate RUN_DIR``,
+``bench NAME``, ``report DIR``, ``plot RUN_DIR``.
 
 ``demo`` and ``bench`` run their job (:mod:`comera.commands.demo`, the module
-:data:`comera.bench.BENCHMARKS` names) in a fresh Python process; ``train`` and ``compare`` hand over to
-:mod:`comera.commands.train` and :mod:`comera.commands.compare`.
+:data:`comera.bench.BENCHMARKS` names) in a fresh Python process; ``train``, ``compare`` and ``generate``
+hand over to :mod:`comera.commands.train`, :mod:`comera.commands.compare` and
+:mod:`comera.commands.generate`.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         help="train a workload with several methods and compare them: comera compare --help",
         add_help=False,
     )
+    sub.add_parser(
+        "generate",
+        help="continue a prompt with the model of a language-model run: comera generate --help",
+        add_help=False,
+    )
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
     bench.add_argument("name", choices=list(BENCHMARKS))
     report = sub.add_parser(
@@ -103,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         from comera.commands.compare import main as compare
 
         return compare(rest)
+    if args.command == "generate":
+        from comera.commands.generate import main as generate
+
+        return generate(rest)
     if args.command == "demo":
         return _run_module("comera.commands.demo", rest)
     return _run_module(BENCHMARKS[args.name], rest)

@@ -1,3 +1,3 @@
-"""The command layer: what ``comera train``, ``comera compare`` and ``comera demo`` do (:mod:`.train`,
-:mod:`.compare`, :mod:`.demo`), above the workloads and the benchmarks; :mod:`comera.cli` dispatches to
-them."""
+"""The command layer: what ``comera train``, ``comera compare``, ``comera generate`` and ``comera demo`` do
+(:mod:`.train`, :mod:`.compare`, :mod:`.generate`, :mod:`.demo`), above the workloads and the benchmarks;
+:mod:`comera.cli` dispatches to them."""

@@ -23,6 +23,11 @@ an ``_init_weights(module)`` method), so a model built on the meta device and pa
 The loss (:func:`next_token_loss`) is the mean cross entropy of predicting token ``t + 1`` from positions
 ``<= t``, skipping targets equal to ``-100`` or to the padding id. Padding goes at the end of a sequence (a
 causal model never lets a later pad change an earlier position), so no attention mask is needed.
+
+Generation runs the model with a key-value cache (:class:`comera.workloads.llm.cache.KVCache`, made by
+:meth:`LlamaLM.new_cache`): ``model(new_ids, cache)`` computes only the new positions, their attention
+reads the cached keys and values of the earlier ones, and their rotary angles are those of their absolute
+positions; :func:`comera.workloads.llm.generate.generate` decodes with it.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from comera.checks import check_bool, check_int, check_number, check_optional_in
 from comera.io import MODEL_ATTRIBUTE, register_model
 from comera.models.sizes import config_from
 from comera.workloads.llm import presets as _presets  # noqa: F401  (registers the llm-* tensorization presets)
+from comera.workloads.llm.cache import KVCache
 
 __all__ = [
     "IGNORE_INDEX",
@@ -155,11 +161,14 @@ def rotary_tables(
     theta: float,
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
+    start: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos`` and ``sin`` of the rotary angles ``t * theta ** (-2i / head_dim)`` (position ``t``, frequency
-    ``i``), each ``(length, head_dim // 2)``, computed in float64 and cast to ``dtype``."""
+    """``cos`` and ``sin`` of the rotary angles ``t * theta ** (-2i / head_dim)`` (position
+    ``t = start .. start + length - 1``, frequency ``i``), each ``(length, head_dim // 2)``, computed in
+    float64 and cast to ``dtype``."""
     frequencies = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim)
-    angles = torch.outer(torch.arange(length, device=device, dtype=torch.float64), frequencies)
+    positions = torch.arange(start, start + length, device=device, dtype=torch.float64)
+    angles = torch.outer(positions, frequencies)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
@@ -173,7 +182,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class Attention(nn.Module):
     """Causal multi-head self-attention with rotary positions and bias-free ``q``/``k``/``v``/``o``.
 
-    Shapes: ``x`` ``(B, T, D)``, ``cos``/``sin`` ``(T, head_dim / 2)`` -> ``(B, T, D)``.
+    Shapes: ``x`` ``(B, T, D)``, ``cos``/``sin`` ``(T, head_dim / 2)`` -> ``(B, T, D)``. With a ``cache``
+    holding ``S`` earlier positions, ``x`` holds the ``T`` new ones: their keys and values are stored in the
+    cache's layer ``layer``, and new position ``i`` attends to the ``S + i + 1`` keys up to itself.
     """
 
     def __init__(self, config: LMConfig) -> None:
@@ -189,10 +200,24 @@ class Attention(nn.Module):
         batch, length, width = x.shape
         return x.view(batch, length, self.n_heads, width // self.n_heads).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> torch.Tensor:
         q = apply_rotary(self._heads(self.q(x)), cos, sin)
         k = apply_rotary(self._heads(self.k(x)), cos, sin)
-        context = F.scaled_dot_product_attention(q, k, self._heads(self.v(x)), is_causal=True)
+        v = self._heads(self.v(x))
+        if cache is None:
+            context = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            start = cache.length
+            k, v = cache.update(layer, k, v)
+            mask = cache.causal_mask(q.shape[2]) if start else None  # from position 0: plain causal
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not start)
         return self.o(context.transpose(1, 2).flatten(2))
 
 
@@ -212,7 +237,8 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm decoder block: ``x + attention(norm(x))``, then ``x + mlp(norm(x))``.
 
-    Shapes: ``x`` ``(B, T, D)``, ``cos``/``sin`` ``(T, head_dim / 2)`` -> ``(B, T, D)``.
+    Shapes: ``x`` ``(B, T, D)``, ``cos``/``sin`` ``(T, head_dim / 2)`` -> ``(B, T, D)``; with a ``cache``,
+    as :class:`Attention`.
     """
 
     def __init__(self, config: LMConfig) -> None:
@@ -222,8 +248,15 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -256,7 +289,10 @@ class LlamaLM(nn.Module):
     ``comera_model`` records the sizes so :func:`comera.load_pretrained` rebuilds it by name.
 
     Forward shapes: ``input_ids`` ``(B, T)`` int64 with ``1 <= T <= max_seq_len`` -> logits ``(B, T, V)``;
-    position ``t`` sees the tokens ``<= t`` only.
+    position ``t`` sees the tokens ``<= t`` only. With a ``cache`` (:meth:`new_cache`) holding ``S``
+    positions, ``input_ids`` are the ``T`` tokens at positions ``S .. S + T - 1`` (``S + T <=
+    max_seq_len``): only they are computed, their logits equal those of the full sequence's last ``T``
+    positions, and the cache then holds ``S + T`` positions.
     """
 
     def __init__(self, config: LMConfig | None = None, **sizes: Any) -> None:
@@ -289,18 +325,41 @@ class LlamaLM(nn.Module):
             elif isinstance(module, RMSNorm):
                 module.reset_parameters()
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if input_ids.dim() != 2 or not 1 <= input_ids.shape[1] <= self.config.max_seq_len:
+    def new_cache(self, batch_size: int, max_length: int | None = None) -> KVCache:
+        """An empty key-value cache for ``batch_size`` sequences of at most ``max_length`` positions
+        (default and upper bound: ``max_seq_len``), on the device and in the dtype of the model's norms."""
+        config = self.config
+        max_length = config.max_seq_len if max_length is None else max_length
+        check_int(max_length, "max_length", 1, config.max_seq_len)
+        weight = self.norm.weight
+        return KVCache(
+            config.n_layers,
+            batch_size,
+            config.n_heads,
+            config.head_dim,
+            max_length,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        start = 0 if cache is None else cache.length
+        if input_ids.dim() != 2 or not 1 <= input_ids.shape[1] <= self.config.max_seq_len - start:
+            after = "" if cache is None else f" - the cache's {start} positions"
             raise ValueError(
-                f"input_ids must be (B, T) with 1 <= T <= max_seq_len ({self.config.max_seq_len}), got "
-                f"{tuple(input_ids.shape)}"
+                f"input_ids must be (B, T) with 1 <= T <= max_seq_len ({self.config.max_seq_len}){after}, "
+                f"got {tuple(input_ids.shape)}"
             )
+        if cache is not None:
+            cache.check_room(*input_ids.shape)
         x = self.embed(input_ids)
         cos, sin = rotary_tables(
-            input_ids.shape[1], self.config.head_dim, self.config.rope_theta, x.device, x.dtype
+            input_ids.shape[1], self.config.head_dim, self.config.rope_theta, x.device, x.dtype, start
         )
-        for block in self.blocks:
-            x = block(x, cos, sin)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cos, sin, cache, layer)
+        if cache is not None:
+            cache.advance(input_ids.shape[1])
         return self.lm_head(self.norm(x))
 
     def loss(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,0 +1,176 @@
+"""``comera generate RUN_DIR --prompt TEXT``: print a continuation of a prompt by a trained language model.
+
+RUN_DIR is a run folder of ``comera train llm`` (dense or compressed, pruned or not): the model is read from
+``RUN_DIR/model`` (:func:`comera.load_pretrained`) and the tokenizer from ``RUN_DIR/model/tokenizer.json``
+(a ``tokenizers`` file). The prompt is encoded as it is (no token is added before it), continued by
+:func:`comera.workloads.llm.generate.generate` on the CPU with a key-value cache (greedy unless
+``--temperature`` is above 0), stopped early at the end-of-sequence token ``</s>`` when the tokenizer has
+one, and only the new text is printed (special tokens left out).
+
+Errors (a missing folder, a run that has not finished, a model that is not a language model, a missing or
+mismatched tokenizer, a prompt and continuation longer than the model's context, a bad option) are printed
+in one line with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from comera.data.bpe import SPECIAL_TOKENS
+from comera.io import load_pretrained
+from comera.workloads.llm.generate import generate
+from comera.workloads.llm.model import LlamaLM
+
+__all__ = ["DEFAULT_NEW_TOKENS", "EOS_TOKEN", "TOKENIZER_NAME", "continue_text", "load_run", "main"]
+
+EOS_TOKEN = SPECIAL_TOKENS[2]
+"""The end-of-sequence token of comera's byte-level BPE (``</s>``): generation stops once it is produced."""
+TOKENIZER_NAME = "tokenizer.json"
+"""The tokenizer's file in a run's ``model/`` folder."""
+DEFAULT_NEW_TOKENS = 64
+"""Tokens added when ``--max-new-tokens`` is not given (fewer when the model's context ends first)."""
+_WHY = "comera generate works on the run folders of `comera train llm`"
+
+
+def load_run(run_dir: str | Path) -> tuple[LlamaLM, Tokenizer]:
+    """The trained model (in eval mode) and the tokenizer of an ``llm`` run folder.
+
+    Raises:
+        FileNotFoundError: ``run_dir``, its ``model/`` (an unfinished run) or ``model/tokenizer.json`` is
+            missing. ValueError: the saved model is not a :class:`LlamaLM` or is unreadable, or the
+            tokenizer is unreadable or has more tokens than the model's vocabulary.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"RUN_DIR {run_dir} is not a folder; {_WHY}")
+    model_dir = run_dir / "model"
+    if not model_dir.is_dir():
+        if (run_dir / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{run_dir} holds no model/ yet: the run has not finished; finish it (or resume it with the "
+                "comera train command that started it plus --resume), then generate"
+            )
+        raise FileNotFoundError(f"{run_dir} holds no model/ folder; {_WHY}")
+    try:
+        model = load_pretrained(model_dir)
+    except ValueError as error:
+        raise ValueError(f"{model_dir}: not a language model ({error}); {_WHY}") from None
+    if not isinstance(model, LlamaLM):
+        raise ValueError(
+            f"{model_dir} holds a {type(model).__name__}, not a language model (LlamaLM); {_WHY}"
+        )
+    path = model_dir / TOKENIZER_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: an llm run saves its tokenizer beside the model")
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as error:  # tokenizers raises its own exception type
+        raise ValueError(f"{path}: not a tokenizers tokenizer.json ({error})") from None
+    if tokenizer.get_vocab_size() > model.config.vocab_size:
+        raise ValueError(
+            f"{path} has {tokenizer.get_vocab_size()} tokens but the model's vocabulary has "
+            f"{model.config.vocab_size}: the tokenizer is not the model's"
+        )
+    return model.eval(), tokenizer
+
+
+def continue_text(
+    model: LlamaLM,
+    tokenizer: Tokenizer,
+    prompt: str,
+    max_new_tokens: int | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+) -> str:
+    """The text ``model`` generates after ``prompt`` (the new tokens decoded, special tokens left out):
+    ``max_new_tokens`` tokens at most, by default :data:`DEFAULT_NEW_TOKENS` or as many as the model's
+    context leaves after the prompt if that is fewer.
+
+    Raises ValueError naming the option for an empty prompt, a prompt and continuation longer than the
+    model's context, or a bad setting (see :func:`~comera.workloads.llm.generate.generate`).
+    """
+    ids = tokenizer.encode(prompt).ids
+    if not ids:
+        raise ValueError("--prompt must hold some text (it encoded to no token)")
+    context = model.config.max_seq_len
+    room = context - len(ids)
+    if room < 1:
+        raise ValueError(
+            f"the prompt's {len(ids)} tokens fill the model's context of {context} tokens; "
+            "use a shorter --prompt"
+        )
+    max_new_tokens = min(DEFAULT_NEW_TOKENS, room) if max_new_tokens is None else max_new_tokens
+    if max_new_tokens > room:
+        raise ValueError(
+            f"the prompt's {len(ids)} tokens plus --max-new-tokens {max_new_tokens} exceed the model's "
+            f"context of {context} tokens; use --max-new-tokens {room} or fewer"
+        )
+    output = generate(
+        model,
+        torch.tensor([ids], device=model.norm.weight.device),
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        seed=seed,
+        eos_id=tokenizer.token_to_id(EOS_TOKEN),
+    )
+    return tokenizer.decode(output[0, len(ids) :].tolist(), skip_special_tokens=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="comera generate",
+        description="Print a continuation of a prompt by the model of a `comera train llm` run folder.",
+    )
+    parser.add_argument("run_dir", help="a run folder of comera train llm (its model/ holds the model)")
+    parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"tokens to add, >= 1 (default {DEFAULT_NEW_TOKENS}, fewer if the model's context ends first)",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="0 (default): greedy; above 0: sample at that temperature",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        metavar="K",
+        help="when sampling, draw among the K most likely tokens only",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, metavar="S", help="seed of the sampling (default: a fresh one)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``comera generate``: print the continuation; exit status 0, or 2 with a one-line error."""
+    args = _parser().parse_args(argv)
+    try:
+        model, tokenizer = load_run(args.run_dir)
+        text = continue_text(
+            model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed
+        )
+    except (FileNotFoundError, ValueError) as error:
+        print(f"comera generate: {error}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,209 @@
+"""``comera generate RUN_DIR``: on fake ``llm`` run folders (a BPE trained here, a smoke model saved with
+save_pretrained), dense, tensorized and pruned, against a no-cache greedy reference; its one-line errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import comera
+from comera.cli import main
+from comera.commands.generate import EOS_TOKEN
+from comera.data.bpe import SPECIAL_TOKENS, train_tokenizer
+from comera.workloads.llm.model import LlamaLM
+from comera.workloads.llm.presets import llm_tensorize_config
+from comera.workloads.nli.model import TransformerClassifier
+
+VOCAB = 320  # 16 x 20 rows for the TTM embedding; the BPE below has at most this many tokens
+LINES = [
+    "def add(left, right):\n    return left + right\n",
+    "the quick brown fox jumps over the lazy dog\n",
+    "for index in range(10):\n    print(index, index * index)\n",
+    "import torch\nimport comera\nmodel = comera.tensorize_(model)\n",
+] * 8
+PROMPT = "def add(left"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(LINES, VOCAB)
+
+
+def smoke_model(kind: str) -> LlamaLM:
+    torch.manual_seed(0)
+    model = LlamaLM.from_preset("smoke", vocab_size=VOCAB, tie_embeddings=kind == "pruned")
+    if kind != "dense":
+        config = llm_tensorize_config(
+            linear_rank=4, embedding_rank=4, width=(4, 8), mlp=(8, 11), rows=(16, 20)
+        )
+        comera.tensorize_(model, config)
+    if kind == "pruned":
+        with torch.no_grad():
+            model.blocks[0].attention.v.gates[1][:3] = 0.0
+            model.embed.gates[0][:2] = 0.0
+        comera.prune_(model)
+        assert model.blocks[0].attention.v.max_ranks[1] == 1
+    return model.eval()
+
+
+def write_run(run_dir: Path, model: nn.Module, tokenizer=None) -> Path:
+    """A run folder as comera train llm leaves it (the parts generate reads)."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps({"recipe": "llm"}))
+    comera.save_pretrained(model, run_dir / "model")
+    if tokenizer is not None:
+        (run_dir / "model" / "tokenizer.json").write_text(tokenizer.to_str())
+    return run_dir
+
+
+def reference_continuation(model: LlamaLM, tokenizer, prompt: str, new_tokens: int) -> str:
+    """Greedy decoding that re-runs the whole prefix each step, stopped after the end token."""
+    ids = torch.tensor([tokenizer.encode(prompt).ids])
+    start, eos = ids.shape[1], tokenizer.token_to_id(EOS_TOKEN)
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+            if int(ids[0, -1]) == eos:
+                break
+    return tokenizer.decode(ids[0, start:].tolist(), skip_special_tokens=True)
+
+
+def generate_cli(capsys, *arguments: str) -> tuple[int, str, str]:
+    status = main(["generate", *arguments])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_the_end_token_is_the_bpe_tokenizers(tokenizer):
+    assert EOS_TOKEN == "</s>" and EOS_TOKEN in SPECIAL_TOKENS
+    assert tokenizer.token_to_id(EOS_TOKEN) is not None
+
+
+@pytest.mark.parametrize("kind", ["dense", "tt", "pruned"])
+def test_greedy_continuation_equals_the_no_cache_reference(tmp_path, capsys, tokenizer, kind):
+    model = smoke_model(kind)
+    run_dir = write_run(tmp_path / "run", model, tokenizer)
+    status, out, err = generate_cli(capsys, str(run_dir), "--prompt", PROMPT, "--max-new-tokens", "20")
+    assert status == 0, err
+    expected = reference_continuation(model, tokenizer, PROMPT, 20)
+    assert expected and out == expected + "\n"
+
+
+def test_the_default_length_stops_at_the_context(tmp_path, capsys, tokenizer):
+    model = smoke_model("dense")
+    run_dir = write_run(tmp_path / "run", model, tokenizer)
+    status, out, err = generate_cli(capsys, str(run_dir), "--prompt", PROMPT)  # 64 > the 32-token context
+    assert status == 0, err
+    room = 32 - len(tokenizer.encode(PROMPT).ids)
+    assert out == reference_continuation(model, tokenizer, PROMPT, room) + "\n"
+
+
+def test_sampling_with_a_seed_repeats(tmp_path, capsys, tokenizer):
+    run_dir = write_run(tmp_path / "run", smoke_model("tt"), tokenizer)
+    command = [
+        str(run_dir),
+        "--prompt",
+        PROMPT,
+        "--max-new-tokens",
+        "20",
+        "--temperature",
+        "1",
+        "--top-k",
+        "50",
+    ]
+    command += ["--seed", "5"]
+    first = generate_cli(capsys, *command)
+    assert first[0] == 0 and first == generate_cli(capsys, *command)
+    assert first != generate_cli(capsys, *command[:-1], "6")
+
+
+def test_the_console_entry_point_runs_in_a_fresh_process(tmp_path, tokenizer):
+    model = smoke_model("dense")
+    run_dir = write_run(tmp_path / "run", model, tokenizer)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "comera",
+            "generate",
+            str(run_dir),
+            "--prompt",
+            PROMPT,
+            "--max-new-tokens",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == reference_continuation(model, tokenizer, PROMPT, 8) + "\n"
+
+
+def one_line_error(capsys, *arguments: str) -> str:
+    status, out, err = generate_cli(capsys, *arguments)
+    assert status == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def test_missing_and_unfinished_run_folders_are_named(tmp_path, capsys):
+    error = one_line_error(capsys, str(tmp_path / "nowhere"), "--prompt", "x")
+    assert f"RUN_DIR {tmp_path / 'nowhere'} is not a folder" in error
+    assert "comera train llm" in error
+    unfinished = tmp_path / "unfinished"
+    (unfinished / "checkpoints").mkdir(parents=True)
+    (unfinished / "config.json").write_text("{}")
+    error = one_line_error(capsys, str(unfinished), "--prompt", "x")
+    assert "holds no model/ yet: the run has not finished" in error and "--resume" in error
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    error = one_line_error(capsys, str(empty), "--prompt", "x")
+    assert "holds no model/ folder; comera generate works on the run folders of `comera train llm`" in error
+
+
+def test_a_model_without_its_tokenizer_is_refused(tmp_path, capsys):
+    run_dir = write_run(tmp_path / "run", smoke_model("dense"))
+    error = one_line_error(capsys, str(run_dir), "--prompt", "x")
+    assert f"{run_dir / 'model' / 'tokenizer.json'} not found" in error
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, capsys, tokenizer):
+    torch.manual_seed(0)
+    run_dir = write_run(tmp_path / "run", LlamaLM.from_preset("smoke"), tokenizer)  # 96 tokens
+    error = one_line_error(capsys, str(run_dir), "--prompt", "x")
+    assert f"has {tokenizer.get_vocab_size()} tokens but the model's vocabulary has 96" in error
+
+
+def test_a_run_of_another_workload_is_refused(tmp_path, capsys, tokenizer):
+    torch.manual_seed(0)
+    nli = write_run(tmp_path / "nli", TransformerClassifier.from_preset("smoke"), tokenizer)
+    error = one_line_error(capsys, str(nli), "--prompt", "x")
+    assert "holds a TransformerClassifier, not a language model (LlamaLM)" in error
+    assert "comera generate works on the run folders of `comera train llm`" in error
+    unregistered = write_run(tmp_path / "plain", nn.Sequential(nn.Linear(4, 4)), tokenizer)
+    error = one_line_error(capsys, str(unregistered), "--prompt", "x")
+    assert "not a language model" in error and "`comera train llm`" in error
+
+
+def test_prompt_and_options_are_checked(tmp_path, capsys, tokenizer):
+    run_dir = str(write_run(tmp_path / "run", smoke_model("dense"), tokenizer))
+    length = len(tokenizer.encode(PROMPT).ids)
+    error = one_line_error(capsys, run_dir, "--prompt", PROMPT, "--max-new-tokens", "40")
+    assert (
+        f"the prompt's {length} tokens plus --max-new-tokens 40 exceed the model's context of 32 tokens; "
+        f"use --max-new-tokens {32 - length} or fewer"
+    ) in error
+    error = one_line_error(capsys, run_dir, "--prompt", "")
+    assert "--prompt must hold some text" in error
+    long_prompt = " ".join(["quick brown fox"] * 20)
+    error = one_line_error(capsys, run_dir, "--prompt", long_prompt)
+    assert "fill the model's context of 32 tokens; use a shorter --prompt" in error
+    error = one_line_error(capsys, run_dir, "--prompt", PROMPT, "--temperature", "1", "--top-k", "0")
+    assert f"top_k must be an int in [1, {VOCAB}], got 0" in error
+    error = one_line_error(capsys, run_dir, "--prompt", PROMPT, "--max-new-tokens", "0")
+    assert "max_new_tokens must be an int >= 1, got 0" in error
