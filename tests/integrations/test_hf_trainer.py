@@ -2,6 +2,7 @@
 objective, groups, stages and prune points; saved and loaded back; compared with ``comera.train.Trainer``."""
 
 import copy
+import json
 import math
 
 import pytest
@@ -193,10 +194,11 @@ def test_an_optimizer_that_cannot_take_comera_groups_is_refused(tmp_path, choice
         trainer.create_optimizer()
 
 
-def test_comera_trainer_and_the_hf_trainer_land_at_comparable_sizes(run, tmp_path):
-    """The same model, data, settings and 40 steps through comera.train.Trainer: both runs trim to the same
-    budget (target_ratio of the size at the end of the early stage). Not bit-equal: the two loops draw the
-    batches in different orders, so the gates and the ranks each layer keeps differ."""
+def test_comera_trainer_and_the_hf_trainer_land_at_the_same_size(run, tmp_path):
+    """The same model, data, settings and 40 steps through comera.train.Trainer: the same events at the same
+    steps, the same size, and the same task losses to float rounding (both loops draw their batch order from
+    torch's generator seeded with 0, so here they see the same batches; Hugging Face's loss is the model's
+    token sum over the batch's token count, comera's the model's mean, which round differently)."""
     model = tiny_llama()
     config = TrainConfig(
         early=EARLY,
@@ -205,6 +207,8 @@ def test_comera_trainer_and_the_hf_trainer_land_at_comparable_sizes(run, tmp_pat
         batch_size=BATCH,
         lr_other=1e-2,
         grad_clip=run.args.max_grad_norm,
+        log_every=run.args.logging_steps,
+        run_dir=tmp_path,
         compile=False,
         progress=False,
         plot=False,
@@ -213,10 +217,13 @@ def test_comera_trainer_and_the_hf_trainer_land_at_comparable_sizes(run, tmp_pat
     objective = CoMERAObjective(model, SETTINGS)
     fit = Trainer(model, lm_loss, RepeatingTokens(), config=config, objective=objective).fit()
     assert fit.step == STEPS
-    ours, theirs = objective.ratio(), run.objective.ratio()
-    assert ours == pytest.approx(SETTINGS.target_ratio, rel=0.05)
-    assert theirs == pytest.approx(SETTINGS.target_ratio, rel=0.05)
-    assert abs(ours - theirs) <= 0.05
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    ours = [(r["step"], r["event"]) for r in records if r.get("kind") == "event"]
+    assert ours == [(e["step"], e["event"]) for e in run.comera_callback.events]
+    ours_losses = [r["loss"] for r in records if r.get("kind") == "train"]
+    theirs_losses = [r["comera_task_loss"] for r in train_logs(run)]
+    assert ours_losses == pytest.approx(theirs_losses, rel=1e-4)
+    assert objective.ratio() == pytest.approx(SETTINGS.target_ratio, rel=0.05)
+    assert objective.ratio() == pytest.approx(run.objective.ratio(), abs=0.02)
     ours_params = comera.compression_report(model).model_params
-    theirs_params = comera.compression_report(run.model).model_params
-    assert abs(ours_params - theirs_params) <= 0.05 * theirs_params
+    assert ours_params == pytest.approx(comera.compression_report(run.model).model_params, rel=0.02)
