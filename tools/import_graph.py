@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rank",),
     ("train",),
     ("methods",),
-    ("recipes", "data", "models", "metrics", "measure"),
+    ("recipes", "data", "models", "metrics", "measure", "integrations"),
     ("workloads",),
     ("bench",),
     ("commands", "launch"),

@@ -1,0 +1,12 @@
+"""CoMERA inside other libraries' training loops.
+
+- :mod:`comera.integrations.hf_trainer`: :class:`~comera.integrations.hf_trainer.CoMERATrainer`, a
+  ``transformers.Trainer`` that trains a tensorized model with CoMERA's rank objective, param groups, stages
+  and prune points, logs the model size and saves with :func:`comera.save_pretrained`;
+- :mod:`comera.integrations.hf_stages`: :class:`~comera.integrations.hf_stages.CoMERACallback`, the
+  ``TrainerCallback`` that runs the host-side schedule (controller step, late stage, prune points).
+
+Both modules import ``transformers``, an optional dependency (``pip install 'comera[hf]'``, which also brings
+``accelerate``, required by ``transformers.Trainer``); this package's ``__init__`` imports neither, and
+``import comera`` imports nothing from here.
+"""

@@ -1,0 +1,206 @@
+"""``CoMERATrainer``: a ``transformers.Trainer`` that trains a tensorized model the CoMERA way.
+
+What it changes in ``transformers.Trainer`` (everything else, the data loading, the learning-rate schedule,
+gradient clipping, evaluation and the logging integrations, is Hugging Face's):
+
+- **loss** (:meth:`CoMERATrainer.compute_loss`): in training, the task loss the model returns goes through
+  :meth:`CoMERAObjective.loss`: the early stage adds ``gamma`` times the size surrogate, the late stage is the
+  controller's objective. The loss the Trainer backpropagates and logs (``loss``) is that objective; the task
+  loss alone is logged as ``comera_task_loss``. Evaluation losses are the task loss.
+- **optimizer** (:meth:`CoMERATrainer.create_optimizer`): the optimizer ``args.optim`` names (AdamW by
+  default), built on CoMERA's parameter groups: cores at ``CoMERASettings.lr_cores``, gates at
+  ``CoMERASettings.lr_gates`` (never decayed), every other parameter at ``args.learning_rate``;
+  ``args.weight_decay`` applies to cores and others. The scheduler scales every group alike.
+- **schedule**: :class:`comera.integrations.hf_stages.CoMERACallback` (added by the constructor) runs the
+  controller after every optimizer step, the switch to the late stage after ``early`` steps, and the prune
+  points of ``CoMERASettings.prune_at``.
+- **logs** (:meth:`CoMERATrainer.log`): every record also holds ``comera_size`` (active-rank core entries, the
+  objective's size), ``comera_size_ratio`` (that over the size at the start), ``comera_params`` (the whole
+  model's parameters at the active ranks) and ``comera_compression`` (the tensorized layers' dense parameters
+  over their active ones).
+- **saving** (``save_model`` and every checkpoint): :func:`comera.save_pretrained` (``comera_config.json`` and
+  ``model.safetensors``) plus the model's ``config.json``, so that ``comera.load_pretrained(folder,
+  base_model=AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)))`` rebuilds it.
+  ``transformers``' ``from_pretrained`` cannot load the folder (it would build dense layers).
+
+Not supported (each raises ``ValueError`` naming the setting): gradient accumulation, more than one process or
+GPU (DDP, FSDP, DeepSpeed), ``model_init``, resuming from a checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import Trainer, TrainingArguments
+
+from comera.integrations.hf_stages import CoMERACallback
+from comera.io import save_pretrained
+from comera.methods.comera import CoMERAObjective, CoMERASettings
+from comera.modules import unwrap_model
+from comera.report import compression_report
+
+__all__ = ["CoMERATrainer"]
+
+
+def _check_arguments(args: TrainingArguments) -> None:
+    if args.gradient_accumulation_steps != 1:
+        raise ValueError(
+            "CoMERATrainer does not support gradient accumulation: args.gradient_accumulation_steps must be "
+            f"1, got {args.gradient_accumulation_steps} (the rank term would be added once per micro-batch)"
+        )
+    if args.deepspeed or args.fsdp or args.world_size > 1 or args.n_gpu > 1:
+        raise ValueError(
+            "CoMERATrainer trains in one process on one device: args.deepspeed and args.fsdp must be unset, "
+            f"and args.world_size and args.n_gpu at most 1 (got world_size={args.world_size}, "
+            f"n_gpu={args.n_gpu}); pruning changes parameter shapes, which those wrappers do not follow"
+        )
+
+
+class CoMERATrainer(Trainer):
+    """``transformers.Trainer`` with CoMERA's rank objective, parameter groups, stages and prune points.
+
+    Args:
+        model: a model with gated layers (``comera.tensorize_`` first); its forward returns the task loss
+            (``output.loss``), as ``transformers``' models do when given ``labels``.
+        args: the ``TrainingArguments`` (``gradient_accumulation_steps`` 1, one process).
+        settings: CoMERA's settings (default :class:`CoMERASettings`): ``gamma``, ``target_ratio``,
+            ``prune_at``, ``lr_cores``, ``lr_gates`` ...
+        early: length of the early stage: an int (optimizer steps) or a float in ``[0, 1]`` (that fraction of
+            the run's ``max_steps``); the late stage is the rest of the run.
+        **kwargs: ``transformers.Trainer``'s other arguments (``train_dataset``, ``data_collator``,
+            ``eval_dataset``, ``callbacks``, ``optimizers`` ...), except ``model_init``.
+
+    Attributes:
+        objective: the run's :class:`CoMERAObjective` (its ``stage``, ``size()``, ``adaptation``).
+        comera_callback: the :class:`CoMERACallback` running the schedule; its ``events`` list what happened
+            between steps (late stage, prunes, the controller's trim).
+
+    Raises:
+        ValueError: an unsupported setting (see the module docstring), or a model without gated layers.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        args: TrainingArguments,
+        *,
+        settings: CoMERASettings | None = None,
+        early: int | float = 0.5,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("model_init") is not None:
+            raise ValueError(
+                "CoMERATrainer does not support model_init: the objective is built on the model given"
+            )
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        if not isinstance(args, TrainingArguments):
+            raise TypeError(f"args must be a transformers.TrainingArguments, got {type(args).__name__}")
+        _check_arguments(args)
+        super().__init__(model=model, args=args, **kwargs)
+        self.objective = CoMERAObjective(unwrap_model(self.model), settings)
+        self.comera_callback = CoMERACallback(self.objective, early)
+        self.add_callback(self.comera_callback)
+        self._task_loss_sum: torch.Tensor | None = None
+        self._task_loss_count = 0
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
+        """``transformers.Trainer.train``; ``resume_from_checkpoint`` must be None or False (a pruned
+        model's shapes differ from the fresh model's)."""
+        if resume_from_checkpoint:
+            raise ValueError(
+                "CoMERATrainer does not support resume_from_checkpoint: a checkpoint of a pruned model has "
+                "other shapes than the fresh model; load it with comera.load_pretrained and train anew"
+            )
+        return super().train(**kwargs)
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """The optimizer of ``args.optim`` (with its betas, epsilon, fused ...) on CoMERA's parameter
+        groups; an optimizer passed through ``optimizers=`` is kept as it is.
+
+        Raises:
+            ValueError: ``args.optim`` names an optimizer that builds its own parameter groups (GaLore, LOMO,
+                layer-wise ...) or is not a ``torch.optim.Optimizer`` class.
+        """
+        if self.optimizer is None:
+            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(
+                self.args, self.model if model is None else model
+            )
+            own_groups = {"params", "model", "optimizer_dict"} & set(optimizer_kwargs)
+            if own_groups or not (
+                isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)
+            ):
+                raise ValueError(
+                    f"args.optim={self.args.optim!r} builds its own parameter groups or is not a "
+                    "torch.optim.Optimizer; CoMERATrainer needs one that takes CoMERA's groups (e.g. "
+                    "'adamw_torch', 'adamw_torch_fused', 'adafactor', 'sgd')"
+                )
+            groups = self.objective.param_groups(
+                lr=self.args.learning_rate, weight_decay=self.args.weight_decay
+            )
+            self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+        return self.optimizer
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """``transformers.Trainer.compute_loss``'s task loss, turned into CoMERA's objective (a 0-dim tensor)
+        when the model is in training mode; in evaluation the task loss alone."""
+        result = super().compute_loss(
+            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )
+        if not model.training:
+            return result
+        task, outputs = result if return_outputs else (result, None)
+        loss = self.objective.loss(task)
+        detached = task.detach()
+        self._task_loss_sum = detached if self._task_loss_sum is None else self._task_loss_sum + detached
+        self._task_loss_count += 1
+        return (loss, outputs) if return_outputs else loss
+
+    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+        """``transformers.Trainer.evaluation_loop`` after :meth:`CoMERAObjective.before_evaluation` (drops the
+        tensor-train layers' inference caches)."""
+        self.objective.before_evaluation()
+        return super().evaluation_loop(*args, **kwargs)
+
+    def comera_metrics(self) -> dict[str, float]:
+        """The size entries added to every log record (see the module docstring; syncs with the device)."""
+        size = self.objective.size()
+        report = compression_report(self.objective.model)
+        metrics = {
+            "comera_size": float(size),
+            "comera_size_ratio": size / self.objective.initial_size,
+            "comera_params": float(report.model_params),
+            "comera_compression": report.tensorized_ratio,
+        }
+        if self._task_loss_count:
+            metrics["comera_task_loss"] = float(self._task_loss_sum) / self._task_loss_count
+            self._task_loss_sum, self._task_loss_count = None, 0
+        return metrics
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """``transformers.Trainer.log`` with :meth:`comera_metrics` added to ``logs``."""
+        super().log({**logs, **self.comera_metrics()}, start_time)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Write :func:`comera.save_pretrained`'s files, the model's ``config.json`` and the processing class
+        into ``output_dir`` (``transformers.Trainer.save_model`` and every checkpoint call this; in one
+        process the model's own state is saved, so ``state_dict`` is not used)."""
+        if not self.args.should_save:
+            return
+        folder = Path(self.args.output_dir if output_dir is None else output_dir)
+        model = unwrap_model(self.accelerator.unwrap_model(self.model))
+        save_pretrained(model, folder)
+        config = getattr(model, "config", None)
+        if config is not None and hasattr(config, "save_pretrained"):
+            config.save_pretrained(folder)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(folder)

@@ -1,0 +1,74 @@
+"""A tiny tensorized ``LlamaForCausalLM`` and a repeating-token dataset for the ``transformers.Trainer`` tests
+(nothing downloaded)."""
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
+
+import comera
+from comera.tensorize_config import tensorize_preset
+from comera.workloads.llm import presets  # noqa: F401  (registers llm-hf-llama)
+
+VOCAB = 96
+LENGTH = 16
+BATCH = 4
+
+
+def llama_config() -> LlamaConfig:
+    """2 layers, hidden 32, vocabulary 96."""
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=88,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+
+
+def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+    """The tiny LLaMA tensorized with ``llm-hf-llama`` at rank 4."""
+    torch.manual_seed(seed)
+    return comera.tensorize_(LlamaForCausalLM(llama_config()), tensorize_preset("llm-hf-llama", rank=4))
+
+
+class RepeatingTokens(torch.utils.data.Dataset):
+    """``size`` sequences of ``LENGTH`` tokens, each one of ``periods`` random 4-token patterns repeated
+    (learnable in a few dozen steps); items are ``{"input_ids", "attention_mask", "labels"}``."""
+
+    def __init__(self, size: int = 32, periods: int = 4, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        patterns = torch.randint(3, VOCAB, (periods, 4), generator=generator)
+        self.ids = patterns[torch.arange(size) % periods].repeat(1, LENGTH // 4)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        ids = self.ids[index]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+
+def arguments(output_dir, **overrides) -> TrainingArguments:
+    """CPU, no reporting, constant learning rate 1e-2, batch ``BATCH``, no checkpoints unless overridden."""
+    values = dict(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        report_to=[],
+        per_device_train_batch_size=BATCH,
+        learning_rate=1e-2,
+        lr_scheduler_type="constant",
+        logging_steps=4,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    return TrainingArguments(**{**values, **overrides})
+
+
+def lm_loss(model, batch) -> torch.Tensor:
+    """The task loss for :class:`comera.train.Trainer`: the model's own next-token loss."""
+    return model(**batch).loss

@@ -1,0 +1,229 @@
+"""``CoMERATrainer``: a tiny tensorized ``LlamaForCausalLM`` trained by ``transformers.Trainer`` with CoMERA's
+objective, groups, stages and prune points; saved and loaded back; compared with ``comera.train.Trainer``."""
+
+import copy
+import json
+import math
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # transformers.Trainer needs it
+
+import torch  # noqa: E402
+from hf_tiny import BATCH, RepeatingTokens, arguments, llama_config, lm_loss, tiny_llama  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
+
+import comera  # noqa: E402
+from comera.integrations.hf_stages import early_steps_of  # noqa: E402
+from comera.integrations.hf_trainer import CoMERATrainer  # noqa: E402
+from comera.methods.comera import CoMERAObjective, CoMERASettings  # noqa: E402
+from comera.rank.size import gated_trains  # noqa: E402
+from comera.train import TrainConfig, Trainer  # noqa: E402
+
+SETTINGS = CoMERASettings(lr_cores=1e-2, lr_gates=1e-2, recovery=0.6)
+EARLY, STEPS = 16, 40  # 32 sequences in batches of 4: an epoch is 8 steps; the late stage trims at step 26
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The 40-step run (early 16, late 24) with a checkpoint at its last step."""
+    out = tmp_path_factory.mktemp("hf-run")
+    args = arguments(out, max_steps=STEPS, save_strategy="steps", save_steps=STEPS)
+    trainer = CoMERATrainer(
+        tiny_llama(), args, train_dataset=RepeatingTokens(), settings=SETTINGS, early=EARLY
+    )
+    trainer.train()
+    return trainer
+
+
+def events(trainer, name):
+    return [event for event in trainer.comera_callback.events if event["event"] == name]
+
+
+def train_logs(trainer):
+    return [record for record in trainer.state.log_history if "comera_task_loss" in record]
+
+
+def test_the_loss_falls_and_every_log_holds_the_size(run):
+    logs = train_logs(run)
+    assert [record["step"] for record in logs] == list(range(4, STEPS + 1, 4))
+    assert logs[0]["comera_task_loss"] == pytest.approx(math.log(96), rel=0.1)
+    assert logs[-1]["comera_task_loss"] < 0.5 * logs[0]["comera_task_loss"]
+    report = comera.compression_report(run.model)
+    last = run.state.log_history[-1]
+    assert last["comera_size"] == run.objective.size()
+    assert last["comera_params"] == report.model_params
+    assert last["comera_compression"] == pytest.approx(report.tensorized_ratio)
+    assert last["comera_size_ratio"] == pytest.approx(run.objective.size() / run.objective.initial_size)
+
+
+def test_the_optimizer_has_comera_groups_and_rates(run):
+    groups = {group["name"]: group for group in run.optimizer.optimizer.param_groups}
+    assert set(groups) == {"cores", "gates", "other"}
+    assert groups["cores"]["lr"] == SETTINGS.lr_cores and groups["gates"]["lr"] == SETTINGS.lr_gates
+    assert groups["other"]["lr"] == run.args.learning_rate
+    trains = [train for _, train in gated_trains(run.model)]
+    assert {id(p) for p in groups["gates"]["params"]} == {id(g) for t in trains for g in t.gates}
+    assert {id(p) for p in groups["cores"]["params"]} == {id(c) for t in trains for c in t.cores}
+
+
+def test_the_late_stage_starts_at_the_requested_step(run):
+    (late,) = events(run, "late_stage")
+    assert late["step"] == EARLY
+    assert run.objective.stage == "late"
+    assert run.objective.adaptation.late_steps == STEPS - EARLY
+    assert late["target_size"] == pytest.approx(SETTINGS.target_ratio * run.objective.initial_size, rel=0.05)
+
+
+def test_a_prune_point_prunes_and_training_goes_on_with_matching_optimizer_state(run):
+    (trim,) = events(run, "objective")
+    assert trim["action"] == "trim" and EARLY < trim["step"] < 32
+    (prune,) = events(run, "prune")
+    assert (prune["step"], prune["point"]) == (32, "epoch_end")  # the late-stage epoch end after the trim
+    assert prune["stored_after"] < prune["stored_before"]
+    ranks = {name: list(train.max_ranks) for name, train in gated_trains(run.model)}
+    assert prune["layers"] and all(
+        ranks[name] == layer_ranks for name, layer_ranks in prune["layers"].items()
+    )
+    assert run.state.global_step == STEPS
+    after = [record for record in train_logs(run) if record["step"] > prune["step"]]
+    assert len(after) == 2 and all(math.isfinite(record["loss"]) for record in after)
+    optimizer = run.optimizer.optimizer
+    optimized = [param for group in optimizer.param_groups for param in group["params"]]
+    assert {id(p) for p in optimized} == {id(p) for p in run.model.parameters()}
+    for param in optimized:
+        state = optimizer.state[param]
+        assert state["exp_avg"].shape == param.shape and state["exp_avg_sq"].shape == param.shape
+
+
+@pytest.mark.parametrize("folder", ["saved", "checkpoint"])
+def test_the_model_saves_and_loads_into_a_fresh_base_with_the_same_logits(run, tmp_path, folder):
+    if folder == "saved":
+        path = tmp_path / "model"
+        run.save_model(str(path))
+    else:
+        path = run.args.output_dir + f"/checkpoint-{STEPS}"  # transformers' checkpoint: the same files
+    config = type(llama_config()).from_pretrained(path)
+    loaded = comera.load_pretrained(path, base_model=LlamaForCausalLM(config))
+    ids = RepeatingTokens(size=2, seed=1).ids
+    run.model.eval()
+    loaded.eval()
+    with torch.no_grad():
+        expected = run.model(input_ids=ids).logits
+        got = loaded(input_ids=ids).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    assert comera.compression_report(loaded).model_params == comera.compression_report(run.model).model_params
+
+
+def test_the_loss_the_trainer_sees_is_the_task_loss_plus_the_rank_term(tmp_path):
+    """One step on a batch of identical sequences (so the batch is known), against comera's own objective
+    on a copy of the same model and batch."""
+    settings = CoMERASettings(gamma=0.5)
+    model = tiny_llama()
+    reference = copy.deepcopy(model).train()
+    data = RepeatingTokens(size=BATCH, periods=1)
+    batch = {key: torch.stack([data[i][key] for i in range(BATCH)]) for key in data[0]}
+    task = reference(**batch).loss
+    expected = CoMERAObjective(reference, settings).loss(task)
+    assert expected.item() > task.item() + 0.1  # the rank term is there and not small
+    args = arguments(tmp_path, max_steps=1, logging_steps=1, max_grad_norm=0.0)
+    trainer = CoMERATrainer(model, args, train_dataset=data, settings=settings, early=1.0)
+    trainer.train()
+    (log,) = train_logs(trainer)
+    assert log["loss"] == pytest.approx(expected.item(), rel=1e-6)
+    assert log["comera_task_loss"] == pytest.approx(task.item(), rel=1e-6)
+    trainer.model.eval()
+    with torch.no_grad():  # evaluation sees the task loss alone
+        assert trainer.compute_loss(trainer.model, dict(batch)).item() == pytest.approx(
+            trainer.model(**batch).loss.item()
+        )
+
+
+def test_a_fraction_of_max_steps_starts_the_late_stage(tmp_path):
+    args = arguments(tmp_path, max_steps=8)
+    trainer = CoMERATrainer(
+        tiny_llama(), args, train_dataset=RepeatingTokens(), settings=CoMERASettings(prune_at=()), early=0.25
+    )
+    trainer.train()
+    assert [(e["step"], e["event"]) for e in trainer.comera_callback.events][:1] == [(2, "late_stage")]
+    assert trainer.comera_callback.early_steps == 2
+
+
+@pytest.mark.parametrize(
+    ("early", "max_steps", "steps"),
+    [(0, 10, 0), (3, 10, 3), (30, 10, 10), (0.0, 10, 0), (0.26, 10, 3), (1.0, 7, 7)],
+)
+def test_early_steps_of(early, max_steps, steps):
+    assert early_steps_of(early, max_steps) == steps
+
+
+@pytest.mark.parametrize("early", [-1, 1.5, -0.1, True, "half", None])
+def test_a_bad_early_is_refused_naming_it(early):
+    with pytest.raises(ValueError, match="early must be"):
+        early_steps_of(early, 10)
+
+
+def test_unsupported_settings_are_refused_naming_them(tmp_path):
+    data = RepeatingTokens()
+    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+        CoMERATrainer(tiny_llama(), arguments(tmp_path, gradient_accumulation_steps=2), train_dataset=data)
+    with pytest.raises(ValueError, match="model_init"):
+        CoMERATrainer(tiny_llama(), arguments(tmp_path), train_dataset=data, model_init=tiny_llama)
+    with pytest.raises(ValueError, match="no gated layers"):
+        CoMERATrainer(LlamaForCausalLM(llama_config()), arguments(tmp_path), train_dataset=data)
+    trainer = CoMERATrainer(tiny_llama(), arguments(tmp_path, max_steps=2), train_dataset=data)
+    with pytest.raises(ValueError, match="resume_from_checkpoint"):
+        trainer.train(resume_from_checkpoint=True)
+    with pytest.raises(ValueError, match="early must be"):
+        CoMERATrainer(tiny_llama(), arguments(tmp_path), train_dataset=data, early=2.0)
+    no_early = CoMERATrainer(tiny_llama(), arguments(tmp_path, max_steps=2), train_dataset=data, early=0)
+    with pytest.raises(ValueError, match="target_loss"):  # a late stage without an early one
+        no_early.train()
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [(torch.optim.AdamW, {"params": [], "lr": 1e-3}), (lambda: None, {})],
+    ids=["own-groups", "factory"],
+)
+def test_an_optimizer_that_cannot_take_comera_groups_is_refused(tmp_path, choice):
+    trainer = CoMERATrainer(tiny_llama(), arguments(tmp_path), train_dataset=RepeatingTokens())
+    trainer.get_optimizer_cls_and_kwargs = lambda args, model: choice  # what e.g. optim="galore_adamw" gives
+    with pytest.raises(ValueError, match="args.optim"):
+        trainer.create_optimizer()
+
+
+def test_comera_trainer_and_the_hf_trainer_land_at_the_same_size(run, tmp_path):
+    """The same model, data, settings and 40 steps through comera.train.Trainer: the same events at the same
+    steps, the same size, and the same task losses to float rounding (both loops draw their batch order from
+    torch's generator seeded with 0, so here they see the same batches; Hugging Face's loss is the model's
+    token sum over the batch's token count, comera's the model's mean, which round differently)."""
+    model = tiny_llama()
+    config = TrainConfig(
+        early=EARLY,
+        late=STEPS - EARLY,
+        unit="step",
+        batch_size=BATCH,
+        lr_other=1e-2,
+        grad_clip=run.args.max_grad_norm,
+        log_every=run.args.logging_steps,
+        run_dir=tmp_path,
+        compile=False,
+        progress=False,
+        plot=False,
+        reuse_cpu_memory=False,
+    )
+    objective = CoMERAObjective(model, SETTINGS)
+    fit = Trainer(model, lm_loss, RepeatingTokens(), config=config, objective=objective).fit()
+    assert fit.step == STEPS
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    ours = [(r["step"], r["event"]) for r in records if r.get("kind") == "event"]
+    assert ours == [(e["step"], e["event"]) for e in run.comera_callback.events]
+    ours_losses = [r["loss"] for r in records if r.get("kind") == "train"]
+    theirs_losses = [r["comera_task_loss"] for r in train_logs(run)]
+    assert ours_losses == pytest.approx(theirs_losses, rel=1e-4)
+    assert objective.ratio() == pytest.approx(SETTINGS.target_ratio, rel=0.05)
+    assert objective.ratio() == pytest.approx(run.objective.ratio(), abs=0.02)
+    ours_params = comera.compression_report(model).model_params
+    assert ours_params == pytest.approx(comera.compression_report(run.model).model_params, rel=0.02)
