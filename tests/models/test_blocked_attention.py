@@ -136,3 +136,25 @@ def test_bad_inputs_are_named():
     bias = torch.zeros(1, 1, 1, 3, requires_grad=True)
     with pytest.raises(ValueError, match="bias: an attention bias that requires grad"):
         blocked_dropout_attention(q, k, v, bias, torch.zeros(1, 2, 3, 3, dtype=torch.uint8), 26, 1.0, 1.0)
+
+
+def test_attention_context_blocks_only_scores_that_exceed_one_block(monkeypatch):
+    """Scores that fit in one block take the plain path, larger ones the blocked kernel; both draw the same
+    mask, so at the same seed they agree to rounding (float64)."""
+    import comera.models.attention as attention
+
+    calls = []
+    blocked = attention.blocked_dropout_attention
+    monkeypatch.setattr(
+        attention, "blocked_dropout_attention", lambda *args: calls.append(1) or blocked(*args)
+    )
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (_head_views(2, 3, 8, 4, generator) for _ in range(3))
+    torch.manual_seed(5)
+    plain = attention.attention_context(q, k, v, None, 0.2)
+    assert calls == []
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 2 * 3 * 8 * 8 - 1)
+    torch.manual_seed(5)
+    blocks = attention.attention_context(q, k, v, None, 0.2)
+    assert calls == [1]
+    torch.testing.assert_close(blocks, plain, rtol=1e-12, atol=1e-12)
