@@ -83,8 +83,8 @@ from comera.train.metrics import MetricsLog
 from comera.train.objective import Objective, default_objective
 from comera.train.parallel import all_true, lost_rank, peer_failure, per_rank_values, rank_seed
 from comera.train.records import StepWindow, train_record
-from comera.train.setup import batches_for, check_arguments, default_optimizer, graph_step_for
 from comera.train.schedule import apply_lr_schedule, lr_factor
+from comera.train.setup import batches_for, check_arguments, default_optimizer, graph_step_for
 from comera.version import __version__
 
 __all__ = ["Trainer", "FitResult"]
