@@ -19,7 +19,26 @@ from comera.workloads.llm.data import (
 )
 
 IDS = SpecialIds(bos=0, pad=1, eos=2, unk=3, mask=4, vocab_size=50)
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "omicron",
+    "pi",
+    "rho",
+    "sigma",
+]
 
 
 def _text(seed: int, words: int = 120) -> str:
