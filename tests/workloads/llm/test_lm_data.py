@@ -166,7 +166,7 @@ def test_the_packed_splits_are_the_tokenized_documents_in_key_order(corpus, tmp_
     flat = data.validation.tokens.flatten().tolist()
     assert flat[: len(stream)] == stream and set(flat[len(stream) :]) <= {data.ids.pad}
     assert data.info["validation_tokens"] == data.validation.targets
-    assert data.info["validation"]["tokens"] == len(stream)
+    assert data.info["validation"]["tokens"] == data.info["validation"]["stream_tokens"] == len(stream)
     assert data.info["identity"]["tokenizer"] and data.tokenizer_path.is_file()
 
 

@@ -213,8 +213,9 @@ class LMData:
         train, validation: the packed splits.
         tokenizer, tokenizer_path: the tokenizer and its ``tokenizer.json``.
         ids: its special ids and vocabulary size.
-        info: per split the counts of :func:`comera.data.sources.read_counts` and ``tokens`` (stream
-            tokens), ``blocks``, ``targets`` (predicted tokens), ``dropped_tokens``; ``validation_tokens``
+        info: per split the counts of :func:`comera.data.sources.read_counts`, ``stream_tokens`` (the
+            split's documents and their ``</s>``), ``tokens`` (those in its blocks), ``blocks``, ``targets``
+            (predicted tokens), ``dropped_tokens`` (the training tail); ``validation_tokens``
             (the validation targets, the tokens a perplexity averages over), the vocabulary size, the
             tokenizer's path, whether it came from the cache, and ``identity``.
     """
@@ -285,9 +286,11 @@ def build_lm_data(
     for name, split in splits.items():
         left_out = [entry for entry in skipped if split_of(entry.key, validation_fraction) == name]
         blocks = packed[name]
+        stream = sum(len(ids) + 1 for ids in encoded[name] if ids)
         info[name] = {
             **read_counts(split, left_out),
-            "tokens": sum(len(ids) + 1 for ids in encoded[name] if ids),
+            "stream_tokens": stream,
+            "tokens": min(stream, blocks.tokens.numel()),
             "blocks": len(blocks),
             "targets": blocks.targets,
             "dropped_tokens": blocks.dropped_tokens,
