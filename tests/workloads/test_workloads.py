@@ -14,8 +14,8 @@ SOURCE = Path(__file__).resolve().parents[2] / "src"
 
 
 def test_the_built_in_workloads_are_named_without_importing_them():
-    assert {"nli", "dlrm", "mlm"} <= set(workload_names())
-    assert set(WORKLOADS) == {"nli", "dlrm", "mlm"}
+    assert {"nli", "dlrm", "mlm", "llm"} <= set(workload_names())
+    assert set(WORKLOADS) == {"nli", "dlrm", "mlm", "llm"}
 
 
 def test_an_unknown_workload_names_the_valid_ones():
@@ -23,7 +23,7 @@ def test_an_unknown_workload_names_the_valid_ones():
         load_recipe("nope")
 
 
-@pytest.mark.parametrize("name", ["nli", "dlrm"])
+@pytest.mark.parametrize("name", ["nli", "dlrm", "llm"])
 def test_loading_one_workload_imports_no_other_and_not_transformers(name):
     code = (
         "import sys\n"

@@ -5,9 +5,10 @@ library, and their deterministic train/validation split: the corpus layer any la
 Sources (:func:`read_code`):
 
 - CodeSearchNet-style ``*.jsonl`` / ``*.jsonl.gz`` files, one JSON object per line whose ``code`` (else
-  ``original_string``) field holds the text; a line that is not such an object raises ``ValueError`` naming
-  file and line, or is skipped and counted with ``skip_bad_lines=True``; a truncated or corrupt gzip file
-  raises ``ValueError`` naming it and the last line read;
+  ``original_string``; other names with ``text_fields``, e.g. C4's ``text``) field holds the text; a line
+  that is not such an object raises ``ValueError`` naming file and line, or is skipped and counted with
+  ``skip_bad_lines=True``; a truncated or corrupt gzip file raises ``ValueError`` naming it and the last
+  line read;
 - any folder of source files selected by extension (``.py`` by default), read as UTF-8; a file that is not
   valid UTF-8, or that cannot be read (a symbolic link to itself, no permission), is skipped and counted. A
   folder may also hold ``*.jsonl(.gz)`` files;
@@ -131,10 +132,10 @@ def _source_files(root: Path, extensions: tuple[str, ...]) -> list[Path]:
     return sorted(files, key=lambda path: (_unit_hash("order", path.relative_to(root).as_posix()), path))
 
 
-def _record_text(record: object) -> str | None:
+def _record_text(record: object, fields: tuple[str, ...]) -> str | None:
     if not isinstance(record, dict):
         return None
-    for name in TEXT_FIELDS:
+    for name in fields:
         if isinstance(record.get(name), str):
             return record[name]
     return None
@@ -150,7 +151,11 @@ def _read_file(file: Path, relative: str) -> CodeDocument | SkippedDocument:
 
 
 def _jsonl_documents(
-    path: Path, relative: str, skip_bad_lines: bool, skipped: list[SkippedDocument]
+    path: Path,
+    relative: str,
+    skip_bad_lines: bool,
+    skipped: list[SkippedDocument],
+    fields: tuple[str, ...],
 ) -> Iterator[CodeDocument]:
     with open_data(path) as file:
         for number, raw in numbered_lines(file, path):
@@ -162,8 +167,8 @@ def _jsonl_documents(
                 problem = f"not valid JSON ({error})"
                 record = None
             else:
-                problem = f"a JSON object with a string field among {list(TEXT_FIELDS)}"
-                problem = None if _record_text(record) is not None else f"expected {problem}"
+                problem = f"a JSON object with a string field among {list(fields)}"
+                problem = None if _record_text(record, fields) is not None else f"expected {problem}"
             if problem is not None:
                 if not skip_bad_lines:
                     raise ValueError(f"{path}: line {number}: {problem}")
@@ -175,7 +180,7 @@ def _jsonl_documents(
                 if isinstance(repo, str) and isinstance(name, str)
                 else f"{relative}:{number}"
             )
-            yield CodeDocument(key, _record_text(record))
+            yield CodeDocument(key, _record_text(record, fields))
 
 
 def read_code(
@@ -185,6 +190,7 @@ def read_code(
     skip_bad_lines: bool = False,
     max_files: int | None = None,
     max_bytes: int | None = None,
+    text_fields: Sequence[str] = TEXT_FIELDS,
 ) -> tuple[list[CodeDocument], list[SkippedDocument]]:
     """Read code documents from ``path`` (module docstring); None reads the standard library.
 
@@ -194,6 +200,8 @@ def read_code(
         skip_bad_lines: skip (and count) bad JSON lines instead of raising.
         max_files: read at most this many files (None: all).
         max_bytes: stop once the texts read hold this many UTF-8 bytes (None: no cap).
+        text_fields: the fields of a JSON line that may hold its text, the first string one used
+            (default :data:`TEXT_FIELDS`, CodeSearchNet's; ``("text",)`` for C4-style corpora).
 
     Returns:
         The documents read and those skipped (files not valid UTF-8 or unreadable, bad JSON lines when
@@ -204,6 +212,9 @@ def read_code(
             skipped, a truncated or corrupt gzip file (named), or bad arguments.
     """
     extensions = _check_extensions(extensions)
+    if isinstance(text_fields, str) or not text_fields or not all(isinstance(f, str) for f in text_fields):
+        raise ValueError(f"text_fields must be a non-empty list of field names, got {text_fields!r}")
+    fields = tuple(text_fields)
     max_files, max_bytes = _check_cap(max_files, "max_files"), _check_cap(max_bytes, "max_bytes")
     root = default_source_dir() if path is None else Path(path)
     if not root.exists():
@@ -214,7 +225,7 @@ def read_code(
     for file in _source_files(root, extensions)[:max_files]:
         relative = file.name if root.is_file() else file.relative_to(root).as_posix()
         if _is_jsonl(file) and os.access(file, os.R_OK):
-            found = _jsonl_documents(file, relative, skip_bad_lines, skipped)
+            found = _jsonl_documents(file, relative, skip_bad_lines, skipped, fields)
         else:
             document = _read_file(file, relative)
             if isinstance(document, SkippedDocument):

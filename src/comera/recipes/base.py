@@ -93,6 +93,21 @@ class Recipe:
         """A fresh evaluator computing the workload's metrics exactly over a whole split."""
         raise NotImplementedError
 
+    def extra_results(self, results: dict[str, Any], data: RecipeData, trainer: Any) -> dict[str, Any]:
+        """Keys the workload adds to ``results.json`` (default none), computed at the end of the run.
+
+        Args:
+            results: the keys every run reports (``evaluation``, ``steps``, ``step_time_s`` ...).
+            data: the run's data.
+            trainer: the :class:`comera.train.Trainer` that trained (its ``module``, ``optimizer``, ``config``
+                with the per-process ``batch_size``, ``world_size``).
+        """
+        return {}
+
+    def save_model_files(self, folder: Path, data: RecipeData) -> None:
+        """Write what the trained model needs beside its weights into the run's ``model/`` folder (default
+        nothing; a language model writes its tokenizer)."""
+
 
 _RECIPES: dict[str, type[Recipe]] = {}
 

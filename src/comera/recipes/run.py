@@ -20,7 +20,8 @@ processes up to the checkpoint a resume continued from), ``steps``, ``stage``, `
 ``target_reached``, and after a restart ``earlier_run`` (where the replaced run's files were moved). It is
 strict JSON: a number that is not finite (a metric undefined on the data, a time never measured) is null.
 ``processes`` is the number of processes that trained; a multi-process run adds ``step_time_s_per_rank`` and
-``peak_memory_mib_per_rank``.
+``peak_memory_mib_per_rank``. A recipe adds its own keys (:meth:`comera.recipes.base.Recipe.extra_results`;
+the language model's perplexity and tokens per second) and files in ``model/`` (its tokenizer).
 
 Under ``torchrun`` (:mod:`comera.train.parallel`) every process runs :func:`run`: ``train.batch_size`` is the
 global batch (each of N processes takes ``batch_size / N``), rank 0 alone checks and writes the run folder,
@@ -524,6 +525,7 @@ def _write_outputs(
     included)."""
     method, out, data, trainer = setup.method, setup.out, setup.data, setup.trainer
     save_pretrained(model, out / "model")
+    setup.recipe.save_model_files(out / "model", data)
     report = compression_report(model)
     _write_text(out / "report.txt", f"{report}\n")
     records = read_metrics(out)
@@ -550,6 +552,7 @@ def _write_outputs(
         "processes": trainer.world_size,
         **_per_rank(records),
     }
+    results.update(setup.recipe.extra_results(results, data, trainer))
     adaptation = getattr(trainer.objective, "adaptation", None)
     if adaptation is not None and hasattr(adaptation, "target_reached"):
         results["target_reached"] = bool(adaptation.target_reached)

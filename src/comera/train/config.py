@@ -21,6 +21,7 @@ from typing import Any
 
 from comera.checks import check_int, check_number, check_optional_int
 from comera.train.padding import check_buckets
+from comera.train.schedule import check_schedule
 
 __all__ = [
     "TrainConfig",
@@ -85,6 +86,13 @@ class TrainConfig:
         lr_other, weight_decay: the learning rate of the parameters the objective gives no rate of its own
             (every parameter for a task-loss objective; CoMERA's cores and gates have theirs), and the decay.
         grad_clip: clip the total gradient norm to this value (> 0); None = no clipping.
+        lr_schedule: ``"constant"`` (every group keeps its rate; the default) or ``"cosine"``: a linear
+            warm-up over the first ``warmup`` fraction of the run's steps (early + late), then a half cosine
+            down to ``min_lr_ratio`` of each param group's own peak rate (:mod:`comera.train.schedule`).
+            A pure function of the step, so a resume continues it exactly. Excludes ``cuda_graph``; under
+            ``compile`` the optimizer step stays eager (a changed rate would recompile it).
+        warmup: fraction of the run's steps that warm up (in ``[0, 1)``; the schedule's only).
+        min_lr_ratio: the rate the cosine ends at, as a fraction of each group's peak (in ``[0, 1]``).
 
     Data (used when the training data is a map-style dataset; iterables bring their own batching):
         batch_size, shuffle, drop_last: as ``torch.utils.data.DataLoader``.
@@ -145,6 +153,9 @@ class TrainConfig:
     lr_other: float = 5e-5
     weight_decay: float = 0.0
     grad_clip: float | None = None
+    lr_schedule: str = "constant"
+    warmup: float = 0.1
+    min_lr_ratio: float = 0.1
     batch_size: int = 32
     shuffle: bool = True
     drop_last: bool = False
@@ -191,6 +202,7 @@ class TrainConfig:
             check_number(getattr(self, name), name, 0.0)
         if self.grad_clip is not None:
             check_number(self.grad_clip, "grad_clip", 0.0, open_low=True)
+        check_schedule(self.lr_schedule, self.warmup, self.min_lr_ratio)
         check_int(self.batch_size, "batch_size", 1)
         check_int(self.seed, "seed", 0)
         check_int(self.log_every, "log_every", 1)
@@ -222,6 +234,11 @@ class TrainConfig:
     def _check_graph(self) -> None:
         if not isinstance(self.cuda_graph, bool):
             raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
+        if self.cuda_graph and self.lr_schedule != "constant":
+            raise ValueError(
+                f"cuda_graph=True excludes lr_schedule={self.lr_schedule!r} (the captured optimizer step "
+                "replays the rate it was captured with); set lr_schedule='constant' or cuda_graph=False"
+            )
         if self.cuda_graph and self.compile is True:
             raise ValueError(
                 "cuda_graph=True excludes compile=True (the graph replays the eager step); "

@@ -83,6 +83,7 @@ from comera.train.metrics import MetricsLog
 from comera.train.objective import Objective, default_objective
 from comera.train.parallel import all_true, lost_rank, peer_failure, per_rank_values, rank_seed
 from comera.train.records import StepWindow, train_record
+from comera.train.schedule import apply_lr_schedule, lr_factor
 from comera.train.setup import batches_for, check_arguments, default_optimizer, graph_step_for
 from comera.version import __version__
 
@@ -260,6 +261,12 @@ class Trainer:
         """Steps of the whole run (early + late)."""
         return self._steps(self.config.early) + self._steps(self.config.late)
 
+    def lr_factor(self, step: int) -> float:
+        """The factor of every param group's peak rate before optimizer step ``step`` (0-based) of this run
+        (``config.lr_schedule``; :func:`comera.train.schedule.lr_factor`)."""
+        config = self.config
+        return lr_factor(step, self.total_steps, config.lr_schedule, config.warmup, config.min_lr_ratio)
+
     # one step
     def _forward_backward(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.autocast(self._device_type, dtype=torch.bfloat16, enabled=self._bf16):
@@ -286,9 +293,11 @@ class Trainer:
         if not self.compiles():
             return self._forward_backward, self.optimizer.step
         backend = self.config.compile_backend
+        # a scheduled rate is a new Python float every step, which a compiled optimizer step recompiles for
+        scheduled = self.config.lr_schedule != "constant"
         return (
             torch.compile(self._forward_backward, backend=backend),
-            torch.compile(self.optimizer.step, backend=backend),
+            self.optimizer.step if scheduled else torch.compile(self.optimizer.step, backend=backend),
         )
 
     def _invalidate_graph(self) -> None:
@@ -324,6 +333,8 @@ class Trainer:
         to None.
         """
         start = time.perf_counter()
+        if self.config.lr_schedule != "constant":
+            apply_lr_schedule(self.optimizer, self.lr_factor(self.step))
         if self.graph_step is None:
             task, objective, finite = self._eager_step(batch)
         else:

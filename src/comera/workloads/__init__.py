@@ -1,5 +1,5 @@
-"""The built-in workloads, one folder each (``nli``, ``dlrm``, ``mlm``): model, data, recipe, presets and
-benchmark side by side.
+"""The built-in workloads, one folder each (``nli``, ``dlrm``, ``mlm``, ``llm``): model, data, recipe,
+presets and benchmark side by side.
 
 A workload's modules are imported only when it is asked for by name (:func:`load_recipe`), so that
 ``comera train nli`` does not import the masked LM's ``transformers`` side. A recipe registered with
@@ -18,6 +18,7 @@ WORKLOADS: dict[str, str] = {
     "nli": "comera.workloads.nli.recipe",
     "dlrm": "comera.workloads.dlrm.recipe",
     "mlm": "comera.workloads.mlm.recipe",
+    "llm": "comera.workloads.llm.recipe",
 }
 """Built-in workload name -> the module whose import registers its recipe."""
 

@@ -76,3 +76,15 @@ def test_tensorized_layers_are_compressed_at_least_5x(preset, at_least):
     layers = [m for m in model.modules() if isinstance(m, (comera.TTLinear, comera.TTMEmbedding))]
     stored = sum(core.numel() for layer in layers for core in layer.cores)
     assert targeted / stored >= at_least
+
+
+def test_a_tensorized_model_returns_logits_that_are_no_view():
+    model = tensorized("smoke")
+    ids = torch.randint(0, 96, (2, 8))
+    logits = model(ids)
+    assert logits._base is None  # FSDP2 warns when its root module returns a view
+    logits.sum().backward()
+    reference = tensorized("smoke")
+    reference.load_state_dict(model.state_dict())
+    assert torch.equal(reference(ids), logits.detach())
+    assert all(param.grad is not None for param in model.parameters() if param.requires_grad)

@@ -281,6 +281,14 @@ def next_token_loss(
     return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
 
+def _not_a_view(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` as a tensor autograd sees as no view, without a copy: a TT head returns its 2-D result
+    reshaped to ``(B, T, V)``, and FSDP2 warns when its root module returns a view. ``_unsafe_view`` is the
+    reshape ``torch.matmul`` uses for its own fresh results; the base it aliases is the head's temporary,
+    which nothing else holds."""
+    return logits if logits._base is None else torch.ops.aten._unsafe_view(logits, logits.shape)
+
+
 @register_model(MODEL_NAME)
 class LlamaLM(nn.Module):
     """The LLaMA-style decoder (module docstring for the layout).
@@ -360,7 +368,7 @@ class LlamaLM(nn.Module):
             x = block(x, cos, sin, cache, layer)
         if cache is not None:
             cache.advance(input_ids.shape[1])
-        return self.lm_head(self.norm(x))
+        return _not_a_view(self.lm_head(self.norm(x)))
 
     def loss(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """:func:`next_token_loss` of the logits of ``input_ids`` (``(B, T)``) against ``labels`` (``(B, T)``,

@@ -1,4 +1,5 @@
-"""Tensorization presets of the language-model workload, registered with
+"""Presets of the language-model workload: the recipe presets (``comera train llm --preset NAME``,
+:data:`RECIPE_PRESETS`) and the tensorization presets they name, registered with
 :func:`comera.tensorize_config.register_preset` on import.
 
 ``llm-paper``, ``llm-small``, ``llm-smoke`` fit the :class:`~comera.workloads.llm.model.LlamaLM`
@@ -27,7 +28,9 @@ column is computed; padding to 1408 or 1440 (:func:`comera.suggest_padding`, or 
 costs 2-27% more cores, 2.3-4.7% wasted outputs, and caps the last bond at the size of the last mode.
 
 Ranks: ``paper`` 32 for linears and the embedding (the reference CoMERA code's 30/32 rounded to the
-modes); ``small`` 16 and 16; ``smoke`` 4 and 4.
+modes); ``small`` 16 and 16; ``smoke`` 4 and 4. The vocabulary's modes are ``(40, 20, 40)`` (32000) and
+``(16, 16, 32)`` (8192), padded when a tokenizer reaches fewer tokens; ``smoke`` chooses them for the model's
+vocabulary (``(8, 12)`` for 96 tokens, ``(15, 20)`` for the recipe's 300-token BPE).
 
 ``llm-hf-llama`` and ``llm-hf-gpt2`` target Hugging Face's ``LlamaForCausalLM`` (``q_proj``, ``k_proj``,
 ``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``, ``embed_tokens``) and
@@ -38,9 +41,11 @@ is tied to ``wte`` and becomes a ``TTMTiedHead``) with rank 16 and automatic sha
 
 from __future__ import annotations
 
+from typing import Any
+
 from comera.tensorize_config import TensorizeConfig, register_preset
 
-__all__ = ["TENSORIZE_PRESETS", "llm_tensorize_config"]
+__all__ = ["RECIPE_PRESETS", "TENSORIZE_PRESETS", "llm_tensorize_config"]
 
 _LINEARS = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
 
@@ -51,7 +56,7 @@ def llm_tensorize_config(
     embedding_rank: int,
     width: tuple[int, ...],
     mlp: tuple[int, ...],
-    rows: tuple[int, ...],
+    rows: tuple[int, ...] | None,
 ) -> TensorizeConfig:
     """The config of a :class:`~comera.workloads.llm.model.LlamaLM`: TT projections, TTM embedding.
 
@@ -61,9 +66,12 @@ def llm_tensorize_config(
         width: modes of the model width, ascending; the attention maps ``width -> reversed(width)``, the
             MLP's ``gate``/``up`` read ``width`` and ``down`` writes ``reversed(width)``.
         mlp: modes of the MLP width as ``gate``/``up`` write them; ``down`` reads them reversed.
-        rows: modes of the vocabulary (the embedding's rows); its columns take ``width``.
+        rows: modes of the vocabulary (the embedding's rows; padded when the vocabulary is smaller), or
+            None: chosen for the model's vocabulary (with as many modes as ``width``); its columns take
+            ``width``.
     """
     back = tuple(reversed(width))
+    embed = {"col_shape": width} if rows is None else {"row_shape": rows, "col_shape": width}
     return TensorizeConfig(
         target_modules=_LINEARS,
         embeddings=("embed",),
@@ -71,7 +79,7 @@ def llm_tensorize_config(
         rank=linear_rank,
         rank_pattern={"embed": embedding_rank},
         shape_pattern={
-            "embed": {"row_shape": rows, "col_shape": width},
+            "embed": embed,
             r"attention\.(q|k|v|o)": {"in_shape": width, "out_shape": back},
             r"mlp\.(gate|up)": {"in_shape": width, "out_shape": mlp},
             r"mlp\.down": {"in_shape": tuple(reversed(mlp)), "out_shape": back},
@@ -86,9 +94,7 @@ TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
     "llm-small": llm_tensorize_config(
         linear_rank=16, embedding_rank=16, width=(4, 8, 8), mlp=(4, 4, 43), rows=(16, 16, 32)
     ),
-    "llm-smoke": llm_tensorize_config(
-        linear_rank=4, embedding_rank=4, width=(4, 8), mlp=(8, 11), rows=(8, 12)
-    ),
+    "llm-smoke": llm_tensorize_config(linear_rank=4, embedding_rank=4, width=(4, 8), mlp=(8, 11), rows=None),
     "llm-hf-llama": TensorizeConfig(
         target_modules=(
             "q_proj",
@@ -112,3 +118,88 @@ TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
 
 for _name, _config in TENSORIZE_PRESETS.items():
     register_preset(_name, _config)
+
+
+def _data(vocab_size: int, seq_len: int, **changes: Any) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "seq_len": seq_len,
+        "tokenizer_file": None,
+        "validation_fraction": 0.05,
+        "max_validation_blocks": None,
+        "max_files": None,
+        "max_bytes": None,
+    }
+    settings.update(changes)
+    return settings
+
+
+_COSINE = {"lr_schedule": "cosine", "warmup": 0.1, "min_lr_ratio": 0.1}
+"""GaLore, APOLLO, Fira and CoLA's schedule: 10% linear warm-up, cosine decay to 10% of the peak."""
+
+RECIPE_PRESETS: dict[str, dict[str, Any]] = {
+    # GaLore's llama_60m with its 256-token sequences on the whole standard library (the step-time and memory
+    # comparisons; a CPU cannot train it to a plateau)
+    "paper": {
+        "model": {"preset": "paper", "tie_embeddings": False},
+        "data": _data(32000, 256, max_validation_blocks=256),
+        "train": {
+            "unit": "step",
+            "early": 8000,
+            "late": 2000,
+            "batch_size": 32,
+            "drop_last": True,
+            "lr_other": 1e-3,
+            "grad_clip": 1.0,
+            **_COSINE,
+            "eval_every": 1000,
+            "checkpoint_every": 1000,
+            "log_every": 50,
+        },
+        "tensorize": {"preset": "llm-paper"},
+        "method": {"comera": {"method": {"target_ratio": 0.5, "lr_cores": 1e-3, "lr_gates": 1e-3}}},
+    },
+    # GaLore's llama_20m shape with an 8192-token BPE, on 8 MB of the standard library and the topics;
+    # 1800 steps: about 15 minutes for dense (0.50 s a step) and 7 for comera (0.23 s) on 2 idle cores,
+    # estimated from 20 steps (docs/llm.md)
+    "small": {
+        "model": {"preset": "small", "tie_embeddings": False},
+        "data": _data(8192, 256, max_bytes=8_000_000, max_validation_blocks=64),
+        "train": {
+            "unit": "step",
+            "early": 1400,
+            "late": 400,
+            "batch_size": 8,
+            "drop_last": True,
+            "lr_other": 1e-3,
+            "grad_clip": 1.0,
+            **_COSINE,
+            "eval_every": 200,
+            "checkpoint_every": 200,
+            "log_every": 20,
+        },
+        "tensorize": {"preset": "llm-small"},
+        "method": {"comera": {"method": {"target_ratio": 0.5, "lr_cores": 1e-3, "lr_gates": 1e-3}}},
+    },
+    # tests: two tiny blocks, a 300-token BPE, a few seconds
+    "smoke": {
+        "model": {"preset": "smoke", "tie_embeddings": False},
+        "data": _data(300, 32, max_bytes=100_000, validation_fraction=0.1, max_validation_blocks=16),
+        "train": {
+            "unit": "step",
+            "early": 4,
+            "late": 2,
+            "batch_size": 8,
+            "drop_last": True,
+            "lr_other": 1e-3,
+            **_COSINE,
+            "eval_every": 3,
+            "log_every": 1,
+        },
+        "tensorize": {"preset": "llm-smoke"},
+        "method": {"comera": {"method": {"lr_cores": 1e-3, "lr_gates": 1e-3}}},
+    },
+}
+"""``comera train llm --preset NAME``: the ``model`` section names a :data:`MODEL_PRESETS
+<comera.workloads.llm.model.MODEL_PRESETS>` entry (its vocabulary and sequence length come from the data),
+``data`` the arguments of :func:`comera.workloads.llm.data.build_lm_data`."""

@@ -4,31 +4,28 @@ tokenizer (:mod:`comera.data.bpe`), token ids cached per split, packed into bloc
 (:mod:`comera.workloads.mlm.masking`): :func:`build_code_data`.
 
 The token ids of each split are cached next to the tokenizer (``code-tokens-{digest}.npz``, keyed by the
-tokenizer and the documents).
+tokenizer and the documents: :func:`comera.data.token_cache.encode_cached`).
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tokenizers import Tokenizer
 
-from comera.atomic import atomic_write_bytes
 from comera.data.bpe import SpecialIds, load_or_train_tokenizer, special_ids
 from comera.data.sources import (
     DEFAULT_EXTENSIONS,
     CodeDocument,
     default_source_dir,
-    documents_digest,
     read_code,
     read_counts,
     split_of,
 )
+from comera.data.token_cache import encode_cached
 from comera.data.tokenize import tokenizer_digest
 from comera.workloads.mlm.masking import MaskingCollator
 from comera.workloads.mlm.packing import PackedBlocks, pack_documents
@@ -57,33 +54,6 @@ class CodeData:
     tokenizer_path: Path
     ids: SpecialIds
     info: dict[str, Any]
-
-
-def _encode(tokenizer: Tokenizer, documents: Sequence[CodeDocument]) -> list[list[int]]:
-    encodings = tokenizer.encode_batch_fast(
-        [document.text for document in documents], add_special_tokens=False
-    )
-    return [encoding.ids for encoding in encodings]
-
-
-def _encode_cached(
-    tokenizer: Tokenizer, documents: Sequence[CodeDocument], cache_dir: Path
-) -> list[list[int]]:
-    """Token ids of ``documents``, read from or written to ``cache_dir`` (``.npz`` of plain arrays, keyed by
-    the tokenizer and the documents)."""
-    digest = tokenizer_digest(tokenizer)
-    path = cache_dir / f"code-tokens-{documents_digest(documents, 'tokens', digest)}.npz"
-    if path.is_file():
-        with np.load(path, allow_pickle=False) as stored:
-            ids, offsets = stored["ids"], stored["offsets"]
-        return [ids[start:end].tolist() for start, end in zip(offsets[:-1], offsets[1:])]
-    encoded = _encode(tokenizer, documents)
-    offsets = np.cumsum([0] + [len(ids) for ids in encoded], dtype=np.int64)
-    flat = np.fromiter((token for ids in encoded for token in ids), dtype=np.int32, count=int(offsets[-1]))
-    buffer = io.BytesIO()
-    np.savez(buffer, ids=flat, offsets=offsets)
-    atomic_write_bytes(path, buffer.getvalue())
-    return encoded
 
 
 def build_code_data(
@@ -145,7 +115,7 @@ def build_code_data(
     ids = special_ids(tokenizer)
     packed = {
         name: pack_documents(
-            _encode_cached(tokenizer, split, Path(cache_dir)),
+            encode_cached(tokenizer, split, cache_dir),
             seq_len,
             ids,
             tail=tail,

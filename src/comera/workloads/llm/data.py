@@ -1,0 +1,305 @@
+"""The language-model workload's data: documents read and split by file, a local byte-level BPE, token ids
+joined with ``</s>`` between documents and cut into fixed blocks: :func:`build_lm_data`.
+
+Documents:
+
+- nothing given (the default, downloaded from nowhere): the running Python's standard library sources
+  (``*.py``, :func:`comera.data.sources.read_code`; ``pydoc_data/topics.py`` left out) and its documentation
+  topics (``pydoc_data.topics.topics``, one document per topic, key ``pydoc_data/topics/NAME``), which every
+  machine has. ``max_bytes`` caps the sources read (a fixed pseudo-random sample of files); the topics
+  (about 0.47 MB) are always read;
+- ``--data`` a folder (or one file) of ``.txt`` files (one document each) and ``.jsonl`` / ``.jsonl.gz``
+  files (one document per line, its ``text`` field), e.g. C4's shards;
+- ``--data`` a dataset written by ``datasets.save_to_disk`` (a ``Dataset`` or a ``DatasetDict``, every split
+  read; a ``text`` column): needs the ``datasets`` package, which comera does not install.
+
+Split: by document key (:func:`comera.data.sources.split_of`): a source file, a topic, a ``.txt`` file is one
+key, so no file is in both splits; a JSON line's key is ``file:line`` (C4's records are independent
+documents); a saved dataset's record ``split/index``. The split depends on the keys only.
+
+Tokenizer: a byte-level BPE trained on the training split (:func:`comera.data.bpe.load_or_train_tokenizer`,
+cached in the cache folder under a digest of the training documents and the vocabulary size), or a given
+``tokenizer.json``. Its special tokens are RoBERTa's; ``</s>`` ends every document, ``<pad>`` fills the last
+validation block.
+
+Blocks (:func:`pack_stream`): each split's documents, in key order, become one stream ``doc_1 </s> doc_2 </s>
+...`` cut into blocks of ``seq_len`` tokens, the concatenation of the blocks being the stream. The model reads
+a block and predicts its tokens ``1..seq_len-1`` from the ones before (labels are the input ids,
+:func:`comera.workloads.llm.model.next_token_loss` shifts them). The training stream's short tail is dropped
+(counted); the validation stream's is padded with ``<pad>``, whose targets the loss skips. The validation
+blocks are the first ``max_validation_blocks`` of that stream (all when None): the same tokens whatever the
+training seed, in every process that reads the same tokenizer (a tokenizer trained again may number its
+pieces differently: its digest is ``info["identity"]["tokenizer"]``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+from torch.utils.data import Dataset
+
+from comera.data.bpe import SpecialIds, load_or_train_tokenizer, special_ids
+from comera.data.sources import (
+    CodeDocument,
+    SkippedDocument,
+    default_source_dir,
+    read_code,
+    read_counts,
+    split_of,
+)
+from comera.data.token_cache import encode_cached
+from comera.data.tokenize import tokenizer_digest
+
+__all__ = [
+    "TOPICS_KEY",
+    "LMBlocks",
+    "LMData",
+    "build_lm_data",
+    "pack_stream",
+    "read_lm_documents",
+    "topic_documents",
+]
+
+TOPICS_KEY = "pydoc_data/topics"
+"""The key prefix of the documentation topics (and the source file that holds them, left out)."""
+_TEXT_FIELDS = ("text",)
+_SAVED_DATASET_FILES = ("dataset_dict.json", "state.json")
+
+
+@dataclass(frozen=True)
+class LMBlocks(Dataset):
+    """Fixed-length token blocks of one split (a map-style dataset).
+
+    Attributes:
+        tokens: ``(N, seq_len)`` int32 token ids.
+        targets: predicted tokens over all blocks (positions 1.. of each block that are not ``<pad>``).
+        dropped_tokens: stream tokens left out (the training stream's short tail).
+
+    Items are ``(seq_len,)`` int64 blocks; the default collate stacks them into ``(B, seq_len)``.
+    """
+
+    tokens: torch.Tensor
+    targets: int
+    dropped_tokens: int = 0
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.tokens[index].long()
+
+
+def pack_stream(
+    documents: Sequence[Sequence[int]],
+    seq_len: int,
+    ids: SpecialIds,
+    *,
+    tail: str,
+    max_blocks: int | None = None,
+) -> LMBlocks:
+    """Join token-id lists into ``doc_1 </s> doc_2 </s> ...`` and cut it into blocks of ``seq_len`` tokens.
+
+    Args:
+        documents: token ids of each document, in order; empty ones add nothing.
+        seq_len: tokens per block (>= 2: one input and one target).
+        ids: the tokenizer's special ids (``eos`` ends each document, ``pad`` fills a padded tail).
+        tail: ``"drop"`` the short last piece (counted in ``dropped_tokens``) or ``"pad"`` it.
+        max_blocks: keep only the first this many blocks (None: all).
+
+    Returns:
+        :class:`LMBlocks` ``(N, seq_len)``, whose rows concatenated are the stream (up to the tail).
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
+        raise ValueError(f"seq_len must be an int >= 2 (one input and one target), got {seq_len!r}")
+    if tail not in ("drop", "pad"):
+        raise ValueError(f"tail must be one of ('drop', 'pad'), got {tail!r}")
+    if max_blocks is not None and (isinstance(max_blocks, bool) or not isinstance(max_blocks, int)):
+        raise ValueError(f"max_blocks must be an int >= 1 or None, got {max_blocks!r}")
+    pieces = [torch.tensor([*document, ids.eos], dtype=torch.int32) for document in documents if document]
+    stream = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int32)
+    full, rest = divmod(stream.numel(), seq_len)
+    dropped = 0
+    if rest and tail == "drop":
+        dropped, stream = rest, stream[: full * seq_len]
+    elif rest:
+        stream = torch.cat([stream, torch.full((seq_len - rest,), ids.pad, dtype=torch.int32)])
+        full += 1
+    blocks = stream.reshape(full, seq_len)
+    if max_blocks is not None:
+        if max_blocks < 1:
+            raise ValueError(f"max_blocks must be an int >= 1 or None, got {max_blocks!r}")
+        blocks = blocks[:max_blocks].clone()
+    targets = int((blocks[:, 1:] != ids.pad).sum())
+    return LMBlocks(blocks, targets, dropped)
+
+
+def topic_documents() -> list[CodeDocument]:
+    """The running Python's documentation topics (``pydoc_data.topics``), one document each, by name."""
+    topics = importlib.import_module("pydoc_data.topics").topics
+    named = sorted(topics.items())
+    return [CodeDocument(f"{TOPICS_KEY}/{name}", text) for name, text in named if text.strip()]
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return path.is_dir() and any((path / name).is_file() for name in _SAVED_DATASET_FILES)
+
+
+def _saved_dataset_documents(path: Path) -> tuple[list[CodeDocument], list[SkippedDocument]]:
+    try:
+        datasets = importlib.import_module("datasets")
+    except ImportError:
+        raise ImportError(
+            f"--data {path} is a dataset written by datasets.save_to_disk; reading it needs the 'datasets' "
+            "package, which is not installed (pip install datasets), or give a folder of .txt / .jsonl files"
+        ) from None
+    loaded = datasets.load_from_disk(str(path))
+    splits = loaded if isinstance(loaded, datasets.DatasetDict) else {"data": loaded}
+    documents, skipped = [], []
+    for name, split in splits.items():
+        if "text" not in split.column_names:
+            raise ValueError(
+                f"--data {path}: split {name!r} has no 'text' column (columns: {split.column_names})"
+            )
+        for index, text in enumerate(split["text"]):
+            key = f"{name}/{index}"
+            if isinstance(text, str) and text.strip():
+                documents.append(CodeDocument(key, text))
+            else:
+                skipped.append(SkippedDocument(key, "empty"))
+    return documents, skipped
+
+
+def read_lm_documents(
+    path: str | Path | None = None, *, max_files: int | None = None, max_bytes: int | None = None
+) -> tuple[list[CodeDocument], list[SkippedDocument]]:
+    """The documents of the module docstring (None: the standard library and its topics) and those skipped.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (named). ValueError: it holds no ``.txt`` / ``.jsonl``
+            document, or a bad JSON line (file and line named). ImportError: a saved dataset without the
+            ``datasets`` package.
+    """
+    if path is None:
+        documents, skipped = read_code(None, extensions=(".py",), max_files=max_files, max_bytes=max_bytes)
+        documents = [document for document in documents if document.key != f"{TOPICS_KEY}.py"]
+        return documents + topic_documents(), skipped
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"--data {root}: no such file or folder")
+    if _is_saved_dataset(root):
+        return _saved_dataset_documents(root)
+    documents, skipped = read_code(
+        root, extensions=(".txt",), max_files=max_files, max_bytes=max_bytes, text_fields=_TEXT_FIELDS
+    )
+    if not documents:
+        raise ValueError(
+            f"--data {root}: no document found ({len(skipped)} skipped); give a folder of .txt files or "
+            ".jsonl(.gz) files with a 'text' field, or a dataset saved with datasets.save_to_disk"
+        )
+    return documents, skipped
+
+
+@dataclass
+class LMData:
+    """Everything :func:`build_lm_data` prepares.
+
+    Attributes:
+        train, validation: the packed splits.
+        tokenizer, tokenizer_path: the tokenizer and its ``tokenizer.json``.
+        ids: its special ids and vocabulary size.
+        info: per split the counts of :func:`comera.data.sources.read_counts`, ``stream_tokens`` (the
+            split's documents and their ``</s>``), ``tokens`` (those in its blocks), ``blocks``, ``targets``
+            (predicted tokens), ``dropped_tokens`` (the training tail); ``validation_tokens``
+            (the validation targets, the tokens a perplexity averages over), the vocabulary size, the
+            tokenizer's path, whether it came from the cache, and ``identity``.
+    """
+
+    train: LMBlocks
+    validation: LMBlocks
+    tokenizer: Tokenizer
+    tokenizer_path: Path
+    ids: SpecialIds
+    info: dict[str, Any]
+
+
+def build_lm_data(
+    path: str | Path | None = None,
+    *,
+    cache_dir: str | Path,
+    seq_len: int,
+    vocab_size: int,
+    tokenizer_file: str | Path | None = None,
+    validation_fraction: float = 0.05,
+    max_validation_blocks: int | None = None,
+    max_files: int | None = None,
+    max_bytes: int | None = None,
+) -> LMData:
+    """Read, split, tokenize and pack text for causal language-model training (module docstring).
+
+    Args:
+        path: a folder or file of ``.txt`` / ``.jsonl`` documents or a saved dataset (None: the standard
+            library and its topics).
+        cache_dir: where the trained tokenizer and the token ids of each split are cached.
+        seq_len: tokens per block.
+        vocab_size: BPE vocabulary size to train (at most; ignored with ``tokenizer_file``).
+        tokenizer_file: a ``tokenizer.json`` (with RoBERTa's special tokens) to use instead of training one.
+        validation_fraction: share of document keys (by hash) in validation, in ``(0, 1)``.
+        max_validation_blocks: keep the first this many validation blocks (None: all).
+        max_files, max_bytes: caps of what is read (:func:`comera.data.sources.read_code`).
+
+    Raises:
+        ValueError: a split without documents (naming the counts), or a bad argument.
+    """
+    if isinstance(validation_fraction, bool) or not isinstance(validation_fraction, (int, float)):
+        raise ValueError(f"validation_fraction must be a float in (0, 1), got {validation_fraction!r}")
+    if not 0 < validation_fraction < 1:
+        raise ValueError(f"validation_fraction must be a float in (0, 1), got {validation_fraction!r}")
+    documents, skipped = read_lm_documents(path, max_files=max_files, max_bytes=max_bytes)
+    splits: dict[str, list[CodeDocument]] = {"train": [], "validation": []}
+    for document in sorted(documents, key=lambda document: document.key):
+        splits[split_of(document.key, validation_fraction)].append(document)
+    for name, split in splits.items():
+        if not split:
+            raise ValueError(
+                f"the {name} split has no documents ({len(documents)} read from "
+                f"{path or default_source_dir()}, validation_fraction={validation_fraction}); add data or "
+                "change validation_fraction"
+            )
+    tokenizer, tokenizer_path, cached = load_or_train_tokenizer(
+        splits["train"], vocab_size, cache_dir, tokenizer_file
+    )
+    ids = special_ids(tokenizer)
+    encoded = {name: encode_cached(tokenizer, docs, cache_dir, prefix="lm") for name, docs in splits.items()}
+    packed = {
+        "train": pack_stream(encoded["train"], seq_len, ids, tail="drop"),
+        "validation": pack_stream(
+            encoded["validation"], seq_len, ids, tail="pad", max_blocks=max_validation_blocks
+        ),
+    }
+    info: dict[str, Any] = {}
+    for name, split in splits.items():
+        left_out = [entry for entry in skipped if split_of(entry.key, validation_fraction) == name]
+        blocks = packed[name]
+        stream = sum(len(ids) + 1 for ids in encoded[name] if ids)
+        info[name] = {
+            **read_counts(split, left_out),
+            "stream_tokens": stream,
+            "tokens": min(stream, blocks.tokens.numel()),
+            "blocks": len(blocks),
+            "targets": blocks.targets,
+            "dropped_tokens": blocks.dropped_tokens,
+        }
+    info.update(
+        validation_tokens=packed["validation"].targets,
+        vocab_size=ids.vocab_size,
+        tokenizer=str(tokenizer_path),
+        tokenizer_cached=cached,
+        identity={"tokenizer": tokenizer_digest(tokenizer)},
+    )
+    return LMData(packed["train"], packed["validation"], tokenizer, tokenizer_path, ids, info)

@@ -1,0 +1,174 @@
+"""Workload 4: LLaMA-style causal language-model pre-training (``comera train llm``).
+
+Data: :func:`comera.workloads.llm.data.build_lm_data` (``--data`` a folder of ``.txt`` / ``.jsonl`` files or a
+saved dataset; by default the running Python's standard library and its documentation topics), packed into
+blocks of ``seq_len`` tokens; the validation blocks are fixed. Model: the
+:class:`~comera.workloads.llm.model.LlamaLM` of the ``model`` section's preset with the tokenizer's
+vocabulary and ``seq_len`` positions; ``comera`` tensorizes it by the ``llm-PRESET`` preset. Every preset
+trains with the peers' schedule: 10% linear warm-up, cosine decay to 10% of the peak
+(``TrainConfig.lr_schedule``).
+
+Loss: :func:`~comera.workloads.llm.model.next_token_loss`, the mean cross entropy of each block's tokens
+``1..T-1`` (``<pad>`` targets skipped). Metrics (exact over a split, summed over predicted tokens):
+``loss`` (mean token cross entropy), ``perplexity`` = ``exp(loss)``, ``accuracy`` (share of tokens
+predicted right by the argmax).
+
+``results.json`` adds to every run's keys: ``loss`` and ``perplexity`` (the validation split's),
+``validation_tokens`` (the tokens that perplexity averages over), ``tokens_seen`` (steps x global batch x
+``seq_len``), ``tokens_per_s`` (global batch x ``seq_len`` / median step time) and ``weights_optimizer_mib``
+(the peers' memory estimate: every parameter and every optimizer-state tensor, counted tensor by tensor, at
+the end of the run) beside the measured ``peak_memory_mib``. ``model/tokenizer.json`` is the tokenizer.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+from comera.data.sources import default_source_dir
+from comera.modules import unwrap_model
+from comera.recipes.base import Recipe, RecipeData, register_recipe
+from comera.train.evaluation import Evaluator
+from comera.workloads.llm.data import build_lm_data
+from comera.workloads.llm.model import IGNORE_INDEX, LlamaLM, next_token_loss
+from comera.workloads.llm.presets import RECIPE_PRESETS
+
+__all__ = ["LLMRecipe", "NextTokenEvaluator", "TOKENIZER_FILE", "weights_optimizer_mib"]
+
+TOKENIZER_FILE = "tokenizer.json"
+"""The tokenizer's name in the run's ``model/`` folder."""
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _pad_id(model: nn.Module) -> int | None:
+    return unwrap_model(model).config.pad_token_id
+
+
+class NextTokenEvaluator(Evaluator):
+    """Exact next-token metrics over a split: summed cross entropy (float64), right argmax predictions and
+    the number of predicted tokens (``<pad>`` and ``-100`` targets left out)."""
+
+    def reset(self) -> None:
+        self.loss_sum, self.correct, self.count = 0.0, 0, 0
+
+    def update(self, model: nn.Module, batch: torch.Tensor) -> None:
+        ids = batch.to(_model_device(model))
+        logits = model(ids)[:, :-1].flatten(0, 1).double()
+        targets = ids[:, 1:].flatten()
+        pad = _pad_id(model)
+        if pad is not None:
+            targets = targets.masked_fill(targets == pad, IGNORE_INDEX)
+        kept = targets != IGNORE_INDEX
+        self.loss_sum += float(functional.cross_entropy(logits[kept], targets[kept], reduction="sum"))
+        self.correct += int((logits[kept].argmax(dim=-1) == targets[kept]).sum())
+        self.count += int(kept.sum())
+
+    def state(self) -> tuple[float, int, int]:
+        return self.loss_sum, self.correct, self.count
+
+    def merge(self, states: list[tuple[float, int, int]]) -> None:
+        self.loss_sum = sum(state[0] for state in states)
+        self.correct = sum(state[1] for state in states)
+        self.count = sum(state[2] for state in states)
+
+    def compute(self) -> dict[str, float]:
+        """``loss``, ``perplexity``, ``accuracy`` and ``tokens`` (NaN metrics when no token was predicted)."""
+        if self.count == 0:
+            return {"loss": math.nan, "perplexity": math.nan, "accuracy": math.nan, "tokens": 0}
+        loss = self.loss_sum / self.count
+        return {
+            "loss": loss,
+            "perplexity": math.exp(loss),
+            "accuracy": self.correct / self.count,
+            "tokens": self.count,
+        }
+
+
+def weights_optimizer_mib(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
+    """MiB of every parameter of ``model`` plus every tensor in ``optimizer``'s state (moments, projections,
+    step counters), each counted once: the "memory" of GaLore's, APOLLO's and CoLA's tables."""
+    seen: set[int] = set()
+    total = 0
+    tensors = list(model.parameters()) + [
+        value
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    ]
+    for tensor in tensors:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            total += tensor.numel() * tensor.element_size()
+    return total / 2**20
+
+
+@register_recipe
+class LLMRecipe(Recipe):
+    """LLaMA-style causal language-model pre-training (module docstring)."""
+
+    name = "llm"
+    description = "LLaMA-style causal language-model pre-training (GaLore/APOLLO/CoLA's protocol)"
+    primary_metric = "loss"
+    presets = RECIPE_PRESETS
+
+    def build_data(self, settings: dict[str, Any], data_path: Path | None, cache_dir: Path) -> RecipeData:
+        """Read, split, tokenize, pack; ``info`` holds per-split counts, the vocabulary, the tokenizer, the
+        validation size in tokens and the special ids."""
+        lm = build_lm_data(data_path, cache_dir=cache_dir, **settings)
+        info = dict(lm.info)
+        splits = {name: info.pop(name) for name in ("train", "validation")}
+        info.update(
+            splits=splits,
+            source=str(data_path if data_path is not None else default_source_dir()),
+            seq_len=settings["seq_len"],
+            special_ids={"pad": lm.ids.pad, "eos": lm.ids.eos},
+        )
+        return RecipeData(train=lm.train, evals={"validation": lm.validation}, info=info)
+
+    def build_model(self, settings: dict[str, Any], data: RecipeData) -> nn.Module:
+        """The dense :class:`LlamaLM` of the ``model`` section's preset with the data's vocabulary,
+        ``seq_len`` positions and padding id."""
+        return LlamaLM.from_preset(
+            settings["preset"],
+            vocab_size=data.info["vocab_size"],
+            max_seq_len=data.info["seq_len"],
+            pad_token_id=data.info["special_ids"]["pad"],
+            tie_embeddings=settings["tie_embeddings"],
+        )
+
+    def loss_fn(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross entropy of the ``(B, T)`` blocks (``<pad>`` targets skipped)."""
+        ids = batch.to(_model_device(model))
+        return next_token_loss(model(ids), ids, _pad_id(model))
+
+    def evaluator(self, settings: dict[str, Any]) -> Evaluator:
+        """A fresh :class:`NextTokenEvaluator`."""
+        return NextTokenEvaluator()
+
+    def extra_results(self, results: dict[str, Any], data: RecipeData, trainer: Any) -> dict[str, Any]:
+        """``loss``, ``perplexity``, ``validation_tokens``, ``tokens_seen``, ``tokens_per_s``,
+        ``weights_optimizer_mib`` (module docstring)."""
+        validation = results["evaluation"].get("validation", {})
+        block_tokens = trainer.config.batch_size * trainer.world_size * data.info["seq_len"]
+        step_time = results["step_time_s"]
+        return {
+            "loss": validation.get("loss", math.nan),
+            "perplexity": validation.get("perplexity", math.nan),
+            "validation_tokens": data.info["validation_tokens"],
+            "tokens_seen": results["steps"] * block_tokens,
+            "tokens_per_s": block_tokens / step_time if step_time > 0 else math.nan,
+            "weights_optimizer_mib": weights_optimizer_mib(trainer.module, trainer.optimizer),
+        }
+
+    def save_model_files(self, folder: Path, data: RecipeData) -> None:
+        """Copy the tokenizer to ``folder / "tokenizer.json"`` (what ``comera generate`` reads)."""
+        shutil.copyfile(data.info["tokenizer"], folder / TOKENIZER_FILE)

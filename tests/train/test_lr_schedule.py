@@ -1,0 +1,112 @@
+"""The Trainer's learning-rate schedule: the factor against a hand computation, every param group scaled
+from its own peak across both CoMERA stages, an exact resume, and the settings' checks."""
+
+import math
+
+import pytest
+import torch
+from tiny import loss_fn, make_data, make_model, parameters_of, run_settings
+
+from comera.methods.comera import CoMERAObjective
+from comera.train import TrainConfig, Trainer, read_metrics
+from comera.train.schedule import lr_factor
+
+FAST_GATES = {"gamma": 1.0, "lr_gates": 0.05, "lr_cores": 1e-3, "lr_other": 1e-3}
+
+
+def test_cosine_factor_against_a_hand_computation():
+    # 20 steps, warm-up 0.1 -> 2 steps at 1/2, 2/2; then 18 steps of a half cosine from 1 to 0.1
+    assert lr_factor(0, 20, "cosine", 0.1, 0.1) == 0.5
+    assert lr_factor(1, 20, "cosine", 0.1, 0.1) == 1.0
+    assert lr_factor(2, 20, "cosine", 0.1, 0.1) == 1.0  # the cosine's start: the peak
+    assert lr_factor(11, 20, "cosine", 0.1, 0.1) == pytest.approx(0.55)  # half way: (1 + 0.1) / 2
+    # step 5: progress 3/18, 0.1 + 0.9 * (1 + cos(pi/6)) / 2
+    assert lr_factor(5, 20, "cosine", 0.1, 0.1) == pytest.approx(0.1 + 0.45 * (1 + math.sqrt(3) / 2))
+    assert lr_factor(20, 20, "cosine", 0.1, 0.1) == pytest.approx(0.1)
+    assert lr_factor(0, 10, "cosine", 0.0, 0.0) == 1.0  # no warm-up: the peak at once
+    assert lr_factor(7, 10, "constant", 0.5, 0.2) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"lr_schedule": "linear"}, r"lr_schedule must be one of \('constant', 'cosine'\)"),
+        ({"warmup": 1.0}, r"warmup must be a finite number in \[0.0, 1.0\)"),
+        ({"min_lr_ratio": -0.1}, r"min_lr_ratio must be a finite number in \[0.0, 1.0\]"),
+    ],
+)
+def test_bad_schedule_settings_name_the_setting(changes, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**changes)
+
+
+def test_cuda_graph_refuses_a_schedule():
+    with pytest.raises(ValueError, match="cuda_graph=True excludes lr_schedule='cosine'"):
+        TrainConfig(cuda_graph=True, lr_schedule="cosine")
+
+
+def _comera_trainer(run_dir, **changes):
+    config, settings = run_settings(
+        early=5,
+        late=5,
+        unit="step",
+        batch_size=8,
+        lr_schedule="cosine",
+        warmup=0.2,
+        min_lr_ratio=0.1,
+        run_dir=str(run_dir),
+        log_every=1,
+        plot=False,
+        **{**FAST_GATES, **changes},
+    )
+    model = make_model()
+    return Trainer(model, loss_fn, make_data(), config=config, objective=CoMERAObjective(model, settings))
+
+
+def test_every_group_follows_its_own_peak_through_both_stages(tmp_path):
+    trainer = _comera_trainer(tmp_path)
+    peaks = {group["name"]: group["lr"] for group in trainer.optimizer.param_groups}
+    assert len(set(peaks.values())) > 1  # the groups have different peaks
+    seen = []
+    original = trainer.optimizer.step
+
+    def step(*args, **kwargs):
+        seen.append({group["name"]: group["lr"] for group in trainer.optimizer.param_groups})
+        return original(*args, **kwargs)
+
+    trainer.optimizer.step = step
+    trainer._apply = step
+    trainer.fit()
+    assert trainer.objective.stage == "late" and len(seen) == 10
+    for index, rates in enumerate(seen):
+        # total 10 steps, 2 of warm-up: (s + 1) / 2, then 0.1 + 0.9 * (1 + cos(pi * (s - 2) / 8)) / 2
+        factor = (index + 1) / 2 if index < 2 else 0.1 + 0.45 * (1 + math.cos(math.pi * (index - 2) / 8))
+        assert rates == pytest.approx({name: peak * factor for name, peak in peaks.items()}), index
+    logged = [record["lr"] for record in read_metrics(tmp_path) if record["kind"] == "train"]
+    assert logged[-1] == pytest.approx(seen[-1])
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    whole = _comera_trainer(tmp_path / "whole")
+    whole.fit()
+    part = _comera_trainer(tmp_path / "part", checkpoint_every=3, keep_checkpoints=10)
+    part.fit()
+    checkpoint = tmp_path / "part" / "checkpoints" / "step-00000006.pt"
+    resumed = _comera_trainer(tmp_path / "part", checkpoint_every=3, keep_checkpoints=10)
+    assert resumed.fit(resume=str(checkpoint)).step == 10
+    got, want = parameters_of(resumed.module), parameters_of(whole.module)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    assert [group["lr"] for group in resumed.optimizer.param_groups] == [
+        group["lr"] for group in whole.optimizer.param_groups
+    ]
+
+
+def test_constant_leaves_the_rates_and_the_groups_alone():
+    config = TrainConfig(early=3, unit="step", batch_size=8, lr_other=1e-3, plot=False)
+    trainer = Trainer(make_model(), loss_fn, make_data(), config=config)
+    before = [group["lr"] for group in trainer.optimizer.param_groups]
+    trainer.fit()
+    assert [group["lr"] for group in trainer.optimizer.param_groups] == before
+    assert not any("initial_lr" in group for group in trainer.optimizer.param_groups)

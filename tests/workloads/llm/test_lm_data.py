@@ -1,0 +1,194 @@
+"""The language-model workload's data: reading, the split by file, packing, the fixed validation set."""
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from comera.data.bpe import SpecialIds
+from comera.data.sources import split_of
+from comera.workloads.llm.data import (
+    TOPICS_KEY,
+    build_lm_data,
+    pack_stream,
+    read_lm_documents,
+    topic_documents,
+)
+
+IDS = SpecialIds(bos=0, pad=1, eos=2, unk=3, mask=4, vocab_size=50)
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "omicron",
+    "pi",
+    "rho",
+    "sigma",
+]
+
+
+def _text(seed: int, words: int = 120) -> str:
+    generator = torch.Generator().manual_seed(seed)
+    picks = torch.randint(0, len(WORDS), (words,), generator=generator).tolist()
+    return " ".join(WORDS[index] for index in picks) + ".\n"
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A folder of 30 ``.txt`` files (one in a subfolder), one ``.jsonl`` and one ``.jsonl.gz`` file."""
+    folder = tmp_path / "corpus"
+    (folder / "more").mkdir(parents=True)
+    for index in range(30):
+        (folder / ("more" if index == 0 else "") / f"doc{index}.txt").write_text(_text(index))
+    records = [{"text": _text(100 + index), "url": f"u{index}"} for index in range(8)]
+    (folder / "c4.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    with gzip.open(folder / "c4-2.jsonl.gz", "wt") as file:
+        file.write(json.dumps({"text": _text(200)}) + "\n")
+    (folder / "ignored.md").write_text("not a document")
+    return folder
+
+
+def test_pack_stream_blocks_concatenate_to_the_token_stream():
+    documents = [[10, 11, 12], [], [13], [14, 15, 16, 17, 18]]
+    stream = [10, 11, 12, 2, 13, 2, 14, 15, 16, 17, 18, 2]  # </s> after each non-empty document
+    dropped = pack_stream(documents, 5, IDS, tail="drop")
+    assert dropped.tokens.tolist() == [stream[0:5], stream[5:10]]
+    assert dropped.dropped_tokens == 2 and dropped.targets == 2 * 4
+    padded = pack_stream(documents, 5, IDS, tail="pad")
+    assert padded.tokens.flatten().tolist() == stream + [1, 1, 1]
+    assert padded.targets == 4 + 4 + 1  # the last block predicts one real token; pads are no target
+    assert padded[2].dtype == torch.int64 and padded[2].tolist() == [18, 2, 1, 1, 1]
+    assert pack_stream(documents, 5, IDS, tail="pad", max_blocks=1).tokens.tolist() == [stream[0:5]]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"seq_len": 1, "tail": "drop"}, "seq_len must be an int >= 2"),
+        ({"seq_len": 4, "tail": "wrap"}, r"tail must be one of \('drop', 'pad'\)"),
+        ({"seq_len": 4, "tail": "pad", "max_blocks": 0}, "max_blocks must be an int >= 1 or None"),
+    ],
+)
+def test_pack_stream_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        pack_stream([[5, 6]], ids=IDS, **kwargs)
+
+
+def test_folder_reading_takes_txt_files_and_jsonl_text_fields(corpus):
+    documents, skipped = read_lm_documents(corpus)
+    keys = {document.key for document in documents}
+    assert {f"doc{index}.txt" for index in range(1, 30)} | {"more/doc0.txt"} <= keys
+    assert {f"c4.jsonl:{line}" for line in range(1, 9)} | {"c4-2.jsonl.gz:1"} <= keys
+    assert len(documents) == 39 and skipped == []
+    texts = {document.key: document.text for document in documents}
+    assert texts["c4.jsonl:3"] == _text(102) and texts["doc7.txt"] == _text(7)
+
+
+def test_a_jsonl_line_without_text_is_named(corpus):
+    (corpus / "bad.jsonl").write_text('{"text": "fine"}\n{"content": "no text field"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl: line 2: expected a JSON object with a string field"):
+        read_lm_documents(corpus)
+
+
+def test_bad_data_paths_give_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--data .*missing: no such file or folder"):
+        read_lm_documents(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.md").write_text("x")
+    with pytest.raises(ValueError, match=r"--data .*empty: no document found .*\.txt files or \.jsonl"):
+        read_lm_documents(tmp_path / "empty")
+
+
+def test_a_saved_dataset_without_the_datasets_package_names_it(tmp_path, monkeypatch):
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "dataset_dict.json").write_text('{"splits": ["train"]}')
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets raises ImportError
+    with pytest.raises(ImportError, match="needs the 'datasets' package, which is not installed"):
+        read_lm_documents(saved)
+
+
+def test_the_default_corpus_is_the_standard_library_and_its_topics():
+    documents, _ = read_lm_documents(None, max_bytes=100_000)
+    keys = [document.key for document in documents]
+    topics = [key for key in keys if key.startswith(TOPICS_KEY + "/")]
+    assert len(topics) == len(topic_documents()) > 50
+    assert f"{TOPICS_KEY}.py" not in keys  # the file holding the topics is not read as a source too
+    assert any(key.endswith(".py") for key in keys)
+    assert len(set(keys)) == len(keys)
+
+
+def _build(path, cache, **changes):
+    settings = {"seq_len": 16, "vocab_size": 300, "validation_fraction": 0.2, **changes}
+    return build_lm_data(path, cache_dir=cache, **settings)
+
+
+def test_the_split_is_by_file_and_leak_free(corpus, tmp_path):
+    data = _build(corpus, tmp_path / "cache")
+    documents, _ = read_lm_documents(corpus)
+    by_split = {"train": set(), "validation": set()}
+    for document in documents:
+        by_split[split_of(document.key, 0.2)].add(document.key)
+    assert by_split["train"] and by_split["validation"]
+    assert not by_split["train"] & by_split["validation"]
+    assert data.info["train"]["read"] == len(by_split["train"])
+    assert data.info["validation"]["read"] == len(by_split["validation"])
+    # the training stream is made of the training files alone, in key order
+    stream = []
+    for document in sorted(documents, key=lambda document: document.key):
+        if document.key in by_split["train"]:
+            stream += data.tokenizer.encode(document.text, add_special_tokens=False).ids + [data.ids.eos]
+    flat = data.train.tokens.flatten().tolist()
+    assert flat == stream[: len(flat)] and len(stream) - len(flat) == data.train.dropped_tokens < 16
+
+
+def test_the_packed_splits_are_the_tokenized_documents_in_key_order(corpus, tmp_path):
+    data = _build(corpus, tmp_path / "cache")
+    documents, _ = read_lm_documents(corpus)
+    validation = sorted((d for d in documents if split_of(d.key, 0.2) == "validation"), key=lambda d: d.key)
+    stream = []
+    for document in validation:
+        stream += data.tokenizer.encode(document.text, add_special_tokens=False).ids + [data.ids.eos]
+    flat = data.validation.tokens.flatten().tolist()
+    assert flat[: len(stream)] == stream and set(flat[len(stream) :]) <= {data.ids.pad}
+    assert data.info["validation_tokens"] == data.validation.targets
+    assert data.info["validation"]["tokens"] == data.info["validation"]["stream_tokens"] == len(stream)
+    assert data.info["identity"]["tokenizer"] and data.tokenizer_path.is_file()
+
+
+def test_validation_is_fixed_across_builds_and_processes(corpus, tmp_path):
+    cache = tmp_path / "cache"
+    first = _build(corpus, cache)
+    again = _build(corpus, cache, max_validation_blocks=None)
+    assert torch.equal(first.validation.tokens, again.validation.tokens)
+    script = (
+        "import sys, torch\n"
+        "from comera.workloads.llm.data import build_lm_data\n"
+        "data = build_lm_data(sys.argv[1], cache_dir=sys.argv[2], seq_len=16, vocab_size=300, "
+        "validation_fraction=0.2)\n"
+        "torch.save(data.validation.tokens, sys.argv[3])\n"
+    )
+    out = tmp_path / "validation.pt"
+    subprocess.run([sys.executable, "-c", script, str(corpus), str(cache), str(out)], check=True)
+    assert torch.equal(torch.load(out), first.validation.tokens)
+    capped = _build(corpus, cache, max_validation_blocks=2)
+    assert torch.equal(capped.validation.tokens, first.validation.tokens[:2])
+
+
+def test_a_split_without_documents_is_named(corpus, tmp_path):
+    with pytest.raises(ValueError, match="the validation split has no documents"):
+        _build(corpus / "more", tmp_path / "cache")
