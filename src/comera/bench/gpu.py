@@ -66,22 +66,28 @@ def training_call(layer: nn.Module, x: torch.Tensor, bf16: bool) -> Callable[[],
     return call
 
 
-def captured(call: Callable[[], None]) -> Callable[[], None]:
-    """``call`` captured as a CUDA graph after three warm-up calls on a side stream; returns its replay.
+class Replay:
+    """A call captured as a CUDA graph after three warm-up calls on a side stream; calling it replays it.
 
     The replay launches the recorded kernels with no Python and no per-kernel launch cost, so its time is
-    what the GPU itself spends on the call.
+    what the GPU itself spends on the call. It keeps the call, and so every tensor the graph reads and
+    writes (the layer, its input), alive as long as the graph: a graph only records addresses.
     """
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
+
+    def __init__(self, call: Callable[[], None]) -> None:
+        self.call = call
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                call()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
             call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    return graph.replay
+
+    def __call__(self) -> None:
+        self.graph.replay()
 
 
 def peak_call_mib(call: Callable[[], None]) -> float:
@@ -113,7 +119,7 @@ def layer_rows(repeats: int, calls: int, fp8: bool) -> list[dict]:
                 replayed = x.detach().clone().requires_grad_()
                 for name in ("dense", "tt"):
                     twin = copy.deepcopy(layers[name])
-                    work[f"{name}_graph"] = captured(training_call(twin, replayed, bf16))
+                    work[f"{name}_graph"] = Replay(training_call(twin, replayed, bf16))
                 for call in work.values():
                     for _ in range(3):
                         call()
