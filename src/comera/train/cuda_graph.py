@@ -36,7 +36,7 @@ while the graph is in use. Autocast (``autocast_dtype``) runs with its weight ca
 capture requires. Single process only (no DDP).
 
 Run on a GPU once (2026-11-26): its CUDA tests passed on one NVIDIA H200 with torch 2.11.0+cu130, and the
-whole step replayed 4x faster than the eager step on the small transformer of ``comera bench gpu``. The
+whole step replayed 4.2x faster than the eager step on the small transformer of ``comera bench gpu``. The
 CUDA tests are skipped on machines without CUDA, which is where CI runs.
 """
 
