@@ -18,6 +18,7 @@ from comera.methods.comera.structure import apply_structure
 from comera.train import TrainConfig, Trainer
 from comera.train.checkpoint import list_checkpoints
 from comera.train.fsdp import is_sharded, whole_copy
+from comera.train.parallel import shutdown
 
 WORLD = 2
 GLOBAL_BATCH = 8
@@ -113,15 +114,17 @@ def rank_main(rank, init_file, out_file, kwargs):
     dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=30)
     )
+    finished = False
     try:
         result = train(world_size=WORLD, **kwargs)
         torch.save({"result": result, "error": None}, f"{out_file}.{rank}")
+        finished = True
     except Exception as error:
         torch.save({"result": None, "error": f"{type(error).__name__}: {error}"}, f"{out_file}.{rank}")
         traceback.print_exc()
         raise
     finally:
-        dist.destroy_process_group()
+        shutdown(wait=finished)
 
 
 def two_ranks(tmp_path, name, **kwargs):

@@ -14,6 +14,7 @@ from tiny import accuracy_fn, loss_fn, make_data, make_model
 from comera.train import TrainConfig, Trainer, read_metrics
 from comera.train.checkpoint import list_checkpoints
 from comera.train.distributed import backend_for, check_backend
+from comera.train.parallel import shutdown
 
 WORLD = 2
 PER_RANK_BATCH = 4
@@ -72,12 +73,18 @@ def worker(rank, init_file, run_dir, cuda):
     dist.init_process_group(
         backend_for(device), init_method=f"file://{init_file}", rank=rank, world_size=WORLD
     )
+    finished = False
     try:
-        trainer = make_trainer(device, run_dir / "ddp", PER_RANK_BATCH)
-        result = trainer.fit()
-        torch.save(summary(trainer, result), run_dir / f"rank{rank}.pt")
+        train_and_save(rank, device, run_dir)
+        finished = True
     finally:
-        dist.destroy_process_group()
+        shutdown(wait=finished)
+
+
+def train_and_save(rank, device, run_dir):
+    trainer = make_trainer(device, run_dir / "ddp", PER_RANK_BATCH)
+    result = trainer.fit()
+    torch.save(summary(trainer, result), run_dir / f"rank{rank}.pt")
 
 
 def two_ranks_agree_and_match_a_single_process(tmp_path, cuda, state_tol, eval_tol):

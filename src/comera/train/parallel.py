@@ -21,6 +21,7 @@ re-raises its error on every rank.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
 from datetime import timedelta
@@ -152,10 +153,15 @@ def shutdown(wait: bool = True) -> None:
     waits for the group's outstanding collective work (FSDP2 issues some asynchronously): a rank that
     destroyed its group while the other still exchanged with it could abort the run at its very end.
     Pass ``wait=False`` after a rank was lost, when nobody would come to the barrier.
+
+    Wrappers that hold the group (a ``DistributedDataParallel`` reducer, FSDP state) and sit in reference
+    cycles are collected first, while the interpreter is fully alive: left to the interpreter's
+    finalisation, their release of the group's worker threads can abort the process after a finished run.
     """
     if dist.is_available() and dist.is_initialized():
         if wait:
             dist.barrier()
+        gc.collect()
         dist.destroy_process_group()
 
 
