@@ -8,6 +8,7 @@ of per-batch values (ROC AUC, normalized entropy, perplexity from summed token l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,7 +18,7 @@ from torch import nn
 from comera.train.distributed import gather_objects
 from comera.train.fsdp import gathered
 
-__all__ = ["Evaluator", "MeanEvaluator", "run_evaluation"]
+__all__ = ["Evaluator", "MeanEvaluator", "TokenScores", "run_evaluation"]
 
 
 class Evaluator:
@@ -47,6 +48,40 @@ class Evaluator:
     def compute(self) -> dict[str, float]:
         """The metrics over everything accumulated: ``{name: value}``."""
         raise NotImplementedError
+
+
+class TokenScores(Evaluator):
+    """Exact token-level scores over a split: summed cross entropy (in float64), right argmax predictions
+    and the number of scored tokens, merged across ranks by summing.
+
+    Subclasses pick the scored positions of a batch in :meth:`update`, hand their logits ``(N, V)`` and
+    targets ``(N,)`` to :meth:`add`, and name the metrics in :meth:`compute` from :meth:`mean_scores`.
+    """
+
+    def reset(self) -> None:
+        self.loss_sum, self.correct, self.count = 0.0, 0, 0
+
+    def add(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        """Score every row: ``logits`` ``(N, V)`` against class ids ``targets`` ``(N,)``."""
+        picked = logits.double()
+        self.loss_sum += float(nn.functional.cross_entropy(picked, targets, reduction="sum"))
+        self.correct += int((picked.argmax(dim=-1) == targets).sum())
+        self.count += len(targets)
+
+    def state(self) -> tuple[float, int, int]:
+        return self.loss_sum, self.correct, self.count
+
+    def merge(self, states: list[tuple[float, int, int]]) -> None:
+        self.loss_sum = sum(state[0] for state in states)
+        self.correct = sum(state[1] for state in states)
+        self.count = sum(state[2] for state in states)
+
+    def mean_scores(self) -> tuple[float, float]:
+        """The mean cross entropy per scored token and the share predicted right; NaN for both when no
+        token was scored."""
+        if self.count == 0:
+            return math.nan, math.nan
+        return self.loss_sum / self.count, self.correct / self.count
 
 
 class MeanEvaluator(Evaluator):

@@ -29,12 +29,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional
 
 from comera.data.sources import default_source_dir
 from comera.modules import unwrap_model
 from comera.recipes.base import Recipe, RecipeData, register_recipe
-from comera.train.evaluation import Evaluator
+from comera.train.evaluation import Evaluator, TokenScores
 from comera.workloads.llm.data import build_lm_data
 from comera.workloads.llm.model import IGNORE_INDEX, LlamaLM, next_token_loss
 from comera.workloads.llm.presets import RECIPE_PRESETS
@@ -53,44 +52,24 @@ def _pad_id(model: nn.Module) -> int | None:
     return unwrap_model(model).config.pad_token_id
 
 
-class NextTokenEvaluator(Evaluator):
+class NextTokenEvaluator(TokenScores):
     """Exact next-token metrics over a split: summed cross entropy (float64), right argmax predictions and
     the number of predicted tokens (``<pad>`` and ``-100`` targets left out)."""
 
-    def reset(self) -> None:
-        self.loss_sum, self.correct, self.count = 0.0, 0, 0
-
     def update(self, model: nn.Module, batch: torch.Tensor) -> None:
         ids = batch.to(_model_device(model))
-        logits = model(ids)[:, :-1].flatten(0, 1).double()
+        logits = model(ids)[:, :-1].flatten(0, 1)
         targets = ids[:, 1:].flatten()
         pad = _pad_id(model)
         if pad is not None:
             targets = targets.masked_fill(targets == pad, IGNORE_INDEX)
         kept = targets != IGNORE_INDEX
-        self.loss_sum += float(functional.cross_entropy(logits[kept], targets[kept], reduction="sum"))
-        self.correct += int((logits[kept].argmax(dim=-1) == targets[kept]).sum())
-        self.count += int(kept.sum())
-
-    def state(self) -> tuple[float, int, int]:
-        return self.loss_sum, self.correct, self.count
-
-    def merge(self, states: list[tuple[float, int, int]]) -> None:
-        self.loss_sum = sum(state[0] for state in states)
-        self.correct = sum(state[1] for state in states)
-        self.count = sum(state[2] for state in states)
+        self.add(logits[kept], targets[kept])
 
     def compute(self) -> dict[str, float]:
         """``loss``, ``perplexity``, ``accuracy`` and ``tokens`` (NaN metrics when no token was predicted)."""
-        if self.count == 0:
-            return {"loss": math.nan, "perplexity": math.nan, "accuracy": math.nan, "tokens": 0}
-        loss = self.loss_sum / self.count
-        return {
-            "loss": loss,
-            "perplexity": math.exp(loss),
-            "accuracy": self.correct / self.count,
-            "tokens": self.count,
-        }
+        loss, accuracy = self.mean_scores()
+        return {"loss": loss, "perplexity": math.exp(loss), "accuracy": accuracy, "tokens": self.count}
 
 
 def weights_optimizer_mib(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:

@@ -22,11 +22,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional
 
 from comera.data.sources import default_source_dir
 from comera.recipes.base import Recipe, RecipeData, register_recipe
-from comera.train.evaluation import Evaluator
+from comera.train.evaluation import Evaluator, TokenScores
 from comera.workloads.mlm.data import build_code_data
 from comera.workloads.mlm.model import build_mlm_model
 from comera.workloads.mlm.presets import RECIPE_PRESETS
@@ -51,33 +50,17 @@ def masked_lm_scores(model: nn.Module, batch: dict[str, torch.Tensor]):
     return output.logits, labels[labels != _IGNORE], output.loss
 
 
-class MaskedLMEvaluator(Evaluator):
+class MaskedLMEvaluator(TokenScores):
     """Exact masked-token metrics over a split: summed cross-entropy, correct predictions and masked count."""
-
-    def reset(self) -> None:
-        self.loss_sum, self.correct, self.count = 0.0, 0, 0
 
     def update(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> None:
         logits, targets, _ = masked_lm_scores(model, batch)
-        picked = logits.double()
-        self.loss_sum += float(functional.cross_entropy(picked, targets, reduction="sum"))
-        self.correct += int((picked.argmax(dim=-1) == targets).sum())
-        self.count += len(targets)
-
-    def state(self) -> tuple[float, int, int]:
-        return self.loss_sum, self.correct, self.count
-
-    def merge(self, states: list[tuple[float, int, int]]) -> None:
-        self.loss_sum = sum(state[0] for state in states)
-        self.correct = sum(state[1] for state in states)
-        self.count = sum(state[2] for state in states)
+        self.add(logits, targets)
 
     def compute(self) -> dict[str, float]:
         """``mlm_loss``, ``mlm_accuracy``, ``perplexity`` (NaN when no token was masked)."""
-        if self.count == 0:
-            return {"mlm_loss": math.nan, "mlm_accuracy": math.nan, "perplexity": math.nan}
-        loss = self.loss_sum / self.count
-        return {"mlm_loss": loss, "mlm_accuracy": self.correct / self.count, "perplexity": math.exp(loss)}
+        loss, accuracy = self.mean_scores()
+        return {"mlm_loss": loss, "mlm_accuracy": accuracy, "perplexity": math.exp(loss)}
 
 
 @register_recipe
