@@ -259,7 +259,7 @@ def test_trim_when_close_then_recover_with_the_structure_held():
 def test_deadline_trims_even_when_far_from_the_target():
     model = _model()
     adaptation = RankAdaptation(model)
-    adaptation.begin_late_stage(0.3, target_loss=1.0, late_steps=10, recovery=0.5)
+    adaptation.begin_late_stage(0.3, target_loss=1.0, late_steps=10, recovery=0.5, trims=1)
     events = [adaptation.after_step(step) for step in range(1, 11)]
     assert all(event is None for event in events[:4])
     assert (

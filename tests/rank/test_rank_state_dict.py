@@ -29,6 +29,9 @@ _KEYS = {
     "late_count",
     "reached_at_step",
     "late_optimizer_steps",
+    "trims",
+    "start_size",
+    "trim_part",
     "keep",
 }
 _OLD_KEYS = _KEYS - {
@@ -39,6 +42,9 @@ _OLD_KEYS = _KEYS - {
     "late_count",
     "reached_at_step",
     "late_optimizer_steps",
+    "trims",
+    "start_size",
+    "trim_part",
     "keep",
 }
 
@@ -121,6 +127,9 @@ def test_late_state_without_the_controller_keys_gets_the_documented_defaults():
         "late_count": 0,
         "reached_at_step": None,
         "late_optimizer_steps": 0,
+        "trims": 1,
+        "start_size": None,
+        "trim_part": 0,
         "keep": None,
     }
     assert second.state_dict() == {**state, **defaults}

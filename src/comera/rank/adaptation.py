@@ -15,6 +15,16 @@ Late stage, a controller that lands on the size target ``S*`` (docs/training.md,
    to the budget ``S*`` (:func:`comera.rank.trim.choose_entries`); when the closest structure at or below
    ``S*`` is more than ``TARGET_TOLERANCE`` below it, the closest one up to ``TARGET_TOLERANCE`` above
    ``S*`` is taken if it is nearer (small layers move in coarse size steps).
+   **Gradual trims** on the way (with a deadline and ``trims > 1``): the descend window (the late steps
+   before the deadline) is cut into ``trims`` equal parts; from part ``i`` on the size budget is
+   ``S_0 (S* / S_0)^(i / trims)`` (``S_0`` the size when the late stage began: each part asks for the same
+   fraction), and when the size is above the budget of its part, the weakest entries are cut to it once
+   (a ``"partial_trim"`` event), the dropped entries held at 0 from then on while the kept ones stay free.
+   The switch and the dual weight then aim at the next part's budget (the last part at ``S*``), held in
+   :attr:`RankAdaptation.aim_size`: while the size is at or below it the switch weighs the task loss (the
+   model recovers from the last cut), above it the size. So a model whose gates do not shrink by themselves
+   (a large model far from converged, whose task loss still falls) loses its size step by step and recovers
+   between steps, instead of in one cut at the deadline.
 3. **Recover**: ``loss = L`` with the trimmed structure held (dropped entries 0, kept ones above ``tau``).
 
 :meth:`RankAdaptation.loss` uses tensors only (no ``.item()``, no ``.ranks``), so a compiled or
@@ -54,6 +64,7 @@ __all__ = [
     "TRIM_MARGIN",
     "TARGET_TOLERANCE",
     "DEFAULT_RECOVERY",
+    "DEFAULT_TRIMS",
 ]
 
 LOSS_TOLERANCE = 0.05
@@ -62,6 +73,7 @@ MAX_SIZE_WEIGHT = 100.0
 TRIM_MARGIN = 0.1
 TARGET_TOLERANCE = 0.05
 DEFAULT_RECOVERY = 0.3
+DEFAULT_TRIMS = 8
 _MIN_HOLD_FLOOR = 1e-3
 _DEFAULT_EMA = 0.98
 _STAGES = ("early", "late")
@@ -70,7 +82,9 @@ _PHASES = ("early", "descend", "recover")
 
 @dataclass(frozen=True)
 class LateStageEvent(Mapping):
-    """What :meth:`RankAdaptation.after_step` did at ``step`` when it changed the gates (``action="trim"``).
+    """What :meth:`RankAdaptation.after_step` did at ``step`` when it changed the gates: ``action="trim"``
+    (the cut to the target, then recovery) or ``"partial_trim"`` (a gradual trim to its part's budget,
+    given as ``target_size``; the descend phase goes on).
 
     ``size_before`` / ``size_after`` are exact sizes around the trim, ``target_size`` the budget ``S*``,
     ``removed`` the live entries cut and ``revived`` the dead ones brought back to fill the budget.
@@ -136,6 +150,10 @@ class RankAdaptation:
     Attributes:
         initial_size: exact active-rank size (core entries) when this object was made; normalises ``"size"``.
         target_size, target_loss: ``S*`` and ``L*`` of the late stage (None before it).
+        start_size: ``S_0``, the exact size when the late stage began (None before it).
+        aim_size: 0-dim tensor, the size the late-stage switch compares with: ``S*``, or with gradual trims
+            the next part's budget (updated in place by the controller step).
+        trims: the number of gradual-trim parts of the descend window (1: one trim, to the target).
         switch: 0-dim tensor, 1.0 when the last late-stage step weighted the size term, else 0.0.
         size_weight: 0-dim tensor, the dual weight ``w`` of the size term in the descend phase (1.0 at the
             start of the late stage; updated in place by the controller step).
@@ -180,6 +198,7 @@ class RankAdaptation:
         self._ema_weight = torch.zeros((), dtype=state_dtype, device=gate.device)
         self.switch = torch.zeros((), dtype=state_dtype, device=gate.device)
         self.size_weight = torch.ones((), dtype=state_dtype, device=gate.device)
+        self.aim_size = torch.zeros((), dtype=state_dtype, device=gate.device)
         self._ema = _DEFAULT_EMA
         self._stage = "early"
         self._phase = "early"
@@ -188,6 +207,9 @@ class RankAdaptation:
         self.rho: tuple[float, float] = (0.1, 0.01)
         self.late_steps: int | None = None
         self.recovery = DEFAULT_RECOVERY
+        self.trims = DEFAULT_TRIMS
+        self.start_size: int | None = None
+        self._trim_part = 0
         self.reached_at_step: int | None = None
         self._late_count = 0
         self._keep: dict[str, list[torch.Tensor]] | None = None
@@ -333,7 +355,7 @@ class RankAdaptation:
         smoothed = self._ema_sum / self._ema_weight
         size = total_size(self.model).to(smoothed.dtype)
         loss_gap = (smoothed - self.target_loss) / smoothed.abs().clamp_min(torch.finfo(smoothed.dtype).tiny)
-        size_gap = (size - self.target_size) / size.clamp_min(1.0)
+        size_gap = (size - self.aim_size) / size.clamp_min(1.0)
         switch = (loss_gap < size_gap).to(smoothed.dtype)
         self.switch.copy_(switch)
         switch = switch.to(task_loss.dtype)
@@ -381,6 +403,9 @@ class RankAdaptation:
           ``TRIM_MARGIN`` of ``target_size`` or the deadline ``(1 - recovery) * late_steps`` late steps has
           passed, trims the weakest gate entries exactly to the budget, enters the recover phase and returns a
           :class:`LateStageEvent`.
+          Before that, with gradual trims, the first step of each part whose budget the size exceeds cuts
+          the weakest entries to that budget and returns a ``"partial_trim"`` event (the phase stays
+          ``"descend"``); entries it dropped are held at 0 on every later step.
         - Recover phase: writes the held structure back into the gates (dropped entries 0, kept entries at
           least ``max(2 tau, 1e-3)`` in magnitude; no host sync), returns None. After ``prune_`` the held
           structure is re-read from the live entries.
@@ -406,6 +431,65 @@ class RankAdaptation:
         self.events[-1] = event
         return event
 
+    def _descend_length(self) -> int:
+        return math.ceil((1.0 - self.recovery) * self.late_steps)
+
+    def _part(self) -> int:
+        """The gradual-trim part the descend phase is in (0 before the first budget or without a schedule)."""
+        if self.late_steps is None or self.start_size is None or self.trims <= 1:
+            return 0
+        return min(self.trims - 1, self._late_count * self.trims // max(1, self._descend_length()))
+
+    def _part_budget(self, part: int) -> float:
+        return self.start_size * (self.target_size / self.start_size) ** (part / self.trims)
+
+    def _aim(self) -> float:
+        """The size the switch and the dual weight aim at now: the next part's budget, else ``S*``."""
+        part = self._part()
+        if self.late_steps is None or self.start_size is None or self.trims <= 1 or part + 1 >= self.trims:
+            return self.target_size
+        return self._part_budget(part + 1)
+
+    @torch.no_grad()
+    def _zero_dropped(self) -> None:
+        """Hold the entries an earlier gradual trim dropped at 0 (Adam's momentum would move them)."""
+        if self._keep is None:
+            return
+        for name, train in self._named_trains():
+            kept = self._keep.get(name)
+            if kept is None or [m.shape for m in kept] != [g.shape for g in train.gate_list()]:
+                continue
+            for gate, mask in zip(train.gate_list(), kept):
+                gate.masked_fill_(~mask.to(gate.device), 0.0)
+
+    def _gradual_trim(self, step: int, size: int) -> LateStageEvent | None:
+        part = self._part()
+        if part <= self._trim_part:
+            self._zero_dropped()
+            return None
+        self._trim_part = part
+        budget = self._part_budget(part)
+        named = self._live_named_trains()
+        if size <= budget or not named:
+            self._zero_dropped()
+            return None
+        choice = choose_entries([train for _, train in named], budget)
+        if choice.size >= size:
+            self._zero_dropped()
+            return None
+        masks = dict(self._keep or {})
+        for (name, train), keep in zip(named, choice.keep):
+            masks[name] = [mask.to(gate.device) for mask, gate in zip(keep, train.gate_list())]
+        self._keep = masks
+        hold_entries(
+            [train for _, train in named], [self._keep[name] for name, _ in named], self._hold_floor()
+        )
+        event = LateStageEvent(
+            "partial_trim", step, size, choice.size, budget, choice.removed, choice.revived
+        )
+        self.events.append(event)
+        return event
+
     def _control(self, step: int) -> LateStageEvent | None:
         if self._stage == "early":
             return None
@@ -417,10 +501,13 @@ class RankAdaptation:
         if size <= self._reach_size() and self.reached_at_step is None:
             self.reached_at_step = step
         if size > (1.0 + TRIM_MARGIN) * self.target_size and not self._deadline_passed():
-            gap = min(1.0, size / self.target_size - 1.0)
-            weight = min(MAX_SIZE_WEIGHT, float(self.size_weight) * math.exp(DUAL_RATE * gap))
-            self.size_weight.fill_(weight)
-            return None
+            aim = self._aim()
+            self.aim_size.fill_(aim)
+            if size > aim:
+                gap = min(1.0, size / aim - 1.0)
+                weight = min(MAX_SIZE_WEIGHT, float(self.size_weight) * math.exp(DUAL_RATE * gap))
+                self.size_weight.fill_(weight)
+            return self._gradual_trim(step, size)
         named = self._live_named_trains()
         trains = [train for _, train in named]
         if not trains:
@@ -453,6 +540,7 @@ class RankAdaptation:
         *,
         late_steps: int | None = None,
         recovery: float = DEFAULT_RECOVERY,
+        trims: int = DEFAULT_TRIMS,
     ) -> None:
         """Switch to the late stage with ``S* = target_ratio * size()`` and ``L*`` = ``target_loss`` or 1.05 x
         the smoothed loss now. May be called again to set a new target from the current size (the held
@@ -468,6 +556,9 @@ class RankAdaptation:
                 the latest after ``ceil((1 - recovery) * late_steps)`` of them. None: no deadline (trim only
                 when close).
             recovery: fraction of ``late_steps`` kept for recovery after the latest trim, in [0, 1).
+            trims: number of equal parts of the descend window, each with its own size budget (gradual
+                trims, see the module doc; needs ``late_steps``), an int >= 1; 1 trims only once, to the
+                target.
         """
         target_ratio = check_number(target_ratio, "target_ratio", 0.0, 1.0, open_low=True)
         if target_loss is not None:
@@ -483,6 +574,8 @@ class RankAdaptation:
         ):
             raise ValueError(f"late_steps must be an int >= 1 or None, got {late_steps!r}")
         recovery = check_number(recovery, "recovery", 0.0, 1.0, open_high=True)
+        if isinstance(trims, bool) or not isinstance(trims, int) or trims < 1:
+            raise ValueError(f"trims must be an int >= 1, got {trims!r}")
         size = self.size()
         if size == 0:
             raise ValueError(
@@ -499,9 +592,13 @@ class RankAdaptation:
         self._ema = ema
         self.late_steps = late_steps
         self.recovery = recovery
+        self.trims = trims
+        self.start_size = size
+        self._trim_part = 0
+        self._late_count = 0
+        self.aim_size.fill_(self._aim())
         self._stage = "late"
         self._phase = "descend"
-        self._late_count = 0
         self._keep = None
         self.reached_at_step = None
         self.size_weight.fill_(1.0)
@@ -528,6 +625,9 @@ class RankAdaptation:
             "late_steps": self.late_steps,
             "recovery": self.recovery,
             "late_count": self._late_count,
+            "trims": self.trims,
+            "start_size": self.start_size,
+            "trim_part": self._trim_part,
             "reached_at_step": self.reached_at_step,
             "late_optimizer_steps": self.late_optimizer_steps,
             "keep": None
@@ -537,7 +637,7 @@ class RankAdaptation:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned (a state without the controller's keys, from before they
-        existed, restores the descend phase for a late stage with a dual weight of 1)."""
+        existed, restores the descend phase for a late stage with a dual weight of 1 and one trim)."""
         missing = {
             "stage",
             "initial_size",
@@ -569,6 +669,11 @@ class RankAdaptation:
         self.late_steps = state.get("late_steps")
         self.recovery = float(state.get("recovery", DEFAULT_RECOVERY))
         self._late_count = int(state.get("late_count", 0))
+        self.trims = int(state.get("trims", 1))
+        self.start_size = state.get("start_size")
+        self._trim_part = int(state.get("trim_part", 0))
+        if self.target_size is not None:
+            self.aim_size.fill_(self._aim())
         self.reached_at_step = state.get("reached_at_step")
         self.late_optimizer_steps = int(state.get("late_optimizer_steps", 0))
         self._unclaimed = None

@@ -107,7 +107,8 @@ class CoMERAObjective(Objective):
 
     def begin_late_stage(self, *, late_steps: int | None = None) -> dict[str, Any]:
         """:meth:`comera.RankAdaptation.begin_late_stage` with the settings' ``target_ratio``,
-        ``target_loss``, ``rho``, ``ema`` and ``recovery`` (with ``late_steps``, the deadline of the trim)."""
+        ``target_loss``, ``rho``, ``ema``, ``recovery`` and ``trims`` (with ``late_steps``, the deadline of
+        the trim and the gradual trims' schedule)."""
         settings = self.settings
         self.adaptation.begin_late_stage(
             target_ratio=settings.target_ratio,
@@ -116,6 +117,7 @@ class CoMERAObjective(Objective):
             ema=settings.ema,
             late_steps=late_steps,
             recovery=settings.recovery,
+            trims=settings.trims,
         )
         return {"target_size": self.adaptation.target_size, "target_loss": self.adaptation.target_loss}
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from comera.checks import check_number
-from comera.rank.adaptation import DEFAULT_RECOVERY
+from comera.rank.adaptation import DEFAULT_RECOVERY, DEFAULT_TRIMS
 from comera.rank.surrogate import SURROGATES
 
 __all__ = ["CoMERASettings", "PRUNE_POINTS"]
@@ -38,6 +38,9 @@ class CoMERASettings:
         ema: decay of the loss moving average used by the late-stage switch, [0, 1).
         recovery: fraction of the late stage kept for recovery after the exact trim to the target, [0, 1):
             the trim happens at the latest after ``1 - recovery`` of the late stage.
+        trims: gradual trims of the late stage, an int >= 1: the window before that deadline is cut into
+            ``trims`` parts with falling size budgets (:meth:`comera.RankAdaptation.begin_late_stage`);
+            1 = a single trim, to the target.
         prune_at: subset of :data:`PRUNE_POINTS`; empty never prunes. The default prunes at the end of the
             early stage, of every late-stage epoch and of training (so the trained model holds its active
             ranks even when the late stage ends mid-epoch).
@@ -53,6 +56,7 @@ class CoMERASettings:
     rho: tuple[float, float] = (0.1, 0.01)
     ema: float = 0.98
     recovery: float = DEFAULT_RECOVERY
+    trims: int = DEFAULT_TRIMS
     prune_at: tuple[str, ...] = ("early_end", "late_epoch", "end")
     lr_cores: float = 1e-4
     lr_gates: float = 1e-3
@@ -73,6 +77,8 @@ class CoMERASettings:
         object.__setattr__(self, "rho", tuple(float(value) for value in self.rho))
         check_number(self.ema, "ema", 0.0, 1.0, open_high=True)
         check_number(self.recovery, "recovery", 0.0, 1.0, open_high=True)
+        if isinstance(self.trims, bool) or not isinstance(self.trims, int) or self.trims < 1:
+            raise ValueError(f"trims must be an int >= 1, got {self.trims!r}")
         if isinstance(self.prune_at, str) or not all(point in PRUNE_POINTS for point in self.prune_at):
             raise ValueError(f"prune_at must be a tuple of values from {PRUNE_POINTS}, got {self.prune_at!r}")
         object.__setattr__(self, "prune_at", tuple(self.prune_at))
