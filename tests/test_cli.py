@@ -1,5 +1,6 @@
 """The ``comera`` command: benchmark dispatch and the docs section it writes."""
 
+import json
 import re
 import subprocess
 import sys
@@ -245,3 +246,57 @@ def test_plot_compare_of_runs_evaluated_once_shows_their_final_values(tmp_path, 
     )
     plots.plot_comparison(runs, "ne", tmp_path / "ne2.png")
     assert len(shown) == 1, "a run with a curve gets curves"
+
+
+def _eval_runs(tmp_path, times):
+    runs = []
+    for name, run_times in times.items():
+        run = tmp_path / name
+        run.mkdir()
+        lines = [
+            json.dumps(
+                {"kind": "eval", "step": step, "train_time_s": seconds, "metrics": {"ppl": 10.0 - step}}
+            )
+            for step, seconds in run_times
+        ]
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        runs.append(run)
+    return runs
+
+
+@pytest.mark.parametrize("x", ["step", "tokens", "time"])
+def test_plot_compare_draws_each_run_against_steps_tokens_or_time(tmp_path, monkeypatch, x):
+    from comera.train import plots
+
+    runs = _eval_runs(tmp_path, {"dense": [(2, 5.0), (4, 9.5)], "comera": [(2, 1.5), (4, 3.0)]})
+    drawn = {}
+    real = plots._save
+
+    def keep(figure, path, plt):
+        axis = figure.axes[0]
+        drawn.update({line.get_label(): list(line.get_xdata()) for line in axis.lines})
+        drawn["xlabel"] = axis.get_xlabel()
+        return real(figure, path, plt)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    plots.plot_comparison(runs, "ppl", tmp_path / "p.png", x=x, tokens_per_step={"dense": 64, "comera": 128})
+    want = {
+        "step": {"dense": [2, 4], "comera": [2, 4]},
+        "tokens": {"dense": [128, 256], "comera": [256, 512]},
+        "time": {"dense": [5.0, 9.5], "comera": [1.5, 3.0]},
+    }[x]
+    assert {name: drawn[name] for name in want} == want
+    assert drawn["xlabel"] == {"step": "step", "tokens": "tokens trained on", "time": "training time (s)"}[x]
+
+
+def test_plot_compare_refuses_an_unknown_axis_and_missing_inputs_naming_the_run(tmp_path):
+    from comera.train import plots
+
+    runs = _eval_runs(tmp_path, {"dense": [(2, 5.0)], "comera": [(2, 1.5)]})
+    with pytest.raises(ValueError, match=r"x must be one of \('step', 'tokens', 'time'\), got 'epoch'"):
+        plots.plot_comparison(runs, "ppl", tmp_path / "p.png", x="epoch")
+    with pytest.raises(ValueError, match=r"comera: x='tokens' needs its tokens_per_step"):
+        plots.plot_comparison(runs, "ppl", tmp_path / "p.png", x="tokens", tokens_per_step={"dense": 8})
+    (runs[1] / "metrics.jsonl").write_text('{"kind": "eval", "step": 2, "metrics": {"ppl": 3.0}}\n')
+    with pytest.raises(ValueError, match=r"comera: its evaluation records have no train_time_s"):
+        plots.plot_comparison(runs, "ppl", tmp_path / "p.png", x="time")

@@ -26,6 +26,7 @@ __all__ = [
     "update_section",
     "peak_rise_mib",
     "training_state_mib",
+    "weights_optimizer_mib",
     "status_kib",
     "status_mib",
     "fmt",
@@ -191,6 +192,25 @@ def _reachable_tensors(value: object, visited: set[int], depth: int = 0) -> list
     return [tensor for item in items for tensor in _reachable_tensors(item, visited, depth + 1)]
 
 
+def _storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    """Bytes of ``tensors``, each storage once however many tensors view it; a distributed tensor
+    (``DTensor``, FSDP2's parameters and their optimizer state) counts its whole logical size once."""
+    storages: dict[tuple[str, int], int] = {}
+    logical: dict[int, int] = {}
+    for tensor in tensors:
+        if hasattr(tensor, "to_local") and hasattr(tensor, "device_mesh"):
+            logical[id(tensor)] = tensor.numel() * tensor.element_size()
+            continue
+        storage = tensor.untyped_storage()
+        key = (str(tensor.device), storage.data_ptr())
+        storages[key] = max(storages.get(key, 0), storage.nbytes())
+    return sum(storages.values()) + sum(logical.values())
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    return [] if optimizer is None else _reachable_tensors(list(optimizer.state.values()), set())
+
+
 def training_state_mib(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> float:
     """MiB of what training keeps between steps, counted tensor by tensor: the model's parameters and
     buffers, the parameters' gradients, and every tensor of the optimizer's state (moments, projection
@@ -199,14 +219,16 @@ def training_state_mib(model: torch.nn.Module, optimizer: torch.optim.Optimizer 
     many tensors view it."""
     tensors = [*model.parameters(), *model.buffers()]
     tensors += [param.grad for param in model.parameters() if param.grad is not None]
-    if optimizer is not None:
-        tensors += _reachable_tensors(list(optimizer.state.values()), set())
-    storages: dict[tuple[str, int], int] = {}
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        key = (str(tensor.device), storage.data_ptr())
-        storages[key] = max(storages.get(key, 0), storage.nbytes())
-    return (sum(storages.values()) + output_pool().free_nbytes()) / 2**20
+    tensors += _optimizer_tensors(optimizer)
+    return (_storage_bytes(tensors) + output_pool().free_nbytes()) / 2**20
+
+
+def weights_optimizer_mib(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> float:
+    """MiB of the model's parameters plus every tensor of the optimizer's state (moments, step counters,
+    GaLore-style projections, however deep in the state), each storage once: the "memory" column of
+    GaLore's, APOLLO's and CoLA's pre-training tables, an estimate that leaves out gradients, activations
+    and buffers (:func:`training_state_mib` counts what training really keeps)."""
+    return _storage_bytes([*model.parameters(), *_optimizer_tensors(optimizer)]) / 2**20
 
 
 def fmt(value: float | None, digits: int = 1) -> str:

@@ -18,5 +18,6 @@ BENCHMARKS: dict[str, str] = {
     "meta_memory": "comera.bench.meta_memory",
     "scaling": "comera.bench.scaling",
     "gpu": "comera.bench.gpu",
+    "llm": "comera.bench.llm",
 }
 """Benchmark name -> the module ``comera bench NAME`` runs."""

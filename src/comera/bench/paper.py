@@ -14,8 +14,9 @@ all five, in this order):
   counted tensor by tensor (``state_mib``: parameters, buffers, gradients, optimizer state;
   :func:`comera.measure.training_state_mib`), the rise of the resident set during one step over the
   trained model (``train_mib``: activations and temporaries), their sum (``training_mib``, the training
-  memory the ratios use), the process's peak resident set (``peak_mib``), and the trained and dense
-  parameter counts. LTE splits a batch across its
+  memory the ratios use), the peers' weights-plus-optimizer-state estimate (``weights_optimizer_mib``,
+  :func:`comera.measure.weights_optimizer_mib`), the process's peak resident set (``peak_mib``), and the
+  trained and dense parameter counts. LTE splits a batch across its
   heads, so a batch its heads do not divide runs with ``method.heads`` set to the largest divisor of the
   batch not above the method's default (1 at batch 1); the row says so. Periodic work is not in the medians:
   GaLore's SVD (first step, then every ``update_proj_gap`` = 200 steps) falls in the warm-up, and LTE's merge
@@ -91,6 +92,7 @@ from comera.measure import (
     status_mib,
     training_state_mib,
     update_section,
+    weights_optimizer_mib,
 )
 from comera.methods import MethodContext, get_method
 from comera.recipes.settings import resolve_settings, tensorize_config
@@ -205,7 +207,9 @@ def run_case(
 
     for _ in range(warmup):
         step()
-    state = training_state_mib(model, optimizer if isinstance(optimizer, torch.optim.Optimizer) else None)
+    torch_optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
+    state = training_state_mib(model, torch_optimizer)
+    weights_optimizer = weights_optimizer_mib(model, torch_optimizer)
     built = status_mib("VmRSS", missing=float("nan"))
     rise = peak_rise_mib(step)
     if memory == "reuse":
@@ -227,6 +231,7 @@ def run_case(
         "train_mib": rise,
         "state_mib": state,
         "training_mib": state + max(rise, 0.0),
+        "weights_optimizer_mib": weights_optimizer,
         "model_mib": built,
         "peak_mib": status_mib("VmHWM", missing=float("nan")),
         "params": sum(param.numel() for param in model.parameters() if param.requires_grad),

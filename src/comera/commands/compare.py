@@ -4,8 +4,10 @@ Each method is one ``comera train WORKLOAD --method M`` run with the same preset
 own run folder ``OUT/M`` and, by default, in a fresh Python process (so that each peak memory is its own).
 Then one table compares the workload's evaluation metrics, the compression (tensorized layers and whole
 model), the trained parameters, the median step time and its ratio to dense, the peak memory and the wall
-time, and one plot draws the workload's primary metric (:attr:`comera.recipes.base.Recipe.primary_metric`)
-of every run against the step.
+time (and, where the workload reports them, tokens per second and the peers' weights-plus-optimizer-state
+estimate), and one plot per axis of :attr:`comera.recipes.base.Recipe.comparison_axes` draws the workload's
+primary metric (:attr:`comera.recipes.base.Recipe.primary_metric`) of every run against the step, the tokens
+trained on or the training time.
 
 The comparison folder::
 
@@ -13,6 +15,7 @@ The comparison folder::
     OUT/comparison.json    the arguments, the machine, and per method its status and results.json
     OUT/comparison.md      the commands, the machine and the table (markdown)
     OUT/compare-METRIC.png the primary metric of every finished run against the step
+    OUT/compare-METRIC-by-AXIS.png  ... against the tokens (AXIS=tokens) or the training time (AXIS=time)
 
 Nothing is lost and nothing is repeated: a method whose folder already holds a finished run with the same
 settings is reused (``--rerun`` trains it again), an unfinished one is resumed from its checkpoint, and a
@@ -48,6 +51,8 @@ from comera.recipes.run import (
     strict_json,
 )
 from comera.recipes.settings import parse_assignment
+from comera.train.metrics import read_metrics
+from comera.train.plateau import at_plateau, last_fifth_change
 from comera.workloads import load_recipe, workload_names
 
 __all__ = [
@@ -63,6 +68,8 @@ DEFAULT_METHODS: tuple[str, ...] = ("dense", "comera", "galore", "apollo", "lte"
 """The methods ``comera compare`` runs when ``--methods`` is not given: the paper's and the newer peers."""
 
 _RESULTS = "results.json"
+_OPTIONAL_COLUMNS = (("tokens_per_s", "tokens/s"), ("weights_optimizer_mib", "weights+optimizer MiB"))
+_AXIS_WORDS = {"step": "step", "tokens": "tokens trained on", "time": "training time"}
 _CONFIG = "config.json"
 
 
@@ -268,7 +275,18 @@ def compare(
         except (RuntimeError, SetupError, OSError) as error:
             log(f"[compare] {method} failed: {error}")
             done.append(MethodRun(method, run_dir, "failed", error=str(error)))
-    _write_outputs(out, workload, preset, recipe.primary_metric, metric, done, data, assignments, log)
+    _write_outputs(
+        out,
+        workload,
+        preset,
+        recipe.primary_metric,
+        recipe.comparison_axes,
+        metric,
+        done,
+        data,
+        assignments,
+        log,
+    )
     return done
 
 
@@ -299,11 +317,15 @@ def format_markdown(runs: Sequence[MethodRun], primary: str) -> str:
 
     Columns: the first evaluation split's metrics, the primary metric's change against dense (percent),
     compression of the tensorized layers and of the whole model, trained parameters, median step time (ms),
-    dense step / method step (above 1: faster than dense), peak memory (MiB), wall time (s), a note.
+    dense step / method step (above 1: faster than dense), the validation loss's change over the last
+    fifth of the run (:mod:`comera.train.plateau`; "plateau" in the note when under 1 %), tokens per
+    second and weights plus optimizer state (MiB; both only when a run reports ``tokens_per_s`` /
+    ``weights_optimizer_mib``), peak memory (MiB), wall time (s), a note.
     """
     runs = list(runs)
     names = _metric_names(runs)
     dense = next((item.results for item in runs if item.method == "dense" and item.results), None)
+    optional = {key for item in runs for key, _ in _OPTIONAL_COLUMNS if key in (item.results or {})}
     header = ["method", *names]
     if dense is not None and primary in names:
         header.append(f"{primary} vs dense")
@@ -313,6 +335,8 @@ def format_markdown(runs: Sequence[MethodRun], primary: str) -> str:
         "params",
         "step ms",
         "speed vs dense",
+        "last fifth",
+        *(label for key, label in _OPTIONAL_COLUMNS if key in optional),
         "peak MiB",
         "wall s",
         "note",
@@ -336,6 +360,7 @@ def format_markdown(runs: Sequence[MethodRun], primary: str) -> str:
                 else "-"
             )
             cells.append(change)
+        change_at_end = _last_fifth(item, primary)
         step = results["step_time_s"]
         speed = None if dense is None or not step else dense["step_time_s"] / step
         cells += [
@@ -344,16 +369,31 @@ def format_markdown(runs: Sequence[MethodRun], primary: str) -> str:
             f"{results['params']:,}",
             number(1e3 * step),
             times(speed, 2),
+            "-" if change_at_end is None else f"{100 * change_at_end:+.2f}%",
+            *(number(results.get(key)) for key, _ in _OPTIONAL_COLUMNS if key in optional),
             number(results["peak_memory_mib"]),
             f"{results['wall_time_s']:.0f}",
-            _note(item),
+            _note(item, primary),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _note(item: MethodRun) -> str:
+def _last_fifth(item: MethodRun, primary: str) -> float | None:
+    """The run's validation loss (else primary metric) change over its last fifth, or None."""
+    try:
+        records = read_metrics(item.run_dir)
+    except (FileNotFoundError, ValueError):
+        return None
+    names = {name for record in records if record.get("kind") == "eval" for name in record.get("metrics", {})}
+    return last_fifth_change(records, "loss" if "loss" in names else primary)
+
+
+def _note(item: MethodRun, primary: str) -> str:
     notes = ["reused"] if item.status == "reused" else []
+    plateau = at_plateau(_last_fifth(item, primary))
+    if plateau is not None:
+        notes.append("plateau" if plateau else "not at a plateau")
     results = item.results or {}
     if "target_reached" in results:
         notes.append("size target reached" if results["target_reached"] else "size target not reached")
@@ -367,6 +407,7 @@ def _write_outputs(
     workload: str,
     preset: str,
     primary: str,
+    axes: Sequence[str],
     metric: str | None,
     runs: list[MethodRun],
     data: str | Path | None,
@@ -380,13 +421,30 @@ def _write_outputs(
     primary = _leading_metric(runs, primary)
     table = format_markdown(runs, primary)
     plotted = metric or primary
-    finished = [item.run_dir for item in runs if item.results is not None]
-    plot_path: Path | None = None
-    if finished:
+    finished = [item for item in runs if item.results is not None]
+    tokens_per_step = {
+        item.run_dir.name: item.results["tokens_seen"] / item.results["steps"]
+        for item in finished
+        if item.results.get("tokens_seen") and item.results.get("steps")
+    }
+    plot_paths: list[tuple[str, Path]] = []
+    for axis in axes if finished else ():
+        name = f"compare-{plotted}.png" if axis == "step" else f"compare-{plotted}-by-{axis}.png"
         try:
-            plot_path = plot_comparison(finished, plotted, out / f"compare-{plotted}.png")
+            plot_paths.append(
+                (
+                    axis,
+                    plot_comparison(
+                        [item.run_dir for item in finished],
+                        plotted,
+                        out / name,
+                        x=axis,
+                        tokens_per_step=tokens_per_step,
+                    ),
+                )
+            )
         except ValueError as error:
-            log(f"[compare] no plot: {error}")
+            log(f"[compare] no plot against {axis}: {error}")
     machine = machine_description()
     settings = " ".join(f"--set {assignment}" for assignment in assignments)
     data_words = f" --data {data}" if data is not None else ""
@@ -402,8 +460,8 @@ def _write_outputs(
         table,
         "",
     ]
-    if plot_path is not None:
-        text += [f"![{plotted} against the step]({plot_path.name})", ""]
+    for axis, plot_path in plot_paths:
+        text += [f"![{plotted} against the {_AXIS_WORDS[axis]}]({plot_path.name})", ""]
     atomic_write_bytes(out / "comparison.md", "\n".join(text).encode())
     record = {
         "workload": workload,
@@ -424,7 +482,8 @@ def _write_outputs(
         ],
     }
     atomic_write_bytes(out / "comparison.json", strict_json(record).encode())
-    log(f"[compare] wrote {out / 'comparison.md'}" + (f" and {plot_path}" if plot_path else ""))
+    written = ", ".join(str(plot_path) for _, plot_path in plot_paths)
+    log(f"[compare] wrote {out / 'comparison.md'}" + (f" and {written}" if written else ""))
 
 
 def _parser() -> argparse.ArgumentParser:

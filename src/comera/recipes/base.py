@@ -63,11 +63,14 @@ class Recipe:
             optional ``method``).
         primary_metric: the evaluation metric a comparison of methods leads with and plots
             (``comera compare``); empty: the evaluator's first metric.
+        comparison_axes: what ``comera compare`` plots the primary metric against, one figure each, from
+            :data:`comera.train.plots.COMPARISON_AXES` (``"tokens"`` needs ``tokens_seen`` in the results).
     """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     primary_metric: ClassVar[str] = ""
+    comparison_axes: ClassVar[tuple[str, ...]] = ("step",)
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def build_data(self, settings: dict[str, Any], data_path: Path | None, cache_dir: Path) -> RecipeData:

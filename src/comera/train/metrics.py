@@ -5,7 +5,8 @@ Each record has ``"kind"``:
 - ``"train"``: ``step, epoch, stage, loss`` (mean task loss since the last record), ``objective``, ``size``,
   ``ratio``, ``ranks`` (``{layer: [active rank per bond]}``), ``lr`` (``{group: lr}``), ``step_time`` (mean
   seconds per step), ``steps_per_second``, ``peak_memory_mib``, ``nonfinite`` (steps skipped so far).
-- ``"eval"``: ``step, epoch, stage`` and the evaluation metrics under ``"metrics"``.
+- ``"eval"``: ``step, epoch, stage``, ``train_time_s`` (the run's training time so far, resumes included)
+  and the evaluation metrics under ``"metrics"``.
 - ``"event"``: ``step`` and ``"event"`` (``"late_stage"``, ``"prune"``, ``"rollback"``, ``"resume"``) with
   details.
 

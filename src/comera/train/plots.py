@@ -19,7 +19,7 @@ import numpy as np
 
 from comera.train.metrics import METRICS_NAME, read_metrics
 
-__all__ = ["plot_run", "rank_history"]
+__all__ = ["COMPARISON_AXES", "plot_run", "plot_comparison", "rank_history"]
 
 
 def rank_history(records: list[dict[str, Any]]) -> tuple[list[str], list[int], np.ndarray]:
@@ -163,24 +163,63 @@ def _save(figure, path: Path, plt) -> Path:
     return path
 
 
-def plot_comparison(run_dirs: list[str | os.PathLike], metric: str, path: str | os.PathLike) -> Path:
-    """One figure of the evaluation ``metric`` against the step for several runs (e.g. dense and comera).
+COMPARISON_AXES = ("step", "tokens", "time")
+"""The x axes :func:`plot_comparison` draws against: the step, the tokens trained on, the training time."""
 
-    Each run is labelled by its folder name; the events (stage switch, prunes) of the first run that has
-    any are drawn, with that run's name in their legend labels. When every run was evaluated once, the
-    figure shows that final value per run instead (a curve of one point says nothing).
-    Raises ``ValueError`` naming a run that has no evaluation record with ``metric``.
+_AXIS_LABELS = {"step": "step", "tokens": "tokens trained on", "time": "training time (s)"}
+
+
+def _x_value(record: dict[str, Any], x: str, tokens_per_step: float | None, run_dir: Path) -> float:
+    if x == "step":
+        return record["step"]
+    if x == "tokens":
+        return record["step"] * tokens_per_step
+    if "train_time_s" not in record:
+        raise ValueError(f"{run_dir}: its evaluation records have no train_time_s (a run from before it)")
+    return record["train_time_s"]
+
+
+def plot_comparison(
+    run_dirs: list[str | os.PathLike],
+    metric: str,
+    path: str | os.PathLike,
+    *,
+    x: str = "step",
+    tokens_per_step: dict[str, float] | None = None,
+) -> Path:
+    """One figure of the evaluation ``metric`` of several runs (e.g. dense and comera) against ``x``.
+
+    Args:
+        run_dirs: the run folders; each is labelled by its folder name.
+        metric: an evaluation metric every run recorded.
+        path: the PNG to write.
+        x: ``"step"``, ``"tokens"`` (step times the run's ``tokens_per_step``) or ``"time"`` (the eval
+            records' ``train_time_s``).
+        tokens_per_step: ``{folder name: tokens per step}``, required for ``x="tokens"``.
+
+    Against the step, the events (stage switch, prunes) of the first run that has any are drawn, with that
+    run's name in their legend labels. When every run was evaluated once, the figure shows that final value
+    per run instead (a curve of one point says nothing).
+
+    Raises:
+        ValueError: an unknown ``x``; a run without an evaluation record with ``metric``, without
+            ``tokens_per_step`` (``x="tokens"``) or without ``train_time_s`` (``x="time"``), named.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
+    if x not in COMPARISON_AXES:
+        raise ValueError(f"x must be one of {COMPARISON_AXES}, got {x!r}")
     series = []
     for run_dir in map(Path, run_dirs):
+        per_step = (tokens_per_step or {}).get(run_dir.name)
+        if x == "tokens" and per_step is None:
+            raise ValueError(f"{run_dir}: x='tokens' needs its tokens_per_step")
         records = _checked_records(run_dir)
         points = [
-            (record["step"], record["metrics"][metric])
+            (_x_value(record, x, per_step, run_dir), record["metrics"][metric])
             for record in records
             if record.get("kind") == "eval" and metric in record["metrics"]
         ]
@@ -189,21 +228,21 @@ def plot_comparison(run_dirs: list[str | os.PathLike], metric: str, path: str | 
         series.append((run_dir.name, records, points))
     figure, axis = plt.subplots(figsize=(8.5, 4))
     if all(len(points) == 1 for _, _, points in series):
-        return _final_values(figure, axis, series, metric, Path(path), plt)
-    events_drawn = False
+        return _final_values(figure, axis, series, metric, Path(path), plt, x)
+    events_drawn = x != "step"
     for name, records, points in series:
         axis.plot(*zip(*points), marker="o", label=name)
         if not events_drawn and _has_events(records):
             _events(axis, records, prefix=f"{name}: " if len(series) > 1 else "")
             events_drawn = True
-    axis.set(xlabel="step", ylabel=metric, title=f"{metric} on the evaluation split")
+    axis.set(xlabel=_AXIS_LABELS[x], ylabel=metric, title=f"{metric} on the evaluation split")
     axis.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return _save(figure, path, plt)
 
 
-def _final_values(figure, axis, series, metric: str, path: Path, plt) -> Path:
+def _final_values(figure, axis, series, metric: str, path: Path, plt, x: str) -> Path:
     """One marker per run at its only evaluation, labelled with the value."""
     names = [name for name, _, _ in series]
     values = [points[0][1] for _, _, points in series]
@@ -211,7 +250,7 @@ def _final_values(figure, axis, series, metric: str, path: Path, plt) -> Path:
     for name, value in zip(names, values):
         axis.annotate(f"{value:.4g}", (name, value), textcoords="offset points", xytext=(0, 8), ha="center")
     steps = sorted({points[0][0] for _, _, points in series})
-    at = f"step {steps[0]}" if len(steps) == 1 else "the last evaluation"
+    at = f"step {steps[0]}" if len(steps) == 1 and x == "step" else "the last evaluation"
     axis.set(ylabel=metric, title=f"{metric} on the evaluation split at {at}")
     axis.margins(y=0.2)
     path.parent.mkdir(parents=True, exist_ok=True)

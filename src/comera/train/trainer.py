@@ -592,7 +592,13 @@ class Trainer:
 
     def _log_eval(self) -> None:
         self.last_eval = self.evaluate()
-        record = {"kind": "eval", "step": self.step, "epoch": self.epoch, "stage": self.objective.stage}
+        record = {
+            "kind": "eval",
+            "step": self.step,
+            "epoch": self.epoch,
+            "stage": self.objective.stage,
+            "train_time_s": self._train_time(),
+        }
         self.metrics.write({**record, "metrics": self.last_eval})
 
     def _event(self, name: str, **details: Any) -> None:

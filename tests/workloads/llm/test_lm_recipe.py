@@ -11,11 +11,12 @@ from tokenizers import Tokenizer
 
 import comera
 from comera.cli import main
+from comera.measure import weights_optimizer_mib
 from comera.recipes.run import SetupError, run
 from comera.workloads import load_recipe
 from comera.workloads.llm.data import build_lm_data
 from comera.workloads.llm.model import LlamaLM
-from comera.workloads.llm.recipe import NextTokenEvaluator, weights_optimizer_mib
+from comera.workloads.llm.recipe import NextTokenEvaluator
 
 COMMON_KEYS = {
     "recipe",

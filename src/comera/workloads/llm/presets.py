@@ -134,6 +134,10 @@ def _data(vocab_size: int, seq_len: int, **changes: Any) -> dict[str, Any]:
     return settings
 
 
+APOLLO_MINI = {"rank": 1, "scale_type": "tensor", "scale": 128.0}
+"""APOLLO-Mini's settings (APOLLO's README): the ``apollo`` rows of this workload are APOLLO-Mini, the variant
+whose memory the peers' tables put against GaLore's."""
+
 _COSINE = {"lr_schedule": "cosine", "warmup": 0.1, "min_lr_ratio": 0.1}
 """GaLore, APOLLO, Fira and CoLA's schedule: 10% linear warm-up, cosine decay to 10% of the peak."""
 
@@ -157,7 +161,10 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
             "log_every": 50,
         },
         "tensorize": {"preset": "llm-paper"},
-        "method": {"comera": {"method": {"target_ratio": 0.5, "lr_cores": 1e-3, "lr_gates": 1e-3}}},
+        "method": {
+            "comera": {"method": {"target_ratio": 0.5, "lr_cores": 1e-3, "lr_gates": 1e-3}},
+            "apollo": {"method": APOLLO_MINI},
+        },
     },
     # GaLore's llama_20m shape with an 8192-token BPE, on 8 MB of the standard library and the topics;
     # 1800 steps: about 15 minutes for dense (0.50 s a step) and 7 for comera (0.23 s) on 2 idle cores,
@@ -179,7 +186,10 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
             "log_every": 20,
         },
         "tensorize": {"preset": "llm-small"},
-        "method": {"comera": {"method": {"target_ratio": 0.5, "lr_cores": 1e-3, "lr_gates": 1e-3}}},
+        "method": {
+            "comera": {"method": {"target_ratio": 0.5, "lr_cores": 1e-3, "lr_gates": 1e-3}},
+            "apollo": {"method": APOLLO_MINI},
+        },
     },
     # tests: two tiny blocks, a 300-token BPE, a few seconds
     "smoke": {

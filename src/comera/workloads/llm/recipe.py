@@ -16,8 +16,8 @@ predicted right by the argmax).
 ``results.json`` adds to every run's keys: ``loss`` and ``perplexity`` (the validation split's),
 ``validation_tokens`` (the tokens that perplexity averages over), ``tokens_seen`` (steps x global batch x
 ``seq_len``), ``tokens_per_s`` (global batch x ``seq_len`` / median step time) and ``weights_optimizer_mib``
-(the peers' memory estimate: every parameter and every optimizer-state tensor, counted tensor by tensor, at
-the end of the run) beside the measured ``peak_memory_mib``. ``model/tokenizer.json`` is the tokenizer.
+(the peers' memory estimate, :func:`comera.measure.weights_optimizer_mib`, at the end of the run) beside
+the measured ``peak_memory_mib``. ``model/tokenizer.json`` is the tokenizer.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from comera.data.sources import default_source_dir
+from comera.measure import weights_optimizer_mib
 from comera.modules import unwrap_model
 from comera.recipes.base import Recipe, RecipeData, register_recipe
 from comera.train.evaluation import Evaluator, TokenScores
@@ -38,7 +39,7 @@ from comera.workloads.llm.data import build_lm_data
 from comera.workloads.llm.model import IGNORE_INDEX, LlamaLM, next_token_loss
 from comera.workloads.llm.presets import RECIPE_PRESETS
 
-__all__ = ["LLMRecipe", "NextTokenEvaluator", "TOKENIZER_FILE", "weights_optimizer_mib"]
+__all__ = ["LLMRecipe", "NextTokenEvaluator", "TOKENIZER_FILE"]
 
 TOKENIZER_FILE = "tokenizer.json"
 """The tokenizer's name in the run's ``model/`` folder."""
@@ -72,31 +73,14 @@ class NextTokenEvaluator(TokenScores):
         return {"loss": loss, "perplexity": math.exp(loss), "accuracy": accuracy, "tokens": self.count}
 
 
-def weights_optimizer_mib(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
-    """MiB of every parameter of ``model`` plus every tensor in ``optimizer``'s state (moments, projections,
-    step counters), each counted once: the "memory" of GaLore's, APOLLO's and CoLA's tables."""
-    seen: set[int] = set()
-    total = 0
-    tensors = list(model.parameters()) + [
-        value
-        for state in optimizer.state.values()
-        for value in state.values()
-        if isinstance(value, torch.Tensor)
-    ]
-    for tensor in tensors:
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            total += tensor.numel() * tensor.element_size()
-    return total / 2**20
-
-
 @register_recipe
 class LLMRecipe(Recipe):
     """LLaMA-style causal language-model pre-training (module docstring)."""
 
     name = "llm"
     description = "LLaMA-style causal language-model pre-training (GaLore/APOLLO/CoLA's protocol)"
-    primary_metric = "loss"
+    primary_metric = "perplexity"
+    comparison_axes = ("tokens", "time")
     presets = RECIPE_PRESETS
 
     def build_data(self, settings: dict[str, Any], data_path: Path | None, cache_dir: Path) -> RecipeData:

@@ -1,0 +1,48 @@
+"""The plateau test of a run: the relative change of an evaluation metric over its last fifth, against
+hand computations, and the cases where it cannot be measured."""
+
+import math
+
+import pytest
+
+from comera.train.plateau import PLATEAU_TOLERANCE, at_plateau, last_fifth_change
+
+
+def _evals(points, metric="loss"):
+    return [{"kind": "eval", "step": step, "metrics": {metric: value}} for step, value in points]
+
+
+def test_the_change_is_from_the_last_evaluation_at_or_before_four_fifths_to_the_last():
+    records = _evals([(100, 6.0), (400, 5.0), (800, 4.0), (900, 3.96), (1000, 3.95)])
+    records.insert(2, {"kind": "train", "step": 500, "loss": 1.0})
+    assert last_fifth_change(records, "loss") == pytest.approx((3.95 - 4.0) / 4.0, rel=1e-12)
+    assert at_plateau(last_fifth_change(records, "loss")) is False  # -1.25 %
+
+
+def test_a_change_just_below_the_tolerance_is_a_plateau_and_one_at_it_is_not():
+    below = _evals([(80, 2.0), (100, 2.0 * (1 - 0.999 * PLATEAU_TOLERANCE))])
+    at = _evals([(80, 2.0), (100, 2.0 * (1 + PLATEAU_TOLERANCE))])
+    assert at_plateau(last_fifth_change(below, "loss")) is True
+    assert at_plateau(last_fifth_change(at, "loss")) is False
+
+
+@pytest.mark.parametrize(
+    "points",
+    [
+        [],
+        [(100, 1.0)],
+        [(90, 1.0), (100, 1.1)],  # no evaluation at or before step 80
+        [(80, 0.0), (100, 1.0)],  # a change relative to 0
+        [(80, math.nan), (100, 1.0)],  # the only earlier value is not finite
+    ],
+)
+def test_without_two_usable_evaluations_the_change_is_not_measured(points):
+    assert last_fifth_change(_evals(points), "loss") is None
+    assert at_plateau(None) is None
+
+
+def test_other_metrics_and_missing_values_are_ignored():
+    records = _evals([(80, 10.0), (100, 11.0)], "perplexity") + _evals([(60, 4.0), (100, 5.0)])
+    assert last_fifth_change(records, "perplexity") == pytest.approx(0.1)
+    assert last_fifth_change(records, "loss") == pytest.approx(0.25)
+    assert last_fifth_change(records, "accuracy") is None
