@@ -77,11 +77,14 @@ def test_the_late_stage_starts_at_the_requested_step(run):
 
 
 def test_a_prune_point_prunes_and_training_goes_on_with_matching_optimizer_state(run):
-    (trim,) = events(run, "objective")
+    *partial, trim = events(run, "objective")
+    assert all(event["action"] == "partial_trim" for event in partial)
     assert trim["action"] == "trim" and EARLY < trim["step"] < 32
-    (prune,) = events(run, "prune")
+    prunes = events(run, "prune")
+    assert all(earlier["step"] < trim["step"] for earlier in prunes[:-1])  # after the gradual trims
+    prune = prunes[-1]
     assert (prune["step"], prune["point"]) == (32, "epoch_end")  # the late-stage epoch end after the trim
-    assert prune["stored_after"] < prune["stored_before"]
+    assert all(each["stored_after"] < each["stored_before"] for each in prunes)
     ranks = {name: list(train.max_ranks) for name, train in gated_trains(run.model)}
     assert prune["layers"] and all(
         ranks[name] == layer_ranks for name, layer_ranks in prune["layers"].items()

@@ -15,7 +15,7 @@ from comera.recipes.run import SetupError, run
 
 FIXTURE = Path(__file__).parents[1] / "data" / "run_folder_v0"
 STAGES = ["train.checkpoint_every=3", "train.keep_checkpoints=9", "train.early=6", "train.late=9"]
-COMERA = ["method.gamma=0.01", "method.recovery=0.5"]
+COMERA = ["method.gamma=0.01", "method.recovery=0.5", "method.trims=1"]  # trims: one trim, as then
 
 
 def _copy(tmp_path, drop=()):

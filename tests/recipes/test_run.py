@@ -1,6 +1,7 @@
 """The recipe run: settings resolution and its errors, the run folder and results.json, resume rules."""
 
 import json
+import shutil
 
 import pytest
 import toy  # noqa: F401  (registers the toy recipe)
@@ -187,3 +188,45 @@ def test_an_existing_run_is_not_overwritten_and_resume_needs_the_same_settings(t
         run("toy", preset="smoke", out=tmp_path / "none", cache_dir=tmp_path, resume=True)
     with pytest.raises(SetupError, match="no such file or folder"):
         run("toy", preset="smoke", out=tmp_path / "x", data=tmp_path / "missing.tsv", cache_dir=tmp_path)
+
+
+def test_a_method_setting_added_since_the_run_started_takes_the_resuming_command_s_value():
+    defaults = get_method("comera").defaults
+    before = {key: value for key, value in defaults.items() if key != "trims"}
+    recorded = {"recipe": "toy", "method": "comera", "settings": {"train": {"early": 2}, "method": before}}
+    for trims in (1, 8):
+        header = {**recorded, "settings": {"train": {"early": 2}, "method": {**before, "trims": trims}}}
+        assert upgrade_run_header(recorded, get_method("comera"), header) == header
+    other = {**recorded, "settings": {"train": {"early": 2}, "method": {**before, "gamma": 0.7, "trims": 1}}}
+    assert upgrade_run_header(recorded, get_method("comera"), other)["settings"]["method"]["gamma"] != 0.7
+    trimmed = {**recorded, "settings": {"train": {"early": 2}, "method": {**before, "trims": 3}}}
+    header = {**trimmed, "settings": {"train": {"early": 2}, "method": {**before, "trims": 8}}}
+    assert upgrade_run_header(trimmed, get_method("comera"), header) == trimmed, "a recorded value stays"
+    assert "trims" not in recorded["settings"]["method"], "the recorded header is not changed"
+
+
+def test_a_run_folder_written_before_trims_existed_resumes(tmp_path):
+    first = tmp_path / "first"
+    run(
+        "toy",
+        method="comera",
+        preset="smoke",
+        out=first,
+        cache_dir=tmp_path,
+        assignments=["train.plot=false"],
+    )
+    config = json.loads((first / "config.json").read_text())
+    del config["settings"]["method"]["trims"]
+    (first / "config.json").write_text(json.dumps(config))
+    (first / "results.json").unlink()
+    for name, extra in (("default", []), ("one_trim", ["method.trims=1"]), ("other", ["method.gamma=0.3"])):
+        out = tmp_path / name
+        shutil.copytree(first, out)
+        arguments = {"out": out, "cache_dir": tmp_path, "assignments": ["train.plot=false", *extra]}
+        if name == "other":
+            with pytest.raises(SetupError, match=r"differences in \['settings'\]"):
+                run("toy", method="comera", preset="smoke", resume=True, **arguments)
+            continue
+        results = run("toy", method="comera", preset="smoke", resume=True, **arguments)
+        recorded = json.loads((out / "config.json").read_text())["settings"]["method"]
+        assert results["steps"] > 0 and recorded["trims"] == (1 if extra else 8)

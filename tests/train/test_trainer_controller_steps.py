@@ -3,9 +3,9 @@
 Counting controller steps: with the gates' learning rate 0 nothing changes the size, so every controller step
 of the descend phase multiplies the dual weight by ``exp(DUAL_RATE * gap)`` with the constant
 ``gap = S / S* - 1``, and the trim comes at the deadline: the ``LATE``-th controller step of the late stage
-(``recovery = 0``). ``LATE`` applied late steps therefore end with one trim at the last step and the weight
-``exp((LATE - 1) DUAL_RATE gap)``; a skipped step leaves one controller step out (no trim); a controller run
-twice per step would trim halfway.
+(``recovery = 0``, one trim: ``trims = 1``). ``LATE`` applied late steps therefore end with one trim at the
+last step and the weight ``exp((LATE - 1) DUAL_RATE gap)``; a skipped step leaves one controller step out (no
+trim); a controller run twice per step would trim halfway.
 """
 
 import math
@@ -49,7 +49,9 @@ def test_the_controller_runs_once_per_applied_step(bad_call, tmp_path):
         plot=False,
     )
     model = make_model()
-    objective = CoMERAObjective(model, target_ratio=TARGET_RATIO, recovery=0.0, lr_gates=0.0, prune_at=())
+    objective = CoMERAObjective(
+        model, target_ratio=TARGET_RATIO, recovery=0.0, trims=1, lr_gates=0.0, prune_at=()
+    )
     hooks = len(_global_optimizer_post_hooks)
     trainer = Trainer(model, NaNOnCall(bad_call), make_data(), config=config, objective=objective)
     result = trainer.fit()

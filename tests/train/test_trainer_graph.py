@@ -97,8 +97,9 @@ def config(run_dir, cuda_graph, **overrides):
 
 
 def make_trainer(model, loss, data, config, **options):
-    """A Trainer with CoMERA's objective pruning at the end of the early stage only."""
-    objective = CoMERAObjective(model, prune_at=("early_end",))
+    """A Trainer with CoMERA's objective pruning at the end of the early stage only, with one trim (the
+    recaptures counted here are those of the stage switch and that trim)."""
+    objective = CoMERAObjective(model, prune_at=("early_end",), trims=1)
     return Trainer(model, loss, data, config=config, objective=objective, **options)
 
 

@@ -50,7 +50,7 @@ from comera.recipes.run import (
     run_header,
     strict_json,
 )
-from comera.recipes.settings import parse_assignment
+from comera.recipes.settings import parse_assignment, upgrade_run_header
 from comera.train.metrics import read_metrics
 from comera.train.plateau import at_plateau, last_fifth_change
 from comera.workloads import load_recipe, workload_names
@@ -108,7 +108,9 @@ def _state(run_dir: Path, header: dict[str, Any]) -> str:
                 f"{run_dir} holds files of a run but no {_CONFIG}; move it away or use another --out"
             )
         return "empty"
-    difference = header_difference(read_run_config(config), _normalised(header))
+    wanted = _normalised(header)
+    recorded = upgrade_run_header(read_run_config(config), get_method(header["method"]), wanted)
+    difference = header_difference(recorded, wanted)
     if difference is not None:
         raise ValueError(
             f"{run_dir} holds a run with other settings or data: {difference}; "

@@ -183,7 +183,8 @@ def _check_folder(
     if resume:
         if not config_path.exists():
             raise FileNotFoundError(f"--resume: {config_path} not found; there is no run to resume in {out}")
-        difference = header_difference(upgrade_run_header(read_run_config(config_path), method), header)
+        recorded = upgrade_run_header(read_run_config(config_path), method, header)
+        difference = header_difference(recorded, header)
         if difference is not None:
             raise ValueError(
                 f"--resume: the run in {out} cannot continue: {difference}; resume with the same command "

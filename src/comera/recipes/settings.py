@@ -35,7 +35,14 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-__all__ = ["SECTIONS", "resolve_settings", "parse_assignment", "tensorize_config", "upgrade_run_header"]
+__all__ = [
+    "SECTIONS",
+    "ADDED_METHOD_KEYS",
+    "resolve_settings",
+    "parse_assignment",
+    "tensorize_config",
+    "upgrade_run_header",
+]
 
 SECTIONS = ("model", "data", "train", "tensorize", "method")
 _RUN_OWNED = ("run_dir", "checkpoint_dir")
@@ -217,25 +224,44 @@ def resolve_settings(
     return settings
 
 
-def upgrade_run_header(recorded: dict[str, Any], method: Method) -> dict[str, Any]:
-    """A run folder's ``config.json`` (``recorded``) as the current code writes it, for comparison.
+ADDED_METHOD_KEYS: tuple[str, ...] = ("trims",)
+"""Method settings added after run folders were first written (``trims``: the late stage's gradual trims). A
+recorded run without one takes the resuming command's value, so an older folder resumes; ``--set
+method.trims=1`` continues it exactly as it was trained (one trim, the behaviour before the key existed)."""
+
+
+def upgrade_run_header(
+    recorded: dict[str, Any], method: Method, header: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A run folder's ``config.json`` (``recorded``) as the current code writes it, for comparison with the
+    resuming command's ``header``.
 
     A folder written before Reshape 2 kept CoMERA's settings in ``settings.train`` (:data:`MOVED_KEYS`):
     for a ``comera`` run they move to ``settings.method`` over the method's defaults (its ``method`` section
-    was empty then); for any other method they are dropped (no baseline read them). A current header is
-    returned unchanged.
+    was empty then); for any other method they are dropped (no baseline read them). A method setting of
+    :data:`ADDED_METHOD_KEYS` that the recorded run lacks takes ``header``'s value (when given, for the same
+    method). A current header is returned unchanged.
     """
     settings = recorded.get("settings")
     if not isinstance(settings, dict) or not isinstance(settings.get("train"), dict):
         return recorded
+    recorded_keys = set(settings.get("method") or {})
     moved = {key: value for key, value in settings["train"].items() if key in MOVED_KEYS}
-    if not moved:
+    if moved:
+        train = {key: value for key, value in settings["train"].items() if key not in MOVED_KEYS}
+        section = dict(settings.get("method") or {})
+        if recorded.get("method") == "comera":
+            section = {**method.defaults, **section, **moved}
+        recorded = {**recorded, "settings": {**settings, "train": train, "method": section}}
+        recorded_keys |= set(moved)
+    wanted = ((header or {}).get("settings") or {}).get("method")
+    if not isinstance(wanted, dict) or header.get("method") != recorded.get("method"):
         return recorded
-    train = {key: value for key, value in settings["train"].items() if key not in MOVED_KEYS}
-    section = dict(settings.get("method") or {})
-    if recorded.get("method") == "comera":
-        section = {**method.defaults, **section, **moved}
-    return {**recorded, "settings": {**settings, "train": train, "method": section}}
+    added = {key: wanted[key] for key in ADDED_METHOD_KEYS if key in wanted and key not in recorded_keys}
+    if not added:
+        return recorded
+    section = {**(recorded["settings"].get("method") or {}), **added}
+    return {**recorded, "settings": {**recorded["settings"], "method": section}}
 
 
 def tensorize_config(settings: dict[str, Any]) -> TensorizeConfig:
