@@ -123,9 +123,16 @@ def step_targets(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _header(results: list[dict[str, Any]], command: str, what: str) -> list[str]:
+def _table_head(
+    results: list[dict[str, Any]], command: str, title: str, what: str, columns: str
+) -> list[str]:
+    """The section's title, the paragraph saying how it was measured, and the table's header rows
+    (``columns``: comma-separated names)."""
     first = next((r for r in results if "error" not in r), {})
+    names = [name.strip() for name in columns.split(",")]
     return [
+        f"## Language model (LLaMA-style): {title}",
+        "",
         f"Machine: {machine_description()}. Command: `{command}`. {what} Each case in a fresh process; "
         f"median of the timed steps after warm-up; {first.get('tokens', '?')} tokens a step; "
         f"{first.get('threads', '?')} torch threads. `weights+opt MiB` = parameters plus optimizer state "
@@ -133,20 +140,23 @@ def _header(results: list[dict[str, Any]], command: str, what: str) -> list[str]
         "gradients, optimizer state, buffers) plus the resident rise during one step; ratios are dense / "
         "method (above 1: the method is faster or smaller).",
         "",
+        "| " + " | ".join(names) + " |",
+        "|" + "---|" * len(names),
     ]
 
 
 def format_steps(results: list[dict[str, Any]], command: str) -> str:
     """Markdown of the ``steps`` section: a row per method (failed ones included) and the targets."""
     dense = _ok(results, "dense")
-    lines = [
-        "## Language model (LLaMA-style): one training step per method",
-        "",
-        *_header(results, command, "The `llm` workload's model and data, one fixed batch."),
-        "| method | ms | tokens/s | speed vs dense | weights+opt MiB | vs dense | training MiB | vs dense "
-        "| peak MiB | trained params | compression |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    columns = "method, ms, tokens/s, speed vs dense, weights+opt MiB, vs dense, training MiB, vs dense, "
+    columns += "peak MiB, trained params, compression"
+    lines = _table_head(
+        results,
+        command,
+        "one training step per method",
+        "The `llm` workload's model and data, one fixed batch.",
+        columns,
+    )
     for row in results:
         if "error" in row:
             lines.append(f"| {row['method']} |" + " - |" * 9 + f" failed: {' '.join(row['error'])} |")
@@ -172,14 +182,14 @@ def format_steps(results: list[dict[str, Any]], command: str) -> str:
 def format_ladder(results: list[dict[str, Any]], command: str) -> str:
     """Markdown of the ``ladder`` section: dense, then a row per rank with its compression and speed."""
     dense = _ok(results, "dense")
-    lines = [
-        "## Language model (LLaMA-style): comera's rank ladder",
-        "",
-        *_header(results, command, "comera's model cut to each rank and pruned, against dense."),
-        "| rank | tensorized compression | model compression | ms | tokens/s | speed vs dense | training MiB "
-        "| vs dense |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines = _table_head(
+        results,
+        command,
+        "comera's rank ladder",
+        "comera's model cut to each rank and pruned, against dense.",
+        "rank, tensorized compression, model compression, ms, tokens/s, speed vs dense, training MiB, "
+        "vs dense",
+    )
     for row in results:
         name = "dense" if "rank" not in row else str(row["rank"])
         if "error" in row:
