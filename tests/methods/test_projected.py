@@ -134,3 +134,18 @@ def test_a_missing_package_names_the_extra(monkeypatch, method, module, distribu
 def test_bad_settings_name_the_setting(method, settings, match):
     with pytest.raises(ValueError, match=match):
         method().prepare(_model(), _context(**settings))
+
+
+def test_importing_a_baseline_package_prints_no_warning_and_restores_the_log_levels():
+    import logging
+    import subprocess
+    import sys
+
+    pytest.importorskip("galore_torch")
+    code = (
+        "import logging; from comera.methods.projected import require_package, QUIET_LOGGERS; "
+        "require_package('galore_torch', 'galore-torch', 'galore'); "
+        "print([logging.getLogger(name).level for name in QUIET_LOGGERS])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stderr == "" and done.stdout.strip() == str([logging.NOTSET])

@@ -10,6 +10,7 @@ projector on ``load_state_dict``, so resume and the non-finite rollback work.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
@@ -23,15 +24,32 @@ from comera.methods.targets import target_linears
 from comera.modules import trainable_parameters
 from comera.tensorize_config import TensorizeConfig
 
-__all__ = ["BASELINES_EXTRA", "require_package", "projection_rank", "low_rank_groups", "portable_projectors"]
+__all__ = [
+    "BASELINES_EXTRA",
+    "QUIET_LOGGERS",
+    "require_package",
+    "projection_rank",
+    "low_rank_groups",
+    "portable_projectors",
+]
 
 BASELINES_EXTRA = "pip install 'comera[baselines]'"
 """The install command of the optional baseline packages (``galore-torch``, ``apollo-torch``)."""
 
 
+QUIET_LOGGERS = ("bitsandbytes",)
+"""Loggers silenced below ERROR while a baseline package is imported: ``galore_torch`` imports
+``bitsandbytes`` (for its 8-bit optimizer, which comera does not use), whose CPU backend warns on import
+that an optional kernel download is missing; that warning says nothing about the run."""
+
+
 def require_package(module: str, distribution: str, method: str) -> ModuleType:
     """Import ``module`` of the optional ``distribution``; a missing one raises ``ImportError`` naming
-    :data:`BASELINES_EXTRA`."""
+    :data:`BASELINES_EXTRA`. The loggers of :data:`QUIET_LOGGERS` print only errors during the import."""
+    loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         return importlib.import_module(module)
     except ImportError as error:
@@ -39,6 +57,9 @@ def require_package(module: str, distribution: str, method: str) -> ModuleType:
             f"the {method!r} method needs the {distribution!r} package, which is not installed: "
             f"{BASELINES_EXTRA}"
         ) from error
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def projection_rank(shape: torch.Size | tuple[int, int], rank: int, rank_fraction: float) -> int:
