@@ -214,3 +214,54 @@ def test_a_comparison_with_a_comera_setting_trains_dense_with_its_own_settings(t
     configs = {run.method: json.loads((run.run_dir / "config.json").read_text()) for run in runs}
     assert configs["comera"]["settings"]["method"]["gamma"] == 0.5
     assert "gamma" not in configs["dense"]["settings"]["method"]
+
+
+def test_a_variant_is_one_more_row_with_settings_of_its_own(tmp_path):
+    variants = {"comera-r2": ("comera", ["method.target_ratio=0.8", "tensorize.rank=2"])}
+    runs = _compare(tmp_path, ["dense", "comera"], assignments=["method.gamma=0.5"], variants=variants)
+    assert [(run.method, run.status) for run in runs] == [
+        ("dense", "trained"),
+        ("comera", "trained"),
+        ("comera-r2", "trained"),
+    ]
+    configs = {run.method: json.loads((run.run_dir / "config.json").read_text()) for run in runs}
+    variant = configs["comera-r2"]
+    assert runs[2].run_dir == tmp_path / "cmp" / "comera-r2" and variant["method"] == "comera"
+    assert variant["settings"]["method"]["gamma"] == 0.5, "the common settings reach the variant"
+    assert (
+        variant["settings"]["method"]["target_ratio"] == 0.8 and variant["settings"]["tensorize"]["rank"] == 2
+    )
+    assert configs["comera"]["settings"]["method"]["target_ratio"] != 0.8
+    rows = _table_rows((tmp_path / "cmp" / "comparison.md").read_text())
+    assert list(rows) == ["dense", "comera", "comera-r2"] and rows["comera-r2"]["speed vs dense"] != "-"
+    again = _compare(tmp_path, ["dense"], variants=variants, assignments=["method.gamma=0.5"])
+    assert [(run.method, run.status) for run in again] == [("dense", "reused"), ("comera-r2", "reused")]
+
+
+@pytest.mark.parametrize(
+    "variants, message",
+    [
+        ({"dense": ("comera", [])}, r"variant name 'dense' must be .* not a method's name"),
+        ({"a/b": ("comera", [])}, r"variant name 'a/b' must be letters"),
+        ({"v": ("nope", [])}, r"unknown method 'nope'"),
+        ({"v": ("comera", ["tensorize.rank"])}, r"tensorize\.rank"),
+        ({"v": ("comera", ["train.bogus=1"])}, r"train\.bogus"),
+    ],
+)
+def test_a_bad_variant_is_refused_before_anything_trains(tmp_path, variants, message):
+    with pytest.raises(SetupError, match=message):
+        _compare(tmp_path, ["dense"], variants=variants)
+    assert not (tmp_path / "cmp" / "dense").exists()
+
+
+@pytest.mark.parametrize(
+    "words, message",
+    [
+        (["--variant", "v"], "--variant v: give NAME METHOD"),
+        (["--variant", "v", "comera"] * 2, "at most once"),
+    ],
+)
+def test_the_command_refuses_a_short_or_repeated_variant(words, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        compare_module.main(["toy", "--methods", "dense", *words])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -1,7 +1,9 @@
 """``comera compare WORKLOAD``: several training methods on one workload, side by side, in one command.
 
 Each method is one ``comera train WORKLOAD --method M`` run with the same preset, data and settings, in its
-own run folder ``OUT/M`` and, by default, in a fresh Python process (so that each peak memory is its own).
+own run folder ``OUT/M``; a variant (``--variant NAME METHOD SECTION.KEY=VALUE ...``, e.g. a rung of a rank
+ladder) is one more run of a method with settings of its own, in ``OUT/NAME``; each runs, by default, in
+a fresh Python process (so that each peak memory is its own).
 Then one table compares the workload's evaluation metrics, the compression (tensorized layers and whole
 model), the trained parameters, the median step time and its ratio to dense, the peak memory and the wall
 time (and, where the workload reports them, tokens per second and the peers' weights-plus-optimizer-state
@@ -29,10 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,7 @@ DEFAULT_METHODS: tuple[str, ...] = ("dense", "comera", "galore", "apollo", "lte"
 """The methods ``comera compare`` runs when ``--methods`` is not given: the paper's and the newer peers."""
 
 _RESULTS = "results.json"
+_VARIANT_NAME = re.compile(r"[A-Za-z0-9._-]+")
 _OPTIONAL_COLUMNS = (("tokens_per_s", "tokens/s"), ("weights_optimizer_mib", "weights+optimizer MiB"))
 _AXIS_WORDS = {"step": "step", "tokens": "tokens trained on", "time": "training time"}
 _CONFIG = "config.json"
@@ -202,6 +206,7 @@ def compare(
     fresh_process: bool = True,
     metric: str | None = None,
     log: Callable[[str], None] = print,
+    variants: Mapping[str, tuple[str, Sequence[str]]] | None = None,
 ) -> list[MethodRun]:
     """Train ``workload`` with each of ``methods`` and write the comparison folder (see the module doc).
 
@@ -217,9 +222,13 @@ def compare(
             then covers every run; registered recipes and methods that are not built in need this).
         metric: the evaluation metric to plot (default: the recipe's primary metric).
         log: where progress lines go.
+        variants: more rows after ``methods``, ``{NAME: (METHOD, assignments)}``: a registered method with
+            ``SECTION.KEY=VALUE`` settings of its own on top of the common ones (e.g.
+            ``{"comera-r32": ("comera", ["tensorize.rank=32"])}``, a rung of a rank ladder), trained in
+            ``out/NAME``. A name is letters, digits, ``.``, ``_`` and ``-``, not a method's name, each once.
 
     Returns:
-        One :class:`MethodRun` per method, in order.
+        One :class:`MethodRun` per method and variant, in order (``method`` holds the variant's name).
 
     Raises:
         SetupError: before anything trains, for an unknown workload, method or preset, a bad setting, a
@@ -230,21 +239,22 @@ def compare(
     assignments = list(assignments)
     try:
         recipe = load_recipe(workload)
-        if not methods:
+        if not methods and not variants:
             raise ValueError(f"methods: give at least one of {list(method_names())}")
         repeated = sorted({name for name in methods if methods.count(name) > 1})
         if repeated:
             raise ValueError(f"methods: each method at most once; repeated: {repeated}")
-        routed = method_assignments(methods, assignments)
+        rows = [(name, name, []) for name in methods] + _checked_variants(variants or {})
+        bases = list(dict.fromkeys(base for _, base, _ in rows))
+        routed = method_assignments(bases, assignments)
         plans = []
-        for method in methods:
-            header = run_header(
-                workload, method, preset, data, config_file=config_file, assignments=routed[method]
-            )
+        for name, method, extra in rows:
+            own = [*routed[method], *extra]
+            header = run_header(workload, method, preset, data, config_file=config_file, assignments=own)
             _check_packages(method)
-            run_dir = out / method
+            run_dir = out / name
             replace = rerun and (run_dir / _CONFIG).exists()
-            plans.append((method, run_dir, "replace" if replace else _state(run_dir, header)))
+            plans.append((name, method, own, run_dir, "replace" if replace else _state(run_dir, header)))
         writable_folder(out, "--out")
         if cache_dir is not None:
             writable_folder(Path(cache_dir), "--cache")
@@ -252,10 +262,10 @@ def compare(
         raise SetupError(str(error)) from error
     runner = _subprocess_runner if fresh_process else _in_process_runner
     done: list[MethodRun] = []
-    for method, run_dir, state in plans:
+    for name, method, own, run_dir, state in plans:
         if state == "finished":
-            log(f"[compare] {method}: reusing the finished run in {run_dir}")
-            done.append(MethodRun(method, run_dir, "reused", json.loads((run_dir / _RESULTS).read_text())))
+            log(f"[compare] {name}: reusing the finished run in {run_dir}")
+            done.append(MethodRun(name, run_dir, "reused", json.loads((run_dir / _RESULTS).read_text())))
             continue
         if state == "replace":
             shutil.rmtree(run_dir)
@@ -266,17 +276,17 @@ def compare(
             "data": data,
             "config": config_file,
             "cache": cache_dir,
-            "assignments": routed[method],
+            "assignments": own,
             "out": run_dir,
             "resume": state == "unfinished",
         }
-        log(f"[compare] {method}: comera train {' '.join(_command_arguments(arguments))}")
+        log(f"[compare] {name}: comera train {' '.join(_command_arguments(arguments))}")
         try:
             runner(arguments)
-            done.append(MethodRun(method, run_dir, "trained", json.loads((run_dir / _RESULTS).read_text())))
+            done.append(MethodRun(name, run_dir, "trained", json.loads((run_dir / _RESULTS).read_text())))
         except (RuntimeError, SetupError, OSError) as error:
-            log(f"[compare] {method} failed: {error}")
-            done.append(MethodRun(method, run_dir, "failed", error=str(error)))
+            log(f"[compare] {name} failed: {error}")
+            done.append(MethodRun(name, run_dir, "failed", error=str(error)))
     _write_outputs(
         out,
         workload,
@@ -290,6 +300,22 @@ def compare(
         log,
     )
     return done
+
+
+def _checked_variants(variants: Mapping[str, tuple[str, Sequence[str]]]) -> list[tuple[str, str, list[str]]]:
+    """``(name, method, assignments)`` per variant; ``ValueError`` naming a bad name, method or setting."""
+    rows = []
+    for name, (method, extra) in variants.items():
+        if not _VARIANT_NAME.fullmatch(name) or name in method_names():
+            raise ValueError(
+                f"variant name {name!r} must be letters, digits, '.', '_' or '-' and not a method's name "
+                f"({list(method_names())})"
+            )
+        get_method(method)
+        for assignment in extra:
+            parse_assignment(assignment)
+        rows.append((name, method, list(extra)))
+    return rows
 
 
 def _first_split(results: dict[str, Any]) -> str | None:
@@ -509,12 +535,35 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--rerun", action="store_true", help="train again the methods that already finished")
     parser.add_argument("--metric", default=None, help="evaluation metric to plot (default: the workload's)")
+    parser.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar="WORD",
+        help="NAME METHOD [SECTION.KEY=VALUE ...]: one more row, METHOD with settings of its own, in "
+        "OUT/NAME (repeatable; e.g. --variant comera-r32 comera tensorize.rank=32)",
+    )
     return parser
+
+
+def _variants(parser: argparse.ArgumentParser, words: list[list[str]]) -> dict[str, tuple[str, list[str]]]:
+    """``--variant`` words as :func:`compare`'s ``variants``; ``parser.error`` for a short or repeated one."""
+    variants: dict[str, tuple[str, list[str]]] = {}
+    for name, *rest in words:
+        if not rest:
+            parser.error(f"--variant {name}: give NAME METHOD [SECTION.KEY=VALUE ...]")
+        if name in variants:
+            parser.error(f"--variant {name}: each name at most once")
+        variants[name] = (rest[0], rest[1:])
+    return variants
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera compare``: 0 when every method ran, 1 when one failed, 2 for a bad command."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    variants = _variants(parser, args.variant)
     try:
         runs = compare(
             args.workload,
@@ -527,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
             cache_dir=args.cache,
             rerun=args.rerun,
             metric=args.metric,
+            variants=variants,
         )
     except SetupError as error:
         print(f"comera compare: {error}", file=sys.stderr)
