@@ -37,11 +37,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from comera.bench.ladder import default_ladder, preset_rank
-from comera.bench.paper import run_fresh_case
+from comera.bench.paper import ladder_ranks, run_fresh_case
 from comera.measure import add_memory_argument, machine_description, pyplot, update_section
 from comera.methods import get_method
-from comera.recipes.settings import resolve_settings, tensorize_config
+from comera.recipes.settings import resolve_settings
 from comera.workloads import load_recipe
 
 __all__ = [
@@ -296,15 +295,10 @@ def _case(args: argparse.Namespace, method: str, cache: Path, rank: int | None =
     return _with_tokens(result, tokens_per_step(args.preset, args.batch))
 
 
-def _ladder_ranks(preset: str) -> list[int]:
-    settings = resolve_settings(load_recipe(_WORKLOAD).presets, preset, get_method("comera"))
-    return default_ladder(preset_rank(tensorize_config(settings)))
-
-
 def _run(name: str, args: argparse.Namespace, cache: Path) -> list[dict[str, Any]]:
     if name == "steps":
         return [_case(args, method, cache) for method in args.methods]
-    ranks = sorted(set(args.ladder or _ladder_ranks(args.preset)), reverse=True)
+    ranks = sorted(set(args.ladder or ladder_ranks(_WORKLOAD, args.preset)), reverse=True)
     return [_case(args, "dense", cache)] + [_case(args, "comera", cache, rank) for rank in ranks]
 
 

@@ -401,7 +401,7 @@ def format_markdown(runs: Sequence[MethodRun], primary: str) -> str:
             *(number(results.get(key)) for key, _ in _OPTIONAL_COLUMNS if key in optional),
             number(results["peak_memory_mib"]),
             f"{results['wall_time_s']:.0f}",
-            _note(item, primary),
+            _note(item, change_at_end),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -417,9 +417,9 @@ def _last_fifth(item: MethodRun, primary: str) -> float | None:
     return last_fifth_change(records, "loss" if "loss" in names else primary)
 
 
-def _note(item: MethodRun, primary: str) -> str:
+def _note(item: MethodRun, change_at_end: float | None) -> str:
     notes = ["reused"] if item.status == "reused" else []
-    plateau = at_plateau(_last_fifth(item, primary))
+    plateau = at_plateau(change_at_end)
     if plateau is not None:
         notes.append("plateau" if plateau else "not at a plateau")
     results = item.results or {}

@@ -49,11 +49,11 @@ import torch
 from torch import nn
 
 from comera.checks import check_bool, check_number
-from comera.nn.gated import check_tau
+from comera.nn.gated import GatedTrain, check_tau
 from comera.rank.size import gated_trains, total_size
 from comera.rank.step_hook import capturing_cuda_graph, holds_any, register_weak_step_hook
 from comera.rank.surrogate import SURROGATES, mean_gate_surrogate, size_surrogate
-from comera.rank.trim import choose_entries, hold_entries
+from comera.rank.trim import TrimChoice, choose_entries, hold_entries
 
 __all__ = [
     "RankAdaptation",
@@ -122,6 +122,15 @@ class LateStageEvent(Mapping):
 
     def __len__(self) -> int:
         return len(self._entries())
+
+
+def _masks_on_gates(named: list[tuple[str, GatedTrain]], choice: TrimChoice) -> dict[str, list[torch.Tensor]]:
+    """``{layer name: keep masks}`` of a :class:`~comera.rank.trim.TrimChoice` over the ``(name, train)``
+    pairs it was chosen for, each mask on its gate's device."""
+    return {
+        name: [mask.to(gate.device) for mask, gate in zip(masks, train.gate_list())]
+        for (name, train), masks in zip(named, choice.keep)
+    }
 
 
 @dataclass(frozen=True)
@@ -463,24 +472,27 @@ class RankAdaptation:
                 gate.masked_fill_(~mask.to(gate.device), 0.0)
 
     def _gradual_trim(self, step: int, size: int) -> LateStageEvent | None:
+        """Cut to the current part's budget at the first step of a part whose budget ``size`` exceeds;
+        otherwise hold the entries earlier cuts dropped at 0."""
+        event = None
         part = self._part()
-        if part <= self._trim_part:
+        if part > self._trim_part:
+            self._trim_part = part
+            event = self._cut_to(step, size, self._part_budget(part))
+        if event is None:
             self._zero_dropped()
-            return None
-        self._trim_part = part
-        budget = self._part_budget(part)
+        return event
+
+    def _cut_to(self, step: int, size: int, budget: float) -> LateStageEvent | None:
+        """A ``"partial_trim"`` of the live layers to ``budget`` (kept entries lifted to the hold floor), or
+        None when the size is within it or the search finds nothing smaller."""
         named = self._live_named_trains()
         if size <= budget or not named:
-            self._zero_dropped()
             return None
         choice = choose_entries([train for _, train in named], budget)
         if choice.size >= size:
-            self._zero_dropped()
             return None
-        masks = dict(self._keep or {})
-        for (name, train), keep in zip(named, choice.keep):
-            masks[name] = [mask.to(gate.device) for mask, gate in zip(keep, train.gate_list())]
-        self._keep = masks
+        self._keep = {**(self._keep or {}), **_masks_on_gates(named, choice)}
         hold_entries(
             [train for _, train in named], [self._keep[name] for name, _ in named], self._hold_floor()
         )
@@ -517,10 +529,7 @@ class RankAdaptation:
             above = choose_entries(trains, (1.0 + TARGET_TOLERANCE) * self.target_size)
             if abs(above.size - self.target_size) < abs(choice.size - self.target_size):
                 choice = above
-        self._keep = {
-            name: [mask.to(gate.device) for mask, gate in zip(masks, train.gate_list())]
-            for (name, train), masks in zip(named, choice.keep)
-        }
+        self._keep = _masks_on_gates(named, choice)
         self._hold()
         self._phase = "recover"
         if choice.size <= self._reach_size() and self.reached_at_step is None:
