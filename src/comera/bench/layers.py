@@ -10,8 +10,9 @@ violators are listed), and the B=4096, r=30 targets (TT auto at least 5x faster 
 faster than the published TT layer, :mod:`comera.bench.published_linear`). ``--memory default`` runs in a
 process that never calls :func:`comera.cpu.reuse_freed_memory`; ``--no-output-pool`` turns off the TT
 paths' output pool (:mod:`comera.tt.recycle`). ``TT merge, one GEMM`` is the merge order with each
-batch-sized GEMM as one threaded GEMM instead of one block of batch rows per thread
-(:mod:`comera.tt.blocked`). ``--write`` replaces the ``layers`` section
+batch-sized GEMM as one threaded ``torch.mm`` (neither blocks of batch rows per thread nor oneDNN's kernel,
+:mod:`comera.tt.blocked`); ``TT merge, no oneDNN`` the merge order with oneDNN's kernel left out of the
+measured choices (:mod:`comera.tt.onednn`). ``--write`` replaces the ``layers`` section
 of a markdown file. ``--layouts`` times, instead, each layer for every memory layout of its input and
 upstream gradient (contiguous, transposed, broadcast; :mod:`comera.bench.layer_layouts`), the tied head of
 the paper's word embedding included, and reports each layout's ratio to the contiguous time.
@@ -41,7 +42,7 @@ from comera.measure import (
     update_section,
 )
 from comera.nn.linear import TTLinear, TTMLinear
-from comera.tt.blocked import single_gemms
+from comera.tt.blocked import mkl_only, single_gemms
 from comera.tt.costs import ORDERS
 from comera.tt.paths import FACTORS
 from comera.tt.recycle import configure_output_pool
@@ -72,6 +73,14 @@ def _single_gemms(run):
     return run_unblocked
 
 
+def _mkl_only(run):
+    def run_without_onednn():
+        with mkl_only():
+            run()
+
+    return run_without_onednn
+
+
 def _merge_flops_and_bytes(batch: int, m: int, n: int, rank: int) -> tuple[float, float]:
     flops = 2 * 3 * batch * rank * (m + n)
     traffic = 4 * batch * (3 * m + 3 * n)
@@ -98,6 +107,7 @@ def run_layer_benchmark(shapes, batches, ranks, repeats: int) -> list[dict]:
                 fns = {"nn.Linear": _fwd_bwd(dense, x, upstream), "tt:auto": _fwd_bwd(tt, x, upstream)}
                 fns.update({f"tt:{order}": _fwd_bwd(layer, x, upstream) for order, layer in fixed.items()})
                 fns["tt:merge-one-gemm"] = _single_gemms(_fwd_bwd(fixed["merge"], x, upstream))
+                fns["tt:merge-mkl"] = _mkl_only(_fwd_bwd(fixed["merge"], x, upstream))
                 fns["tt:published"] = _fwd_bwd(PublishedTTLinear(fixed["merge"]), x, upstream)
                 fns["ttm:auto"] = _fwd_bwd(TTMLinear(m, n, rank=rank), x, upstream)
                 row = {"shape": f"{m}->{n}", "batch": batch, "rank": rank}
@@ -117,6 +127,7 @@ def run_layer_benchmark(shapes, batches, ranks, repeats: int) -> list[dict]:
 _COLUMNS = (
     "tt:merge",
     "tt:merge-one-gemm",
+    "tt:merge-mkl",
     "tt:factors",
     "tt:sequential",
     "tt:dense",
@@ -141,11 +152,12 @@ def _format_row(row: dict) -> str:
 def format_table(rows: list[dict]) -> str:
     """Markdown table: times in ms and speedups over ``nn.Linear`` (fwd+bwd, higher is faster)."""
     header = (
-        "| shape | B | r | nn.Linear ms | TT auto ms | TT merge | TT merge, one GEMM | TT factors "
+        "| shape | B | r | nn.Linear ms | TT auto ms | TT merge | TT merge, one GEMM | TT merge, no oneDNN "
+        "| TT factors "
         "| TT sequential "
         "| TT dense | TT auto | TT published | TTM auto | auto picks | picked / fastest order "
         "| auto / fastest TT | merge GFLOP/s | merge GB/s | nn.Linear GFLOP/s |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     return "\n".join([header, *(_format_row(row) for row in rows)])
 
@@ -306,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             "`picked / fastest order` divides the fixed-order time of the order auto picks by the fastest "
             "fixed-order time (the quality of the choice); `auto / fastest TT` times the auto layer itself, "
             "so it also carries run-to-run noise between identical computations. "
+            "`TT merge, one GEMM` runs every batch-sized GEMM as one `torch.mm`, `TT merge, no oneDNN` "
+            "leaves oneDNN's kernel out of the measured GEMM choices (`comera/tt/onednn.py`). "
             "GFLOP/s and GB/s count the 6 batch-sized GEMMs of the merge path and the minimal traffic "
             f"(read X twice, dY twice, write Y and dX). `TT published` is the paper code's layer rebuilt "
             "from its description (`comera/bench/published_linear.py`).\n\n"

@@ -1,4 +1,4 @@
-"""Batch-sized CPU GEMMs run as one batched GEMM over equal blocks of batch rows.
+"""Batch-sized CPU GEMMs of the merge path: one GEMM, equal blocks of batch rows, or oneDNN's kernel.
 
 The merge-first path (:mod:`comera.tt.contract`) multiplies batch-sized operands by thin rank-sized ones.
 Two of its GEMM shapes use a CPU's threads poorly when handed to the BLAS as one product while the
@@ -19,11 +19,14 @@ more than it gained, hence :data:`MIN_ROWS_PER_BLOCK`.
 
 These are the BLAS's threading choices on one machine, so whether a GEMM is split is measured on the
 machine: with autotuning on (the default, :mod:`comera.tt.autotune`), the first GEMM of each shape times one
-plain GEMM against one block per thread and keeps the faster. Without measuring (autotuning off,
+plain GEMM against one block per thread, and against oneDNN's kernel where it applies (float32 on CPU,
+:mod:`comera.tt.onednn`; the thin products ``X L`` and ``dY R^T`` too, :func:`thin_mm`), and keeps the
+fastest. Without measuring (autotuning off,
 deterministic algorithms, ``torch.compile``), :func:`rule_blocks` decides from the Xeon's measurements:
 GEMMs whose width ``n`` is below :data:`MAX_WIDTH` are split. Only CPU tensors are split, and not while
-``torch.compile`` traces. Inside :func:`single_gemms` every product is one plain GEMM again
-(``comera bench layers`` times both).
+``torch.compile`` traces, and oneDNN's kernel is never the estimate. Inside :func:`single_gemms` every
+product is one plain ``torch.mm`` again, inside :func:`mkl_only` oneDNN's kernel is left out (``comera
+bench layers`` times all three).
 
 Index legend:
     s      block of batch rows (one per thread)
@@ -40,15 +43,19 @@ from contextlib import contextmanager
 import torch
 
 from comera.tt.autotune import size_bucket, tuned
+from comera.tt.onednn import onednn_mm, onednn_usable
 
 __all__ = [
     "MAX_WIDTH",
     "MIN_ROWS_PER_BLOCK",
-    "batch_blocks",
-    "rule_blocks",
-    "blocked_mm_into",
+    "ONEDNN",
     "blocked_batch_sum_mm",
+    "blocked_mm_into",
+    "gemm_choice",
+    "mkl_only",
+    "rule_blocks",
     "single_gemms",
+    "thin_mm",
 ]
 
 MIN_ROWS_PER_BLOCK = 512
@@ -57,18 +64,35 @@ MIN_ROWS_PER_BLOCK = 512
 MAX_WIDTH = 1024
 """GEMMs whose feature width is this or more run as one GEMM (module docstring)."""
 
+ONEDNN = "onednn"
+"""The :func:`gemm_choice` that runs a product by oneDNN's kernel (:mod:`comera.tt.onednn`)."""
+
 _single_gemm_depth = 0
+_mkl_only_depth = 0
 
 
 @contextmanager
 def single_gemms() -> Iterator[None]:
-    """Within this block (process-wide, nestable), every product of this module is one plain GEMM."""
+    """Within this block (process-wide, nestable), every product of this module is one plain ``torch.mm``
+    GEMM (neither row blocks nor oneDNN's kernel)."""
     global _single_gemm_depth
     _single_gemm_depth += 1
     try:
         yield
     finally:
         _single_gemm_depth -= 1
+
+
+@contextmanager
+def mkl_only() -> Iterator[None]:
+    """Within this block (process-wide, nestable), no product of this module is measured with or run by
+    oneDNN's kernel (row blocks are still measured): ``comera bench layers`` times the layer both ways."""
+    global _mkl_only_depth
+    _mkl_only_depth += 1
+    try:
+        yield
+    finally:
+        _mkl_only_depth -= 1
 
 
 def rule_blocks(rows: int, width: int, device: torch.device) -> int:
@@ -83,28 +107,55 @@ def rule_blocks(rows: int, width: int, device: torch.device) -> int:
     return min(torch.get_num_threads(), rows // MIN_ROWS_PER_BLOCK) if width < MAX_WIDTH else 1
 
 
-def batch_blocks(kind: str, first: torch.Tensor, second: torch.Tensor, run: Callable[[int], object]) -> int:
-    """How many row blocks this call's GEMM runs in: :func:`rule_blocks`'s estimate, or, with autotuning on
-    (:mod:`comera.tt.autotune`) and a split possible, the faster of one GEMM and one block per thread,
-    measured with ``run(blocks)`` at the first call of the shape (``kind``, the batch's power-of-two range,
-    the other dimensions, the thread count, the dtype)."""
-    rows = first.shape[0] if kind == "rows" else second.shape[0]
-    inner, width = first.shape[1] if kind == "rows" else first.shape[0], second.shape[1]
-    estimate = rule_blocks(rows, width, first.device)
+def _layout(tensor: torch.Tensor) -> str:
+    """``"c"`` for a contiguous matrix, ``"t"`` for a transposed contiguous one, ``"s"`` otherwise."""
+    if tensor.is_contiguous():
+        return "c"
+    return "t" if tensor.t().is_contiguous() else "s"
+
+
+def gemm_choice(
+    kind: str,
+    first: torch.Tensor,
+    second: torch.Tensor,
+    run: Callable[[int | str], object],
+    split: bool = True,
+) -> int | str:
+    """How this call's GEMM runs: a number of row blocks (1: one plain ``torch.mm``) or :data:`ONEDNN`.
+
+    Without measuring, :func:`rule_blocks`'s estimate (1 where ``split`` is False). With autotuning on
+    (:mod:`comera.tt.autotune`), the fastest of one GEMM, one block per thread (where ``split`` allows and
+    the batch has the rows) and oneDNN's kernel (where :func:`comera.tt.onednn.onednn_usable` accepts the
+    operands and :func:`mkl_only` is not in force), measured with ``run(choice)`` at the first call of the
+    shape: ``kind`` (``"rows"``: batch rows in ``first``; ``"summed"``: the batch is the summed dimension;
+    ``"thin"``: batch rows, never split), the batch's power-of-two range, the other dimensions, the
+    operands' layouts, the thread count and the dtype."""
+    rows = second.shape[0] if kind == "summed" else first.shape[0]
+    inner, width = first.shape[0] if kind == "summed" else first.shape[1], second.shape[1]
+    estimate = rule_blocks(rows, width, first.device) if split else 1
     if first.device.type != "cpu" or _single_gemm_depth or torch.compiler.is_compiling():
         return estimate  # get_num_threads() inside a trace would break fullgraph compiles
     threads = torch.get_num_threads()
-    split = min(threads, rows // MIN_ROWS_PER_BLOCK)
-    if split < 2:
+    candidates: list[int | str] = [1]
+    blocks = min(threads, rows // MIN_ROWS_PER_BLOCK)
+    if split and blocks >= 2:
+        candidates.append(blocks)
+    if not _mkl_only_depth and onednn_usable(first, second):
+        candidates.append(ONEDNN)
+    if len(candidates) < 2:
         return estimate
-    key = ("blocked", kind, size_bucket(rows), inner, width, threads, first.dtype)
-    return tuned(key, lambda: (1, split), estimate, run, first.device)
+    layouts = (_layout(first), _layout(second))
+    key = ("gemm", kind, size_bucket(rows), inner, width, *layouts, threads, first.dtype)
+    return tuned(key, lambda: tuple(candidates), estimate, run, first.device)
 
 
-def _mm_into_blocks(first: torch.Tensor, second: torch.Tensor, out: torch.Tensor, blocks: int) -> None:
+def _mm_into_blocks(
+    first: torch.Tensor, second: torch.Tensor, out: torch.Tensor, blocks: int | str
+) -> torch.Tensor:
+    if blocks == ONEDNN:
+        return onednn_mm(first, second)
     if blocks == 1:
-        torch.mm(first, second, out=out)
-        return
+        return torch.mm(first, second, out=out)
     rows = first.shape[0]
     size = rows // blocks
     whole = size * blocks
@@ -115,19 +166,34 @@ def _mm_into_blocks(first: torch.Tensor, second: torch.Tensor, out: torch.Tensor
     )
     if whole < rows:
         torch.mm(first[whole:], second, out=out[whole:])
-
-
-def blocked_mm_into(first: torch.Tensor, second: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out = first @ second`` for ``first`` ``(B, k)``, ``second`` ``(k, n)``, contiguous ``out``
-    ``(B, n)``, computed block of rows by block of rows in one batched GEMM (``s b k, s k n -> s b n``, the
-    same ``second`` for every block; :func:`batch_blocks` says how many); rows past the last whole block by
-    a plain GEMM. Returns ``out``."""
-    blocks = batch_blocks("rows", first, second, lambda count: _mm_into_blocks(first, second, out, count))
-    _mm_into_blocks(first, second, out, blocks)
     return out
 
 
-def _batch_sum_blocks(first: torch.Tensor, second: torch.Tensor, blocks: int) -> torch.Tensor:
+def blocked_mm_into(first: torch.Tensor, second: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``first @ second`` for ``first`` ``(B, k)``, ``second`` ``(k, n)``, into the contiguous ``out``
+    ``(B, n)``, block of rows by block of rows in one batched GEMM (``s b k, s k n -> s b n``, the same
+    ``second`` for every block; :func:`gemm_choice` says how many), rows past the last whole block by a plain
+    GEMM. Returns ``out``, or a new tensor where oneDNN's kernel was measured faster for the shape."""
+    choice = gemm_choice("rows", first, second, lambda count: _mm_into_blocks(first, second, out, count))
+    return _mm_into_blocks(first, second, out, choice)
+
+
+def thin_mm(first: torch.Tensor, second: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``first @ second`` for ``first`` ``(B, k)`` and a thin ``second`` ``(k, n)`` (a rank-sized ``n``): one
+    GEMM, by ``torch.mm`` (into ``out`` where given) or by oneDNN's kernel where it was measured faster for
+    the shape (:func:`gemm_choice`, kind ``"thin"``; then a new tensor)."""
+
+    def run(choice: int | str) -> torch.Tensor:
+        if choice == ONEDNN:
+            return onednn_mm(first, second)
+        return torch.mm(first, second) if out is None else torch.mm(first, second, out=out)
+
+    return run(gemm_choice("thin", first, second, run, split=False))
+
+
+def _batch_sum_blocks(first: torch.Tensor, second: torch.Tensor, blocks: int | str) -> torch.Tensor:
+    if blocks == ONEDNN:
+        return onednn_mm(first, second)
     if blocks == 1:
         return first @ second
     rows = second.shape[0]
@@ -146,7 +212,8 @@ def _batch_sum_blocks(first: torch.Tensor, second: torch.Tensor, blocks: int) ->
 def blocked_batch_sum_mm(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     """``first @ second`` for ``first`` ``(k, B)`` and ``second`` ``(B, n)``, the batch ``B`` being the
     summed dimension: one partial product per block of batch rows in one batched GEMM
-    (``s k b, s b n -> s k n``; :func:`batch_blocks` says how many blocks), then their sum over ``s``; rows
-    past the last whole block are added by a plain GEMM. Returns a new ``(k, n)`` tensor."""
-    blocks = batch_blocks("summed", first, second, lambda count: _batch_sum_blocks(first, second, count))
+    (``s k b, s b n -> s k n``; :func:`gemm_choice` says how many blocks, or oneDNN's kernel in one product),
+    then their sum over ``s``; rows past the last whole block are added by a plain GEMM. Returns a new
+    ``(k, n)`` tensor."""
+    blocks = gemm_choice("summed", first, second, lambda count: _batch_sum_blocks(first, second, count))
     return _batch_sum_blocks(first, second, blocks)

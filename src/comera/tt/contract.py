@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import torch
 from torch.autograd.function import once_differentiable
 
-from comera.tt.blocked import blocked_batch_sum_mm, blocked_mm_into
+from comera.tt.blocked import blocked_batch_sum_mm, blocked_mm_into, thin_mm
 from comera.tt.merge import (
     fold_gates,
     merge_tt_left_backward,
@@ -64,11 +64,14 @@ def _plain_gemm(ctx, first: torch.Tensor, second: torch.Tensor) -> bool:
     return ctx.autocast_enabled or first.dtype != second.dtype
 
 
-def _product(ctx, name: str, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-    """``first @ second`` into the call's workspace buffer ``name`` (a fresh tensor without a workspace)."""
+def _thin_product(ctx, first: torch.Tensor, second: torch.Tensor, name: str | None = None) -> torch.Tensor:
+    """``first @ second`` with a thin (rank-sized) ``second``, by the GEMM kernel measured fastest for the
+    shape (:func:`comera.tt.blocked.thin_mm`); into the call's workspace buffer ``name`` where ``torch.mm``
+    runs and a name is given (a fresh tensor otherwise)."""
     if _plain_gemm(ctx, first, second):
         return first @ second
-    return torch.mm(first, second, out=scratch(ctx.workspace, name, (first.shape[0], second.shape[1]), first))
+    out = None if name is None else scratch(ctx.workspace, name, (first.shape[0], second.shape[1]), first)
+    return thin_mm(first, second, out)
 
 
 def _output_product(ctx, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
@@ -90,7 +93,7 @@ def _batch_sum_product(ctx, first: torch.Tensor, second: torch.Tensor) -> torch.
 
 def _low_rank_forward(ctx, x, left, right, bias):
     """``(out, inner)``: ``out = [X L, 1] @ [R; b]``, ``inner = X L`` (ones column appended if biased)."""
-    inner = x @ left
+    inner = _thin_product(ctx, x, left)
     if bias is not None:
         inner = torch.nn.functional.pad(inner, (0, 1), value=1.0)
         right = torch.cat([right, bias.unsqueeze(0)], dim=0)
@@ -110,7 +113,7 @@ def _low_rank_backward(ctx, grad_out, x, inner, left, right, needs):
     needs_x, needs_left, needs_right, needs_bias = needs
     grad_x = grad_left = grad_right = grad_bias = None
     if needs_x or needs_left:
-        projected = _product(ctx, "projected", grad_out, right[:rank].t())
+        projected = _thin_product(ctx, grad_out, right[:rank].t(), "projected")
         if needs_x:
             grad_x = _output_product(ctx, projected, left.t())
         if needs_left:
