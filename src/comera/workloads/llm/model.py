@@ -120,10 +120,9 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     # GaLore's llama_60m: 8 layers, width 512, 8 heads, SwiGLU 1376, 32000 tokens, 256-token sequences,
     # untied head: 58.07M parameters (2 * 32000 * 512 in the tables, 3.16M per block).
     "paper": {},
-    # GaLore's llama_20m shape (4 layers, width 256, SwiGLU 688) with an 8192-token vocabulary: 7.4M
-    # parameters, sized for a CPU run of about 15 minutes per method on 2 cores (to be measured with the
-    # recipe, which comes later).
-    "small": {"vocab_size": 8192, "hidden_size": 256, "n_layers": 4, "n_heads": 4, "intermediate_size": 688},
+    # GaLore's llama_9m shape (4 layers, width 128, SwiGLU 352) with a 4096-token vocabulary: 1.85M
+    # parameters, small enough that 2 CPU cores train it to a plateau in about 15 minutes (docs/llm.md).
+    "small": {"vocab_size": 4096, "hidden_size": 128, "n_layers": 4, "n_heads": 4, "intermediate_size": 352},
     # Tests: two tiny blocks; 88 = 8 x 11 keeps a prime factor in the MLP width, as 1376 = 32 x 43 does.
     "smoke": {
         "vocab_size": 96,

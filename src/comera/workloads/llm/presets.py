@@ -92,7 +92,7 @@ TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
         linear_rank=32, embedding_rank=32, width=(8, 8, 8), mlp=(4, 8, 43), rows=(40, 20, 40)
     ),
     "llm-small": llm_tensorize_config(
-        linear_rank=16, embedding_rank=16, width=(4, 8, 8), mlp=(4, 4, 43), rows=(16, 16, 32)
+        linear_rank=32, embedding_rank=32, width=(4, 4, 8), mlp=(4, 8, 11), rows=(16, 16, 16)
     ),
     "llm-smoke": llm_tensorize_config(linear_rank=4, embedding_rank=4, width=(4, 8), mlp=(8, 11), rows=None),
     "llm-hf-llama": TensorizeConfig(
@@ -166,28 +166,28 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
             "apollo": {"method": APOLLO_MINI},
         },
     },
-    # GaLore's llama_20m shape with an 8192-token BPE, on 8 MB of the standard library and the topics;
-    # 1800 steps: about 15 minutes for dense (0.50 s a step) and 7 for comera (0.23 s) on 2 idle cores,
-    # estimated from 20 steps (docs/llm.md)
+    # GaLore's llama_9m shape with a 4096-token BPE, on 24 MB of the standard library and the topics (6.6M
+    # training tokens); 4800 steps (9.8M tokens, 1.5 passes): about 15 minutes for dense (0.18 s a step) on 2
+    # idle cores, long enough for the validation loss to settle (docs/llm.md)
     "small": {
         "model": {"preset": "small", "tie_embeddings": False},
-        "data": _data(8192, 256, max_bytes=8_000_000, max_validation_blocks=64),
+        "data": _data(4096, 256, max_bytes=24_000_000, max_validation_blocks=64),
         "train": {
             "unit": "step",
-            "early": 1400,
-            "late": 400,
+            "early": 3800,
+            "late": 1000,
             "batch_size": 8,
             "drop_last": True,
             "lr_other": 1e-3,
             "grad_clip": 1.0,
             **_COSINE,
-            "eval_every": 200,
-            "checkpoint_every": 200,
-            "log_every": 20,
+            "eval_every": 400,
+            "checkpoint_every": 400,
+            "log_every": 50,
         },
         "tensorize": {"preset": "llm-small"},
         "method": {
-            "comera": {"method": {"target_ratio": 0.5, "lr_cores": 1e-3, "lr_gates": 1e-3}},
+            "comera": {"method": {"target_ratio": 0.8, "lr_cores": 1e-3, "lr_gates": 1e-3}},
             "apollo": {"method": APOLLO_MINI},
         },
     },
