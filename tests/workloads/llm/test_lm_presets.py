@@ -9,6 +9,7 @@ from torch import nn
 import comera
 from comera.tensorize_config import preset_names, tensorize_preset
 from comera.workloads.llm.model import LlamaLM
+from comera.workloads.llm.presets import RECIPE_PRESETS
 
 TARGETS = ("attention.q", "attention.k", "attention.v", "attention.o", "mlp.gate", "mlp.up", "mlp.down")
 
@@ -28,14 +29,16 @@ def test_presets_are_registered_when_the_model_module_is_imported():
 @pytest.mark.parametrize("tie", [False, True])
 def test_every_projection_becomes_tt_and_the_embedding_ttm(preset, tie):
     model = tensorized(preset, tie_embeddings=tie)
-    assert [name for name, m in model.named_modules() if isinstance(m, nn.Linear)] == []
+    dense_head = preset == "small" and not tie  # the small preset keeps an untied head dense
+    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert linears == (["lm_head"] if dense_head else [])
     for block in model.blocks:
         for name in TARGETS:
             assert isinstance(block.get_submodule(name), comera.TTLinear), name
     assert isinstance(model.embed, comera.TTMEmbedding)
     if tie:
         assert isinstance(model.lm_head, comera.TTMTiedHead) and model.lm_head.embedding is model.embed
-    else:
+    elif not dense_head:
         assert isinstance(model.lm_head, comera.TTLinear)
 
 
@@ -63,19 +66,22 @@ def test_the_docstring_table_of_1376_layouts_is_what_tt_linear_builds():
     assert (sum(core.numel() for core in automatic.cores), automatic.max_ranks[-1]) == (30385, 9)
 
 
-@pytest.mark.parametrize("preset, at_least", [("paper", 5.0), ("small", 5.0)])
+@pytest.mark.parametrize("preset, at_least", [("paper", 5.0), ("small", 3.5)])
 def test_tensorized_layers_are_compressed_at_least_5x(preset, at_least):
+    """At the start ``paper`` is >= 5x, ``small`` (rank 32 at width 128, head dense) >= 3.5x; the late
+    stage's target (a fraction of the size) takes both to >= 5x."""
     with torch.device("meta"):
         dense = LlamaLM.from_preset(preset)
-    targeted = sum(
-        module.weight.numel()
-        for name, module in dense.named_modules()
-        if isinstance(module, (nn.Linear, nn.Embedding)) and name != ""
-    )
     model = tensorized(preset)
+    converted = {
+        name for name, m in model.named_modules() if isinstance(m, (comera.TTLinear, comera.TTMEmbedding))
+    }
+    targeted = sum(module.weight.numel() for name, module in dense.named_modules() if name in converted)
     layers = [m for m in model.modules() if isinstance(m, (comera.TTLinear, comera.TTMEmbedding))]
     stored = sum(core.numel() for layer in layers for core in layer.cores)
     assert targeted / stored >= at_least
+    target_ratio = RECIPE_PRESETS[preset]["method"]["comera"]["method"]["target_ratio"]
+    assert targeted / (stored * target_ratio) >= 5.0
 
 
 def test_a_tensorized_model_returns_logits_that_are_no_view():
