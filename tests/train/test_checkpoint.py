@@ -11,8 +11,16 @@ import torch
 from kill_child import kill_trainer
 from tiny import loss_fn, make_data, make_model
 
+from comera.atomic import remove_stale_temporaries
 from comera.train import TrainConfig, Trainer, latest_checkpoint, load_checkpoint, read_metrics
-from comera.train.checkpoint import capture_rng, list_checkpoints, restore_rng, save_checkpoint
+from comera.train.checkpoint import (
+    capture_rng,
+    checkpoint_path,
+    list_checkpoints,
+    remove_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 
 CHILD = Path(__file__).with_name("kill_child.py")
 
@@ -120,3 +128,28 @@ def test_rng_states_round_trip_through_a_weights_only_file(tmp_path):
     restore_rng(load_checkpoint(tmp_path / "rng.pt")["rng"])
     got = (torch.rand(4), random.random(), np.random.rand(2))
     assert torch.equal(got[0], expected[0]) and got[1] == expected[1] and (got[2] == expected[2]).all()
+
+
+def test_sharded_folders_are_listed_read_and_removed_beside_files(tmp_path):
+    payload = {"format": "comera-train-checkpoint", "value": torch.arange(3)}
+    save_checkpoint(payload, checkpoint_path(tmp_path, 4))
+    folder = checkpoint_path(tmp_path, 8, sharded=True)
+    folder.mkdir()
+    save_checkpoint(payload, folder / "trainer.pt")
+    (folder / "__0_0.distcp").write_bytes(b"shard")
+    incomplete = checkpoint_path(tmp_path, 12, sharded=True)
+    incomplete.mkdir()  # a folder without its trainer state: listed, but not readable
+    staging = tmp_path / f".{checkpoint_path(tmp_path, 16, sharded=True).name}.{'ab' * 16}.tmp"
+    staging.mkdir()
+    (tmp_path / "step-00000020.dcp").write_bytes(b"a file with a folder's name")
+    assert list_checkpoints(tmp_path) == [(4, tmp_path / "step-00000004.pt"), (8, folder), (12, incomplete)]
+    loaded = load_checkpoint(folder)
+    assert loaded["shards"] == str(folder) and torch.equal(loaded["value"], torch.arange(3))
+    assert "shards" not in load_checkpoint(checkpoint_path(tmp_path, 4))
+    with pytest.raises(ValueError, match="not a readable checkpoint"):
+        load_checkpoint(incomplete)
+    assert remove_stale_temporaries(tmp_path) == [staging]
+    remove_checkpoint(folder)
+    remove_checkpoint(checkpoint_path(tmp_path, 4))
+    remove_checkpoint(checkpoint_path(tmp_path, 4))  # gone already: nothing happens
+    assert list_checkpoints(tmp_path) == [(12, incomplete)]

@@ -1,7 +1,7 @@
 """FSDP2 on 2 CPU processes (gloo): the tiny comera model with its dense head sharded and its TT layers
 replicated trains as one process on the combined batches does (early stage, prune, late stage), including the
-evaluation; its checkpoints hold the whole state, so a sharded run resumes in one process and a
-one-process run resumes sharded; refused settings name themselves."""
+evaluation; its checkpoints are torch.distributed.checkpoint folders, each rank writing its shards, and a
+sharded run resumes in one process and a one-process run resumes sharded; refused settings name themselves."""
 
 import pytest
 import torch
@@ -55,6 +55,15 @@ def test_a_sharded_run_resumes_in_one_process_and_the_other_way(tmp_path, refere
     ranks = two_ranks(tmp_path, "first", run_dir=sharded, parallel="fsdp", callback=("stop", STOP_AT))
     assert [code for code, _ in ranks] == [0, 0], [saved["error"] for _, saved in ranks]
     assert checkpoint_steps(sharded)[-1] == STOP_AT
+    folders = sorted((sharded / "checkpoints").iterdir())
+    assert folders and all(path.is_dir() and path.name.endswith(".dcp") for path in folders)
+    for folder in folders:  # each rank wrote its own shards; rank 0 the index and the trainer state
+        assert sorted(path.name for path in folder.iterdir()) == [
+            ".metadata",
+            "__0_0.distcp",
+            "__1_0.distcp",
+            "trainer.pt",
+        ]
     assert_same_end(train(sharded, resume=True), reference)
 
     single = tmp_path / "single"

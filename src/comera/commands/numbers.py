@@ -14,12 +14,14 @@ __all__ = ["milliseconds", "number", "times"]
 
 
 def number(value: object) -> str:
-    """``value`` with four significant digits if a float, as ``str`` otherwise; ``"-"`` for None, ``"nan"``
-    for NaN."""
+    """``value`` with four significant digits if a float (a whole number with thousands separators from 10,000
+    on, e.g. tokens per second), as ``str`` otherwise; ``"-"`` for None, ``"nan"`` for NaN."""
     if value is None:
         return "-"
     if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.4g}"
+        if math.isnan(value):
+            return "nan"
+        return f"{value:,.0f}" if math.isfinite(value) and abs(value) >= 1e4 else f"{value:.4g}"
     return str(value)
 
 

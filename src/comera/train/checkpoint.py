@@ -6,9 +6,11 @@ A checkpoint is a dict of tensors and plain Python values only (no pickled objec
 same folder, is flushed and fsynced, then renamed over the final name, and the folder is fsynced, so a crash
 leaves either the old set of checkpoints or the new one, never a torn file.
 
-The file holds the whole state whatever the number of processes that wrote it (under FSDP the Trainer
-gathers it on rank 0 first: :func:`comera.train.fsdp.full_state`), so any number of processes resumes from
-it.
+The file holds the whole state whatever the number of processes that wrote it, so any number of processes
+resumes from it. A sharded (FSDP) run writes a folder ``step-XXXXXXXX.dcp`` instead, each rank its own
+shards (:mod:`comera.train.sharded_checkpoint`); :func:`list_checkpoints` lists both kinds and
+:func:`load_checkpoint` reads a folder's ``trainer.pt``, whose payload then names the folder under
+``"shards"`` in place of ``"model"`` and ``"optimizer"``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +30,14 @@ from comera.atomic import atomic_write
 __all__ = [
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_VERSION",
+    "SHARDED_SUFFIX",
+    "TRAINER_FILE",
     "checkpoint_path",
     "list_checkpoints",
     "latest_checkpoint",
     "save_checkpoint",
     "load_checkpoint",
+    "remove_checkpoint",
     "capture_rng",
     "restore_rng",
     "NoReadableCheckpointError",
@@ -39,7 +45,11 @@ __all__ = [
 
 CHECKPOINT_FORMAT = "comera-train-checkpoint"
 CHECKPOINT_VERSION = 1
-_NAME = re.compile(r"step-(\d{8,})\.pt")
+SHARDED_SUFFIX = ".dcp"
+"""The name ending of a sharded checkpoint folder (``step-XXXXXXXX.dcp``)."""
+_NAME = re.compile(r"step-(\d{8,})\.(pt|dcp)")
+TRAINER_FILE = "trainer.pt"
+"""The file of a sharded checkpoint folder that holds everything but the model and optimizer state."""
 
 
 class NoReadableCheckpointError(ValueError):
@@ -55,22 +65,32 @@ class NoReadableCheckpointError(ValueError):
         )
 
 
-def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
-    """The file name of the checkpoint taken after ``step`` steps."""
-    return Path(directory) / f"step-{step:08d}.pt"
+def checkpoint_path(directory: str | os.PathLike, step: int, sharded: bool = False) -> Path:
+    """The name of the checkpoint taken after ``step`` steps: a file, or a folder for a ``sharded`` one."""
+    return Path(directory) / f"step-{step:08d}{SHARDED_SUFFIX if sharded else '.pt'}"
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every checkpoint in ``directory``, oldest first (empty if there is no folder)."""
+    """``(step, path)`` of every checkpoint in ``directory`` (files and sharded folders), oldest first (empty
+    if there is no folder); of a file and a folder for the same step, the folder comes last."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
     found = []
     for path in directory.iterdir():
         match = _NAME.fullmatch(path.name)
-        if match:
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+        if match and (path.is_dir() if match.group(2) == "dcp" else path.is_file()):
+            found.append((int(match.group(1)), match.group(2) == "dcp", path))
+    return [(step, path) for step, _, path in sorted(found)]
+
+
+def remove_checkpoint(path: str | os.PathLike) -> None:
+    """Delete the checkpoint file or sharded folder ``path`` (nothing if it is gone)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
@@ -85,8 +105,15 @@ def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike) -> Path:
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a checkpoint with ``torch.load(weights_only=True)`` onto the CPU and check its format."""
+    """Read a checkpoint with ``torch.load(weights_only=True)`` onto the CPU and check its format; for a
+    sharded folder its ``trainer.pt``, with ``"shards"`` set to the folder (module docstring)."""
     path = Path(path)
+    if path.is_dir():
+        payload = load_checkpoint(path / TRAINER_FILE) if (path / TRAINER_FILE).is_file() else None
+        if payload is None:
+            raise ValueError(f"{path}: not a readable checkpoint, no {TRAINER_FILE} in the sharded folder")
+        payload["shards"] = str(path)
+        return payload
     if not path.is_file():
         raise FileNotFoundError(f"{path}: checkpoint file not found")
     try:

@@ -14,8 +14,9 @@ Gradients of sharded parameters are ``DTensor`` s: :func:`grad_norm` and :func:`
 global norm over both kinds. :func:`gathered` unshards the model for evaluation, so ranks may evaluate a
 different number of batches without collective calls. :func:`full_state` and :func:`load_full_state` move the
 whole model and optimizer state through :mod:`torch.distributed.checkpoint.state_dict` in the layout of a
-single process (optimizer state keyed by parameter position), so a checkpoint written by N processes,
-sharded or not, resumes in M.
+single process (optimizer state keyed by parameter position): ``Trainer.state_dict()`` and single-file
+checkpoints of one-process or DDP runs loaded into a sharded run. A sharded run's own checkpoints are
+folders of per-rank shards (:mod:`comera.train.sharded_checkpoint`).
 """
 
 from __future__ import annotations

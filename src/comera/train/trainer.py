@@ -62,6 +62,7 @@ from comera.train.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    remove_checkpoint,
     restore_rng,
     save_checkpoint,
 )
@@ -85,6 +86,7 @@ from comera.train.parallel import all_true, lost_rank, peer_failure, per_rank_va
 from comera.train.records import StepWindow, train_record
 from comera.train.schedule import apply_lr_schedule, lr_factor
 from comera.train.setup import batches_for, check_arguments, default_optimizer, graph_step_for
+from comera.train.sharded_checkpoint import load_sharded_state, save_sharded_checkpoint
 from comera.version import __version__
 
 __all__ = ["Trainer", "FitResult"]
@@ -623,18 +625,20 @@ class Trainer:
         whole model and optimizer state, which only rank 0 receives (the other ranks' ``"model"`` and
         ``"optimizer"`` are empty).
         """
-        rng_per_rank = gather_objects(capture_rng())
         if self._sharded:
             model_state, optimizer_state = full_state(self.module, self.optimizer)
         else:
             model_state, optimizer_state = self.module.state_dict(), self.optimizer.state_dict()
+        return {**self._trainer_state(), "model": model_state, "optimizer": optimizer_state}
+
+    def _trainer_state(self) -> dict[str, Any]:
+        """Everything of :meth:`state_dict` but the model and optimizer state; collective under DDP/FSDP."""
+        rng_per_rank = gather_objects(capture_rng())
         return {
             "format": CHECKPOINT_FORMAT,
             "format_version": CHECKPOINT_VERSION,
             "library_version": __version__,
-            "model": model_state,
             "structure": self.objective.structure(),
-            "optimizer": optimizer_state,
             "objective": self.objective.state_dict(),
             "progress": {
                 "step": self.step,
@@ -649,18 +653,23 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> Path:
-        """Write the state after the current step atomically; keep the newest ``keep_checkpoints`` files.
+        """Write the state after the current step atomically; keep the newest ``keep_checkpoints``.
 
-        Under DDP every rank calls it; rank 0 writes, and all ranks wait until the file is in place.
+        Under DDP every rank calls it; rank 0 writes one file, and all ranks wait until it is in place. Under
+        FSDP every rank writes its own shards into one folder (:mod:`comera.train.sharded_checkpoint`).
         """
         if self.checkpoint_dir is None:
             raise ValueError("no checkpoint folder: set config.run_dir or config.checkpoint_dir")
-        path = checkpoint_path(self.checkpoint_dir, self.step)
-        payload = self.state_dict()
+        path = checkpoint_path(self.checkpoint_dir, self.step, sharded=self._sharded)
+        if self._sharded:
+            save_sharded_checkpoint(path, self.module, self.optimizer, self._trainer_state())
+        elif self.process_rank == 0:
+            save_checkpoint(self.state_dict(), path)
+        else:
+            self.state_dict()  # the RNG states are gathered collectively
         if self.process_rank == 0:
-            save_checkpoint(payload, path)
             for _, old in list_checkpoints(self.checkpoint_dir)[: -self.config.keep_checkpoints]:
-                old.unlink(missing_ok=True)
+                remove_checkpoint(old)
         barrier()
         return path
 
@@ -669,7 +678,11 @@ class Trainer:
         if rewrap:
             self._drop_ddp_wrapper()
         self.objective.apply_structure(payload["structure"], self.optimizer)
-        if self._sharded:
+        if "shards" in payload:
+            load_sharded_state(payload["shards"], self.module, self.optimizer)
+            if self._sharded:
+                unfuse_mixed_groups(self.optimizer)
+        elif self._sharded:
             load_full_state(self.module, self.optimizer, payload["model"], payload["optimizer"])
         else:
             self.module.load_state_dict(payload["model"])

@@ -1,0 +1,116 @@
+"""Checkpoints of a sharded (FSDP2) run as ``torch.distributed.checkpoint`` folders: every rank writes its own
+shards, and any number of processes, sharded or not, reads them back.
+
+A sharded checkpoint is a folder ``step-XXXXXXXX.dcp`` holding
+
+- the model and optimizer state saved with ``torch.distributed.checkpoint.save`` (DCP): each rank writes the
+  shards it owns (``__R_0.distcp``), rank 0 the index (``.metadata``); keys are parameter names for both
+  (the optimizer state as ``torch.distributed.checkpoint.state_dict.get_state_dict`` names it), so the
+  layout does not depend on the number of processes;
+- ``trainer.pt``, everything else (structure of the pruned ranks, objective, progress, guard, RNG states,
+  config), written by rank 0 with ``torch.save`` in the format of :mod:`comera.train.checkpoint` with no
+  ``"model"`` and ``"optimizer"`` entries.
+
+Atomic as a single file: all ranks write into a hidden staging folder beside the target (``.NAME.<hex>.tmp``,
+the pattern :func:`comera.atomic.remove_stale_temporaries` cleans up), rank 0 adds ``trainer.pt``, syncs the
+folder and renames it into place once every rank has finished, so a resume sees a complete checkpoint or
+none. Loading (:func:`load_sharded_state`) runs after the model has been given the checkpoint's pruned
+shapes: it asks the model and optimizer for their own state dict (sharded ``DTensor`` s under FSDP, plain
+tensors otherwise), lets DCP fill it from whatever shards the folder holds (resharding from N processes to
+M), and loads it back. Not used for one-process or DDP runs, whose checkpoints stay single files; those are
+read by sharded runs too (:func:`comera.train.fsdp.load_full_state`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from comera.atomic import atomic_write
+from comera.train.checkpoint import TRAINER_FILE
+from comera.train.distributed import barrier, is_distributed
+
+__all__ = ["load_sharded_state", "save_sharded_checkpoint"]
+
+
+def _dcp():
+    """``torch.distributed.checkpoint`` and its ``state_dict`` helpers, imported on first use (about a
+    second, which runs that never shard should not pay)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import state_dict
+
+    return dcp, state_dict
+
+
+def _shared_token() -> str:
+    """A random hex token, the same on every rank (rank 0's, broadcast)."""
+    token = [uuid.uuid4().hex]
+    if is_distributed():
+        dist.broadcast_object_list(token, src=0)
+    return token[0]
+
+
+def _fsync_folder(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def save_sharded_checkpoint(
+    path: str | os.PathLike,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict[str, Any],
+) -> Path:
+    """Write the checkpoint folder ``path``: the model and optimizer state by DCP, ``trainer_state`` (read
+    on rank 0 only) as ``trainer.pt``; collective, every rank calls it. Returns ``path``.
+
+    A folder already at ``path`` (the same step saved again) is replaced.
+    """
+    dcp, state_dict = _dcp()
+    path = Path(path)
+    staging = path.parent / f".{path.name}.{_shared_token()}.tmp"
+    model_state, optimizer_state = state_dict.get_state_dict(module, optimizer)
+    dcp.save(
+        {"model": model_state, "optimizer": optimizer_state},
+        checkpoint_id=str(staging),
+        no_dist=not is_distributed(),
+    )
+    barrier()
+    if not is_distributed() or dist.get_rank() == 0:
+        atomic_write(staging / TRAINER_FILE, lambda file: torch.save(trainer_state, file))
+        _fsync_folder(staging)
+        if path.exists():
+            shutil.rmtree(path)
+        os.rename(staging, path)
+        _fsync_folder(path.parent)
+    barrier()
+    return path
+
+
+def load_sharded_state(path: str | os.PathLike, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load the model and optimizer state of the checkpoint folder ``path`` into ``module`` (sharded or
+    not, already given the checkpoint's shapes) and ``optimizer``; collective where a process group exists.
+    """
+    dcp, state_dict = _dcp()
+    model_state, optimizer_state = state_dict.get_state_dict(module, optimizer)
+    loaded = {"model": model_state, "optimizer": optimizer_state}
+    with warnings.catch_warnings():  # one process reading on purpose: DCP's "assuming ... single process"
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(loaded, checkpoint_id=str(path), no_dist=not is_distributed())
+    state_dict.set_state_dict(
+        module,
+        optimizer,
+        model_state_dict=loaded["model"],
+        optim_state_dict=loaded["optimizer"],
+    )
