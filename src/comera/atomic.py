@@ -22,7 +22,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_replace_folder", "remove_stale_temporaries"]
+__all__ = [
+    "atomic_write",
+    "atomic_write_bytes",
+    "atomic_replace_folder",
+    "fsync_directory",
+    "remove_stale_temporaries",
+]
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -31,7 +37,8 @@ _RENAME_EXCHANGE = 2
 _TEMPORARY = re.compile(r"\..+\.([0-9a-f]{32}\.tmp|[a-z0-9_]{8}\.old)")
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: str | os.PathLike) -> None:
+    """Flush ``directory``'s entries (a rename or a new file in it) to disk."""
     handle = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(handle)
@@ -62,7 +69,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-    _fsync_directory(path.parent)
+    fsync_directory(path.parent)
     return path
 
 
@@ -126,7 +133,7 @@ def atomic_replace_folder(directory: str | os.PathLike, files: Mapping[str, byte
                 file.write(data)
                 file.flush()
                 os.fsync(file.fileno())
-        _fsync_directory(staging)
+        fsync_directory(staging)
         if not directory.exists():
             os.rename(staging, directory)
             staging = None
@@ -138,7 +145,7 @@ def atomic_replace_folder(directory: str | os.PathLike, files: Mapping[str, byte
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-    _fsync_directory(directory.parent)
+    fsync_directory(directory.parent)
     return directory
 
 

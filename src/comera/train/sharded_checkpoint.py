@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from comera.atomic import atomic_write
+from comera.atomic import atomic_write, fsync_directory
 from comera.train.checkpoint import TRAINER_FILE
 from comera.train.distributed import barrier, is_distributed
 
@@ -56,14 +56,6 @@ def _shared_token() -> str:
     if is_distributed():
         dist.broadcast_object_list(token, src=0)
     return token[0]
-
-
-def _fsync_folder(folder: Path) -> None:
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def save_sharded_checkpoint(
@@ -89,11 +81,11 @@ def save_sharded_checkpoint(
     barrier()
     if not is_distributed() or dist.get_rank() == 0:
         atomic_write(staging / TRAINER_FILE, lambda file: torch.save(trainer_state, file))
-        _fsync_folder(staging)
+        fsync_directory(staging)
         if path.exists():
             shutil.rmtree(path)
         os.rename(staging, path)
-        _fsync_folder(path.parent)
+        fsync_directory(path.parent)
     barrier()
     return path
 
