@@ -133,3 +133,37 @@ def test_an_expanded_gradient_is_never_materialised(monkeypatch, layout, dedup):
     reading = [func for func in record.given_the_expanded_gradient if not func.is_view]
     assert set(reading) <= {torch.ops.aten.new_empty.default}  # takes dtype and device only
     assert 0 < record.largest_storage < 600 * 96 * 8
+
+
+@pytest.mark.parametrize("layout", ["column-major", "sliced"])
+def test_a_strided_gradient_is_made_contiguous_block_by_block(monkeypatch, layout):
+    """The deduplicated gather's backward copies a strided gradient 7 rows at a time (600 rows: 85 blocks
+    and a remainder), never as one whole copy, and the core gradients equal those of the same values laid
+    out contiguously."""
+    monkeypatch.setattr(lookup_module, "COPY_ROWS", 7)
+    values = _gradient("contiguous", 600, 96)
+    strided = (
+        values.t().contiguous().t() if layout == "column-major" else torch.cat([values, values], 1)[:, ::2]
+    )
+    if layout == "sliced":
+        values = strided.contiguous()
+    assert not strided.is_contiguous() and torch.equal(strided, values)
+    copied_rows = []
+    real = lookup_module._contiguous_by_rows
+
+    def spy(grad):
+        dense = real(grad)
+        copied_rows.append(grad.shape[0])
+        return dense
+
+    monkeypatch.setattr(lookup_module, "_contiguous_by_rows", spy)
+    indices = torch.randint(0, 480, (600,), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for gradient in (values, strided):
+        cores = _cores(*_SHAPE)
+        ttm_lookup(cores, indices, dedup=True, split=1).backward(gradient)
+        grads.append([core.grad for core in cores])
+    assert copied_rows == [600, 600]
+    for want, got in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(lookup_module._contiguous_by_rows(strided), values)
