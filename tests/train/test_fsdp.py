@@ -1,7 +1,10 @@
 """FSDP2 on 2 CPU processes (gloo): the tiny comera model with its dense head sharded and its TT layers
 replicated trains as one process on the combined batches does (early stage, prune, late stage), including the
 evaluation; its checkpoints are torch.distributed.checkpoint folders, each rank writing its shards, and a
-sharded run resumes in one process and a one-process run resumes sharded; refused settings name themselves."""
+sharded run resumes in one process or in two (from the folders) and a one-process run resumes sharded;
+refused settings name themselves."""
+
+import shutil
 
 import pytest
 import torch
@@ -64,7 +67,12 @@ def test_a_sharded_run_resumes_in_one_process_and_the_other_way(tmp_path, refere
             "__1_0.distcp",
             "trainer.pt",
         ]
+    copy = tmp_path / "sharded-copy"
+    shutil.copytree(sharded, copy)
     assert_same_end(train(sharded, resume=True), reference)
+    ranks = two_ranks(tmp_path, "again", run_dir=copy, parallel="fsdp", resume=True)  # folders, 2 -> 2
+    assert [code for code, _ in ranks] == [0, 0], [saved["error"] for _, saved in ranks]
+    assert_same_end(ranks[0][1]["result"], reference)
 
     single = tmp_path / "single"
     assert train(single, callback=("stop", STOP_AT)) is None
