@@ -184,3 +184,19 @@ def test_low_rank_linear_gradcheck_style_against_autograd(tuning, monkeypatch):
     ((leaves[0] @ leaves[1]) @ leaves[2] + leaves[3]).backward(upstream.double())
     for a, b in zip(got, leaves):
         torch.testing.assert_close(a.double(), b.grad, rtol=1e-4, atol=1e-3)
+
+
+@needs_onednn
+def test_a_choice_measured_with_onednn_is_not_replayed_inside_mkl_only(tuning, monkeypatch):
+    monkeypatch.setattr(autotune_module, "_timed_seconds", _fastest(blocked.ONEDNN))
+    calls = _count_onednn(monkeypatch)
+    first, second = torch.randn(2048, 30), torch.randn(30, 50)
+    blocked.blocked_mm_into(first, second, torch.empty(2048, 50))
+    blocked.thin_mm(torch.randn(2048, 50), torch.randn(50, 30))
+    assert calls  # measured and cached: oneDNN
+    calls.clear()
+    with blocked.mkl_only():
+        rows = blocked.blocked_mm_into(first, second, torch.empty(2048, 50))
+        blocked.thin_mm(torch.randn(2048, 50), torch.randn(50, 30))
+    assert not calls
+    torch.testing.assert_close(rows.double(), first.double() @ second.double(), rtol=1e-4, atol=1e-4)

@@ -129,24 +129,23 @@ def gemm_choice(
     operands and :func:`mkl_only` is not in force), measured with ``run(choice)`` at the first call of the
     shape: ``kind`` (``"rows"``: batch rows in ``first``; ``"summed"``: the batch is the summed dimension;
     ``"thin"``: batch rows, never split), the batch's power-of-two range, the other dimensions, the
-    operands' layouts, the thread count and the dtype."""
+    operands' layouts, the thread count, the dtype and whether oneDNN may run (so a choice measured with
+    it is never replayed inside :func:`mkl_only`)."""
     rows = second.shape[0] if kind == "summed" else first.shape[0]
     inner, width = first.shape[0] if kind == "summed" else first.shape[1], second.shape[1]
     estimate = rule_blocks(rows, width, first.device) if split else 1
     if first.device.type != "cpu" or _single_gemm_depth or torch.compiler.is_compiling():
         return estimate  # get_num_threads() inside a trace would break fullgraph compiles
     threads = torch.get_num_threads()
-    candidates: list[int | str] = [1]
-    blocks = min(threads, rows // MIN_ROWS_PER_BLOCK)
-    if split and blocks >= 2:
-        candidates.append(blocks)
-    if not _mkl_only_depth and onednn_usable(first, second):
-        candidates.append(ONEDNN)
-    if len(candidates) < 2:
-        return estimate
+    onednn = not _mkl_only_depth and onednn_usable(first, second)
     layouts = (_layout(first), _layout(second))
-    key = ("gemm", kind, size_bucket(rows), inner, width, *layouts, threads, first.dtype)
-    return tuned(key, lambda: tuple(candidates), estimate, run, first.device)
+    key = ("gemm", kind, size_bucket(rows), inner, width, *layouts, threads, first.dtype, onednn)
+
+    def candidates() -> tuple[int | str, ...]:
+        blocks = min(threads, rows // MIN_ROWS_PER_BLOCK)
+        return (1, *((blocks,) if split and blocks >= 2 else ()), *((ONEDNN,) if onednn else ()))
+
+    return tuned(key, candidates, estimate, run, first.device)
 
 
 def _mm_into_blocks(
