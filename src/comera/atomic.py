@@ -27,6 +27,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_replace_folder",
     "fsync_directory",
+    "install_folder",
     "remove_stale_temporaries",
 ]
 
@@ -133,17 +134,32 @@ def atomic_replace_folder(directory: str | os.PathLike, files: Mapping[str, byte
                 file.write(data)
                 file.flush()
                 os.fsync(file.fileno())
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return install_folder(staging, directory)
+
+
+def install_folder(staging: str | os.PathLike, directory: str | os.PathLike) -> Path:
+    """Put the completely written folder ``staging`` (beside ``directory``, in the same parent) in place of
+    ``directory`` in one step; returns ``directory`` as a ``Path``.
+
+    ``staging`` is synced, then renamed to ``directory`` if there is none, else the two are exchanged
+    atomically and the old folder deleted (where the system has no atomic exchange, the old folder is renamed
+    aside just before the new one is renamed in); the parent is synced last. On an error ``staging`` is
+    removed and ``directory`` is unchanged.
+    """
+    staging, directory = Path(staging), Path(directory)
+    try:
         fsync_directory(staging)
         if not directory.exists():
             os.rename(staging, directory)
             staging = None
-        elif _exchange(staging, directory):
-            pass
-        else:
+        elif not _exchange(staging, directory):
             _swap_aside(directory, staging)
             staging = None
     finally:
-        if staging is not None:
+        if staging is not None:  # the old folder after an exchange, or the new one after an error
             shutil.rmtree(staging, ignore_errors=True)
     fsync_directory(directory.parent)
     return directory

@@ -65,20 +65,14 @@ def _fwd_bwd(layer: nn.Module, x: torch.Tensor, upstream: torch.Tensor):
     return run
 
 
-def _single_gemms(run):
-    def run_unblocked():
-        with single_gemms():
+def _inside(context, run):
+    """``run`` made to run inside ``context()`` (a GEMM switch of :mod:`comera.tt.blocked`)."""
+
+    def run_inside():
+        with context():
             run()
 
-    return run_unblocked
-
-
-def _mkl_only(run):
-    def run_without_onednn():
-        with mkl_only():
-            run()
-
-    return run_without_onednn
+    return run_inside
 
 
 def _merge_flops_and_bytes(batch: int, m: int, n: int, rank: int) -> tuple[float, float]:
@@ -106,8 +100,8 @@ def run_layer_benchmark(shapes, batches, ranks, repeats: int) -> list[dict]:
                     layer.load_state_dict(tt.state_dict())
                 fns = {"nn.Linear": _fwd_bwd(dense, x, upstream), "tt:auto": _fwd_bwd(tt, x, upstream)}
                 fns.update({f"tt:{order}": _fwd_bwd(layer, x, upstream) for order, layer in fixed.items()})
-                fns["tt:merge-one-gemm"] = _single_gemms(_fwd_bwd(fixed["merge"], x, upstream))
-                fns["tt:merge-mkl"] = _mkl_only(_fwd_bwd(fixed["merge"], x, upstream))
+                fns["tt:merge-one-gemm"] = _inside(single_gemms, _fwd_bwd(fixed["merge"], x, upstream))
+                fns["tt:merge-mkl"] = _inside(mkl_only, _fwd_bwd(fixed["merge"], x, upstream))
                 fns["tt:published"] = _fwd_bwd(PublishedTTLinear(fixed["merge"]), x, upstream)
                 fns["ttm:auto"] = _fwd_bwd(TTMLinear(m, n, rank=rank), x, upstream)
                 row = {"shape": f"{m}->{n}", "batch": batch, "rank": rank}

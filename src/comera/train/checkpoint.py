@@ -109,11 +109,9 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     sharded folder its ``trainer.pt``, with ``"shards"`` set to the folder (module docstring)."""
     path = Path(path)
     if path.is_dir():
-        payload = load_checkpoint(path / TRAINER_FILE) if (path / TRAINER_FILE).is_file() else None
-        if payload is None:
+        if not (path / TRAINER_FILE).is_file():
             raise ValueError(f"{path}: not a readable checkpoint, no {TRAINER_FILE} in the sharded folder")
-        payload["shards"] = str(path)
-        return payload
+        return {**load_checkpoint(path / TRAINER_FILE), "shards": str(path)}
     if not path.is_file():
         raise FileNotFoundError(f"{path}: checkpoint file not found")
     try:

@@ -12,19 +12,18 @@ A sharded checkpoint is a folder ``step-XXXXXXXX.dcp`` holding
   ``"model"`` and ``"optimizer"`` entries.
 
 Atomic as a single file: all ranks write into a hidden staging folder beside the target (``.NAME.<hex>.tmp``,
-the pattern :func:`comera.atomic.remove_stale_temporaries` cleans up), rank 0 adds ``trainer.pt``, syncs the
-folder and renames it into place once every rank has finished, so a resume sees a complete checkpoint or
-none. Loading (:func:`load_sharded_state`) runs after the model has been given the checkpoint's pruned
-shapes: it asks the model and optimizer for their own state dict (sharded ``DTensor`` s under FSDP, plain
-tensors otherwise), lets DCP fill it from whatever shards the folder holds (resharding from N processes to
-M), and loads it back. Not used for one-process or DDP runs, whose checkpoints stay single files; those are
-read by sharded runs too (:func:`comera.train.fsdp.load_full_state`).
+the pattern :func:`comera.atomic.remove_stale_temporaries` cleans up), rank 0 adds ``trainer.pt`` and puts the
+folder in place (:func:`comera.atomic.install_folder`) once every rank has finished, so a resume sees a
+complete checkpoint or none. Loading (:func:`load_sharded_state`) runs after the model has been given the
+checkpoint's pruned shapes: it asks the model and optimizer for their own state dict (sharded ``DTensor`` s
+under FSDP, plain tensors otherwise), lets DCP fill it from whatever shards the folder holds (resharding from
+N processes to M), and loads it back. Not used for one-process or DDP runs, whose checkpoints stay single
+files; those are read by sharded runs too (:func:`comera.train.fsdp.load_full_state`).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 import warnings
 from pathlib import Path
@@ -34,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from comera.atomic import atomic_write, fsync_directory
+from comera.atomic import atomic_write, install_folder
 from comera.train.checkpoint import TRAINER_FILE
 from comera.train.distributed import barrier, is_distributed
 
@@ -67,7 +66,8 @@ def save_sharded_checkpoint(
     """Write the checkpoint folder ``path``: the model and optimizer state by DCP, ``trainer_state`` (read
     on rank 0 only) as ``trainer.pt``; collective, every rank calls it. Returns ``path``.
 
-    A folder already at ``path`` (the same step saved again) is replaced.
+    A folder already at ``path`` (the same step saved again) is replaced in one step
+    (:func:`comera.atomic.install_folder`).
     """
     dcp, state_dict = _dcp()
     path = Path(path)
@@ -81,11 +81,7 @@ def save_sharded_checkpoint(
     barrier()
     if not is_distributed() or dist.get_rank() == 0:
         atomic_write(staging / TRAINER_FILE, lambda file: torch.save(trainer_state, file))
-        fsync_directory(staging)
-        if path.exists():
-            shutil.rmtree(path)
-        os.rename(staging, path)
-        fsync_directory(path.parent)
+        install_folder(staging, path)
     barrier()
     return path
 

@@ -666,7 +666,7 @@ class Trainer:
         elif self.process_rank == 0:
             save_checkpoint(self.state_dict(), path)
         else:
-            self.state_dict()  # the RNG states are gathered collectively
+            self._trainer_state()  # its RNG states are gathered collectively
         if self.process_rank == 0:
             for _, old in list_checkpoints(self.checkpoint_dir)[: -self.config.keep_checkpoints]:
                 remove_checkpoint(old)
