@@ -99,6 +99,35 @@ def test_a_lucky_round_does_not_overturn_the_estimate(tuning, monkeypatch):
         assert tuned(("lucky", expected), lambda: ("a", "b"), "a", run, torch.device("cpu")) == expected
 
 
+@pytest.mark.parametrize(
+    ("seconds_per_run", "rounds"),
+    [(1.0, 3), (0.02, 3), (0.008, 5), (0.0001, 15)],
+)
+def test_short_candidates_get_more_rounds(tuning, fake_clock, seconds_per_run, rounds):
+    """Rounds are added while the timed rounds took less than MEASURE_SECONDS (0.05 s), from REPEATS (3) up
+    to MAX_REPEATS (15): candidates of 8 and 4 ms a run take 12 ms a round, so the fifth round passes 50 ms."""
+    assert (autotune_module.REPEATS, autotune_module.MAX_REPEATS) == (3, 15)
+    assert autotune_module.MEASURE_SECONDS == 0.05
+    clock = fake_clock({"a": seconds_per_run, "b": seconds_per_run * 0.5})
+    assert tuned(("rounds", rounds), lambda: ("a", "b"), "a", clock.run, torch.device("cpu")) == "b"
+    assert clock.runs == ["a", "b"] * (1 + rounds)
+
+
+@pytest.mark.parametrize(("slow_rounds", "expected"), [(3, "b"), (4, "a")])
+def test_a_quarter_of_slow_rounds_does_not_keep_the_estimate(tuning, monkeypatch, slow_rounds, expected):
+    """15 rounds: ``b`` (median 1) beats the estimate ``a`` (2 every round) unless more than a quarter of
+    its rounds (15 // 4 = 3) are slower than ``a``'s median."""
+    now = [0.0]
+    monkeypatch.setattr(autotune_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(autotune_module, "MEASURE_SECONDS", 1e9)
+    costs = {"a": iter([2.0] * 16), "b": iter([1.0] + [9.0] * slow_rounds + [1.0] * (15 - slow_rounds))}
+
+    def run(candidate):
+        now[0] += next(costs[candidate])
+
+    assert tuned(("quarter", slow_rounds), lambda: ("a", "b"), "a", run, torch.device("cpu")) == expected
+
+
 def test_single_candidate_is_not_measured(tuning, fake_clock):
     clock = fake_clock({"a": 1.0})
     assert tuned("one", lambda: ("a",), "a", clock.run, torch.device("cpu")) == "a"

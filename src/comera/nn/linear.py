@@ -48,7 +48,7 @@ from comera.nn.conv1d import (
 from comera.nn.gated import DEFAULT_RANK, DEFAULT_TAU, GatedTrain, autocast_output, check_float_dtype
 from comera.nn.layer import NameOf, Resolve, register_layer, spec_arguments
 from comera.nn.removed import RemovedLinear
-from comera.tt.autotune import autotune_enabled, size_bucket, tuned
+from comera.tt.autotune import autotune_enabled, cached_choice, size_bucket, tuned
 from comera.tt.cores import core_std, tt_core_shapes, tt_full, ttm_core_shapes, ttm_full
 from comera.tt.costs import (
     ORDERS,
@@ -155,7 +155,7 @@ class _TrainLinear(GatedTrain):
                 f"input must have shape (*, {self.in_features}) (in_features={self.in_features}), "
                 f"got {tuple(input.shape)}"
             )
-        weight_dtype = self.cores[0].dtype
+        weight_dtype = self.core_list()[0].dtype
         if input.dtype != weight_dtype and not torch.is_autocast_enabled(input.device.type):
             raise ValueError(
                 f"input dtype {input.dtype} does not match the layer's parameters ({weight_dtype}); "
@@ -176,11 +176,11 @@ class _TrainLinear(GatedTrain):
 
     def _order_for(self, x: torch.Tensor) -> str:
         """The order of an ``order="auto"`` call on the 2-D ``x``: the cost model's, or the fastest measured
-        one among those it cannot tell apart (:mod:`comera.tt.autotune`)."""
+        one among those it cannot tell apart (:mod:`comera.tt.autotune`). A call shape measured before is
+        answered from the cache without consulting the cost model (this runs on every call)."""
         batch, backward = x.shape[0], torch.is_grad_enabled()
-        estimate = self._estimated_order(batch, backward)
         if not autotune_enabled():
-            return estimate
+            return self._estimated_order(batch, backward)
         key = (
             type(self).__name__,
             size_bucket(batch),
@@ -196,10 +196,13 @@ class _TrainLinear(GatedTrain):
             torch.is_autocast_enabled(x.device.type),
             torch.get_num_threads(),
         )
+        known = cached_choice(key)
+        if known is not None:
+            return known
         return tuned(
             key,
             lambda: self._candidate_orders(batch, backward),
-            estimate,
+            self._estimated_order(batch, backward),
             self._trial(x, backward),
             x.device,
         )

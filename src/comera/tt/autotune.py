@@ -39,10 +39,13 @@ import torch
 
 __all__ = [
     "ENVIRONMENT_VARIABLE",
+    "MAX_REPEATS",
+    "MEASURE_SECONDS",
     "REPEATS",
     "autotune",
     "autotune_cache",
     "autotune_enabled",
+    "cached_choice",
     "clear_autotune_cache",
     "set_autotune",
     "size_bucket",
@@ -55,7 +58,15 @@ ENVIRONMENT_VARIABLE = "COMERA_AUTOTUNE"
 """``COMERA_AUTOTUNE=0`` in the environment turns autotuning off for the process."""
 
 REPEATS = 3
-"""Timed rounds per alternative (after one warm-up round); the median of each decides."""
+"""Fewest timed rounds per alternative (after one warm-up round); the median of each decides."""
+
+MAX_REPEATS = 15
+"""Most timed rounds per alternative: short alternatives (a small batch, where per-op overhead and the
+machine's noise are the same size as the differences) get rounds added, up to this many, while the
+measurement has taken less than :data:`MEASURE_SECONDS`."""
+
+MEASURE_SECONDS = 0.05
+"""Rounds are added (up to :data:`MAX_REPEATS`) while all timed rounds so far took less than this."""
 
 _switch = {"enabled": os.environ.get(ENVIRONMENT_VARIABLE, "1").strip() != "0"}
 _cache: dict[Hashable, Hashable] = {}
@@ -81,7 +92,9 @@ def autotune(enabled: bool) -> Iterator[None]:
 
 
 def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    """Whether a CUDA-graph capture is in progress (none can be before CUDA is initialised; asking that
+    first keeps this check cheap on every call of a CPU run)."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def autotune_enabled() -> bool:
@@ -98,6 +111,12 @@ def autotune_enabled() -> bool:
 def autotune_cache() -> dict[Hashable, Hashable]:
     """A copy of the measured choices: cache key -> the fastest alternative."""
     return dict(_cache)
+
+
+def cached_choice(key: Hashable) -> Hashable | None:
+    """The choice measured for ``key``, or None if there is none yet: a cheap first look for callers that
+    run on every call (whether measuring is allowed now is the caller's to check, as :func:`tuned` does)."""
+    return _cache.get(key)
 
 
 def clear_autotune_cache() -> None:
@@ -118,12 +137,15 @@ def _synchronize(device: torch.device) -> None:
 def _timed_seconds(
     candidates: Sequence[Choice], run: Callable[[Choice], object], device: torch.device
 ) -> dict[Choice, list[float]]:
-    """Each candidate run once to warm up, then :data:`REPEATS` rounds of all of them in turn (round-robin,
-    so a change of machine load hits every candidate alike); the seconds of each timed run."""
+    """Each candidate run once to warm up, then rounds of all of them in turn (round-robin, so a change of
+    machine load hits every candidate alike): :data:`REPEATS` rounds, and more, up to :data:`MAX_REPEATS`,
+    while the timed rounds have taken less than :data:`MEASURE_SECONDS` in all; the seconds of each run."""
     for candidate in candidates:
         run(candidate)
     times: dict[Choice, list[float]] = {candidate: [] for candidate in candidates}
-    for _ in range(REPEATS):
+    for rounds in range(MAX_REPEATS):
+        if rounds >= REPEATS and sum(map(sum, times.values())) >= MEASURE_SECONDS:
+            break
         for candidate in candidates:
             _synchronize(device)
             start = time.perf_counter()
@@ -134,13 +156,16 @@ def _timed_seconds(
 
 
 def _fastest(times: dict[Choice, list[float]], default: Choice) -> Choice:
-    """The candidate of smallest median time, if it beat ``default`` consistently: its slowest run faster
-    than the median of ``default``'s (on a busy machine one lucky round must not overturn the estimate);
-    ``default`` otherwise. Without ``default`` among the candidates, the smallest median."""
+    """The candidate of smallest median time, if it beat ``default`` consistently: all its runs but the
+    slowest quarter (rounded down: all of them for fewer than four rounds) faster than the median of
+    ``default``'s (on a busy machine one lucky round must not overturn the estimate, nor one preempted
+    round of many keep it); ``default`` otherwise. Without ``default`` among the candidates, the smallest
+    median."""
     best = min(times, key=lambda candidate: statistics.median(times[candidate]))
     if best == default or default not in times:
         return best
-    return best if max(times[best]) < statistics.median(times[default]) else default
+    runs = sorted(times[best])
+    return best if runs[len(runs) - 1 - len(runs) // 4] < statistics.median(times[default]) else default
 
 
 def tuned(
@@ -163,8 +188,8 @@ def tuned(
     Returns:
         ``default`` while autotuning is off or cannot measure (module docstring); else the choice cached for
         ``key``, made now if there is none: ``default`` for fewer than two candidates, else the candidate of
-        smallest median time where it beat ``default`` in every timed run against ``default``'s median
-        (:func:`_fastest`).
+        smallest median time where it beat ``default``'s median in all but the slowest quarter of its timed
+        runs (:func:`_fastest`).
     """
     if not autotune_enabled():
         return default

@@ -69,6 +69,17 @@ def _add_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return y if bias is None else y + bias
 
 
+def _first_rows(matrix: torch.Tensor, rows: int) -> torch.Tensor:
+    """``matrix[:rows]``, or ``matrix`` itself where it has no more rows: no view (and no autograd node)
+    is made for the usual unpadded layer, which counts for small batches, where per-op overhead dominates."""
+    return matrix if matrix.shape[0] == rows else matrix[:rows]
+
+
+def _first_columns(matrix: torch.Tensor, columns: int) -> torch.Tensor:
+    """``matrix[:, :columns]``, or ``matrix`` itself where it has no more columns (see :func:`_first_rows`)."""
+    return matrix if matrix.shape[1] == columns else matrix[:, :columns]
+
+
 def _pin_output(y: torch.Tensor, column: int | None, bias: torch.Tensor | None) -> torch.Tensor:
     """``y`` with ``column`` replaced by the bias alone (zeros without one); ``y`` itself for None."""
     if column is None:
@@ -130,8 +141,8 @@ def tt_linear(
         return tt_merge_linear(x, cores, num_in_cores, out_features, bias, workspace, gates)
     cores = fold_gates(cores, gates)
     if order == FACTORS:
-        left = merge_tt_left(cores[:num_in_cores])[:in_features]
-        right = merge_tt_right(cores[num_in_cores:])[:, :out_features]
+        left = _first_rows(merge_tt_left(cores[:num_in_cores]), in_features)
+        right = _first_columns(merge_tt_right(cores[num_in_cores:]), out_features)
         return x @ left @ right if bias is None else torch.addmm(bias, x @ left, right)
     if order == "merge":
         left = merge_tt_left(cores[:num_in_cores])[:in_features]
