@@ -105,7 +105,7 @@ def test_a_lucky_round_does_not_overturn_the_estimate(tuning, monkeypatch):
 )
 def test_short_candidates_get_more_rounds(tuning, fake_clock, seconds_per_run, rounds):
     """Rounds are added while the timed rounds took less than MEASURE_SECONDS (0.05 s), from REPEATS (3) up
-    to MAX_REPEATS (15): candidates of 8 and 4 ms a run take 12 ms a round, so the fifth round passes 50 ms."""
+    to MAX_REPEATS (15): candidates of 8 and 4 ms a run take 12 ms a round: the fifth passes 50 ms."""
     assert (autotune_module.REPEATS, autotune_module.MAX_REPEATS) == (3, 15)
     assert autotune_module.MEASURE_SECONDS == 0.05
     clock = fake_clock({"a": seconds_per_run, "b": seconds_per_run * 0.5})

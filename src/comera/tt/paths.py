@@ -76,7 +76,7 @@ def _first_rows(matrix: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _first_columns(matrix: torch.Tensor, columns: int) -> torch.Tensor:
-    """``matrix[:, :columns]``, or ``matrix`` itself where it has no more columns (see :func:`_first_rows`)."""
+    """``matrix[:, :columns]``, or ``matrix`` itself where it has no more columns (:func:`_first_rows`)."""
     return matrix if matrix.shape[1] == columns else matrix[:, :columns]
 
 
