@@ -17,6 +17,7 @@ from comera import (
     tensorize_,
 )
 from comera.io import CONFIG_NAME, MODEL_ATTRIBUTE, WEIGHTS_NAME
+from comera.tt.shapes import resolve_ranks
 
 
 class Net(nn.Module):
@@ -58,6 +59,51 @@ def test_round_trip_after_pruning_reproduces_outputs(tmp_path):
     assert torch.equal(loaded(ids), model(ids))
     assert loaded.head.embedding is loaded.embed
     assert str(compression_report(loaded)) == str(compression_report(model))
+
+
+class Projection(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(32, 32)
+        self.table = nn.Embedding(64, 32)
+
+    def forward(self, ids):
+        return self.proj(self.table(ids))
+
+
+@pytest.mark.parametrize("tensorized", ["proj", "table"])
+def test_a_bond_pruned_past_what_its_neighbour_can_use_loads_with_its_stored_rank(tmp_path, tensorized):
+    """Pruning trims each bond by its own gates: with a bond cut to 1, its neighbour keeps more directions
+    than that rank times the core between them can use, a rank the constructor would clip (the TT layer's
+    last bond cut: 8 beside 1 on a mode of 4; the TTM table's first: 12 beside 1 on a core of 2 x 4). The
+    save records the stored ranks; the load rebuilds exactly those shapes and the same outputs."""
+    torch.manual_seed(0)
+    if tensorized == "proj":
+        shapes = {"proj": {"in_shape": (2, 4, 4), "out_shape": (4, 2, 4)}}
+        model = tensorize_(Projection().double(), target_modules=["proj"], rank=8, shape_pattern=shapes)
+        cut = -1
+    else:
+        shapes = {"table": {"row_shape": (2, 4, 4, 2), "col_shape": (2, 2, 4, 2)}}
+        model = tensorize_(
+            Projection().double(),
+            target_modules=["proj"],
+            exclude_modules=["proj"],
+            embeddings=["table"],
+            rank=12,
+            shape_pattern=shapes,
+        )
+        cut = 0
+    layer = getattr(model, tensorized)
+    with torch.no_grad():
+        layer.gates[cut][1:] = 0.0
+    prune_(model)
+    ranks = layer.max_ranks
+    assert ranks[cut] == 1 and resolve_ranks(ranks, layer.bond_sizes) != ranks
+    save_pretrained(model, tmp_path)
+    loaded = load_pretrained(tmp_path, base_model=Projection().double())
+    assert getattr(loaded, tensorized).max_ranks == ranks
+    ids = torch.randint(0, 64, (3, 5))
+    assert torch.equal(loaded(ids), model(ids))
 
 
 def test_registered_model_is_rebuilt_from_the_config(tmp_path):

@@ -322,6 +322,7 @@ class _TTMTable(GatedTrain):
         size, dim = arguments.pop("num_embeddings"), arguments.pop("embedding_dim")
         layer = cls(size, dim, **arguments, device=device, dtype=dtype)
         layer.sparse = sparse
+        layer._restore_stored_ranks(spec["rank"])
         return layer
 
     @classmethod

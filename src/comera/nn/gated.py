@@ -122,6 +122,31 @@ class GatedTrain(ComeraLayer, nn.Module):
             [nn.Parameter(torch.ones(shape[-1], device=device, dtype=dtype)) for shape in core_shapes[:-1]]
         )
 
+    def _restore_stored_ranks(self, ranks: Sequence[int]) -> None:
+        """Give the train exactly ``ranks`` on its inner bonds, with fresh values (``reset_parameters``),
+        for a layer rebuilt from a spec. The constructor clips a bond to what its neighbours can use (``r_k <=
+        c_{k+1} r_{k+1}``, :func:`comera.tt.shapes.resolve_ranks`); pruning trims each bond by its own gates
+        and can leave one above that bound (a bond of 14 beside one of 3 on a mode of 4), and the saved cores
+        have those shapes. Raises ``ValueError`` unless ``ranks`` has one positive int per inner bond."""
+        ranks = tuple(ranks)
+        if len(ranks) != len(self.gates) or any(
+            isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in ranks
+        ):
+            raise ValueError(
+                f"rank must have {len(self.gates)} positive ints (one per bond), got {list(ranks)}"
+            )
+        if ranks == self.max_ranks:
+            return
+        bounds = (1, *ranks, 1)
+        with torch.no_grad():
+            for k, core in enumerate(self.core_list()):
+                shape = (bounds[k], *core.shape[1:-1], bounds[k + 1])
+                self.cores[k] = nn.Parameter(core.new_empty(shape), requires_grad=core.requires_grad)
+            for k, gate in enumerate(self.gate_list()):
+                self.gates[k] = nn.Parameter(gate.new_empty(ranks[k]), requires_grad=gate.requires_grad)
+            if not self.is_meta():
+                self.reset_parameters()
+
     @property
     def bond_sizes(self) -> tuple[int, ...]:
         """Per-core factor ``c_k`` of the parameter count."""

@@ -388,6 +388,7 @@ class _TrainLinear(GatedTrain):
             dtype=dtype,
         )
         layer.dense_kind = dense_kind
+        layer._restore_stored_ranks(spec["rank"])
         return layer
 
     @classmethod

@@ -63,6 +63,7 @@ def llm_tensorize_config(
     mlp: tuple[int, ...],
     rows: tuple[int, ...] | None,
     head: bool = True,
+    embedding: bool = True,
 ) -> TensorizeConfig:
     """The config of a :class:`~comera.workloads.llm.model.LlamaLM`: TT projections, TTM embedding.
 
@@ -77,21 +78,24 @@ def llm_tensorize_config(
             ``width``.
         head: whether an untied LM head becomes a ``TTLinear`` (False: it stays dense; a tied head follows
             the embedding either way).
+        embedding: whether the token embedding becomes a ``TTMEmbedding`` (False: it stays dense, and
+            ``embedding_rank`` and ``rows`` are not used).
     """
     back = tuple(reversed(width))
-    embed = {"col_shape": width} if rows is None else {"row_shape": rows, "col_shape": width}
+    shapes: dict[str, dict[str, tuple[int, ...]]] = {
+        r"attention\.(q|k|v|o)": {"in_shape": width, "out_shape": back},
+        r"mlp\.(gate|up)": {"in_shape": width, "out_shape": mlp},
+        r"mlp\.down": {"in_shape": tuple(reversed(mlp)), "out_shape": back},
+    }
+    if embedding:
+        shapes["embed"] = {"col_shape": width} if rows is None else {"row_shape": rows, "col_shape": width}
     return TensorizeConfig(
         target_modules=_LINEARS if head else tuple(name for name in _LINEARS if name != "lm_head"),
-        embeddings=("embed",),
+        embeddings=("embed",) if embedding else False,
         format="tt",
         rank=linear_rank,
-        rank_pattern={"embed": embedding_rank},
-        shape_pattern={
-            "embed": embed,
-            r"attention\.(q|k|v|o)": {"in_shape": width, "out_shape": back},
-            r"mlp\.(gate|up)": {"in_shape": width, "out_shape": mlp},
-            r"mlp\.down": {"in_shape": tuple(reversed(mlp)), "out_shape": back},
-        },
+        rank_pattern={"embed": embedding_rank} if embedding else {},
+        shape_pattern=shapes,
     )
 
 
