@@ -89,7 +89,7 @@ class _RecordBackward(TorchDispatchMode):
         if func.overloadpacket is torch.ops.aten.bmm:
             self.bmm_operands += tensors
         for tensor in result if isinstance(result, (tuple, list)) else (result,):
-            if isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided:
+            if isinstance(tensor, torch.Tensor):
                 self.largest_storage = max(self.largest_storage, tensor.untyped_storage().nbytes())
         return result
 
@@ -135,14 +135,19 @@ def test_an_expanded_gradient_is_never_materialised(monkeypatch, layout, dedup):
     assert 0 < record.largest_storage < 600 * 96 * 8
 
 
-def test_a_strided_gradient_is_made_contiguous_block_by_block(monkeypatch):
-    """The deduplicated gather's backward copies a strided (neither row- nor column-major) gradient 7 rows
-    at a time (600 rows: 85 blocks and a remainder), never as one whole copy, and the core gradients equal
-    those of the same values laid out contiguously."""
+@pytest.mark.parametrize("layout", ["column-major", "sliced"])
+def test_a_strided_gradient_is_made_contiguous_block_by_block(monkeypatch, layout):
+    """The deduplicated gather's backward copies a strided gradient 7 rows at a time (600 rows: 85 blocks
+    and a remainder), never as one whole copy, and the core gradients equal those of the same values laid
+    out contiguously."""
     monkeypatch.setattr(lookup_module, "COPY_ROWS", 7)
-    strided = torch.cat([_gradient("contiguous", 600, 96)] * 2, 1)[:, ::2]
-    values = strided.contiguous()
-    assert not strided.is_contiguous() and not strided.t().is_contiguous() and torch.equal(strided, values)
+    values = _gradient("contiguous", 600, 96)
+    strided = (
+        values.t().contiguous().t() if layout == "column-major" else torch.cat([values, values], 1)[:, ::2]
+    )
+    if layout == "sliced":
+        values = strided.contiguous()
+    assert not strided.is_contiguous() and torch.equal(strided, values)
     copied_rows = []
     real = lookup_module._contiguous_by_rows
 
@@ -162,56 +167,3 @@ def test_a_strided_gradient_is_made_contiguous_block_by_block(monkeypatch):
     for want, got in zip(*grads):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     assert torch.equal(lookup_module._contiguous_by_rows(strided), values)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_a_column_major_gradient_is_summed_in_place_not_copied(monkeypatch, dtype):
-    """A column-major gradient never goes through the row-block copy: the deduplicated gather's backward
-    sums it by position with the sparse product, and the core gradients equal those of the same values
-    laid out contiguously (float64: to rounding of the summation order; float32: to float32 rounding)."""
-    copied = []
-    real = lookup_module._contiguous_by_rows
-
-    def spy(grad):
-        if not grad.is_contiguous():
-            copied.append(grad)
-        return real(grad)
-
-    monkeypatch.setattr(lookup_module, "_contiguous_by_rows", spy)
-    values = _gradient("contiguous", 600, 96).to(dtype)
-    column_major = values.t().contiguous().t()
-    indices = torch.randint(0, 480, (600,), generator=torch.Generator().manual_seed(0))
-    grads = []
-    for gradient in (values, column_major):
-        cores = [core.detach().to(dtype).requires_grad_() for core in _cores(*_SHAPE)]
-        ttm_lookup(cores, indices, dedup=True, split=1).backward(gradient)
-        grads.append([core.grad for core in cores])
-    assert copied == []
-    tolerance = 1e-12 if dtype == torch.float64 else 1e-4
-    for want, got in zip(*grads):
-        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
-
-
-@given(
-    count=st.integers(1, 60),
-    num_rows=st.integers(1, 20),
-    dim=st.integers(1, 9),
-    seed=st.integers(0, 1000),
-)
-def test_summed_by_position_equals_index_add(count, num_rows, dim, seed):
-    """Against ``index_add_`` in float64: repeated positions summed, rows no position names left zero."""
-    generator = torch.Generator().manual_seed(seed)
-    position = torch.randint(0, num_rows, (count,), generator=generator)
-    grad = torch.randn(dim, count, dtype=torch.float64, generator=generator).t()
-    want = torch.zeros(num_rows, dim, dtype=torch.float64).index_add_(0, position, grad)
-    got = lookup_module._summed_by_position(grad, position, num_rows)
-    assert got.shape == (num_rows, dim) and got.is_contiguous()
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-
-
-def test_only_column_major_float_cpu_gradients_take_the_sparse_product():
-    grad = torch.randn(5, 7).t()
-    assert lookup_module._column_major_cpu(grad)
-    assert not lookup_module._column_major_cpu(grad.contiguous())
-    assert not lookup_module._column_major_cpu(grad.to(torch.bfloat16))
-    assert not lookup_module._column_major_cpu(torch.randn(7, 10)[:, ::2])

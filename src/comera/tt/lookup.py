@@ -21,7 +21,6 @@ Row-level deduplication (:func:`ttm_lookup` with ``dedup=True``) computes each d
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -203,10 +202,8 @@ class _RowsAt(torch.autograd.Function):
 
     ``rows`` is ``(R, D)``, ``position`` 1-D; the output is ``(len(position), D)``. A gradient expanded
     along its rows (stride 0, as ``out.sum()`` sends) gives row ``r`` the gradient ``count(r) * g`` from its
-    one distinct row ``g``. A column-major gradient (its transpose contiguous, as a transposed projection
-    sends) is summed by position as a sparse product that reads it in place (:func:`_summed_by_position`).
-    Any other layout goes to the embedding's own backward, a non-contiguous one (sequence-first) first copied
-    block of rows by block of rows (:func:`_contiguous_by_rows`).
+    one distinct row ``g``; any other layout goes to the embedding's own backward, a non-contiguous one
+    (column-major, sequence-first) first copied block of rows by block of rows (:func:`_contiguous_by_rows`).
     """
 
     @staticmethod
@@ -222,8 +219,6 @@ class _RowsAt(torch.autograd.Function):
         if grad.shape[0] and grad.stride(0) == 0:
             counts = torch.bincount(position, minlength=ctx.num_rows).to(grad.dtype)
             return torch.outer(counts, grad[0]), None
-        if _column_major_cpu(grad):
-            return _summed_by_position(grad, position, ctx.num_rows), None
         grad = _contiguous_by_rows(grad)
         return torch.ops.aten.embedding_dense_backward(grad, position, ctx.num_rows, -1, False), None
 
@@ -242,38 +237,6 @@ def _contiguous_by_rows(grad: torch.Tensor) -> torch.Tensor:
     for start in range(0, grad.shape[0], COPY_ROWS):
         dense[start : start + COPY_ROWS].copy_(grad[start : start + COPY_ROWS])
     return dense
-
-
-def _column_major_cpu(grad: torch.Tensor) -> bool:
-    """Whether ``grad`` is a column-major float32/float64 CPU matrix (the layouts and types the sparse
-    product of :func:`_summed_by_position` reads in place)."""
-    return (
-        grad.device.type == "cpu"
-        and grad.dtype in (torch.float32, torch.float64)
-        and not grad.is_contiguous()
-        and grad.t().is_contiguous()
-    )
-
-
-def _summed_by_position(grad: torch.Tensor, position: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """``(num_rows, D)``: row ``r`` the sum of the rows ``b`` of ``grad`` ``(N, D)`` with
-    ``position[b] == r``, in the order of ``b`` (as ``embedding_dense_backward`` sums them), by the product
-    ``P @ grad`` with the ``(num_rows, N)`` 0/1 matrix ``P`` in compressed-row form. The sparse-dense
-    product reads a column-major ``grad`` where it lies, so the transposing copy of all ``N`` rows that the
-    embedding's backward needs first is never made (40,000 x 768 on the EPYC: that copy alone took a
-    quarter of the lookup's step)."""
-    order = torch.argsort(position, stable=True)
-    offsets = torch.zeros(num_rows + 1, dtype=torch.int64, device=grad.device)
-    torch.cumsum(torch.bincount(position, minlength=num_rows), 0, out=offsets[1:])
-    ones = torch.ones(position.shape[0], dtype=grad.dtype, device=grad.device)
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message="Sparse CSR tensor support is in beta", category=UserWarning
-        )
-        assignment = torch.sparse_csr_tensor(
-            offsets, order, ones, size=(num_rows, position.shape[0]), check_invariants=False
-        )
-        return torch.sparse.mm(assignment, grad)
 
 
 def rows_at(rows: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
