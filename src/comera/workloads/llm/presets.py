@@ -28,14 +28,19 @@ column is computed; padding to 1408 or 1440 (:func:`comera.suggest_padding`, or 
 costs 2-27% more cores, 2.3-4.7% wasted outputs, and caps the last bond at the size of the last mode.
 
 Ranks: ``paper`` 32 for linears and the embedding (the reference CoMERA code's 30/32 rounded to the
-modes); ``small`` 32 and 32; ``smoke`` 4 and 4. The vocabulary's modes are ``(40, 20, 40)`` (32000) and
-``(16, 16, 16)`` (4096), padded when a tokenizer reaches fewer tokens; ``smoke`` chooses them for the model's
-vocabulary (``(8, 12)`` for 96 tokens, ``(15, 20)`` for the recipe's 300-token BPE).
+modes); ``smoke`` 4 and 4. The vocabulary's modes are ``(40, 20, 40)`` (32000), padded when a tokenizer
+reaches fewer tokens; ``smoke`` chooses them for the model's vocabulary (``(8, 12)`` for 96 tokens, ``(15,
+20)`` for the recipe's 300-token BPE).
 
-``small`` keeps its untied LM head dense. A ``TTLinear`` head has matrix rank at most the rank of the bond
-between its input and output modes (32 of the width 128), so every logit vector lies in a 32-dimensional
-space; 800-step probes of the ``small`` preset on the EPYC (validation perplexity at step 800, dense 132.0):
-TT head 520, tied TTM head 360, dense head 176 (docs/llm.md).
+``small`` (width 128) tensorizes the projections only, as ``TTMLinear`` at rank 16 (4.0x smaller at the
+start; the late stage's target 0.8 takes them to 5.0x), and keeps the embedding and the untied LM head
+dense. Full 4800-step runs on the EPYC (validation perplexity; dense 20.35, docs/llm.md): TT projections
+at rank 32 with a TTM embedding and a dense head 93.0, the same projections at 5.3x with a dense embedding
+83.8, TTM projections at rank 16 (this preset) 43.0. A TT matrix whose input modes all come before its output
+modes has matrix rank at most the rank of the bond between them (32 of the width 128 here), a low-rank
+factorisation in effect; a TTM core carries an input and an output mode, so no bond caps the rank. A TT
+head is capped the same way (every logit vector in a 32-dimensional space: 800-step probes 520 against
+176 for a dense head).
 
 ``llm-hf-llama`` and ``llm-hf-gpt2`` target Hugging Face's ``LlamaForCausalLM`` (``q_proj``, ``k_proj``,
 ``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``, ``embed_tokens``) and
@@ -64,6 +69,7 @@ def llm_tensorize_config(
     rows: tuple[int, ...] | None,
     head: bool = True,
     embedding: bool = True,
+    format: str = "tt",
 ) -> TensorizeConfig:
     """The config of a :class:`~comera.workloads.llm.model.LlamaLM`: TT projections, TTM embedding.
 
@@ -80,6 +86,8 @@ def llm_tensorize_config(
             the embedding either way).
         embedding: whether the token embedding becomes a ``TTMEmbedding`` (False: it stays dense, and
             ``embedding_rank`` and ``rows`` are not used).
+        format: ``"tt"`` (projections become ``TTLinear``) or ``"ttm"`` (``TTMLinear``: every core holds an
+            input and an output mode, so the matrix rank is not capped by one bond's rank).
     """
     back = tuple(reversed(width))
     shapes: dict[str, dict[str, tuple[int, ...]]] = {
@@ -92,7 +100,7 @@ def llm_tensorize_config(
     return TensorizeConfig(
         target_modules=_LINEARS if head else tuple(name for name in _LINEARS if name != "lm_head"),
         embeddings=("embed",) if embedding else False,
-        format="tt",
+        format=format,
         rank=linear_rank,
         rank_pattern={"embed": embedding_rank} if embedding else {},
         shape_pattern=shapes,
@@ -104,7 +112,14 @@ TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
         linear_rank=32, embedding_rank=32, width=(8, 8, 8), mlp=(4, 8, 43), rows=(40, 20, 40)
     ),
     "llm-small": llm_tensorize_config(
-        linear_rank=32, embedding_rank=32, width=(4, 4, 8), mlp=(4, 8, 11), rows=(16, 16, 16), head=False
+        linear_rank=16,
+        embedding_rank=32,
+        width=(4, 4, 8),
+        mlp=(4, 8, 11),
+        rows=None,
+        head=False,
+        embedding=False,
+        format="ttm",
     ),
     "llm-smoke": llm_tensorize_config(linear_rank=4, embedding_rank=4, width=(4, 8), mlp=(8, 11), rows=None),
     "llm-hf-llama": TensorizeConfig(
@@ -200,7 +215,7 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
         },
         "tensorize": {"preset": "llm-small"},
         "method": {
-            "comera": {"method": {"target_ratio": 0.7, "lr_cores": 3e-3, "lr_gates": 3e-3}},
+            "comera": {"method": {"target_ratio": 0.8, "lr_cores": 3e-3, "lr_gates": 3e-3}},
             "apollo": {"method": APOLLO_MINI},
         },
     },
