@@ -42,6 +42,20 @@ def test_missed_targets_are_named():
     assert "1.10x faster than the published TT layer (target 1.2x, missed)" in report
 
 
+def test_the_small_batch_target_against_the_published_layer_is_reported():
+    rows = [
+        row("768->768", 128, 30, "merge", 1.0, 2.0, 3.0, 1.05, 1.0, 3.0),
+        row("768->3072", 128, 30, "merge", 1.0, 2.0, 3.0, 1.0, 1.1, 3.0),
+        row("768->3072", 128, 8, "merge", 1.0, 2.0, 3.0, 1.0, 1.1, 3.0),  # another rank: not a target
+    ]
+    report = checks_report(rows)
+    assert "Target at B=128, r=30 (TT auto against the published TT layer):" in report
+    assert "- 768->768: 0.95x (target 1x, missed)" in report
+    assert "- 768->3072: 1.10x (target 1x, met)" in report
+    assert report.count("(target 1x,") == 2
+    assert "Targets at B=4096" not in report
+
+
 def test_no_output_pool_turns_the_pool_off_and_says_so(tmp_path, capsys):
     from comera.bench.layers import main
     from comera.tt.recycle import configure_output_pool, output_pool
