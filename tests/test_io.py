@@ -106,6 +106,14 @@ def test_a_bond_pruned_past_what_its_neighbour_can_use_loads_with_its_stored_ran
     assert torch.equal(loaded(ids), model(ids))
 
 
+@pytest.mark.parametrize(("rank", "ranks"), [(8, (2, 8, 2)), ([1, 2, 4, 2, 1], (2, 4, 2))])
+def test_a_spec_whose_rank_is_an_int_or_boundary_inclusive_rebuilds_as_the_constructor_reads_it(rank, ranks):
+    """``from_spec`` restores a sequence of stored ranks exactly, but an int still means the constructor's
+    clipped ranks (8 on the edge bonds of modes 2 is 2), and the boundary-inclusive form its inner entries."""
+    spec = {**TTLinear(8, 8, in_shape=(2, 4), out_shape=(4, 2), rank=2).spec(), "rank": rank}
+    assert TTLinear.from_spec(spec).max_ranks == ranks
+
+
 def test_registered_model_is_rebuilt_from_the_config(tmp_path):
     @register_model("test-io-net")
     class Registered(Net):

@@ -35,6 +35,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from comera.nn.layer import ComeraLayer
 from comera.tt.cores import num_train_parameters
 from comera.tt.merge import fold_gates
+from comera.tt.shapes import requested_ranks
 
 __all__ = ["DEFAULT_RANK", "GatedTrain", "mask_gate", "DEFAULT_TAU", "invalidate_inference_caches"]
 
@@ -122,19 +123,16 @@ class GatedTrain(ComeraLayer, nn.Module):
             [nn.Parameter(torch.ones(shape[-1], device=device, dtype=dtype)) for shape in core_shapes[:-1]]
         )
 
-    def _restore_stored_ranks(self, ranks: Sequence[int]) -> None:
-        """Give the train exactly ``ranks`` on its inner bonds, with fresh values (``reset_parameters``),
-        for a layer rebuilt from a spec. The constructor clips a bond to what its neighbours can use (``r_k <=
+    def _restore_stored_ranks(self, rank: int | Sequence[int]) -> None:
+        """Give the train exactly the per-bond ``rank`` of a spec, with fresh values (``reset_parameters``),
+        for a layer rebuilt from it. The constructor clips a bond to what its neighbours can use (``r_k <=
         c_{k+1} r_{k+1}``, :func:`comera.tt.shapes.resolve_ranks`); pruning trims each bond by its own gates
         and can leave one above that bound (a bond of 14 beside one of 3 on a mode of 4), and the saved cores
-        have those shapes. Raises ``ValueError`` unless ``ranks`` has one positive int per inner bond."""
-        ranks = tuple(ranks)
-        if len(ranks) != len(self.gates) or any(
-            isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in ranks
-        ):
-            raise ValueError(
-                f"rank must have {len(self.gates)} positive ints (one per bond), got {list(ranks)}"
-            )
+        have those shapes. An int ``rank`` (the same maximum on every bond) means the constructor's clipped
+        ranks and changes nothing; a sequence is read by :func:`comera.tt.shapes.requested_ranks`."""
+        if isinstance(rank, int):
+            return
+        ranks = requested_ranks(rank, len(self.gates))
         if ranks == self.max_ranks:
             return
         bounds = (1, *ranks, 1)

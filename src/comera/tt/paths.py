@@ -140,14 +140,12 @@ def tt_linear(
     if order == "merge" and gemm == "fp32":
         return tt_merge_linear(x, cores, num_in_cores, out_features, bias, workspace, gates)
     cores = fold_gates(cores, gates)
-    if order == FACTORS:
+    if order in (FACTORS, "merge"):
         left = _first_rows(merge_tt_left(cores[:num_in_cores]), in_features)
         right = _first_columns(merge_tt_right(cores[num_in_cores:]), out_features)
+        if order == "merge":
+            return fp8_low_rank_linear(x, left, right, bias)
         return x @ left @ right if bias is None else torch.addmm(bias, x @ left, right)
-    if order == "merge":
-        left = merge_tt_left(cores[:num_in_cores])[:in_features]
-        right = merge_tt_right(cores[num_in_cores:])[:, :out_features]
-        return fp8_low_rank_linear(x, left, right, bias)
     if order == "sequential":
         padded = _pad_columns(x, math.prod([c.shape[1] for c in cores[:num_in_cores]]))
         return _add_bias(_tt_sequential(padded, cores, num_in_cores, out_features), bias)

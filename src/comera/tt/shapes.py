@@ -19,6 +19,7 @@ __all__ = [
     "auto_num_modes",
     "auto_modes",
     "max_ranks",
+    "requested_ranks",
     "resolve_ranks",
     "check_modes",
 ]
@@ -149,6 +150,32 @@ def max_ranks(bond_sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(bounds)
 
 
+def requested_ranks(rank: int | Sequence[int], bonds: int) -> tuple[int, ...]:
+    """The per-bond ranks a user ``rank`` asks for on a train of ``bonds`` inner bonds, not clipped: an int
+    (the same on every bond), a sequence with one entry per bond, or the boundary-inclusive form ``(1, r_1,
+    ..., r_bonds, 1)``. Raises ``ValueError`` naming what is wrong otherwise."""
+    if isinstance(rank, bool):
+        raise ValueError(f"rank must be a positive int or a sequence of positive ints, got {rank!r}")
+    if isinstance(rank, int):
+        if rank < 1:
+            raise ValueError(f"rank must be >= 1, got {rank}")
+        return (rank,) * bonds
+    if not isinstance(rank, Sequence):
+        raise ValueError(f"rank must be a positive int or a sequence of positive ints, got {rank!r}")
+    requested = tuple(rank)
+    if len(requested) == bonds + 2 and requested[0] == requested[-1] == 1:
+        requested = requested[1:-1]
+    if len(requested) != bonds:
+        raise ValueError(
+            f"rank must have {bonds} entries (one per bond) or {bonds + 2} with boundary 1s, "
+            f"got {len(requested)}: {rank!r}"
+        )
+    for r in requested:
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise ValueError(f"rank entries must be ints >= 1, got {rank!r}")
+    return requested
+
+
 def resolve_ranks(rank: int | Sequence[int], bond_sizes: Sequence[int]) -> tuple[int, ...]:
     """Per-bond ranks from a user ``rank``, clipped to what the bond sizes allow.
 
@@ -159,26 +186,7 @@ def resolve_ranks(rank: int | Sequence[int], bond_sizes: Sequence[int]) -> tuple
     (``len(bond_sizes) - 1``), or the full boundary-inclusive form ``(1, r_1, ..., r_{K-1}, 1)``.
     """
     bounds = max_ranks(bond_sizes)
-    if isinstance(rank, bool):
-        raise ValueError(f"rank must be a positive int or a sequence of positive ints, got {rank!r}")
-    if isinstance(rank, int):
-        if rank < 1:
-            raise ValueError(f"rank must be >= 1, got {rank}")
-        requested = (rank,) * len(bounds)
-    elif isinstance(rank, Sequence):
-        requested = tuple(rank)
-        if len(requested) == len(bounds) + 2 and requested[0] == requested[-1] == 1:
-            requested = requested[1:-1]
-        if len(requested) != len(bounds):
-            raise ValueError(
-                f"rank must have {len(bounds)} entries (one per bond) or {len(bounds) + 2} with boundary 1s, "
-                f"got {len(requested)}: {rank!r}"
-            )
-        for r in requested:
-            if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-                raise ValueError(f"rank entries must be ints >= 1, got {rank!r}")
-    else:
-        raise ValueError(f"rank must be a positive int or a sequence of positive ints, got {rank!r}")
+    requested = requested_ranks(rank, len(bounds))
     clipped = [min(r, b) for r, b in zip(requested, bounds)]
     sizes = list(bond_sizes)
     for k in range(len(clipped)):
