@@ -17,11 +17,12 @@ import torch
 
 from comera.commands.numbers import milliseconds, number, times
 from comera.launch import launch, split_nproc
-from comera.methods import method_names
+from comera.methods import get_method, method_names
 from comera.recipes.run import SetupError, default_run_dir, run
+from comera.recipes.settings import resolve_settings
 from comera.train.distributed import world
 from comera.train.guard import NonFiniteError
-from comera.train.parallel import RankLostError, init_from_environment, shutdown
+from comera.train.parallel import RankLostError, init_from_environment, shutdown, training_device
 from comera.workloads import load_recipe, workload_names
 
 __all__ = ["main", "add_setting_arguments", "summary"]
@@ -65,8 +66,22 @@ def add_setting_arguments(parser: argparse.ArgumentParser, scope: str = "") -> N
         help=f"override one setting{scope}, e.g. train.batch_size=16 (repeatable)",
     )
     parser.add_argument(
+        "--device",
+        action=_DeviceSetting,
+        metavar="DEVICE",
+        help=f"train on cpu, cuda (under torchrun: GPU LOCAL_RANK) or cuda:N{scope}; the same as --set "
+        "train.device=DEVICE (default: cpu)",
+    )
+    parser.add_argument(
         "--cache", default=None, help="cache folder (default: $COMERA_CACHE or ~/.cache/comera)"
     )
+
+
+class _DeviceSetting(argparse.Action):
+    """``--device D``: the assignment ``train.device=D`` added to ``--set``'s list."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        namespace.assignments = [*(namespace.assignments or []), f"train.device={values}"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -128,10 +143,28 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"comera train: warning: {message}", file=sys.stderr if file is None else file)
 
 
+def _run_device(args: argparse.Namespace) -> torch.device:
+    """The device the run's settings name (``train.device``), for the process group's backend; the CPU when
+    they name none, or when they cannot be read or name a device this machine lacks (the run then reports
+    what is wrong)."""
+    try:
+        settings = resolve_settings(
+            load_recipe(args.workload).presets,
+            args.preset,
+            get_method(args.method),
+            config_file=args.config,
+            assignments=args.assignments,
+        )
+        name = settings["train"].get("device")
+        return torch.device("cpu") if name is None else training_device(name)
+    except (ValueError, FileNotFoundError, TypeError):
+        return torch.device("cpu")
+
+
 def _train(args: argparse.Namespace, out) -> int:
-    """Train in this process, or as one rank of a ``torchrun`` job (only rank 0 prints). The recipes train
-    on the CPU, so the process group uses gloo, GPUs or not."""
-    init_from_environment(torch.device("cpu"))
+    """Train in this process, or as one rank of a ``torchrun`` job (only rank 0 prints). The process group's
+    backend is the one for the run's device (``train.device``): nccl for a GPU, gloo for the CPU."""
+    init_from_environment(_run_device(args))
     every_rank_answers = False
     try:
         code = _train_here(args, out, world()[0] == 0)

@@ -65,7 +65,14 @@ from comera.train.distributed import gather_objects, world
 from comera.train.evaluation import run_evaluation
 from comera.train.fsdp import is_sharded, whole_copy
 from comera.train.metrics import read_metrics
-from comera.train.parallel import RankError, on_rank_zero, per_process_batch, rank_zero_first
+from comera.train.parallel import (
+    RankError,
+    on_rank_zero,
+    per_process_batch,
+    rank_zero_first,
+    training_device,
+)
+from comera.train.setup import place_model
 from comera.train.trainer import Trainer
 from comera.version import __version__
 
@@ -419,6 +426,8 @@ def _set_up(request: _Request) -> _Setup:
         assignments=request.assignments,
     )
     settings = header["settings"]
+    if settings["train"].get("device") is not None:
+        training_device(settings["train"]["device"])  # a GPU this machine lacks, before the data is read
     out = (
         Path(request.out)
         if request.out is not None
@@ -450,6 +459,7 @@ def _set_up(request: _Request) -> _Setup:
         tensorize=tensorize_config(settings), settings=settings["method"], train=run_config
     )
     model = chosen.prepare(model, context)
+    place_model(model, run_config.device, None)  # before the objective and optimizer take its parameters
     first_eval = next(iter(recipe_data.evals.values()), None)
     trainer = Trainer(
         model,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "AUTO_COMPILE_MIN_STEPS",
     "MOVED_KEYS",
     "PARALLEL_MODES",
+    "DEVICE_NAME",
     "PRECISIONS",
     "UNITS",
     "moved_key_message",
@@ -37,6 +39,8 @@ UNITS = ("epoch", "step")
 PRECISIONS = ("fp32", "bf16", "fp8")
 PARALLEL_MODES = ("ddp", "fsdp")
 """How a run in several processes holds the model (``TrainConfig.parallel``)."""
+DEVICE_NAME = re.compile(r"cpu|cuda(:[0-9]+)?")
+"""The forms :attr:`TrainConfig.device` takes (besides None)."""
 AUTO_COMPILE_MIN_STEPS = 10_000
 """With ``compile="auto"``, CPU runs of at least this many steps compile the training step."""
 MOVED_KEYS = (
@@ -121,6 +125,11 @@ class TrainConfig:
             merge order in FP8 (``gemm="fp8"``: E4M3 operands, E5M2 gradients, per-tensor scales); the rest
             of the model stays fp32. Measured 3.4x slower than fp32 on a 2-core AVX2 CPU; meant for GPUs with
             FP8 units (not run on one yet).
+        device: where the model trains: None (default) = wherever it already is; ``"cpu"``, ``"cuda"``
+            (under ``torchrun`` GPU ``LOCAL_RANK``, else the current GPU) or ``"cuda:N"``. The Trainer moves
+            the model there (in place: parameters keep their identity) before it wraps it or builds an
+            optimizer; an optimizer passed in must not have stepped yet. CUDA must be available
+            (:func:`comera.train.parallel.training_device` checks it when the Trainer is built).
         reuse_cpu_memory: on CPU, call :func:`comera.cpu.reuse_freed_memory` when the Trainer is built, so
             freed activation-sized blocks are reused instead of faulted in again every step (faster
             layers and embedding lookups on a 2-core CPU: docs/benchmarks.md, allocation sections). It is
@@ -173,6 +182,7 @@ class TrainConfig:
     compile: bool | str = "auto"
     compile_backend: str = "inductor"
     precision: str = "fp32"
+    device: str | None = None
     reuse_cpu_memory: bool = True
     cuda_graph: bool = False
     graph_buckets: tuple[int, ...] | None = None
@@ -223,6 +233,10 @@ class TrainConfig:
             raise ValueError(
                 f"compile_backend must be a torch.compile backend name, got {self.compile_backend!r}"
             )
+        if self.device is not None and not (
+            isinstance(self.device, str) and DEVICE_NAME.fullmatch(self.device)
+        ):
+            raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N' (N >= 0), got {self.device!r}")
         if not isinstance(self.reuse_cpu_memory, bool):
             raise ValueError(f"reuse_cpu_memory must be True or False, got {self.reuse_cpu_memory!r}")
         self._check_graph()

@@ -39,6 +39,7 @@ __all__ = [
     "peer_failure",
     "environment_world_size",
     "environment_device",
+    "training_device",
     "init_from_environment",
     "shutdown",
     "per_process_batch",
@@ -125,6 +126,34 @@ def environment_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
+
+
+def training_device(name: str) -> torch.device:
+    """The device a :attr:`comera.TrainConfig.device` name means in this process, checked on this machine.
+
+    ``"cpu"`` is the CPU; ``"cuda"`` is GPU ``LOCAL_RANK`` under ``torchrun``, else the current GPU;
+    ``"cuda:N"`` is GPU N. Raises ``ValueError`` naming the setting when CUDA is not available or N is not
+    below the number of GPUs.
+    """
+    device = torch.device(name)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"train.device={name!r}: CUDA is not available here (torch {torch.__version__}, CUDA build "
+            f"{torch.version.cuda}); use train.device='cpu'"
+        )
+    count = torch.cuda.device_count()
+    index = device.index
+    if index is None:
+        local = os.environ.get("LOCAL_RANK")
+        index = int(local) if local is not None else torch.cuda.current_device()
+    if not 0 <= index < count:
+        raise ValueError(
+            f"train.device={name!r}: GPU {index} does not exist; this machine has {count} "
+            f"(indices 0 to {count - 1})"
+        )
+    return torch.device("cuda", index)
 
 
 def init_from_environment(device: torch.device | None = None) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -14,8 +15,16 @@ from comera.train.cuda_graph import CudaGraphStep, capturable_adam
 from comera.train.data import EpochData
 from comera.train.evaluation import Evaluator
 from comera.train.objective import Objective
+from comera.train.parallel import training_device
 
-__all__ = ["check_arguments", "batches_for", "default_optimizer", "fusable", "graph_step_for"]
+__all__ = [
+    "check_arguments",
+    "place_model",
+    "batches_for",
+    "default_optimizer",
+    "fusable",
+    "graph_step_for",
+]
 
 
 def check_arguments(model, loss_fn, config, optimizer, objective, eval_fn, evaluator) -> TrainConfig:
@@ -47,6 +56,35 @@ def check_arguments(model, loss_fn, config, optimizer, objective, eval_fn, evalu
             f"objective must be a comera.train.objective.Objective or None, got {type(objective).__name__}"
         )
     return config
+
+
+def place_model(module: nn.Module, device_name: str | None, optimizer: torch.optim.Optimizer | None) -> None:
+    """Move ``module`` in place to the device ``device_name`` names (:attr:`TrainConfig.device`, resolved by
+    :func:`comera.train.parallel.training_device`); nothing for None or a module already there.
+
+    Between CPU and CUDA the parameters keep their identity, so an ``optimizer`` built before the move still
+    holds them. ``ValueError`` naming the setting if that optimizer already holds state (it would stay on the
+    old device), or if the move replaced the parameters it holds.
+    """
+    if device_name is None:
+        return
+    device = training_device(device_name)
+    tensors = itertools.chain(module.parameters(), module.buffers())
+    if all(tensor.device == device for tensor in tensors):
+        return
+    advice = f"build it after moving the model (model.to({str(device)!r})), or leave train.device unset"
+    if optimizer is not None and optimizer.state:
+        raise ValueError(
+            f"train.device={device_name!r}: the optimizer passed in already holds state on the model's "
+            f"current device; {advice}"
+        )
+    before = list(module.parameters())
+    module.to(device)
+    if optimizer is not None and any(old is not new for old, new in zip(before, module.parameters())):
+        raise ValueError(
+            f"train.device={device_name!r}: moving the model to {device} replaced its parameters, so the "
+            f"optimizer passed in holds the old ones; {advice}"
+        )
 
 
 def batches_for(

@@ -85,7 +85,13 @@ from comera.train.objective import Objective, default_objective
 from comera.train.parallel import all_true, lost_rank, peer_failure, per_rank_values, rank_seed
 from comera.train.records import StepWindow, train_record
 from comera.train.schedule import apply_lr_schedule, lr_factor
-from comera.train.setup import batches_for, check_arguments, default_optimizer, graph_step_for
+from comera.train.setup import (
+    batches_for,
+    check_arguments,
+    default_optimizer,
+    graph_step_for,
+    place_model,
+)
 from comera.train.sharded_checkpoint import load_sharded_state, save_sharded_checkpoint
 from comera.version import __version__
 
@@ -178,6 +184,7 @@ class Trainer:
         self.config = config
         self.model = model
         self.module = unwrap_model(model)
+        place_model(self.module, config.device, optimizer)
         self.loss_fn = loss_fn
         self.callbacks = list(callbacks)
         self.process_rank, self.world_size = world()
