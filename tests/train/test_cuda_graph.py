@@ -84,6 +84,19 @@ def test_fill_static_copies_pads_and_refuses_shape_changes():
         fill_static(static, {"ids": good_ids}, {"ids": 0})
 
 
+def test_a_batch_that_is_one_tensor_is_a_one_entry_batch():
+    ids = torch.tensor([[1, 2], [3, 4]])
+    assert torch.equal(pad_batch(ids, {0: 9}, 4), torch.tensor([[1, 2, 9, 9], [3, 4, 9, 9]]))
+    assert batch_length(ids, {0: 0}) == 2
+    static = torch.zeros(2, 3, dtype=torch.long)
+    fill_static(static, ids, {0: 7})
+    assert torch.equal(static, torch.tensor([[1, 2, 7], [3, 4, 7]]))
+    with pytest.raises(ValueError, match=r"batch\[0\] has shape \(3, 3\)"):
+        fill_static(static, torch.ones(3, 3, dtype=torch.long))
+    with pytest.raises(TypeError, match="batch must be a tensor, or a dict, list or tuple of tensors"):
+        fill_static(static, "not a batch")
+
+
 def _parts(capturable=True):
     model = make_model(dropout=0.0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=capturable)
@@ -178,6 +191,21 @@ def test_replayed_steps_match_eager_steps_and_warmup_leaves_no_trace():
         _assert_same_state(graph_parts, eager_parts)
     assert stepper.captured_buckets == (None,)
     assert all(float(state["step"]) == 6 for state in graph_parts[1].state.values())
+
+
+@needs_cuda
+def test_a_batch_that_is_one_tensor_is_replayed_like_eager_steps():
+    def loss(model, batch):  # features then the label in the last column, one tensor
+        batch = batch.cuda()
+        return nn.functional.cross_entropy(model(batch[:, :-1]), batch[:, -1].long())
+
+    graph_parts, eager_parts = _cuda_parts(), _cuda_parts()
+    stepper = CudaGraphStep(*graph_parts[:1], loss, *graph_parts[1:])
+    for inputs, labels in _batches(4):
+        batch = torch.cat([inputs, labels[:, None].float()], dim=1)
+        values = stepper.step(batch).tolist()
+        assert values == pytest.approx(_eager_step(*eager_parts, batch, loss), rel=1e-5, abs=1e-6)
+        _assert_same_state(graph_parts, eager_parts)
 
 
 @needs_cuda

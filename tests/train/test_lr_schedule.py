@@ -9,7 +9,7 @@ from tiny import loss_fn, make_data, make_model, parameters_of, run_settings
 
 from comera.methods.comera import CoMERAObjective
 from comera.train import TrainConfig, Trainer, read_metrics
-from comera.train.schedule import lr_factor
+from comera.train.schedule import apply_lr_schedule, lr_factor, rates_as_tensors
 
 FAST_GATES = {"gamma": 1.0, "lr_gates": 0.05, "lr_cores": 1e-3, "lr_other": 1e-3}
 
@@ -40,9 +40,45 @@ def test_bad_schedule_settings_name_the_setting(changes, message):
         TrainConfig(**changes)
 
 
-def test_cuda_graph_refuses_a_schedule():
-    with pytest.raises(ValueError, match="cuda_graph=True excludes lr_schedule='cosine'"):
-        TrainConfig(cuda_graph=True, lr_schedule="cosine")
+def test_a_rate_held_as_a_tensor_is_written_in_place_from_a_float_peak():
+    weights = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
+    optimizer = torch.optim.AdamW([{"params": weights[:1], "lr": 0.2}, {"params": weights[1:], "lr": 0.05}])
+    apply_lr_schedule(optimizer, 0.5)  # the peaks are recorded from the float rates
+    rates_as_tensors(optimizer, torch.device("cpu"))
+    held = [group["lr"] for group in optimizer.param_groups]
+    assert [(rate.dtype, rate.shape) for rate in held] == [(torch.float32, torch.Size([]))] * 2
+    apply_lr_schedule(optimizer, 0.25)
+    for group, rate, peak in zip(optimizer.param_groups, held, (0.2, 0.05)):
+        assert group["lr"] is rate  # the same tensor: a captured graph reads the new rate
+        assert type(group["initial_lr"]) is float and group["initial_lr"] == peak
+        assert rate.item() == pytest.approx(peak * 0.25, rel=1e-7)
+    rates_as_tensors(optimizer, torch.device("cpu"))
+    assert [group["lr"] for group in optimizer.param_groups] == held  # kept, not replaced
+
+    fresh = torch.optim.AdamW([torch.nn.Parameter(torch.ones(1))], lr=0.3)
+    rates_as_tensors(fresh, torch.device("cpu"))  # a tensor before the first schedule: its peak is a float
+    apply_lr_schedule(fresh, 0.5)
+    assert type(fresh.param_groups[0]["initial_lr"]) is float
+    assert fresh.param_groups[0]["lr"].item() == pytest.approx(0.15)
+
+
+def test_training_with_tensor_rates_follows_the_float_schedule():
+    def train(as_tensors: bool):
+        torch.manual_seed(0)
+        weight = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.float64))
+        optimizer = torch.optim.AdamW([weight], lr=0.1, weight_decay=0.1, foreach=False)
+        if as_tensors:
+            rates_as_tensors(optimizer, torch.device("cpu"))
+        for step in range(6):
+            apply_lr_schedule(optimizer, lr_factor(step, 6, "cosine", 0.3, 0.1))
+            optimizer.zero_grad()
+            (weight.sin().sum() * (step + 1)).backward()
+            optimizer.step()
+        return weight.detach()
+
+    floats, tensors = train(False), train(True)
+    assert not torch.equal(floats, train(False) * 0.5)  # the rates matter
+    torch.testing.assert_close(tensors, floats, rtol=1e-6, atol=1e-7)
 
 
 def _comera_trainer(run_dir, **changes):

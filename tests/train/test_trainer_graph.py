@@ -221,10 +221,19 @@ def cuda_loss(model, batch):
 
 
 @needs_cuda
-def test_cuda_graph_trainer_matches_eager_on_cuda(tmp_path):
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_cuda_graph_trainer_matches_eager_on_cuda(tmp_path, schedule):
     def run(cuda_graph):
         model = make_model(dropout=0.0, dead_gate=True).cuda()
-        run_config = config(tmp_path / str(cuda_graph), cuda_graph, compile=False, early=4, late=4)
+        run_config = config(
+            tmp_path / str(cuda_graph),
+            cuda_graph,
+            compile=False,
+            early=4,
+            late=4,
+            lr_schedule=schedule,
+            warmup=0.25,
+        )
         return model, make_trainer(model, cuda_loss, make_data(), config=run_config).fit()
 
     (eager_model, eager), (graph_model, graph) = run(False), run(True)

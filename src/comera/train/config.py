@@ -93,7 +93,8 @@ class TrainConfig:
         lr_schedule: ``"constant"`` (every group keeps its rate; the default) or ``"cosine"``: a linear
             warm-up over the first ``warmup`` fraction of the run's steps (early + late), then a half cosine
             down to ``min_lr_ratio`` of each param group's own peak rate (:mod:`comera.train.schedule`).
-            A pure function of the step, so a resume continues it exactly. Excludes ``cuda_graph``; under
+            A pure function of the step, so a resume continues it exactly. Under ``cuda_graph`` the rates
+            are device tensors written in place, so the captured step follows the schedule; under
             ``compile`` the optimizer step stays eager (a changed rate would recompile it).
         warmup: fraction of the run's steps that warm up (in ``[0, 1)``; the schedule's only).
         min_lr_ratio: the rate the cosine ends at, as a fraction of each group's peak (in ``[0, 1]``).
@@ -248,11 +249,6 @@ class TrainConfig:
     def _check_graph(self) -> None:
         if not isinstance(self.cuda_graph, bool):
             raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
-        if self.cuda_graph and self.lr_schedule != "constant":
-            raise ValueError(
-                f"cuda_graph=True excludes lr_schedule={self.lr_schedule!r} (the captured optimizer step "
-                "replays the rate it was captured with); set lr_schedule='constant' or cuda_graph=False"
-            )
         if self.cuda_graph and self.compile is True:
             raise ValueError(
                 "cuda_graph=True excludes compile=True (the graph replays the eager step); "

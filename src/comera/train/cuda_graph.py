@@ -18,8 +18,11 @@ module provides it:
   of the step (``torch.where``), so a bad batch leaves no trace, as in the eager trainer. The host reads the
   step's four numbers (task loss, objective, gradient norm, applied flag) after the replay: one sync a step.
 - **Capturable AdamW.** The optimizer must be ``torch.optim.AdamW`` or ``Adam`` with ``capturable=True`` in
-  every group (step counters live on the device). Learning rates given as Python floats are baked into
-  the graph: changing one needs :meth:`CudaGraphStep.invalidate`.
+  every group (step counters live on the device). At each capture every group's learning rate becomes a
+  0-dim device tensor (:func:`comera.train.schedule.rates_as_tensors`) that the captured step reads, so a
+  rate written into it in place (:func:`comera.train.schedule.apply_lr_schedule`, the Trainer's
+  ``lr_schedule``) takes effect at the next replay; a rate replaced by a Python float needs
+  :meth:`CudaGraphStep.invalidate`.
 - **Warm-up whose effects are undone.** Before each capture, ``warmup`` steps run on a side stream (this
   creates the optimizer state and lets kernels pick their algorithms). Model tensors, optimizer state, the
   loss average and the RNG states are snapshotted in memory first and written back in place afterwards;
@@ -28,7 +31,8 @@ module provides it:
 - **Recapture.** A graph holds raw addresses and baked constants. Call :meth:`CudaGraphStep.invalidate`
   after :func:`comera.prune_` (it reallocates parameters and optimizer state), after
   the switch to the late stage (the objective changes), after loading a checkpoint into the
-  optimizer, and after changing learning rates; the next :meth:`CudaGraphStep.step` recaptures.
+  optimizer, and after replacing a learning rate (rather than writing into its tensor); the next
+  :meth:`CudaGraphStep.step` recaptures.
 
 Each bucket's graph has its own memory pool, so memory grows with the number of buckets. Gradients live in
 the graph's pool: between steps ``param.grad`` holds the last replay's gradients; do not set them to None
@@ -61,6 +65,7 @@ from comera.train.padding import (
     pad_batch,
     rebuild,
 )
+from comera.train.schedule import rates_as_tensors
 
 __all__ = ["capturable_adam", "STEP_VALUES", "CudaGraphStep"]
 
@@ -100,8 +105,9 @@ class CudaGraphStep:
         warmup: warm-up steps before each capture (>= 1); their effects are undone.
         autocast_dtype: run forward and objective under ``torch.autocast("cuda", dtype=...)``, or None.
 
-    The batch given to :meth:`step` is a dict, list or tuple of tensors (on any device) and non-tensor
-    values; non-tensor values and the shapes of the unpadded entries must equal those seen at capture.
+    The batch given to :meth:`step` is one tensor, or a dict, list or tuple of tensors (on any device) and
+    non-tensor values; non-tensor values and the shapes of the unpadded entries must equal those seen at
+    capture.
     """
 
     def __init__(
@@ -267,6 +273,7 @@ class CudaGraphStep:
         torch.cuda.set_rng_state(rng[1], self.device)
 
     def _capture(self, bucket: int | None, batch: Any) -> _Captured:
+        rates_as_tensors(self.optimizer, self.device)  # the graph reads each rate from its tensor
         static = self._new_static(batch, bucket)
         snapshot = self._snapshot()
         side = torch.cuda.Stream(self.device)

@@ -4,7 +4,7 @@ A captured CUDA graph (:mod:`comera.train.cuda_graph`) reads its batch from fixe
 whose sequence length varies are padded along ``length_dim`` to the smallest of a few ``buckets``; the
 entries named in ``pad`` are padded with their value (e.g. ``{"input_ids": 0, "attention_mask": 0,
 "labels": -100}``), every other entry must keep the shape it had at capture. A batch is a dict, list or tuple
-of tensors and non-tensor values.
+of tensors and non-tensor values, or one tensor (an entry with index 0, as in a one-entry tuple).
 """
 
 from __future__ import annotations
@@ -58,16 +58,23 @@ def pad_to(tensor: torch.Tensor, dim: int, size: int, value: float) -> torch.Ten
 
 
 def entries(batch: Any) -> list[tuple[Hashable, Any]]:
-    """``(key, value)`` pairs of a dict batch, ``(index, value)`` pairs of a list or tuple batch."""
+    """``(key, value)`` pairs of a dict batch, ``(index, value)`` pairs of a list or tuple batch, ``[(0,
+    batch)]`` for a batch that is one tensor."""
+    if isinstance(batch, torch.Tensor):
+        return [(0, batch)]
     if isinstance(batch, Mapping):
         return list(batch.items())
     if isinstance(batch, (list, tuple)):
         return list(enumerate(batch))
-    raise TypeError(f"batch must be a dict, list or tuple of tensors, got {type(batch).__name__}")
+    raise TypeError(
+        f"batch must be a tensor, or a dict, list or tuple of tensors, got {type(batch).__name__}"
+    )
 
 
 def rebuild(batch: Any, values: list[Any]) -> Any:
-    """A batch of ``batch``'s structure (dict, list or tuple) holding ``values`` in its order."""
+    """A batch of ``batch``'s structure (dict, list, tuple or one tensor) holding ``values`` in its order."""
+    if isinstance(batch, torch.Tensor):
+        return values[0]
     if isinstance(batch, Mapping):
         return dict(zip(batch.keys(), values))
     return type(batch)(values) if isinstance(batch, list) else tuple(values)

@@ -78,7 +78,9 @@ def train_record(
         "size": size,
         "ratio": size / objective.initial_size,
         **objective.record(),
-        "lr": {str(group.get("name", i)): group["lr"] for i, group in enumerate(optimizer.param_groups)},
+        "lr": {
+            str(group.get("name", i)): float(group["lr"]) for i, group in enumerate(optimizer.param_groups)
+        },
         "step_time": step_time,
         "steps_per_second": 1.0 / step_time if step_time > 0 else float("nan"),
         "peak_memory_mib": peak_memory_mib(device),

@@ -14,7 +14,9 @@ group's rate is ``initial_lr * lr_factor(s, ...)``:
 
 This is the schedule of GaLore, APOLLO, Fira and CoLA's LLaMA runs (10% warm-up, cosine to 10% of the peak).
 ``total`` counts the whole run, both CoMERA stages (early + late steps). The factor depends on nothing but
-``s`` and the settings, so a resumed run sets the rates an uninterrupted run set.
+``s`` and the settings, so a resumed run sets the rates an uninterrupted run set. Under ``cuda_graph=True``
+the rates are device tensors (:func:`rates_as_tensors`) written in place each step, so one captured graph
+follows the schedule.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 from comera.checks import check_int, check_number
 
-__all__ = ["LR_SCHEDULES", "apply_lr_schedule", "check_schedule", "lr_factor"]
+__all__ = ["LR_SCHEDULES", "apply_lr_schedule", "check_schedule", "lr_factor", "rates_as_tensors"]
 
 LR_SCHEDULES = ("constant", "cosine")
 """The schedules ``TrainConfig.lr_schedule`` accepts."""
@@ -56,8 +58,24 @@ def lr_factor(step: int, total: int, schedule: str, warmup: float, min_lr_ratio:
 
 
 def apply_lr_schedule(optimizer: torch.optim.Optimizer, factor: float) -> None:
-    """Set every param group's ``lr`` to ``factor`` times its peak ``initial_lr`` (recorded from ``lr`` the
-    first time a group is seen)."""
+    """Set every param group's ``lr`` to ``factor`` times its peak ``initial_lr`` (recorded from ``lr``, as a
+    float, the first time a group is seen). A rate held as a tensor (:func:`rates_as_tensors`) is written in
+    place, so a captured CUDA graph's optimizer step replays the new rate."""
     for group in optimizer.param_groups:
-        group.setdefault("initial_lr", group["lr"])
-        group["lr"] = group["initial_lr"] * factor
+        if "initial_lr" not in group:
+            group["initial_lr"] = float(group["lr"])
+        rate = group["initial_lr"] * factor
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(rate)
+        else:
+            group["lr"] = rate
+
+
+def rates_as_tensors(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Hold every param group's ``lr`` as a 0-dim float32 tensor on ``device`` (a group already holding one
+    there keeps it): ``AdamW``/``Adam`` with ``capturable=True`` read such a rate on the device, so a CUDA
+    graph captured once replays whatever :func:`apply_lr_schedule` writes into it later."""
+    for group in optimizer.param_groups:
+        rate = group["lr"]
+        if not (isinstance(rate, torch.Tensor) and rate.device == device and rate.dtype == torch.float32):
+            group["lr"] = torch.tensor(float(rate), dtype=torch.float32, device=device)
