@@ -42,3 +42,11 @@ def test_a_gpu_on_a_machine_without_cuda_is_refused_before_the_data_is_read(tmp_
     assert len(error.splitlines()) == 1, error
     assert "train.device='cuda': CUDA is not available" in error
     assert not (tmp_path / "run").exists()
+
+
+def test_a_resume_on_another_device_is_refused_as_a_changed_setting(tmp_path, capsys):
+    assert main(_arguments(tmp_path, "--device", "cpu")) == 0
+    capsys.readouterr()
+    assert main(_arguments(tmp_path, "--resume")) == 2
+    error = capsys.readouterr().err.strip()
+    assert "train.device" in error and len(error.splitlines()) == 1, error

@@ -70,6 +70,6 @@ def test_the_old_keys_name_their_new_home_and_other_settings_are_still_refused(t
     out = _copy(tmp_path)
     with pytest.raises(SetupError, match="train.gamma moved to method.gamma"):
         _resume(tmp_path, out, [*STAGES, "train.gamma=0.01", "method.recovery=0.5"])
-    with pytest.raises(SetupError, match=r"other settings \(differences in \['settings'\]\)"):
+    with pytest.raises(SetupError, match=r"other settings \(method.gamma: 0.01 then, 0.02 now\)"):
         _resume(tmp_path, out, [*STAGES, "method.gamma=0.02", "method.recovery=0.5"])
     assert not (out / "results.json").exists()

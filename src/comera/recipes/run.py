@@ -137,7 +137,21 @@ def header_difference(recorded: dict[str, Any], header: dict[str, Any]) -> str |
         if changed is not None:
             return f"the data changed since the run started ({changed})"
     keys = sorted(key for key in {*header, *recorded} if recorded.get(key) != header.get(key))
+    if keys == ["settings"]:
+        changed = _changed_settings(recorded.get("settings") or {}, header["settings"])
+        return f"it was started with other settings ({'; '.join(changed)})"
     return f"it was started with other settings (differences in {keys})"
+
+
+def _changed_settings(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``"section.key: then -> now"`` for every setting whose value differs (absent: None)."""
+    changed = []
+    for section in sorted({*recorded, *now}):
+        then_values, now_values = recorded.get(section) or {}, now.get(section) or {}
+        for key in sorted({*then_values, *now_values}):
+            if then_values.get(key) != now_values.get(key):
+                changed.append(f"{section}.{key}: {then_values.get(key)!r} then, {now_values.get(key)!r} now")
+    return changed
 
 
 def _check_identity(out: Path, identity: dict[str, str] | None, cache: Path) -> None:
