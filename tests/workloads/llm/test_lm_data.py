@@ -75,6 +75,21 @@ def test_pack_stream_blocks_concatenate_to_the_token_stream():
     assert pack_stream(documents, 5, IDS, tail="pad", max_blocks=1).tokens.tolist() == [stream[0:5]]
 
 
+def test_kept_blocks_are_spread_evenly_over_the_stream():
+    documents = [list(range(10 + 7 * d, 17 + 7 * d)) for d in range(10)]  # 10 documents of 7 ids + </s>
+    every = pack_stream(documents, 4, IDS, tail="drop")  # 80 ids: 20 blocks, two per document
+    for count in (1, 3, 7, 19):
+        kept = pack_stream(documents, 4, IDS, tail="drop", max_blocks=count)
+        wanted = [(i * 20) // count for i in range(count)]
+        assert kept.tokens.tolist() == every.tokens[wanted].tolist()
+        assert len(set(wanted)) == count and wanted[0] == 0
+        assert kept.targets == count * 3
+    three = pack_stream(documents, 4, IDS, tail="drop", max_blocks=3).tokens
+    assert {int(block[0]) for block in three} == {10, 31, 56}  # from documents 0, 3 and 6, not 0 and 1 only
+    assert torch.equal(pack_stream(documents, 4, IDS, tail="drop", max_blocks=20).tokens, every.tokens)
+    assert torch.equal(pack_stream(documents, 4, IDS, tail="drop", max_blocks=50).tokens, every.tokens)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -186,7 +201,12 @@ def test_validation_is_fixed_across_builds_and_processes(corpus, tmp_path):
     subprocess.run([sys.executable, "-c", script, str(corpus), str(cache), str(out)], check=True)
     assert torch.equal(torch.load(out), first.validation.tokens)
     capped = _build(corpus, cache, max_validation_blocks=2)
-    assert torch.equal(capped.validation.tokens, first.validation.tokens[:2])
+    count = len(first.validation)
+    assert count > 2
+    assert torch.equal(capped.validation.tokens, first.validation.tokens[[0, count // 2]])
+    assert capped.info["identity"]["tokenizer"] == first.info["identity"]["tokenizer"]
+    assert capped.info["identity"]["validation"] != first.info["identity"]["validation"]
+    assert again.info["identity"] == first.info["identity"]
 
 
 def test_a_split_without_documents_is_named(corpus, tmp_path):
