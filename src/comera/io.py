@@ -55,6 +55,7 @@ __all__ = [
     "load_pretrained",
     "read_saved",
     "rebuild_layers",
+    "saved_base_model",
 ]
 
 CONFIG_NAME = "comera_config.json"
@@ -307,6 +308,18 @@ def rebuild_layers(
         except (KeyError, ValueError, TypeError) as error:
             raise ValueError(f"{path}: key 'layers.{name}': cannot rebuild the layer ({error})") from None
     return built
+
+
+def saved_base_model(directory: str | os.PathLike) -> nn.Module:
+    """A fresh instance (new weights) of the registered comera model that a :func:`save_pretrained` folder
+    names: the untensorized base :func:`load_pretrained` builds when it is given none.
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`read_saved`; ``ValueError`` also when the save names no
+            registered model (a model of another library: build it yourself).
+    """
+    saved = read_saved(directory)
+    return _build_base(saved.config, saved.directory / CONFIG_NAME)
 
 
 def _build_base(config: dict[str, Any], path: Path) -> nn.Module:

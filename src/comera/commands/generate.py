@@ -1,11 +1,12 @@
 """``comera generate RUN_DIR --prompt TEXT``: print a continuation of a prompt by a trained language model.
 
 RUN_DIR is a run folder of ``comera train llm`` (dense or compressed, pruned or not): the model is read from
-``RUN_DIR/model`` (:func:`comera.load_pretrained`) and the tokenizer from ``RUN_DIR/model/tokenizer.json``
-(a ``tokenizers`` file). The prompt is encoded as it is (no token is added before it), continued by
-:func:`comera.workloads.llm.generate.generate` on the CPU with a key-value cache (greedy unless
-``--temperature`` is above 0), stopped early at the end-of-sequence token ``</s>`` when the tokenizer has
-one, and only the new text is printed (special tokens left out).
+``RUN_DIR/model`` (:func:`comera.recipes.saved.load_run_model`: :func:`comera.load_pretrained`, or the
+method's own layers rebuilt from the run's settings for CoLA and LTE) and the tokenizer from
+``RUN_DIR/model/tokenizer.json`` (a ``tokenizers`` file). The prompt is encoded as it is (no token is
+added before it), continued by :func:`comera.workloads.llm.generate.generate` on the CPU with a key-value
+cache (greedy unless ``--temperature`` is above 0), stopped early at the end-of-sequence token ``</s>`` when
+the tokenizer has one, and only the new text is printed (special tokens left out).
 
 Errors (a missing folder, a run that has not finished, a model that is not a language model, a missing or
 mismatched tokenizer, a prompt and continuation longer than the model's context, a bad option) are printed
@@ -22,7 +23,7 @@ import torch
 from tokenizers import Tokenizer
 
 from comera.data.bpe import SPECIAL_TOKENS
-from comera.io import load_pretrained
+from comera.recipes.saved import load_run_model
 from comera.workloads.llm.generate import generate
 from comera.workloads.llm.model import LlamaLM
 
@@ -57,7 +58,7 @@ def load_run(run_dir: str | Path) -> tuple[LlamaLM, Tokenizer]:
             )
         raise FileNotFoundError(f"{run_dir} holds no model/ folder; {_WHY}")
     try:
-        model = load_pretrained(model_dir)
+        model = load_run_model(run_dir)
     except ValueError as error:
         raise ValueError(f"{model_dir}: not a language model ({error}); {_WHY}") from None
     if not isinstance(model, LlamaLM):

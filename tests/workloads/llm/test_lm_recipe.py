@@ -13,6 +13,7 @@ import comera
 from comera.cli import main
 from comera.measure import weights_optimizer_mib
 from comera.recipes.run import SetupError, run
+from comera.recipes.saved import load_run_model
 from comera.workloads import load_recipe
 from comera.workloads.llm.data import build_lm_data
 from comera.workloads.llm.model import LlamaLM
@@ -41,7 +42,7 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
-@pytest.mark.parametrize("method", ["dense", "comera"])
+@pytest.mark.parametrize("method", ["dense", "comera", "cola", "lte"])
 def test_smoke_run_reports_perplexity_tokens_and_memory(tmp_path, cache, method):
     out = tmp_path / "run"
     command = ["train", "llm", "--method", method, "--preset", "smoke", "--out", str(out)]
@@ -59,7 +60,9 @@ def test_smoke_run_reports_perplexity_tokens_and_memory(tmp_path, cache, method)
     # the saved model and tokenizer, evaluated again by hand: token-weighted mean cross entropy
     tokenizer = Tokenizer.from_file(str(out / "model" / "tokenizer.json"))
     assert tokenizer.get_vocab_size() == results["data"]["vocab_size"]
-    model = comera.load_pretrained(out / "model").eval()
+    model = load_run_model(out)  # CoLA's and LTE's own layers rebuilt through the run's settings
+    if method in ("dense", "comera"):
+        torch.testing.assert_close(comera.load_pretrained(out / "model").state_dict(), model.state_dict())
     if method == "comera":
         assert isinstance(model.embed, comera.TTMEmbedding) and results["compression"]["tensorized"] > 1
     data = build_lm_data(None, cache_dir=cache, seq_len=32, vocab_size=300, max_bytes=100_000,
@@ -140,3 +143,29 @@ def test_a_folder_without_documents_is_refused_before_training(tmp_path):
     (tmp_path / "data").mkdir()
     with pytest.raises(SetupError, match="no document found"):
         run("llm", method="dense", preset="smoke", data=tmp_path / "data", out=tmp_path / "run")
+
+
+def test_a_cola_run_generates_and_a_wrong_method_in_its_config_is_named(tmp_path, cache, capsys):
+    out = tmp_path / "run"
+    command = [
+        "train",
+        "llm",
+        "--method",
+        "cola",
+        "--preset",
+        "smoke",
+        "--out",
+        str(out),
+        "--cache",
+        str(cache),
+    ]
+    assert main([*command, "--set", "train.plot=false"]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(out), "--prompt", "def ", "--max-new-tokens", "4"]) == 0
+    assert capsys.readouterr().out.strip() != ""
+    with pytest.raises(ValueError, match="missing key"):
+        comera.load_pretrained(out / "model")  # CoLA's factors are not comera layers
+    header = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**header, "method": "dense"}))
+    with pytest.raises(ValueError, match=r"rebuilding it as its run did \(.*config.json\) failed too"):
+        load_run_model(out)

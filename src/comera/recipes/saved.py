@@ -1,0 +1,60 @@
+"""The trained model of a run folder, for use after the run: :func:`load_run_model`.
+
+A run saves its model with :func:`comera.save_pretrained`, which :func:`comera.load_pretrained` rebuilds
+alone when the model is the registered base model with comera layers in it (dense, comera, GaLore, APOLLO).
+Methods that put layers of their own into the model (CoLA's low-rank factors, LTE's heads) save weights that
+only the method's own layers hold; for those the model is rebuilt the way the run built it: the base model
+the save names, then the method's ``prepare`` with the run's settings (``RUN_DIR/config.json``), then the
+saved weights, checked key by key and shape by shape.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from comera.io import load_pretrained, saved_base_model
+from comera.methods import MethodContext, get_method
+from comera.recipes.run import read_run_config
+from comera.recipes.settings import tensorize_config, upgrade_run_header
+from comera.train.config import TrainConfig
+
+__all__ = ["load_run_model"]
+
+
+def load_run_model(run_dir: str | Path) -> nn.Module:
+    """The model a finished run saved in ``RUN_DIR/model``, in eval mode, on the CPU.
+
+    Raises:
+        FileNotFoundError: ``RUN_DIR/model`` or a file in it is missing. ValueError: the saved files do not
+            make a model (the message of :func:`comera.load_pretrained`; for a method's own layers, of the
+            rebuild through the run's ``config.json``).
+    """
+    run_dir = Path(run_dir)
+    model_dir = run_dir / "model"
+    try:
+        return load_pretrained(model_dir).eval()
+    except ValueError as direct:
+        header_path = run_dir / "config.json"
+        if not header_path.is_file():
+            raise
+        try:
+            return _rebuilt_by_method(model_dir, header_path).eval()
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(
+                f"{direct}; rebuilding it as its run did ({header_path}) failed too: {error}"
+            ) from None
+
+
+def _rebuilt_by_method(model_dir: Path, header_path: Path) -> nn.Module:
+    recorded = read_run_config(header_path)
+    method = get_method(recorded["method"])
+    settings = upgrade_run_header(recorded, method)["settings"]
+    context = MethodContext(
+        tensorize=tensorize_config(settings),
+        settings=settings["method"],
+        train=TrainConfig.from_dict(settings["train"]),
+    )
+    model = method.prepare(saved_base_model(model_dir), context)
+    return load_pretrained(model_dir, base_model=model)
