@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from comera.atomic import atomic_write_bytes
+from comera.cpu import reset_peak_resident, status_kib
 from comera.tt.recycle import output_pool
 
 __all__ = [
@@ -132,30 +133,10 @@ def update_section(path: str | os.PathLike, name: str, body: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def status_kib(field: str) -> int | None:
-    """The ``field`` line of ``/proc/self/status`` (e.g. ``"VmRSS"``, ``"VmHWM"``) in KiB; None where the
-    file or the field does not exist (not Linux)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 def status_mib(field: str, missing: float | None = None) -> float | None:
     """:func:`status_kib` in MiB, ``missing`` where it is unavailable."""
     kib = status_kib(field)
     return missing if kib is None else kib / 1024
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return status_kib("VmHWM") is not None
 
 
 def peak_rise_mib(step: Callable[[], object]) -> float:
@@ -164,7 +145,7 @@ def peak_rise_mib(step: Callable[[], object]) -> float:
     Uses the kernel's high-water mark, reset through ``/proc/self/clear_refs``; elsewhere ``ru_maxrss``
     (then only a rise above the process's earlier peak shows).
     """
-    if _reset_peak_rss():
+    if reset_peak_resident():
         before = status_kib("VmRSS")
         step()
         return (status_kib("VmHWM") - before) / 1024

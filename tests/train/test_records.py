@@ -1,10 +1,14 @@
 """Records: metrics.jsonl against the model, rank heat-map data, the PNG plots, the progress bar."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from tiny import accuracy_fn, loss_fn, make_data, make_model
 
+from comera.cpu import reset_peak_resident
 from comera.methods.comera import CoMERAObjective
 from comera.train import TrainConfig, Trainer, plot_run, rank_history, read_metrics
 
@@ -99,3 +103,34 @@ def test_progress_bar_shows_steps_loss_and_ratio(capsys):
     Trainer(make_model(), loss_fn, make_data(), config=config).fit()
     shown = capsys.readouterr().err
     assert "6/6" in shown and "ratio=1.000" in shown and "loss=" in shown and "step/s" in shown
+
+
+_PEAK_SCRIPT = """
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from tiny import loss_fn, make_data, make_model
+from comera.cpu import status_kib
+from comera.train import TrainConfig, Trainer, read_metrics
+block = np.ones(400 * 2**20, dtype=np.uint8)  # 400 MiB resident before training (a data build, say)
+del block  # returned to the kernel: the resident set falls, its high-water mark stays
+before = status_kib("VmHWM") / 1024
+config = TrainConfig(early=1, batch_size=8, run_dir=sys.argv[2], plot=False, reuse_cpu_memory=False)
+Trainer(make_model(), loss_fn, make_data(), config=config).fit()
+peak = max(r["peak_memory_mib"] for r in read_metrics(sys.argv[2]) if r["kind"] == "train")
+print(json.dumps({"record": peak, "before": before}))
+"""
+
+
+def test_the_recorded_peak_is_the_training_one_not_the_process_lifetime_one(tmp_path):
+    if not reset_peak_resident():
+        pytest.skip("the kernel's resident high-water mark cannot be reset here (not Linux)")
+    here = str(Path(__file__).parent)
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK_SCRIPT, here, str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    peaks = json.loads(done.stdout.strip().splitlines()[-1])
+    assert peaks["before"] - peaks["record"] > 300, peaks  # the 400 MiB before fit() is not counted

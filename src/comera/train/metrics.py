@@ -4,7 +4,8 @@ Each record has ``"kind"``:
 
 - ``"train"``: ``step, epoch, stage, loss`` (mean task loss since the last record), ``objective``, ``size``,
   ``ratio``, ``ranks`` (``{layer: [active rank per bond]}``), ``lr`` (``{group: lr}``), ``step_time`` (mean
-  seconds per step), ``steps_per_second``, ``peak_memory_mib``, ``nonfinite`` (steps skipped so far).
+  seconds per step), ``steps_per_second``, ``peak_memory_mib`` (since :meth:`Trainer.fit` began),
+  ``nonfinite`` (steps skipped so far).
 - ``"eval"``: ``step, epoch, stage``, ``train_time_s`` (the run's training time so far, resumes included)
   and the evaluation metrics under ``"metrics"``.
 - ``"event"``: ``step`` and ``"event"`` (``"late_stage"``, ``"prune"``, ``"rollback"``, ``"resume"``) with
@@ -29,8 +30,16 @@ from typing import Any
 import torch
 
 from comera.atomic import atomic_write_bytes
+from comera.cpu import reset_peak_resident, status_kib
 
-__all__ = ["METRICS_NAME", "HISTORY_EVENTS", "MetricsLog", "read_metrics", "peak_memory_mib"]
+__all__ = [
+    "METRICS_NAME",
+    "HISTORY_EVENTS",
+    "MetricsLog",
+    "read_metrics",
+    "peak_memory_mib",
+    "reset_peak_memory",
+]
 
 METRICS_NAME = "metrics.jsonl"
 HISTORY_EVENTS = ("resume", "rollback", "unreadable_checkpoint", "torn_record_dropped")
@@ -72,10 +81,26 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     return records
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start :func:`peak_memory_mib`'s peak afresh from what is in memory now: the CUDA allocator's peak on a
+    CUDA device, else the kernel's resident high-water mark (Linux; elsewhere the process's lifetime peak
+    stays what is reported). The Trainer calls it when :meth:`~comera.train.Trainer.fit` starts, so a run's
+    peak covers training, not what the process did before (building the data, training a tokenizer)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        reset_peak_resident()
+
+
 def peak_memory_mib(device: torch.device) -> float:
-    """Peak memory so far: CUDA allocator peak on a CUDA device, else the process's peak resident set."""
+    """Peak memory since the last :func:`reset_peak_memory` (or the process's start): CUDA allocator peak on
+    a CUDA device, else the resident high-water mark (``VmHWM``; the process's ``ru_maxrss`` where the
+    kernel does not report it)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    high = status_kib("VmHWM")
+    if high is not None:
+        return high / 2**10
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 

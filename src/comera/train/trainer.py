@@ -80,7 +80,7 @@ from comera.train.fsdp import (
     unfuse_mixed_groups,
 )
 from comera.train.guard import NonFiniteGuard
-from comera.train.metrics import MetricsLog
+from comera.train.metrics import MetricsLog, reset_peak_memory
 from comera.train.objective import Objective, default_objective
 from comera.train.parallel import all_true, lost_rank, peer_failure, per_rank_values, rank_seed
 from comera.train.records import StepWindow, train_record
@@ -374,6 +374,7 @@ class Trainer:
                 while this one waited for it in a collective call.
         """
         self._fit_started = time.perf_counter()
+        reset_peak_memory(self._device())  # the run's peak: training, not what the process did before
         if self.process_rank == 0:
             for folder in (self.run_dir, self.checkpoint_dir):
                 if folder is not None:
