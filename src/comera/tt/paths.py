@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from comera.tt.contract import tt_merge_linear, ttm_split_linear
+from comera.tt.contract import factor_product, tt_merge_linear, ttm_split_linear
 from comera.tt.costs import ORDERS, auto_ttm_rebuild_split
 from comera.tt.fp8 import fp8_low_rank_linear
 from comera.tt.merge import (
@@ -44,11 +44,12 @@ from comera.tt.workspace import Workspace
 __all__ = ["FACTORS", "GEMMS", "tt_linear", "ttm_linear"]
 
 FACTORS = "factors"
-"""The ``"merge"`` order of a TT layer run by plain autograd ops: ``L`` and ``R`` merged from the gated cores
-by differentiable products (autograd keeps the partial merges for the backward), then ``addmm(b, X L, R)``.
-It runs the same products as the merge-first custom function (:func:`comera.tt.contract.tt_merge_linear`)
-with fewer Python-side steps but none of its batch-sized savings (fused bias gradient, blocked GEMMs,
-recycled outputs), so it can win for small batches, where per-op overhead dominates; the cost model does
+"""The ``"merge"`` order of a TT layer in its small-batch form: ``L`` and ``R`` merged from the gated cores
+by differentiable products (autograd keeps the partial merges for the backward), then the six plain GEMMs
+of :func:`comera.tt.contract.factor_product`, each in its faster orientation. It runs the same products as
+the merge-first custom function (:func:`comera.tt.contract.tt_merge_linear`) with fewer Python-side steps
+but none of its batch-sized savings (fused bias gradient, blocked GEMMs, recycled outputs), so it can win
+for small batches, where per-op overhead dominates; the cost model does
 not tell the two apart, so only autotuning picks it."""
 
 GEMMS = ("fp32", "fp8")
@@ -145,7 +146,7 @@ def tt_linear(
         right = _first_columns(merge_tt_right(cores[num_in_cores:]), out_features)
         if order == "merge":
             return fp8_low_rank_linear(x, left, right, bias)
-        return x @ left @ right if bias is None else torch.addmm(bias, x @ left, right)
+        return factor_product(x, left, right, bias)
     if order == "sequential":
         padded = _pad_columns(x, math.prod([c.shape[1] for c in cores[:num_in_cores]]))
         return _add_bias(_tt_sequential(padded, cores, num_in_cores, out_features), bias)
