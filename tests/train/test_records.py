@@ -112,7 +112,7 @@ sys.path.insert(0, sys.argv[1])
 from tiny import loss_fn, make_data, make_model
 from comera.cpu import status_kib
 from comera.train import TrainConfig, Trainer, read_metrics
-block = np.ones(400 * 2**20, dtype=np.uint8)  # 400 MiB resident before training (a data build, say)
+block = np.ones(1000 * 2**20, dtype=np.uint8)  # 1000 MiB resident before training (a data build, say)
 del block  # returned to the kernel: the resident set falls, its high-water mark stays
 before = status_kib("VmHWM") / 1024
 config = TrainConfig(early=1, batch_size=8, run_dir=sys.argv[2], plot=False, reuse_cpu_memory=False)
@@ -133,4 +133,4 @@ def test_the_recorded_peak_is_the_training_one_not_the_process_lifetime_one(tmp_
         check=True,
     )
     peaks = json.loads(done.stdout.strip().splitlines()[-1])
-    assert peaks["before"] - peaks["record"] > 300, peaks  # the 400 MiB before fit() is not counted
+    assert peaks["before"] - peaks["record"] > 700, peaks  # the 1000 MiB before fit() is not counted
