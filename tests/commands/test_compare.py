@@ -126,6 +126,7 @@ def test_a_folder_with_other_settings_is_refused_before_anything_trains(finished
     ],
 )
 def test_bad_arguments_are_refused_before_anything_trains(tmp_path, methods, kwargs, message):
+    kwargs = dict(kwargs)  # the parametrized dict is shared by every run of this test in the process
     preset = kwargs.pop("preset", "smoke")
     with pytest.raises(SetupError, match=message):
         compare(

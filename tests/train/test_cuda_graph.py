@@ -119,6 +119,7 @@ def _parts(capturable=True):
     ],
 )
 def test_bad_arguments_are_named(change, error, match):
+    change = dict(change)  # the parametrized dict is shared by every run of this test in the process
     model, optimizer, rank = _parts(change.pop("capturable", True))
     if change.pop("optimizer", None) == "sgd":
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
