@@ -94,6 +94,22 @@ class _RecordBackward(TorchDispatchMode):
         return result
 
 
+class _NewShapes(TorchDispatchMode):
+    """The shapes of the tensors every non-view operator returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: set[tuple[int, ...]] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            for tensor in result if isinstance(result, (tuple, list)) else (result,):
+                if isinstance(tensor, torch.Tensor):
+                    self.shapes.add(tuple(tensor.shape))
+        return result
+
+
 def _row_or_column_major(tensor: torch.Tensor) -> bool:
     """Whether each matrix of a batched operand is row- or column-major (one BLAS call multiplies them)."""
     return tensor.stride(-1) == 1 or tensor.stride(-2) == 1
@@ -136,11 +152,11 @@ def test_an_expanded_gradient_is_never_materialised(monkeypatch, layout, dedup):
 
 
 @pytest.mark.parametrize("layout", ["column-major", "sliced"])
-def test_a_strided_gradient_is_made_contiguous_block_by_block(monkeypatch, layout):
-    """The deduplicated gather's backward copies a strided gradient 7 rows at a time (600 rows: 85 blocks
-    and a remainder), never as one whole copy, and the core gradients equal those of the same values laid
-    out contiguously."""
-    monkeypatch.setattr(lookup_module, "COPY_ROWS", 7)
+def test_a_strided_gradient_is_summed_block_by_block_without_a_whole_copy(monkeypatch, layout):
+    """The deduplicated gather's backward reads a strided gradient 7 rows at a time (600 rows: 85 blocks and
+    a remainder), never copying it whole, and the core gradients equal those of the same values laid out
+    contiguously; the per-row sums equal a float64 reference built with one-hot rows."""
+    monkeypatch.setattr(lookup_module, "SUM_ROWS", 7)
     values = _gradient("contiguous", 600, 96)
     strided = (
         values.t().contiguous().t() if layout == "column-major" else torch.cat([values, values], 1)[:, ::2]
@@ -148,22 +164,19 @@ def test_a_strided_gradient_is_made_contiguous_block_by_block(monkeypatch, layou
     if layout == "sliced":
         values = strided.contiguous()
     assert not strided.is_contiguous() and torch.equal(strided, values)
-    copied_rows = []
-    real = lookup_module._contiguous_by_rows
-
-    def spy(grad):
-        dense = real(grad)
-        copied_rows.append(grad.shape[0])
-        return dense
-
-    monkeypatch.setattr(lookup_module, "_contiguous_by_rows", spy)
     indices = torch.randint(0, 480, (600,), generator=torch.Generator().manual_seed(0))
     grads = []
     for gradient in (values, strided):
         cores = _cores(*_SHAPE)
-        ttm_lookup(cores, indices, dedup=True, split=1).backward(gradient)
+        out = ttm_lookup(cores, indices, dedup=True, split=1)
+        with _NewShapes() as made:
+            out.backward(gradient)
         grads.append([core.grad for core in cores])
-    assert copied_rows == [600, 600]
+    assert (600, 96) not in made.shapes  # no whole copy of the gradient
+    assert (7, 96) in made.shapes  # the block it is read through
     for want, got in zip(*grads):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-    assert torch.equal(lookup_module._contiguous_by_rows(strided), values)
+    distinct, position = torch.unique(indices, return_inverse=True)
+    one_hot = torch.nn.functional.one_hot(position, len(distinct)).double()
+    summed = lookup_module._summed_by_blocks(strided, position, len(distinct))
+    torch.testing.assert_close(summed, one_hot.t() @ values, rtol=1e-12, atol=1e-12)

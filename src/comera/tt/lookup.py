@@ -202,8 +202,8 @@ class _RowsAt(torch.autograd.Function):
 
     ``rows`` is ``(R, D)``, ``position`` 1-D; the output is ``(len(position), D)``. A gradient expanded
     along its rows (stride 0, as ``out.sum()`` sends) gives row ``r`` the gradient ``count(r) * g`` from its
-    one distinct row ``g``; any other layout goes to the embedding's own backward, a non-contiguous one
-    (column-major, sequence-first) first copied block of rows by block of rows (:func:`_contiguous_by_rows`).
+    one distinct row ``g``; a contiguous one goes to the embedding's own backward, and any other layout
+    (column-major, sequence-first) is summed block of rows by block of rows (:func:`_summed_by_blocks`).
     """
 
     @staticmethod
@@ -219,24 +219,32 @@ class _RowsAt(torch.autograd.Function):
         if grad.shape[0] and grad.stride(0) == 0:
             counts = torch.bincount(position, minlength=ctx.num_rows).to(grad.dtype)
             return torch.outer(counts, grad[0]), None
-        grad = _contiguous_by_rows(grad)
-        return torch.ops.aten.embedding_dense_backward(grad, position, ctx.num_rows, -1, False), None
+        if grad.is_contiguous():
+            return torch.ops.aten.embedding_dense_backward(grad, position, ctx.num_rows, -1, False), None
+        return _summed_by_blocks(grad, position, ctx.num_rows), None
 
 
-COPY_ROWS = 1024
-"""Rows per block when :func:`_contiguous_by_rows` copies a strided gradient."""
+SUM_ROWS = 512
+"""Rows per block when :func:`_summed_by_blocks` reads a strided gradient."""
 
 
-def _contiguous_by_rows(grad: torch.Tensor) -> torch.Tensor:
-    """``grad`` (2-D) as a contiguous tensor, copied :data:`COPY_ROWS` rows at a time: a column-major
-    ``(N, D)`` gradient read block by block stays in cache, where one whole copy (``grad.contiguous()``)
-    strides through all of it for every output row (40,000 x 768 on the EPYC: 25 ms against 56 ms)."""
-    if grad.is_contiguous():
-        return grad
-    dense = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
-    for start in range(0, grad.shape[0], COPY_ROWS):
-        dense[start : start + COPY_ROWS].copy_(grad[start : start + COPY_ROWS])
-    return dense
+def _summed_by_blocks(grad: torch.Tensor, position: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """Row sums of a strided ``grad``: ``out[r]`` sums ``grad[b]`` over ``position[b] == r``.
+
+    The gradient is read :data:`SUM_ROWS` rows at a time into one contiguous block, which stays in cache, and
+    each block is added into its rows (``index_add_``, in the order of the batch). No contiguous copy of the
+    whole gradient is made: one would stride through all of it for every output row and hold ``N x D``
+    more memory (40,000 x 768 ids on the EPYC: 23 ms against 26 ms for a copy by blocks of 1,024 rows and
+    the embedding's backward, and 123 MB less; 11.7 ms for a contiguous gradient).
+    """
+    summed = grad.new_zeros(num_rows, grad.shape[1])
+    block = grad.new_empty(min(SUM_ROWS, grad.shape[0]), grad.shape[1])
+    for start in range(0, grad.shape[0], SUM_ROWS):
+        rows = grad[start : start + SUM_ROWS]
+        dense = block[: rows.shape[0]]
+        dense.copy_(rows)
+        summed.index_add_(0, position[start : start + SUM_ROWS], dense)
+    return summed
 
 
 def rows_at(rows: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
