@@ -236,6 +236,8 @@ def _summed_by_blocks(grad: torch.Tensor, position: torch.Tensor, num_rows: int)
     whole gradient is made: one would stride through all of it for every output row and hold ``N x D``
     more memory (40,000 x 768 ids on the EPYC: 23 ms against 26 ms for a copy by blocks of 1,024 rows and
     the embedding's backward, and 123 MB less; 11.7 ms for a contiguous gradient).
+
+    Shapes: ``grad`` ``(N, D)``, ``position`` ``(N,)`` in ``[0, num_rows)``; returns ``(num_rows, D)``.
     """
     summed = grad.new_zeros(num_rows, grad.shape[1])
     block = grad.new_empty(min(SUM_ROWS, grad.shape[0]), grad.shape[1])
