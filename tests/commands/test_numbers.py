@@ -68,3 +68,35 @@ def test_the_summary_and_the_table_write_a_nan_metric_alike(tmp_path):
     run = MethodRun("comera", tmp_path, "trained", results, None)
     table = format_markdown([run], "accuracy")
     assert "| comera | nan |" in table
+
+
+def _results(data):
+    return {
+        "recipe": "llm",
+        "method": "dense",
+        "preset": "smoke",
+        "evaluation": {"validation": {"loss": 1.0}},
+        "compression": {"tensorized": None, "whole": 1.0},
+        "step_time_s": 0.01,
+        "peak_memory_mib": 1.0,
+        "steps": 3,
+        "wall_time_s": 1.0,
+        "params": 10,
+        "dense_params": 10,
+        "data": data,
+    }
+
+
+def test_the_summary_says_what_the_data_reader_skipped_and_nothing_when_it_skipped_nothing():
+    from comera.commands.train import summary
+
+    splits = {
+        "train": {"read": 19, "skipped": 0, "skipped_not_utf8": 0, "skipped_empty": 0},
+        "validation": {"read": 3, "skipped": 3, "skipped_not_utf8": 1, "skipped_empty": 2},
+    }
+    shown = summary(_results({"splits": splits, "source": "corpus"}))
+    assert "data skipped: validation: 1 not utf8, 2 empty (counts under data in results.json)" in shown
+    criteo = summary(_results({"source": {"source": "day_0", "lines_read": 9, "lines_skipped": 4}}))
+    assert "data skipped: source: 4 malformed lines" in criteo
+    splits["validation"].update(skipped=0, skipped_not_utf8=0, skipped_empty=0)
+    assert "skipped" not in summary(_results({"splits": splits}))

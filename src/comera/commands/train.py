@@ -44,9 +44,34 @@ def summary(results: dict) -> str:
         f"{number(results['peak_memory_mib'])} MiB, {results['steps']} steps in "
         f"{number(results['wall_time_s'])} s"
     )
+    skipped = _skipped_data(results.get("data", {}))
+    if skipped:
+        lines.append(f"  data skipped: {'; '.join(skipped)} (counts under data in results.json)")
     if "earlier_run" in results:
         lines.append(f"  the files of the run it replaced: {results['earlier_run']}")
     return "\n".join(lines)
+
+
+def _skipped_data(data: object, where: str = "") -> list[str]:
+    """``"<where>: <n> <reason>, ..."`` for every block of ``data`` (a ``results.json`` data section, nested
+    dicts) that counts skipped inputs: ``skipped`` with its ``skipped_<reason>`` counts, or
+    ``lines_skipped``; empty when nothing was skipped."""
+    if not isinstance(data, dict):
+        return []
+    found = []
+    label = where or "data"
+    if isinstance(data.get("skipped"), int) and data["skipped"] > 0:
+        reasons = [
+            f"{count} {key.removeprefix('skipped_').replace('_', ' ')}"
+            for key, count in data.items()
+            if key.startswith("skipped_") and isinstance(count, int) and count > 0
+        ]
+        found.append(f"{label}: {', '.join(reasons) or data['skipped']}")
+    if isinstance(data.get("lines_skipped"), int) and data["lines_skipped"] > 0:
+        found.append(f"{label}: {data['lines_skipped']} malformed lines")
+    for key, value in data.items():
+        found += _skipped_data(value, key if isinstance(value, dict) else where)
+    return found
 
 
 def add_setting_arguments(parser: argparse.ArgumentParser, scope: str = "") -> None:
