@@ -46,6 +46,7 @@ __all__ = [
     "documents_digest",
     "read_code",
     "read_counts",
+    "require_documents",
     "split_of",
 ]
 
@@ -92,6 +93,28 @@ def _unit_hash(*parts: object) -> float:
 def split_of(key: str, validation_fraction: float) -> str:
     """``"validation"`` or ``"train"`` for a document key (module docstring)."""
     return "validation" if _unit_hash("split", key) < validation_fraction else "train"
+
+
+def require_documents(
+    splits: dict[str, list[CodeDocument]],
+    source: str | Path,
+    validation_fraction: float,
+    max_files: int | None = None,
+    max_bytes: int | None = None,
+) -> None:
+    """``ValueError`` when a split of ``splits`` (``{"train": [...], "validation": [...]}``) is empty, naming
+    the split, how many documents were read from ``source``, the fraction and the read caps that were set
+    (``data.max_files`` / ``data.max_bytes``: a cap reached by one large file leaves a split empty)."""
+    read = sum(len(split) for split in splits.values())
+    caps = [f"data.{name}={cap}" for name, cap in (("max_files", max_files), ("max_bytes", max_bytes)) if cap]
+    capped = f", reading stopped at {' and '.join(caps)}" if caps else ""
+    for name, split in splits.items():
+        if not split:
+            raise ValueError(
+                f"the {name} split has no documents ({read} read from {source}, validation_fraction="
+                f"{validation_fraction}{capped}); add data, change validation_fraction"
+                + (" or raise the cap" if caps else "")
+            )
 
 
 def default_source_dir() -> Path:

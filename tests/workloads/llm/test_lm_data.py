@@ -212,3 +212,18 @@ def test_validation_is_fixed_across_builds_and_processes(corpus, tmp_path):
 def test_a_split_without_documents_is_named(corpus, tmp_path):
     with pytest.raises(ValueError, match="the validation split has no documents"):
         _build(corpus / "more", tmp_path / "cache")
+
+
+def test_an_empty_split_names_the_read_cap_that_was_reached():
+    from comera.data.sources import CodeDocument, require_documents
+
+    splits = {"train": [CodeDocument("big.txt", "x" * 10)], "validation": []}
+    capped = (
+        r"\(1 read from corpus, validation_fraction=0.3, reading stopped at data\.max_bytes=100000\); "
+        "add data, change validation_fraction or raise the cap"
+    )
+    with pytest.raises(ValueError, match=capped):
+        require_documents(splits, "corpus", 0.3, max_bytes=100_000)
+    with pytest.raises(ValueError, match=r"validation_fraction=0.3\); add data, change validation_fraction$"):
+        require_documents(splits, "corpus", 0.3)
+    require_documents({**splits, "validation": splits["train"]}, "corpus", 0.3, max_files=1)

@@ -56,6 +56,7 @@ from comera.data.sources import (
     default_source_dir,
     read_code,
     read_counts,
+    require_documents,
     split_of,
 )
 from comera.data.token_cache import encode_cached
@@ -271,13 +272,7 @@ def build_lm_data(
     splits: dict[str, list[CodeDocument]] = {"train": [], "validation": []}
     for document in sorted(documents, key=lambda document: document.key):
         splits[split_of(document.key, validation_fraction)].append(document)
-    for name, split in splits.items():
-        if not split:
-            raise ValueError(
-                f"the {name} split has no documents ({len(documents)} read from "
-                f"{path or default_source_dir()}, validation_fraction={validation_fraction}); add data or "
-                "change validation_fraction"
-            )
+    require_documents(splits, path or default_source_dir(), validation_fraction, max_files, max_bytes)
     tokenizer, tokenizer_path, cached = load_or_train_tokenizer(
         splits["train"], vocab_size, cache_dir, tokenizer_file
     )
