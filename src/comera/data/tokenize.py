@@ -98,7 +98,13 @@ def _read_vocab(path: Path) -> dict[str, int]:
                 raise ValueError(f"{path}:{number}: {utf8_problem(error)}") from None
             if not token:
                 raise ValueError(f"{path}:{number}: empty line in a WordPiece vocabulary")
-            vocab.setdefault(token, len(vocab))
+            if token in vocab:
+                raise ValueError(
+                    f"{path}:{number}: token {token!r} repeats line {vocab[token] + 1}; each line of a "
+                    "WordPiece vocabulary is one token, its id the line number (weights trained with this "
+                    "file would read every later id shifted)"
+                )
+            vocab[token] = number - 1
     return vocab
 
 

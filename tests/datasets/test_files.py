@@ -1,0 +1,123 @@
+"""Reading data files (comera.data.files): archives named by format, gzip errors naming the file, UTF-8 errors
+placed by line and column."""
+
+import bz2
+import gzip
+import io
+import lzma
+import re
+import tarfile
+import zipfile
+
+import pytest
+
+from comera.data.files import open_data, utf8_text
+from comera.data.sources import read_code
+
+_RECORD = b'{"code": "def f(x):\\n    return x\\n"}\n'
+
+
+def _tar(member: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo("functions.jsonl")
+        info.size = len(member)
+        archive.addfile(info, io.BytesIO(member))
+    return buffer.getvalue()
+
+
+def _zip(member: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("functions.jsonl", member)
+    return buffer.getvalue()
+
+
+# The zstd frame magic number is 0xFD2FB528, written little-endian (RFC 8878, section 3.1.1); the rest of a
+# frame does not matter to the check.
+_ZSTD = b"\x28\xb5\x2f\xfd" + bytes(40)
+
+ARCHIVES = {
+    "bzip2-compressed": bz2.compress(_RECORD),
+    "xz-compressed": lzma.compress(_RECORD, format=lzma.FORMAT_XZ),
+    "zstd-compressed": _ZSTD,
+    "a zip archive": _zip(_RECORD),
+    "a tar archive": _tar(_RECORD),
+}
+
+
+@pytest.mark.parametrize("name", list(ARCHIVES))
+def test_an_archive_is_refused_naming_its_format_and_the_file(tmp_path, name):
+    """Each unsupported format, read plainly and from inside gzip, is named with the file (the tar magic sits
+    at byte 257, past what the other probes read)."""
+    plain = tmp_path / "plain.jsonl"
+    plain.write_bytes(ARCHIVES[name])
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"{plain}: {name}, not a text file; extract or decompress it first"),
+    ):
+        open_data(plain)
+    packed = tmp_path / "packed.jsonl.gz"
+    packed.write_bytes(gzip.compress(ARCHIVES[name]))
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"{packed}: {name} inside gzip, not a text file; extract or decompress it first"),
+    ):
+        open_data(packed)
+
+
+def test_read_code_refuses_a_tar_file_named_jsonl(tmp_path):
+    """The reader of JSON lines goes through the same probe: a tar archive is named, not parsed as JSON."""
+    path = tmp_path / "functions.jsonl"
+    path.write_bytes(_tar(_RECORD))
+    with pytest.raises(ValueError, match=re.escape(f"{path}: a tar archive, not a text file")):
+        read_code(path)
+
+
+def test_a_file_that_only_resembles_an_archive_is_read_as_text(tmp_path):
+    """Text whose bytes 257.. are not ``ustar`` (here: shorter than 257 bytes, and exactly 262 bytes) is
+    returned whole, from the start."""
+    for size in (10, 262):
+        data = (b"ustar " * 60)[:size]
+        path = tmp_path / f"text{size}.txt"
+        path.write_bytes(data)
+        with open_data(path) as handle:
+            assert handle.read() == data
+
+
+def test_a_truncated_gzip_header_read_names_the_file(tmp_path):
+    """A gzip file cut before its first 262 decompressed bytes fails in the probe itself: the error names the
+    file (no line: none was read)."""
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(gzip.compress(bytes(range(256)) * 8)[:40])
+    with pytest.raises(
+        ValueError, match=re.escape(f"{path}: the compressed data is truncated or corrupt: ")
+    ) as caught:
+        open_data(path)
+    assert "after line" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "line", "column"),
+    [
+        (b"\xe9abc", 1, 1),  # at the very start
+        (b"\n\xe9", 2, 1),  # right after a newline at offset 0
+        (b"a\nbb\ncc\xe9\n", 3, 3),  # the last newline before the byte decides the column
+        (b"caf\xe9\nok\n", 1, 4),  # a newline after the byte does not count
+    ],
+)
+def test_utf8_text_names_the_line_column_and_byte(data, line, column):
+    """Line and column (both from 1) of the first byte that is not UTF-8, counted by hand."""
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"settings.toml: line {line}, column {column}: "
+            "byte 0xe9 is not valid UTF-8 (save the file as UTF-8)"
+        ),
+    ):
+        utf8_text(data, "settings.toml")
+
+
+def test_utf8_text_decodes_valid_text():
+    """Valid UTF-8 (two- and three-byte characters) is decoded as it is."""
+    assert utf8_text("é€ x\n".encode(), "a.toml") == "é€ x\n"
