@@ -9,7 +9,7 @@ from tiny import loss_fn, make_data, make_model, parameters_of, run_settings
 
 from comera.methods.comera import CoMERAObjective
 from comera.train import TrainConfig, Trainer, read_metrics
-from comera.train.schedule import apply_lr_schedule, lr_factor, rates_as_tensors
+from comera.train.schedule import apply_lr_schedule, check_schedule, lr_factor, rates_as_tensors
 
 FAST_GATES = {"gamma": 1.0, "lr_gates": 0.05, "lr_cores": 1e-3, "lr_other": 1e-3}
 
@@ -146,3 +146,97 @@ def test_constant_leaves_the_rates_and_the_groups_alone():
     trainer.fit()
     assert [group["lr"] for group in trainer.optimizer.param_groups] == before
     assert not any("initial_lr" in group for group in trainer.optimizer.param_groups)
+
+
+@pytest.mark.parametrize(
+    ("total", "warmup", "min_lr_ratio", "warm"),
+    [(20, 0.1, 0.1, 2), (10, 0.35, 0.0, 3), (7, 0.0, 0.25, 0), (1, 0.5, 0.1, 0), (4, 0.5, 1.0, 2)],
+)
+def test_cosine_factor_matches_a_float64_reference_at_every_step(total, warmup, min_lr_ratio, warm):
+    """Every step ``0..total`` (the warm-up's last step, ``step == w``, the last step and ``total`` itself
+    included) against the documented formula evaluated by hand, with ``w`` written out; ``total=1`` is the
+    smallest run accepted."""
+    for step in range(total + 1):
+        if step < warm:
+            want = (step + 1) / warm
+        else:
+            cosine = math.cos(math.pi * (step - warm) / (total - warm))
+            want = min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 + cosine) / 2.0
+        assert lr_factor(step, total, "cosine", warmup, min_lr_ratio) == pytest.approx(want, rel=1e-12), step
+    if warm:
+        assert lr_factor(warm - 1, total, "cosine", warmup, min_lr_ratio) == 1.0  # the ramp ends at the peak
+    assert lr_factor(warm, total, "cosine", warmup, min_lr_ratio) == 1.0  # the cosine starts at the peak
+    assert lr_factor(total, total, "cosine", warmup, min_lr_ratio) == pytest.approx(min_lr_ratio, abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("step", "total", "message"),
+    [
+        (-1, 20, r"^step must be an int in \[0, 20\], got -1$"),
+        (21, 20, r"^step must be an int in \[0, 20\], got 21$"),
+        (0, 0, r"^total must be an int >= 1, got 0$"),
+    ],
+)
+def test_lr_factor_names_a_step_or_total_out_of_range(step, total, message):
+    """``total >= 1`` and ``0 <= step <= total``: a value just outside is refused naming the argument and its
+    range."""
+    with pytest.raises(ValueError, match=message):
+        lr_factor(step, total, "cosine", 0.1, 0.1)
+
+
+def test_check_schedule_accepts_the_closed_ends_and_refuses_just_outside():
+    """``warmup`` in ``[0, 1)`` and ``min_lr_ratio`` in ``[0, 1]``: both ends of ``min_lr_ratio`` and the low
+    end of ``warmup`` pass; a value beyond them is refused naming the setting and its interval, an unknown
+    schedule naming the choices."""
+    for warmup, ratio in [(0.0, 0.0), (0.99, 1.0)]:
+        assert check_schedule("cosine", warmup, ratio) is None
+    unknown = r"^lr_schedule must be one of \('constant', 'cosine'\), got 'linear'$"
+    with pytest.raises(ValueError, match=unknown):
+        check_schedule("linear", 0.1, 0.1)
+    with pytest.raises(ValueError, match=r"^warmup must be a finite number in \[0.0, 1.0\), got -0.1$"):
+        check_schedule("cosine", -0.1, 0.1)
+    with pytest.raises(ValueError, match=r"^min_lr_ratio must be a finite number in \[0.0, 1.0\], got 1.5$"):
+        check_schedule("cosine", 0.1, 1.5)
+
+
+def test_a_float32_rate_tensor_on_the_device_is_kept_itself():
+    """A group already holding a 0-dim float32 tensor on ``device`` keeps that very tensor (a captured graph
+    reads it); equality of values is not enough."""
+    rate = torch.tensor(0.25, dtype=torch.float32)
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], lr=rate)
+    rates_as_tensors(optimizer, torch.device("cpu"))
+    assert optimizer.param_groups[0]["lr"] is rate
+
+
+def test_a_rate_tensor_of_another_dtype_is_replaced_by_a_float32_one():
+    """A float64 rate tensor on the right device is replaced by a float32 tensor of the same rate."""
+    rate = torch.tensor(0.2, dtype=torch.float64)
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], lr=rate)
+    rates_as_tensors(optimizer, torch.device("cpu"))
+    held = optimizer.param_groups[0]["lr"]
+    assert held is not rate and held.dtype == torch.float32 and held.shape == ()
+    assert held.item() == torch.tensor(0.2, dtype=torch.float32).item()
+
+
+def test_rate_tensors_are_float32_whatever_the_default_dtype():
+    """The rate tensor is float32 even when torch's default dtype is float64 (the dtype is explicit)."""
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], lr=0.3)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        rates_as_tensors(optimizer, torch.device("cpu"))
+    finally:
+        torch.set_default_dtype(previous)
+    assert optimizer.param_groups[0]["lr"].dtype == torch.float32
+
+
+def test_rate_tensors_are_placed_on_the_given_device():
+    """The rate tensor lives on the ``device`` argument (here ``meta``, not the default CPU), and a second
+    call keeps it there as the same tensor."""
+    meta = torch.device("meta")
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], lr=0.3)
+    rates_as_tensors(optimizer, meta)
+    held = optimizer.param_groups[0]["lr"]
+    assert held.device == meta and held.dtype == torch.float32 and held.shape == ()
+    rates_as_tensors(optimizer, meta)
+    assert optimizer.param_groups[0]["lr"] is held

@@ -46,3 +46,13 @@ def test_other_metrics_and_missing_values_are_ignored():
     assert last_fifth_change(records, "perplexity") == pytest.approx(0.1)
     assert last_fifth_change(records, "loss") == pytest.approx(0.25)
     assert last_fifth_change(records, "accuracy") is None
+
+
+def test_a_change_of_exactly_the_tolerance_is_not_a_plateau():
+    """Boundary: ``|change| == PLATEAU_TOLERANCE`` exactly (1 / 100 is the double nearest 0.01, as is the
+    constant) is not a plateau, either sign; the next double below is."""
+    up = last_fifth_change(_evals([(80, 100.0), (100, 101.0)]), "loss")
+    down = last_fifth_change(_evals([(80, 100.0), (100, 99.0)]), "loss")
+    assert up == PLATEAU_TOLERANCE and down == -PLATEAU_TOLERANCE
+    assert at_plateau(up) is False and at_plateau(down) is False
+    assert at_plateau(math.nextafter(PLATEAU_TOLERANCE, 0.0)) is True

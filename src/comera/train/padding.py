@@ -72,11 +72,14 @@ def entries(batch: Any) -> list[tuple[Hashable, Any]]:
 
 
 def rebuild(batch: Any, values: list[Any]) -> Any:
-    """A batch of ``batch``'s structure (dict, list, tuple or one tensor) holding ``values`` in its order."""
+    """A batch of ``batch``'s structure (dict, list, tuple, named tuple or one tensor) holding ``values`` in
+    its order; a named tuple stays of its type, so a loss that reads ``batch.field`` runs on it."""
     if isinstance(batch, torch.Tensor):
         return values[0]
     if isinstance(batch, Mapping):
         return dict(zip(batch.keys(), values))
+    if isinstance(batch, tuple) and hasattr(type(batch), "_fields"):
+        return type(batch)(*values)
     return type(batch)(values) if isinstance(batch, list) else tuple(values)
 
 
