@@ -5,6 +5,9 @@ it; they compare replayed steps with eager steps of an identical model (same bat
 AdamW), through a prune and a stage switch, and check that a non-finite batch leaves no trace.
 """
 
+import re
+from types import MappingProxyType, SimpleNamespace
+
 import pytest
 import torch
 from tiny import FEATURES, loss_fn, make_model
@@ -12,7 +15,7 @@ from torch import nn
 
 from comera import prune_
 from comera.methods.comera import CoMERAObjective
-from comera.train.cuda_graph import STEP_VALUES, CudaGraphStep
+from comera.train.cuda_graph import STEP_VALUES, CudaGraphStep, capturable_adam
 from comera.train.padding import batch_length, check_buckets, choose_bucket, fill_static, pad_batch, pad_to
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -103,28 +106,183 @@ def _parts(capturable=True):
     return model, optimizer, CoMERAObjective(model)
 
 
+def _exactly(message):
+    """A ``pytest.raises`` pattern that matches ``message`` as the whole text, nothing around it."""
+    return "^" + re.escape(message) + "$"
+
+
 @pytest.mark.parametrize(
-    ("change", "error", "match"),
+    ("change", "error", "message"),
     [
-        ({"optimizer": "sgd"}, TypeError, "optimizer must be torch.optim.AdamW or torch.optim.Adam"),
-        ({"capturable": False}, ValueError, "capturable=True"),
-        ({"buckets": [8]}, ValueError, "buckets and pad go together"),
-        ({"buckets": [8, 4], "pad": {0: 0}}, ValueError, "buckets must be"),
-        ({"buckets": [8], "pad": {}}, ValueError, "pad must be a non-empty mapping"),
-        ({"length_dim": -1}, ValueError, "length_dim must be an int >= 0"),
-        ({"grad_clip": 0.0}, ValueError, r"grad_clip must be a finite number in \(0.0, inf\]"),
-        ({"warmup": 0}, ValueError, "warmup must be an int >= 1"),
-        ({"autocast_dtype": torch.float64}, ValueError, "autocast_dtype must be"),
-        ({}, ValueError, "model parameters must all be on one CUDA device"),
+        ({"model": "net"}, TypeError, "model must be an nn.Module, got str"),
+        ({"loss_fn": 3}, TypeError, "loss_fn must be callable as loss_fn(model, batch), got int"),
+        (
+            {"optimizer": "sgd"},
+            TypeError,
+            "optimizer must be torch.optim.AdamW or torch.optim.Adam (their fresh state is zeros, which "
+            "the warm-up undo relies on), got SGD",
+        ),
+        (
+            {"capturable": False},
+            ValueError,
+            "optimizer must be built with capturable=True in every param group",
+        ),
+        ({"objective": "rank"}, TypeError, "objective must be a comera.train.objective.Objective, got str"),
+        (
+            {"buckets": [8]},
+            ValueError,
+            "buckets and pad go together: give both (padded lengths) or neither (fixed shapes)",
+        ),
+        (
+            {"buckets": [8, 4], "pad": {0: 0}},
+            ValueError,
+            "buckets must be a strictly increasing list of ints >= 1, got [8, 4]",
+        ),
+        (
+            {"buckets": [8], "pad": {}},
+            ValueError,
+            "pad must be a non-empty mapping of batch key -> pad value, got {}",
+        ),
+        (
+            {"buckets": [8], "pad": [0]},
+            ValueError,
+            "pad must be a non-empty mapping of batch key -> pad value, got [0]",
+        ),
+        ({"length_dim": -1}, ValueError, "length_dim must be an int >= 0, got -1"),
+        ({"grad_clip": 0.0}, ValueError, "grad_clip must be a finite number in (0.0, inf], got 0.0"),
+        ({"warmup": 0}, ValueError, "warmup must be an int >= 1, got 0"),
+        (
+            {"autocast_dtype": torch.float64},
+            ValueError,
+            "autocast_dtype must be None, torch.bfloat16 or torch.float16, got torch.float64",
+        ),
+        ({}, ValueError, "model parameters must all be on one CUDA device, got ['cpu']"),
+    ],
+    ids=[
+        "model",
+        "loss_fn",
+        "optimizer-type",
+        "capturable",
+        "objective",
+        "buckets-without-pad",
+        "buckets-order",
+        "pad-empty",
+        "pad-not-mapping",
+        "length_dim",
+        "grad_clip",
+        "warmup",
+        "autocast_dtype",
+        "cpu-model",
     ],
 )
-def test_bad_arguments_are_named(change, error, match):
+def test_bad_arguments_are_named(change, error, message):
+    """Each bad argument is refused with the full message naming it, what it must be and what it got."""
     change = dict(change)  # the parametrized dict is shared by every run of this test in the process
     model, optimizer, rank = _parts(change.pop("capturable", True))
     if change.pop("optimizer", None) == "sgd":
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(error, match=match):
-        CudaGraphStep(model, loss_fn, optimizer, rank, **change)
+    leading = {"model": model, "loss_fn": loss_fn, "optimizer": optimizer, "objective": rank}
+    for name in [name for name in change if name in leading]:
+        leading[name] = change.pop(name)
+    with pytest.raises(error, match=_exactly(message)):
+        CudaGraphStep(*leading.values(), **change)
+
+
+class _ReportsDevices(nn.Module):
+    """Stands in for a model placed on ``devices``: its parameters are placeholders that only carry a
+    ``device``, the one thing the constructor reads from them, so a construction on "CUDA" runs to its end
+    on a machine without CUDA (nothing touches the device before the first step)."""
+
+    def __init__(self, *devices):
+        super().__init__()
+        self.devices = [torch.device(device) for device in devices]
+
+    def parameters(self, recurse=True):
+        return iter([SimpleNamespace(device=device) for device in self.devices])
+
+
+def test_constructor_defaults_on_one_cuda_device():
+    """One CUDA device is accepted and kept; the documented defaults (no buckets, length_dim 1, no clipping,
+    warmup 3, no autocast) are what the stepper holds, and nothing is captured before the first step."""
+    model = _ReportsDevices("cuda:0")
+    _, optimizer, rank = _parts()
+    stepper = CudaGraphStep(model, loss_fn, optimizer, rank)
+    assert stepper.device == torch.device("cuda", 0)
+    assert stepper.model is model and stepper.loss_fn is loss_fn
+    assert stepper.optimizer is optimizer and stepper.objective is rank
+    held = (stepper.buckets, stepper.pad, stepper.length_dim, stepper.grad_clip, stepper.warmup)
+    assert held == (None, None, 1, None, 3)
+    assert stepper.autocast_dtype is None
+    assert stepper.captured_buckets == ()
+
+
+def test_constructor_keeps_the_given_settings():
+    """Buckets become a tuple, any non-empty mapping ``pad`` a dict, ``grad_clip`` a float; the other
+    settings are kept as given."""
+    _, optimizer, rank = _parts()
+    pad = MappingProxyType({"ids": 0, "labels": -100})
+    stepper = CudaGraphStep(
+        _ReportsDevices("cuda:1"),
+        loss_fn,
+        optimizer,
+        rank,
+        buckets=[8, 16],
+        pad=pad,
+        length_dim=2,
+        grad_clip=2,
+        warmup=1,
+        autocast_dtype=torch.bfloat16,
+    )
+    assert stepper.device == torch.device("cuda", 1)
+    assert stepper.buckets == (8, 16)
+    assert type(stepper.pad) is dict and stepper.pad == {"ids": 0, "labels": -100}
+    assert type(stepper.grad_clip) is float and stepper.grad_clip == 2.0
+    assert (stepper.length_dim, stepper.warmup, stepper.autocast_dtype) == (2, 1, torch.bfloat16)
+    assert stepper.captured_buckets == ()
+
+
+@pytest.mark.parametrize(
+    "devices",
+    [("cuda:0", "cuda:1"), ("cpu", "cuda:0"), ("meta",), ()],
+    ids=["two-gpus", "cpu-and-gpu", "meta", "no-parameters"],
+)
+def test_model_must_sit_on_exactly_one_cuda_device(devices):
+    """Two CUDA devices, a CPU/CUDA mix, a non-CUDA device and a model without parameters are all refused
+    with the devices found, sorted."""
+    _, optimizer, rank = _parts()
+    found = sorted(str(torch.device(device)) for device in devices)
+    with pytest.raises(
+        ValueError, match=_exactly(f"model parameters must all be on one CUDA device, got {found}")
+    ):
+        CudaGraphStep(_ReportsDevices(*devices), loss_fn, optimizer, rank)
+
+
+def test_invalidate_sets_the_gradients_to_none():
+    """``invalidate`` drops the gradients (set to None, not zeroed: they live in the dropped graphs' pools)
+    and leaves nothing captured."""
+    model, optimizer, rank = _parts()
+    stepper = CudaGraphStep(_ReportsDevices("cuda:0"), loss_fn, optimizer, rank)
+    inputs, labels = _batches(1, batch=4)[0]
+    loss_fn(model, (inputs, labels)).backward()
+    assert all(param.grad is not None for param in model.parameters())
+    stepper.invalidate()
+    assert [param.grad for param in model.parameters()] == [None] * len(list(model.parameters()))
+    assert stepper.captured_buckets == ()
+
+
+def test_capturable_adam_needs_capturable_true_in_every_group():
+    """Only AdamW/Adam qualify, and only when every param group has ``capturable`` set true; a group
+    without the key at all counts as not capturable."""
+    params = list(make_model(dropout=0.0).parameters())
+    assert capturable_adam(torch.optim.AdamW(params, capturable=True))
+    assert capturable_adam(torch.optim.Adam(params, capturable=True))
+    assert not capturable_adam(torch.optim.AdamW(params))
+    assert not capturable_adam(torch.optim.SGD(params, lr=0.1))
+    mixed = [{"params": params[:1], "capturable": False}, {"params": params[1:]}]
+    assert not capturable_adam(torch.optim.AdamW(mixed, capturable=True))
+    without_key = torch.optim.AdamW(params, capturable=True)
+    del without_key.param_groups[0]["capturable"]
+    assert not capturable_adam(without_key)
 
 
 # CUDA graphs
