@@ -9,10 +9,14 @@ __all__ = ["writable_folder"]
 
 
 def _file_on_the_way(path: Path) -> Path | None:
-    """The first of ``path`` and its parents that exists but is not a folder, or None."""
+    """The first of ``path`` and its parents that exists but is not a folder, or None (also when one cannot
+    be looked at, e.g. a name too long: creating the folder then fails and says why)."""
     for candidate in reversed([path, *path.parents]):
-        if candidate.exists() and not candidate.is_dir():
-            return candidate
+        try:
+            if candidate.exists() and not candidate.is_dir():
+                return candidate
+        except OSError:
+            return None
     return None
 
 

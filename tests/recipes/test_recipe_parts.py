@@ -1,0 +1,240 @@
+"""The recipe registry (:mod:`comera.recipes.base`), the data fingerprint (:mod:`comera.recipes.fingerprint`)
+and the run-folder check (:mod:`comera.recipes.folders`), against hand-built references."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tempfile
+
+import pytest
+
+from comera.recipes import base
+from comera.recipes.base import Recipe, get_recipe, recipe_names, register_recipe
+from comera.recipes.fingerprint import data_fingerprint, fingerprint_difference
+from comera.recipes.folders import writable_folder
+
+
+def _exactly(message: str) -> str:
+    """A ``match`` pattern accepting ``message`` and nothing else."""
+    return "^" + re.escape(message) + "$"
+
+
+def _entry(content: bytes) -> dict:
+    """The fingerprint entry of a file holding ``content``, computed with hashlib directly."""
+    return {"bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """An empty recipe registry for one test (the real one is left as it was)."""
+    fresh: dict = {}
+    monkeypatch.setattr(base, "_RECIPES", fresh)
+    return fresh
+
+
+# --- comera.recipes.base -------------------------------------------------------------------------------
+
+
+def test_register_recipe_records_the_class_and_get_recipe_instantiates_it(registry):
+    """A named Recipe subclass is returned unchanged, stored under its name, listed, and ``get_recipe``
+    makes a new instance of it on every call."""
+
+    class Toy(Recipe):
+        name = "toy-parts"
+
+    assert register_recipe(Toy) is Toy
+    assert registry == {"toy-parts": Toy}
+    assert recipe_names() == ("toy-parts",)
+    first, second = get_recipe("toy-parts"), get_recipe("toy-parts")
+    assert type(first) is Toy and type(second) is Toy
+    assert first is not second
+
+
+def test_register_recipe_refuses_a_recipe_subclass_without_a_name(registry):
+    """A Recipe subclass whose ``name`` is empty is refused with the whole message, and not registered."""
+
+    class Nameless(Recipe):
+        pass
+
+    with pytest.raises(
+        TypeError, match=_exactly(f"recipe must be a Recipe subclass with a name, got {Nameless!r}")
+    ):
+        register_recipe(Nameless)
+    assert registry == {}
+
+
+def test_register_recipe_refuses_a_named_class_that_is_not_a_recipe(registry):
+    """A class with a ``name`` that does not derive from Recipe is refused, and not registered."""
+
+    class Impostor:
+        name = "impostor"
+
+    with pytest.raises(
+        TypeError, match=_exactly(f"recipe must be a Recipe subclass with a name, got {Impostor!r}")
+    ):
+        register_recipe(Impostor)
+    assert registry == {}
+
+
+def test_register_recipe_refuses_a_non_class_with_its_own_message(registry):
+    """A string (not a class at all) gets the registry's message, not ``issubclass``'s."""
+    with pytest.raises(TypeError, match=_exactly("recipe must be a Recipe subclass with a name, got 'toy'")):
+        register_recipe("toy")
+    assert registry == {}
+
+
+def test_get_recipe_unknown_name_lists_the_registered_ones_sorted(registry):
+    """An unknown name is refused with the whole message, naming it and the valid names in sorted order."""
+
+    class Beta(Recipe):
+        name = "beta"
+
+    class Alpha(Recipe):
+        name = "alpha"
+
+    register_recipe(Beta)
+    register_recipe(Alpha)
+    with pytest.raises(
+        ValueError,
+        match=_exactly(
+            "unknown workload 'gamma'; choose one of ['alpha', 'beta'] (a built-in workload registers its "
+            "recipe when comera.workloads.load_recipe(NAME) imports it)"
+        ),
+    ):
+        get_recipe("gamma")
+
+
+# --- comera.recipes.fingerprint ------------------------------------------------------------------------
+
+
+def test_data_fingerprint_of_a_file_is_its_name_size_and_sha256(tmp_path):
+    """A single file gives one entry under its own name with its byte count and hashlib's SHA-256."""
+    content = b"label\ttext\n1\thello\n"
+    (tmp_path / "train.tsv").write_bytes(content)
+    assert data_fingerprint(tmp_path / "train.tsv") == {"train.tsv": _entry(content)}
+
+
+def test_data_fingerprint_of_a_folder_covers_every_file_below_it(tmp_path):
+    """A folder gives every regular file below it (nested and hidden ones included, empty folders not),
+    under ``/``-separated relative names, in name order; None stays None."""
+    files = {"a.txt": b"alpha", "b/.hidden": b"", "b/c/d.bin": bytes(range(256)), "e.txt": b"x" * 3000}
+    for name, content in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(content)
+    (tmp_path / "empty").mkdir()
+    fingerprint = data_fingerprint(str(tmp_path))
+    assert fingerprint == {name: _entry(content) for name, content in files.items()}
+    assert list(fingerprint) == ["a.txt", "b/.hidden", "b/c/d.bin", "e.txt"]
+    assert data_fingerprint(None) is None
+
+
+def test_fingerprint_difference_agreeing_fingerprints_give_none():
+    """Equal fingerprints (both None, both empty, the same files) differ in nothing."""
+    same = {"a": _entry(b"a"), "b": _entry(b"b")}
+    assert fingerprint_difference(None, None) is None
+    assert fingerprint_difference({}, {}) is None
+    assert fingerprint_difference(same, dict(same)) is None
+
+
+def test_fingerprint_difference_names_the_first_changed_file_with_both_descriptions():
+    """The first file whose entry changed is named (not an earlier one that agrees), with its size
+    (thousands separated) and the first 12 hex digits of its digest, then and now."""
+    old, new = b"o" * 1024, b"n" * 1030
+    recorded = {"a.txt": _entry(b"same"), "b.txt": _entry(old), "c.txt": _entry(b"c")}
+    current = {"a.txt": _entry(b"same"), "b.txt": _entry(new), "c.txt": _entry(b"changed too")}
+    expected = (
+        f"b.txt: 1,024 bytes, sha256 {hashlib.sha256(old).hexdigest()[:12]} then, "
+        f"1,030 bytes, sha256 {hashlib.sha256(new).hexdigest()[:12]} now"
+    )
+    assert fingerprint_difference(recorded, current) == expected
+
+
+def test_fingerprint_difference_names_a_file_gone_since_the_run():
+    """A file the run read that is gone now is named as absent now, even when every common file agrees."""
+    gone = b"g" * 5
+    recorded = {"a.txt": _entry(b"same"), "b.txt": _entry(gone)}
+    current = {"a.txt": _entry(b"same")}
+    assert fingerprint_difference(recorded, current) == (
+        f"b.txt: 5 bytes, sha256 {hashlib.sha256(gone).hexdigest()[:12]} then, absent now"
+    )
+
+
+def test_fingerprint_difference_names_a_file_added_since_the_run():
+    """A file that appeared since the run is named as absent then."""
+    added = b"added"
+    recorded = {"a.txt": _entry(b"same")}
+    current = {"a.txt": _entry(b"same"), "z.txt": _entry(added)}
+    assert fingerprint_difference(recorded, current) == (
+        f"z.txt: absent then, 5 bytes, sha256 {hashlib.sha256(added).hexdigest()[:12]} now"
+    )
+
+
+def test_fingerprint_difference_between_embedded_data_and_a_data_path():
+    """Embedded data then and a path now, or a path then and none now, are each said in words."""
+    files = {"a.txt": _entry(b"a")}
+    assert (
+        fingerprint_difference(None, files)
+        == "the run used the embedded data, this command gives a data path"
+    )
+    assert fingerprint_difference(files, None) == "the run used a data path, this command gives none"
+    assert (
+        fingerprint_difference(None, {}) == "the run used the embedded data, this command gives a data path"
+    )
+
+
+# --- comera.recipes.folders ----------------------------------------------------------------------------
+
+
+def test_writable_folder_creates_missing_parents(tmp_path):
+    """A folder several levels below missing parents is created and returned."""
+    target = tmp_path / "a" / "b" / "c"
+    assert writable_folder(target, "--out") == target
+    assert target.is_dir()
+    assert list(target.iterdir()) == []  # the write check leaves nothing behind
+
+
+def test_writable_folder_checks_the_folder_itself_not_the_temporary_folder(tmp_path, monkeypatch):
+    """The write check happens in the folder: an unusable system temporary folder does not matter."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
+    target = tmp_path / "out"
+    assert writable_folder(target, "--out") == target
+    assert target.is_dir()
+
+
+def test_writable_folder_refuses_a_file(tmp_path):
+    """A path that is a file is refused, naming the option and the path."""
+    target = tmp_path / "results"
+    target.write_text("not a folder")
+    with pytest.raises(ValueError, match=_exactly(f"--out {target} is a file, not a folder")):
+        writable_folder(target, "--out")
+    assert target.read_text() == "not a folder"
+
+
+def test_writable_folder_refuses_a_file_among_the_parents(tmp_path):
+    """A parent that is a file is refused, naming the option, the path and that parent."""
+    blocker = tmp_path / "results"
+    blocker.write_text("x")
+    target = blocker / "run" / "one"
+    with pytest.raises(ValueError, match=_exactly(f"--cache {target}: {blocker} is a file, not a folder")):
+        writable_folder(target, "--cache")
+
+
+def test_writable_folder_reports_why_the_folder_cannot_be_created(tmp_path):
+    """A dangling symbolic link cannot become a folder: the OS's reason (its strerror alone) is given."""
+    target = tmp_path / "link"
+    target.symlink_to(tmp_path / "missing")
+    with pytest.raises(
+        ValueError, match=_exactly(f"--out {target}: cannot create or write to it (File exists)")
+    ):
+        writable_folder(target, "--out")
+
+
+def test_writable_folder_name_too_long_is_a_value_error(tmp_path):
+    """A folder name longer than the file system allows is refused as a ValueError naming the reason
+    (not a raw OSError escaping the parents check)."""
+    target = tmp_path / ("a" * 300) / "b"
+    with pytest.raises(
+        ValueError, match=_exactly(f"--out {target}: cannot create or write to it (File name too long)")
+    ):
+        writable_folder(target, "--out")
