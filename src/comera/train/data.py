@@ -127,7 +127,9 @@ class EpochData:
 
     def _iterable_epoch(self, epoch: int, start: int) -> Iterator[Any]:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(epoch_seed(self.seed, epoch))
+            # The CPU generator only: ``torch.manual_seed`` would also reseed every CUDA generator, which
+            # ``fork_rng(devices=[])`` does not restore (a resumed run's dropout would then differ).
+            torch.default_generator.manual_seed(epoch_seed(self.seed, epoch))
             iterator = iter(self.data)
             first = list(islice(iterator, 1))
         if start == 0:
