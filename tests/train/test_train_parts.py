@@ -297,3 +297,26 @@ def test_gloo_for_a_cuda_model_warns_at_the_callers_line():
         "torch.distributed.init_process_group(backend_for(device)) (gloo works on CUDA tensors, but slowly)"
     )
     assert "warnings.warn" not in linecache.getline(caught[0].filename, caught[0].lineno)
+
+
+def test_an_evaluation_forks_the_generators_of_the_cuda_devices_its_model_is_on(monkeypatch):
+    """The evaluation forks the CPU generator and those of the CUDA devices holding the model (none here), so
+    an evaluation that draws random numbers leaves every generator of the run as it was."""
+    from comera.train import evaluation
+
+    forked = []
+    real = torch.random.fork_rng
+
+    def spy(devices=None, **kwargs):
+        forked.append(devices)
+        return real(devices=devices, **kwargs)
+
+    monkeypatch.setattr(torch.random, "fork_rng", spy)
+    model = torch.nn.Linear(2, 1)
+    evaluator = evaluation.MeanEvaluator(lambda module, batch: {"draw": float(torch.rand(()))})
+    before = torch.random.get_rng_state()
+    evaluation.run_evaluation(model, model, [torch.zeros(1, 2)], evaluator)
+    assert forked == [[]]
+    assert torch.equal(torch.random.get_rng_state(), before)
+    meta = torch.nn.Linear(2, 1, device="meta")
+    assert evaluation._cuda_devices(meta) == []

@@ -123,6 +123,12 @@ class MeanEvaluator(Evaluator):
         return {name: total / max(self.batches, 1) for name, total in self.sums.items()}
 
 
+def _cuda_devices(module: nn.Module) -> list[int]:
+    """The CUDA devices holding ``module``'s parameters, whose generators an evaluation forks with the CPU's
+    (empty on a CPU run; written for GPUs, not yet run on one)."""
+    return sorted({param.device.index or 0 for param in module.parameters() if param.device.type == "cuda"})
+
+
 def run_evaluation(
     model: nn.Module, module: nn.Module, batches: Any, evaluator: Evaluator
 ) -> dict[str, float]:
@@ -136,7 +142,7 @@ def run_evaluation(
     model.eval()
     evaluator.reset()
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]), gathered(module):
+        with torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices(module)), gathered(module):
             for batch in batches:
                 evaluator.update(module, batch)
     finally:
