@@ -306,11 +306,12 @@ def test_comparison_against_the_step_draws_the_events_of_the_first_run_with_any(
     assert _legend(axis) == ["dense", "comera", "comera: late stage", "comera: prune", "other"]
 
 
-def test_comparison_of_one_run_names_its_events_plainly(tmp_path, figures):
-    """With a single run the event legend labels carry no run name."""
-    plot_comparison(_runs(tmp_path, ("comera",)), "ppl", tmp_path / "ppl.png")
+@pytest.mark.parametrize(("names", "prefix"), [(("comera",), ""), (("dense", "comera"), "comera: ")])
+def test_comparison_names_the_events_after_their_run_if_several(tmp_path, figures, names, prefix):
+    """The event legend labels carry the run's name when several runs are compared, none for a single run."""
+    plot_comparison(_runs(tmp_path, names), "ppl", tmp_path / "ppl.png")
     axis = figures["ppl.png"].axes[0]
-    assert _event_lines(axis) == [(12, RED, "late stage"), (16, GRAY, "prune")]
+    assert _event_lines(axis) == [(12, RED, prefix + "late stage"), (16, GRAY, prefix + "prune")]
 
 
 @pytest.mark.parametrize(
