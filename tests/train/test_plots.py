@@ -129,6 +129,13 @@ def test_ratio_plot_shows_the_compression_ratio_from_zero(tmp_path, figures):
     assert axis.get_xlabel() == "step" and axis.get_ylabel() == "size / initial size"
     assert axis.get_title() == "compression ratio"
     assert axis.get_ylim()[0] == 0
+    assert _legend(axis) == ["prune", "late stage"]  # the dashed event lines are explained, in step order
+
+
+def test_ratio_plot_without_events_has_no_legend(tmp_path, figures):
+    """A run without stage switches or prunes draws the ratio alone, with no empty legend."""
+    plot_run(_write(tmp_path / "run", [record for record in RECORDS if record["kind"] != "event"]))
+    assert figures["ratio.png"].axes[0].get_legend() is None
 
 
 def test_rank_heat_map_shows_the_rank_matrix(tmp_path, figures):

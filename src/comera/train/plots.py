@@ -6,7 +6,8 @@
 - ``ratio.png``: compression ratio (active size over initial size) against the step;
 - ``ranks.png``: heat map of every layer's bond ranks (rows) over the logged steps (columns).
 
-Stage switches and prunes from the event records are drawn as vertical lines.
+Stage switches and prunes from the event records are drawn as vertical lines on the loss, evaluation and
+ratio plots, named in their legends.
 """
 
 from __future__ import annotations
@@ -140,6 +141,8 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     axis.plot(steps, [record["ratio"] for record in train])
     axis.set(xlabel="step", ylabel="size / initial size", title="compression ratio", ylim=(0, None))
     _events(axis, records)
+    if axis.get_legend_handles_labels()[1]:
+        axis.legend()
     written.append(_save(figure, out / "ratio.png", plt))
 
     if not any("ranks" in record for record in train):
