@@ -70,7 +70,8 @@ def _skipped_data(data: object, where: str = "") -> list[str]:
     if isinstance(data.get("lines_skipped"), int) and data["lines_skipped"] > 0:
         found.append(f"{label}: {data['lines_skipped']} malformed lines")
     for key, value in data.items():
-        found += _skipped_data(value, key if isinstance(value, dict) else where)
+        if isinstance(value, dict):
+            found += _skipped_data(value, key)
     return found
 
 

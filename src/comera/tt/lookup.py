@@ -225,7 +225,9 @@ class _RowsAt(torch.autograd.Function):
 
 
 SUM_ROWS = 512
-"""Rows per block when :func:`_summed_by_blocks` reads a strided gradient."""
+"""Rows per block when :func:`_summed_by_blocks` reads a strided gradient. Chosen on the AMD EPYC (40,000 x
+768 float32: 22.9 ms at 512 rows, 24.5 at 256); not measured on the Xeon. Rows are added in batch order
+whatever the size."""
 
 
 def _summed_by_blocks(grad: torch.Tensor, position: torch.Tensor, num_rows: int) -> torch.Tensor:
