@@ -6,10 +6,10 @@ import torch
 from comera import TTLinear, TTMEmbedding, TTMLinear, TTMTiedHead
 
 ORDERS = ("auto", "merge", "sequential", "dense")
+CASES = [(cls, order) for cls in (TTLinear, TTMLinear) for order in ORDERS] + [(TTLinear, "factors")]
 
 
-@pytest.mark.parametrize("cls", [TTLinear, TTMLinear])
-@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("cls, order", CASES)
 @pytest.mark.parametrize("batch", [8, 4096])
 def test_linear_output_dtype_under_autocast_matches_nn_linear(cls, order, batch):
     torch.manual_seed(0)

@@ -319,3 +319,29 @@ def test_fp8_gemms_follow_the_fp32_layer_within_fp8_error():
     assert all(torch.isfinite(p.grad).all() for p in twin.parameters())
     with pytest.raises(ValueError, match="gemm must be one of"):
         layer.gemm = "fp16"
+
+
+def _graph_nodes(output):
+    """Names of every autograd node reachable from ``output``."""
+    seen, stack, names = set(), [output.grad_fn], []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("cls", LAYERS)
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_2d_input_runs_the_contraction_alone_and_3d_input_is_flattened_and_restored(cls, order):
+    """A 2-D call adds no node to the contraction's autograd graph (at small batches every node's cost
+    counts); a 3-D call flattens the leading dims and restores them, with the same values."""
+    layer = cls(12, 10, rank=3, in_shape=(3, 4), out_shape=(5, 2), order=order, dtype=torch.float64)
+    x = torch.randn(6, 12, dtype=torch.float64, requires_grad=True)
+    assert sorted(_graph_nodes(layer(x))) == sorted(_graph_nodes(layer._contract(x, order)))
+    batched = layer(x.reshape(2, 3, 12))
+    assert batched.shape == (2, 3, 10)
+    torch.testing.assert_close(batched.reshape(6, 10), layer(x), rtol=0, atol=0)

@@ -6,55 +6,20 @@ import pytest
 import torch
 
 from comera import TTLinear
-from comera.tt.contract import factor_product, low_rank_linear, tt_merge_linear, ttm_split_linear
+from comera.tt.contract import low_rank_linear, tt_merge_linear, ttm_split_linear
 from comera.tt.costs import choose_order, tt_order_costs, ttm_best_split, ttm_order_costs
 
 
-@pytest.mark.parametrize("product", [low_rank_linear, factor_product], ids=["low_rank", "factor"])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_low_rank_linear_gradcheck(with_bias, product):
+def test_low_rank_linear_gradcheck(with_bias):
     x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
     left = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     right = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(4, dtype=torch.float64, requires_grad=True) if with_bias else None
     inputs = (x, left, right, bias)
-    assert torch.autograd.gradcheck(product, inputs)
+    assert torch.autograd.gradcheck(low_rank_linear, inputs)
     expected = x @ left @ right + (bias if with_bias else 0)
-    torch.testing.assert_close(product(*inputs), expected)
-
-
-@pytest.mark.parametrize("wanted", ["x", "left", "right", "bias"])
-def test_factor_product_computes_only_the_gradients_asked_for_and_each_equals_the_dense_one(wanted):
-    generator = torch.Generator().manual_seed(4)
-    shapes = {"x": (9, 7), "left": (7, 3), "right": (3, 5), "bias": (5,)}
-    tensors = {
-        name: torch.randn(shape, dtype=torch.float64, generator=generator).requires_grad_(name == wanted)
-        for name, shape in shapes.items()
-    }
-    grad_out = torch.randn(9, 5, dtype=torch.float64, generator=generator)
-    (got,) = torch.autograd.grad(factor_product(**tensors), tensors[wanted], grad_out)
-    reference = {name: tensor.detach().requires_grad_() for name, tensor in tensors.items()}
-    dense = reference["x"] @ (reference["left"] @ reference["right"]) + reference["bias"]
-    (want,) = torch.autograd.grad(dense, reference[wanted], grad_out)
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-
-
-def test_factor_product_under_bf16_autocast_gives_fp32_gradients_close_to_fp32():
-    generator = torch.Generator().manual_seed(5)
-    x = torch.randn(16, 24, generator=generator)
-    leaves = [
-        torch.randn(shape, generator=generator, requires_grad=True) for shape in ((24, 4), (4, 12), (12,))
-    ]
-
-    def grads(autocast):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            out = factor_product(x, *leaves)
-        assert out.dtype == (torch.bfloat16 if autocast else torch.float32)
-        return torch.autograd.grad(out.float().square().sum(), leaves)
-
-    for exact, approx in zip(grads(False), grads(True)):
-        assert approx.dtype == torch.float32
-        torch.testing.assert_close(approx, exact, rtol=0.1, atol=0.1 * exact.abs().max().item())
+    torch.testing.assert_close(low_rank_linear(*inputs), expected)
 
 
 def test_ttm_split_linear_gradcheck_and_value():

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from comera.tt.contract import factor_product, low_rank_linear, ttm_split_linear
+from comera.tt.contract import low_rank_linear, ttm_split_linear
 
 _ROWS, _IN, _OUT, _RANK = 1024, 12, 10, 3
 
@@ -58,13 +58,12 @@ def _check(product, reference, leaves, layout):
     return record.readers
 
 
-@pytest.mark.parametrize("product", [low_rank_linear, factor_product], ids=["low_rank", "factor"])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "expanded"])
-def test_low_rank_product_gradients_for_every_layout(threads, layout, product):
+def test_low_rank_product_gradients_for_every_layout(threads, layout):
     threads(2)
     leaves = _leaves((_ROWS, _IN), (_IN, _RANK), (_RANK, _OUT), (_OUT,))
     readers = _check(
-        lambda x, left, right, bias: product(x, left, right, bias),
+        lambda x, left, right, bias: low_rank_linear(x, left, right, bias),
         lambda x, left, right, bias: x @ (left @ right) + bias,
         leaves,
         layout,

@@ -257,11 +257,14 @@ class _TrainLinear(GatedTrain):
         lead = input.shape[:-1]
         if self.shapes_only(input):
             return input.new_empty(*lead, self.out_features)
-        x = input.reshape(-1, self.in_features)
+        flat = input.dim() == 2  # no reshape then: each is an autograd node, which counts for small batches
+        x = input if flat else input.reshape(-1, self.in_features)
         if self._serves_from_cache():
-            return autocast_output(self._from_cache(x)).reshape(*lead, self.out_features)
-        order = self._order_for(x) if self.order == "auto" else self.order
-        return autocast_output(self._contract(x, order)).reshape(*lead, self.out_features)
+            output = autocast_output(self._from_cache(x))
+        else:
+            order = self._order_for(x) if self.order == "auto" else self.order
+            output = autocast_output(self._contract(x, order))
+        return output if flat else output.reshape(*lead, self.out_features)
 
     def _serves_from_cache(self) -> bool:
         """Whether this call is answered from an inference cache (see :class:`TTLinear`)."""

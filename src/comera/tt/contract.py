@@ -44,7 +44,7 @@ from comera.tt.merge import (
 from comera.tt.recycle import pooled_output
 from comera.tt.workspace import Workspace, scratch
 
-__all__ = ["factor_product", "low_rank_linear", "tt_merge_linear", "ttm_split_linear"]
+__all__ = ["low_rank_linear", "tt_merge_linear", "ttm_split_linear"]
 
 
 def _record_autocast(ctx, x: torch.Tensor) -> None:
@@ -174,68 +174,6 @@ def low_rank_linear(
         ``(B, n)``.
     """
     return _LowRankLinear.apply(x, left, right, bias, workspace)
-
-
-class _FactorProduct(torch.autograd.Function):
-    """``Y = (X @ L) @ R + bias`` with each thin GEMM in the orientation whose output is wide (see
-    :func:`factor_product`)."""
-
-    @staticmethod
-    def forward(ctx, x, left, right, bias):
-        _record_autocast(ctx, x)
-        inner_t = left.t() @ x.t()
-        out = inner_t.t() @ right if bias is None else torch.addmm(bias, inner_t.t(), right)
-        ctx.save_for_backward(x, inner_t, left, right)
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        return _in_autocast_replay(ctx, _FactorProduct._backward, grad_out)
-
-    @staticmethod
-    def _backward(ctx, grad_out):
-        x, inner_t, left, right = ctx.saved_tensors
-        grad_out = _gemm_operand(grad_out)
-        needs_x, needs_left, needs_right, needs_bias = ctx.needs_input_grad
-        grad_x = grad_left = grad_right = grad_bias = None
-        if needs_x or needs_left:
-            projected_t = right @ grad_out.t()
-            if needs_x:
-                grad_x = projected_t.t() @ left.t()
-            if needs_left:
-                grad_left = (projected_t @ x).t()
-        if needs_right:
-            grad_right = inner_t @ grad_out
-        if needs_bias:
-            grad_bias = grad_out.sum(0)
-        return grad_x, grad_left, grad_right, grad_bias
-
-
-def factor_product(
-    x: torch.Tensor, left: torch.Tensor, right: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``(x @ left) @ right + bias`` by six plain GEMMs, the small-batch form of :func:`low_rank_linear`.
-
-    A GEMM whose output is thin (``r`` columns) runs slower on CPU BLAS than the same product transposed,
-    whose output is wide; on an AMD EPYC at ``B = 128``, ``m = n = 768``, ``r = 30``, 2 threads:
-    ``X L`` 57 us against ``(L^T X^T)^T`` 41 us, ``dY R^T`` 58 against ``(R dY^T)^T`` 40, ``X^T U`` 66 against
-    ``(U^T X)^T`` 45. Plain autograd over ``addmm(b, X L, R)`` runs the slow form of all three. Here the
-    forward keeps ``T^T = L^T X^T`` (``(r, B)``) and the backward computes ``U^T = R dY^T``, then
-    ``dX = U L^T``, ``dL = (U^T X)^T``, ``dR = T^T dY`` and ``db = sum_b dY``, skipping what no input needs.
-    None of the merge order's batch-sized machinery (blocked GEMMs, recycled outputs, workspace) is used:
-    for a handful of rows its per-call cost outweighs what it saves.
-
-    Args:
-        x: ``(B, m)``.
-        left: ``(m, r)``.
-        right: ``(r, n)``.
-        bias: ``(n,)`` or None.
-
-    Returns:
-        ``(B, n)``.
-    """
-    return _FactorProduct.apply(x, left, right, bias)
 
 
 def keeps_merges(input_elements: int, merges: Sequence[torch.Tensor]) -> bool:

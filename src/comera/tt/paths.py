@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from comera.tt.contract import factor_product, tt_merge_linear, ttm_split_linear
+from comera.tt.contract import tt_merge_linear, ttm_split_linear
 from comera.tt.costs import ORDERS, auto_ttm_rebuild_split
 from comera.tt.fp8 import fp8_low_rank_linear
 from comera.tt.merge import (
@@ -45,12 +45,12 @@ __all__ = ["FACTORS", "GEMMS", "tt_linear", "ttm_linear"]
 
 FACTORS = "factors"
 """The ``"merge"`` order of a TT layer in its small-batch form: ``L`` and ``R`` merged from the gated cores
-by differentiable products (autograd keeps the partial merges for the backward), then the six plain GEMMs
-of :func:`comera.tt.contract.factor_product`, each in its faster orientation. It runs the same products as
-the merge-first custom function (:func:`comera.tt.contract.tt_merge_linear`) with fewer Python-side steps
-but none of its batch-sized savings (fused bias gradient, blocked GEMMs, recycled outputs), so it can win
-for small batches, where per-op overhead dominates; the cost model does
-not tell the two apart, so only autotuning picks it."""
+by differentiable products, then ``(X L) R + b`` by plain differentiable GEMMs (:func:`_factor_product`),
+autograd doing the whole backward. It runs the same products as the merge-first custom function
+(:func:`comera.tt.contract.tt_merge_linear`) but none of its batch-sized savings (fused bias gradient,
+blocked GEMMs, oneDNN, recycled outputs, merges done again in the backward instead of kept), so it can win
+for small batches, where per-call overhead dominates; the cost model does not tell the two apart, so only
+autotuning picks it."""
 
 GEMMS = ("fp32", "fp8")
 """Number formats of the merge order's batch-sized GEMMs: the input dtype, or FP8 with per-tensor scales
@@ -88,6 +88,18 @@ def _pin_output(y: torch.Tensor, column: int | None, bias: torch.Tensor | None) 
     index = torch.tensor([column], device=y.device)
     filler = y.new_zeros(y.shape[0], 1) if bias is None else bias[index].expand(y.shape[0], 1)
     return y.index_copy(1, index, filler.to(y.dtype))
+
+
+def _factor_product(x, left, right, bias):
+    """``(x @ left) @ right + bias`` by plain differentiable GEMMs, ``x @ left`` computed as
+    ``(left^T x^T)^T``: a GEMM with a thin (rank-wide) output runs slower on CPU BLAS than the same product
+    transposed. Custom autograd functions that also ran the backward's thin products transposed were
+    measured and dropped: at ``B = 128`` (AMD EPYC, 2 threads, the three paper shapes, rank 30) a Python
+    backward costs more than those products save, most of all when the caches are cold, as they are in a
+    model between two calls of one layer; this form was 6-18 % faster than the published layer there, the
+    custom functions 0.92-1.01x."""
+    inner = (left.t() @ x.t()).t()
+    return inner @ right if bias is None else torch.addmm(bias, inner, right)
 
 
 def _tt_sequential(x, cores, num_in_cores, out_features):
@@ -146,7 +158,7 @@ def tt_linear(
         right = _first_columns(merge_tt_right(cores[num_in_cores:]), out_features)
         if order == "merge":
             return fp8_low_rank_linear(x, left, right, bias)
-        return factor_product(x, left, right, bias)
+        return _factor_product(x, left, right, bias)
     if order == "sequential":
         padded = _pad_columns(x, math.prod([c.shape[1] for c in cores[:num_in_cores]]))
         return _add_bias(_tt_sequential(padded, cores, num_in_cores, out_features), bias)
