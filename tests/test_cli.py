@@ -37,6 +37,8 @@ def test_bench_layers_quick_writes_a_table(tmp_path):
             str(target),
             "--section",
             "layers-quick",
+            "--min-seconds",
+            "0",
         ],
         capture_output=True,
         text=True,
@@ -46,6 +48,7 @@ def test_bench_layers_quick_writes_a_table(tmp_path):
     written = target.read_text()
     assert "<!-- bench:layers-quick:start -->" in written and "<!-- bench:layers:start -->" not in written
     assert "Command: `comera bench layers --quick --repeats 1 --write" in written
+    assert "at least 1 runs after 2 warm-up runs (more, up to 1000, until a row's runs took 0 s)" in written
     rows = [line for line in result.stdout.splitlines() if line.startswith("| 768->768 | 128 | 16 |")]
     assert rows, result.stdout
     cells = [cell.strip() for cell in rows[-1].strip("|").split("|")]

@@ -74,25 +74,40 @@ def median_ms(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> fl
 
 
 def interleaved_medians_ms(
-    fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2
+    fns: dict[str, Callable[[], object]],
+    repeats: int = 7,
+    warmup: int = 2,
+    min_seconds: float = 0.0,
+    max_repeats: int = 1000,
 ) -> dict[str, float]:
     """Median milliseconds of each function, timed round-robin so load changes hit all of them alike.
 
     Each round runs the functions in a fresh (seeded) random order, so no function always runs right after
-    the same other one, which would hand it that one's warm caches and freed buffers.
+    the same other one, which would hand it that one's warm caches and freed buffers. At least ``repeats``
+    rounds run, and more, up to ``max_repeats``, until the rounds have taken ``min_seconds`` in all: short
+    functions (a millisecond, where the machine's noise is the size of the differences) get the rounds a
+    stable median needs, long ones are not slowed down.
     """
+    if repeats < 1 or max_repeats < repeats:
+        raise ValueError(f"repeats must be in [1, max_repeats={max_repeats}], got {repeats}")
+    if min_seconds < 0:
+        raise ValueError(f"min_seconds must be >= 0, got {min_seconds}")
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in names}
     shuffler = random.Random(0)
-    for _ in range(repeats):
+    spent, rounds = 0.0, 0
+    while rounds < repeats or (spent < min_seconds and rounds < max_repeats):
         shuffler.shuffle(names)
         for name in names:
             start = time.perf_counter()
             fns[name]()
-            times[name].append(time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            times[name].append(elapsed)
+            spent += elapsed
+        rounds += 1
     return {name: 1e3 * statistics.median(values) for name, values in times.items()}
 
 

@@ -56,6 +56,10 @@ TARGET_VS_LINEAR, TARGET_VS_PUBLISHED = 5.0, 1.2
 SMALL_BATCH, SMALL_VS_PUBLISHED = 128, 1.0
 """At ``SMALL_BATCH`` rows (rank ``TARGET_RANK``) the auto layer is to be at least as fast as the published
 one."""
+MIN_SECONDS = 3.0
+"""Rounds are added to a row until its runs have taken this long: a B=128 row (about 20 ms a round) gets
+some 150 rounds, which its median needs on a noisy machine (with 15 the B=128 ratios swung by 10-20 %);
+a B=4096 row reaches it within its first rounds."""
 TT_ORDERS = (*ORDERS, FACTORS)
 
 
@@ -84,11 +88,12 @@ def _merge_flops_and_bytes(batch: int, m: int, n: int, rank: int) -> tuple[float
     return flops, traffic
 
 
-def run_layer_benchmark(shapes, batches, ranks, repeats: int) -> list[dict]:
+def run_layer_benchmark(shapes, batches, ranks, repeats: int, min_seconds: float = 0.0) -> list[dict]:
     """Time every case; returns one row per (shape, batch, rank) with milliseconds per method.
 
     Within a row all methods are timed round-robin (see :func:`interleaved_medians_ms`), ``nn.Linear``
-    included, so every ratio compares runs made under the same machine load.
+    included, so every ratio compares runs made under the same machine load: at least ``repeats`` rounds,
+    more until the row's rounds have taken ``min_seconds``.
     """
     rows = []
     for m, n in shapes:
@@ -108,7 +113,7 @@ def run_layer_benchmark(shapes, batches, ranks, repeats: int) -> list[dict]:
                 fns["tt:published"] = _fwd_bwd(PublishedTTLinear(fixed["merge"]), x, upstream)
                 fns["ttm:auto"] = _fwd_bwd(TTMLinear(m, n, rank=rank), x, upstream)
                 row = {"shape": f"{m}->{n}", "batch": batch, "rank": rank}
-                row.update(interleaved_medians_ms(fns, repeats))
+                row.update(interleaved_medians_ms(fns, repeats, min_seconds=min_seconds))
                 with torch.enable_grad():
                     row["auto picks"] = tt.chosen_order(x)
                 middle = tt.max_ranks[len(tt.in_shape) - 1]
@@ -251,7 +256,13 @@ def _parse_shape(text: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: ``comera bench layers [--quick] [--repeats N] [--write docs/benchmarks.md]``."""
     parser = argparse.ArgumentParser(prog="comera bench layers", description=__doc__)
-    parser.add_argument("--repeats", type=int, default=9, help="timed runs per case (median reported)")
+    parser.add_argument("--repeats", type=int, default=9, help="fewest timed runs per case (median reported)")
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=MIN_SECONDS,
+        help=f"add runs until a row's runs took this long (default {MIN_SECONDS}; at most 1000 runs)",
+    )
     parser.add_argument("--quick", action="store_true", help="one shape, B=128, r=16: a smoke run")
     parser.add_argument("--large-only", action="store_true", help="only the B=4096, r=30 rows")
     parser.add_argument(
@@ -283,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(given)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if not args.min_seconds >= 0:
+        parser.error(f"--min-seconds must be >= 0, got {args.min_seconds}")
     if args.memory == "reuse":
         reuse_freed_memory()
     if args.no_output_pool:
@@ -300,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     print(machine_description())
     if args.layouts is not None:
         return _layouts_main(args, given, shapes, batches, ranks)
-    rows = run_layer_benchmark(shapes, batches, ranks, args.repeats)
+    rows = run_layer_benchmark(shapes, batches, ranks, args.repeats, args.min_seconds)
     table = format_table(rows)
     print(table)
     checks = checks_report(rows)
@@ -317,8 +330,9 @@ def main(argv: list[str] | None = None) -> int:
             "(allocation: "
             f"{'comera.cpu.reuse_freed_memory()' if args.memory == 'reuse' else 'glibc default'}"
             f"{'; output pool off' if args.no_output_pool else ''}).\n"
-            "Columns after the times are speedups over `nn.Linear` (higher is faster), medians of "
-            f"{args.repeats} runs after 2 warm-up runs, all measured in one process; within a row the "
+            "Columns after the times are speedups over `nn.Linear` (higher is faster), medians of at least "
+            f"{args.repeats} runs after 2 warm-up runs (more, up to 1000, until a row's runs took "
+            f"{args.min_seconds:g} s), all measured in one process; within a row the "
             "methods are timed round-robin so load changes hit all of them alike. Shapes are the defaults "
             "`TTLinear` picks (in modes ascending, out modes descending); `rank` is the max rank per bond. "
             "`picked / fastest order` divides the fixed-order time of the order auto picks by the fastest "
