@@ -1,10 +1,12 @@
 """Training checkpoints: atomic files that ``torch.load(weights_only=True)`` reads, and their RNG states.
 
 A checkpoint is a dict of tensors and plain Python values only (no pickled objects):
-``{"format", "format_version", "library_version", "model", "structure", "optimizer", "rank_adaptation",
-"progress", "rng", "config"}``. Files are named ``step-XXXXXXXX.pt``; writing goes to a temporary file in the
-same folder, is flushed and fsynced, then renamed over the final name, and the folder is fsynced, so a crash
-leaves either the old set of checkpoints or the new one, never a torn file.
+``{"format", "format_version", "library_version", "model", "structure", "optimizer", "objective",
+"progress", "guard", "rng", "rng_per_rank", "config"}`` (files of earlier versions hold
+``"rank_adaptation"`` instead of ``"objective"``, and are read as such). Files are named
+``step-XXXXXXXX.pt``; writing goes to a temporary file in the same folder, is flushed and fsynced, then
+renamed over the final name, and the folder is fsynced, so a crash leaves either the old set of checkpoints
+or the new one, never a torn file.
 
 The file holds the whole state whatever the number of processes that wrote it, so any number of processes
 resumes from it. A sharded (FSDP) run writes a folder ``step-XXXXXXXX.dcp`` instead, each rank its own
