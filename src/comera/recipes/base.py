@@ -38,7 +38,10 @@ class RecipeData:
 
     Attributes:
         train: the training dataset (map-style; the Trainer batches it with ``train.batch_size``).
-        evals: evaluation datasets by split name; the first one is evaluated during training.
+        evals: evaluation datasets by split name; the first one is evaluated during training. Each is
+            batched as ``train`` is (:class:`comera.train.data.EpochData`): a map-style dataset in order,
+            rank ``r`` of ``N`` processes taking every ``N``-th sample; any other iterable is read as
+            batches, and under several processes must shard itself.
         collate_fn: turns a list of samples into a batch (None: ``torch.utils.data.default_collate``).
         info: facts to report: ``{"splits": {split: {"read": n, "skipped": k, ...}}, ...}`` plus anything
             the recipe wants in ``results.json`` under ``"data"`` (vocabulary size, majority-class accuracy,

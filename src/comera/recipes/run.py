@@ -47,7 +47,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from comera.atomic import atomic_write_bytes
 from comera.io import save_pretrained
@@ -292,20 +291,19 @@ def _evaluate_splits(trainer: Trainer, recipe: Recipe, data: RecipeData, setting
     for split, dataset in data.evals.items():
         if split in results:
             continue
-        if world_size > 1:  # each rank evaluates its shard; run_evaluation merges them
-            batches = EpochData(
-                dataset,
-                batch_size=batch_size,
-                shuffle=False,
-                drop_last=False,
-                seed=0,
-                collate_fn=data.collate_fn,
-                rank=rank,
-                world_size=world_size,
-                equal_shards=False,
-            ).epoch(0)
-        else:
-            batches = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=data.collate_fn)
+        # batched as the Trainer batches the first split; under several processes each rank evaluates its
+        # shard and run_evaluation merges them
+        batches = EpochData(
+            dataset,
+            batch_size=batch_size,
+            shuffle=False,
+            drop_last=False,
+            seed=0,
+            collate_fn=data.collate_fn,
+            rank=rank,
+            world_size=world_size,
+            equal_shards=False,
+        ).epoch(0)
         results[split] = run_evaluation(model, model, batches, recipe.evaluator(settings))
     return results
 

@@ -530,7 +530,7 @@ class Trainer:
         seed = rank_seed(self.config.seed, self.process_rank)
         torch.manual_seed(seed)
         random.seed(seed)
-        np.random.seed(seed)
+        np.random.seed(seed % 2**32)  # NumPy's legacy seed takes [0, 2**32); config seeds and ranks go beyond
 
     def _begin_late_stage(self) -> None:
         details = self.objective.begin_late_stage(late_steps=self._steps(self.config.late))

@@ -1,0 +1,139 @@
+"""Contract of ``metrics.jsonl`` reading and cutting, ``MetricsLog.drop_after``, ``StepWindow.add`` sums and
+times, ``epoch_seed``'s value and the equal shards of ``EpochData``."""
+
+import json
+import math
+import re
+
+import pytest
+import torch
+
+from comera.train import records
+from comera.train.data import EpochData, epoch_seed
+from comera.train.metrics import METRICS_NAME, MetricsLog, read_metrics
+from comera.train.records import StepWindow
+
+
+def _write(folder, text: str):
+    path = folder / METRICS_NAME
+    path.write_bytes(text.encode())
+    return path
+
+
+def test_read_metrics_reads_past_a_blank_line(tmp_path):
+    """A blank line in the middle is skipped; the records after it are still read."""
+    _write(tmp_path, '{"step": 1}\n\n   \n{"step": 2}\n')
+    assert read_metrics(tmp_path) == [{"step": 1}, {"step": 2}]
+
+
+def test_an_invalid_line_is_refused_even_when_the_last_line_has_no_newline(tmp_path):
+    """Only an invalid *last* line without its newline is a torn tail; an earlier invalid line is named."""
+    path = _write(tmp_path, 'oops\n{"step": 2}')
+    with pytest.raises(ValueError, match=f"^{re.escape(f'{path}: line 1 is not valid JSON')}$"):
+        read_metrics(path)
+
+
+def test_an_invalid_last_line_with_its_newline_is_not_a_torn_tail(tmp_path):
+    """A complete (newline-ended) last line that is not JSON is damage, named by its number."""
+    path = _write(tmp_path, '{"step": 1}\noops\n')
+    with pytest.raises(ValueError, match=f"^{re.escape(f'{path}: line 2 is not valid JSON')}$"):
+        read_metrics(path)
+
+
+def test_a_torn_tail_does_not_hide_an_earlier_invalid_line(tmp_path):
+    """With a torn last line, an invalid line before it is still named."""
+    path = _write(tmp_path, 'oops\n{"step": 2}\n{"step": 3, "lo')
+    with pytest.raises(ValueError, match=f"^{re.escape(f'{path}: line 1 is not valid JSON')}$"):
+        read_metrics(path)
+
+
+def test_opening_a_log_cuts_only_the_torn_last_line_and_counts_its_bytes(tmp_path):
+    """The bytes after the last newline are cut (and counted); every whole line stays as it was."""
+    whole = '{"step": 1}\n{"step": 2}\n'
+    path = _write(tmp_path, whole + '{"step": 3, "lo')
+    log = MetricsLog(tmp_path)
+    assert log.torn_bytes == len('{"step": 3, "lo') == 15
+    assert path.read_bytes() == whole.encode()
+    assert read_metrics(path) == [{"step": 1}, {"step": 2}]
+
+
+@pytest.mark.parametrize("text", ["", '{"step": 1}\n{"step": 2}\n'])
+def test_opening_a_log_on_a_whole_or_empty_file_cuts_nothing(tmp_path, text):
+    """A whole or empty file is left as it is and ``torn_bytes`` is 0."""
+    path = _write(tmp_path, text)
+    assert MetricsLog(tmp_path).torn_bytes == 0
+    assert path.read_bytes() == text.encode()
+
+
+def test_a_torn_tail_after_a_garbage_line_is_cut_whatever_its_bytes(tmp_path):
+    """The torn tail is whatever follows the last newline, even when the file ends like ``XX\\nXX``."""
+    path = _write(tmp_path, '{"step": 1}\nXX\nXX')
+    assert MetricsLog(tmp_path).torn_bytes == 2
+    assert path.read_bytes() == b'{"step": 1}\nXX\n'
+
+
+def test_a_new_or_disabled_log_has_no_torn_bytes_and_drops_nothing(tmp_path):
+    """No file yet (or no folder): ``torn_bytes`` is 0 and ``drop_after`` drops 0 lines."""
+    log = MetricsLog(tmp_path / "run")
+    assert log.torn_bytes == 0 and not log.path.exists()
+    assert log.drop_after(3) == 0
+    off = MetricsLog(None)
+    assert off.torn_bytes == 0 and off.drop_after(3) == 0
+
+
+def test_drop_after_keeps_records_without_a_step_and_history_events(tmp_path):
+    """Records after ``step`` go, but for history events; a record without a step counts as step 0."""
+    lines = [
+        {"kind": "note"},
+        {"kind": "train", "step": 2, "loss": 1.0},
+        {"kind": "train", "step": 4, "loss": 2.0},
+        {"kind": "event", "step": 5, "event": "resume", "from": 2},
+        {"kind": "event", "step": 6, "event": "prune"},
+    ]
+    _write(tmp_path, "".join(json.dumps(line) + "\n" for line in lines) + "not json\n")
+    log = MetricsLog(tmp_path)
+    assert log.drop_after(2) == 1
+    assert read_metrics(tmp_path) == [lines[0], lines[1], lines[3]]
+    assert log.drop_after(0) == 0
+    assert read_metrics(tmp_path) == [lines[0], lines[3]]
+
+
+def test_drop_after_keeps_non_finite_numbers(tmp_path):
+    """A record holding NaN or infinity is rewritten as it was written (``NaN``, ``Infinity``)."""
+    log = MetricsLog(tmp_path)
+    log.write({"kind": "train", "step": 1, "loss": float("nan"), "ratio": float("inf")})
+    assert log.drop_after(1) == 0
+    assert (
+        tmp_path / METRICS_NAME
+    ).read_text() == '{"kind": "train", "step": 1, "loss": NaN, "ratio": Infinity}\n'
+    (record,) = read_metrics(tmp_path)
+    assert math.isnan(record["loss"]) and record["ratio"] == math.inf
+
+
+def test_step_window_sums_losses_objectives_steps_and_seconds(monkeypatch):
+    """``add`` sums task and objective over applied steps, counts every step, adds each step's seconds."""
+    monkeypatch.setattr(records.time, "perf_counter", lambda: 100.0)
+    window = StepWindow()
+    window.add(1.5, 2.0, True, started=97.5)
+    window.add(9.0, 9.0, False, started=99.0)
+    window.add(0.5, 3.0, True, started=99.5)
+    assert (window.loss, window.objective, window.applied, window.steps) == (2.0, 5.0, 2, 3)
+    assert window.seconds == 4.0 and window.step_time == 4.0 / 3
+
+
+def test_epoch_seed_is_seed_times_1000003_plus_epoch_modulo_2_63_minus_1():
+    """The data order's seed: ``(seed * 1_000_003 + epoch) mod (2**63 - 1)`` (fixed: a resume needs it)."""
+    assert epoch_seed(0, 7) == 7 and epoch_seed(2, 3) == 2_000_009
+    assert epoch_seed(2**63, 5) == 1_000_008  # 2**63 = 1 (mod 2**63 - 1)
+    assert epoch_seed(2**62, 0) == 2**62 + 500_001  # 2**62 * (2 * 500_001 + 1) = 500_001 + 2**62
+    assert 0 <= epoch_seed(2**70 + 3, 2**40) < 2**63 - 1
+
+
+def test_equal_shards_cut_the_order_before_a_partial_batch(tmp_path):
+    """Training shards: 5 samples on 2 ranks keep 4; rank 0's one partial batch is samples 0 and 2 only."""
+    data = torch.utils.data.TensorDataset(torch.arange(5))
+    shards = [
+        EpochData(data, batch_size=3, shuffle=False, drop_last=False, seed=0, rank=rank, world_size=2)
+        for rank in (0, 1)
+    ]
+    assert [[batch[0].tolist() for batch in shard.epoch(0)] for shard in shards] == [[[0, 2]], [[1, 3]]]
