@@ -115,6 +115,22 @@ def test_corrupt_or_foreign_files_are_refused(tmp_path):
         load_checkpoint(tmp_path / "missing.pt")
 
 
+def test_bytes_damaged_inside_a_tensor_record_are_refused_not_loaded_as_values(tmp_path):
+    """``torch.load`` does not check the archive's CRC-32s: a checkpoint whose tensor bytes were overwritten
+    in place (same size, readable structure) is refused by name, never loaded as other values."""
+    path = tmp_path / "step-00000001.pt"
+    values = torch.arange(4096, dtype=torch.float32)
+    save_checkpoint({"format": "comera-train-checkpoint", "x": values}, path)
+    data = bytearray(path.read_bytes())
+    start = bytes(data).index(values[1000:1002].numpy().tobytes())
+    data[start : start + 64] = b"\xab" * 64
+    path.write_bytes(bytes(data))
+    assert torch.load(path, weights_only=True)["x"][1000] != 1000.0  # torch itself reads the damage
+    message = r"step-00000001.pt: not a readable checkpoint.*fails the CRC-32 check"
+    with pytest.raises(ValueError, match=message):
+        load_checkpoint(path)
+
+
 def test_rng_states_round_trip_through_a_weights_only_file(tmp_path):
     import random
 

@@ -139,3 +139,33 @@ def test_persistent_failure_stops_the_run_without_corrupting_the_model(tmp_path)
     )
     with pytest.raises(NonFiniteError, match="after 1 rollbacks"):
         Trainer(make_model(), Poisoned(range(4, 100)), make_data(), config=with_checkpoints).fit()
+
+
+def _ending_in_bad_steps(final_loss, eval_data=True):
+    """A Trainer of 6 steps whose last 3 are non-finite (skipped, no rollback: ``max_nonfinite=5``), with an
+    evaluation at its last step that reports ``final_loss``."""
+    config = TrainConfig(early=6, unit="step", batch_size=8, max_nonfinite=5, **RATES)
+
+    def eval_fn(model, batch):
+        return {"loss": final_loss, "accuracy": 0.5}
+
+    extra = {"eval_data": make_data(16), "eval_fn": eval_fn} if eval_data else {}
+    return Trainer(make_model(), Poisoned(range(4, 100)), make_data(), config=config, **extra)
+
+
+def test_a_run_that_ends_diverging_with_a_non_finite_evaluation_is_refused():
+    """Out of steps before its rollbacks ran out: the last steps skipped and the final evaluation not finite
+    is a diverged run (``NonFiniteError`` naming the streak and the metric), not a success."""
+    message = r"ended in 3 non-finite steps in a row at step 6 \(3 in all, 0 rollbacks\).*not finite \(loss\)"
+    with pytest.raises(NonFiniteError, match=message):
+        _ending_in_bad_steps(float("nan")).fit()
+
+
+def test_skipped_last_steps_with_a_sound_evaluation_or_none_end_the_run_normally():
+    """Skipped last steps leave the parameters of the last applied step: with a finite final evaluation the
+    run ends normally; with no evaluation it ends with a warning naming the streak."""
+    result = _ending_in_bad_steps(0.7).fit()
+    assert result.nonfinite == 3 and result.eval["loss"] == 0.7
+    streak = "ended in 3 non-finite steps in a row at step 6.*nothing evaluated"
+    with pytest.warns(RuntimeWarning, match=streak):
+        _ending_in_bad_steps(0.7, eval_data=False).fit()

@@ -21,6 +21,7 @@ import os
 import random
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,18 @@ def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike) -> Path:
     return atomic_write(path, lambda file: torch.save(payload, file))
 
 
+def _damaged_entry(path: Path) -> str | None:
+    """The first entry of a checkpoint file's zip archive (``torch.save``'s format) whose bytes do not match
+    their stored CRC-32, or None. ``torch.load`` does not check the CRCs, so bytes damaged inside a tensor's
+    record would load as wrong values without this; a file that is not a zip archive is left to
+    ``torch.load``. The shards of a sharded folder are not checked (``torch.distributed.checkpoint`` stores
+    no checksum)."""
+    if not zipfile.is_zipfile(path):
+        return None
+    with zipfile.ZipFile(path) as archive:
+        return archive.testzip()
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Read a checkpoint with ``torch.load(weights_only=True)`` onto the CPU and check its format; for a
     sharded folder its ``trainer.pt``, with ``"shards"`` set to the folder (module docstring)."""
@@ -117,9 +130,15 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: checkpoint file not found")
     try:
+        damaged = _damaged_entry(path)
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
         raise ValueError(f"{path}: not a readable checkpoint, truncated or corrupt ({error})") from None
+    if damaged is not None:
+        raise ValueError(
+            f"{path}: not a readable checkpoint, truncated or corrupt (its entry {damaged!r} fails the "
+            "CRC-32 check: bytes changed after it was written)"
+        )
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a comera training checkpoint (missing format {CHECKPOINT_FORMAT!r})")
     if payload.get("format_version", 0) > CHECKPOINT_VERSION:

@@ -35,6 +35,7 @@ memory, and a rank that stops makes the others raise :class:`comera.train.parall
 from __future__ import annotations
 
 import gc
+import math
 import random
 import sys
 import time
@@ -79,7 +80,7 @@ from comera.train.fsdp import (
     shard_model,
     unfuse_mixed_groups,
 )
-from comera.train.guard import NonFiniteGuard
+from comera.train.guard import NonFiniteError, NonFiniteGuard
 from comera.train.metrics import MetricsLog, reset_peak_memory
 from comera.train.objective import Objective, default_objective
 from comera.train.parallel import all_true, lost_rank, peer_failure, per_rank_values, rank_seed
@@ -417,6 +418,7 @@ class Trainer:
             self._bar = None
         if self.run_dir is not None and self.config.plot and self.process_rank == 0:
             self._plot()
+        self._refuse_a_diverged_end()
         size = self.objective.size()
         return FitResult(
             step=self.step,
@@ -428,6 +430,27 @@ class Trainer:
             rollbacks=self.guard.rollbacks,
             train_time_s=self._train_time(),
         )
+
+    def _refuse_a_diverged_end(self) -> None:
+        """Raise :class:`NonFiniteError` when the run ran out of steps while diverging: it ended in non-finite
+        (skipped) steps and its final evaluation is not finite, so the rollbacks it had left never got to
+        run out. Without evaluation data such an end only warns: a skipped last step alone (a loss-scale
+        overflow) leaves a sound model."""
+        if self.guard.consecutive == 0:
+            return
+        streak = (
+            f"the run ended in {self.guard.consecutive} non-finite steps in a row at step {self.step} "
+            f"({self.guard.total} in all, {self.guard.rollbacks} rollbacks)"
+        )
+        broken = sorted(
+            name
+            for name, value in self.last_eval.items()
+            if isinstance(value, float) and not math.isfinite(value)
+        )
+        if broken:
+            raise NonFiniteError(f"{streak} and its final evaluation is not finite ({', '.join(broken)})")
+        if not self.last_eval:
+            warnings.warn(f"{streak}; nothing evaluated it: check the model", RuntimeWarning, stacklevel=3)
 
     def _train_time(self) -> float:
         return self._time_before + time.perf_counter() - self._fit_started
