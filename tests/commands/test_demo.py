@@ -91,6 +91,8 @@ def stand_in_accuracy_runs(monkeypatch, tmp_path):
         for method in methods:
             run_dir = Path(out) / method
             run_dir.mkdir(parents=True)
+            if method == "comera":
+                (run_dir / "plots").mkdir()  # the dense stand-in plots nothing (as with train.plot=false)
             settings = {"model": {"d_model": 128, "n_layers": 2}}
             (run_dir / "config.json").write_text(json.dumps({"settings": settings}))
             runs.append(MethodRun(method, run_dir, "trained", RESULTS[method]))
@@ -116,6 +118,8 @@ def test_the_demo_measures_both_methods_in_fresh_processes(tmp_path, capsys, sta
     assert "preset smoke (width 16, 2 blocks), batch 4, median of 5 timed steps after 3 untimed:" in printed
     assert f"{dense['params']:,}" in printed and f"{comera['ms']:.0f}" in printed
     assert f"speed and memory: {out}/speed.json" in printed
+    assert f"comera: {out}/comera/results.json, plots in {out}/comera/plots/\n" in printed
+    assert f"dense: {out}/dense/results.json\n" in printed  # a folder that does not exist is not named
 
 
 def test_no_speed_leaves_the_speed_comparison_out(tmp_path, capsys, stand_in_accuracy_runs, monkeypatch):

@@ -74,3 +74,14 @@ def test_a_diverging_run_ends_with_one_line(tmp_path, capsys):
     rates = [f"--set=method.{name}=1e30" for name in ("lr_cores", "lr_gates")] + ["--set=train.lr_other=1e30"]
     error = _one_line_error(capsys, _train(tmp_path / "run", tmp_path / "cache", *rates), status=1)
     assert error.startswith("comera train: training diverged:") and str(tmp_path / "run") in error
+
+
+@pytest.mark.parametrize("plot", [True, False])
+def test_the_run_folder_line_names_only_what_the_run_wrote(tmp_path, capsys, plot):
+    """The closing line lists the outputs that exist: ``plots/`` only when the run plotted."""
+    out = tmp_path / "run"
+    assert main(_train(out, tmp_path / "cache", f"--set=train.plot={str(plot).lower()}")) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("run folder:"))
+    listed = ["results.json", "metrics.jsonl", *(["plots/"] if plot else []), "model/"]
+    assert line == f"run folder: {out} ({', '.join(listed)})"
+    assert (out / "plots").is_dir() == plot

@@ -127,6 +127,19 @@ def test_an_unreadable_config_json_is_named(tmp_path):
         read_run_config(path)
 
 
+@pytest.mark.parametrize("text, kind", [("[1, 2]", "list"), ('"a run"', "str"), ("3", "int")])
+def test_a_config_json_that_is_not_an_object_is_named(tmp_path, text, kind):
+    """Valid JSON that is not the object a run writes: the same named refusal, the JSON type said."""
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    expected = re.escape(
+        f"{path} holds a JSON {kind}, not the object a run writes, so the run in its folder cannot be "
+        "checked against this command; repair the file, or use another --out"
+    )
+    with pytest.raises(ValueError, match=f"^{expected}$"):
+        read_run_config(path)
+
+
 def test_a_header_without_data_files_matches_any_fingerprint():
     """A folder written before fingerprints were recorded compares equal on everything else."""
     header = {"recipe": "toy", "data": None, "data_files": {"a": 1}, "settings": {"train": {"seed": 0}}}

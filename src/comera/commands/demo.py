@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     if settings is not None:
         print(_note(args.preset, settings.preset))
     for method in METHODS:
-        print(f"{method}: {out / method}/results.json, plots in {out / method}/plots/")
+        plots = out / method / "plots"
+        print(f"{method}: {out / method}/results.json" + (f", plots in {plots}/" if plots.is_dir() else ""))
     print(f"both: {out}/comparison.md, {out}/compare-accuracy.png")
     if settings is not None:
         print(f"speed and memory: {out}/speed.json")

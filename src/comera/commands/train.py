@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -229,8 +230,14 @@ def _train_here(args: argparse.Namespace, out, speaks: bool) -> int:
     if not speaks:
         return 0
     print(summary(results))
-    print(f"run folder: {out} (results.json, metrics.jsonl, plots/, model/)")
+    print(f"run folder: {out} ({', '.join(_written(out))})")
     return 0
+
+
+def _written(out: str | Path) -> list[str]:
+    """The outputs of a finished run that exist in its folder (``plots/`` is absent with plotting off)."""
+    names = ("results.json", "metrics.jsonl", "plots/", "model/")
+    return [name for name in names if (Path(out) / name.rstrip("/")).exists()]
 
 
 if __name__ == "__main__":

@@ -112,15 +112,20 @@ def default_run_dir(recipe: str, preset: str, method: str) -> Path:
     return Path("runs") / f"{recipe}-{preset}-{method}"
 
 
-def read_run_config(config_path: Path) -> Any:
-    """A run folder's ``config.json``; ``ValueError`` naming the file when it is not valid JSON."""
+def read_run_config(config_path: Path) -> dict[str, Any]:
+    """A run folder's ``config.json``; ``ValueError`` naming the file when it is not a JSON object."""
     try:
-        return json.loads(config_path.read_bytes())
+        recorded = json.loads(config_path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(
-            f"{config_path} is not valid JSON ({error}), so the run in its folder cannot be checked against "
-            "this command; repair the file, or use another --out"
-        ) from None
+        problem = f"is not valid JSON ({error})"
+    else:
+        if isinstance(recorded, dict):
+            return recorded
+        problem = f"holds a JSON {type(recorded).__name__}, not the object a run writes"
+    raise ValueError(
+        f"{config_path} {problem}, so the run in its folder cannot be checked against this command; repair "
+        "the file, or use another --out"
+    ) from None
 
 
 def header_difference(recorded: dict[str, Any], header: dict[str, Any]) -> str | None:

@@ -438,9 +438,11 @@ class Trainer:
         overflow) leaves a sound model."""
         if self.guard.consecutive == 0:
             return
+        count = self.guard.consecutive
+        steps = f"{count} non-finite step{'s' if count > 1 else ''}"
         streak = (
-            f"the run ended in {self.guard.consecutive} non-finite steps in a row at step {self.step} "
-            f"({self.guard.total} in all, {self.guard.rollbacks} rollbacks)"
+            f"the run ended in {steps} in a row at step {self.step} ({self.guard.total} in all, "
+            f"{self.guard.rollbacks} rollbacks)"
         )
         broken = sorted(
             name
