@@ -300,8 +300,8 @@ def test_progress_bar_shows_loss_ratio_and_stage(tmp_path):
 
 
 def test_a_torn_record_is_reported_once_naming_file_and_bytes(tmp_path):
-    """A torn last metrics line: fit warns at its caller with the file and byte count, logs a
-    torn_record_dropped event with the bytes, and does not report it again."""
+    """A torn last metrics line: fit warns naming the file and byte count, logs a torn_record_dropped event
+    with the bytes, and does not report it again."""
     whole = '{"kind": "event", "step": 0, "event": "start"}\n'
     torn = '{"kind": "tr'
     (tmp_path / "metrics.jsonl").write_text(whole + torn)
@@ -313,7 +313,6 @@ def test_a_torn_record_is_reported_once_naming_file_and_bytes(tmp_path):
         f"{tmp_path / 'metrics.jsonl'}: dropped a torn last record ({len(torn)} bytes without a newline, "
         "left by a process killed mid-write)"
     )
-    assert warning.filename == __file__
     (event,) = events(tmp_path, "torn_record_dropped")
     assert event["bytes"] == len(torn) and event["step"] == 0
     assert trainer.metrics.torn_bytes == 0
@@ -351,3 +350,11 @@ def test_a_run_without_early_steps_starts_in_the_late_stage(tmp_path):
     assert result.stage == "late" and stages == ["late"] * STEPS_PER_EPOCH
     assert [e["step"] for e in events(tmp_path, "late_stage")] == [0]
     assert {r["stage"] for r in records(tmp_path, "train")} == {"late"}
+
+
+def test_torn_record_warning_points_at_the_caller_of_fit(tmp_path):
+    """The torn-record warning is attributed to the line calling fit (stacklevel 2)."""
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "tr')
+    with pytest.warns(RuntimeWarning) as caught:
+        task_trainer(tmp_path, early=1).fit()
+    assert [w.filename for w in caught if "torn last record" in str(w.message)] == [__file__]
