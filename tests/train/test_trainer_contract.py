@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from tiny import make_data, make_model
+from tiny import loss_fn, make_data, make_model, quiet_config
 from torch import nn
 
 import comera
@@ -32,24 +32,10 @@ from comera.train.objective import Objective, TaskObjective
 STEPS_PER_EPOCH = 6  # make_data() has 48 samples, batches of 8
 
 
-def plain_loss(model: nn.Module, batch) -> torch.Tensor:
-    """Cross-entropy of the model on ``(inputs, labels)``."""
-    inputs, labels = batch
-    return nn.functional.cross_entropy(model(inputs), labels)
-
-
-def config_for(tmp_path=None, **values) -> TrainConfig:
-    """A small, eager, quiet run (6 steps per epoch)."""
-    base = {"batch_size": 8, "shuffle": False, "compile": False, "progress": False, "plot": False}
-    if tmp_path is not None:
-        base["run_dir"] = str(tmp_path)
-    return TrainConfig(**{**base, **values})
-
-
-def task_trainer(tmp_path=None, loss=plain_loss, **values) -> Trainer:
+def task_trainer(tmp_path=None, loss=loss_fn, **values) -> Trainer:
     model = make_model(dropout=0.0)
     return Trainer(
-        model, loss, make_data(), config=config_for(tmp_path, **values), objective=TaskObjective(model)
+        model, loss, make_data(), config=quiet_config(tmp_path, **values), objective=TaskObjective(model)
     )
 
 
@@ -100,8 +86,8 @@ class Scripted(Objective):
 def scripted_trainer(tmp_path, objective_args=(), **values):
     model = make_model(dropout=0.0)
     objective = Scripted(model, *objective_args)
-    config = config_for(tmp_path, **values)
-    return Trainer(model, plain_loss, make_data(), config=config, objective=objective)
+    config = quiet_config(tmp_path, **values)
+    return Trainer(model, loss_fn, make_data(), config=config, objective=objective)
 
 
 # ---------------------------------------------------------------- config and objective
@@ -187,7 +173,8 @@ def test_bf16_precision_autocasts_to_bfloat16_whatever_the_default():
 
     model = nn.Linear(12, 3)
     data = make_data()
-    trainer = Trainer(model, loss, data, config=config_for(precision="bf16"), objective=TaskObjective(model))
+    config = quiet_config(precision="bf16")
+    trainer = Trainer(model, loss, data, config=config, objective=TaskObjective(model))
     before = torch.get_autocast_dtype("cpu")
     torch.set_autocast_dtype("cpu", torch.float16)
     try:
@@ -203,9 +190,9 @@ def test_bf16_precision_autocasts_to_bfloat16_whatever_the_default():
 def test_eval_records_carry_epoch_stage_and_train_time(tmp_path):
     """Each eval record names its step, epoch, stage and the train time so far."""
     model = make_model(dropout=0.0)
-    config = config_for(tmp_path, early=2, eval_every=3)
+    config = quiet_config(tmp_path, early=2, eval_every=3)
     Trainer(
-        model, plain_loss, make_data(), eval_data=make_data(16), config=config, objective=TaskObjective(model)
+        model, loss_fn, make_data(), eval_data=make_data(16), config=config, objective=TaskObjective(model)
     ).fit()
     evals = [r for r in read_metrics(tmp_path) if r["kind"] == "eval"]
     assert [(r["step"], r["epoch"], r["stage"]) for r in evals] == [
@@ -244,8 +231,8 @@ def test_no_prune_or_a_prune_without_changes_forces_no_checkpoint(tmp_path, prun
         model = make_model(dropout=0.0)
         objective = Scripted(model, ("epoch_end", "end"), None)
         objective.has_stages = False
-        config = config_for(tmp_path, early=2, checkpoint_every=1000, keep_checkpoints=9)
-        Trainer(model, plain_loss, make_data(), config=config, objective=objective).fit()
+        config = quiet_config(tmp_path, early=2, checkpoint_every=1000, keep_checkpoints=9)
+        Trainer(model, loss_fn, make_data(), config=config, objective=objective).fit()
     else:
         task_trainer(tmp_path, early=2, checkpoint_every=1000, keep_checkpoints=9).fit()
     assert checkpoint_steps(tmp_path) == [2 * STEPS_PER_EPOCH]
@@ -259,7 +246,7 @@ def test_fit_seeds_python_and_numpy_random_with_the_config_seed():
     def loss(model, batch):
         if not drawn:
             drawn.append((random.random(), float(np.random.rand())))
-        return plain_loss(model, batch)
+        return loss_fn(model, batch)
 
     random.seed(99)
     np.random.seed(99)
@@ -273,10 +260,10 @@ def test_evaluate_reads_a_list_of_batches():
     data = make_data(16, seed=3)
     batches = [(data.tensors[0][i : i + 8], data.tensors[1][i : i + 8]) for i in (0, 8)]
     trainer = Trainer(
-        model, plain_loss, make_data(), eval_data=batches, config=config_for(), objective=TaskObjective(model)
+        model, loss_fn, make_data(), eval_data=batches, config=quiet_config(), objective=TaskObjective(model)
     )
     with torch.no_grad():
-        expected = sum(float(plain_loss(model, b)) for b in batches) / 2
+        expected = sum(float(loss_fn(model, b)) for b in batches) / 2
     assert trainer.evaluate()["loss"] == pytest.approx(expected, rel=1e-6)
 
 
@@ -418,7 +405,7 @@ def nan_at_call(number: int):
 
     def loss(model, batch):
         calls[0] += 1
-        value = plain_loss(model, batch)
+        value = loss_fn(model, batch)
         return value * math.nan if calls[0] == number else value
 
     return loss
@@ -563,11 +550,11 @@ def test_evaluation_reads_a_shuffling_loader_in_its_epoch_zero_order():
     evaluator = BatchOrder()
     trainer = Trainer(
         model,
-        plain_loss,
+        loss_fn,
         make_data(),
         eval_data=loader,
         evaluator=evaluator,
-        config=config_for(seed=3),
+        config=quiet_config(seed=3),
         objective=TaskObjective(model),
     )
     trainer.evaluate()

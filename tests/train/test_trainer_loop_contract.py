@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import make_data, make_model
+from tiny import loss_fn, make_data, make_model, quiet_config
 from torch import nn
 
-from comera.train import TrainConfig, Trainer, read_metrics
+from comera.train import Trainer, read_metrics
 from comera.train.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint, save_checkpoint
 from comera.train.guard import total_grad_norm
 from comera.train.objective import Objective, TaskObjective
@@ -21,27 +21,13 @@ from comera.train.objective import Objective, TaskObjective
 STEPS_PER_EPOCH = 6  # make_data() has 48 samples, batches of 8
 
 
-def plain_loss(model: nn.Module, batch) -> torch.Tensor:
-    """Cross-entropy of the model on ``(inputs, labels)``."""
-    inputs, labels = batch
-    return nn.functional.cross_entropy(model(inputs), labels)
-
-
-def config_for(tmp_path=None, **values) -> TrainConfig:
-    """A small, eager, quiet run (6 steps per epoch)."""
-    base = {"batch_size": 8, "shuffle": False, "compile": False, "progress": False, "plot": False}
-    if tmp_path is not None:
-        base["run_dir"] = str(tmp_path)
-    return TrainConfig(**{**base, **values})
-
-
 def task_trainer(tmp_path=None, data=None, objective=None, **values) -> Trainer:
     model = make_model(dropout=0.0)
     return Trainer(
         model,
-        plain_loss,
+        loss_fn,
         make_data() if data is None else data,
-        config=config_for(tmp_path, **values),
+        config=quiet_config(tmp_path, **values),
         objective=TaskObjective(model) if objective is None else objective(model),
     )
 
@@ -156,9 +142,9 @@ def test_progress_none_shows_the_bar_only_on_a_terminal(monkeypatch, tty):
 def test_evaluation_runs_at_a_last_step_off_the_interval(tmp_path):
     """eval_every: evaluations at its multiples and at the last step, even off the interval."""
     model = make_model(dropout=0.0)
-    config = config_for(tmp_path, unit="step", early=4, eval_every=3)
+    config = quiet_config(tmp_path, unit="step", early=4, eval_every=3)
     Trainer(
-        model, plain_loss, make_data(), eval_data=make_data(16), config=config, objective=TaskObjective(model)
+        model, loss_fn, make_data(), eval_data=make_data(16), config=config, objective=TaskObjective(model)
     ).fit()
     assert [r["step"] for r in records(tmp_path, "eval")] == [3, 4]
 

@@ -65,6 +65,15 @@ IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable")
 """The ``torch.optim`` options that pick which kernels an optimizer step runs."""
 
 
+def quiet_config(tmp_path=None, **values) -> TrainConfig:
+    """A small, eager, quiet run in order (batches of 8: 6 steps per epoch of :func:`make_data`), writing
+    into ``tmp_path`` when given; ``values`` override."""
+    base = {"batch_size": 8, "shuffle": False, "compile": False, "progress": False, "plot": False}
+    if tmp_path is not None:
+        base["run_dir"] = str(tmp_path)
+    return TrainConfig(**{**base, **values})
+
+
 def run_settings(**values) -> tuple[TrainConfig, CoMERASettings]:
     """``values`` split into a :class:`TrainConfig` (the generic keys) and :class:`CoMERASettings` (CoMERA's
     keys, which were ``TrainConfig`` fields before Reshape 2)."""
