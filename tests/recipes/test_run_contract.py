@@ -127,17 +127,37 @@ def test_an_unreadable_config_json_is_named(tmp_path):
         read_run_config(path)
 
 
-@pytest.mark.parametrize("text, kind", [("[1, 2]", "list"), ('"a run"', "str"), ("3", "int")])
-def test_a_config_json_that_is_not_an_object_is_named(tmp_path, text, kind):
-    """Valid JSON that is not the object a run writes: the same named refusal, the JSON type said."""
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("[1, 2]", "holds a JSON array, not the object a run writes"),
+        ('"a run"', "holds a JSON string, not the object a run writes"),
+        ("3", "holds a JSON number, not the object a run writes"),
+        ("null", "holds a JSON null, not the object a run writes"),
+        ('{"settings": "oops"}', "holds a JSON string under 'settings', where a run writes an object"),
+        (
+            '{"settings": {"model": {}, "train": [1, 2]}}',
+            "holds a JSON array under 'settings.train', where a run writes an object",
+        ),
+    ],
+)
+def test_a_config_json_not_shaped_as_a_run_writes_it_is_named(tmp_path, text, problem):
+    """Valid JSON that is not shaped as a run writes it (an object whose settings are objects): the same
+    named refusal as invalid JSON, with the JSON type and the key."""
     path = tmp_path / "config.json"
     path.write_text(text)
     expected = re.escape(
-        f"{path} holds a JSON {kind}, not the object a run writes, so the run in its folder cannot be "
-        "checked against this command; repair the file, or use another --out"
+        f"{path} {problem}, so the run in its folder cannot be checked against this command; repair the "
+        "file, or use another --out"
     )
     with pytest.raises(ValueError, match=f"^{expected}$"):
         read_run_config(path)
+
+
+def test_a_config_json_shaped_as_a_run_writes_it_is_read():
+    """Null sections (as a method without settings writes) and missing settings are accepted shapes."""
+    assert run_module._shape_problem({"settings": {"method": None, "train": {"seed": 0}}}) is None
+    assert run_module._shape_problem({"recipe": "toy"}) is None
 
 
 def test_a_header_without_data_files_matches_any_fingerprint():

@@ -2,6 +2,7 @@
 training time carried through checkpoints."""
 
 import json
+import shutil
 
 import pytest
 from tiny import loss_fn, make_data, make_model
@@ -50,3 +51,16 @@ def test_train_time_is_carried_through_a_checkpoint_and_all_unreadable_is_its_ow
         path.write_bytes(b"junk")
     with pytest.warns(RuntimeWarning), pytest.raises(NoReadableCheckpointError, match="all 2 are truncated"):
         Trainer(make_model(), loss_fn, make_data(), config=config).fit(resume=True)
+
+
+def test_a_resume_at_the_last_step_with_an_emptied_log_warns_that_it_drew_no_plot(tmp_path):
+    """The plots are a by-product: a run resumed at its last step whose ``metrics.jsonl`` was emptied has
+    no training record to plot, which is said in a warning, not raised out of ``fit``."""
+    config = TrainConfig(early=2, unit="step", batch_size=8, checkpoint_every=1, run_dir=str(tmp_path))
+    Trainer(make_model(), loss_fn, make_data(), config=config).fit()
+    assert (tmp_path / "plots").is_dir()
+    shutil.rmtree(tmp_path / "plots")
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.warns(RuntimeWarning, match="metrics.jsonl holds no training record, so no plot was drawn"):
+        result = Trainer(make_model(), loss_fn, make_data(), config=config).fit(resume=True)
+    assert result.step == 2 and not (tmp_path / "plots").exists()

@@ -112,16 +112,39 @@ def default_run_dir(recipe: str, preset: str, method: str) -> Path:
     return Path("runs") / f"{recipe}-{preset}-{method}"
 
 
+def _json_type(value: Any) -> str:
+    """The JSON name of ``value``'s type (``"array"`` for a list, ``"null"`` for None, ...)."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def _shape_problem(recorded: Any) -> str | None:
+    """What makes ``recorded`` unlike the ``config.json`` a run writes (an object whose ``settings`` is an
+    object of objects), or None."""
+    if not isinstance(recorded, dict):
+        return f"holds a JSON {_json_type(recorded)}, not the object a run writes"
+    settings = recorded.get("settings")
+    if settings is not None and not isinstance(settings, dict):
+        return f"holds a JSON {_json_type(settings)} under 'settings', where a run writes an object"
+    for section, values in (settings or {}).items():
+        if values is not None and not isinstance(values, dict):
+            return (
+                f"holds a JSON {_json_type(values)} under 'settings.{section}', where a run writes an object"
+            )
+    return None
+
+
 def read_run_config(config_path: Path) -> dict[str, Any]:
-    """A run folder's ``config.json``; ``ValueError`` naming the file when it is not a JSON object."""
+    """A run folder's ``config.json``; ``ValueError`` naming the file (and the key) when it is not valid JSON
+    or not shaped as a run writes it."""
     try:
         recorded = json.loads(config_path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         problem = f"is not valid JSON ({error})"
     else:
-        if isinstance(recorded, dict):
+        problem = _shape_problem(recorded)
+        if problem is None:
             return recorded
-        problem = f"holds a JSON {type(recorded).__name__}, not the object a run writes"
     raise ValueError(
         f"{config_path} {problem}, so the run in its folder cannot be checked against this command; repair "
         "the file, or use another --out"

@@ -81,7 +81,7 @@ from comera.train.fsdp import (
     unfuse_mixed_groups,
 )
 from comera.train.guard import NonFiniteError, NonFiniteGuard
-from comera.train.metrics import MetricsLog, reset_peak_memory
+from comera.train.metrics import MetricsLog, read_metrics, reset_peak_memory
 from comera.train.objective import Objective, default_objective
 from comera.train.parallel import all_true, lost_rank, peer_failure, per_rank_values, rank_seed
 from comera.train.records import StepWindow, train_record
@@ -644,9 +644,19 @@ class Trainer:
         return torch.device("cpu") if first is None else first.device
 
     def _plot(self) -> None:
+        """The run's plots (a by-product: a log with no training record, as a resume at the last step of a
+        run whose log was lost leaves, warns instead of failing the run)."""
         try:
             from comera.train.plots import plot_run
         except ImportError:
+            return
+        records = read_metrics(self.run_dir)
+        if not any(isinstance(record, dict) and record.get("kind") == "train" for record in records):
+            warnings.warn(
+                f"{self.run_dir}: metrics.jsonl holds no training record, so no plot was drawn",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return
         plot_run(self.run_dir)
 
