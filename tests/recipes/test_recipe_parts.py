@@ -238,3 +238,31 @@ def test_writable_folder_name_too_long_is_a_value_error(tmp_path):
         ValueError, match=_exactly(f"--out {target}: cannot create or write to it (File name too long)")
     ):
         writable_folder(target, "--out")
+
+
+def test_a_file_that_cannot_be_read_is_fingerprinted_as_unreadable_not_raised(tmp_path, monkeypatch):
+    """No permission on one data file: its entry holds its size, no digest and the reason, and the others
+    are hashed (the reader then skips and counts it, or names it); a later change of state is named."""
+    (tmp_path / "a.py").write_bytes(b"x = 1\n")
+    (tmp_path / "locked.py").write_bytes(b"secret\n")
+    opened = type(tmp_path).open
+
+    def refusing(path, *args, **kwargs):
+        if path.name == "locked.py":
+            raise PermissionError(13, "Permission denied", str(path))
+        return opened(path, *args, **kwargs)
+
+    monkeypatch.setattr(type(tmp_path), "open", refusing)
+    locked = data_fingerprint(tmp_path)
+    assert locked == {
+        "a.py": {"bytes": 6, "sha256": hashlib.sha256(b"x = 1\n").hexdigest()},
+        "locked.py": {"bytes": 7, "sha256": None, "unreadable": "Permission denied"},
+    }
+    monkeypatch.setattr(type(tmp_path), "open", opened)
+    readable = data_fingerprint(tmp_path)
+    expected = (
+        "locked.py: 7 bytes, unreadable (Permission denied) then, 7 bytes, sha256 "
+        + hashlib.sha256(b"secret\n").hexdigest()[:12]
+        + " now"
+    )
+    assert fingerprint_difference(locked, readable) == expected

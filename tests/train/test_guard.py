@@ -161,11 +161,25 @@ def test_a_run_that_ends_diverging_with_a_non_finite_evaluation_is_refused():
         _ending_in_bad_steps(float("nan")).fit()
 
 
-def test_skipped_last_steps_with_a_sound_evaluation_or_none_end_the_run_normally():
-    """Skipped last steps leave the parameters of the last applied step: with a finite final evaluation the
-    run ends normally; with no evaluation it ends with a warning naming the streak."""
-    result = _ending_in_bad_steps(0.7).fit()
+def test_skipped_last_steps_with_a_sound_evaluation_or_none_end_the_run_with_a_warning():
+    """Skipped last steps leave the parameters of the last applied step: with a finite final evaluation, or
+    none, the run ends (no error) with a warning naming the streak, so a stage of skipped steps is seen."""
+    with pytest.warns(
+        RuntimeWarning, match="ended in 3 non-finite steps in a row at step 6.*evaluation is finite"
+    ):
+        result = _ending_in_bad_steps(0.7).fit()
     assert result.nonfinite == 3 and result.eval["loss"] == 0.7
     streak = "ended in 3 non-finite steps in a row at step 6.*nothing evaluated"
     with pytest.warns(RuntimeWarning, match=streak):
         _ending_in_bad_steps(0.7, eval_data=False).fit()
+
+
+def test_an_early_stage_of_only_non_finite_steps_is_a_divergence_not_a_traceback():
+    """Every early step skipped (the early stage no longer than ``max_nonfinite``): the late stage has no loss
+    to start from, and the run stops with ``NonFiniteError`` saying so."""
+    config = TrainConfig(early=2, late=2, unit="step", batch_size=8, max_nonfinite=5, **RATES)
+    model = make_model()
+    objective = CoMERAObjective(model, GATED_RATES)
+    trainer = Trainer(model, Poisoned(range(1, 100)), make_data(), config=config, objective=objective)
+    with pytest.raises(NonFiniteError, match="every one of the 2 steps of the early stage was non-finite"):
+        trainer.fit()

@@ -1,7 +1,8 @@
 """What identifies a run's ``--data``: every file's size and SHA-256, so that a resume can tell edited data
 from the data the run started with (the path alone cannot).
 
-A fingerprint is ``{relative name: {"bytes": size, "sha256": hex digest}}`` over the regular files of the
+A fingerprint is ``{relative name: {"bytes": size, "sha256": hex digest}}`` (``"sha256": None`` and the
+reason under ``"unreadable"`` for a file that cannot be read) over the regular files of the
 data file (one entry, under its own name) or folder (every file below it, hidden ones included, names
 relative to the folder with ``/`` separators), in name order. Hashing reads every byte once (about 1 GB/s).
 """
@@ -17,8 +18,13 @@ __all__ = ["data_fingerprint", "fingerprint_difference"]
 
 
 def _file_entry(path: Path) -> dict[str, Any]:
-    with path.open("rb") as file:
-        digest = hashlib.file_digest(file, "sha256").hexdigest()
+    """Size and SHA-256 of ``path``; a file that cannot be read (no permission) gets ``"sha256": None`` and
+    the reason, and is left to the data reader, which skips and counts it or names it."""
+    try:
+        with path.open("rb") as file:
+            digest = hashlib.file_digest(file, "sha256").hexdigest()
+    except OSError as error:
+        return {"bytes": path.stat().st_size, "sha256": None, "unreadable": error.strerror or str(error)}
     return {"bytes": path.stat().st_size, "sha256": digest}
 
 
@@ -37,6 +43,8 @@ def data_fingerprint(path: str | os.PathLike | None) -> dict[str, dict[str, Any]
 def _describe(entry: dict[str, Any] | None) -> str:
     if entry is None:
         return "absent"
+    if entry.get("sha256") is None:
+        return f"{entry['bytes']:,} bytes, unreadable ({entry.get('unreadable')})"
     return f"{entry['bytes']:,} bytes, sha256 {entry['sha256'][:12]}"
 
 

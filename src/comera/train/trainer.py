@@ -434,8 +434,8 @@ class Trainer:
     def _refuse_a_diverged_end(self) -> None:
         """Raise :class:`NonFiniteError` when the run ran out of steps while diverging: it ended in non-finite
         (skipped) steps and its final evaluation is not finite, so the rollbacks it had left never got to
-        run out. Without evaluation data such an end only warns: a skipped last step alone (a loss-scale
-        overflow) leaves a sound model."""
+        run out. With a finite final evaluation, or none, such an end warns: skipped steps leave the model
+        of the last applied step, sound after a lone loss-scale overflow, untrained after a stage of them."""
         if self.guard.consecutive == 0:
             return
         count = self.guard.consecutive
@@ -451,8 +451,12 @@ class Trainer:
         )
         if broken:
             raise NonFiniteError(f"{streak} and its final evaluation is not finite ({', '.join(broken)})")
-        if not self.last_eval:
-            warnings.warn(f"{streak}; nothing evaluated it: check the model", RuntimeWarning, stacklevel=3)
+        checked = "nothing evaluated it" if not self.last_eval else "its final evaluation is finite"
+        warnings.warn(
+            f"{streak}; {checked}: the model is that of the last applied step, check it",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _train_time(self) -> float:
         return self._time_before + time.perf_counter() - self._fit_started
@@ -558,6 +562,11 @@ class Trainer:
         np.random.seed(seed % 2**32)  # NumPy's legacy seed takes [0, 2**32); config seeds and ranks go beyond
 
     def _begin_late_stage(self) -> None:
+        if self.step > 0 and self.guard.total >= self.step and self.guard.rollbacks == 0:
+            raise NonFiniteError(
+                f"every one of the {self.step} steps of the early stage was non-finite, so the late stage "
+                "has no loss to start from (max_nonfinite is larger than the early stage)"
+            )
         details = self.objective.begin_late_stage(late_steps=self._steps(self.config.late))
         self._invalidate_graph()
         self._event("late_stage", **details)
