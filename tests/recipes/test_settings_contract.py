@@ -65,13 +65,26 @@ def test_a_config_file_that_is_not_toml_is_named(tmp_path):
         _resolve(config_file=path)
 
 
-@pytest.mark.parametrize("text", ["[optim]\nlr = 3\n", "model = 3\n"])
-def test_an_unknown_config_table_names_the_valid_tables(tmp_path, text):
-    """A table not in SECTIONS, or a section given as a plain value, is refused naming the valid tables."""
+def test_an_unknown_config_table_names_the_valid_tables(tmp_path):
+    """A table not in SECTIONS is refused naming the valid tables."""
+    path = tmp_path / "run.toml"
+    path.write_text("[optim]\nlr = 3\n")
+    expected = f"--config {path}: unknown table [optim]; valid tables: {list(SECTIONS)}"
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        _resolve(config_file=path)
+
+
+@pytest.mark.parametrize("text, shown", [("model = 3\n", "3"), ('train = "fast"\n', "'fast'")])
+def test_a_known_section_given_as_a_plain_value_is_told_to_be_a_table(tmp_path, text, shown):
+    """``train = 5`` at the top level: the section is known, so the message says it must be a table (it
+    used to call a valid table unknown)."""
     path = tmp_path / "run.toml"
     path.write_text(text)
-    table = "optim" if text.startswith("[optim]") else "model"
-    expected = f"--config {path}: unknown table [{table}]; valid tables: {list(SECTIONS)}"
+    section = text.split(" ")[0]
+    expected = (
+        f"--config {path}: {section} = {shown} at the top level; [{section}] must be a table of settings "
+        f"(e.g. [{section}] then key = value lines)"
+    )
     with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
         _resolve(config_file=path)
 

@@ -202,9 +202,14 @@ def resolve_settings(
     if config_file is not None:
         path = Path(config_file)
         for section, values in _read_toml(path).items():
-            if section not in SECTIONS or not isinstance(values, dict):
+            if section not in SECTIONS:
                 raise ValueError(
                     f"--config {path}: unknown table [{section}]; valid tables: {list(SECTIONS)}"
+                )
+            if not isinstance(values, dict):
+                raise ValueError(
+                    f"--config {path}: {section} = {values!r} at the top level; [{section}] must be a table "
+                    f"of settings (e.g. [{section}] then key = value lines)"
                 )
             for key, value in values.items():
                 _apply(settings, section, key, value, valid[section], f"--config {path}", declared)
