@@ -106,6 +106,19 @@ def test_an_unfinished_run_is_resumed_from_its_checkpoint(tmp_path):
     assert resumed[0].results["evaluation"] == first[0].results["evaluation"]
 
 
+@pytest.mark.parametrize("damage", ["null", "{}", '{"evaluation": "oops"}', "{not json"])
+def test_a_damaged_results_json_makes_the_run_resume_not_be_reused(tmp_path, damage):
+    """A ``results.json`` that is not what a finished run writes (JSON null, no evaluation object, not JSON)
+    is not reused as a row: the run is resumed from its checkpoint, which writes it again."""
+    first = _compare(tmp_path, ["comera"])
+    run_dir = first[0].run_dir
+    (run_dir / "results.json").write_text(damage)
+    resumed = _compare(tmp_path, ["comera"])
+    assert resumed[0].status == "trained"
+    assert resumed[0].results["evaluation"] == first[0].results["evaluation"]
+    assert json.loads((run_dir / "results.json").read_text())["evaluation"] == first[0].results["evaluation"]
+
+
 def test_a_folder_with_other_settings_is_refused_before_anything_trains(finished):
     tmp_path, _ = finished
     with pytest.raises(SetupError, match=r"cmp/dense holds a run with other settings.*settings"):

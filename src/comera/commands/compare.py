@@ -120,7 +120,19 @@ def _state(run_dir: Path, header: dict[str, Any]) -> str:
             f"{run_dir} holds a run with other settings or data: {difference}; "
             "use another --out, or --rerun to replace it"
         )
-    return "finished" if (run_dir / _RESULTS).exists() else "unfinished"
+    return "finished" if _finished_results(run_dir) is not None else "unfinished"
+
+
+def _finished_results(run_dir: Path) -> dict[str, Any] | None:
+    """The run's ``results.json`` when it is one a finished run writes (a JSON object with an
+    ``"evaluation"`` object); None when it is absent or damaged, so the run is resumed and writes it again."""
+    try:
+        results = json.loads((run_dir / _RESULTS).read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(results, dict) or not isinstance(results.get("evaluation"), dict):
+        return None
+    return results
 
 
 def _check_packages(method: str) -> None:
@@ -265,7 +277,7 @@ def compare(
     for name, method, own, run_dir, state in plans:
         if state == "finished":
             log(f"[compare] {name}: reusing the finished run in {run_dir}")
-            done.append(MethodRun(name, run_dir, "reused", json.loads((run_dir / _RESULTS).read_text())))
+            done.append(MethodRun(name, run_dir, "reused", _finished_results(run_dir)))
             continue
         if state == "replace":
             shutil.rmtree(run_dir)
