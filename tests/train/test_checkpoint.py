@@ -146,13 +146,52 @@ def test_rng_states_round_trip_through_a_weights_only_file(tmp_path):
     assert torch.equal(got[0], expected[0]) and got[1] == expected[1] and (got[2] == expected[2]).all()
 
 
+def _save_shards(folder, values=None):
+    """One process's ``torch.distributed.checkpoint`` shards of a small state into ``folder``."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": {"w": torch.arange(4096.0) if values is None else values, "b": torch.ones(7)}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process", as intended
+        dcp.save(state, checkpoint_id=str(folder), no_dist=True)
+
+
+@pytest.mark.parametrize("damage", ["no index", "cut short", "bytes changed in a record"])
+def test_a_sharded_folder_with_damaged_shards_is_unreadable_before_anything_loads(tmp_path, damage):
+    """DCP checks neither its index nor its records: a folder whose ``.metadata`` is gone, whose shard is
+    cut short or whose tensor bytes changed is refused by ``load_checkpoint`` (so a resume skips it, as it
+    skips a damaged file), naming the damage."""
+    folder = checkpoint_path(tmp_path, 8, sharded=True)
+    folder.mkdir()
+    save_checkpoint({"format": "comera-train-checkpoint"}, folder / "trainer.pt")
+    _save_shards(folder)
+    assert load_checkpoint(folder)["shards"] == str(folder)
+    shard = folder / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    if damage == "no index":
+        (folder / ".metadata").unlink()
+        expected = "its index .metadata cannot be read"
+    elif damage == "cut short":
+        shard.write_bytes(bytes(data[: len(data) // 2]))
+        expected = "__0_0.distcp is cut short"
+    else:
+        start = bytes(data).index(torch.arange(4096.0)[1000:1002].numpy().tobytes())
+        data[start : start + 16] = b"\xab" * 16
+        shard.write_bytes(bytes(data))
+        expected = "__0_0.distcp: the record of model.w fails the CRC-32 check"
+    with pytest.raises(ValueError, match=f"step-00000008.dcp: not a readable checkpoint.*{expected}"):
+        load_checkpoint(folder)
+
+
 def test_sharded_folders_are_listed_read_and_removed_beside_files(tmp_path):
     payload = {"format": "comera-train-checkpoint", "value": torch.arange(3)}
     save_checkpoint(payload, checkpoint_path(tmp_path, 4))
     folder = checkpoint_path(tmp_path, 8, sharded=True)
     folder.mkdir()
     save_checkpoint(payload, folder / "trainer.pt")
-    (folder / "__0_0.distcp").write_bytes(b"shard")
+    _save_shards(folder)
     incomplete = checkpoint_path(tmp_path, 12, sharded=True)
     incomplete.mkdir()  # a folder without its trainer state: listed, but not readable
     staging = tmp_path / f".{checkpoint_path(tmp_path, 16, sharded=True).name}.{'ab' * 16}.tmp"

@@ -17,6 +17,7 @@ shards (:mod:`comera.train.sharded_checkpoint`); :func:`list_checkpoints` lists 
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import re
@@ -111,12 +112,44 @@ def _damaged_entry(path: Path) -> str | None:
     """The first entry of a checkpoint file's zip archive (``torch.save``'s format) whose bytes do not match
     their stored CRC-32, or None. ``torch.load`` does not check the CRCs, so bytes damaged inside a tensor's
     record would load as wrong values without this; a file that is not a zip archive is left to
-    ``torch.load``. The shards of a sharded folder are not checked (``torch.distributed.checkpoint`` stores
-    no checksum)."""
+    ``torch.load``. The shards of a sharded folder are checked by :func:`_damaged_shards`."""
     if not zipfile.is_zipfile(path):
         return None
     with zipfile.ZipFile(path) as archive:
         return archive.testzip()
+
+
+def _damaged_shards(folder: Path) -> str | None:
+    """What is wrong with the shards of a sharded checkpoint folder, or None. ``torch.distributed.checkpoint``
+    writes an index (``.metadata``) of where each saved item lies in the ``.distcp`` files, each item a
+    ``torch.save`` zip archive with its CRC-32s, and checks none of it on loading: a missing index, a shard
+    cut short or bytes changed inside an item are found here, before anything is loaded, so a resume skips
+    the folder as it skips a damaged file."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(str(folder)).read_metadata()
+    except Exception as error:  # any failure to read the index makes the folder unreadable
+        return f"its index .metadata cannot be read: {type(error).__name__}: {error}"
+    for key, where in metadata.storage_data.items():
+        shard = folder / where.relative_path
+        try:
+            with shard.open("rb") as file:
+                file.seek(where.offset)
+                item = file.read(where.length)
+        except OSError as error:
+            return f"{where.relative_path} cannot be read: {error.strerror or error}"
+        if len(item) < where.length:
+            end = where.offset + where.length
+            return f"{where.relative_path} is cut short: {key.fqn} needs bytes up to {end}"
+        try:
+            with zipfile.ZipFile(io.BytesIO(item)) as archive:
+                bad = archive.testzip()
+        except zipfile.BadZipFile:
+            return f"{where.relative_path}: the record of {key.fqn} is not a readable archive"
+        if bad is not None:
+            return f"{where.relative_path}: the record of {key.fqn} fails the CRC-32 check"
+    return None
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -126,7 +159,11 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if path.is_dir():
         if not (path / TRAINER_FILE).is_file():
             raise ValueError(f"{path}: not a readable checkpoint, no {TRAINER_FILE} in the sharded folder")
-        return {**load_checkpoint(path / TRAINER_FILE), "shards": str(path)}
+        payload = load_checkpoint(path / TRAINER_FILE)
+        damage = _damaged_shards(path)
+        if damage is not None:
+            raise ValueError(f"{path}: not a readable checkpoint, truncated or corrupt ({damage})")
+        return {**payload, "shards": str(path)}
     if not path.is_file():
         raise FileNotFoundError(f"{path}: checkpoint file not found")
     try:
