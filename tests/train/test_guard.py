@@ -141,10 +141,10 @@ def test_persistent_failure_stops_the_run_without_corrupting_the_model(tmp_path)
         Trainer(make_model(), Poisoned(range(4, 100)), make_data(), config=with_checkpoints).fit()
 
 
-def _ending_in_bad_steps(final_loss, eval_data=True):
+def _ending_in_bad_steps(final_loss, eval_data=True, **settings):
     """A Trainer of 6 steps whose last 3 are non-finite (skipped, no rollback: ``max_nonfinite=5``), with an
     evaluation at its last step that reports ``final_loss``."""
-    config = TrainConfig(early=6, unit="step", batch_size=8, max_nonfinite=5, **RATES)
+    config = TrainConfig(early=6, unit="step", batch_size=8, max_nonfinite=5, **RATES, **settings)
 
     def eval_fn(model, batch):
         return {"loss": final_loss, "accuracy": 0.5}
@@ -159,6 +159,16 @@ def test_a_run_that_ends_diverging_with_a_non_finite_evaluation_is_refused():
     message = r"ended in 3 non-finite steps in a row at step 6 \(3 in all, 0 rollbacks\).*not finite \(loss\)"
     with pytest.raises(NonFiniteError, match=message):
         _ending_in_bad_steps(float("nan")).fit()
+
+
+def test_resuming_a_run_that_ended_diverging_is_refused_as_well(tmp_path):
+    """Resumed at its last step, a diverged run trains nothing and had no evaluation in this process: the
+    final evaluation is made then, and the run is refused again instead of reported as a success."""
+    settings = {"run_dir": str(tmp_path), "checkpoint_every": 1, "plot": False}
+    with pytest.raises(NonFiniteError):
+        _ending_in_bad_steps(float("nan"), **settings).fit()
+    with pytest.raises(NonFiniteError, match=r"at step 6 .*not finite \(loss\)"):
+        _ending_in_bad_steps(float("nan"), **settings).fit(resume=True)
 
 
 def test_skipped_last_steps_with_a_sound_evaluation_or_none_end_the_run_with_a_warning():

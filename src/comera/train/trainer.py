@@ -438,6 +438,8 @@ class Trainer:
         of the last applied step, sound after a lone loss-scale overflow, untrained after a stage of them."""
         if self.guard.consecutive == 0:
             return
+        if not self.last_eval:  # resumed at the last step: no evaluation ran in this process yet
+            self.last_eval = self.evaluate()
         count = self.guard.consecutive
         steps = f"{count} non-finite step{'s' if count > 1 else ''}"
         streak = (
