@@ -9,7 +9,7 @@ from tiny import loss_fn, make_data, make_model
 
 from comera import GatedTrain
 from comera.methods.comera import CoMERAObjective
-from comera.train import TrainConfig, Trainer
+from comera.train import TrainConfig, Trainer, read_metrics
 from comera.train.checkpoint import NoReadableCheckpointError
 
 
@@ -64,3 +64,30 @@ def test_a_resume_at_the_last_step_with_an_emptied_log_warns_that_it_drew_no_plo
     with pytest.warns(RuntimeWarning, match="metrics.jsonl holds no training record, so no plot was drawn"):
         result = Trainer(make_model(), loss_fn, make_data(), config=config).fit(resume=True)
     assert result.step == 2 and not (tmp_path / "plots").exists()
+
+
+def test_a_readable_checkpoint_of_another_model_is_skipped_on_resume(tmp_path):
+    """A checkpoint whose structure names layers this model lacks (copied from another run) is skipped with
+    a warning and an event, and the run resumes from its own newest checkpoint."""
+    from comera.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+
+    def trainer(early):
+        model = make_model()
+        config = TrainConfig(
+            early=early, unit="step", batch_size=8, checkpoint_every=2, run_dir=str(tmp_path), plot=False
+        )
+        return Trainer(model, loss_fn, make_data(), config=config, objective=CoMERAObjective(model))
+
+    trainer(4).fit()
+    foreign = load_checkpoint(checkpoint_path(tmp_path / "checkpoints", 4))
+    foreign["structure"] = {"encoder.other": {"removed": False, "ranks": [2]}}
+    save_checkpoint(foreign, checkpoint_path(tmp_path / "checkpoints", 6))
+    with pytest.warns(
+        RuntimeWarning, match=r"skipping a checkpoint of another model: .*step-00000006.pt: .*lacks"
+    ):
+        resumed = trainer(8)
+        resumed.fit(resume=True)
+    events = [record for record in read_metrics(tmp_path) if record.get("event") == "foreign_checkpoint"]
+    assert len(events) == 1 and events[0]["checkpoint"].endswith("step-00000006.pt")
+    resume = [record for record in read_metrics(tmp_path) if record.get("event") == "resume"]
+    assert resume[-1]["checkpoint"].endswith("step-00000004.pt") and resumed.step == 8

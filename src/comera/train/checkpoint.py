@@ -45,6 +45,7 @@ __all__ = [
     "capture_rng",
     "restore_rng",
     "NoReadableCheckpointError",
+    "ForeignCheckpointError",
 ]
 
 CHECKPOINT_FORMAT = "comera-train-checkpoint"
@@ -67,6 +68,11 @@ class NoReadableCheckpointError(ValueError):
             f"no readable checkpoint in {self.directory}: all {count} are truncated or corrupt; start fresh "
             "with resume=False"
         )
+
+
+class ForeignCheckpointError(ValueError):
+    """A readable checkpoint whose structure does not fit the model being trained: it was written by
+    another model (a resume skips it, as it skips an unreadable one)."""
 
 
 def checkpoint_path(directory: str | os.PathLike, step: int, sharded: bool = False) -> Path:

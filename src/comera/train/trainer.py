@@ -57,6 +57,7 @@ from comera.modules import unwrap_model
 from comera.train.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
+    ForeignCheckpointError,
     NoReadableCheckpointError,
     capture_rng,
     checkpoint_path,
@@ -478,7 +479,12 @@ class Trainer:
                 warnings.warn(f"skipping an unreadable checkpoint: {error}", RuntimeWarning, stacklevel=3)
                 self._event("unreadable_checkpoint", checkpoint=str(path), error=str(error))
                 continue
-            self._restore(payload, rollback=False)
+            try:
+                self._restore(payload, rollback=False)
+            except ForeignCheckpointError as error:
+                warnings.warn(f"skipping a checkpoint of another model: {path}: {error}", RuntimeWarning, 3)
+                self._event("foreign_checkpoint", checkpoint=str(path), error=str(error))
+                continue
             self._resumed_from(path)
             return
         if candidates:
@@ -731,7 +737,10 @@ class Trainer:
         rewrap = self.world_size > 1 and not self._sharded  # rebuilt on the restored structure
         if rewrap:
             self._drop_ddp_wrapper()
-        self.objective.apply_structure(payload["structure"], self.optimizer)
+        try:
+            self.objective.apply_structure(payload["structure"], self.optimizer)
+        except ValueError as error:  # before any pruning; gates it set are set again by the next restore
+            raise ForeignCheckpointError(f"{error}: the checkpoint was written by another model") from error
         if "shards" in payload:
             load_sharded_state(payload["shards"], self.module, self.optimizer)
             if self._sharded:
