@@ -121,3 +121,28 @@ def test_utf8_text_names_the_line_column_and_byte(data, line, column):
 def test_utf8_text_decodes_valid_text():
     """Valid UTF-8 (two- and three-byte characters) is decoded as it is."""
     assert utf8_text("é€ x\n".encode(), "a.toml") == "é€ x\n"
+
+
+def test_a_file_that_cannot_be_opened_is_named_with_the_reason(tmp_path, monkeypatch):
+    """No permission (as for another user; root ignores the mode bits, so ``open`` is made to refuse) or a
+    folder where a file is expected: ``ValueError`` naming the file and the reason, not an ``OSError``
+    traceback."""
+    import builtins
+
+    locked = tmp_path / "train.tsv"
+    locked.write_bytes(b"a\tb\n")
+    real_open = builtins.open
+
+    def refusing(file, *args, **kwargs):
+        if str(file) == str(locked):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", refusing)
+    denied = re.escape(f"{locked}: cannot be read (Permission denied)")
+    with pytest.raises(ValueError, match=f"^{denied}$"):
+        open_data(locked)
+    monkeypatch.setattr(builtins, "open", real_open)
+    folder = re.escape(f"{tmp_path}: cannot be read (Is a directory)")
+    with pytest.raises(ValueError, match=f"^{folder}$"):
+        open_data(tmp_path)

@@ -42,12 +42,16 @@ def open_data(path: str | os.PathLike) -> BinaryIO:
     """``path`` opened for reading bytes, decompressed when it is gzip.
 
     Raises:
-        ValueError: the file (or the gzip file's content) is a bzip2, xz, zip, zstd or tar archive; the
-            message names the format and the file.
+        ValueError: the file (or the gzip file's content) is a bzip2, xz, zip, zstd or tar archive, the
+            message naming the format and the file; or it cannot be opened (no permission), the message
+            naming the file and the reason.
     """
     path = Path(path)
-    with open(path, "rb") as probe:
-        compressed = probe.read(len(_GZIP)) == _GZIP
+    try:
+        with open(path, "rb") as probe:
+            compressed = probe.read(len(_GZIP)) == _GZIP
+    except (PermissionError, IsADirectoryError) as error:
+        raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
     handle: BinaryIO = gzip.open(path, "rb") if compressed else open(path, "rb")  # noqa: SIM115
     try:
         with reading(path):
