@@ -177,3 +177,17 @@ def test_an_old_header_with_a_recorded_trims_keeps_it():
     header = {"method": "comera", "settings": {"train": {}, "method": {"trims": 8}}}
     upgraded = upgrade_run_header(recorded, get_method("comera"), header)
     assert upgraded["settings"]["method"]["trims"] == 3 and upgraded["settings"]["method"]["gamma"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "assignment, message",
+    [
+        ("train.batch_size=0", "train.batch_size must be an int >= 1, got 0"),
+        ("train.lr_other=-1.0", "train.lr_other must be a finite number in [0.0, inf], got -1.0"),
+    ],
+)
+def test_a_train_setting_out_of_range_is_named_with_its_section(assignment, message):
+    """The Trainer's checks name the bare field; from the settings, the message names ``train.FIELD``, as
+    the user wrote it in ``--set`` or the TOML file."""
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        _resolve(assignments=[assignment])

@@ -223,7 +223,10 @@ def resolve_settings(
         raise ValueError(
             f"tensorize.preset {name!r} is not registered; registered presets: {list(preset_names())}"
         )
-    TrainConfig.from_dict(settings["train"])
+    try:
+        TrainConfig.from_dict(settings["train"])
+    except ValueError as error:  # its messages name the field alone: say which section it is in
+        raise ValueError(f"train.{error}") from None
     method.check_settings(settings["method"])
     tensorize_config(settings)
     return settings
