@@ -30,6 +30,18 @@ def test_glue_blank_lines_are_not_counted(tmp_path):
     assert (padded.first, padded.second, padded.labels) == (plain.first, plain.second, plain.labels)
 
 
+@pytest.mark.parametrize("blank", [b"   \n", b"\t\t\t\n", b" \t \r\n"])
+def test_glue_lines_of_only_whitespace_are_blank_as_in_json_lines(tmp_path, blank):
+    """Spaces and tabs alone make a blank line, as in the JSON lines reader: not read, not skipped, not an
+    error (a line of tabs alone would otherwise be a row of empty fields)."""
+    lines = (GLUE / "train.tsv").read_bytes().splitlines(keepends=True)
+    path = tmp_path / "train.tsv"
+    path.write_bytes(b"".join([lines[0], blank, *lines[1:], blank]))
+    plain, padded = read_glue_tsv(GLUE / "train.tsv"), read_glue_tsv(path)
+    assert padded.counts() == plain.counts()
+    assert (padded.first, padded.labels) == (plain.first, plain.labels)
+
+
 def test_glue_line_numbers_count_the_blank_lines(tmp_path):
     header = (GLUE / "train.tsv").read_bytes().splitlines(keepends=True)[0]
     path = tmp_path / "train.tsv"

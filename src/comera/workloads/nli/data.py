@@ -105,7 +105,7 @@ def read_glue_tsv(path: str | os.PathLike, *, skip_malformed: bool = False) -> P
     gzip.
 
     A line is malformed when it is not UTF-8, its field count differs from the header's or its label is
-    unknown.
+    unknown; a line of only whitespace (spaces, tabs) is blank, neither read nor skipped.
     """
     path = Path(path)
     examples = PairExamples()
@@ -120,7 +120,7 @@ def read_glue_tsv(path: str | os.PathLike, *, skip_malformed: bool = False) -> P
             raise ValueError(f"{path}:1: header lacks the column(s) {missing}; found {header}")
         first, second, gold = (header.index(name) for name in _GLUE_COLUMNS)
         for number, line in lines:
-            if not line.rstrip(b"\r\n"):
+            if not line.strip():  # blank, or spaces and tabs only (as in the JSON lines reader)
                 continue
             examples.read += 1
             try:
