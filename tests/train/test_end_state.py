@@ -91,3 +91,25 @@ def test_a_readable_checkpoint_of_another_model_is_skipped_on_resume(tmp_path):
     assert len(events) == 1 and events[0]["checkpoint"].endswith("step-00000006.pt")
     resume = [record for record in read_metrics(tmp_path) if record.get("event") == "resume"]
     assert resume[-1]["checkpoint"].endswith("step-00000004.pt") and resumed.step == 8
+
+
+def test_train_records_lost_from_the_log_before_the_checkpoint_are_said_missing(tmp_path):
+    """``metrics.jsonl`` cut at a line end after step 2 and the newest checkpoint gone: the resume from step
+    4 warns that the train records of steps 3 and 4 are missing (they are not written again), logs a
+    ``records_missing`` event, and the run goes on to log steps 5 and 6."""
+    import os
+
+    config = TrainConfig(
+        early=6, unit="step", batch_size=8, log_every=1, checkpoint_every=2, run_dir=str(tmp_path), plot=False
+    )
+    Trainer(make_model(), loss_fn, make_data(), config=config).fit()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True)
+    cut = max(i for i, line in enumerate(lines) if '"kind": "train"' in line and '"step": 2,' in line)
+    (tmp_path / "metrics.jsonl").write_text("".join(lines[: cut + 1]))
+    os.remove(tmp_path / "checkpoints" / "step-00000006.pt")
+    with pytest.warns(RuntimeWarning, match=r"train records of 2 logged step\(s\) up to step 4 are missing"):
+        Trainer(make_model(), loss_fn, make_data(), config=config).fit(resume=True)
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records if r.get("kind") == "train"] == [1, 2, 5, 6]
+    missing = [r for r in records if r.get("event") == "records_missing"]
+    assert len(missing) == 1 and (missing[0]["steps"], missing[0]["first"]) == (2, 3)

@@ -469,6 +469,29 @@ class Trainer:
         unreadable = self.metrics.drop_after(self.step)
         details = {"unreadable_lines_dropped": unreadable} if unreadable else {}
         self._event("resume", checkpoint=None if path is None else str(path), **details)
+        self._warn_of_lost_records()
+
+    def _warn_of_lost_records(self) -> None:
+        """Warn (and log an event) when ``metrics.jsonl`` lacks train records of steps up to the resumed one:
+        lines lost from the file (cut short, edited) are not written again, the history is incomplete."""
+        if self.metrics.path is None or not self.metrics.path.is_file() or self.step == 0:
+            return
+        every = self.config.log_every
+        logged = {
+            record.get("step")
+            for record in read_metrics(self.metrics.path)
+            if isinstance(record, dict) and record.get("kind") == "train"
+        }
+        missing = [step for step in range(every, self.step + 1, every) if step not in logged]
+        if not missing:
+            return
+        warnings.warn(
+            f"{self.metrics.path}: the train records of {len(missing)} logged step(s) up to step {self.step} "
+            f"are missing (the first at step {missing[0]}): lost from the file, they are not written again",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        self._event("records_missing", steps=len(missing), first=missing[0])
 
     def _resume_latest(self) -> None:
         candidates = [] if self.checkpoint_dir is None else list_checkpoints(self.checkpoint_dir)
