@@ -174,7 +174,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(f"{path}: checkpoint file not found")
     try:
         damaged = _damaged_entry(path)
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = None if damaged is not None else torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
         raise ValueError(f"{path}: not a readable checkpoint, truncated or corrupt ({error})") from None
     if damaged is not None:

@@ -20,7 +20,11 @@ import numpy as np
 
 from comera.train.metrics import METRICS_NAME, read_metrics
 
-__all__ = ["COMPARISON_AXES", "plot_run", "plot_comparison", "rank_history"]
+__all__ = ["COMPARISON_AXES", "NoTrainingRecordError", "plot_run", "plot_comparison", "rank_history"]
+
+
+class NoTrainingRecordError(ValueError):
+    """A run's ``metrics.jsonl`` holds no training record, so there is nothing to plot."""
 
 
 def rank_history(records: list[dict[str, Any]]) -> tuple[list[str], list[int], np.ndarray]:
@@ -98,7 +102,8 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
         out_dir: where to write; default ``run_dir/plots``.
 
     Raises:
-        FileNotFoundError: no ``metrics.jsonl``. ValueError: it holds no training record.
+        FileNotFoundError: no ``metrics.jsonl``. NoTrainingRecordError (a ``ValueError``): it holds no
+            training record. ValueError: a record is not an object or lacks a key.
     """
     import matplotlib
 
@@ -109,7 +114,7 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     records = _checked_records(run_dir)
     train = [record for record in records if record.get("kind") == "train"]
     if not train:
-        raise ValueError(f"{run_dir}: metrics.jsonl holds no training record to plot")
+        raise NoTrainingRecordError(f"{run_dir}: metrics.jsonl holds no training record to plot")
     evals = [
         record
         for record in records

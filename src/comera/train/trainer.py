@@ -687,18 +687,17 @@ class Trainer:
         """The run's plots (a by-product: a log with no training record, as a resume at the last step of a
         run whose log was lost leaves, warns instead of failing the run)."""
         try:
-            from comera.train.plots import plot_run
+            from comera.train.plots import NoTrainingRecordError, plot_run
         except ImportError:
             return
-        records = read_metrics(self.run_dir)
-        if not any(isinstance(record, dict) and record.get("kind") == "train" for record in records):
+        try:
+            plot_run(self.run_dir)
+        except NoTrainingRecordError:
             warnings.warn(
                 f"{self.run_dir}: metrics.jsonl holds no training record, so no plot was drawn",
                 RuntimeWarning,
                 stacklevel=3,
             )
-            return
-        plot_run(self.run_dir)
 
     # checkpoints
     def state_dict(self) -> dict[str, Any]:
