@@ -89,6 +89,7 @@ def test_a_readable_checkpoint_of_another_model_is_skipped_on_resume(tmp_path):
         resumed.fit(resume=True)
     events = [record for record in read_metrics(tmp_path) if record.get("event") == "foreign_checkpoint"]
     assert len(events) == 1 and events[0]["checkpoint"].endswith("step-00000006.pt")
+    assert events[0]["step"] == 4  # at the step the run resumed from; a history event, kept past step 4
     resume = [record for record in read_metrics(tmp_path) if record.get("event") == "resume"]
     assert resume[-1]["checkpoint"].endswith("step-00000004.pt") and resumed.step == 8
 

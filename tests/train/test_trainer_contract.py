@@ -386,6 +386,42 @@ def test_unreadable_newest_checkpoint_is_reported_and_skipped(tmp_path):
     assert event["checkpoint"] == str(newest) and event["error"] == str(expected.value)
     (resume,) = events(tmp_path, "resume")
     assert resume["checkpoint"] == str(checkpoint_path(tmp_path / "checkpoints", STEPS_PER_EPOCH))
+    assert event["step"] == resume["step"] == STEPS_PER_EPOCH  # logged at the step the run resumed from
+
+
+def test_a_resume_at_the_last_step_logs_the_final_evaluation_its_log_lost(tmp_path):
+    """The last step's eval record torn off: a resume at that step evaluates again and logs the record, with
+    the same metrics; with the record intact, it logs none twice."""
+
+    def evaluated_trainer() -> Trainer:
+        model = make_model(dropout=0.0)
+        config = quiet_config(tmp_path, early=1, eval_every=2, checkpoint_every=3)
+        return Trainer(
+            model,
+            loss_fn,
+            make_data(),
+            eval_data=make_data(16),
+            config=config,
+            objective=TaskObjective(model),
+        )
+
+    evaluated_trainer().fit()
+    final = [r for r in read_metrics(tmp_path) if r["kind"] == "eval"][-1]
+    assert final["step"] == STEPS_PER_EPOCH
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True)
+    assert '"kind": "eval"' in lines[-1], "the final eval record is the log's last line"
+    (tmp_path / "metrics.jsonl").write_text("".join(lines[:-1]) + lines[-1][:30])
+    with pytest.warns(RuntimeWarning, match="torn last record"):
+        result = evaluated_trainer().fit(resume=True)
+    again = [r for r in read_metrics(tmp_path) if r["kind"] == "eval" and r["step"] == STEPS_PER_EPOCH]
+    assert len(again) == 1 and again[0]["metrics"] == pytest.approx(final["metrics"])
+    assert result.eval == pytest.approx(final["metrics"])
+    (torn,) = events(tmp_path, "torn_record_dropped")
+    assert torn["step"] == STEPS_PER_EPOCH
+    evaluated_trainer().fit(resume=True)
+    assert (
+        len([r for r in read_metrics(tmp_path) if r["kind"] == "eval" and r["step"] == STEPS_PER_EPOCH]) == 1
+    )
 
 
 def test_resume_warnings_point_at_the_caller_of_fit(tmp_path):

@@ -42,7 +42,14 @@ __all__ = [
 ]
 
 METRICS_NAME = "metrics.jsonl"
-HISTORY_EVENTS = ("resume", "rollback", "unreadable_checkpoint", "torn_record_dropped")
+HISTORY_EVENTS = (
+    "resume",
+    "rollback",
+    "unreadable_checkpoint",
+    "foreign_checkpoint",
+    "torn_record_dropped",
+    "records_missing",
+)
 """Events kept when the records after a checkpoint are dropped: the run's own history, not its training."""
 
 

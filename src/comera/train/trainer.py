@@ -237,6 +237,7 @@ class Trainer:
         self.epoch = 0
         self.batch_in_epoch = 0
         self.last_eval: dict[str, float] = {}
+        self._deferred_events: list[tuple[str, dict[str, Any]]] = []
         self._time_before = 0.0
         self._fit_started = time.perf_counter()
         self._bf16 = config.precision == "bf16"
@@ -388,10 +389,11 @@ class Trainer:
                 RuntimeWarning,
                 stacklevel=2,
             )
-            self._event("torn_record_dropped", bytes=self.metrics.torn_bytes)
+            self._deferred_events.append(("torn_record_dropped", {"bytes": self.metrics.torn_bytes}))
             self.metrics.torn_bytes = 0
         if resume is False:
             self._seed()
+            self._write_deferred_events()
         elif resume is True:
             self._resume_latest()
         else:
@@ -417,6 +419,7 @@ class Trainer:
         finally:
             self._bar.close()
             self._bar = None
+        self._evaluate_a_resumed_end()
         if self.run_dir is not None and self.config.plot and self.process_rank == 0:
             self._plot()
         self._refuse_a_diverged_end()
@@ -432,6 +435,20 @@ class Trainer:
             train_time_s=self._train_time(),
         )
 
+    def _evaluate_a_resumed_end(self) -> None:
+        """A run resumed at its last step trains nothing, so nothing evaluated it in this process: evaluate
+        it, and log the last step's ``eval`` record again when the log lost it (a torn last line)."""
+        if self.last_eval or self.eval_data is None or self.step == 0 or self.step < self.total_steps:
+            return
+        self.last_eval = self.evaluate()
+        path = self.metrics.path
+        records = read_metrics(path) if path is not None and path.is_file() else []
+        if not any(
+            isinstance(record, dict) and record.get("kind") == "eval" and record.get("step") == self.step
+            for record in records
+        ):
+            self._write_eval_record()
+
     def _refuse_a_diverged_end(self) -> None:
         """Raise :class:`NonFiniteError` when the run ran out of steps while diverging: it ended in non-finite
         (skipped) steps and its final evaluation is not finite, so the rollbacks it had left never got to
@@ -439,8 +456,6 @@ class Trainer:
         of the last applied step, sound after a lone loss-scale overflow, untrained after a stage of them."""
         if self.guard.consecutive == 0:
             return
-        if not self.last_eval:  # resumed at the last step: no evaluation ran in this process yet
-            self.last_eval = self.evaluate()
         count = self.guard.consecutive
         steps = f"{count} non-finite step{'s' if count > 1 else ''}"
         streak = (
@@ -467,6 +482,7 @@ class Trainer:
     def _resumed_from(self, path: Path | None) -> None:
         """Drop the records of steps after the resumed state (and unreadable lines); log the resume."""
         unreadable = self.metrics.drop_after(self.step)
+        self._write_deferred_events()
         details = {"unreadable_lines_dropped": unreadable} if unreadable else {}
         self._event("resume", checkpoint=None if path is None else str(path), **details)
         self._warn_of_lost_records()
@@ -500,17 +516,21 @@ class Trainer:
                 payload = load_checkpoint(path)
             except ValueError as error:
                 warnings.warn(f"skipping an unreadable checkpoint: {error}", RuntimeWarning, stacklevel=3)
-                self._event("unreadable_checkpoint", checkpoint=str(path), error=str(error))
+                self._deferred_events.append(
+                    ("unreadable_checkpoint", {"checkpoint": str(path), "error": str(error)})
+                )
                 continue
             try:
                 self._restore(payload, rollback=False)
             except ForeignCheckpointError as error:
                 warnings.warn(f"skipping a checkpoint of another model: {path}: {error}", RuntimeWarning, 3)
-                self._event("foreign_checkpoint", checkpoint=str(path), error=str(error))
+                details = {"checkpoint": str(path), "error": str(error)}
+                self._deferred_events.append(("foreign_checkpoint", details))
                 continue
             self._resumed_from(path)
             return
         if candidates:
+            self._write_deferred_events()
             raise NoReadableCheckpointError(self.checkpoint_dir, len(candidates))
         where = "no checkpoint folder (config.run_dir and checkpoint_dir are None)"
         if self.checkpoint_dir is not None:
@@ -667,6 +687,9 @@ class Trainer:
 
     def _log_eval(self) -> None:
         self.last_eval = self.evaluate()
+        self._write_eval_record()
+
+    def _write_eval_record(self) -> None:
         record = {
             "kind": "eval",
             "step": self.step,
@@ -678,6 +701,13 @@ class Trainer:
 
     def _event(self, name: str, **details: Any) -> None:
         self.metrics.write({"kind": "event", "step": self.step, "event": name, **details})
+
+    def _write_deferred_events(self) -> None:
+        """Log the events found before the run's state was known (a torn log line, skipped checkpoints) at
+        the step the run starts from."""
+        for name, details in self._deferred_events:
+            self._event(name, **details)
+        self._deferred_events.clear()
 
     def _device(self) -> torch.device:
         first = next(iter(self.module.parameters()), None)
