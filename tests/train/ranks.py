@@ -68,17 +68,15 @@ def train(run_dir, world_size=1, resume=False, callback=None, parallel="ddp", sa
     4 against 4, 4, 2 on each rank).
     """
     eval_samples = settings.pop("eval_samples", 20)
+    inspect = settings.pop("inspect", None)
+    defaults = {"early": 1, "late": 1, "checkpoint_every": 4, "log_every": 2}
     config = TrainConfig(
-        early=1,
-        late=1,
+        **{**defaults, **settings},
         batch_size=GLOBAL_BATCH // world_size,
-        checkpoint_every=4,
-        log_every=2,
         run_dir=str(run_dir),
         plot=False,
         progress=False,
         parallel=parallel,
-        **settings,
     )
     made = [] if callback is None else [CALLBACKS[callback[0]](*callback[1:])]
     trainer = Trainer(
@@ -105,7 +103,22 @@ def train(run_dir, world_size=1, resume=False, callback=None, parallel="ddp", sa
         if trainer.process_rank == 0:
             save_pretrained(whole, save_to)
     state = trainer.state_dict()  # whole on rank 0 under FSDP too
-    return {"state": state["model"], "eval": dict(trainer.last_eval), "ranks": state["structure"]}
+    result = {"state": state["model"], "eval": dict(trainer.last_eval), "ranks": state["structure"]}
+    if inspect == "sharded_cores":
+        result["inspected"] = sharding_of(trainer)
+    return result
+
+
+def sharding_of(trainer) -> dict[str, bool]:
+    """Whether the trained model's TT cores are sharded (DTensor), its gates whole, and the run pruned."""
+    from torch.distributed.tensor import DTensor
+
+    layer = trainer.module[0]
+    return {
+        "cores_sharded": all(isinstance(core, DTensor) for core in layer.cores),
+        "gates_whole": not any(isinstance(gate, DTensor) for gate in layer.gates),
+        "pruned": tuple(core.shape[-1] for core in layer.cores[:-1]) != (4,) * (len(layer.cores) - 1),
+    }
 
 
 def rank_main(rank, init_file, out_file, kwargs):

@@ -44,6 +44,54 @@ def test_two_sharded_processes_match_one(tmp_path, reference):
     assert ranks[1][1]["result"]["eval"] == ranks[0][1]["result"]["eval"]
 
 
+def test_sharded_cores_are_pruned_by_a_rebuild_and_two_processes_match_one(tmp_path, reference):
+    """shard_cores=True: the TT cores are sharded (the gates whole), the prune at the early stage's end
+    rebuilds the sharded model on the pruned shapes, and the run ends as one process on the combined batches
+    does; the saved model is the same files."""
+    ranks = two_ranks(
+        tmp_path,
+        "cores",
+        run_dir=tmp_path / "run",
+        parallel="fsdp",
+        shard_cores=True,
+        save_to=tmp_path / "model",
+        inspect="sharded_cores",
+    )
+    assert [code for code, _ in ranks] == [0, 0], [saved["error"] for _, saved in ranks]
+    result = ranks[0][1]["result"]
+    assert_same_end(result, reference)
+    assert result["inspected"]["cores_sharded"] and result["inspected"]["gates_whole"]
+    assert result["inspected"]["pruned"], "the run pruned (its ranks shrank)"
+    saved, expected = (
+        load_file(folder / "model.safetensors") for folder in (tmp_path / "model", reference["model"])
+    )
+    assert saved.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(saved[name], value, **TOLERANCE, msg=name)
+
+
+def test_a_sharded_cores_run_resumes_after_its_prune_in_two_processes_and_in_one(tmp_path, reference):
+    """Stopped after the prune, a shard_cores run resumes from its pruned sharded checkpoint in 2 processes
+    (rebuilt on the checkpoint's shapes) and in 1, and ends as the uninterrupted run; a 1-process pruned
+    checkpoint resumes with sharded cores."""
+    sharded = tmp_path / "sharded"
+    settings = {"parallel": "fsdp", "shard_cores": True}
+    ranks = two_ranks(tmp_path, "first", run_dir=sharded, callback=("stop", STOP_AT), **settings)
+    assert [code for code, _ in ranks] == [0, 0], [saved["error"] for _, saved in ranks]
+    copy = tmp_path / "sharded-copy"
+    shutil.copytree(sharded, copy)
+    ranks = two_ranks(tmp_path, "again", run_dir=sharded, resume=True, **settings)
+    assert [code for code, _ in ranks] == [0, 0], [saved["error"] for _, saved in ranks]
+    assert_same_end(ranks[0][1]["result"], reference)
+    assert_same_end(train(copy, resume=True), reference)
+
+    single = tmp_path / "single"
+    assert train(single, callback=("stop", STOP_AT)) is None
+    ranks = two_ranks(tmp_path, "second", run_dir=single, resume=True, **settings)
+    assert [code for code, _ in ranks] == [0, 0], [saved["error"] for _, saved in ranks]
+    assert_same_end(ranks[0][1]["result"], reference)
+
+
 def test_ranks_with_different_numbers_of_evaluation_batches_evaluate_the_gathered_model(tmp_path):
     # 17 examples: rank 0 evaluates 9 (3 batches of at most 4), rank 1 evaluates 8 (2 batches); sharded
     # forward passes would wait for each other, the gathered model's do not
@@ -87,10 +135,8 @@ def test_refused_settings_name_themselves():
     with pytest.raises(ValueError, match="shard_cores must be True or False"):
         TrainConfig(shard_cores=1)
     with pytest.raises(ValueError, match="leave optimizer=None"):
-        check_sharding(False, True, True, optimizer_given=True)
-    with pytest.raises(ValueError, match="shard_cores=True cannot run an objective that reads the gates"):
-        check_sharding(True, True, True, optimizer_given=False)
-    check_sharding(True, False, False, optimizer_given=False)
+        check_sharding(optimizer_given=True)
+    check_sharding(optimizer_given=False)
 
 
 def test_replicated_parameters_are_those_of_the_tt_layers():

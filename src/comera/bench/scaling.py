@@ -24,7 +24,7 @@ from comera.measure import machine_description, update_section
 
 __all__ = ["main", "run_case", "format_report"]
 
-WORKLOADS = ("nli", "dlrm", "mlm")
+WORKLOADS = ("nli", "dlrm", "mlm", "llm")
 
 
 def run_case(

@@ -519,12 +519,11 @@ def _set_up(request: _Request) -> _Setup:
 
 
 def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
-    recipe, settings, out, data, model, trainer = (
+    recipe, settings, out, data, trainer = (
         setup.recipe,
         setup.settings,
         setup.out,
         setup.data,
-        setup.model,
         setup.trainer,
     )
     if world()[0] == 0:
@@ -540,10 +539,11 @@ def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
             f"{_aside_name(out)})"
         ) from error
     earlier_time = max(fit.train_time_s - (time.perf_counter() - fit_started), 0.0)
-    pruned = trainer.objective.prune(None) is not None
+    pruned = trainer.prune() is not None
     if pruned:  # the saved model holds what is reported: its active ranks (the function is unchanged)
         trainer.last_eval = {}
     evaluation = _evaluate_splits(trainer, recipe, data, settings)
+    model = trainer.module  # a sharded run with sharded cores rebuilds it at each prune
     saved = _whole_model(setup) if is_sharded(model) else model
     results = on_rank_zero(lambda: _write_outputs(setup, saved, fit, evaluation, started - earlier_time))
     return gather_objects(results)[0]
@@ -563,7 +563,7 @@ def _whole_model(setup: _Setup) -> nn.Module | None:
         apply_structure(whole, structure)
         return whole
 
-    return whole_copy(setup.model, build)
+    return whole_copy(setup.trainer.module, build)
 
 
 def _write_outputs(

@@ -153,8 +153,10 @@ class TrainConfig:
             state) or ``"fsdp"`` (FSDP2: the dense parts and their optimizer state are sharded over ranks;
             :mod:`comera.train.fsdp`).
         shard_cores: with ``"fsdp"``, shard the tensorized layers' parameters too (default False: they are
-            replicated, and pruning works as in one process; True needs an objective without stages or
-            pruning).
+            replicated, and pruning works as in one process). True keeps only what the objective reads
+            between steps whole (CoMERA's gates); a prune point then rebuilds the sharded model on the
+            pruned shapes (:mod:`comera.train.reshard`), so ``Trainer.module``, ``model`` and
+            ``optimizer`` are new objects after it.
     """
 
     early: int = 1

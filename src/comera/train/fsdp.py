@@ -7,8 +7,9 @@ FSDP gathers them for the forward and backward passes and reduce-scatters their 
 layers' parameters (TT cores, gates, biases) are small; by default they stay whole on every rank, outside
 FSDP, and :func:`reduce_replicated_gradients` averages their gradients over ranks (as DDP would). Pruning then
 works as in one process: it only changes those replicated parameters, so nothing FSDP manages changes shape.
-With ``shard_cores=True`` they are sharded too; an objective that reads the gates between steps (CoMERA's
-rank objective, its late stage and pruning) cannot run on sharded gates, so that combination is refused.
+With ``shard_cores=True`` they are sharded too, but for what the objective reads between steps
+(``Objective.whole_parameters``: CoMERA's gates), which stays whole; FSDP2 cannot change the shape of what it
+shards, so the Trainer prunes such a model by rebuilding it (:mod:`comera.train.reshard`).
 
 Gradients of sharded parameters are ``DTensor`` s: :func:`grad_norm` and :func:`clip_gradients` take the
 global norm over both kinds. :func:`gathered` unshards the model for evaluation, so ranks may evaluate a
@@ -92,19 +93,24 @@ def replicated_parameters(module: nn.Module) -> set[nn.Parameter]:
     }
 
 
-def shard_model(module: nn.Module, shard_cores: bool = False) -> nn.Module:
+def shard_model(
+    module: nn.Module, shard_cores: bool = False, keep_whole: Iterable[torch.Tensor] = ()
+) -> nn.Module:
     """Apply ``fully_shard`` to ``module`` in place (one FSDP unit at the root) and return it.
 
     Args:
         module: the unwrapped model, on its device; a process group must be running.
         shard_cores: shard the tensorized layers' parameters too (default: keep them replicated).
+        keep_whole: parameters kept whole on every rank in any case (with ``shard_cores``, the gates that
+            a rank objective reads between steps); their gradients are averaged by
+            :func:`reduce_replicated_gradients`.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     device = next(iter(module.parameters()), torch.empty(0)).device
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    ignored = set() if shard_cores else replicated_parameters(module)
+    ignored = set(keep_whole) | (set() if shard_cores else replicated_parameters(module))
     fully_shard(module, mesh=mesh, reshard_after_forward=True, ignored_params=ignored)
     return module
 
@@ -114,23 +120,16 @@ def is_sharded(module: nn.Module) -> bool:
     return bool(_fsdp_units(module))
 
 
-def check_sharding(shard_cores: bool, prunes: bool, has_stages: bool, optimizer_given: bool) -> None:
+def check_sharding(optimizer_given: bool) -> None:
     """Refuse what FSDP cannot run (``ValueError`` naming the setting).
 
     Args:
-        shard_cores: the ``TrainConfig.shard_cores`` setting.
-        prunes, has_stages: the objective's (a rank objective reads the gates between steps).
         optimizer_given: whether the caller passed an optimizer (built on the parameters before sharding).
     """
     if optimizer_given:
         raise ValueError(
             "parallel='fsdp' builds the optimizer after sharding the model (FSDP replaces the parameters): "
             "leave optimizer=None (the default AdamW), or use parallel='ddp'"
-        )
-    if shard_cores and (prunes or has_stages):
-        raise ValueError(
-            "shard_cores=True cannot run an objective that reads the gates between steps (stages, pruning): "
-            "set shard_cores=False (TT cores replicated), or train with a plain task objective"
         )
 
 

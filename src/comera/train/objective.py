@@ -150,6 +150,16 @@ class Objective:
         """Bring a freshly built model to the shapes :meth:`structure` recorded, before its state dict is
         loaded. Nothing to do here: an objective that never changes shapes records none."""
 
+    def whole_parameters(self) -> list[torch.Tensor]:
+        """The parameters this objective reads between steps (none here); a sharded run keeps them whole on
+        every rank (``TrainConfig.shard_cores``)."""
+        return []
+
+    def rebind(self, model: nn.Module) -> None:
+        """Train ``model`` from now on: a copy of the model with other shapes, built by the Trainer when it
+        cannot prune a sharded model in place. The objective's own state carries over."""
+        self.model = model
+
     def before_evaluation(self) -> None:
         """Run before every evaluation: here every hook of :func:`register_evaluation_hook`."""
         for hook in _EVALUATION_HOOKS:

@@ -75,6 +75,7 @@ from comera.train.fsdp import (
     check_sharding,
     clip_gradients,
     full_state,
+    gathered,
     grad_norm,
     load_full_state,
     reduce_replicated_gradients,
@@ -86,6 +87,13 @@ from comera.train.metrics import MetricsLog, read_metrics, reset_peak_memory
 from comera.train.objective import Objective, default_objective
 from comera.train.parallel import all_true, lost_rank, peer_failure, per_rank_values, rank_seed
 from comera.train.records import StepWindow, train_record
+from comera.train.reshard import (
+    fresh_copy,
+    load_whole_optimizer_state,
+    meta_template,
+    whole_model_state,
+    whole_optimizer_state,
+)
 from comera.train.schedule import apply_lr_schedule, lr_factor
 from comera.train.setup import (
     batches_for,
@@ -201,16 +209,14 @@ class Trainer:
         self.objective = objective or default_objective(self.module)
         self.objective.check_stages(early=config.early, late=config.late)
         self._sharded = self.world_size > 1 and config.parallel == "fsdp"
+        self._template: nn.Module | None = None
         if self.world_size > 1:
             check_backend(self._device())
             if self._sharded:
-                check_sharding(
-                    config.shard_cores,
-                    self.objective.prunes,
-                    self.objective.has_stages,
-                    optimizer is not None,
-                )
-                self.model = shard_model(self.module, config.shard_cores)
+                check_sharding(optimizer is not None)
+                if config.shard_cores:  # what a prune (or a pruned checkpoint) rebuilds the model from
+                    self._template = meta_template(self.module)
+                self.model = self._shard(self.module)
             else:
                 self.model = DistributedDataParallel(self.module)
         self.optimizer = optimizer or default_optimizer(self.objective, config)
@@ -573,7 +579,12 @@ class Trainer:
             )
 
     def _objective_after_step(self) -> None:
-        event = self.objective.after_step(self.step)
+        if self._template is not None and self.objective.stage == "late":
+            # the late stage's trims score entries by the cores' values: gathered whole for them
+            with gathered(self.module):
+                event = self.objective.after_step(self.step)
+        else:
+            event = self.objective.after_step(self.step)
         if event:
             if event.get("changed", True):
                 self._invalidate_graph()
@@ -626,17 +637,83 @@ class Trainer:
         """Prune at ``point`` if the objective wants to; True when the model's shapes changed."""
         if not self.objective.prunes_at(point):
             return False
-        rewrap = self.world_size > 1 and not self._sharded  # FSDP leaves the pruned (replicated) layers alone
-        if rewrap:
-            self._drop_ddp_wrapper()
-        details = self.objective.prune(self.optimizer)
-        if rewrap:
-            self.model = DistributedDataParallel(self.module)
+        details = self.prune()
         if details is None:
             return False
-        self._invalidate_graph()
         self._event("prune", point=point, **details)
         return True
+
+    def prune(self) -> dict[str, Any] | None:
+        """Prune the model (and the optimizer's state) to the objective's active ranks now, as a prune point
+        does, under DDP and FSDP too; the objective's details when shapes changed, else None.
+
+        With ``parallel="fsdp"`` and ``shard_cores=True`` the sharded model is rebuilt
+        (:mod:`comera.train.reshard`): ``self.module``, ``self.model`` and ``self.optimizer`` are new objects
+        afterwards, and the objective is bound to the new module. Collective under DDP and FSDP.
+        """
+        if self._template is not None:
+            details = self._prune_sharded_cores()
+        else:
+            rewrap = self.world_size > 1 and not self._sharded  # FSDP leaves replicated layers alone
+            if rewrap:
+                self._drop_ddp_wrapper()
+            details = self.objective.prune(self.optimizer)
+            if rewrap:
+                self.model = DistributedDataParallel(self.module)
+        if details is not None:
+            self._invalidate_graph()
+        return details
+
+    def _shard(self, module: nn.Module) -> nn.Module:
+        """``module`` sharded for this run: TT layers replicated, or (``shard_cores``) all but what the
+        objective reads between steps (its gates)."""
+        keep = self.objective.whole_parameters() if self.config.shard_cores else ()
+        return shard_model(module, self.config.shard_cores, keep_whole=keep)
+
+    def _rebuilt_on(self, structure: dict[str, Any]) -> nn.Module:
+        """A fresh unsharded copy of the model (uninitialised) with the shapes ``structure`` records, the
+        objective bound to it; on a structure this model cannot take, the objective is bound back and the
+        ``ValueError`` raised."""
+        old = self.module
+        fresh = fresh_copy(self._template, self._device())
+        self.objective.rebind(fresh)
+        try:
+            self.objective.apply_structure(structure, None)
+        except ValueError:
+            self.objective.rebind(old)
+            raise
+        return fresh
+
+    def _install_sharded(self, fresh: nn.Module) -> None:
+        """Shard ``fresh`` and make it the trained model, with a new optimizer on its parameters."""
+        self.module = fresh
+        self.model = self._shard(fresh)
+        self.optimizer = default_optimizer(self.objective, self.config)
+        self._compute, self._apply = self._step_functions()  # the step of the new optimizer
+        gc.collect()
+
+    def _prune_sharded_cores(self) -> dict[str, Any] | None:
+        """Prune a model whose cores are sharded: gather the whole state on every rank, prune an unsharded
+        copy with a plain optimizer, shard the copy and move the pruned optimizer state to a new optimizer."""
+        old_module = self.module
+        structure = self.objective.structure()
+        model_state = whole_model_state(self.module)
+        optimizer_state = whole_optimizer_state(self.module, self.optimizer)
+        fresh = self._rebuilt_on(structure)
+        fresh.load_state_dict(model_state)
+        del model_state
+        staging = default_optimizer(self.objective, self.config)
+        load_whole_optimizer_state(fresh, staging, optimizer_state)
+        details = self.objective.prune(staging)
+        if details is None:
+            self.objective.rebind(old_module)
+            return None
+        pruned_state = whole_optimizer_state(fresh, staging)
+        del staging, optimizer_state
+        self._install_sharded(fresh)
+        load_whole_optimizer_state(self.module, self.optimizer, pruned_state)
+        unfuse_mixed_groups(self.optimizer)
+        return details
 
     def _drop_ddp_wrapper(self) -> None:
         """Free the DDP wrapper before pruning: it keeps the parameters' gradient accumulators alive, and
@@ -790,7 +867,11 @@ class Trainer:
         if rewrap:
             self._drop_ddp_wrapper()
         try:
-            self.objective.apply_structure(payload["structure"], self.optimizer)
+            if self._template is not None:
+                if payload["structure"] != self.objective.structure():
+                    self._install_sharded(self._rebuilt_on(payload["structure"]))
+            else:
+                self.objective.apply_structure(payload["structure"], self.optimizer)
         except ValueError as error:  # before any pruning; gates it set are set again by the next restore
             raise ForeignCheckpointError(f"{error}: the checkpoint was written by another model") from error
         if "shards" in payload:

@@ -152,6 +152,14 @@ class CoMERAObjective(Objective):
     def apply_structure(self, structure: dict[str, Any], optimizer: torch.optim.Optimizer | None) -> None:
         apply_structure(self.model, structure, optimizer)
 
+    def whole_parameters(self) -> list[torch.Tensor]:
+        """Every gate: the rank loss, the late-stage controller and the prune read them between steps."""
+        return [gate for _, layer_train in gated_trains(self.model) for gate in layer_train.gates]
+
+    def rebind(self, model: nn.Module) -> None:
+        super().rebind(model)
+        self.adaptation.model = model
+
     def record(self) -> dict[str, Any]:
         record = {"ranks": {name: list(layer_train.ranks) for name, layer_train in gated_trains(self.model)}}
         if self.stage == "late":
