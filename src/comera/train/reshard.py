@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.train.fsdp import _is_dtensor
+from comera.train.fsdp import _is_dtensor, _names_in_order
 
 __all__ = [
     "meta_template",
@@ -67,11 +67,6 @@ def whole_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
-
-
-def _names_in_order(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    names = {id(param): name for name, param in module.named_parameters()}
-    return [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
 
 
 def _whole(value: Any) -> Any:
