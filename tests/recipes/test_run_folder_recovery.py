@@ -169,3 +169,25 @@ def test_results_json_is_strict_json_when_a_metric_is_undefined(tmp_path, monkey
     assert results["evaluation"]["test"]["auc"] is None and results["evaluation"]["test"]["accuracy"] > 0
     text = strict_json({"a": [float("nan"), float("-inf"), 1.5]})
     assert json.loads(text) == {"a": [None, None, 1.5]}
+
+
+@pytest.mark.parametrize(("name", "make"), [("metrics.jsonl", "folder"), ("checkpoints", "file")])
+def test_a_run_entry_of_the_wrong_kind_is_refused_before_the_data_is_read(killed_run, tmp_path, name, make):
+    """metrics.jsonl a folder, checkpoints a file: --resume refuses in one line naming the entry, before the
+    data is built (no cache is written)."""
+    out, _ = killed_run
+    path = out / name
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    if make == "folder":
+        path.mkdir()
+    else:
+        path.write_text("x")
+    wanted, found = ("a file", "a folder") if make == "folder" else ("a folder", "a file")
+    with pytest.raises(
+        SetupError, match=f"^{path} should be {wanted} of the run but is {found}: move it away$"
+    ):
+        _run(tmp_path / "fresh", out, resume=True)
+    assert not (tmp_path / "fresh" / "cache").exists(), "refused before the data was built"

@@ -29,21 +29,30 @@ def test_read_metrics_reads_past_a_blank_line(tmp_path):
 def test_an_invalid_line_is_refused_even_when_the_last_line_has_no_newline(tmp_path):
     """Only an invalid *last* line without its newline is a torn tail; an earlier invalid line is named."""
     path = _write(tmp_path, 'oops\n{"step": 2}')
-    with pytest.raises(ValueError, match=f"^{re.escape(f'{path}: line 1 is not valid JSON')}$"):
+    with pytest.raises(
+        ValueError,
+        match=f"^{re.escape(f'{path}: line 1 is not a metrics record (JSON object, integer step)')}$",
+    ):
         read_metrics(path)
 
 
 def test_an_invalid_last_line_with_its_newline_is_not_a_torn_tail(tmp_path):
     """A complete (newline-ended) last line that is not JSON is damage, named by its number."""
     path = _write(tmp_path, '{"step": 1}\noops\n')
-    with pytest.raises(ValueError, match=f"^{re.escape(f'{path}: line 2 is not valid JSON')}$"):
+    with pytest.raises(
+        ValueError,
+        match=f"^{re.escape(f'{path}: line 2 is not a metrics record (JSON object, integer step)')}$",
+    ):
         read_metrics(path)
 
 
 def test_a_torn_tail_does_not_hide_an_earlier_invalid_line(tmp_path):
     """With a torn last line, an invalid line before it is still named."""
     path = _write(tmp_path, 'oops\n{"step": 2}\n{"step": 3, "lo')
-    with pytest.raises(ValueError, match=f"^{re.escape(f'{path}: line 1 is not valid JSON')}$"):
+    with pytest.raises(
+        ValueError,
+        match=f"^{re.escape(f'{path}: line 1 is not a metrics record (JSON object, integer step)')}$",
+    ):
         read_metrics(path)
 
 
@@ -76,9 +85,9 @@ def test_a_new_or_disabled_log_has_no_torn_bytes_and_drops_nothing(tmp_path):
     """No file yet (or no folder): ``torn_bytes`` is 0 and ``drop_after`` drops 0 lines."""
     log = MetricsLog(tmp_path / "run")
     assert log.torn_bytes == 0 and not log.path.exists()
-    assert log.drop_after(3) == 0
+    assert log.drop_after(3) == (0, 0)
     off = MetricsLog(None)
-    assert off.torn_bytes == 0 and off.drop_after(3) == 0
+    assert off.torn_bytes == 0 and off.drop_after(3) == (0, 0)
 
 
 def test_drop_after_keeps_records_without_a_step_and_history_events(tmp_path):
@@ -92,9 +101,9 @@ def test_drop_after_keeps_records_without_a_step_and_history_events(tmp_path):
     ]
     _write(tmp_path, "".join(json.dumps(line) + "\n" for line in lines) + "not json\n")
     log = MetricsLog(tmp_path)
-    assert log.drop_after(2) == 1
+    assert log.drop_after(2) == (1, 0)
     assert read_metrics(tmp_path) == [lines[0], lines[1], lines[3]]
-    assert log.drop_after(0) == 0
+    assert log.drop_after(0) == (0, 0)
     assert read_metrics(tmp_path) == [lines[0], lines[3]]
 
 
@@ -102,7 +111,7 @@ def test_drop_after_keeps_non_finite_numbers(tmp_path):
     """A record holding NaN or infinity is rewritten as it was written (``NaN``, ``Infinity``)."""
     log = MetricsLog(tmp_path)
     log.write({"kind": "train", "step": 1, "loss": float("nan"), "ratio": float("inf")})
-    assert log.drop_after(1) == 0
+    assert log.drop_after(1) == (0, 0)
     assert (
         tmp_path / METRICS_NAME
     ).read_text() == '{"kind": "train", "step": 1, "loss": NaN, "ratio": Infinity}\n'
@@ -137,3 +146,53 @@ def test_equal_shards_cut_the_order_before_a_partial_batch(tmp_path):
         for rank in (0, 1)
     ]
     assert [[batch[0].tolist() for batch in shard.epoch(0)] for shard in shards] == [[[0, 2]], [[1, 3]]]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"\xc5\x80\xff\xfe binary",
+        b"42",
+        b'"text"',
+        b"[1, 2]",
+        b'{"kind": "train", "step": "x"}',
+        b'{"step": true}',
+    ],
+)
+def test_a_line_that_holds_no_record_is_named_on_reading_and_dropped_at_a_resume(tmp_path, line):
+    """Bytes that are not UTF-8, JSON that is not an object, a step that is not an integer: read_metrics
+    names the line; drop_after (a resume) drops it and counts it, keeping the records around it."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"kind": "train", "step": 1}\n' + line + b'\n{"kind": "train", "step": 2}\n')
+    with pytest.raises(ValueError, match="line 2 is not a metrics record"):
+        read_metrics(path)
+    assert MetricsLog(tmp_path).drop_after(5) == (1, 0)
+    assert read_metrics(path) == [{"kind": "train", "step": 1}, {"kind": "train", "step": 2}]
+
+
+def test_repeated_train_and_eval_records_of_a_step_are_dropped_keeping_the_last(tmp_path):
+    """Every line copied twice: drop_after keeps one train and one eval record per step (the last), keeps
+    repeated events (two resumes at one step are two events), and counts what it dropped."""
+    lines = [
+        {"kind": "train", "step": 1, "loss": 1.0},
+        {"kind": "event", "step": 1, "event": "resume"},
+        {"kind": "train", "step": 2, "loss": 2.0},
+        {"kind": "eval", "step": 2, "metrics": {"loss": 3.0}},
+    ]
+    twice = [*lines, *lines[:-1], {**lines[-1], "metrics": {"loss": 4.0}}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in twice))
+    assert MetricsLog(tmp_path).drop_after(5) == (0, 3)
+    assert read_metrics(path) == [
+        lines[1],
+        lines[0],
+        lines[1],
+        lines[2],
+        {**lines[3], "metrics": {"loss": 4.0}},
+    ]
+
+
+def test_a_folder_where_the_log_goes_is_refused_naming_it(tmp_path):
+    (tmp_path / METRICS_NAME).mkdir()
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / METRICS_NAME}: not a file (a folder")):
+        MetricsLog(tmp_path)

@@ -596,3 +596,17 @@ def test_evaluation_reads_a_shuffling_loader_in_its_epoch_zero_order():
     trainer.evaluate()
     torch.manual_seed(epoch_seed(3, 0))
     assert evaluator.seen == [labels.tolist() for _, labels in loader]
+
+
+def test_a_folder_with_a_checkpoint_files_name_is_reported_and_replaced_when_that_step_is_saved(tmp_path):
+    """An empty folder named step-N.pt in the checkpoint folder: the resume warns that it is not a checkpoint
+    and resumes from the one before; saving step N later replaces the folder by the checkpoint file."""
+    task_trainer(tmp_path, early=1).fit()  # checkpoint at the end of the epoch
+    blocker = checkpoint_path(tmp_path / "checkpoints", 2 * STEPS_PER_EPOCH)
+    blocker.mkdir()
+    with pytest.warns(RuntimeWarning, match="not a checkpoint, a folder with its name"):
+        trainer = task_trainer(tmp_path, early=2)
+        trainer.fit(resume=True)
+    assert blocker.is_file() and load_checkpoint(blocker)["progress"]["step"] == 2 * STEPS_PER_EPOCH
+    (event,) = events(tmp_path, "unreadable_checkpoint")
+    assert event["checkpoint"] == str(blocker) and event["step"] == STEPS_PER_EPOCH

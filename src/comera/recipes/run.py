@@ -89,6 +89,8 @@ __all__ = [
 
 RUN_ENTRIES = ("config.json", "metrics.jsonl", "checkpoints", "model", "results.json")
 """Entries of a run folder whose presence means the folder holds a run (finished or not)."""
+RUN_FOLDERS = ("checkpoints", "model")
+"""The entries of :data:`RUN_ENTRIES` that are folders."""
 RUN_OUTPUTS = ("plots", "report.txt")
 """The other entries a run writes."""
 
@@ -218,6 +220,17 @@ def _move_run_aside(out: Path) -> Path | None:
     return aside
 
 
+def _check_entry_kinds(out: Path) -> None:
+    """``ValueError`` naming an entry of a run folder that is not of its kind (``metrics.jsonl`` a folder,
+    ``checkpoints`` a file, ...): found before any data is read."""
+    for name in RUN_ENTRIES:
+        path = out / name
+        wanted_folder = name in RUN_FOLDERS
+        if path.exists() and path.is_dir() != wanted_folder:
+            kind, other = ("a folder", "a file") if wanted_folder else ("a file", "a folder")
+            raise ValueError(f"{path} should be {kind} of the run but is {other}: move it away")
+
+
 def _check_folder(
     out: Path, header: dict[str, Any], method: Method, resume: bool, restart: bool
 ) -> Path | None:
@@ -227,6 +240,7 @@ def _check_folder(
     :func:`comera.recipes.settings.upgrade_run_header` reads it, so such a run resumes."""
     if restart:
         return _move_run_aside(out)
+    _check_entry_kinds(out)
     config_path = out / "config.json"
     if resume:
         if not config_path.exists():

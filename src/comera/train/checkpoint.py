@@ -32,6 +32,7 @@ import torch
 from comera.atomic import atomic_write
 
 __all__ = [
+    "misplaced_entries",
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_VERSION",
     "SHARDED_SUFFIX",
@@ -82,7 +83,8 @@ def checkpoint_path(directory: str | os.PathLike, step: int, sharded: bool = Fal
 
 def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
     """``(step, path)`` of every checkpoint in ``directory`` (files and sharded folders), oldest first (empty
-    if there is no folder); of a file and a folder for the same step, the folder comes last."""
+    if there is no folder); of a file and a folder for the same step, the folder comes last. An entry with a
+    checkpoint's name but of the other kind is not listed (:func:`misplaced_entries`)."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
@@ -92,6 +94,19 @@ def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
         if match and (path.is_dir() if match.group(2) == "dcp" else path.is_file()):
             found.append((int(match.group(1)), match.group(2) == "dcp", path))
     return [(step, path) for step, _, path in sorted(found)]
+
+
+def misplaced_entries(directory: str | os.PathLike) -> list[Path]:
+    """Entries of ``directory`` with a checkpoint's name but of the other kind (a folder named ``step-N.pt``,
+    a file named ``step-N.dcp``), sorted: no checkpoint, and in the way of the one that step will write."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(
+        path
+        for path in directory.iterdir()
+        if (match := _NAME.fullmatch(path.name)) and path.is_dir() != (match.group(2) == "dcp")
+    )
 
 
 def remove_checkpoint(path: str | os.PathLike) -> None:
@@ -162,6 +177,8 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Read a checkpoint with ``torch.load(weights_only=True)`` onto the CPU and check its format; for a
     sharded folder its ``trainer.pt``, with ``"shards"`` set to the folder (module docstring)."""
     path = Path(path)
+    if path.is_dir() and path.suffix != SHARDED_SUFFIX:
+        raise ValueError(f"{path}: not a checkpoint, a folder with a checkpoint file's name")
     if path.is_dir():
         if not (path / TRAINER_FILE).is_file():
             raise ValueError(f"{path}: not a readable checkpoint, no {TRAINER_FILE} in the sharded folder")

@@ -53,20 +53,36 @@ HISTORY_EVENTS = (
 """Events kept when the records after a checkpoint are dropped: the run's own history, not its training."""
 
 
+def _record(line: bytes) -> dict[str, Any] | None:
+    """The record a line holds, or None when it holds none: not UTF-8, not JSON, not a JSON object, or a
+    ``"step"`` that is not an integer."""
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    step = record.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, int):
+        return None
+    return record
+
+
 def _parse_lines(path: Path) -> tuple[list[dict[str, Any]], list[int], bool]:
-    """The records of ``path``, the numbers of the lines that are not valid JSON, and whether the last of
-    those is the file's torn tail (a last line without its newline)."""
-    text = path.read_text()
-    lines = text.splitlines()
+    """The records of ``path``, the numbers of the lines that hold no record (:func:`_record`), and whether
+    the last of those is the file's torn tail (a last line without its newline)."""
+    data = path.read_bytes()
+    lines = data.splitlines()
     records, invalid = [], []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+        record = _record(line)
+        if record is None:
             invalid.append(number)
-    torn = bool(invalid) and invalid[-1] == len(lines) and not text.endswith("\n")
+        else:
+            records.append(record)
+    torn = bool(invalid) and invalid[-1] == len(lines) and not data.endswith(b"\n")
     return records, invalid, torn
 
 
@@ -74,7 +90,9 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Every record of a ``metrics.jsonl`` file (or a run folder); a torn last line is ignored.
 
     Raises:
-        FileNotFoundError: no such file. ValueError: a line other than a torn last one is not valid JSON.
+        FileNotFoundError: no such file.
+        ValueError: a line other than a torn last one holds no record (not UTF-8, not a JSON object, a
+            step that is not an integer).
     """
     path = Path(path)
     if path.is_dir():
@@ -84,7 +102,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     records, invalid, torn = _parse_lines(path)
     damaged = invalid[:-1] if torn else invalid
     if damaged:
-        raise ValueError(f"{path}: line {damaged[0]} is not valid JSON")
+        raise ValueError(f"{path}: line {damaged[0]} is not a metrics record (JSON object, integer step)")
     return records
 
 
@@ -117,6 +135,9 @@ class MetricsLog:
 
     An existing file's torn last line (a process killed mid-write) is cut off when the log is opened;
     :attr:`torn_bytes` is the number of bytes cut (0 when the file was whole).
+
+    Raises:
+        ValueError: something other than a file (a folder) stands at ``directory/metrics.jsonl``.
     """
 
     def __init__(self, directory: str | os.PathLike | None) -> None:
@@ -124,6 +145,10 @@ class MetricsLog:
         self.torn_bytes = 0
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and not self.path.is_file():
+                raise ValueError(
+                    f"{self.path}: not a file (a folder stands where the metrics log goes); move it away"
+                )
             self.torn_bytes = self._cut_torn_tail()
 
     def _cut_torn_tail(self) -> int:
@@ -146,17 +171,30 @@ class MetricsLog:
         with self.path.open("a") as file:
             file.write(json.dumps(record, allow_nan=True) + "\n")
 
-    def drop_after(self, step: int) -> int:
-        """Rewrite the file without the records of steps after ``step`` (but for :data:`HISTORY_EVENTS`) and
-        without lines that are not valid JSON (atomically); returns the number of such lines dropped."""
+    def drop_after(self, step: int) -> tuple[int, int]:
+        """Rewrite the file (atomically) without the records of steps after ``step`` (but for
+        :data:`HISTORY_EVENTS`), without lines that hold no record, and without repeated ``train``/``eval``
+        records of one step (the last one is kept; a log whose lines were copied twice would otherwise count
+        them twice). Returns ``(lines holding no record, repeated records)`` dropped."""
         if self.path is None or not self.path.is_file():
-            return 0
+            return 0, 0
         records, invalid, _ = _parse_lines(self.path)
         kept = [
             record
             for record in records
             if record.get("step", 0) <= step or record.get("event") in HISTORY_EVENTS
         ]
-        text = "".join(json.dumps(record, allow_nan=True) + "\n" for record in kept)
+        last = {
+            (record.get("kind"), record.get("step")): index
+            for index, record in enumerate(kept)
+            if record.get("kind") in ("train", "eval")
+        }
+        unique = [
+            record
+            for index, record in enumerate(kept)
+            if record.get("kind") not in ("train", "eval")
+            or last[(record.get("kind"), record.get("step"))] == index
+        ]
+        text = "".join(json.dumps(record, allow_nan=True) + "\n" for record in unique)
         atomic_write_bytes(self.path, text.encode())
-        return len(invalid)
+        return len(invalid), len(kept) - len(unique)

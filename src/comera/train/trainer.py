@@ -64,6 +64,7 @@ from comera.train.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    misplaced_entries,
     remove_checkpoint,
     restore_rng,
     save_checkpoint,
@@ -487,9 +488,17 @@ class Trainer:
 
     def _resumed_from(self, path: Path | None) -> None:
         """Drop the records of steps after the resumed state (and unreadable lines); log the resume."""
-        unreadable = self.metrics.drop_after(self.step)
+        unreadable, repeated = self.metrics.drop_after(self.step)
         self._write_deferred_events()
         details = {"unreadable_lines_dropped": unreadable} if unreadable else {}
+        if repeated:
+            details["repeated_records_dropped"] = repeated
+            warnings.warn(
+                f"{self.metrics.path}: dropped {repeated} repeated train/eval record(s) (a step logged "
+                "twice; the last of each was kept)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         self._event("resume", checkpoint=None if path is None else str(path), **details)
         self._warn_of_lost_records()
 
@@ -517,6 +526,10 @@ class Trainer:
 
     def _resume_latest(self) -> None:
         candidates = [] if self.checkpoint_dir is None else list_checkpoints(self.checkpoint_dir)
+        for path in [] if self.checkpoint_dir is None else misplaced_entries(self.checkpoint_dir):
+            error = f"{path}: not a checkpoint, a {'folder' if path.is_dir() else 'file'} with its name"
+            warnings.warn(f"skipping an unreadable checkpoint: {error}", RuntimeWarning, stacklevel=3)
+            self._deferred_events.append(("unreadable_checkpoint", {"checkpoint": str(path), "error": error}))
         for _, path in reversed(candidates):
             try:
                 payload = load_checkpoint(path)
@@ -850,6 +863,8 @@ class Trainer:
         if self.checkpoint_dir is None:
             raise ValueError("no checkpoint folder: set config.run_dir or config.checkpoint_dir")
         path = checkpoint_path(self.checkpoint_dir, self.step, sharded=self._sharded)
+        if self.process_rank == 0 and path.exists() and path.is_dir() != self._sharded:
+            remove_checkpoint(path)  # an entry of the other kind, reported unreadable at the resume
         if self._sharded:
             save_sharded_checkpoint(path, self.module, self.optimizer, self._trainer_state())
         elif self.process_rank == 0:
