@@ -17,6 +17,7 @@ from comera.train.checkpoint import (
     CHECKPOINT_FORMAT,
     NoReadableCheckpointError,
     capture_rng,
+    foreign_entry,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -185,3 +186,29 @@ def test_cuda_rng_states_are_skipped_on_a_machine_without_cuda(monkeypatch):
     assert "cuda" not in state
     restore_rng({**state, "cuda": [torch.tensor([9], dtype=torch.uint8)]})
     assert cuda.set_calls == []
+
+
+def test_foreign_entry_allows_only_what_pruning_changes():
+    """Entries of pruned layers may lose bond size (first/last dimension, a gate's length) or be absent;
+    anything else that differs, or an entry the model lacks, is named."""
+    own = {"a.cores.0": torch.zeros(1, 4, 3), "a.gates.0": torch.zeros(3), "head.weight": torch.zeros(2, 5)}
+    structure = {"a": {"removed": False, "ranks": [2]}}
+    pruned = {
+        "a.cores.0": torch.zeros(1, 4, 2),
+        "a.gates.0": torch.zeros(2),
+        "head.weight": torch.zeros(2, 5),
+    }
+    assert foreign_entry(pruned, own, structure) is None
+    assert foreign_entry({"head.weight": torch.zeros(2, 5)}, own, structure) is None
+    assert foreign_entry({**pruned, "a.cores.0": torch.zeros(1, 5, 2)}, own, structure) == (
+        "its entry 'a.cores.0' has shape [1, 5, 2], this model's [1, 4, 3]"
+    )
+    assert foreign_entry({**pruned, "a.cores.0": torch.zeros(1, 4, 4)}, own, structure) is not None
+    assert foreign_entry(pruned, own, {}) is not None, "without the layer in the structure nothing may shrink"
+    assert foreign_entry({**pruned, "head.weight": torch.zeros(3, 5)}, own, structure) == (
+        "its entry 'head.weight' has shape [3, 5], this model's [2, 5]"
+    )
+    assert (
+        foreign_entry({"head.bias": torch.zeros(2)}, own, structure)
+        == "its entry 'head.bias' is not in this model"
+    )

@@ -114,3 +114,50 @@ def test_train_records_lost_from_the_log_before_the_checkpoint_are_said_missing(
     assert [r["step"] for r in records if r.get("kind") == "train"] == [1, 2, 5, 6]
     missing = [r for r in records if r.get("event") == "records_missing"]
     assert len(missing) == 1 and (missing[0]["steps"], missing[0]["first"]) == (2, 3)
+
+
+def test_a_checkpoint_of_a_model_of_other_widths_is_skipped_before_it_changes_the_model(tmp_path):
+    """The newest checkpoint comes from a model with the same layer names but other widths (pruned at its
+    end): it is refused by its shapes before its structure is applied, so the run's own older checkpoint
+    (of larger ranks) still resumes, and the run ends as an uninterrupted one."""
+    import copy
+
+    import torch
+
+    from comera.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+
+    def trainer(early, model=None):
+        model = model if model is not None else make_model()
+        config = TrainConfig(
+            early=early,
+            unit="step",
+            batch_size=8,
+            checkpoint_every=2,
+            keep_checkpoints=10,
+            run_dir=str(tmp_path),
+            plot=False,
+        )
+        return Trainer(model, loss_fn, make_data(), config=config, objective=CoMERAObjective(model))
+
+    whole = trainer(8)
+    whole.fit()
+    expected = copy.deepcopy(whole.module.state_dict())
+    for path in (tmp_path / "checkpoints").iterdir():
+        if path.name != "step-00000004.pt":
+            path.unlink()
+    foreign = load_checkpoint(checkpoint_path(tmp_path / "checkpoints", 4))
+    head = foreign["model"]["5.weight"]
+    foreign["model"]["5.weight"] = torch.zeros(head.shape[0] + 1, head.shape[1])  # another width
+    foreign["structure"] = {
+        "0": {"removed": False, "ranks": [1, 1, 1]},
+        "3": {"removed": False, "ranks": [1]},
+    }
+    save_checkpoint(foreign, checkpoint_path(tmp_path / "checkpoints", 6))
+    with pytest.warns(
+        RuntimeWarning, match=r"skipping a checkpoint of another model: .*'5.weight' has shape"
+    ):
+        resumed = trainer(8)
+        resumed.fit(resume=True)
+    assert resumed.objective.structure() == whole.objective.structure()
+    for name, value in expected.items():
+        torch.testing.assert_close(resumed.module.state_dict()[name], value, msg=name)

@@ -23,6 +23,7 @@ import random
 import re
 import shutil
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ import torch
 from comera.atomic import atomic_write
 
 __all__ = [
+    "foreign_entry",
     "misplaced_entries",
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_VERSION",
@@ -74,6 +76,40 @@ class NoReadableCheckpointError(ValueError):
 class ForeignCheckpointError(ValueError):
     """A readable checkpoint whose structure does not fit the model being trained: it was written by
     another model (a resume skips it, as it skips an unreadable one)."""
+
+
+def _bond_shrunk(mine: tuple[int, ...], theirs: tuple[int, ...]) -> bool:
+    """Whether ``theirs`` is ``mine`` with its bond (first and last) sizes shrunk, as pruning does."""
+    if len(mine) != len(theirs):
+        return False
+    if len(mine) == 1:
+        return theirs[0] <= mine[0]
+    return mine[1:-1] == theirs[1:-1] and theirs[0] <= mine[0] and theirs[-1] <= mine[-1]
+
+
+def foreign_entry(
+    state: Mapping[str, Any], own: Mapping[str, torch.Tensor], structure: Mapping[str, Any]
+) -> str | None:
+    """Why a checkpoint's model ``state`` cannot be this model's (whose ``state_dict()`` is ``own``), or None.
+
+    Pruning removes entries of the layers that ``structure`` (the checkpoint's) names and shrinks their bond
+    sizes (a tensor's first and last dimension; a gate's length); every other entry must be the model's, with
+    its shape. Checked before the structure is applied, so that a checkpoint of another model (another
+    width, another method) is refused without changing this one.
+    """
+    layers = tuple(structure)
+
+    def pruned_layer(key: str) -> bool:
+        return any(key.startswith(f"{layer}.") for layer in layers)
+
+    for key, value in state.items():
+        theirs = tuple(getattr(value, "shape", ()))
+        if key not in own:
+            return f"its entry {key!r} is not in this model"
+        mine = tuple(own[key].shape)
+        if mine != theirs and not (pruned_layer(key) and _bond_shrunk(mine, theirs)):
+            return f"its entry {key!r} has shape {list(theirs)}, this model's {list(mine)}"
+    return None
 
 
 def checkpoint_path(directory: str | os.PathLike, step: int, sharded: bool = False) -> Path:

@@ -61,6 +61,7 @@ from comera.train.checkpoint import (
     NoReadableCheckpointError,
     capture_rng,
     checkpoint_path,
+    foreign_entry,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -878,6 +879,11 @@ class Trainer:
         return path
 
     def _restore(self, payload: dict[str, Any], rollback: bool) -> None:
+        if isinstance(payload.get("model"), Mapping):  # a single-file checkpoint: checked before any change
+            reference = self._template if self._template is not None else self.module
+            reason = foreign_entry(payload["model"], reference.state_dict(), payload.get("structure") or {})
+            if reason is not None:
+                raise ForeignCheckpointError(f"{reason}: the checkpoint was written by another model")
         rewrap = self.world_size > 1 and not self._sharded  # rebuilt on the restored structure
         if rewrap:
             self._drop_ddp_wrapper()
