@@ -76,8 +76,10 @@ def test_a_setup_error_is_reported_once_and_stops_every_process(tmp_path):
     assert taken.returncode != 0
     assert taken.stderr.count("already holds a run; continue it with --resume") == 1, taken.stderr
     odd = comera(*common, "--out", str(tmp_path / "odd"), "--set", "train.batch_size=7", "--nproc", "2")
-    assert odd.returncode != 0
     assert odd.stderr.count("train.batch_size=7 is the global batch and must be a multiple") == 1, odd.stderr
+    # under the --nproc shortcut: exit status 2 and that line alone, without torchrun's failure report
+    assert odd.returncode == 2 and "Traceback" not in odd.stderr and "ChildFailedError" not in odd.stderr
+    assert odd.stderr.strip().count("\n") == 0, odd.stderr
 
 
 def test_nproc_is_split_from_the_other_arguments():

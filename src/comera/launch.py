@@ -3,14 +3,27 @@
 The shortcut stands for ``torchrun --standalone --nproc-per-node N -m comera train ...`` (PyTorch's
 ``torch.distributed.run`` with a rendezvous on a free local port), run with this Python. For several machines
 call ``torchrun`` itself (``--nnodes``, ``--rdzv-endpoint``; see docs/training.md, "More than one process").
+
+A process that stops on an error it has already reported in one line (a bad setting, a diverged run) would
+make ``torchrun`` print its own failure report, a traceback of several dozen lines, and exit 1. Under the
+shortcut, such a process records its exit status in a folder the launcher names (:data:`STATUS_ENV`) and
+exits 0 (:func:`worker_status`); the launcher then exits with the highest recorded status (2 for a user
+error). A process that crashes (an unexpected exception) still fails as ``torchrun`` reports it.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
-__all__ = ["split_nproc", "torchrun_command", "launch"]
+__all__ = ["STATUS_ENV", "split_nproc", "torchrun_command", "launch", "worker_status"]
+
+STATUS_ENV = "COMERA_STATUS_DIR"
+"""The environment variable naming the folder where the processes of a ``--nproc`` launch record their
+exit statuses."""
 
 
 def split_nproc(argv: list[str]) -> tuple[int | None, list[str]]:
@@ -53,5 +66,21 @@ def torchrun_command(nproc: int, command: list[str]) -> list[str]:
 
 
 def launch(nproc: int, command: list[str]) -> int:
-    """Run :func:`torchrun_command` and return its exit status (non-zero when any process failed)."""
-    return subprocess.call(torchrun_command(nproc, command))
+    """Run :func:`torchrun_command` and return its exit status (non-zero when any process failed), or, when
+    every process exited 0, the highest status they recorded (:func:`worker_status`)."""
+    with tempfile.TemporaryDirectory(prefix="comera-status-") as folder:
+        code = subprocess.call(torchrun_command(nproc, command), env={**os.environ, STATUS_ENV: folder})
+        recorded = [int(path.read_text()) for path in Path(folder).glob("rank-*")]
+    return code if code != 0 or not recorded else max(recorded)
+
+
+def worker_status(code: int) -> int:
+    """The exit status for a process that ends with ``code`` after reporting why: under a ``--nproc`` launch
+    a non-zero ``code`` is recorded for the launcher and 0 returned (so that ``torchrun`` adds no report of
+    its own); otherwise ``code``."""
+    folder = os.environ.get(STATUS_ENV)
+    if code == 0 or not folder:
+        return code
+    rank = os.environ.get("RANK", "0")
+    (Path(folder) / f"rank-{rank}").write_text(str(code))
+    return 0

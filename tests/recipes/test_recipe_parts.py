@@ -266,3 +266,18 @@ def test_a_file_that_cannot_be_read_is_fingerprinted_as_unreadable_not_raised(tm
         + " now"
     )
     assert fingerprint_difference(locked, readable) == expected
+
+
+def test_one_data_file_under_another_name_with_the_same_content_is_the_same_data(tmp_path):
+    """A run on crit.txt resumed with --data naming a link to it (or a renamed copy): one file each time,
+    the same content, no difference; another content under the other name is named."""
+    data = tmp_path / "crit.txt"
+    data.write_bytes(b"1\t2\n")
+    link = tmp_path / "crit_link.txt"
+    link.symlink_to(data)
+    assert fingerprint_difference(data_fingerprint(data), data_fingerprint(link)) is None
+    other = tmp_path / "other.txt"
+    other.write_bytes(b"3\t4\n")
+    assert fingerprint_difference(data_fingerprint(data), data_fingerprint(other)).startswith(
+        "crit.txt: 4 bytes"
+    )

@@ -191,3 +191,42 @@ def test_a_run_entry_of_the_wrong_kind_is_refused_before_the_data_is_read(killed
     ):
         _run(tmp_path / "fresh", out, resume=True)
     assert not (tmp_path / "fresh" / "cache").exists(), "refused before the data was built"
+
+
+def test_a_run_folder_that_another_process_writes_is_refused_naming_the_process(killed_run, tmp_path):
+    """While another process holds the run folder (a run training there, or workers of a killed launcher),
+    --resume refuses in one line naming that process; once it has ended, the resume goes ahead."""
+    import subprocess
+    import sys
+
+    out, results = killed_run
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from comera.recipes.folders import lock_run_folder; "
+            f"lock_run_folder(Path({str(out)!r})); print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(
+            SetupError, match=rf"^--out {out} is in use by another process \(pid {holder.pid}\)"
+        ):
+            _run(tmp_path, out, resume=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _run(tmp_path, out, resume=True)["steps"] == results["steps"]
+
+
+def test_restart_takes_the_next_number_past_a_dangling_link(killed_run, tmp_path):
+    """OUT.old-1 a symbolic link to nothing: --restart moves the run to OUT.old-2, leaving the link."""
+    out, _ = killed_run
+    dangling = out.with_name("run.old-1")
+    dangling.symlink_to(tmp_path / "nowhere")
+    results = _run(tmp_path, out, restart=True)
+    assert dangling.is_symlink() and not dangling.exists()
+    assert results["earlier_run"] == str(out.with_name("run.old-2").resolve())

@@ -7,7 +7,10 @@ several and fakes the collective calls with the values the other ranks would con
 
 from __future__ import annotations
 
+import os
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -371,3 +374,46 @@ def test_every_seed_the_config_accepts_seeds_numpy_on_every_rank(seed, rank):
     drawn = np.random.random_sample(3)
     np.random.seed(parallel.rank_seed(seed, rank) % 2**32)
     assert np.array_equal(drawn, np.random.random_sample(3))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_a_process_that_asked_to_stop_with_its_parent_stops_when_the_parent_is_killed():
+    """A grandchild in a session of its own (as torchrun starts its processes) that called stop_with_parent
+    stops when its parent is killed with SIGKILL; one that did not call it keeps running."""
+    import signal
+    import subprocess
+    import time
+
+    def running(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        return state != "Z"
+
+    pids = {}
+    for asks in (True, False):
+        child = (
+            "from comera.train.parallel import stop_with_parent; stop_with_parent(); " if asks else ""
+        ) + "import time; print('ready', flush=True); time.sleep(60)"
+        parent = (
+            "import subprocess, sys, time; "
+            f"p = subprocess.Popen([sys.executable, '-c', {child!r}], start_new_session=True); "
+            "print(p.pid, flush=True); time.sleep(60)"
+        )
+        launcher = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+        pid = int(launcher.stdout.readline())
+        assert launcher.stdout.readline().strip() == "ready"  # the grandchild writes to the same pipe
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        pids[asks] = pid
+    deadline = time.monotonic() + 10
+    while running(pids[True]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        assert not running(pids[True])
+        assert running(pids[False])
+    finally:
+        for pid in pids.values():
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from comera.commands.numbers import milliseconds, number, times
-from comera.launch import launch, split_nproc
+from comera.launch import launch, split_nproc, worker_status
 from comera.methods import get_method, method_names
 from comera.recipes.run import SetupError, default_run_dir, run
 from comera.recipes.settings import resolve_settings
@@ -153,17 +153,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"comera train: {error}", file=sys.stderr)
         return 2
     args = _parser().parse_args(argv)
-    if nproc is not None:
-        return launch(nproc, ["train", *argv])
     presets = load_recipe(args.workload).presets
     if args.preset not in presets:
         presets = sorted(presets)
         print(f"comera train: unknown --preset {args.preset!r}; choose one of {presets}", file=sys.stderr)
         return 2
+    if nproc is not None:
+        return launch(nproc, ["train", *argv])
     out = args.out or default_run_dir(args.workload, args.preset, args.method)
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
-        return _train(args, out)
+        return worker_status(_train(args, out))
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

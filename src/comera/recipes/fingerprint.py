@@ -51,13 +51,16 @@ def _describe(entry: dict[str, Any] | None) -> str:
 def fingerprint_difference(
     recorded: dict[str, dict[str, Any]] | None, current: dict[str, dict[str, Any]] | None
 ) -> str | None:
-    """None when the two fingerprints agree; else a phrase naming the first file that differs and how
-    (``"train.tsv: 1,024 bytes, sha256 ab12... then, 1,030 bytes, sha256 cd34... now"``)."""
+    """None when the two fingerprints agree (a single data file: when its content does, whatever its name);
+    else a phrase naming the first file that differs and how (``"train.tsv: 1,024 bytes, sha256 ab12...
+    then, 1,030 bytes, sha256 cd34... now"``)."""
     if recorded == current:
         return None
     if recorded is None or current is None:
         then, now = ("the embedded data", "a data path") if recorded is None else ("a data path", "none")
         return f"the run used {then}, this command gives {now}"
+    if len(recorded) == len(current) == 1 and list(recorded.values()) == list(current.values()):
+        return None  # one data file with the same content under another name (a link to it, a renamed copy)
     for name in sorted(set(recorded) | set(current)):
         if recorded.get(name) != current.get(name):
             return f"{name}: {_describe(recorded.get(name))} then, {_describe(current.get(name))} now"

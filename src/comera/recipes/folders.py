@@ -1,11 +1,19 @@
-"""The folders a run writes (``--out``, ``--cache``), made and checked before any data is read."""
+"""The folders a run writes (``--out``, ``--cache``), made and checked before any data is read, and the lock
+that keeps a second process from writing into a run folder while one trains in it."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["writable_folder"]
+__all__ = ["writable_folder", "lock_run_folder", "release_run_folder", "LOCK_NAME"]
+
+LOCK_NAME = ".comera.lock"
+"""The file in a run folder that the process writing the run holds an exclusive ``flock`` on."""
+
+_HELD: dict[Path, int] = {}
 
 
 def _file_on_the_way(path: Path) -> Path | None:
@@ -48,3 +56,40 @@ def writable_folder(path: Path, option: str) -> Path:
             f"{option} {path}: cannot create or write to it ({error.strerror or error})"
         ) from None
     return path
+
+
+def lock_run_folder(path: Path) -> None:
+    """Take the run folder ``path`` for this process (an exclusive ``flock`` on :data:`LOCK_NAME`, which the
+    file names by process id) until :func:`release_run_folder`, or until the process ends, however it ends.
+
+    Raises:
+        ValueError: another process holds the folder (a run training there, or processes of a killed
+            launcher that are still alive), or the lock file cannot be created; the message names the
+            folder (and the process).
+    """
+    path = path.resolve()
+    if path in _HELD:
+        return
+    try:
+        handle = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise ValueError(f"--out {path}: cannot create or write to it ({error.strerror or error})") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(handle, 32).decode(errors="replace").strip() or "unknown"
+        os.close(handle)
+        raise ValueError(
+            f"--out {path} is in use by another process (pid {holder}) that is writing a run there: wait "
+            "for it to finish, stop it, or choose another --out"
+        ) from None
+    os.ftruncate(handle, 0)
+    os.write(handle, f"{os.getpid()}\n".encode())
+    _HELD[path] = handle
+
+
+def release_run_folder() -> None:
+    """Release every run folder this process took with :func:`lock_run_folder` (the lock files stay)."""
+    for handle in _HELD.values():
+        os.close(handle)
+    _HELD.clear()

@@ -54,7 +54,7 @@ from comera.methods import Method, MethodContext, get_method
 from comera.methods.comera.structure import apply_structure
 from comera.recipes.base import Recipe, RecipeData, get_recipe
 from comera.recipes.fingerprint import data_fingerprint, fingerprint_difference
-from comera.recipes.folders import writable_folder
+from comera.recipes.folders import lock_run_folder, release_run_folder, writable_folder
 from comera.recipes.settings import resolve_settings, tensorize_config, upgrade_run_header
 from comera.report import compression_report
 from comera.train.checkpoint import NoReadableCheckpointError
@@ -202,7 +202,7 @@ def _check_identity(out: Path, identity: dict[str, str] | None, cache: Path) -> 
 def _aside_name(out: Path) -> Path:
     out = out.resolve()
     number = 1
-    while (aside := out.with_name(f"{out.name}.old-{number}")).exists():
+    while os.path.lexists(aside := out.with_name(f"{out.name}.old-{number}")):  # a dangling link is taken
         number += 1
     return aside
 
@@ -401,10 +401,17 @@ def run(
             cache_dir=cache_dir,
             progress=progress,
         )
-        setup = _set_up(request)
+        try:
+            setup = _set_up(request)
+        except BaseException:
+            release_run_folder()
+            raise
     except (ValueError, FileNotFoundError, FileExistsError, TypeError, ImportError, RankError) as error:
         raise SetupError(str(error)) from error
-    return _train(setup, resume, started)
+    try:
+        return _train(setup, resume, started)
+    finally:
+        release_run_folder()
 
 
 def run_header(
@@ -491,8 +498,11 @@ def _set_up(request: _Request) -> _Setup:
     cache = Path(request.cache_dir) if request.cache_dir is not None else default_cache_dir()
 
     def check_folders() -> Path | None:
+        if out.is_dir():
+            lock_run_folder(out)
         earlier = _check_folder(out, header, chosen, request.resume, request.restart)
         writable_folder(out, "--out")
+        lock_run_folder(out)
         writable_folder(cache, "--cache")
         return earlier
 

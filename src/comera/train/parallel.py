@@ -21,8 +21,11 @@ re-raises its error on every rank.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
+import signal
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -41,6 +44,7 @@ __all__ = [
     "environment_device",
     "training_device",
     "init_from_environment",
+    "stop_with_parent",
     "shutdown",
     "per_process_batch",
     "all_true",
@@ -156,6 +160,24 @@ def training_device(name: str) -> torch.device:
     return torch.device("cuda", index)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_with_parent() -> None:
+    """Ask Linux to send this process SIGTERM when its parent dies (``prctl(PR_SET_PDEATHSIG)``): ``torchrun``
+    starts its processes in sessions of their own, so a launcher killed with SIGKILL would otherwise leave
+    them training, and writing the run folder, on their own. Nothing happens on other systems."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request was made
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def init_from_environment(device: torch.device | None = None) -> bool:
     """Create the process group ``torchrun`` describes in the environment; True if this call created it.
 
@@ -167,6 +189,7 @@ def init_from_environment(device: torch.device | None = None) -> bool:
     """
     if environment_world_size() == 1 or (dist.is_available() and dist.is_initialized()):
         return False
+    stop_with_parent()
     device = environment_device() if device is None else torch.device(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
