@@ -14,6 +14,7 @@ error). A process that crashes (an unexpected exception) still fails as ``torchr
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -69,9 +70,21 @@ def launch(nproc: int, command: list[str]) -> int:
     """Run :func:`torchrun_command` and return its exit status (non-zero when any process failed), or, when
     every process exited 0, the highest status they recorded (:func:`worker_status`)."""
     with tempfile.TemporaryDirectory(prefix="comera-status-") as folder:
-        code = subprocess.call(torchrun_command(nproc, command), env={**os.environ, STATUS_ENV: folder})
+        code = _wait_for(
+            subprocess.Popen(torchrun_command(nproc, command), env={**os.environ, STATUS_ENV: folder})
+        )
         recorded = [int(path.read_text()) for path in Path(folder).glob("rank-*")]
     return code if code != 0 or not recorded else max(recorded)
+
+
+def _wait_for(process: subprocess.Popen) -> int:
+    """``process``'s exit status; a Ctrl-C meanwhile is passed on to it (``torchrun`` then stops its
+    processes) and waited out, instead of leaving them behind."""
+    while True:
+        try:
+            return process.wait()
+        except KeyboardInterrupt:
+            process.send_signal(signal.SIGINT)
 
 
 def worker_status(code: int) -> int:

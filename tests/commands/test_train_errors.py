@@ -85,3 +85,41 @@ def test_the_run_folder_line_names_only_what_the_run_wrote(tmp_path, capsys, plo
     listed = ["results.json", "metrics.jsonl", *(["plots/"] if plot else []), "model/"]
     assert line == f"run folder: {out} ({', '.join(listed)})"
     assert (out / "plots").is_dir() == plot
+
+
+def test_a_config_given_as_a_stream_is_read_once_and_applied(tmp_path):
+    """``--config <(...)``: a pipe, which a second reader would find empty. Its settings reach the run."""
+    import json
+
+    read, write = os.pipe()
+    os.write(write, b"[train]\nearly = 3\n")
+    os.close(write)
+    try:
+        assert main([*_train(tmp_path / "run", tmp_path / "cache"), "--config", f"/dev/fd/{read}"]) == 0
+    finally:
+        os.close(read)
+    header = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert header["settings"]["train"]["early"] == 3
+
+
+def test_ctrl_c_during_training_ends_with_one_line_and_status_130_and_the_run_resumes(
+    tmp_path, capsys, monkeypatch
+):
+    """SIGINT (KeyboardInterrupt) in the middle of training: one line saying how to continue, status 130 as
+    a shell reports it, no traceback; --resume then finishes the run."""
+    from comera.train import Trainer
+
+    real_step = Trainer.train_step
+
+    def interrupted(self, batch):
+        if self.step == 2:
+            raise KeyboardInterrupt
+        return real_step(self, batch)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted)
+    out = tmp_path / "run"
+    error = _one_line_error(capsys, _train(out, tmp_path / "cache"), status=130)
+    assert error == f"comera train: interrupted; continue the run with --resume (run folder: {out})"
+    monkeypatch.setattr(Trainer, "train_step", real_step)
+    assert main([*_train(out, tmp_path / "cache"), "--resume"]) == 0
+    assert (out / "results.json").is_file()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from comera.commands.config_file import config_argument
 from comera.commands.numbers import milliseconds, number, times
 from comera.launch import launch, split_nproc, worker_status
 from comera.methods import get_method, method_names
@@ -26,7 +27,10 @@ from comera.train.guard import NonFiniteError
 from comera.train.parallel import RankLostError, init_from_environment, shutdown, training_device
 from comera.workloads import load_recipe, workload_names
 
-__all__ = ["main", "add_setting_arguments", "summary"]
+__all__ = ["main", "add_setting_arguments", "summary", "INTERRUPTED"]
+
+INTERRUPTED = 130
+"""The exit status of a run stopped by Ctrl-C (SIGINT), as a shell reports one."""
 
 
 def summary(results: dict) -> str:
@@ -82,7 +86,10 @@ def add_setting_arguments(parser: argparse.ArgumentParser, scope: str = "") -> N
     parser.add_argument("--preset", default="small", help="model/data size preset: paper, small, smoke")
     parser.add_argument("--data", default=None, help="data file or folder (default: the embedded data)")
     parser.add_argument(
-        "--config", default=None, help=f"TOML file of settings ([model], [train], ...){scope}"
+        "--config",
+        default=None,
+        type=config_argument,
+        help=f"TOML file of settings ([model], [train], ...){scope}",
     )
     parser.add_argument(
         "--set",
@@ -159,11 +166,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"comera train: unknown --preset {args.preset!r}; choose one of {presets}", file=sys.stderr)
         return 2
     if nproc is not None:
-        return launch(nproc, ["train", *argv])
+        return launch(nproc, ["train", *argv, *([] if args.config is None else ["--config", args.config])])
     out = args.out or default_run_dir(args.workload, args.preset, args.method)
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
-        return worker_status(_train(args, out))
+        try:
+            return worker_status(_train(args, out))
+        except KeyboardInterrupt:
+            if world()[0] == 0:
+                print(
+                    f"comera train: interrupted; continue the run with --resume (run folder: {out})",
+                    file=sys.stderr,
+                )
+            return worker_status(INTERRUPTED)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
