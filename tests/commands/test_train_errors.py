@@ -123,3 +123,19 @@ def test_ctrl_c_during_training_ends_with_one_line_and_status_130_and_the_run_re
     monkeypatch.setattr(Trainer, "train_step", real_step)
     assert main([*_train(out, tmp_path / "cache"), "--resume"]) == 0
     assert (out / "results.json").is_file()
+
+
+@pytest.mark.parametrize("option", ["--out", "--cache"])
+def test_a_symbolic_link_loop_or_a_dangling_link_is_named_with_its_reason(tmp_path, capsys, no_data, option):
+    first, second, dangling = tmp_path / "loop1", tmp_path / "loop2", tmp_path / "dangling"
+    first.symlink_to(second)
+    second.symlink_to(first)
+    dangling.symlink_to(tmp_path / "nowhere")
+    for link, reason in (
+        (first, "Too many levels of symbolic links"),
+        (dangling, "No such file or directory"),
+    ):
+        target = link / "run"
+        out, cache = (target, tmp_path / "cache") if option == "--out" else (tmp_path / "run", target)
+        error = _one_line_error(capsys, _train(out, cache))
+        assert f"{option} {target}: {link} is a symbolic link that leads nowhere ({reason})" in error

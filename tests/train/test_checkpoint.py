@@ -158,7 +158,9 @@ def _save_shards(folder, values=None):
         dcp.save(state, checkpoint_id=str(folder), no_dist=True)
 
 
-@pytest.mark.parametrize("damage", ["no index", "cut short", "bytes changed in a record"])
+@pytest.mark.parametrize(
+    "damage", ["no index", "cut short", "bytes changed in a record", "a record shifted (shards swapped)"]
+)
 def test_a_sharded_folder_with_damaged_shards_is_unreadable_before_anything_loads(tmp_path, damage):
     """DCP checks neither its index nor its records: a folder whose ``.metadata`` is gone, whose shard is
     cut short or whose tensor bytes changed is refused by ``load_checkpoint`` (so a resume skips it, as it
@@ -176,11 +178,23 @@ def test_a_sharded_folder_with_damaged_shards_is_unreadable_before_anything_load
     elif damage == "cut short":
         shard.write_bytes(bytes(data[: len(data) // 2]))
         expected = "__0_0.distcp is cut short"
-    else:
+    elif damage == "bytes changed in a record":
         start = bytes(data).index(torch.arange(4096.0)[1000:1002].numpy().tobytes())
         data[start : start + 16] = b"\xab" * 16
         shard.write_bytes(bytes(data))
         expected = "__0_0.distcp: the record of model.w fails the CRC-32 check"
+    else:  # the record's bytes moved by 700 (zipfile then seeks before its start: a ValueError)
+        from torch.distributed.checkpoint import FileSystemReader
+
+        where = next(
+            where
+            for key, where in FileSystemReader(str(folder)).read_metadata().storage_data.items()
+            if key.fqn == "model.w"
+        )
+        record = bytes(data[where.offset : where.offset + where.length])
+        data[where.offset : where.offset + where.length] = record[700:] + b"\0" * 700
+        shard.write_bytes(bytes(data))
+        expected = r"__0_0.distcp: the record of model.w is not a readable archive \(negative seek value"
     with pytest.raises(ValueError, match=f"step-00000008.dcp: not a readable checkpoint.*{expected}"):
         load_checkpoint(folder)
 

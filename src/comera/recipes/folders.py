@@ -28,6 +28,18 @@ def _file_on_the_way(path: Path) -> Path | None:
     return None
 
 
+def _broken_link(path: Path) -> tuple[Path, str] | None:
+    """The first of ``path`` and its parents that is a symbolic link leading nowhere (a loop, a missing
+    target), with the system's reason, or None."""
+    for candidate in reversed([path, *path.parents]):
+        if candidate.is_symlink():
+            try:
+                os.stat(candidate)
+            except OSError as error:
+                return candidate, error.strerror or str(error)
+    return None
+
+
 def writable_folder(path: Path, option: str) -> Path:
     """Create the folder ``path`` (with its parents) and check that a file can be written in it.
 
@@ -39,9 +51,14 @@ def writable_folder(path: Path, option: str) -> Path:
         ``path``.
 
     Raises:
-        ValueError: ``path`` or one of its parents is a file, or the folder cannot be created or written
-            (permissions, a read-only file system); the message names the option, the path and why.
+        ValueError: ``path`` or one of its parents is a file or a symbolic link leading nowhere, or the
+            folder cannot be created or written (permissions, a read-only file system); the message names
+            the option, the path and why.
     """
+    broken = _broken_link(path)
+    if broken is not None:
+        link, reason = broken
+        raise ValueError(f"{option} {path}: {link} is a symbolic link that leads nowhere ({reason})")
     blocker = _file_on_the_way(path)
     if blocker == path:
         raise ValueError(f"{option} {path} is a file, not a folder")

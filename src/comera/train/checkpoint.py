@@ -202,8 +202,8 @@ def _damaged_shards(folder: Path) -> str | None:
         try:
             with zipfile.ZipFile(io.BytesIO(item)) as archive:
                 bad = archive.testzip()
-        except zipfile.BadZipFile:
-            return f"{where.relative_path}: the record of {key.fqn} is not a readable archive"
+        except (zipfile.BadZipFile, ValueError, EOFError) as error:  # a garbled archive fails in many ways
+            return f"{where.relative_path}: the record of {key.fqn} is not a readable archive ({error})"
         if bad is not None:
             return f"{where.relative_path}: the record of {key.fqn} fails the CRC-32 check"
     return None
