@@ -1,5 +1,8 @@
 """tensorize_ / untensorize_: target grammar, patterns, inits, loud errors, wrappers, Hugging Face models."""
 
+import copy
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -285,3 +288,71 @@ def test_a_head_tied_to_an_unconverted_embedding_is_refused():
     with pytest.raises(ValueError, match=r"'head' shares its weight Parameter with 'embed'"):
         tensorize_(model, target_modules=["head"], rank=2)
     assert model.head.weight is model.embed.weight
+
+
+def _encoder():
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, 2, enable_nested_tensor=True)
+
+
+def test_all_linear_leaves_out_multihead_attention_out_proj_and_the_encoder_still_runs():
+    torch.manual_seed(0)
+    dense = _encoder()
+    model = tensorize_(copy.deepcopy(dense), rank=64, init="tt_svd")
+    layer = model.layers[0]
+    assert type(layer.self_attn.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
+    assert isinstance(layer.linear1, TTLinear) and isinstance(layer.linear2, TTLinear)
+    x = torch.randn(3, 5, 32, requires_grad=True)
+    torch.testing.assert_close(model(x), dense(x), rtol=1e-4, atol=1e-4)
+    model(x).sum().backward()
+    assert layer.linear1.cores[0].grad is not None and x.grad is not None
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_a_converted_encoder_matches_the_dense_one_on_the_eval_fast_path():
+    torch.manual_seed(0)
+    dense = _encoder().eval()
+    model = tensorize_(copy.deepcopy(dense), rank=64, init="tt_svd")
+    x = torch.randn(3, 5, 32)
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), dense(x), rtol=1e-4, atol=1e-4)
+        got = model(x, src_key_padding_mask=padding).masked_fill(padding[..., None], 0.0)
+        want = dense(x, src_key_padding_mask=padding).masked_fill(padding[..., None], 0.0)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+class PositionTable(nn.Module):
+    """Reads its position table by attribute (``self.pos.weight``) and calls its token table."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(40, 16)
+        self.pos = nn.Embedding(8, 16)
+        self.out = nn.Linear(16, 16)
+
+    def forward(self, ids):
+        return self.out(self.tok(ids) + self.pos.weight[: ids.shape[-1]])
+
+
+def test_embeddings_true_leaves_out_a_table_its_parent_reads_by_attribute():
+    model = tensorize_(PositionTable(), rank=4, embeddings=True)
+    assert isinstance(model.tok, TTMEmbedding) and type(model.pos) is nn.Embedding
+    assert model(torch.randint(0, 40, (2, 5))).shape == (2, 5, 16)
+
+
+@pytest.mark.parametrize(
+    ("build", "overrides", "name", "parent"),
+    [
+        (_encoder, {"target_modules": ["out_proj"]}, "layers.0.self_attn.out_proj", "MultiheadAttention"),
+        (_encoder, {"target_modules": r".*\.(out_proj|linear1)"}, "layers.0.self_attn.out_proj", "Multihead"),
+        (PositionTable, {"target_modules": ["out"], "embeddings": ["pos"]}, "pos", "PositionTable"),
+    ],
+)
+def test_a_target_its_parent_reads_by_attribute_is_refused_by_name(build, overrides, name, parent):
+    model = build()
+    with pytest.raises(
+        ValueError, match=rf"module '{re.escape(name)}' cannot be tensorized: its parent {parent}"
+    ):
+        tensorize_(model, rank=4, **overrides)
+    assert not any(isinstance(module, TTLinear) for module in model.modules()), "the model is unchanged"

@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 
 import comera
@@ -33,3 +36,16 @@ def test_bad_arguments():
         register_preset("", TensorizeConfig())
     with pytest.raises(TypeError, match="config"):
         register_preset("x", {"rank": 2})
+
+
+def test_a_builtin_preset_resolves_in_a_process_that_imported_only_comera():
+    code = (
+        "import comera\n"
+        "from comera.tensorize_config import preset_names\n"
+        "print(comera.tensorize_preset('nli-smoke', rank=3).rank)\n"
+        "print(comera.tensorize_preset('dlrm-small').format)\n"
+        "print(all(f'{w}-smoke' in preset_names() for w in ('nli', 'dlrm', 'mlm', 'llm')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3", "tt", "True"]

@@ -29,6 +29,7 @@ from comera.nn.gated import GatedTrain
 from comera.nn.layer import ComeraLayer, is_layer, layer_for_dense
 from comera.nn.tied_head import TTMTiedHead
 from comera.tensorize_config import ALL_LINEAR, TensorizeConfig, pattern_matches, selector_matches
+from comera.weight_reads import disable_weight_fast_paths, read_by_attribute
 
 __all__ = [
     "tensorize_",
@@ -102,7 +103,7 @@ def _why_none(config: TensorizeConfig, linears: dict[str, nn.Module], modules: d
     """Why the selection is empty: no convertible linear at all (naming the types of the modules that hold
     a matrix weight), or every target excluded."""
     if config.target_modules != ALL_LINEAR or linears:
-        return "every target is excluded or is an output head"
+        return "every target is excluded, an output head, or read by its parent as an attribute"
     unsupported = sorted(
         {
             type(module).__name__
@@ -116,6 +117,17 @@ def _why_none(config: TensorizeConfig, linears: dict[str, nn.Module], modules: d
         f'target_modules="{ALL_LINEAR}" found no nn.Linear or transformers Conv1D; modules with a matrix '
         f"weight are of the unsupported types {unsupported}"
     )
+
+
+def _check_not_read(picked: dict[int, str], read: dict[int, str], modules: dict[str, nn.Module]) -> None:
+    """Refuse a selected module that its parent reads by attribute (``read``: ``{id(module): why}``)."""
+    for name in picked.values():
+        why = read.get(id(modules[name]))
+        if why is not None:
+            raise ValueError(
+                f"module {name!r} cannot be tensorized: {why}; leave it out of the targets (or add it to "
+                "exclude_modules)"
+            )
 
 
 def _check_patterns_used(config: TensorizeConfig, names: list[str]) -> None:
@@ -281,6 +293,12 @@ def tensorize_(
     (``tie_output_head=True``; with ``False`` they stay dense and keep the old table as their own weight).
     Any other converted module whose weight another module also holds is refused with an error naming both.
 
+    Modules read by attribute: a module its parent reads the weight of and never calls (as
+    ``nn.MultiheadAttention`` reads ``out_proj.weight``; the rule is in :mod:`comera.weight_reads`) is left
+    out of ``"all-linear"`` and ``embeddings=True``, and refused when a target selects it. The eval-mode fast
+    path of ``nn.TransformerEncoderLayer`` / ``nn.TransformerEncoder``, which reads ``linear1.weight`` and
+    ``linear2.weight``, is turned off where those linears are converted.
+
     Meta device: a selected module whose weight is on the meta device (the model was built under
     ``torch.device("meta")``) gets real cores on ``device``, drawn at random and scaled so the reconstructed
     weight has the std of the model's own initialisation (:func:`meta_init_std`); its bias is
@@ -300,8 +318,9 @@ def tensorize_(
 
     Raises:
         ValueError: a target, exclusion or pattern key matches nothing (with close names), a setting does
-            not fit a module (naming it), a sharing rule is broken, no module is selected, ``init="tt_svd"``
-            meets a module on the meta device, or ``device`` is the meta device; the model is unchanged.
+            not fit a module (naming it), a sharing rule is broken, a target is read by attribute (naming it
+            and its parent), no module is selected, ``init="tt_svd"`` meets a module on the meta device, or
+            ``device`` is the meta device; the model is unchanged.
     """
     if config is None:
         config = TensorizeConfig()
@@ -322,12 +341,13 @@ def tensorize_(
     }
     names = list(modules)
     heads = _output_heads(root, linears, tables)
+    read = {id(modules[name]): why for name, why in read_by_attribute(root).items()}
     if config.target_modules == ALL_LINEAR:
-        chosen = [name for name in linears if name not in heads]
+        chosen = [name for name in linears if name not in heads and id(linears[name]) not in read]
     else:
         chosen = _select(config.target_modules, {**linears, **tables}, names, "target_modules")
     if config.embeddings is True:
-        chosen += list(tables)
+        chosen += [name for name in tables if id(tables[name]) not in read]
     elif config.embeddings:
         chosen += _select(config.embeddings, tables, names, "embeddings")
     excluded: set[str] = set()
@@ -336,6 +356,7 @@ def tensorize_(
     picked = _resolve_shared(list(dict.fromkeys(chosen)), excluded, modules, all_names)
     if not picked:
         raise ValueError(f"the config selects no module to tensorize: {_why_none(config, linears, modules)}")
+    _check_not_read(picked, read, modules)
     tied: dict[int, str] = {}
     if config.tie_output_head:
         picked_tables = {id(modules[name].weight): name for name in picked.values() if name in tables}
@@ -366,6 +387,7 @@ def tensorize_(
         replacements[key] = (linear, head)
     for old, new in replacements.values():
         replace_module(root, old, new)
+    disable_weight_fast_paths(root)
     setattr(root, CONFIG_ATTRIBUTE, (*tensorize_configs(root), config))
     return model
 

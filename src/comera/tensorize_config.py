@@ -4,16 +4,22 @@ Target grammar (as in PEFT):
 
 - a string is a regular expression that must match a module's full dotted name (``re.fullmatch``);
   ``"all-linear"`` means every ``nn.Linear`` except an output head (a head tied to an embedding, or the one a
-  Hugging Face model reports from ``get_output_embeddings()``);
+  Hugging Face model reports from ``get_output_embeddings()``) and a linear its parent reads by attribute
+  instead of calling (``nn.MultiheadAttention``'s ``out_proj``, :mod:`comera.weight_reads`);
 - a list of strings matches a module whose name equals an entry or ends with ``"." + entry``.
 
 ``rank_pattern`` and ``shape_pattern`` keys match a module when the key, as a regular expression, matches the
 full name or a dotted suffix of it; the first matching key wins.
+
+Presets: :func:`register_preset` names a config for :func:`tensorize_preset` and the CLI's
+``tensorize.preset``. The built-in workloads' presets (``nli-small``, ``dlrm-smoke``, ...) are registered on
+first use, so a preset name read from a run folder resolves after ``import comera`` alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -218,6 +224,18 @@ def selector_matches(selector: str | tuple[str, ...], name: str) -> bool:
 
 
 _PRESETS: dict[str, TensorizeConfig] = {}
+_BUILTIN_PRESET_MODULES = (
+    "comera.workloads.nli.presets",
+    "comera.workloads.mlm.presets",
+    "comera.workloads.dlrm.presets",
+    "comera.workloads.llm.presets",
+)
+"""Modules whose import registers the built-in workloads' presets (imported on first use)."""
+
+
+def _register_builtin_presets() -> None:
+    for module in _BUILTIN_PRESET_MODULES:
+        importlib.import_module(module)
 
 
 def register_preset(name: str, config: TensorizeConfig, *, replace: bool = False) -> TensorizeConfig:
@@ -236,15 +254,19 @@ def register_preset(name: str, config: TensorizeConfig, *, replace: bool = False
 
 
 def preset_names() -> tuple[str, ...]:
-    """Names of the registered tensorization presets, sorted."""
+    """Names of the registered tensorization presets (the built-in workloads' included), sorted."""
+    _register_builtin_presets()
     return tuple(sorted(_PRESETS))
 
 
 def tensorize_preset(name: str, **overrides: Any) -> TensorizeConfig:
     """The registered preset ``name`` with ``overrides`` applied (:meth:`TensorizeConfig.with_overrides`).
 
-    Raises ``ValueError`` naming the registered presets when ``name`` is unknown.
+    A built-in workload's preset is registered on first use. Raises ``ValueError`` naming the registered
+    presets when ``name`` is unknown.
     """
+    if name not in _PRESETS:
+        _register_builtin_presets()
     if name not in _PRESETS:
         raise ValueError(f"unknown tensorization preset {name!r}; registered presets: {list(preset_names())}")
     config = _PRESETS[name]

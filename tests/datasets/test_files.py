@@ -118,6 +118,20 @@ def test_utf8_text_names_the_line_column_and_byte(data, line, column):
         utf8_text(data, "settings.toml")
 
 
+def test_utf8_text_drops_a_leading_byte_order_mark_only():
+    assert utf8_text(b"\xef\xbb\xbfa = 1\n", "a.toml") == "a = 1\n"
+    assert utf8_text("a\n\ufeffb".encode(), "a.toml") == "a\n\ufeffb"
+
+
+@pytest.mark.parametrize("pack", [bytes, gzip.compress])
+def test_open_data_starts_after_a_byte_order_mark(tmp_path, pack):
+    """Every line reader (GLUE, JSON lines, Criteo) gets the first line without the BOM."""
+    path = tmp_path / "data.tsv"
+    path.write_bytes(pack(b"\xef\xbb\xbfsentence1\tlabel\nx\t1\n"))
+    with open_data(path) as handle:
+        assert handle.read() == b"sentence1\tlabel\nx\t1\n"
+
+
 def test_utf8_text_decodes_valid_text():
     """Valid UTF-8 (two- and three-byte characters) is decoded as it is."""
     assert utf8_text("é€ x\n".encode(), "a.toml") == "é€ x\n"

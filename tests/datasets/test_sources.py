@@ -125,3 +125,10 @@ def test_split_is_a_fixed_function_of_the_key():
     assert {k for k in shuffled if split_of(k, 0.05) == "validation"} == {
         k for k, e in zip(keys, expected) if e
     }
+
+
+def test_a_jsonl_file_with_a_utf8_byte_order_mark_reads_its_first_line(tmp_path):
+    source = DATA / "code_jsonl" / "functions.jsonl"
+    marked = tmp_path / "functions.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + source.read_bytes())
+    assert read_code(marked) == read_code(source)

@@ -126,3 +126,9 @@ def test_a_vocabulary_line_that_is_not_utf8_is_named(tmp_path):
     path.write_bytes(b"[PAD]\n[UNK]\n[CLS]\n[SEP]\ncaf\xe9\n")
     with pytest.raises(ValueError, match=r"vocab\.txt:5: byte 0xe9 at offset 3 is not valid UTF-8"):
         load_tokenizer(path)
+
+
+def test_a_vocabulary_with_a_byte_order_mark_keeps_its_first_token(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + VOCAB.read_bytes())
+    assert load_tokenizer(path).tokenizer.get_vocab() == load_tokenizer(VOCAB).tokenizer.get_vocab()

@@ -1,6 +1,9 @@
 """Which linears the baselines act on: the tensorization's targets, never embeddings, heads left out."""
 
+import copy
+
 import pytest
+import torch
 from torch import nn
 
 from comera.methods.targets import replace_targets, target_linears
@@ -50,10 +53,37 @@ def test_nothing_selected_names_the_linears():
         target_linears(TinyLM(), TensorizeConfig(target_modules=["nothing"]))
 
 
-def test_replace_targets_swaps_in_place_and_refuses_multihead_attention():
+def test_replace_targets_swaps_in_place_and_refuses_a_linear_its_parent_reads_by_attribute():
     model = TinyLM()
     replace_targets(model, TensorizeConfig(target_modules=["ffn"]), lambda linear: nn.Identity())
     assert isinstance(model.block["ffn"], nn.Identity) and isinstance(model.block["query"], nn.Linear)
     attention = nn.Sequential(nn.MultiheadAttention(8, 2), nn.Linear(8, 8))
-    with pytest.raises(ValueError, match=r"'0.out_proj' is inside an nn.MultiheadAttention"):
-        replace_targets(attention, TensorizeConfig(), lambda linear: nn.Identity())
+    named = TensorizeConfig(target_modules=["out_proj", "1"])
+    with pytest.raises(
+        ValueError, match=r"'0.out_proj' cannot be replaced: its parent MultiheadAttention reads"
+    ):
+        replace_targets(attention, named, lambda linear: nn.Identity())
+    assert isinstance(attention[1], nn.Linear), "nothing is replaced"
+
+
+def test_all_linear_leaves_out_a_linear_its_parent_reads_by_attribute():
+    attention = nn.Sequential(nn.MultiheadAttention(8, 2), nn.Linear(8, 8))
+    assert list(target_linears(attention, TensorizeConfig())) == ["1"]
+    replace_targets(attention, TensorizeConfig(), lambda linear: nn.Identity())
+    assert isinstance(attention[1], nn.Identity) and type(attention[0].out_proj) is not nn.Identity
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_replaced_encoder_linears_are_called_on_the_eval_fast_path():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    dense = nn.TransformerEncoder(layer, 2).eval()
+    model = replace_targets(copy.deepcopy(dense), TensorizeConfig(), lambda linear: nn.Sequential(linear))
+    assert isinstance(model.layers[1].linear2, nn.Sequential)
+    x = torch.randn(2, 4, 16)
+    padding = torch.tensor([[False] * 4, [False, False, True, True]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), dense(x))
+        got = model(x, src_key_padding_mask=padding).masked_fill(padding[..., None], 0.0)
+        want = dense(x, src_key_padding_mask=padding).masked_fill(padding[..., None], 0.0)
+    torch.testing.assert_close(got, want)

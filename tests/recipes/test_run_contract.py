@@ -449,3 +449,10 @@ def test_run_arguments_are_checked_before_anything_is_built(tmp_path):
         _run(tmp_path, out=tmp_path / "run", config_file=config)
     with pytest.raises(ValueError, match=r"unknown key model\.width"):
         run_header("toy_contract", "dense", "smoke", config_file=config)
+
+
+def test_a_config_json_with_a_utf8_byte_order_mark_is_read(tmp_path):
+    """A ``config.json`` saved again by an editor that writes a BOM still resumes its run."""
+    path = tmp_path / "config.json"
+    path.write_bytes(b'\xef\xbb\xbf{"recipe": "toy", "settings": {"train": {"seed": 0}}}')
+    assert read_run_config(path) == {"recipe": "toy", "settings": {"train": {"seed": 0}}}

@@ -65,6 +65,17 @@ def test_a_config_file_that_is_not_toml_is_named(tmp_path):
         _resolve(config_file=path)
 
 
+def test_a_config_file_with_a_utf8_byte_order_mark_is_read(tmp_path):
+    """A BOM (as Windows Notepad writes one) is not part of the first line; an error after it still names
+    the line and the column as an editor shows them."""
+    path = tmp_path / "run.toml"
+    path.write_bytes(b"\xef\xbb\xbf[train]\nbatch_size = 4\n")
+    assert _resolve(config_file=path)["train"]["batch_size"] == 4
+    path.write_bytes(b"\xef\xbb\xbf[train]\n# caf\xe9\n")
+    with pytest.raises(ValueError, match=re.escape(f"--config {path}: line 2, column 6: byte 0xe9")):
+        _resolve(config_file=path)
+
+
 def test_an_unknown_config_table_names_the_valid_tables(tmp_path):
     """A table not in SECTIONS is refused naming the valid tables."""
     path = tmp_path / "run.toml"

@@ -5,10 +5,14 @@ name) is decompressed on the fly. A bzip2, xz, zip, zstd or tar file raises ``Va
 instead of being parsed as text. :func:`reading` turns a truncated or corrupt compressed stream into a
 ``ValueError`` naming the file (:func:`numbered_lines` reads lines so); :func:`utf8_text` and
 :func:`utf8_problem` describe bytes that are not UTF-8 by line, column and byte value.
+
+A UTF-8 byte-order mark at the start of a text (as Windows Notepad writes one) is not part of its first line:
+:func:`open_data` skips it and :func:`utf8_text` and :func:`without_bom` drop it.
 """
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import os
 import zlib
@@ -17,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["open_data", "reading", "numbered_lines", "utf8_text", "utf8_problem"]
+__all__ = ["open_data", "reading", "numbered_lines", "utf8_text", "utf8_problem", "without_bom"]
 
 _GZIP = b"\x1f\x8b"
 _UNSUPPORTED = {
@@ -27,6 +31,12 @@ _UNSUPPORTED = {
     b"PK\x03\x04": "a zip archive",
 }
 _TAR_MAGIC, _TAR_MAGIC_AT = b"ustar", 257
+_BOM = codecs.BOM_UTF8
+
+
+def without_bom(data: bytes) -> bytes:
+    """``data`` without a leading UTF-8 byte-order mark."""
+    return data.removeprefix(_BOM)
 
 
 def _format_of(head: bytes) -> str | None:
@@ -39,7 +49,7 @@ def _format_of(head: bytes) -> str | None:
 
 
 def open_data(path: str | os.PathLike) -> BinaryIO:
-    """``path`` opened for reading bytes, decompressed when it is gzip.
+    """``path`` opened for reading bytes, decompressed when it is gzip, past a leading UTF-8 byte-order mark.
 
     Raises:
         ValueError: the file (or the gzip file's content) is a bzip2, xz, zip, zstd or tar archive, the
@@ -56,7 +66,7 @@ def open_data(path: str | os.PathLike) -> BinaryIO:
     try:
         with reading(path):
             head = handle.read(_TAR_MAGIC_AT + len(_TAR_MAGIC))
-            handle.seek(0)
+            handle.seek(len(_BOM) if head.startswith(_BOM) else 0)
     except BaseException:
         handle.close()
         raise
@@ -98,7 +108,9 @@ def utf8_problem(error: UnicodeDecodeError) -> str:
 
 
 def utf8_text(data: bytes, path: str | os.PathLike) -> str:
-    """``data`` decoded as UTF-8; ``ValueError`` naming ``path``, the line, the column and the byte."""
+    """``data`` decoded as UTF-8, a leading byte-order mark dropped; ``ValueError`` naming ``path``, the line,
+    the column and the byte."""
+    data = without_bom(data)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:

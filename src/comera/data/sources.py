@@ -101,20 +101,41 @@ def require_documents(
     validation_fraction: float,
     max_files: int | None = None,
     max_bytes: int | None = None,
+    extensions: Sequence[str] = DEFAULT_EXTENSIONS,
 ) -> None:
     """``ValueError`` when a split of ``splits`` (``{"train": [...], "validation": [...]}``) is empty, naming
-    the split, how many documents were read from ``source``, the fraction and the read caps that were set
-    (``data.max_files`` / ``data.max_bytes``: a cap reached by one large file leaves a split empty)."""
-    read = sum(len(split) for split in splits.values())
-    caps = [f"data.{name}={cap}" for name, cap in (("max_files", max_files), ("max_bytes", max_bytes)) if cap]
-    capped = f", reading stopped at {' and '.join(caps)}" if caps else ""
+    the split, how many documents were read from ``source``, the fraction and the read caps that stopped the
+    reading (``data.max_files``, ``data.max_bytes``; a cap reached by one large file leaves a split empty);
+    ``extensions`` are those :func:`read_code` read ``source`` with."""
+    documents = [document for split in splits.values() for document in split]
     for name, split in splits.items():
-        if not split:
-            raise ValueError(
-                f"the {name} split has no documents ({read} read from {source}, validation_fraction="
-                f"{validation_fraction}{capped}); add data, change validation_fraction"
-                + (" or raise the cap" if caps else "")
-            )
+        if split:
+            continue
+        caps = _caps_reached(documents, source, extensions, max_files, max_bytes)
+        capped = f", reading stopped at {' and '.join(caps)}" if caps else ""
+        raise ValueError(
+            f"the {name} split has no documents ({len(documents)} read from {source}, validation_fraction="
+            f"{validation_fraction}{capped}); add data, change validation_fraction"
+            + (" or raise the cap" if caps else "")
+        )
+
+
+def _caps_reached(
+    documents: Sequence[CodeDocument],
+    source: str | Path,
+    extensions: Sequence[str],
+    max_files: int | None,
+    max_bytes: int | None,
+) -> list[str]:
+    """The caps that stopped :func:`read_code` on ``source`` before its end, as ``data.NAME=VALUE``:
+    ``max_files`` when ``source`` holds more files it reads (``extensions`` and JSON lines) than that, and
+    ``max_bytes`` when the ``documents`` read hold at least that many UTF-8 bytes."""
+    caps = []
+    if max_files is not None and len(_source_files(Path(source), tuple(extensions))) > max_files:
+        caps.append(f"data.max_files={max_files}")
+    if max_bytes is not None and sum(len(d.text.encode("utf-8")) for d in documents) >= max_bytes:
+        caps.append(f"data.max_bytes={max_bytes}")
+    return caps
 
 
 def default_source_dir() -> Path:

@@ -25,7 +25,7 @@ from tokenizers.processors import TemplateProcessing
 from tokenizers.trainers import WordPieceTrainer
 
 from comera.checks import check_int
-from comera.data.files import utf8_problem
+from comera.data.files import utf8_problem, without_bom
 
 __all__ = [
     "SPECIAL_TOKENS",
@@ -93,7 +93,7 @@ def _read_vocab(path: Path) -> dict[str, int]:
     with path.open("rb") as lines:
         for number, raw in enumerate(lines, start=1):
             try:
-                token = raw.decode("utf-8").rstrip("\r\n")
+                token = (without_bom(raw) if number == 1 else raw).decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as error:
                 raise ValueError(f"{path}:{number}: {utf8_problem(error)}") from None
             if not token:

@@ -7,7 +7,9 @@ selected (the baselines' papers act on attention and feed-forward linears); with
 head (a linear sharing its weight with an embedding, or the model's ``get_output_embeddings()``) is left out,
 as :func:`comera.tensorize_` leaves it out, and so is a linear with a single output (a scalar head such as
 DLRM's click logit): its weight is rank one already, and a rank-one bottleneck with CoLA's nonlinearity
-inside would bound the logit (on the DLRM small preset it kept validation NE near 1.0).
+inside would bound the logit (on the DLRM small preset it kept validation NE near 1.0). A linear its parent
+reads by attribute instead of calling (``nn.MultiheadAttention.out_proj``, :mod:`comera.weight_reads`) is
+left out of ``"all-linear"`` too, and :func:`replace_targets` refuses it when named.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import nn
 
 from comera.modules import set_submodule, unwrap_model
 from comera.tensorize_config import ALL_LINEAR, TensorizeConfig, selector_matches
+from comera.weight_reads import disable_weight_fast_paths, read_by_attribute
 
 __all__ = ["target_linears", "replace_targets"]
 
@@ -39,8 +42,8 @@ def target_linears(model: nn.Module, config: TensorizeConfig) -> dict[str, nn.Li
     root = unwrap_model(model)
     linears = {name: m for name, m in root.named_modules() if name and isinstance(m, nn.Linear)}
     if config.target_modules == ALL_LINEAR:
-        heads = _output_heads(root, linears)
-        chosen = {name: m for name, m in linears.items() if name not in heads and m.out_features > 1}
+        left_out = _output_heads(root, linears) | set(read_by_attribute(root))
+        chosen = {name: m for name, m in linears.items() if name not in left_out and m.out_features > 1}
     else:
         chosen = {name: m for name, m in linears.items() if selector_matches(config.target_modules, name)}
     if config.exclude_modules is not None:
@@ -59,18 +62,18 @@ def replace_targets(
     """Replace every linear ``config`` targets by ``build(linear)``, in place; returns ``model``.
 
     Raises:
-        ValueError: nothing is targeted, or a target belongs to an ``nn.MultiheadAttention`` (which reads its
-            ``out_proj`` weight directly, so a replacement would be bypassed).
+        ValueError: nothing is targeted, or a target is a linear its parent reads by attribute (such as the
+            ``out_proj`` of an ``nn.MultiheadAttention``), so a replacement would break the parent.
     """
     root = unwrap_model(model)
     targets = target_linears(root, config)
+    read = read_by_attribute(root)
     for name in targets:
-        parent = root.get_submodule(name.rpartition(".")[0]) if "." in name else root
-        if isinstance(parent, nn.MultiheadAttention):
+        if name in read:
             raise ValueError(
-                f"target {name!r} is inside an nn.MultiheadAttention, which uses its weight directly; "
-                "exclude it with tensorize.exclude_modules or use separate q/k/v/out linears"
+                f"target {name!r} cannot be replaced: {read[name]}; exclude it with tensorize.exclude_modules"
             )
     for name, linear in targets.items():
         set_submodule(root, name, build(linear))
+    disable_weight_fast_paths(root)
     return model

@@ -13,7 +13,13 @@ import torch
 
 from comera.workloads.dlrm import criteo
 from comera.workloads.dlrm.clicks import ClickData, collate_clicks
-from comera.workloads.dlrm.criteo import MalformedLineError, load_criteo, parse_lines, split_by_line_order
+from comera.workloads.dlrm.criteo import (
+    MIN_SAMPLES,
+    MalformedLineError,
+    load_criteo,
+    parse_lines,
+    split_by_line_order,
+)
 
 DATA = Path(__file__).parents[2] / "data"
 SAMPLE = DATA / "criteo_sample.txt"
@@ -108,7 +114,7 @@ def test_non_hex_category_names_column_and_line(tmp_path):
         ("2" + "\t" * 39, "column label is '2'"),
         ("1\t1x" + "\t" * 38, "column I1 is '1x'"),
         ("1\t--1" + "\t" * 38, "column I1 is '--1'"),
-        ("\t" * 39, "column label is ''"),
+        ("\t" * 39 + "a", "column label is ''"),
         ("1" + "\t" * 14 + "1" * 16 + "\t" * 25, "at most 15 digits"),
         ("1\t" + "9" * 19 + "\t" * 38, "at most 18 characters"),
     ],
@@ -116,6 +122,36 @@ def test_non_hex_category_names_column_and_line(tmp_path):
 def test_bad_fields_are_named(text, message):
     with pytest.raises(MalformedLineError, match=message):
         parse_lines(text.encode(), path="x.txt", first_line=7)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 97, 1 << 23])
+@pytest.mark.parametrize("skip_malformed", [False, True])
+def test_blank_lines_are_passed_over_neither_read_nor_skipped(tmp_path, chunk_bytes, skip_malformed):
+    lines = SAMPLE.read_text().splitlines(keepends=True)
+    blanks = ["\n", " \t \x0b\x0c\n", "\r\n", "\t\t\n"]
+    text = "".join(blanks[:2] + lines[:5] + blanks[2:] + lines[5:]) + "\n  "
+    path = tmp_path / "blank.txt"
+    path.write_text(text)
+    log = load_criteo(path, tmp_path / "cache", chunk_bytes=chunk_bytes, skip_malformed=skip_malformed)
+    _assert_matches(log, _reference(SAMPLE))
+    assert (log.read, log.skipped) == (21, 0)
+
+
+@pytest.mark.parametrize("pack", [bytes, gzip.compress])
+def test_a_utf8_byte_order_mark_is_not_part_of_the_first_line(tmp_path, pack):
+    path = tmp_path / "bom.txt"
+    path.write_bytes(pack(b"\xef\xbb\xbf" + SAMPLE.read_bytes()))
+    log = load_criteo(path, tmp_path / "cache")
+    _assert_matches(log, _reference(SAMPLE))
+    assert (log.read, log.skipped) == (21, 0)
+
+
+def test_a_malformed_line_after_blank_lines_keeps_its_line_number():
+    line = "1" + "\t" * 39 + "\n"
+    with pytest.raises(MalformedLineError, match=r"x\.txt:5: column C26 is 'zz'"):
+        parse_lines(f"\n{line}  \n{line}{line[:-1]}zz\n\n".encode(), path="x.txt")
+    parsed = parse_lines(f"\n{line}\t\n{line}".encode(), skip_malformed=True)
+    assert (parsed.labels.tolist(), parsed.skipped.tolist()) == ([1, 1], [])
 
 
 def test_nothing_to_parse():
@@ -179,6 +215,13 @@ def test_split_by_line_order_follows_the_reference():
         assert len(ranges["validation"]) == validation.size
     with pytest.raises(ValueError, match="count must be"):
         split_by_line_order(-1)
+
+
+def test_min_samples_is_the_fewest_that_give_every_split_a_sample():
+    assert all(len(rows) for rows in split_by_line_order(MIN_SAMPLES).values())
+    assert not any(
+        all(len(rows) for rows in split_by_line_order(count).values()) for count in range(MIN_SAMPLES)
+    )
 
 
 def test_splits_are_views_in_line_order(tmp_path):

@@ -71,6 +71,26 @@ def test_a_folder_or_a_malformed_file_is_refused(tmp_path):
         run("dlrm", preset="smoke", data=bad, out=tmp_path / "b", cache_dir=tmp_path)
 
 
+@pytest.mark.parametrize("lines", [0, 13])
+def test_too_few_samples_name_the_file_and_the_minimum(tmp_path, lines):
+    small = tmp_path / "small.txt"
+    small.write_text("".join(FIXTURE.read_text().splitlines(keepends=True)[:lines]))
+    message = rf"--data {small} has {lines} samples: too few for train, validation and test; .* at least 14 "
+    with pytest.raises(SetupError, match=message):
+        run("dlrm", preset="smoke", data=small, out=tmp_path / "run", cache_dir=tmp_path)
+
+
+def test_too_few_synthetic_samples_name_data_rows_and_the_minimum_is_enough(tmp_path):
+    with pytest.raises(
+        SetupError, match=r"the synthetic data \(data.rows=13\) has 13 samples: .* at least 14"
+    ):
+        run("dlrm", preset="smoke", out=tmp_path / "s", cache_dir=tmp_path, assignments=["data.rows=13"])
+    small = tmp_path / "small.txt"
+    small.write_text("".join(FIXTURE.read_text().splitlines(keepends=True)[:14]))
+    results = run("dlrm", preset="smoke", data=small, out=tmp_path / "ok", cache_dir=tmp_path, progress=False)
+    assert [results["data"]["splits"][s]["read"] for s in ("train", "validation", "test")] == [12, 1, 1]
+
+
 @pytest.mark.parametrize("method", ["galore", "apollo", "lte", "cola"])
 def test_every_baseline_trains_dlrm_on_its_mlps(tmp_path, method):
     if method in ("galore", "apollo"):

@@ -214,16 +214,39 @@ def test_a_split_without_documents_is_named(corpus, tmp_path):
         _build(corpus / "more", tmp_path / "cache")
 
 
-def test_an_empty_split_names_the_read_cap_that_was_reached():
+def test_an_empty_split_names_the_read_cap_only_when_it_was_reached(tmp_path):
     from comera.data.sources import CodeDocument, require_documents
 
     splits = {"train": [CodeDocument("big.txt", "x" * 10)], "validation": []}
     capped = (
-        r"\(1 read from corpus, validation_fraction=0.3, reading stopped at data\.max_bytes=100000\); "
+        r"\(1 read from corpus, validation_fraction=0.3, reading stopped at data\.max_bytes=10\); "
         "add data, change validation_fraction or raise the cap"
     )
     with pytest.raises(ValueError, match=capped):
-        require_documents(splits, "corpus", 0.3, max_bytes=100_000)
-    with pytest.raises(ValueError, match=r"validation_fraction=0.3\); add data, change validation_fraction$"):
-        require_documents(splits, "corpus", 0.3)
+        require_documents(splits, "corpus", 0.3, max_bytes=10)
+    not_reached = r"validation_fraction=0.3\); add data, change validation_fraction$"
+    for caps in ({}, {"max_bytes": 11}, {"max_bytes": 100_000, "max_files": 1}):
+        with pytest.raises(ValueError, match=not_reached):
+            require_documents(splits, "corpus", 0.3, **caps)
+    for name in ("a.txt", "b.txt", "c.md"):
+        (tmp_path / name).write_text("text")
+    with pytest.raises(ValueError, match=r"reading stopped at data\.max_files=1\); .* or raise the cap$"):
+        require_documents(splits, tmp_path, 0.3, max_files=1, extensions=(".txt",))
+    with pytest.raises(ValueError, match=not_reached):
+        require_documents(splits, tmp_path, 0.3, max_files=2, extensions=(".txt",))
     require_documents({**splits, "validation": splits["train"]}, "corpus", 0.3, max_files=1)
+
+
+def test_a_saved_dataset_is_read_whole_so_an_empty_split_blames_no_read_cap(tmp_path, monkeypatch):
+    from comera.data.sources import CodeDocument
+    from comera.workloads.llm import data as lm_data
+
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "dataset_dict.json").write_text('{"splits": ["train"]}')
+    one = ([CodeDocument("train/0", "x" * 50)], [])
+    monkeypatch.setattr(lm_data, "_saved_dataset_documents", lambda path: one)
+    with pytest.raises(
+        ValueError, match=r"1 read from .*saved, validation_fraction=0.2\); add data, change "
+    ):
+        _build(saved, tmp_path / "cache", max_bytes=10, max_files=1)

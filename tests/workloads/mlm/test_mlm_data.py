@@ -64,3 +64,27 @@ def test_build_code_data_end_to_end(tmp_path):
 def test_bad_arguments_raise_naming_them(call, match):
     with pytest.raises((ValueError, FileNotFoundError), match=match):
         call()
+
+
+@pytest.mark.parametrize(
+    ("caps", "said"),
+    [
+        (
+            {"max_bytes": 400_000, "max_files": 10},
+            r"validation_fraction=0.3\); add data, change validation_fraction$",
+        ),
+        ({"max_bytes": 6}, r"reading stopped at data\.max_bytes=6\); .* or raise the cap$"),
+        ({"max_files": 1}, r"reading stopped at data\.max_files=1\); .* or raise the cap$"),
+    ],
+)
+def test_an_empty_split_blames_a_read_cap_only_when_reading_stopped_at_it(tmp_path, caps, said):
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "a.py").write_text("x = 1\n")
+    (folder / "b.txt").write_text("not read: not a .py file\n")
+    if "max_files" in caps:
+        (folder / "c.py").write_text("y = 2\n")
+    with pytest.raises(ValueError, match=r"split has no documents \(\d read from .*tiny, .*" + said):
+        build_code_data(
+            folder, cache_dir=tmp_path, seq_len=8, vocab_size=300, validation_fraction=0.3, **caps
+        )

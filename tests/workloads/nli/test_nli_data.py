@@ -89,6 +89,21 @@ def test_a_line_that_is_not_utf8_is_named_and_skippable(tmp_path, source, name, 
     assert examples.read == clean.read and len(examples) == len(clean) - 1
 
 
+@pytest.mark.parametrize(
+    ("text", "name", "reader"),
+    [
+        (b"sentence1\tsentence2\tgold_label\nA cat.\tA pet.\tentailment\n", "train.tsv", read_glue_tsv),
+        (DATA.joinpath("nli_pairs.jsonl").read_bytes(), "pairs.jsonl", read_jsonl),
+    ],
+    ids=["glue-tsv", "jsonl"],
+)
+def test_a_utf8_byte_order_mark_is_not_part_of_the_first_line(tmp_path, text, name, reader):
+    plain, marked = tmp_path / name, tmp_path / f"bom-{name}"
+    plain.write_bytes(text)
+    marked.write_bytes(b"\xef\xbb\xbf" + text)
+    assert reader(marked) == reader(plain) and len(reader(plain)) > 0
+
+
 def test_a_header_that_is_not_utf8_is_named(tmp_path):
     path = _with_latin1_line(GLUE / "train.tsv", tmp_path / "train.tsv", 1)
     with pytest.raises(ValueError, match=r"train\.tsv:1: header byte 0xe9 at offset \d+ is not valid UTF-8"):

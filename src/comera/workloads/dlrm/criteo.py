@@ -2,9 +2,11 @@
 
 Format: one sample per line, 40 tab-separated fields: the label (``0``/``1``), 13 integer features
 ``I1..I13`` and 26 categorical features ``C1..C26`` written as hexadecimal numbers; any feature may be empty.
-``\\r\\n`` line ends are accepted; a gzip file (Criteo Terabyte's ``day_N.gz``) is read as it is, while a
-tar archive (Criteo Kaggle's ``dac.tar.gz``) or another compression is refused, naming it. Processing
-follows the DLRM reference:
+``\\r\\n`` line ends are accepted. A blank line (empty, or only spaces, tabs, ``\\r``, ``\\v`` or ``\\f``) is
+passed over, neither read nor skipped, as in the GLUE and JSON lines readers; it still counts in the line
+numbers of messages. A UTF-8 byte-order mark at the start is skipped. A gzip file (Criteo Terabyte's
+``day_N.gz``) is read as it is, while a tar archive (Criteo Kaggle's ``dac.tar.gz``) or another compression
+is refused, naming it. Processing follows the DLRM reference:
 
 - integers: empty reads as 0, negatives are clamped to 0, then ``log(1 + x)`` (float32);
 - categories: per column, a map from the values seen to ids ``1..K`` (ascending value order), built in one
@@ -57,6 +59,7 @@ __all__ = [
     "load_criteo",
     "split_by_line_order",
     "SPLITS",
+    "MIN_SAMPLES",
 ]
 
 NUM_INTEGER = 13
@@ -71,9 +74,12 @@ KAGGLE_CARDINALITIES = (
 )  # fmt: skip
 _MAX_INT_DIGITS = 18
 _MAX_HEX_DIGITS = 15
-_CACHE_FORMAT = 2
+_CACHE_FORMAT = 3
 _MAP_BLOCK_ROWS = 1 << 18
 _TAB, _LF, _CR, _MINUS = 9, 10, 13, ord("-")
+# bytes that a blank line may hold besides its newline: space, tab, \v, \f and a lone \r
+_BLANK = np.zeros(256, dtype=bool)
+_BLANK[list(b" \t\n\v\f\r")] = True
 
 # digit value of each byte, decimal in rows 0..255 and hexadecimal in rows 256..511 (index: byte | hex << 8);
 # 255 for a byte that is no digit of the base, 0 for the separators (they sit after each field's last digit)
@@ -143,6 +149,7 @@ def parse_lines(
     if ends.size == 0:
         return _parse_fields(data, ends, np.zeros(0, np.int64), np.zeros(0, np.int64), path, skip_malformed)
     numbers = first_line + np.arange(ends.size)
+    data, ends, numbers = _drop_lines(data, ends, numbers, _blank_lines(data, ends))
     tabs_per_line = np.bincount(np.searchsorted(ends, np.flatnonzero(data == _TAB)), minlength=ends.size)
     wrong = np.flatnonzero(tabs_per_line != _FIELDS - 1)
     skipped = numbers[wrong]
@@ -155,11 +162,25 @@ def parse_lines(
                 f"expected {_FIELDS} tab-separated fields (label, {NUM_INTEGER} integers, {NUM_CATEGORICAL} "
                 f"categories), got {tabs_per_line[line] + 1}: {_line_bytes(data, ends, line)[:200]!r}",
             )
-        lengths = np.diff(np.concatenate(([-1], ends)))
-        keep = np.repeat(tabs_per_line == _FIELDS - 1, lengths)
-        data, numbers = data[keep], np.delete(numbers, wrong)
-        ends = np.flatnonzero(data == _LF)
+        data, ends, numbers = _drop_lines(data, ends, numbers, tabs_per_line != _FIELDS - 1)
     return _parse_fields(data, ends, numbers, skipped, path, skip_malformed)
+
+
+def _blank_lines(data: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per line (``ends``: its newline positions in ``data``), whether it holds only blank bytes."""
+    visible = np.flatnonzero(~_BLANK[data])
+    return np.bincount(np.searchsorted(ends, visible), minlength=ends.size) == 0
+
+
+def _drop_lines(
+    data: np.ndarray, ends: np.ndarray, numbers: np.ndarray, drop: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(data, ends, numbers)`` without the lines where ``drop`` is True."""
+    if not drop.any():
+        return data, ends, numbers
+    lengths = np.diff(np.concatenate(([-1], ends)))
+    data = data[np.repeat(~drop, lengths)]
+    return data, np.flatnonzero(data == _LF), numbers[~drop]
 
 
 def _parse_fields(
@@ -292,6 +313,11 @@ class CriteoLog:
     def splits(self) -> dict[str, ClickData]:
         """``{"train", "validation", "test"}`` views by :func:`split_by_line_order`."""
         return {name: self.data.rows(r.start, r.stop) for name, r in split_by_line_order(self.read).items()}
+
+
+MIN_SAMPLES = 2 * 7
+"""The fewest samples :func:`split_by_line_order` gives every split at least one of: the 7th "day" holds
+``count // 7`` of them and is halved into test and validation."""
 
 
 def split_by_line_order(count: int) -> dict[str, range]:

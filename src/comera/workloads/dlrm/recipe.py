@@ -31,7 +31,7 @@ from comera.metrics import BinaryMetrics
 from comera.recipes.base import Recipe, RecipeData, register_recipe
 from comera.train.evaluation import Evaluator
 from comera.workloads.dlrm.clicks import ClickBatch, ClickData, collate_clicks
-from comera.workloads.dlrm.criteo import load_criteo
+from comera.workloads.dlrm.criteo import MIN_SAMPLES, load_criteo
 from comera.workloads.dlrm.model import DLRM
 from comera.workloads.dlrm.presets import RECIPE_PRESETS
 from comera.workloads.dlrm.synthetic import synthetic_criteo
@@ -69,6 +69,18 @@ class ClickEvaluator(Evaluator):
 def _to_model(model: nn.Module, batch: ClickBatch) -> ClickBatch:
     first = next(model.parameters(), None)
     return batch if first is None else batch.to(first.device)
+
+
+def _require_samples(samples: int, data_path: Path | None) -> None:
+    """``ValueError`` naming the data (``--data`` file, or ``data.rows`` of the synthetic data) when it holds
+    too few samples for the split by line order to give train, validation and test one each."""
+    if samples >= MIN_SAMPLES:
+        return
+    where = f"--data {data_path}" if data_path is not None else f"the synthetic data (data.rows={samples})"
+    raise ValueError(
+        f"{where} has {samples} samples: too few for train, validation and test; the split by line order "
+        f"needs at least {MIN_SAMPLES} (its last seventh is halved into test and validation)"
+    )
 
 
 def _split_info(splits: dict[str, ClickData]) -> dict[str, dict[str, Any]]:
@@ -113,9 +125,8 @@ class DLRMRecipe(Recipe):
                 skip_malformed=settings["skip_malformed"],
             )
             source = {"source": str(data_path), "lines_read": log.read, "lines_skipped": log.skipped}
+        _require_samples(len(log.data), data_path)
         splits = log.splits()
-        if len(splits["train"]) == 0 or len(splits["validation"]) == 0:
-            raise ValueError(f"the data has {len(log.data)} samples: too few for train, validation and test")
         return RecipeData(
             train=splits["train"],
             evals={"validation": splits["validation"], "test": splits["test"]},

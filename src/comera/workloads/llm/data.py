@@ -183,6 +183,15 @@ def _saved_dataset_documents(path: Path) -> tuple[list[CodeDocument], list[Skipp
     return documents, skipped
 
 
+def _read_caps(path: str | Path | None, max_files: int | None, max_bytes: int | None) -> dict[str, Any]:
+    """The read caps :func:`read_lm_documents` applies to ``path``, and the file endings it reads there, as
+    :func:`comera.data.sources.require_documents` takes them (a saved dataset is read whole)."""
+    if path is not None and _is_saved_dataset(Path(path)):
+        return {}
+    extensions = (".py",) if path is None else (".txt",)
+    return {"max_files": max_files, "max_bytes": max_bytes, "extensions": extensions}
+
+
 def read_lm_documents(
     path: str | Path | None = None, *, max_files: int | None = None, max_bytes: int | None = None
 ) -> tuple[list[CodeDocument], list[SkippedDocument]]:
@@ -272,7 +281,9 @@ def build_lm_data(
     splits: dict[str, list[CodeDocument]] = {"train": [], "validation": []}
     for document in sorted(documents, key=lambda document: document.key):
         splits[split_of(document.key, validation_fraction)].append(document)
-    require_documents(splits, path or default_source_dir(), validation_fraction, max_files, max_bytes)
+    require_documents(
+        splits, path or default_source_dir(), validation_fraction, **_read_caps(path, max_files, max_bytes)
+    )
     tokenizer, tokenizer_path, cached = load_or_train_tokenizer(
         splits["train"], vocab_size, cache_dir, tokenizer_file
     )

@@ -103,7 +103,9 @@ def build_code_data(
         )
         for name, split in splits.items()
     }
-    require_documents(splits, path or default_source_dir(), validation_fraction, max_files, max_bytes)
+    require_documents(
+        splits, path or default_source_dir(), validation_fraction, max_files, max_bytes, extensions
+    )
     tokenizer, tokenizer_path, cached = load_or_train_tokenizer(
         splits["train"], vocab_size, cache_dir, tokenizer_file
     )

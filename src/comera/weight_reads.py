@@ -1,0 +1,91 @@
+"""Submodules whose parent reads their weight instead of calling them.
+
+Some modules use a child linear only as a holder of tensors: ``nn.MultiheadAttention`` hands
+``out_proj.weight`` and ``out_proj.bias`` to ``F.multi_head_attention_forward`` and never calls ``out_proj``.
+A layer put in place of such a child (a TT layer has no dense ``weight``) breaks the parent's forward, so
+the child cannot be replaced. The rule is read from the source of the methods of the parent's class and its
+bases: a child that the code reads as ``self.<child>.weight`` or ``self.<child>.bias`` and never calls as
+``self.<child>(...)`` is *read by attribute* (:func:`read_by_attribute`). A method whose source cannot be
+read is taken to read nothing.
+
+Other modules call the child but also read its weight on an optional fused fast path: in eval mode, torch's
+``nn.TransformerEncoderLayer`` hands ``linear1.weight`` and ``linear2.weight`` to a fused kernel, and
+``nn.TransformerEncoder`` reads them from its first layer to build nested tensors.
+:func:`disable_weight_fast_paths` turns those fast paths off where a linear was replaced, so the standard
+path, which computes the same function, calls the new layers.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+
+from torch import nn
+
+__all__ = ["read_by_attribute", "disable_weight_fast_paths"]
+
+_READ = re.compile(r"\bself\.(\w+)\.(weight|bias)\b")
+_CALL = re.compile(r"\bself\.(\w+)(?:\.forward)?\s*\(")
+_FAST_PATH_LINEARS = ("linear1", "linear2")
+
+
+def _source(function: object) -> str:
+    """The source of ``function``; "" when it cannot be read (built in, defined interactively, no files)."""
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+def _methods(cls: type) -> list[object]:
+    """The functions ``cls`` itself defines: methods, static and class methods, property getters."""
+    found = []
+    for value in vars(cls).values():
+        function = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+        if inspect.isfunction(function):
+            found.append(function)
+    return found
+
+
+@functools.cache
+def _children_read_not_called(cls: type) -> tuple[tuple[str, str], ...]:
+    """``(child, "weight" or "bias")`` for each tensor the methods of ``cls`` and its bases (below
+    ``nn.Module``) read of a child attribute they never call, sorted."""
+    bases = [base for base in cls.__mro__ if issubclass(base, nn.Module) and base is not nn.Module]
+    text = "\n".join(_source(function) for base in bases for function in _methods(base))
+    called = set(_CALL.findall(text))
+    return tuple(sorted({(child, tensor) for child, tensor in _READ.findall(text) if child not in called}))
+
+
+def read_by_attribute(root: nn.Module) -> dict[str, str]:
+    """The modules under ``root`` that their parent reads by attribute instead of calling, as
+    ``{dotted name: why}`` (a module reachable under several names is listed under each)."""
+    found: dict[str, str] = {}
+    for parent_name, parent in root.named_modules(remove_duplicate=False):
+        tensors: dict[str, list[str]] = {}
+        for child, tensor in _children_read_not_called(type(parent)):
+            if parent._modules.get(child) is not None:
+                tensors.setdefault(child, []).append(f"{child}.{tensor}")
+        for child, read in tensors.items():
+            found[f"{parent_name}.{child}" if parent_name else child] = (
+                f"its parent {type(parent).__name__} reads {' and '.join(read)} directly instead of calling "
+                f"{child}, so a layer without a dense weight cannot stand in for it"
+            )
+    return found
+
+
+def _replaced(layer: nn.TransformerEncoderLayer) -> bool:
+    """Whether a linear that ``layer``'s fast path reads the weight of is no longer an ``nn.Linear``."""
+    return any(not isinstance(getattr(layer, name), nn.Linear) for name in _FAST_PATH_LINEARS)
+
+
+def disable_weight_fast_paths(root: nn.Module) -> None:
+    """Turn off the eval-mode fast paths of torch's transformer encoders under ``root`` wherever one of the
+    linears they read by attribute was replaced (the standard path, used in training, takes over)."""
+    for module in root.modules():
+        if isinstance(module, nn.TransformerEncoderLayer) and _replaced(module):
+            module.activation_relu_or_gelu = 0
+        layers = module.layers if isinstance(module, nn.TransformerEncoder) else ()
+        if any(isinstance(layer, nn.TransformerEncoderLayer) and _replaced(layer) for layer in layers):
+            module.use_nested_tensor = False
