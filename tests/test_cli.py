@@ -162,7 +162,7 @@ def _metrics(tmp_path, lines):
     ("lines", "message"),
     [
         (['{"kind": "train", "step": 1, "ratio": 1.0}'], r"record 1 \(train\) lacks \['loss'\]"),
-        (['{"kind": "train", "step": 1, "loss": 0.5, "ratio": 1.0}', "[1, 2]", "{}"], "record 2 is a list"),
+        (['{"kind": "train", "step": 1, "loss": 0.5, "ratio": 1.0}', "[1, 2]", "{}"], "line 2 is a list"),
         (['{"kind": "eval", "step": 1}', '{"kind": "train", "step": 1, "loss": 1, "ratio": 1}'], "lacks"),
     ],
 )

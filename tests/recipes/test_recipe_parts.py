@@ -221,11 +221,14 @@ def test_writable_folder_refuses_a_file_among_the_parents(tmp_path):
 
 
 def test_writable_folder_reports_why_the_folder_cannot_be_created(tmp_path):
-    """A dangling symbolic link cannot become a folder: the OS's reason (its strerror alone) is given."""
+    """A dangling symbolic link cannot become a folder: it is named, with the OS's reason (its strerror)."""
     target = tmp_path / "link"
     target.symlink_to(tmp_path / "missing")
     with pytest.raises(
-        ValueError, match=_exactly(f"--out {target}: cannot create or write to it (File exists)")
+        ValueError,
+        match=_exactly(
+            f"--out {target}: {target} is a symbolic link that leads nowhere (No such file or directory)"
+        ),
     ):
         writable_folder(target, "--out")
 

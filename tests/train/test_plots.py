@@ -224,9 +224,9 @@ def test_plot_run_refuses_an_out_dir_that_is_a_file(tmp_path):
 
 
 def test_plot_run_names_a_record_that_is_not_an_object(tmp_path):
-    """A record that is not a JSON object is refused with its number (from 1) and type."""
+    """A record that is not a JSON object is refused with its line number (from 1) and type."""
     run_dir = _write(tmp_path / "run", [RECORDS[0], [1, 2]])
-    message = f"{run_dir / 'metrics.jsonl'}: record 2 is a list, not a JSON object"
+    message = f"{run_dir / 'metrics.jsonl'}: line 2 is a list, not a JSON object"
     with pytest.raises(ValueError, match=re.escape(message)):
         plot_run(run_dir)
 

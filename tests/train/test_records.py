@@ -94,7 +94,7 @@ def test_read_metrics_ignores_only_a_torn_last_line(tmp_path):
     path.write_text('{"kind": "train", "step": 1}\n{"kind": "tra')
     assert read_metrics(path) == [{"kind": "train", "step": 1}]
     path.write_text('{"kind": "tra\n{"kind": "train", "step": 1}\n')
-    with pytest.raises(ValueError, match="line 1 is not a metrics record"):
+    with pytest.raises(ValueError, match="line 1 is not valid JSON"):
         read_metrics(path)
 
 

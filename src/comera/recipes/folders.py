@@ -32,7 +32,11 @@ def _broken_link(path: Path) -> tuple[Path, str] | None:
     """The first of ``path`` and its parents that is a symbolic link leading nowhere (a loop, a missing
     target), with the system's reason, or None."""
     for candidate in reversed([path, *path.parents]):
-        if candidate.is_symlink():
+        try:
+            link = candidate.is_symlink()
+        except OSError:  # a name the system refuses (too long): creating the folder says why
+            return None
+        if link:
             try:
                 os.stat(candidate)
             except OSError as error:

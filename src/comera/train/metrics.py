@@ -53,36 +53,38 @@ HISTORY_EVENTS = (
 """Events kept when the records after a checkpoint are dropped: the run's own history, not its training."""
 
 
-def _record(line: bytes) -> dict[str, Any] | None:
-    """The record a line holds, or None when it holds none: not UTF-8, not JSON, not a JSON object, or a
-    ``"step"`` that is not an integer."""
+def _record(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """``(the record a line holds, "")``, or ``(None, why it holds none)``: not UTF-8, not JSON, not a JSON
+    object, or a ``"step"`` that is not an integer."""
     try:
         record = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
+    except UnicodeDecodeError:
+        return None, "is not UTF-8"
+    except json.JSONDecodeError:
+        return None, "is not valid JSON"
     if not isinstance(record, dict):
-        return None
+        return None, f"is a {type(record).__name__}, not a JSON object"
     step = record.get("step", 0)
     if isinstance(step, bool) or not isinstance(step, int):
-        return None
-    return record
+        return None, f"has a step that is not an integer ({step!r})"
+    return record, ""
 
 
-def _parse_lines(path: Path) -> tuple[list[dict[str, Any]], list[int], bool]:
-    """The records of ``path``, the numbers of the lines that hold no record (:func:`_record`), and whether
-    the last of those is the file's torn tail (a last line without its newline)."""
+def _parse_lines(path: Path) -> tuple[list[dict[str, Any]], list[tuple[int, str]], bool]:
+    """The records of ``path``, ``(number, why)`` of the lines that hold no record (:func:`_record`), and
+    whether the last of those is the file's torn tail (a last line without its newline)."""
     data = path.read_bytes()
     lines = data.splitlines()
     records, invalid = [], []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        record = _record(line)
+        record, why = _record(line)
         if record is None:
-            invalid.append(number)
+            invalid.append((number, why))
         else:
             records.append(record)
-    torn = bool(invalid) and invalid[-1] == len(lines) and not data.endswith(b"\n")
+    torn = bool(invalid) and invalid[-1][0] == len(lines) and not data.endswith(b"\n")
     return records, invalid, torn
 
 
@@ -102,7 +104,8 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     records, invalid, torn = _parse_lines(path)
     damaged = invalid[:-1] if torn else invalid
     if damaged:
-        raise ValueError(f"{path}: line {damaged[0]} is not a metrics record (JSON object, integer step)")
+        number, why = damaged[0]
+        raise ValueError(f"{path}: line {number} {why}")
     return records
 
 

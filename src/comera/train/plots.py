@@ -77,13 +77,10 @@ _NEEDED = {"train": ("step", "loss", "ratio"), "eval": ("step", "metrics"), "eve
 
 
 def _checked_records(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's records; ``ValueError`` naming the line of one that is not an object or lacks a key."""
+    """The run's records; ``ValueError`` naming the line of one that is not an object (:func:`read_metrics`)
+    or the record that lacks a key."""
     records = read_metrics(run_dir)
     for number, record in enumerate(records, 1):
-        if not isinstance(record, dict):
-            raise ValueError(
-                f"{run_dir / METRICS_NAME}: record {number} is a {type(record).__name__}, not a JSON object"
-            )
         missing = [key for key in _NEEDED.get(record.get("kind"), ()) if key not in record]
         if missing:
             raise ValueError(
