@@ -284,3 +284,29 @@ def test_one_data_file_under_another_name_with_the_same_content_is_the_same_data
     assert fingerprint_difference(data_fingerprint(data), data_fingerprint(other)).startswith(
         "crit.txt: 4 bytes"
     )
+
+
+def test_a_run_resumes_on_its_data_by_content_wherever_the_data_lies_now(tmp_path):
+    """header_difference: the same data (by fingerprint) under another path (a link, a renamed copy or
+    folder) is the same run; other content is named with both names; a folder written before fingerprints
+    still compares paths."""
+    from comera.recipes.run import header_difference
+
+    data = tmp_path / "crit.txt"
+    data.write_bytes(b"1\t2\n")
+    link = tmp_path / "crit_link.txt"
+    link.symlink_to(data)
+    other = tmp_path / "other.txt"
+    other.write_bytes(b"3\t4\n")
+
+    def header(path):
+        return {"recipe": "dlrm", "data": str(path), "data_files": data_fingerprint(path), "settings": {}}
+
+    assert header_difference(header(data), header(link)) is None
+    changed = header_difference(header(data), header(other))
+    assert changed.startswith("the data changed since the run started (crit.txt: 4 bytes, sha256 ")
+    assert ", other.txt: 4 bytes, sha256 " in changed
+    old = {key: value for key, value in header(data).items() if key != "data_files"}
+    assert (
+        header_difference(old, header(link)) == "it was started with other settings (differences in ['data'])"
+    )

@@ -171,21 +171,39 @@ def test_results_json_is_strict_json_when_a_metric_is_undefined(tmp_path, monkey
     assert json.loads(text) == {"a": [None, None, 1.5]}
 
 
-@pytest.mark.parametrize(("name", "make"), [("metrics.jsonl", "folder"), ("checkpoints", "file")])
-def test_a_run_entry_of_the_wrong_kind_is_refused_before_the_data_is_read(killed_run, tmp_path, name, make):
-    """metrics.jsonl a folder, checkpoints a file: --resume refuses in one line naming the entry, before the
-    data is built (no cache is written)."""
+@pytest.mark.parametrize(
+    ("name", "make", "found"),
+    [
+        ("metrics.jsonl", "folder", "a folder"),
+        ("metrics.jsonl", "fifo", "neither a file nor a folder"),
+        ("checkpoints", "file", "a file"),
+        ("checkpoints", "dangling link", "a symbolic link that leads nowhere"),
+        ("plots", "file", "a file"),
+        ("report.txt", "folder", "a folder"),
+    ],
+)
+def test_a_run_entry_of_the_wrong_kind_is_refused_before_the_data_is_read(
+    killed_run, tmp_path, name, make, found
+):
+    """metrics.jsonl a folder or a pipe, checkpoints a file or a dangling link, plots a file, report.txt a
+    folder: --resume refuses in one line naming the entry, before the data is built (no cache is written)."""
+    import os
+
     out, _ = killed_run
     path = out / name
     if path.is_dir():
         shutil.rmtree(path)
-    else:
+    elif path.exists():
         path.unlink()
     if make == "folder":
         path.mkdir()
-    else:
+    elif make == "file":
         path.write_text("x")
-    wanted, found = ("a file", "a folder") if make == "folder" else ("a folder", "a file")
+    elif make == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(tmp_path / "nowhere")
+    wanted = "a folder" if name in ("checkpoints", "plots") else "a file"
     with pytest.raises(
         SetupError, match=f"^{path} should be {wanted} of the run but is {found}: move it away$"
     ):

@@ -66,6 +66,24 @@ def test_a_resume_at_the_last_step_with_an_emptied_log_warns_that_it_drew_no_plo
     assert result.step == 2 and not (tmp_path / "plots").exists()
 
 
+def test_a_record_the_plots_cannot_read_or_a_plot_path_in_the_way_warns_after_a_finished_run(tmp_path):
+    """A train record without the keys a plot needs, or a folder where a plot file goes: the run finishes
+    (it is trained and saved) and a warning says why no plot was drawn."""
+    import json
+
+    config = TrainConfig(early=2, unit="step", batch_size=8, checkpoint_every=1, run_dir=str(tmp_path / "a"))
+    Trainer(make_model(), loss_fn, make_data(), config=config).fit()
+    with open(tmp_path / "a" / "metrics.jsonl", "a") as log:
+        log.write(json.dumps({"kind": "train", "step": 1, "loss": 0.5}) + "\n")
+    (tmp_path / "a" / "checkpoints" / "step-00000002.pt").unlink()
+    with pytest.warns(RuntimeWarning, match=r"no plot was drawn: .*lacks \['ratio'\]"):
+        assert Trainer(make_model(), loss_fn, make_data(), config=config).fit(resume=True).step == 2
+    other = TrainConfig(early=2, unit="step", batch_size=8, run_dir=str(tmp_path / "b"))
+    (tmp_path / "b" / "plots" / "loss.png").mkdir(parents=True)
+    with pytest.warns(RuntimeWarning, match="no plot was drawn: .*loss.png"):
+        assert Trainer(make_model(), loss_fn, make_data(), config=other).fit().step == 2
+
+
 def test_a_readable_checkpoint_of_another_model_is_skipped_on_resume(tmp_path):
     """A checkpoint whose structure names layers this model lacks (copied from another run) is skipped with
     a warning and an event, and the run resumes from its own newest checkpoint."""

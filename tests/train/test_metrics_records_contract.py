@@ -185,5 +185,5 @@ def test_repeated_train_and_eval_records_of_a_step_are_dropped_keeping_the_last(
 
 def test_a_folder_where_the_log_goes_is_refused_naming_it(tmp_path):
     (tmp_path / METRICS_NAME).mkdir()
-    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / METRICS_NAME}: not a file (a folder")):
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / METRICS_NAME}: not a regular file")):
         MetricsLog(tmp_path)

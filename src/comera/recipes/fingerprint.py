@@ -59,8 +59,12 @@ def fingerprint_difference(
     if recorded is None or current is None:
         then, now = ("the embedded data", "a data path") if recorded is None else ("a data path", "none")
         return f"the run used {then}, this command gives {now}"
-    if len(recorded) == len(current) == 1 and list(recorded.values()) == list(current.values()):
-        return None  # one data file with the same content under another name (a link to it, a renamed copy)
+    if len(recorded) == len(current) == 1:  # one data file: its content counts, not its name
+        (then_name, then), (now_name, now) = next(iter(recorded.items())), next(iter(current.items()))
+        if then == now:
+            return None
+        now_named = "" if now_name == then_name else f"{now_name}: "
+        return f"{then_name}: {_describe(then)} then, {now_named}{_describe(now)} now"
     for name in sorted(set(recorded) | set(current)):
         if recorded.get(name) != current.get(name):
             return f"{name}: {_describe(recorded.get(name))} then, {_describe(current.get(name))} now"

@@ -89,8 +89,8 @@ __all__ = [
 
 RUN_ENTRIES = ("config.json", "metrics.jsonl", "checkpoints", "model", "results.json")
 """Entries of a run folder whose presence means the folder holds a run (finished or not)."""
-RUN_FOLDERS = ("checkpoints", "model")
-"""The entries of :data:`RUN_ENTRIES` that are folders."""
+RUN_FOLDERS = ("checkpoints", "model", "plots")
+"""The entries of :data:`RUN_ENTRIES` and :data:`RUN_OUTPUTS` that are folders."""
 RUN_OUTPUTS = ("plots", "report.txt")
 """The other entries a run writes."""
 
@@ -156,15 +156,22 @@ def read_run_config(config_path: Path) -> dict[str, Any]:
 def header_difference(recorded: dict[str, Any], header: dict[str, Any]) -> str | None:
     """None when a run folder's ``config.json`` (``recorded``) matches ``header``; else what differs: the
     data file that changed (by name, size and hash), or the keys with other values."""
-    if "data_files" not in recorded:  # a folder written before fingerprints were recorded
+    by_content = "data_files" in recorded  # a folder written before fingerprints has only the data's path
+    if not by_content:
         recorded = {**recorded, "data_files": header.get("data_files")}
     recorded = {key: value for key, value in recorded.items() if key != "data_identity"}  # after the build
     if recorded == header:
         return None
-    if recorded.get("data") == header.get("data"):
-        changed = fingerprint_difference(recorded.get("data_files"), header.get("data_files"))
-        if changed is not None:
-            return f"the data changed since the run started ({changed})"
+    changed = fingerprint_difference(recorded.get("data_files"), header.get("data_files"))
+    if changed is not None:
+        return f"the data changed since the run started ({changed})"
+    if by_content:  # the same data by content, wherever it lies now (a link, a renamed copy)
+        recorded, header = (
+            {key: value for key, value in each.items() if key not in ("data", "data_files")}
+            for each in (recorded, header)
+        )
+        if recorded == header:
+            return None
     keys = sorted(key for key in {*header, *recorded} if recorded.get(key) != header.get(key))
     if keys == ["settings"]:
         changed = _changed_settings(recorded.get("settings") or {}, header["settings"])
@@ -220,15 +227,23 @@ def _move_run_aside(out: Path) -> Path | None:
     return aside
 
 
+def _entry_kind(path: Path) -> str:
+    if path.is_symlink() and not path.exists():
+        return "a symbolic link that leads nowhere"
+    return "a folder" if path.is_dir() else "a file" if path.is_file() else "neither a file nor a folder"
+
+
 def _check_entry_kinds(out: Path) -> None:
-    """``ValueError`` naming an entry of a run folder that is not of its kind (``metrics.jsonl`` a folder,
-    ``checkpoints`` a file, ...): found before any data is read."""
-    for name in RUN_ENTRIES:
+    """``ValueError`` naming an entry of a run folder that is not of its kind (``metrics.jsonl`` a folder or
+    a pipe, ``checkpoints`` a file or a dangling link, ``plots`` a file, ...), before any data is read."""
+    for name in (*RUN_ENTRIES, *RUN_OUTPUTS):
         path = out / name
-        wanted_folder = name in RUN_FOLDERS
-        if path.exists() and path.is_dir() != wanted_folder:
-            kind, other = ("a folder", "a file") if wanted_folder else ("a file", "a folder")
-            raise ValueError(f"{path} should be {kind} of the run but is {other}: move it away")
+        if not os.path.lexists(path):
+            continue
+        wanted = "a folder" if name in RUN_FOLDERS else "a file"
+        found = _entry_kind(path)
+        if found != wanted:
+            raise ValueError(f"{path} should be {wanted} of the run but is {found}: move it away")
 
 
 def _check_folder(

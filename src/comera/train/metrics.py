@@ -140,7 +140,7 @@ class MetricsLog:
     :attr:`torn_bytes` is the number of bytes cut (0 when the file was whole).
 
     Raises:
-        ValueError: something other than a file (a folder) stands at ``directory/metrics.jsonl``.
+        ValueError: something other than a regular file (a folder, a pipe) is ``directory/metrics.jsonl``.
     """
 
     def __init__(self, directory: str | os.PathLike | None) -> None:
@@ -150,7 +150,7 @@ class MetricsLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists() and not self.path.is_file():
                 raise ValueError(
-                    f"{self.path}: not a file (a folder stands where the metrics log goes); move it away"
+                    f"{self.path}: not a regular file (the metrics log goes there); move it away"
                 )
             self.torn_bytes = self._cut_torn_tail()
 

@@ -806,7 +806,8 @@ class Trainer:
 
     def _plot(self) -> None:
         """The run's plots (a by-product: a log with no training record, as a resume at the last step of a
-        run whose log was lost leaves, warns instead of failing the run)."""
+        run whose log was lost leaves, a record the plots cannot read or a ``plots/`` path that cannot be
+        written warns instead of failing the run)."""
         try:
             from comera.train.plots import NoTrainingRecordError, plot_run
         except ImportError:
@@ -819,6 +820,8 @@ class Trainer:
                 RuntimeWarning,
                 stacklevel=3,
             )
+        except (ValueError, OSError) as error:  # a record the plots cannot read, a plots/ path in the way
+            warnings.warn(f"no plot was drawn: {error}", RuntimeWarning, stacklevel=3)
 
     # checkpoints
     def state_dict(self) -> dict[str, Any]:
