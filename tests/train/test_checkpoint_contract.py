@@ -199,7 +199,11 @@ def test_foreign_entry_allows_only_what_pruning_changes():
         "head.weight": torch.zeros(2, 5),
     }
     assert foreign_entry(pruned, own, structure) is None
-    assert foreign_entry({"head.weight": torch.zeros(2, 5)}, own, structure) is None
+    assert foreign_entry({"head.weight": torch.zeros(2, 5)}, own, structure) == (
+        "it lacks this model's entry 'a.cores.0'"
+    )
+    removed = {"a": {"removed": True, "ranks": []}}
+    assert foreign_entry({"head.weight": torch.zeros(2, 5)}, own, removed) is None, "a removed layer's go"
     assert foreign_entry({**pruned, "a.cores.0": torch.zeros(1, 5, 2)}, own, structure) == (
         "its entry 'a.cores.0' has shape [1, 5, 2], this model's [1, 4, 3]"
     )
@@ -212,3 +216,7 @@ def test_foreign_entry_allows_only_what_pruning_changes():
         foreign_entry({"head.bias": torch.zeros(2)}, own, structure)
         == "its entry 'head.bias' is not in this model"
     )
+    tied = {**own, "out.cores.0": own["a.cores.0"]}  # a head sharing the layer's core: one object, two names
+    assert foreign_entry({**pruned, "out.cores.0": torch.zeros(1, 4, 2)}, tied, structure) is None
+    untied = {**own, "out.cores.0": torch.zeros(1, 4, 3)}
+    assert foreign_entry({**pruned, "out.cores.0": torch.zeros(1, 4, 2)}, untied, structure) is not None

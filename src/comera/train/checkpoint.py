@@ -90,25 +90,36 @@ def _bond_shrunk(mine: tuple[int, ...], theirs: tuple[int, ...]) -> bool:
 def foreign_entry(
     state: Mapping[str, Any], own: Mapping[str, torch.Tensor], structure: Mapping[str, Any]
 ) -> str | None:
-    """Why a checkpoint's model ``state`` cannot be this model's (whose ``state_dict()`` is ``own``), or None.
+    """Why a checkpoint's model ``state`` cannot be this model's, or None. ``own`` is the model's
+    ``state_dict(keep_vars=True)`` (tied parameters are one object under several names).
 
-    Pruning removes entries of the layers that ``structure`` (the checkpoint's) names and shrinks their bond
-    sizes (a tensor's first and last dimension; a gate's length); every other entry must be the model's, with
-    its shape. Checked before the structure is applied, so that a checkpoint of another model (another
-    width, another method) is refused without changing this one.
+    Pruning removes the layers that ``structure`` (the checkpoint's) marks removed and shrinks the bond
+    sizes (a tensor's first and last dimension; a gate's length) of the layers it names, and of the layers
+    tied to them (a head sharing an embedding's cores); every other entry must be the model's, with its
+    shape, and every entry of the model must be there but for removed layers. Checked before the structure is
+    applied, so that a checkpoint of another model (another width, another method) is refused without
+    changing this one.
     """
     layers = tuple(structure)
+    removed = tuple(
+        name for name, spec in structure.items() if isinstance(spec, Mapping) and spec.get("removed")
+    )
 
-    def pruned_layer(key: str) -> bool:
-        return any(key.startswith(f"{layer}.") for layer in layers)
+    def under(key: str, names: tuple[str, ...]) -> bool:
+        return any(key.startswith(f"{name}.") for name in names)
 
+    prunable = {id(value) for key, value in own.items() if under(key, layers)}
     for key, value in state.items():
         theirs = tuple(getattr(value, "shape", ()))
         if key not in own:
             return f"its entry {key!r} is not in this model"
         mine = tuple(own[key].shape)
-        if mine != theirs and not (pruned_layer(key) and _bond_shrunk(mine, theirs)):
+        shrinkable = under(key, layers) or id(own[key]) in prunable
+        if mine != theirs and not (shrinkable and _bond_shrunk(mine, theirs)):
             return f"its entry {key!r} has shape {list(theirs)}, this model's {list(mine)}"
+    missing = [key for key in own if key not in state and not under(key, removed)]
+    if missing:
+        return f"it lacks this model's entry {missing[0]!r}"
     return None
 
 

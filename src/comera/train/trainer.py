@@ -884,7 +884,8 @@ class Trainer:
     def _restore(self, payload: dict[str, Any], rollback: bool) -> None:
         if isinstance(payload.get("model"), Mapping):  # a single-file checkpoint: checked before any change
             reference = self._template if self._template is not None else self.module
-            reason = foreign_entry(payload["model"], reference.state_dict(), payload.get("structure") or {})
+            own = reference.state_dict(keep_vars=True)
+            reason = foreign_entry(payload["model"], own, payload.get("structure") or {})
             if reason is not None:
                 raise ForeignCheckpointError(f"{reason}: the checkpoint was written by another model")
         rewrap = self.world_size > 1 and not self._sharded  # rebuilt on the restored structure
@@ -905,7 +906,13 @@ class Trainer:
         elif self._sharded:
             load_full_state(self.module, self.optimizer, payload["model"], payload["optimizer"])
         else:
-            self.module.load_state_dict(payload["model"])
+            try:
+                self.module.load_state_dict(payload["model"])
+            except RuntimeError as error:  # what the shape check cannot see (bond sizes off the structure)
+                first = str(error).splitlines()[1].strip() if "\n" in str(error) else str(error)
+                raise ForeignCheckpointError(
+                    f"{first}: the checkpoint was written by another model"
+                ) from error
             self.optimizer.load_state_dict(payload["optimizer"])
         if rewrap:
             self.model = DistributedDataParallel(self.module)
