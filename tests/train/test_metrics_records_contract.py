@@ -82,7 +82,8 @@ def test_a_new_or_disabled_log_has_no_torn_bytes_and_drops_nothing(tmp_path):
 
 
 def test_drop_after_keeps_records_without_a_step_and_history_events(tmp_path):
-    """Records after ``step`` go, but for history events; a record without a step counts as step 0."""
+    """Records after ``step`` go, but for history events; a record of another kind without a step counts as
+    step 0."""
     lines = [
         {"kind": "note"},
         {"kind": "train", "step": 2, "loss": 1.0},
@@ -161,29 +162,33 @@ def test_a_line_that_holds_no_record_is_named_on_reading_and_dropped_at_a_resume
     assert read_metrics(path) == [{"kind": "train", "step": 1}, {"kind": "train", "step": 2}]
 
 
-def test_repeated_train_and_eval_records_of_a_step_are_dropped_keeping_the_last(tmp_path):
-    """Every line copied twice: drop_after keeps one train and one eval record per step (the last), keeps
-    repeated events (two resumes at one step are two events), and counts what it dropped."""
+def test_repeated_records_are_dropped_keeping_the_first(tmp_path):
+    """Every line copied twice: drop_after keeps one train and one eval record per step and one copy of an
+    event (the first, so the log stays in step order), keeps repeated history events (two resumes at one
+    step are two resumes), and counts what it dropped."""
     lines = [
         {"kind": "train", "step": 1, "loss": 1.0},
         {"kind": "event", "step": 1, "event": "resume"},
+        {"kind": "event", "step": 1, "event": "late_stage", "target_size": 3},
         {"kind": "train", "step": 2, "loss": 2.0},
         {"kind": "eval", "step": 2, "metrics": {"loss": 3.0}},
     ]
     twice = [*lines, *lines[:-1], {**lines[-1], "metrics": {"loss": 4.0}}]
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(record) + "\n" for record in twice))
-    assert MetricsLog(tmp_path).drop_after(5) == (0, 3)
-    assert read_metrics(path) == [
-        lines[1],
-        lines[0],
-        lines[1],
-        lines[2],
-        {**lines[3], "metrics": {"loss": 4.0}},
-    ]
+    assert MetricsLog(tmp_path).drop_after(5) == (0, 4)
+    assert read_metrics(path) == [*lines, lines[1]]
 
 
 def test_a_folder_where_the_log_goes_is_refused_naming_it(tmp_path):
     (tmp_path / METRICS_NAME).mkdir()
     with pytest.raises(ValueError, match=re.escape(f"{tmp_path / METRICS_NAME}: not a regular file")):
         MetricsLog(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["train", "eval", "event"])
+def test_a_record_of_the_trainers_kinds_without_a_step_holds_no_record(tmp_path, kind):
+    path = _write(tmp_path, f'{{"kind": "{kind}", "loss": 0.5}}\n{{"kind": "train", "step": 1}}\n')
+    with pytest.raises(ValueError, match=f"line 1 is a {kind} record without a step$"):
+        read_metrics(path)
+    assert MetricsLog(tmp_path).drop_after(3) == (1, 0)

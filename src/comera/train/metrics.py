@@ -51,11 +51,13 @@ HISTORY_EVENTS = (
     "records_missing",
 )
 """Events kept when the records after a checkpoint are dropped: the run's own history, not its training."""
+STEP_KINDS = ("train", "eval", "event")
+"""The kinds of record the Trainer writes, each with its step."""
 
 
 def _record(line: bytes) -> tuple[dict[str, Any] | None, str]:
     """``(the record a line holds, "")``, or ``(None, why it holds none)``: not UTF-8, not JSON, not a JSON
-    object, or a ``"step"`` that is not an integer."""
+    object, a ``"step"`` that is not an integer, or none in a record of the Trainer's kinds."""
     try:
         record = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:
@@ -64,6 +66,8 @@ def _record(line: bytes) -> tuple[dict[str, Any] | None, str]:
         return None, "is not valid JSON"
     if not isinstance(record, dict):
         return None, f"is a {type(record).__name__}, not a JSON object"
+    if record.get("kind") in STEP_KINDS and "step" not in record:
+        return None, f"is a {record['kind']} record without a step"
     step = record.get("step", 0)
     if isinstance(step, bool) or not isinstance(step, int):
         return None, f"has a step that is not an integer ({step!r})"
@@ -133,6 +137,18 @@ def peak_memory_mib(device: torch.device) -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
+def _repeat_key(record: dict[str, Any]) -> str | None:
+    """What makes a second record a repeat of the first: kind and step for ``train``/``eval``, the whole
+    record for an event other than a history event (two resumes from one checkpoint are two resumes); None
+    for records that may repeat."""
+    kind = record.get("kind")
+    if kind in ("train", "eval"):
+        return f"{kind}:{record.get('step')}"
+    if kind == "event" and record.get("event") not in HISTORY_EVENTS:
+        return json.dumps(record, sort_keys=True, allow_nan=True)
+    return None
+
+
 class MetricsLog:
     """Appends records to ``directory/metrics.jsonl`` (or keeps nothing when ``directory`` is None).
 
@@ -176,9 +192,10 @@ class MetricsLog:
 
     def drop_after(self, step: int) -> tuple[int, int]:
         """Rewrite the file (atomically) without the records of steps after ``step`` (but for
-        :data:`HISTORY_EVENTS`), without lines that hold no record, and without repeated ``train``/``eval``
-        records of one step (the last one is kept; a log whose lines were copied twice would otherwise count
-        them twice). Returns ``(lines holding no record, repeated records)`` dropped."""
+        :data:`HISTORY_EVENTS`), without lines that hold no record, and without repeats: a second ``train``
+        or ``eval`` record of one step, a second copy of an event other than a history event (a log whose
+        lines were copied twice would otherwise count them twice; the first is kept). Returns ``(lines
+        holding no record, repeats)`` dropped."""
         if self.path is None or not self.path.is_file():
             return 0, 0
         records, invalid, _ = _parse_lines(self.path)
@@ -187,17 +204,15 @@ class MetricsLog:
             for record in records
             if record.get("step", 0) <= step or record.get("event") in HISTORY_EVENTS
         ]
-        last = {
-            (record.get("kind"), record.get("step")): index
-            for index, record in enumerate(kept)
-            if record.get("kind") in ("train", "eval")
-        }
-        unique = [
-            record
-            for index, record in enumerate(kept)
-            if record.get("kind") not in ("train", "eval")
-            or last[(record.get("kind"), record.get("step"))] == index
-        ]
+        seen: set[str] = set()
+        unique = []
+        for record in kept:
+            key = _repeat_key(record)
+            if key is not None and key in seen:
+                continue
+            if key is not None:
+                seen.add(key)
+            unique.append(record)
         text = "".join(json.dumps(record, allow_nan=True) + "\n" for record in unique)
         atomic_write_bytes(self.path, text.encode())
         return len(invalid), len(kept) - len(unique)

@@ -492,11 +492,18 @@ class Trainer:
         unreadable, repeated = self.metrics.drop_after(self.step)
         self._write_deferred_events()
         details = {"unreadable_lines_dropped": unreadable} if unreadable else {}
+        if unreadable:
+            warnings.warn(
+                f"{self.metrics.path}: dropped {unreadable} line(s) that hold no record (not JSON, not an "
+                "object, no integer step)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         if repeated:
             details["repeated_records_dropped"] = repeated
             warnings.warn(
-                f"{self.metrics.path}: dropped {repeated} repeated train/eval record(s) (a step logged "
-                "twice; the last of each was kept)",
+                f"{self.metrics.path}: dropped {repeated} repeated record(s) (a step's train or eval record, "
+                "or an event, logged more than once; the first of each was kept)",
                 RuntimeWarning,
                 stacklevel=4,
             )
