@@ -92,3 +92,39 @@ def test_nproc_is_split_from_the_other_arguments():
     command = torchrun_command(3, ["train", "nli"])
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--nproc-per-node=3" in command and command[-4:] == ["-m", "comera", "train", "nli"]
+
+
+def test_without_option_drops_every_occurrence_in_both_spellings():
+    from comera.launch import without_option
+
+    argv = ["nli", "--config", "a.toml", "--preset", "smoke", "--config=b.toml", "--configs", "x"]
+    assert without_option(argv, "--config") == ["nli", "--preset", "smoke", "--configs", "x"]
+    assert without_option(["--config"], "--config") == []
+
+
+def test_a_ctrl_c_in_the_launcher_is_passed_on_waited_out_and_reported_as_130(monkeypatch):
+    """Ctrl-C while torchrun runs: the launcher sends SIGINT on, waits for torchrun to stop its processes
+    (whatever status it ends with) and exits 130, as a shell reports an interrupted command."""
+    import signal
+
+    import comera.launch as launcher
+
+    class Torchrun:
+        def __init__(self, command, env):
+            self.signals, self.waits = [], 0
+
+        def wait(self):
+            self.waits += 1
+            if self.waits == 1:
+                raise KeyboardInterrupt
+            return 1
+
+        def send_signal(self, number):
+            self.signals.append(number)
+            started.append(self)
+
+    started = []
+    monkeypatch.setattr(launcher.subprocess, "Popen", Torchrun)
+    assert launcher.launch(2, ["train", "nli"]) == launcher.INTERRUPTED == 130
+    (process,) = started
+    assert process.signals == [signal.SIGINT] and process.waits == 2

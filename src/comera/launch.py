@@ -20,7 +20,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["STATUS_ENV", "split_nproc", "torchrun_command", "launch", "worker_status"]
+__all__ = [
+    "STATUS_ENV",
+    "INTERRUPTED",
+    "split_nproc",
+    "without_option",
+    "torchrun_command",
+    "launch",
+    "worker_status",
+]
+
+INTERRUPTED = 130
+"""The exit status of a run stopped by Ctrl-C (SIGINT), as a shell reports one."""
 
 STATUS_ENV = "COMERA_STATUS_DIR"
 """The environment variable naming the folder where the processes of a ``--nproc`` launch record their
@@ -52,6 +63,18 @@ def split_nproc(argv: list[str]) -> tuple[int | None, list[str]]:
     return int(nproc), rest
 
 
+def without_option(argv: list[str], option: str) -> list[str]:
+    """``argv`` without ``option VALUE`` and ``option=VALUE`` (every occurrence)."""
+    rest: list[str] = []
+    arguments = iter(argv)
+    for argument in arguments:
+        if argument == option:
+            next(arguments, None)
+        elif not argument.startswith(f"{option}="):
+            rest.append(argument)
+    return rest
+
+
 def torchrun_command(nproc: int, command: list[str]) -> list[str]:
     """The ``torchrun`` command line that runs ``python -m comera COMMAND...`` in ``nproc`` processes."""
     return [
@@ -68,22 +91,26 @@ def torchrun_command(nproc: int, command: list[str]) -> list[str]:
 
 def launch(nproc: int, command: list[str]) -> int:
     """Run :func:`torchrun_command` and return its exit status (non-zero when any process failed), or, when
-    every process exited 0, the highest status they recorded (:func:`worker_status`)."""
+    every process exited 0, the highest status they recorded (:func:`worker_status`); :data:`INTERRUPTED`
+    after a Ctrl-C."""
     with tempfile.TemporaryDirectory(prefix="comera-status-") as folder:
-        code = _wait_for(
-            subprocess.Popen(torchrun_command(nproc, command), env={**os.environ, STATUS_ENV: folder})
-        )
+        process = subprocess.Popen(torchrun_command(nproc, command), env={**os.environ, STATUS_ENV: folder})
+        code, interrupted = _wait_for(process)
         recorded = [int(path.read_text()) for path in Path(folder).glob("rank-*")]
+    if interrupted:
+        return INTERRUPTED
     return code if code != 0 or not recorded else max(recorded)
 
 
-def _wait_for(process: subprocess.Popen) -> int:
-    """``process``'s exit status; a Ctrl-C meanwhile is passed on to it (``torchrun`` then stops its
-    processes) and waited out, instead of leaving them behind."""
+def _wait_for(process: subprocess.Popen) -> tuple[int, bool]:
+    """``process``'s exit status, and whether a Ctrl-C came meanwhile: it is passed on to the process
+    (``torchrun`` then stops its processes) and waited out, instead of leaving them behind."""
+    interrupted = False
     while True:
         try:
-            return process.wait()
+            return process.wait(), interrupted
         except KeyboardInterrupt:
+            interrupted = True
             process.send_signal(signal.SIGINT)
 
 

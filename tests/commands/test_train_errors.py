@@ -139,3 +139,24 @@ def test_a_symbolic_link_loop_or_a_dangling_link_is_named_with_its_reason(tmp_pa
         out, cache = (target, tmp_path / "cache") if option == "--out" else (tmp_path / "run", target)
         error = _one_line_error(capsys, _train(out, cache))
         assert f"{option} {target}: {link} is a symbolic link that leads nowhere ({reason})" in error
+
+
+def test_nproc_processes_get_only_the_copy_of_a_config_stream(tmp_path, monkeypatch):
+    """--config naming a named pipe with --nproc: the launcher reads it once and hands the processes its
+    copy alone (a process reading the pipe again would wait for a writer forever)."""
+    import threading
+
+    import comera.commands.train as train_command
+
+    fifo = tmp_path / "settings.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(b"[train]\nearly = 3\n"))
+    writer.start()
+    launched = []
+    monkeypatch.setattr(train_command, "launch", lambda nproc, command: launched.append(command) or 0)
+    assert main([*_train(tmp_path / "run", tmp_path / "cache"), "--config", str(fifo), "--nproc", "2"]) == 0
+    writer.join(timeout=10)
+    (command,) = launched
+    assert command.count("--config") == 1 and str(fifo) not in command
+    copy = Path(command[command.index("--config") + 1])
+    assert copy.read_bytes() == b"[train]\nearly = 3\n"

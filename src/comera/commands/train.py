@@ -10,6 +10,7 @@ one line each.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 
 from comera.commands.config_file import config_argument
 from comera.commands.numbers import milliseconds, number, times
-from comera.launch import launch, split_nproc, worker_status
+from comera.launch import INTERRUPTED, launch, split_nproc, without_option, worker_status
 from comera.methods import get_method, method_names
 from comera.recipes.run import SetupError, default_run_dir, run
 from comera.recipes.settings import resolve_settings
@@ -27,10 +28,7 @@ from comera.train.guard import NonFiniteError
 from comera.train.parallel import RankLostError, init_from_environment, shutdown, training_device
 from comera.workloads import load_recipe, workload_names
 
-__all__ = ["main", "add_setting_arguments", "summary", "INTERRUPTED"]
-
-INTERRUPTED = 130
-"""The exit status of a run stopped by Ctrl-C (SIGINT), as a shell reports one."""
+__all__ = ["main", "add_setting_arguments", "summary"]
 
 
 def summary(results: dict) -> str:
@@ -165,15 +163,16 @@ def main(argv: list[str] | None = None) -> int:
         presets = sorted(presets)
         print(f"comera train: unknown --preset {args.preset!r}; choose one of {presets}", file=sys.stderr)
         return 2
-    if nproc is not None:
-        return launch(nproc, ["train", *argv, *([] if args.config is None else ["--config", args.config])])
+    if nproc is not None:  # the processes read --config from its copy (a stream can be read only once)
+        config = [] if args.config is None else ["--config", args.config]
+        return launch(nproc, ["train", *without_option(argv, "--config"), *config])
     out = args.out or default_run_dir(args.workload, args.preset, args.method)
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:
             return worker_status(_train(args, out))
         except KeyboardInterrupt:
-            if world()[0] == 0:
+            if os.environ.get("RANK", "0") == "0":  # the process group may be gone by now
                 print(
                     f"comera train: interrupted; continue the run with --resume (run folder: {out})",
                     file=sys.stderr,
