@@ -153,7 +153,10 @@ def test_check_sharding_refuses_a_given_optimizer_naming_it():
         ValueError, match=r"^parallel='fsdp' builds the optimizer after sharding the model "
     ) as error:
         check_sharding(optimizer_given=True)
-    assert str(error.value).endswith("leave optimizer=None (the default AdamW), or use parallel='ddp'")
+    assert str(error.value).endswith(
+        "leave optimizer=None (the default AdamW), or use parallel='ddp' (comera train: a method that brings "
+        "its own optimizer, such as galore or apollo, needs --set train.parallel=ddp)"
+    )
     check_sharding(optimizer_given=False)
 
 

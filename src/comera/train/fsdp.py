@@ -129,7 +129,8 @@ def check_sharding(optimizer_given: bool) -> None:
     if optimizer_given:
         raise ValueError(
             "parallel='fsdp' builds the optimizer after sharding the model (FSDP replaces the parameters): "
-            "leave optimizer=None (the default AdamW), or use parallel='ddp'"
+            "leave optimizer=None (the default AdamW), or use parallel='ddp' (comera train: a method that "
+            "brings its own optimizer, such as galore or apollo, needs --set train.parallel=ddp)"
         )
 
 
