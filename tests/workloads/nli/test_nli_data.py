@@ -270,3 +270,26 @@ def test_a_gzip_file_reads_as_its_text_and_a_truncated_one_is_named(tmp_path, so
     cut.write_bytes(packed.read_bytes()[:-12])
     with pytest.raises(ValueError, match=rf"cut-{source.name}: the compressed data is truncated or corrupt"):
         reader(cut)
+
+
+def test_the_trained_vocabulary_is_found_again_by_the_datas_content(tmp_path):
+    """The cache key of a trained vocabulary follows the data's content: a touched file, a link to the
+    folder or a renamed copy finds the same vocabulary; an edited file makes another key."""
+    import os
+    import shutil
+
+    from comera.workloads.nli.data import _source_key
+
+    folder = tmp_path / "glue"
+    folder.mkdir()
+    (folder / "train.tsv").write_text("a\tb\n")
+    (folder / "dev_matched.tsv").write_text("c\td\n")
+    key = _source_key(folder, 100)
+    os.utime(folder / "train.tsv", (1, 1))
+    (tmp_path / "link").symlink_to(folder)
+    shutil.copytree(folder, tmp_path / "renamed")
+    assert _source_key(folder, 100) == _source_key(tmp_path / "link", 100) == key
+    assert _source_key(tmp_path / "renamed", 100) == key
+    assert _source_key(folder, 200) != key
+    (folder / "train.tsv").write_text("a\tB\n")
+    assert _source_key(folder, 100) != key

@@ -260,9 +260,16 @@ def _trained_tokenizer(
 
 
 def _source_key(path: Path, vocab_size: int) -> str:
-    """Identifies a data source by its files' names, sizes and modification times."""
+    """Identifies a data source by its files' content (names relative to the folder, SHA-256 of the bytes):
+    a touched, linked, moved or renamed copy of the same data finds the vocabulary trained on it (training
+    it again may give another one, which a resumed run's model cannot read)."""
     files = sorted(path.rglob("*")) if path.is_dir() else [path]
-    stamp = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
+    stamp = []
+    for file in files:
+        if file.is_file():
+            with file.open("rb") as handle:
+                digest = hashlib.file_digest(handle, "sha256").hexdigest()
+            stamp.append((file.relative_to(path).as_posix() if path.is_dir() else "", digest))
     return hashlib.sha256(json.dumps([stamp, vocab_size]).encode()).hexdigest()[:16]
 
 
