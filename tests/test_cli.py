@@ -179,6 +179,14 @@ def test_plot_into_a_file_is_refused(tmp_path, capsys):
     assert "is a file" in capsys.readouterr().err
 
 
+def test_plot_with_a_folder_where_a_plot_file_goes_is_one_line(tmp_path, capsys):
+    run = _metrics(tmp_path, ['{"kind": "train", "step": 1, "loss": 0.5, "ratio": 1.0}'])
+    (run / "plots" / "ratio.png").mkdir(parents=True)
+    assert main(["plot", str(run)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("comera plot: ") and "ratio.png" in error and len(error.splitlines()) == 1
+
+
 def test_bench_help_lists_the_benchmarks(capsys):
     assert main(["bench", "--help"]) == 0
     out = capsys.readouterr().out

@@ -48,7 +48,7 @@ def _plot(run_dir: str, out_dir: str | None, compare: list[str], metric: str | N
             paths = [plot_comparison([run_dir, *compare], metric, target)]
         else:
             paths = plot_run(run_dir, out_dir)
-    except (FileNotFoundError, ValueError) as error:
+    except (OSError, ValueError) as error:  # a missing run, a damaged log, a plot path that cannot be written
         print(f"comera plot: {error}", file=sys.stderr)
         return 2
     for path in paths:

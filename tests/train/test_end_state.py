@@ -134,10 +134,12 @@ def test_train_records_lost_from_the_log_before_the_checkpoint_are_said_missing(
     assert len(missing) == 1 and (missing[0]["steps"], missing[0]["first"]) == (2, 3)
 
 
-def test_a_checkpoint_of_a_model_of_other_widths_is_skipped_before_it_changes_the_model(tmp_path):
-    """The newest checkpoint comes from a model with the same layer names but other widths (pruned at its
-    end): it is refused by its shapes before its structure is applied, so the run's own older checkpoint
-    (of larger ranks) still resumes, and the run ends as an uninterrupted one."""
+@pytest.mark.parametrize("edit", ["another width", "a structure its tensors do not have"])
+def test_a_checkpoint_of_a_model_of_other_widths_is_skipped_before_it_changes_the_model(tmp_path, edit):
+    """The newest checkpoint comes from a model with the same layer names but other widths, or records
+    ranks its tensors do not have (an edited file): it is refused by its shapes before its structure is
+    applied, so the run's own older checkpoint (of larger ranks) still resumes, and the run ends as an
+    uninterrupted one."""
     import copy
 
     import torch
@@ -164,16 +166,18 @@ def test_a_checkpoint_of_a_model_of_other_widths_is_skipped_before_it_changes_th
         if path.name != "step-00000004.pt":
             path.unlink()
     foreign = load_checkpoint(checkpoint_path(tmp_path / "checkpoints", 4))
-    head = foreign["model"]["5.weight"]
-    foreign["model"]["5.weight"] = torch.zeros(head.shape[0] + 1, head.shape[1])  # another width
-    foreign["structure"] = {
-        "0": {"removed": False, "ranks": [1, 1, 1]},
-        "3": {"removed": False, "ranks": [1]},
-    }
+    if edit == "another width":
+        head = foreign["model"]["5.weight"]
+        foreign["model"]["5.weight"] = torch.zeros(head.shape[0] + 1, head.shape[1])
+        why = r"'5.weight' has shape"
+    else:
+        foreign["structure"] = {
+            "0": {"removed": False, "ranks": [1, 1, 1]},
+            "3": {"removed": False, "ranks": [1]},
+        }
+        why = r"'0.cores.0' has shape \[1, 3, 3\], its structure gives \[1, 3, 1\]"
     save_checkpoint(foreign, checkpoint_path(tmp_path / "checkpoints", 6))
-    with pytest.warns(
-        RuntimeWarning, match=r"skipping a checkpoint of another model: .*'5.weight' has shape"
-    ):
+    with pytest.warns(RuntimeWarning, match=rf"skipping a checkpoint of another model: .*{why}"):
         resumed = trainer(8)
         resumed.fit(resume=True)
     assert resumed.objective.structure() == whole.objective.structure()

@@ -189,6 +189,16 @@ def test_a_folder_where_the_log_goes_is_refused_naming_it(tmp_path):
 @pytest.mark.parametrize("kind", ["train", "eval", "event"])
 def test_a_record_of_the_trainers_kinds_without_a_step_holds_no_record(tmp_path, kind):
     path = _write(tmp_path, f'{{"kind": "{kind}", "loss": 0.5}}\n{{"kind": "train", "step": 1}}\n')
-    with pytest.raises(ValueError, match=f"line 1 is a {kind} record without a step$"):
+    with pytest.raises(ValueError, match=f"line 1 is a record of kind '{kind}' without a step$"):
+        read_metrics(path)
+    assert MetricsLog(tmp_path).drop_after(3) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    "line", ['{"kind": "event", "step": 2}', '{"kind": "event", "step": 2, "event": null}']
+)
+def test_an_event_without_a_name_holds_no_record(tmp_path, line):
+    path = _write(tmp_path, f'{line}\n{{"kind": "train", "step": 1}}\n')
+    with pytest.raises(ValueError, match="line 1 is an event record without an event name$"):
         read_metrics(path)
     assert MetricsLog(tmp_path).drop_after(3) == (1, 0)

@@ -88,18 +88,25 @@ def _bond_shrunk(mine: tuple[int, ...], theirs: tuple[int, ...]) -> bool:
 
 
 def foreign_entry(
-    state: Mapping[str, Any], own: Mapping[str, torch.Tensor], structure: Mapping[str, Any]
+    state: Mapping[str, Any],
+    own: Mapping[str, torch.Tensor],
+    structure: Mapping[str, Any],
+    shapes: Mapping[int, tuple[int, ...]] | None = None,
 ) -> str | None:
     """Why a checkpoint's model ``state`` cannot be this model's, or None. ``own`` is the model's
-    ``state_dict(keep_vars=True)`` (tied parameters are one object under several names).
+    ``state_dict(keep_vars=True)`` (tied parameters are one object under several names); ``shapes`` the
+    shape each parameter would have after the checkpoint's ``structure`` is applied, by parameter ``id``
+    (``Objective.structure_shapes``).
 
-    Pruning removes the layers that ``structure`` (the checkpoint's) marks removed and shrinks the bond
-    sizes (a tensor's first and last dimension; a gate's length) of the layers it names, and of the layers
-    tied to them (a head sharing an embedding's cores); every other entry must be the model's, with its
-    shape, and every entry of the model must be there but for removed layers. Checked before the structure is
-    applied, so that a checkpoint of another model (another width, another method) is refused without
-    changing this one.
+    A parameter in ``shapes`` must have exactly that shape (under every name it has: a head tied to an
+    embedding's cores shrinks with them). Without ``shapes``, pruning may only remove the layers that
+    ``structure`` marks removed and shrink the bond sizes (a tensor's first and last dimension; a gate's
+    length) of the layers it names and of the layers tied to them. Every other entry must be the model's,
+    with its shape, and every entry of the model must be there but for removed layers. Checked before the
+    structure is applied, so that a checkpoint of another model (another width, another method) or an edited
+    one is refused without changing this one.
     """
+    shapes = shapes or {}
     layers = tuple(structure)
     removed = tuple(
         name for name, spec in structure.items() if isinstance(spec, Mapping) and spec.get("removed")
@@ -114,6 +121,11 @@ def foreign_entry(
         if key not in own:
             return f"its entry {key!r} is not in this model"
         mine = tuple(own[key].shape)
+        expected = shapes.get(id(own[key]))
+        if expected is not None:
+            if theirs != tuple(expected):
+                return f"its entry {key!r} has shape {list(theirs)}, its structure gives {list(expected)}"
+            continue
         shrinkable = under(key, layers) or id(own[key]) in prunable
         if mine != theirs and not (shrinkable and _bond_shrunk(mine, theirs)):
             return f"its entry {key!r} has shape {list(theirs)}, this model's {list(mine)}"

@@ -66,8 +66,11 @@ def _record(line: bytes) -> tuple[dict[str, Any] | None, str]:
         return None, "is not valid JSON"
     if not isinstance(record, dict):
         return None, f"is a {type(record).__name__}, not a JSON object"
-    if record.get("kind") in STEP_KINDS and "step" not in record:
-        return None, f"is a {record['kind']} record without a step"
+    kind = record.get("kind")
+    if kind in STEP_KINDS and "step" not in record:
+        return None, f"is a record of kind {kind!r} without a step"
+    if kind == "event" and not isinstance(record.get("event"), str):
+        return None, "is an event record without an event name"
     step = record.get("step", 0)
     if isinstance(step, bool) or not isinstance(step, int):
         return None, f"has a step that is not an integer ({step!r})"

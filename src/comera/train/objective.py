@@ -160,6 +160,12 @@ class Objective:
         cannot prune a sharded model in place. The objective's own state carries over."""
         self.model = model
 
+    def structure_shapes(self, structure: dict[str, Any]) -> dict[int, tuple[int, ...]]:
+        """The shape each parameter would have after :meth:`apply_structure` of ``structure``, keyed by the
+        ``id`` of the parameter it reshapes (none here: nothing changes shape). Lets a checkpoint be checked
+        against its structure before anything is changed."""
+        return {}
+
     def before_evaluation(self) -> None:
         """Run before every evaluation: here every hook of :func:`register_evaluation_hook`."""
         for hook in _EVALUATION_HOOKS:

@@ -556,8 +556,8 @@ class Trainer:
                 continue
             self._resumed_from(path)
             return
-        if candidates:
-            self._write_deferred_events()
+        if candidates:  # nothing resumed: the warnings said which were skipped, the log stays as it was
+            self._deferred_events.clear()
             raise NoReadableCheckpointError(self.checkpoint_dir, len(candidates))
         where = "no checkpoint folder (config.run_dir and checkpoint_dir are None)"
         if self.checkpoint_dir is not None:
@@ -892,9 +892,11 @@ class Trainer:
         if isinstance(payload.get("model"), Mapping):  # a single-file checkpoint: checked before any change
             reference = self._template if self._template is not None else self.module
             own = reference.state_dict(keep_vars=True)
-            reason = foreign_entry(payload["model"], own, payload.get("structure") or {})
+            structure = payload.get("structure") or {}
+            shapes = self.objective.structure_shapes(structure) if self._template is None else {}
+            reason = foreign_entry(payload["model"], own, structure, shapes)
             if reason is not None:
-                raise ForeignCheckpointError(f"{reason}: the checkpoint was written by another model")
+                raise ForeignCheckpointError(reason)
         rewrap = self.world_size > 1 and not self._sharded  # rebuilt on the restored structure
         if rewrap:
             self._drop_ddp_wrapper()

@@ -160,6 +160,26 @@ class CoMERAObjective(Objective):
         super().rebind(model)
         self.adaptation.model = model
 
+    def structure_shapes(self, structure: dict[str, Any]) -> dict[int, tuple[int, ...]]:
+        """Core ``k`` of a recorded layer keeps its mode sizes between bonds ``k`` and ``k + 1`` of the
+        recorded ranks (1 at the ends); gate ``k`` has rank ``k`` entries. Layers not recorded, removed, or
+        whose record is malformed give none (:meth:`apply_structure` refuses those)."""
+        shapes: dict[int, tuple[int, ...]] = {}
+        for name, layer_train in gated_trains(self.model):
+            spec = structure.get(name)
+            if not isinstance(spec, dict) or spec.get("removed"):
+                continue
+            ranks = list(spec.get("ranks", ()))
+            cores, gates = layer_train.core_list(), layer_train.gate_list()
+            if len(ranks) != len(gates) or not all(isinstance(rank, int) for rank in ranks):
+                continue
+            bonds = [1, *ranks, 1]
+            for index, core in enumerate(cores):
+                shapes[id(core)] = (bonds[index], *core.shape[1:-1], bonds[index + 1])
+            for gate, rank in zip(gates, ranks, strict=True):
+                shapes[id(gate)] = (rank,)
+        return shapes
+
     def record(self) -> dict[str, Any]:
         record = {"ranks": {name: list(layer_train.ranks) for name, layer_train in gated_trains(self.model)}}
         if self.stage == "late":
