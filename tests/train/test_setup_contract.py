@@ -220,9 +220,13 @@ def test_metrics_log_creates_missing_parent_folders(tmp_path):
     """A log in a folder two levels below an existing one creates both and appends records there."""
     log = MetricsLog(tmp_path / "a" / "b")
     assert log.torn_bytes == 0
-    log.write({"kind": "event", "step": 1})
-    assert read_metrics(tmp_path / "a" / "b") == [{"kind": "event", "step": 1}]
-    assert json.loads((tmp_path / "a" / "b" / "metrics.jsonl").read_text()) == {"kind": "event", "step": 1}
+    log.write({"kind": "event", "step": 1, "event": "start"})
+    assert read_metrics(tmp_path / "a" / "b") == [{"kind": "event", "step": 1, "event": "start"}]
+    assert json.loads((tmp_path / "a" / "b" / "metrics.jsonl").read_text()) == {
+        "kind": "event",
+        "step": 1,
+        "event": "start",
+    }
 
 
 def test_objective_refuses_a_model_that_is_not_a_module():
