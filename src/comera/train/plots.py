@@ -162,9 +162,15 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
 
 
 def _save(figure, path: Path, plt) -> Path:
+    """Write ``figure`` to ``path`` and close it; ``OSError`` naming the path when it cannot be written (a
+    folder or a pipe in its place)."""
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    try:
+        figure.savefig(path, dpi=100)
+    except OSError as error:
+        raise OSError(f"{path}: cannot write the plot ({error.strerror or error})") from None
+    finally:
+        plt.close(figure)
     return path
 
 

@@ -828,7 +828,7 @@ class Trainer:
                 stacklevel=3,
             )
         except (ValueError, OSError) as error:  # a record the plots cannot read, a plots/ path in the way
-            warnings.warn(f"no plot was drawn: {error}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"not every plot was drawn: {error}", RuntimeWarning, stacklevel=3)
 
     # checkpoints
     def state_dict(self) -> dict[str, Any]:
