@@ -248,3 +248,25 @@ def test_restart_takes_the_next_number_past_a_dangling_link(killed_run, tmp_path
     results = _run(tmp_path, out, restart=True)
     assert dangling.is_symlink() and not dangling.exists()
     assert results["earlier_run"] == str(out.with_name("run.old-2").resolve())
+
+
+def test_a_method_with_its_own_optimizer_is_refused_under_fsdp_before_anything_is_written(
+    tmp_path, monkeypatch
+):
+    """--method galore (its own optimizer) with train.parallel=fsdp in several processes: one error naming
+    the command-line setting, before the run folder or the data is touched."""
+    import comera.recipes.run as run_module
+
+    monkeypatch.setattr(run_module, "world", lambda: (0, 2))
+    with pytest.raises(
+        SetupError, match=r"^--method galore brings its own optimizer, .* --set train.parallel=ddp$"
+    ):
+        run(
+            "toy",
+            method="galore",
+            preset="smoke",
+            out=tmp_path / "run",
+            cache_dir=tmp_path / "cache",
+            assignments=["train.parallel=fsdp"],
+        )
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()

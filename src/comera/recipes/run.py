@@ -490,6 +490,17 @@ class _Setup:
     earlier_run: Path | None
 
 
+def _check_parallel(method: Method, name: str, settings: dict[str, Any]) -> None:
+    """A method that brings its own optimizer cannot run sharded (FSDP builds the optimizer after sharding
+    the model): ``ValueError`` naming the setting, before any folder or data is touched."""
+    sharded = settings["train"].get("parallel") == "fsdp" and world()[1] > 1
+    if sharded and type(method).optimizer is not Method.optimizer:
+        raise ValueError(
+            f"--method {name} brings its own optimizer, which train.parallel=fsdp cannot shard (it builds "
+            "the optimizer after sharding the model): use --set train.parallel=ddp"
+        )
+
+
 def _set_up(request: _Request) -> _Setup:
     recipe = get_recipe(request.recipe_name)
     chosen = get_method(request.method)
@@ -502,6 +513,7 @@ def _set_up(request: _Request) -> _Setup:
         assignments=request.assignments,
     )
     settings = header["settings"]
+    _check_parallel(chosen, request.method, settings)
     if settings["train"].get("device") is not None:
         training_device(settings["train"]["device"])  # a GPU this machine lacks, before the data is read
     out = (
