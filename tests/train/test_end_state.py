@@ -183,3 +183,61 @@ def test_a_checkpoint_of_a_model_of_other_widths_is_skipped_before_it_changes_th
     assert resumed.objective.structure() == whole.objective.structure()
     for name, value in expected.items():
         torch.testing.assert_close(resumed.module.state_dict()[name], value, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        ("no removed key", "structure record of layer '0' is malformed"),
+        ("a rank as text", "structure record of layer '0' is malformed"),
+        ("a list", "structure record is not a mapping of layers"),
+        ("removed, tensors kept", "belongs to a layer its structure records as removed"),
+    ],
+)
+def test_a_checkpoint_with_a_malformed_structure_record_is_skipped_before_it_changes_the_model(
+    tmp_path, edit, why
+):
+    """The newest checkpoint's structure record edited (a key gone, a rank as text, not a mapping, a layer
+    marked removed whose tensors it still holds): skipped with a warning before anything changes; the run
+    resumes from its own older checkpoint and ends as an uninterrupted run."""
+    import copy
+
+    import torch
+
+    from comera.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+
+    def trainer():
+        model = make_model()
+        config = TrainConfig(
+            early=8,
+            unit="step",
+            batch_size=8,
+            checkpoint_every=2,
+            keep_checkpoints=10,
+            run_dir=str(tmp_path),
+            plot=False,
+        )
+        return Trainer(model, loss_fn, make_data(), config=config, objective=CoMERAObjective(model))
+
+    whole = trainer()
+    whole.fit()
+    expected = copy.deepcopy(whole.module.state_dict())
+    for path in (tmp_path / "checkpoints").iterdir():
+        if path.name != "step-00000004.pt":
+            path.unlink()
+    edited = load_checkpoint(checkpoint_path(tmp_path / "checkpoints", 4))
+    structure = edited["structure"]
+    if edit == "no removed key":
+        del structure["0"]["removed"]
+    elif edit == "a rank as text":
+        structure["0"]["ranks"][0] = "3"
+    elif edit == "a list":
+        edited["structure"] = list(structure.items())
+    else:
+        structure["0"]["removed"] = True
+    save_checkpoint(edited, checkpoint_path(tmp_path / "checkpoints", 6))
+    with pytest.warns(RuntimeWarning, match=f"skipping a checkpoint of another model: .*{why}"):
+        resumed = trainer()
+        resumed.fit(resume=True)
+    for name, value in expected.items():
+        torch.testing.assert_close(resumed.module.state_dict()[name], value, msg=name)

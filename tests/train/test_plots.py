@@ -407,3 +407,14 @@ def test_final_values_at_different_steps_or_times_say_the_last_evaluation(tmp_pa
     plot_comparison(runs, "ne", tmp_path / "ne.png", x=x)
     axis = figures["ne.png"].axes[0]
     assert axis.get_title() == "ne on the evaluation split at the last evaluation"
+
+
+@pytest.mark.parametrize("ranks", [None, "x", {"0": [1, "2"]}, "absent"])
+def test_plot_run_names_a_train_record_without_usable_ranks(tmp_path, ranks):
+    """When train records carry ranks, each must: a record without them, or with something else, is named."""
+    broken = {"kind": "train", "step": 2, "loss": 0.4, "ratio": 0.9}
+    if ranks != "absent":
+        broken["ranks"] = ranks
+    run_dir = _write(tmp_path / "run", [{**RECORDS[0], "ranks": {"0": [2, 2]}}, broken])
+    with pytest.raises(ValueError, match=r"record 2 \(train\) has no ranks of its layers"):
+        plot_run(run_dir)

@@ -91,12 +91,12 @@ def foreign_entry(
     state: Mapping[str, Any],
     own: Mapping[str, torch.Tensor],
     structure: Mapping[str, Any],
-    shapes: Mapping[int, tuple[int, ...]] | None = None,
+    shapes: Mapping[int, tuple[int, ...] | None] | None = None,
 ) -> str | None:
     """Why a checkpoint's model ``state`` cannot be this model's, or None. ``own`` is the model's
     ``state_dict(keep_vars=True)`` (tied parameters are one object under several names); ``shapes`` the
     shape each parameter would have after the checkpoint's ``structure`` is applied, by parameter ``id``
-    (``Objective.structure_shapes``).
+    (``Objective.structure_shapes``; None: the parameter is gone, its layer removed).
 
     A parameter in ``shapes`` must have exactly that shape (under every name it has: a head tied to an
     embedding's cores shrinks with them). Without ``shapes``, pruning may only remove the layers that
@@ -121,6 +121,8 @@ def foreign_entry(
         if key not in own:
             return f"its entry {key!r} is not in this model"
         mine = tuple(own[key].shape)
+        if id(own[key]) in shapes and shapes[id(own[key])] is None:
+            return f"its entry {key!r} belongs to a layer its structure records as removed"
         expected = shapes.get(id(own[key]))
         if expected is not None:
             if theirs != tuple(expected):

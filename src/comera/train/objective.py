@@ -160,10 +160,10 @@ class Objective:
         cannot prune a sharded model in place. The objective's own state carries over."""
         self.model = model
 
-    def structure_shapes(self, structure: dict[str, Any]) -> dict[int, tuple[int, ...]]:
-        """The shape each parameter would have after :meth:`apply_structure` of ``structure``, keyed by the
-        ``id`` of the parameter it reshapes (none here: nothing changes shape). Lets a checkpoint be checked
-        against its structure before anything is changed."""
+    def structure_shapes(self, structure: dict[str, Any]) -> dict[int, tuple[int, ...] | None]:
+        """The shape each parameter would have after :meth:`apply_structure` of ``structure`` (None: it would
+        be gone), keyed by the ``id`` of the parameter (none here: nothing changes shape). Lets a checkpoint
+        be checked against its structure before anything is changed."""
         return {}
 
     def before_evaluation(self) -> None:

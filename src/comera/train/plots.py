@@ -76,15 +76,28 @@ def _events(axes, records: list[dict[str, Any]], prefix: str = "") -> None:
 _NEEDED = {"train": ("step", "loss", "ratio"), "eval": ("step", "metrics"), "event": ("step", "event")}
 
 
+def _rank_record(ranks: object) -> bool:
+    """Whether ``ranks`` is what a train record holds under ``"ranks"``: layer name -> list of ints."""
+    return isinstance(ranks, dict) and all(
+        isinstance(bonds, list) and all(isinstance(rank, int) for rank in bonds) for bonds in ranks.values()
+    )
+
+
 def _checked_records(run_dir: Path) -> list[dict[str, Any]]:
     """The run's records; ``ValueError`` naming the line of one that is not an object (:func:`read_metrics`)
     or the record that lacks a key."""
     records = read_metrics(run_dir)
+    ranked = any("ranks" in record for record in records if record.get("kind") == "train")
     for number, record in enumerate(records, 1):
         missing = [key for key in _NEEDED.get(record.get("kind"), ()) if key not in record]
         if missing:
             raise ValueError(
                 f"{run_dir / METRICS_NAME}: record {number} ({record.get('kind')}) lacks {missing}"
+            )
+        if record.get("kind") == "train" and ranked and not _rank_record(record.get("ranks")):
+            raise ValueError(
+                f"{run_dir / METRICS_NAME}: record {number} (train) has no ranks of its layers (a mapping of "
+                f"layer names to lists of ranks), got {record.get('ranks')!r}"
             )
     return records
 

@@ -140,6 +140,22 @@ def _with_last(batches: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
         current = following
 
 
+def _check_structure_record(structure: object) -> None:
+    """``ValueError`` unless ``structure`` is what a checkpoint records: layer name -> ``{"removed": bool,
+    "ranks": list of ints}`` (an edited or foreign checkpoint may hold anything)."""
+    if not isinstance(structure, Mapping):
+        raise ValueError(f"its structure record is not a mapping of layers (got {type(structure).__name__})")
+    for name, spec in structure.items():
+        ranks = spec.get("ranks") if isinstance(spec, Mapping) else None
+        if (
+            not isinstance(spec, Mapping)
+            or not isinstance(spec.get("removed"), bool)
+            or not isinstance(ranks, list)
+            or not all(isinstance(rank, int) and not isinstance(rank, bool) for rank in ranks)
+        ):
+            raise ValueError(f"its structure record of layer {name!r} is malformed: {spec!r}")
+
+
 class Trainer:
     """Trains any model through one loop: CoMERA's early and late stages, or a baseline's task loss.
 
@@ -889,6 +905,10 @@ class Trainer:
         return path
 
     def _restore(self, payload: dict[str, Any], rollback: bool) -> None:
+        try:
+            _check_structure_record(payload.get("structure"))
+        except ValueError as error:
+            raise ForeignCheckpointError(str(error)) from error
         if isinstance(payload.get("model"), Mapping):  # a single-file checkpoint: checked before any change
             reference = self._template if self._template is not None else self.module
             own = reference.state_dict(keep_vars=True)
@@ -907,7 +927,7 @@ class Trainer:
             else:
                 self.objective.apply_structure(payload["structure"], self.optimizer)
         except ValueError as error:  # before any pruning; gates it set are set again by the next restore
-            raise ForeignCheckpointError(f"{error}: the checkpoint was written by another model") from error
+            raise ForeignCheckpointError(str(error)) from error
         if "shards" in payload:
             load_sharded_state(payload["shards"], self.module, self.optimizer)
             if self._sharded:
@@ -919,9 +939,7 @@ class Trainer:
                 self.module.load_state_dict(payload["model"])
             except RuntimeError as error:  # what the shape check cannot see (bond sizes off the structure)
                 first = str(error).splitlines()[1].strip() if "\n" in str(error) else str(error)
-                raise ForeignCheckpointError(
-                    f"{first}: the checkpoint was written by another model"
-                ) from error
+                raise ForeignCheckpointError(first.rstrip(".")) from error
             self.optimizer.load_state_dict(payload["optimizer"])
         if rewrap:
             self.model = DistributedDataParallel(self.module)

@@ -160,14 +160,20 @@ class CoMERAObjective(Objective):
         super().rebind(model)
         self.adaptation.model = model
 
-    def structure_shapes(self, structure: dict[str, Any]) -> dict[int, tuple[int, ...]]:
+    def structure_shapes(self, structure: dict[str, Any]) -> dict[int, tuple[int, ...] | None]:
         """Core ``k`` of a recorded layer keeps its mode sizes between bonds ``k`` and ``k + 1`` of the
-        recorded ranks (1 at the ends); gate ``k`` has rank ``k`` entries. Layers not recorded, removed, or
-        whose record is malformed give none (:meth:`apply_structure` refuses those)."""
-        shapes: dict[int, tuple[int, ...]] = {}
+        recorded ranks (1 at the ends); gate ``k`` has rank ``k`` entries; a removed layer has neither (None).
+        Layers not recorded, or whose record is malformed, give none (:meth:`apply_structure` refuses
+        those)."""
+        shapes: dict[int, tuple[int, ...] | None] = {}
         for name, layer_train in gated_trains(self.model):
             spec = structure.get(name)
-            if not isinstance(spec, dict) or spec.get("removed"):
+            if not isinstance(spec, dict):
+                continue
+            if spec.get("removed"):  # its cores and gates are gone
+                shapes.update(
+                    (id(param), None) for param in (*layer_train.core_list(), *layer_train.gate_list())
+                )
                 continue
             ranks = list(spec.get("ranks", ()))
             cores, gates = layer_train.core_list(), layer_train.gate_list()
