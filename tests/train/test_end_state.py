@@ -134,64 +134,104 @@ def test_train_records_lost_from_the_log_before_the_checkpoint_are_said_missing(
     assert len(missing) == 1 and (missing[0]["steps"], missing[0]["first"]) == (2, 3)
 
 
-@pytest.mark.parametrize("edit", ["another width", "a structure its tensors do not have"])
-def test_a_checkpoint_of_a_model_of_other_widths_is_skipped_before_it_changes_the_model(tmp_path, edit):
-    """The newest checkpoint comes from a model with the same layer names but other widths, or records
-    ranks its tensors do not have (an edited file): it is refused by its shapes before its structure is
-    applied, so the run's own older checkpoint (of larger ranks) still resumes, and the run ends as an
-    uninterrupted one."""
+def _comera_trainer(run_dir) -> Trainer:
+    """The tiny CoMERA run of 8 steps, a checkpoint every 2 (all kept)."""
+    model = make_model()
+    config = TrainConfig(
+        early=8,
+        unit="step",
+        batch_size=8,
+        checkpoint_every=2,
+        keep_checkpoints=10,
+        run_dir=str(run_dir),
+        plot=False,
+    )
+    return Trainer(model, loss_fn, make_data(), config=config, objective=CoMERAObjective(model))
+
+
+def _resumed_past_an_edited_checkpoint(tmp_path, edit, why) -> None:
+    """Run to the end, keep only the step-4 checkpoint, save ``edit(payload)`` of it as step 6, resume: the
+    edited one is skipped (its warning matches ``why``) and the run ends as the uninterrupted one."""
     import copy
 
     import torch
 
     from comera.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 
-    def trainer(early, model=None):
-        model = model if model is not None else make_model()
-        config = TrainConfig(
-            early=early,
-            unit="step",
-            batch_size=8,
-            checkpoint_every=2,
-            keep_checkpoints=10,
-            run_dir=str(tmp_path),
-            plot=False,
-        )
-        return Trainer(model, loss_fn, make_data(), config=config, objective=CoMERAObjective(model))
-
-    whole = trainer(8)
+    whole = _comera_trainer(tmp_path)
     whole.fit()
     expected = copy.deepcopy(whole.module.state_dict())
     for path in (tmp_path / "checkpoints").iterdir():
         if path.name != "step-00000004.pt":
             path.unlink()
-    foreign = load_checkpoint(checkpoint_path(tmp_path / "checkpoints", 4))
-    if edit == "another width":
-        head = foreign["model"]["5.weight"]
-        foreign["model"]["5.weight"] = torch.zeros(head.shape[0] + 1, head.shape[1])
-        why = r"'5.weight' has shape"
-    else:
-        foreign["structure"] = {
-            "0": {"removed": False, "ranks": [1, 1, 1]},
-            "3": {"removed": False, "ranks": [1]},
-        }
-        why = r"'0.cores.0' has shape \[1, 3, 3\], its structure gives \[1, 3, 1\]"
-    save_checkpoint(foreign, checkpoint_path(tmp_path / "checkpoints", 6))
-    with pytest.warns(RuntimeWarning, match=rf"skipping a checkpoint of another model: .*{why}"):
-        resumed = trainer(8)
+    payload = load_checkpoint(checkpoint_path(tmp_path / "checkpoints", 4))
+    save_checkpoint(edit(payload), checkpoint_path(tmp_path / "checkpoints", 6))
+    with pytest.warns(RuntimeWarning, match=f"skipping a checkpoint of another model: .*{why}"):
+        resumed = _comera_trainer(tmp_path)
         resumed.fit(resume=True)
     assert resumed.objective.structure() == whole.objective.structure()
     for name, value in expected.items():
         torch.testing.assert_close(resumed.module.state_dict()[name], value, msg=name)
 
 
+def _wider_head(payload):
+    import torch
+
+    head = payload["model"]["5.weight"]
+    payload["model"]["5.weight"] = torch.zeros(head.shape[0] + 1, head.shape[1])
+    return payload
+
+
+def _ranks_of_one(payload):
+    payload["structure"] = {
+        "0": {"removed": False, "ranks": [1, 1, 1]},
+        "3": {"removed": False, "ranks": [1]},
+    }
+    return payload
+
+
 @pytest.mark.parametrize(
     ("edit", "why"),
     [
-        ("no removed key", "structure record of layer '0' is malformed"),
-        ("a rank as text", "structure record of layer '0' is malformed"),
-        ("a list", "structure record is not a mapping of layers"),
-        ("removed, tensors kept", "belongs to a layer its structure records as removed"),
+        (_wider_head, r"'5.weight' has shape"),
+        (_ranks_of_one, r"'0.cores.0' has shape \[1, 3, 3\], its structure gives \[1, 3, 1\]"),
+    ],
+)
+def test_a_checkpoint_of_a_model_of_other_widths_is_skipped_before_it_changes_the_model(tmp_path, edit, why):
+    """The newest checkpoint comes from a model with the same layer names but other widths, or records
+    ranks its tensors do not have (an edited file): it is refused by its shapes before its structure is
+    applied, so the run's own older checkpoint (of larger ranks) still resumes, and the run ends as an
+    uninterrupted one."""
+    _resumed_past_an_edited_checkpoint(tmp_path, edit, why)
+
+
+def _without_removed(payload):
+    del payload["structure"]["0"]["removed"]
+    return payload
+
+
+def _rank_as_text(payload):
+    payload["structure"]["0"]["ranks"][0] = "3"
+    return payload
+
+
+def _structure_as_a_list(payload):
+    payload["structure"] = list(payload["structure"].items())
+    return payload
+
+
+def _removed_with_tensors(payload):
+    payload["structure"]["0"]["removed"] = True
+    return payload
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (_without_removed, "structure record of layer '0' is malformed"),
+        (_rank_as_text, "structure record of layer '0' is malformed"),
+        (_structure_as_a_list, "structure record is not a mapping of layers"),
+        (_removed_with_tensors, "belongs to a layer its structure records as removed"),
     ],
 )
 def test_a_checkpoint_with_a_malformed_structure_record_is_skipped_before_it_changes_the_model(
@@ -200,44 +240,4 @@ def test_a_checkpoint_with_a_malformed_structure_record_is_skipped_before_it_cha
     """The newest checkpoint's structure record edited (a key gone, a rank as text, not a mapping, a layer
     marked removed whose tensors it still holds): skipped with a warning before anything changes; the run
     resumes from its own older checkpoint and ends as an uninterrupted run."""
-    import copy
-
-    import torch
-
-    from comera.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
-
-    def trainer():
-        model = make_model()
-        config = TrainConfig(
-            early=8,
-            unit="step",
-            batch_size=8,
-            checkpoint_every=2,
-            keep_checkpoints=10,
-            run_dir=str(tmp_path),
-            plot=False,
-        )
-        return Trainer(model, loss_fn, make_data(), config=config, objective=CoMERAObjective(model))
-
-    whole = trainer()
-    whole.fit()
-    expected = copy.deepcopy(whole.module.state_dict())
-    for path in (tmp_path / "checkpoints").iterdir():
-        if path.name != "step-00000004.pt":
-            path.unlink()
-    edited = load_checkpoint(checkpoint_path(tmp_path / "checkpoints", 4))
-    structure = edited["structure"]
-    if edit == "no removed key":
-        del structure["0"]["removed"]
-    elif edit == "a rank as text":
-        structure["0"]["ranks"][0] = "3"
-    elif edit == "a list":
-        edited["structure"] = list(structure.items())
-    else:
-        structure["0"]["removed"] = True
-    save_checkpoint(edited, checkpoint_path(tmp_path / "checkpoints", 6))
-    with pytest.warns(RuntimeWarning, match=f"skipping a checkpoint of another model: .*{why}"):
-        resumed = trainer()
-        resumed.fit(resume=True)
-    for name, value in expected.items():
-        torch.testing.assert_close(resumed.module.state_dict()[name], value, msg=name)
+    _resumed_past_an_edited_checkpoint(tmp_path, edit, why)
