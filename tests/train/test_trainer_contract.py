@@ -610,3 +610,15 @@ def test_a_folder_with_a_checkpoint_files_name_is_reported_and_replaced_when_tha
     assert blocker.is_file() and load_checkpoint(blocker)["progress"]["step"] == 2 * STEPS_PER_EPOCH
     (event,) = events(tmp_path, "unreadable_checkpoint")
     assert event["checkpoint"] == str(blocker) and event["step"] == STEPS_PER_EPOCH
+
+
+def test_a_pipe_with_a_checkpoint_files_name_is_reported_and_replaced_when_that_step_is_saved(tmp_path):
+    """A named pipe called step-N.pt: reported at the resume, replaced by the checkpoint of step N."""
+    import os
+
+    task_trainer(tmp_path, early=1).fit()
+    blocker = checkpoint_path(tmp_path / "checkpoints", 2 * STEPS_PER_EPOCH)
+    os.mkfifo(blocker)
+    with pytest.warns(RuntimeWarning, match="not a checkpoint, a special file with its name"):
+        task_trainer(tmp_path, early=2).fit(resume=True)
+    assert blocker.is_file() and load_checkpoint(blocker)["progress"]["step"] == 2 * STEPS_PER_EPOCH

@@ -94,7 +94,10 @@ def lock_run_folder(path: Path) -> None:
     try:
         handle = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as error:
-        raise ValueError(f"--out {path}: cannot create or write to it ({error.strerror or error})") from None
+        raise ValueError(
+            f"--out {path}: cannot create or write its lock file {path / LOCK_NAME} "
+            f"({error.strerror or error})"
+        ) from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -158,15 +158,17 @@ def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def misplaced_entries(directory: str | os.PathLike) -> list[Path]:
-    """Entries of ``directory`` with a checkpoint's name but of the other kind (a folder named ``step-N.pt``,
-    a file named ``step-N.dcp``), sorted: no checkpoint, and in the way of the one that step will write."""
+    """Entries of ``directory`` with a checkpoint's name but not of its kind (a folder named ``step-N.pt``,
+    a file named ``step-N.dcp``, a pipe), sorted: no checkpoint, and in the way of the one that step will
+    write."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
     return sorted(
         path
         for path in directory.iterdir()
-        if (match := _NAME.fullmatch(path.name)) and path.is_dir() != (match.group(2) == "dcp")
+        if (match := _NAME.fullmatch(path.name))
+        and not (path.is_dir() if match.group(2) == "dcp" else path.is_file())
     )
 
 

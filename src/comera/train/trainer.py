@@ -510,8 +510,8 @@ class Trainer:
         details = {"unreadable_lines_dropped": unreadable} if unreadable else {}
         if unreadable:
             warnings.warn(
-                f"{self.metrics.path}: dropped {unreadable} line(s) that hold no record (not JSON, not an "
-                "object, no integer step)",
+                f"{self.metrics.path}: dropped {unreadable} line(s) that hold no record (not UTF-8, not "
+                "JSON, not an object, no integer step)",
                 RuntimeWarning,
                 stacklevel=4,
             )
@@ -551,7 +551,8 @@ class Trainer:
     def _resume_latest(self) -> None:
         candidates = [] if self.checkpoint_dir is None else list_checkpoints(self.checkpoint_dir)
         for path in [] if self.checkpoint_dir is None else misplaced_entries(self.checkpoint_dir):
-            error = f"{path}: not a checkpoint, a {'folder' if path.is_dir() else 'file'} with its name"
+            kind = "folder" if path.is_dir() else "file" if path.is_file() else "special file"
+            error = f"{path}: not a checkpoint, a {kind} with its name"
             warnings.warn(f"skipping an unreadable checkpoint: {error}", RuntimeWarning, stacklevel=3)
             self._deferred_events.append(("unreadable_checkpoint", {"checkpoint": str(path), "error": error}))
         for _, path in reversed(candidates):
@@ -890,7 +891,11 @@ class Trainer:
         if self.checkpoint_dir is None:
             raise ValueError("no checkpoint folder: set config.run_dir or config.checkpoint_dir")
         path = checkpoint_path(self.checkpoint_dir, self.step, sharded=self._sharded)
-        if self.process_rank == 0 and path.exists() and path.is_dir() != self._sharded:
+        if (
+            self.process_rank == 0
+            and path.exists()
+            and not (path.is_dir() if self._sharded else path.is_file())
+        ):
             remove_checkpoint(path)  # an entry of the other kind, reported unreadable at the resume
         if self._sharded:
             save_sharded_checkpoint(path, self.module, self.optimizer, self._trainer_state())
