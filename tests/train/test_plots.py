@@ -418,3 +418,17 @@ def test_plot_run_names_a_train_record_without_usable_ranks(tmp_path, ranks):
     run_dir = _write(tmp_path / "run", [{**RECORDS[0], "ranks": {"0": [2, 2]}}, broken])
     with pytest.raises(ValueError, match=r"record 2 \(train\) has no ranks of its layers"):
         plot_run(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("record", "held"),
+    [
+        ({"kind": "train", "step": 30, "loss": "0.5", "ratio": 0.8}, "loss='0.5'"),
+        ({"kind": "train", "step": 30, "loss": 0.5, "ratio": None}, "ratio=None"),
+        ({"kind": "train", "step": 30, "loss": [1], "ratio": 0.8}, "loss=[1]"),
+    ],
+)
+def test_plot_run_names_a_record_whose_values_are_not_of_their_type(tmp_path, record, held):
+    run_dir = _write(tmp_path / "run", [*RECORDS, record])
+    with pytest.raises(ValueError, match=re.escape(f"holds {held}, not what its kind holds")):
+        plot_run(run_dir)

@@ -76,6 +76,20 @@ def _events(axes, records: list[dict[str, Any]], prefix: str = "") -> None:
 _NEEDED = {"train": ("step", "loss", "ratio"), "eval": ("step", "metrics"), "event": ("step", "event")}
 
 
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _wrong_types(record: dict[str, Any]) -> list[str]:
+    """``"key=value"`` of a train record's ``loss`` and ``ratio`` when they are not numbers (NaN, for a
+    window of skipped steps, is one); the plots skip eval records whose metrics are not a mapping."""
+    if record.get("kind") != "train":
+        return []
+    return [
+        f"{key}={record[key]!r}" for key in ("loss", "ratio") if key in record and not _number(record[key])
+    ]
+
+
 def _rank_record(ranks: object) -> bool:
     """Whether ``ranks`` is what a train record holds under ``"ranks"``: layer name -> list of ints."""
     return isinstance(ranks, dict) and all(
@@ -93,6 +107,12 @@ def _checked_records(run_dir: Path) -> list[dict[str, Any]]:
         if missing:
             raise ValueError(
                 f"{run_dir / METRICS_NAME}: record {number} ({record.get('kind')}) lacks {missing}"
+            )
+        wrong = _wrong_types(record)
+        if wrong:
+            raise ValueError(
+                f"{run_dir / METRICS_NAME}: record {number} ({record.get('kind')}) holds {wrong[0]}, not "
+                "what its kind holds"
             )
         if record.get("kind") == "train" and ranked and not _rank_record(record.get("ranks")):
             raise ValueError(
