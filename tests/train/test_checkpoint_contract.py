@@ -220,3 +220,9 @@ def test_foreign_entry_allows_only_what_pruning_changes():
     assert foreign_entry({**pruned, "out.cores.0": torch.zeros(1, 4, 2)}, tied, structure) is None
     untied = {**own, "out.cores.0": torch.zeros(1, 4, 3)}
     assert foreign_entry({**pruned, "out.cores.0": torch.zeros(1, 4, 2)}, untied, structure) is not None
+    assert foreign_entry(
+        {**pruned, "head.weight": torch.zeros(2, 5, dtype=torch.float16)}, own, structure
+    ) == ("its entry 'head.weight' is torch.float16, this model's torch.float32")
+    assert foreign_entry({**pruned, "head.weight": [[0.0] * 5] * 2}, own, structure) == (
+        "its entry 'head.weight' is not a tensor (list)"
+    )

@@ -102,9 +102,9 @@ def foreign_entry(
     embedding's cores shrinks with them). Without ``shapes``, pruning may only remove the layers that
     ``structure`` marks removed and shrink the bond sizes (a tensor's first and last dimension; a gate's
     length) of the layers it names and of the layers tied to them. Every other entry must be the model's,
-    with its shape, and every entry of the model must be there but for removed layers. Checked before the
-    structure is applied, so that a checkpoint of another model (another width, another method) or an edited
-    one is refused without changing this one.
+    with its shape and dtype, and every entry of the model must be there but for removed layers. Checked
+    before the structure is applied, so that a checkpoint of another model (another width, another method)
+    or an edited one is refused without changing this one.
     """
     shapes = shapes or {}
     layers = tuple(structure)
@@ -117,9 +117,13 @@ def foreign_entry(
 
     prunable = {id(value) for key, value in own.items() if under(key, layers)}
     for key, value in state.items():
-        theirs = tuple(getattr(value, "shape", ()))
         if key not in own:
             return f"its entry {key!r} is not in this model"
+        if not isinstance(value, torch.Tensor):
+            return f"its entry {key!r} is not a tensor ({type(value).__name__})"
+        if value.dtype != own[key].dtype:
+            return f"its entry {key!r} is {value.dtype}, this model's {own[key].dtype}"
+        theirs = tuple(value.shape)
         mine = tuple(own[key].shape)
         if id(own[key]) in shapes and shapes[id(own[key])] is None:
             return f"its entry {key!r} belongs to a layer its structure records as removed"
