@@ -27,7 +27,7 @@ caches, which steps replayed from a CUDA graph do not invalidate).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -159,6 +159,14 @@ class Objective:
         """Train ``model`` from now on: a copy of the model with other shapes, built by the Trainer when it
         cannot prune a sharded model in place. The objective's own state carries over."""
         self.model = model
+
+    def check_structure(self, structure: object) -> None:
+        """``ValueError`` unless ``structure`` has the form :meth:`structure` records (an edited or foreign
+        checkpoint may hold anything): here a mapping."""
+        if not isinstance(structure, Mapping):
+            raise ValueError(
+                f"its structure record is not a mapping of layers (got {type(structure).__name__})"
+            )
 
     def structure_shapes(self, structure: dict[str, Any]) -> dict[int, tuple[int, ...] | None]:
         """The shape each parameter would have after :meth:`apply_structure` of ``structure`` (None: it would

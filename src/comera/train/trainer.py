@@ -140,22 +140,6 @@ def _with_last(batches: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
         current = following
 
 
-def _check_structure_record(structure: object) -> None:
-    """``ValueError`` unless ``structure`` is what a checkpoint records: layer name -> ``{"removed": bool,
-    "ranks": list of ints}`` (an edited or foreign checkpoint may hold anything)."""
-    if not isinstance(structure, Mapping):
-        raise ValueError(f"its structure record is not a mapping of layers (got {type(structure).__name__})")
-    for name, spec in structure.items():
-        ranks = spec.get("ranks") if isinstance(spec, Mapping) else None
-        if (
-            not isinstance(spec, Mapping)
-            or not isinstance(spec.get("removed"), bool)
-            or not isinstance(ranks, list)
-            or not all(isinstance(rank, int) and not isinstance(rank, bool) for rank in ranks)
-        ):
-            raise ValueError(f"its structure record of layer {name!r} is malformed: {spec!r}")
-
-
 class Trainer:
     """Trains any model through one loop: CoMERA's early and late stages, or a baseline's task loss.
 
@@ -467,10 +451,7 @@ class Trainer:
         self.last_eval = self.evaluate()
         path = self.metrics.path
         records = read_metrics(path) if path is not None and path.is_file() else []
-        if not any(
-            isinstance(record, dict) and record.get("kind") == "eval" and record.get("step") == self.step
-            for record in records
-        ):
+        if not any(record.get("kind") == "eval" and record.get("step") == self.step for record in records):
             self._write_eval_record()
 
     def _refuse_a_diverged_end(self) -> None:
@@ -533,9 +514,7 @@ class Trainer:
             return
         every = self.config.log_every
         logged = {
-            record.get("step")
-            for record in read_metrics(self.metrics.path)
-            if isinstance(record, dict) and record.get("kind") == "train"
+            record.get("step") for record in read_metrics(self.metrics.path) if record.get("kind") == "train"
         }
         missing = [step for step in range(every, self.step + 1, every) if step not in logged]
         if not missing:
@@ -911,7 +890,7 @@ class Trainer:
 
     def _restore(self, payload: dict[str, Any], rollback: bool) -> None:
         try:
-            _check_structure_record(payload.get("structure"))
+            self.objective.check_structure(payload.get("structure"))
         except ValueError as error:
             raise ForeignCheckpointError(str(error)) from error
         if isinstance(payload.get("model"), Mapping):  # a single-file checkpoint: checked before any change

@@ -160,6 +160,19 @@ class CoMERAObjective(Objective):
         super().rebind(model)
         self.adaptation.model = model
 
+    def check_structure(self, structure: object) -> None:
+        """A mapping of layer name -> ``{"removed": bool, "ranks": list of ints}`` (:meth:`structure`)."""
+        super().check_structure(structure)
+        for name, spec in structure.items():
+            ranks = spec.get("ranks") if isinstance(spec, dict) else None
+            if (
+                not isinstance(spec, dict)
+                or not isinstance(spec.get("removed"), bool)
+                or not isinstance(ranks, list)
+                or not all(isinstance(rank, int) and not isinstance(rank, bool) for rank in ranks)
+            ):
+                raise ValueError(f"its structure record of layer {name!r} is malformed: {spec!r}")
+
     def structure_shapes(self, structure: dict[str, Any]) -> dict[int, tuple[int, ...] | None]:
         """Core ``k`` of a recorded layer keeps its mode sizes between bonds ``k`` and ``k + 1`` of the
         recorded ranks (1 at the ends); gate ``k`` has rank ``k`` entries; a removed layer has neither (None).
