@@ -11,6 +11,7 @@ from comera import GatedTrain
 from comera.methods.comera import CoMERAObjective
 from comera.train import TrainConfig, Trainer, read_metrics
 from comera.train.checkpoint import NoReadableCheckpointError
+from comera.train.metrics import carries_ranks, record_problem
 
 
 def _trains(model):
@@ -66,18 +67,26 @@ def test_a_resume_at_the_last_step_with_an_emptied_log_warns_that_it_drew_no_plo
     assert result.step == 2 and not (tmp_path / "plots").exists()
 
 
-def test_a_record_the_plots_cannot_read_or_a_plot_path_in_the_way_warns_after_a_finished_run(tmp_path):
-    """A train record without the keys a plot needs, or a folder where a plot file goes: the run finishes
-    (it is trained and saved) and a warning says why no plot was drawn."""
-    import json
-
+def test_a_record_the_plots_cannot_read_is_dropped_on_resume_and_a_plot_path_in_the_way_warns(tmp_path):
+    """A train record without a key a plot needs is dropped when the run resumes (with a warning), so the
+    finished run is plotted and ``comera plot`` can read it; a folder where a plot file goes: the run
+    finishes (it is trained and saved) and a warning says why no plot was drawn."""
     config = TrainConfig(early=2, unit="step", batch_size=8, checkpoint_every=1, run_dir=str(tmp_path / "a"))
     Trainer(make_model(), loss_fn, make_data(), config=config).fit()
-    with open(tmp_path / "a" / "metrics.jsonl", "a") as log:
-        log.write(json.dumps({"kind": "train", "step": 1, "loss": 0.5}) + "\n")
+    metrics = tmp_path / "a" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if json.loads(line).get("kind") == "train")
+    lines[first] = json.dumps({**json.loads(lines[first]), "ratio": None}) + "\n"
+    lines.insert(first, json.dumps({"kind": "eval", "step": 1}) + "\n")
+    metrics.write_text("".join(lines))
+    shutil.rmtree(tmp_path / "a" / "plots")
     (tmp_path / "a" / "checkpoints" / "step-00000002.pt").unlink()
-    with pytest.warns(RuntimeWarning, match=r"not every plot was drawn: .*lacks \['ratio'\]"):
+    with pytest.warns(RuntimeWarning, match=r"dropped 2 line\(s\) that hold no readable record"):
         assert Trainer(make_model(), loss_fn, make_data(), config=config).fit(resume=True).step == 2
+    assert (tmp_path / "a" / "plots" / "loss.png").is_file()
+    kept = read_metrics(metrics)
+    assert all(record_problem(record, carries_ranks(kept)) is None for record in kept)
+    assert [r["step"] for r in kept if r.get("kind") == "train"] == [2]
     other = TrainConfig(early=2, unit="step", batch_size=8, run_dir=str(tmp_path / "b"))
     (tmp_path / "b" / "plots" / "loss.png").mkdir(parents=True)
     with pytest.warns(RuntimeWarning, match=r"not every plot was drawn: .*loss.png: cannot write the plot"):

@@ -3,6 +3,7 @@ times, ``epoch_seed``'s value and the equal shards of ``EpochData``."""
 
 import json
 import math
+import os
 import re
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from comera.train import records
 from comera.train.data import EpochData, epoch_seed
-from comera.train.metrics import METRICS_NAME, MetricsLog, read_metrics
+from comera.train.metrics import METRICS_NAME, MetricsLog, carries_ranks, read_metrics, record_problem
 from comera.train.records import StepWindow
 
 
@@ -86,8 +87,8 @@ def test_drop_after_keeps_records_without_a_step_and_history_events(tmp_path):
     step 0."""
     lines = [
         {"kind": "note"},
-        {"kind": "train", "step": 2, "loss": 1.0},
-        {"kind": "train", "step": 4, "loss": 2.0},
+        {"kind": "train", "step": 2, "loss": 1.0, "ratio": 1.0},
+        {"kind": "train", "step": 4, "loss": 2.0, "ratio": 1.0},
         {"kind": "event", "step": 5, "event": "resume", "from": 2},
         {"kind": "event", "step": 6, "event": "prune"},
     ]
@@ -97,6 +98,39 @@ def test_drop_after_keeps_records_without_a_step_and_history_events(tmp_path):
     assert read_metrics(tmp_path) == [lines[0], lines[1], lines[3]]
     assert log.drop_after(0) == (0, 0)
     assert read_metrics(tmp_path) == [lines[0], lines[3]]
+
+
+@pytest.mark.parametrize(
+    "unreadable",
+    [
+        {"kind": "train", "step": 1, "ratio": 1.0},
+        {"kind": "train", "step": 1, "loss": "0.5", "ratio": 1.0, "ranks": {"a": [2]}},
+        {"kind": "train", "step": 1, "loss": 0.5, "ratio": True, "ranks": {"a": [2]}},
+        {"kind": "train", "step": 1, "loss": 0.5, "ratio": 1.0, "ranks": None},
+        {"kind": "train", "step": 1, "loss": 0.5, "ratio": 1.0, "ranks": {"a": ["2"]}},
+        {"kind": "eval", "step": 1},
+    ],
+)
+def test_drop_after_drops_records_that_cannot_be_read_and_counts_them(tmp_path, unreadable):
+    """A record of the Trainer's kinds that lacks a key of its kind or holds a value of the wrong type is
+    dropped with the lines that hold no record; a record of the same step that can be read stays."""
+    good = [
+        {"kind": "train", "step": 1, "loss": float("nan"), "ratio": 1, "ranks": {"a": [3]}},
+        {"kind": "eval", "step": 1, "metrics": {"accuracy": 0.5}},
+    ]
+    _write(tmp_path, "".join(json.dumps(line) + "\n" for line in [good[0], unreadable, good[1]]))
+    assert record_problem(unreadable, ranked=True) is not None
+    assert MetricsLog(tmp_path).drop_after(5) == (1, 0)
+    kept = read_metrics(tmp_path)
+    assert len(kept) == 2 and kept[1] == good[1] and math.isnan(kept[0]["loss"])
+
+
+def test_record_problem_asks_for_ranks_only_where_the_run_carries_them():
+    """A train record without ranks is readable in a run whose train records carry none (a dense run)."""
+    plain = {"kind": "train", "step": 1, "loss": 0.5, "ratio": 1.0}
+    assert record_problem(plain, ranked=False) is None
+    assert "has no ranks" in record_problem(plain, ranked=True)
+    assert carries_ranks([plain]) is False and carries_ranks([{**plain, "ranks": {}}]) is True
 
 
 def test_drop_after_keeps_non_finite_numbers(tmp_path):
@@ -155,11 +189,12 @@ def test_a_line_that_holds_no_record_is_named_on_reading_and_dropped_at_a_resume
     """Bytes that are not UTF-8, JSON that is not an object, a step that is not an integer: read_metrics
     names the line; drop_after (a resume) drops it and counts it, keeping the records around it."""
     path = tmp_path / "metrics.jsonl"
-    path.write_bytes(b'{"kind": "train", "step": 1}\n' + line + b'\n{"kind": "train", "step": 2}\n')
+    first, second = ({"kind": "train", "step": step, "loss": 0.5, "ratio": 1.0} for step in (1, 2))
+    path.write_bytes(json.dumps(first).encode() + b"\n" + line + b"\n" + json.dumps(second).encode() + b"\n")
     with pytest.raises(ValueError, match=f"^{re.escape(f'{path}: line 2 {why}')}$"):
         read_metrics(path)
     assert MetricsLog(tmp_path).drop_after(5) == (1, 0)
-    assert read_metrics(path) == [{"kind": "train", "step": 1}, {"kind": "train", "step": 2}]
+    assert read_metrics(path) == [first, second]
 
 
 def test_repeated_records_are_dropped_keeping_the_first(tmp_path):
@@ -167,10 +202,10 @@ def test_repeated_records_are_dropped_keeping_the_first(tmp_path):
     event (the first, so the log stays in step order), keeps repeated history events (two resumes at one
     step are two resumes), and counts what it dropped."""
     lines = [
-        {"kind": "train", "step": 1, "loss": 1.0},
+        {"kind": "train", "step": 1, "loss": 1.0, "ratio": 1.0},
         {"kind": "event", "step": 1, "event": "resume"},
         {"kind": "event", "step": 1, "event": "late_stage", "target_size": 3},
-        {"kind": "train", "step": 2, "loss": 2.0},
+        {"kind": "train", "step": 2, "loss": 2.0, "ratio": 1.0},
         {"kind": "eval", "step": 2, "metrics": {"loss": 3.0}},
     ]
     twice = [*lines, *lines[:-1], {**lines[-1], "metrics": {"loss": 4.0}}]
@@ -188,7 +223,10 @@ def test_a_folder_where_the_log_goes_is_refused_naming_it(tmp_path):
 
 @pytest.mark.parametrize("kind", ["train", "eval", "event"])
 def test_a_record_of_the_trainers_kinds_without_a_step_holds_no_record(tmp_path, kind):
-    path = _write(tmp_path, f'{{"kind": "{kind}", "loss": 0.5}}\n{{"kind": "train", "step": 1}}\n')
+    path = _write(
+        tmp_path,
+        f'{{"kind": "{kind}", "loss": 0.5}}\n{{"kind": "train", "step": 1, "loss": 0.5, "ratio": 1.0}}\n',
+    )
     with pytest.raises(ValueError, match=f"line 1 is a record of kind '{kind}' without a step$"):
         read_metrics(path)
     assert MetricsLog(tmp_path).drop_after(3) == (1, 0)
@@ -198,7 +236,16 @@ def test_a_record_of_the_trainers_kinds_without_a_step_holds_no_record(tmp_path,
     "line", ['{"kind": "event", "step": 2}', '{"kind": "event", "step": 2, "event": null}']
 )
 def test_an_event_without_a_name_holds_no_record(tmp_path, line):
-    path = _write(tmp_path, f'{line}\n{{"kind": "train", "step": 1}}\n')
+    path = _write(tmp_path, f'{line}\n{{"kind": "train", "step": 1, "loss": 0.5, "ratio": 1.0}}\n')
     with pytest.raises(ValueError, match="line 1 is an event record without an event name$"):
         read_metrics(path)
     assert MetricsLog(tmp_path).drop_after(3) == (1, 0)
+
+
+def test_a_metrics_path_that_is_a_pipe_is_named_as_such_not_as_missing(tmp_path):
+    """A FIFO where ``metrics.jsonl`` goes holds no file to read: said so, without blocking on it."""
+    os.mkfifo(tmp_path / METRICS_NAME)
+    with pytest.raises(ValueError, match="metrics.jsonl: not a regular file"):
+        read_metrics(tmp_path)
+    with pytest.raises(FileNotFoundError, match="metrics file not found"):
+        read_metrics(tmp_path / "missing")

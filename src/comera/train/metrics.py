@@ -36,7 +36,9 @@ __all__ = [
     "METRICS_NAME",
     "HISTORY_EVENTS",
     "MetricsLog",
+    "carries_ranks",
     "read_metrics",
+    "record_problem",
     "peak_memory_mib",
     "reset_peak_memory",
 ]
@@ -77,6 +79,47 @@ def _record(line: bytes) -> tuple[dict[str, Any] | None, str]:
     return record, ""
 
 
+_NEEDED = {"train": ("step", "loss", "ratio"), "eval": ("step", "metrics"), "event": ("step", "event")}
+"""The keys a record of each of the Trainer's kinds must hold to be read (plotted, summarised)."""
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _rank_record(ranks: object) -> bool:
+    """Whether ``ranks`` is what a train record holds under ``"ranks"``: layer name -> list of ints."""
+    return isinstance(ranks, dict) and all(
+        isinstance(bonds, list) and all(isinstance(rank, int) for rank in bonds) for bonds in ranks.values()
+    )
+
+
+def carries_ranks(records: list[dict[str, Any]]) -> bool:
+    """Whether a run's train records carry ranks (a rank-adaptive objective): then each of them must."""
+    return any("ranks" in record for record in records if record.get("kind") == "train")
+
+
+def record_problem(record: dict[str, Any], ranked: bool) -> str | None:
+    """Why a record of the Trainer's kinds cannot be read, as the end of a sentence naming it, or None: it
+    lacks a key its kind needs, a train record's ``loss`` or ``ratio`` is not a number (NaN, for a window of
+    skipped steps, is one), or (``ranked``: the run's train
+    records carry ranks, :func:`carries_ranks`) a train record's ``ranks`` is not layer -> list of ints."""
+    kind = record.get("kind")
+    missing = [key for key in _NEEDED.get(kind, ()) if key not in record]
+    if missing:
+        return f"lacks {missing}"
+    if kind == "train":
+        wrong = [f"{key}={record[key]!r}" for key in ("loss", "ratio") if not _number(record[key])]
+        if wrong:
+            return f"holds {wrong[0]}, not what its kind holds"
+        if ranked and not _rank_record(record.get("ranks")):
+            return (
+                "has no ranks of its layers (a mapping of layer names to lists of ranks), got "
+                f"{record.get('ranks')!r}"
+            )
+    return None
+
+
 def _parse_lines(path: Path) -> tuple[list[dict[str, Any]], list[tuple[int, str]], bool]:
     """The records of ``path``, ``(number, why)`` of the lines that hold no record (:func:`_record`), and
     whether the last of those is the file's torn tail (a last line without its newline)."""
@@ -100,14 +143,16 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a line other than a torn last one holds no record (not UTF-8, not a JSON object, a
+        ValueError: the path is not a regular file (a pipe), or a line other than a torn last one holds no record (not UTF-8, not a JSON object, a
             step that is not an integer).
     """
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_NAME
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path}: metrics file not found")
+    if not path.is_file():
+        raise ValueError(f"{path}: not a regular file (a pipe, a device), so it holds no records to read")
     records, invalid, torn = _parse_lines(path)
     damaged = invalid[:-1] if torn else invalid
     if damaged:
@@ -195,16 +240,19 @@ class MetricsLog:
 
     def drop_after(self, step: int) -> tuple[int, int]:
         """Rewrite the file (atomically) without the records of steps after ``step`` (but for
-        :data:`HISTORY_EVENTS`), without lines that hold no record, and without repeats: a second ``train``
-        or ``eval`` record of one step, a second copy of an event other than a history event (a log whose
-        lines were copied twice would otherwise count them twice; the first is kept). Returns ``(lines
-        holding no record, repeats)`` dropped."""
+        :data:`HISTORY_EVENTS`), without lines that hold no record or a record that cannot be read
+        (:func:`record_problem`: a train record without its loss, say), and without repeats: a second
+        ``train`` or ``eval`` record of one step, a second copy of an event other than a history event (a
+        log whose lines were copied twice would otherwise count them twice; the first is kept). Returns
+        ``(lines holding no readable record, repeats)`` dropped."""
         if self.path is None or not self.path.is_file():
             return 0, 0
         records, invalid, _ = _parse_lines(self.path)
+        ranked = carries_ranks(records)
+        readable = [record for record in records if record_problem(record, ranked) is None]
         kept = [
             record
-            for record in records
+            for record in readable
             if record.get("step", 0) <= step or record.get("event") in HISTORY_EVENTS
         ]
         seen: set[str] = set()
@@ -218,4 +266,4 @@ class MetricsLog:
             unique.append(record)
         text = "".join(json.dumps(record, allow_nan=True) + "\n" for record in unique)
         atomic_write_bytes(self.path, text.encode())
-        return len(invalid), len(kept) - len(unique)
+        return len(invalid) + len(records) - len(readable), len(kept) - len(unique)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from comera.train.metrics import METRICS_NAME, read_metrics
+from comera.train.metrics import METRICS_NAME, carries_ranks, read_metrics, record_problem
 
 __all__ = ["COMPARISON_AXES", "NoTrainingRecordError", "plot_run", "plot_comparison", "rank_history"]
 
@@ -73,52 +73,15 @@ def _events(axes, records: list[dict[str, Any]], prefix: str = "") -> None:
         shown.add(label)
 
 
-_NEEDED = {"train": ("step", "loss", "ratio"), "eval": ("step", "metrics"), "event": ("step", "event")}
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _wrong_types(record: dict[str, Any]) -> list[str]:
-    """``"key=value"`` of a train record's ``loss`` and ``ratio`` when they are not numbers (NaN, for a
-    window of skipped steps, is one); the plots skip eval records whose metrics are not a mapping."""
-    if record.get("kind") != "train":
-        return []
-    return [
-        f"{key}={record[key]!r}" for key in ("loss", "ratio") if key in record and not _number(record[key])
-    ]
-
-
-def _rank_record(ranks: object) -> bool:
-    """Whether ``ranks`` is what a train record holds under ``"ranks"``: layer name -> list of ints."""
-    return isinstance(ranks, dict) and all(
-        isinstance(bonds, list) and all(isinstance(rank, int) for rank in bonds) for bonds in ranks.values()
-    )
-
-
 def _checked_records(run_dir: Path) -> list[dict[str, Any]]:
     """The run's records; ``ValueError`` naming the line of one that is not an object (:func:`read_metrics`)
-    or the record that lacks a key."""
+    or the record that lacks a key or holds a value of the wrong type (:func:`record_problem`)."""
     records = read_metrics(run_dir)
-    ranked = any("ranks" in record for record in records if record.get("kind") == "train")
+    ranked = carries_ranks(records)
     for number, record in enumerate(records, 1):
-        missing = [key for key in _NEEDED.get(record.get("kind"), ()) if key not in record]
-        if missing:
-            raise ValueError(
-                f"{run_dir / METRICS_NAME}: record {number} ({record.get('kind')}) lacks {missing}"
-            )
-        wrong = _wrong_types(record)
-        if wrong:
-            raise ValueError(
-                f"{run_dir / METRICS_NAME}: record {number} ({record.get('kind')}) holds {wrong[0]}, not "
-                "what its kind holds"
-            )
-        if record.get("kind") == "train" and ranked and not _rank_record(record.get("ranks")):
-            raise ValueError(
-                f"{run_dir / METRICS_NAME}: record {number} (train) has no ranks of its layers (a mapping of "
-                f"layer names to lists of ranks), got {record.get('ranks')!r}"
-            )
+        problem = record_problem(record, ranked)
+        if problem is not None:
+            raise ValueError(f"{run_dir / METRICS_NAME}: record {number} ({record.get('kind')}) {problem}")
     return records
 
 

@@ -491,8 +491,9 @@ class Trainer:
         details = {"unreadable_lines_dropped": unreadable} if unreadable else {}
         if unreadable:
             warnings.warn(
-                f"{self.metrics.path}: dropped {unreadable} line(s) that hold no record (not UTF-8, not "
-                "JSON, not an object, no integer step)",
+                f"{self.metrics.path}: dropped {unreadable} line(s) that hold no readable record (not UTF-8, "
+                "not JSON, not an object, no integer step, or a record that lacks a key of its kind or "
+                "holds a value of the wrong type)",
                 RuntimeWarning,
                 stacklevel=4,
             )
