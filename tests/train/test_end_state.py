@@ -224,6 +224,11 @@ def _rank_as_text(payload):
     return payload
 
 
+def _rank_below_one(payload):
+    payload["structure"]["0"]["ranks"][0] = -1
+    return payload
+
+
 def _structure_as_a_list(payload):
     payload["structure"] = list(payload["structure"].items())
     return payload
@@ -239,6 +244,7 @@ def _removed_with_tensors(payload):
     [
         (_without_removed, "structure record of layer '0' is malformed"),
         (_rank_as_text, "structure record of layer '0' is malformed"),
+        (_rank_below_one, r"layer '0' holds ranks \[-1, .*every rank at least 1"),
         (_structure_as_a_list, "structure record is not a mapping of layers"),
         (_removed_with_tensors, "belongs to a layer its structure records as removed"),
     ],
@@ -246,7 +252,7 @@ def _removed_with_tensors(payload):
 def test_a_checkpoint_with_a_malformed_structure_record_is_skipped_before_it_changes_the_model(
     tmp_path, edit, why
 ):
-    """The newest checkpoint's structure record edited (a key gone, a rank as text, not a mapping, a layer
-    marked removed whose tensors it still holds): skipped with a warning before anything changes; the run
-    resumes from its own older checkpoint and ends as an uninterrupted run."""
+    """The newest checkpoint's structure record edited (a key gone, a rank as text or below 1, not a mapping,
+    a layer marked removed whose tensors it still holds): skipped with a warning before anything changes;
+    the run resumes from its own older checkpoint and ends as an uninterrupted run."""
     _resumed_past_an_edited_checkpoint(tmp_path, edit, why)

@@ -143,8 +143,8 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: the path is not a regular file (a pipe), or a line other than a torn last one holds no record (not UTF-8, not a JSON object, a
-            step that is not an integer).
+        ValueError: the path is not a regular file (a pipe), or a line other than a torn last one holds
+            no record (not UTF-8, not a JSON object, a step that is not an integer).
     """
     path = Path(path)
     if path.is_dir():

@@ -161,7 +161,8 @@ class CoMERAObjective(Objective):
         self.adaptation.model = model
 
     def check_structure(self, structure: object) -> None:
-        """A mapping of layer name -> ``{"removed": bool, "ranks": list of ints}`` (:meth:`structure`)."""
+        """A mapping of layer name -> ``{"removed": bool, "ranks": list of ints}`` (:meth:`structure`),
+        every rank at least 1 unless the layer is removed."""
         super().check_structure(structure)
         for name, spec in structure.items():
             ranks = spec.get("ranks") if isinstance(spec, dict) else None
@@ -172,6 +173,11 @@ class CoMERAObjective(Objective):
                 or not all(isinstance(rank, int) and not isinstance(rank, bool) for rank in ranks)
             ):
                 raise ValueError(f"its structure record of layer {name!r} is malformed: {spec!r}")
+            if not spec["removed"] and any(rank < 1 for rank in ranks):
+                raise ValueError(
+                    f"its structure record of layer {name!r} holds ranks {ranks}: a layer that is not "
+                    "removed has every rank at least 1"
+                )
 
     def structure_shapes(self, structure: dict[str, Any]) -> dict[int, tuple[int, ...] | None]:
         """Core ``k`` of a recorded layer keeps its mode sizes between bonds ``k`` and ``k + 1`` of the
