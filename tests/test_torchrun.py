@@ -102,15 +102,17 @@ def test_without_option_drops_every_occurrence_in_both_spellings():
     assert without_option(["--config"], "--config") == []
 
 
-def test_a_ctrl_c_in_the_launcher_is_passed_on_waited_out_and_reported_as_130(monkeypatch):
-    """Ctrl-C while torchrun runs: the launcher sends SIGINT on, waits for torchrun to stop its processes
-    (whatever status it ends with) and exits 130, as a shell reports an interrupted command."""
+def test_a_ctrl_c_before_the_processes_registered_goes_to_torchrun_and_is_reported_as_130(monkeypatch):
+    """Ctrl-C while torchrun runs and no process has registered yet: the launcher sends SIGINT to torchrun,
+    waits for it to stop its processes (whatever status it ends with) and exits 130, as a shell reports an
+    interrupted command."""
     import signal
 
     import comera.launch as launcher
 
     class Torchrun:
-        def __init__(self, command, env):
+        def __init__(self, command, env, **options):
+            assert options["start_new_session"]  # the terminal's Ctrl-C reaches the launcher alone
             self.signals, self.waits = [], 0
 
         def wait(self):
@@ -128,3 +130,34 @@ def test_a_ctrl_c_in_the_launcher_is_passed_on_waited_out_and_reported_as_130(mo
     assert launcher.launch(2, ["train", "nli"]) == launcher.INTERRUPTED == 130
     (process,) = started
     assert process.signals == [signal.SIGINT] and process.waits == 2
+
+
+def test_a_ctrl_c_stops_every_process_with_one_line_and_no_traceback(tmp_path):
+    """SIGINT to ``comera train --nproc 2`` while it trains: each process stops as a single one does, the
+    launcher exits 130 with the one line that says how to continue, torchrun adds no traceback, and no
+    process is left."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "comera", "train", "nli", "--preset", "smoke", "--nproc", "2"]
+    command += ["--cache", str(tmp_path / "cache"), "--out", str(out), "--set", "train.early=100000"]
+    launcher = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    started = time.monotonic()
+    while not (out / "metrics.jsonl").is_file() and time.monotonic() - started < TIMEOUT:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    launcher.send_signal(signal.SIGINT)
+    output = launcher.communicate(timeout=TIMEOUT)[0]
+    assert launcher.returncode == 130, output
+    assert "Traceback" not in output and "SignalException" not in output, output
+    assert output.count("interrupted; continue the run with --resume") == 1, output
+    processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
+    assert not [line for line in processes if f"--out {out}" in line]

@@ -9,6 +9,12 @@ make ``torchrun`` print its own failure report, a traceback of several dozen lin
 shortcut, such a process records its exit status in a folder the launcher names (:data:`STATUS_ENV`) and
 exits 0 (:func:`worker_status`); the launcher then exits with the highest recorded status (2 for a user
 error). A process that crashes (an unexpected exception) still fails as ``torchrun`` reports it.
+
+A Ctrl-C reaches the launcher alone (``torchrun`` runs in a session of its own, and asked to stop when the
+launcher dies): the launcher passes it on to the processes, which registered their pids in that folder
+(:func:`register_worker`), and each stops as a single process does (one line, status 130). ``torchrun``
+then sees its processes end without an error and adds no traceback of its own. A second Ctrl-C, or one
+before the processes registered, goes to ``torchrun``, which stops them in its own way.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from comera.train.parallel import stop_with_parent
+
 __all__ = [
     "STATUS_ENV",
     "INTERRUPTED",
@@ -27,6 +35,7 @@ __all__ = [
     "without_option",
     "torchrun_command",
     "launch",
+    "register_worker",
     "worker_status",
 ]
 
@@ -94,24 +103,56 @@ def launch(nproc: int, command: list[str]) -> int:
     every process exited 0, the highest status they recorded (:func:`worker_status`); :data:`INTERRUPTED`
     after a Ctrl-C."""
     with tempfile.TemporaryDirectory(prefix="comera-status-") as folder:
-        process = subprocess.Popen(torchrun_command(nproc, command), env={**os.environ, STATUS_ENV: folder})
-        code, interrupted = _wait_for(process)
+        process = subprocess.Popen(
+            torchrun_command(nproc, command),
+            env={**os.environ, STATUS_ENV: folder},
+            start_new_session=True,
+            preexec_fn=stop_with_parent,
+        )
+        code, interrupted = _wait_for(process, Path(folder))
         recorded = [int(path.read_text()) for path in Path(folder).glob("rank-*")]
     if interrupted:
         return INTERRUPTED
     return code if code != 0 or not recorded else max(recorded)
 
 
-def _wait_for(process: subprocess.Popen) -> tuple[int, bool]:
-    """``process``'s exit status, and whether a Ctrl-C came meanwhile: it is passed on to the process
-    (``torchrun`` then stops its processes) and waited out, instead of leaving them behind."""
+def _worker_pids(folder: Path) -> list[int]:
+    pids = []
+    for path in folder.glob("pid-*"):
+        try:
+            pids.append(int(path.read_text()))
+        except (OSError, ValueError):  # being written
+            continue
+    return pids
+
+
+def _wait_for(process: subprocess.Popen, folder: Path) -> tuple[int, bool]:
+    """``process``'s exit status, and whether a Ctrl-C came meanwhile. The first Ctrl-C goes to the processes
+    registered in ``folder`` (each stops as a single process does), a later one, or one before any
+    registered, to ``torchrun``; either way the launch is waited out, instead of leaving processes behind."""
     interrupted = False
     while True:
         try:
             return process.wait(), interrupted
         except KeyboardInterrupt:
+            pids = [] if interrupted else _worker_pids(folder)
             interrupted = True
-            process.send_signal(signal.SIGINT)
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGINT)
+                except ProcessLookupError:
+                    continue
+            if not pids:
+                process.send_signal(signal.SIGINT)
+
+
+def register_worker() -> None:
+    """Under a ``--nproc`` launch, record this process's pid for the launcher, which passes a Ctrl-C on to
+    it; nothing otherwise."""
+    folder = os.environ.get(STATUS_ENV)
+    if folder:
+        rank = os.environ.get("RANK", "0")
+        (Path(folder) / f"pid-{rank}").write_text(str(os.getpid()))
 
 
 def worker_status(code: int) -> int:

@@ -19,7 +19,14 @@ import torch
 
 from comera.commands.config_file import config_argument
 from comera.commands.numbers import milliseconds, number, times
-from comera.launch import INTERRUPTED, launch, split_nproc, without_option, worker_status
+from comera.launch import (
+    INTERRUPTED,
+    launch,
+    register_worker,
+    split_nproc,
+    without_option,
+    worker_status,
+)
 from comera.methods import get_method, method_names
 from comera.recipes.run import SetupError, default_run_dir, run
 from comera.recipes.settings import resolve_settings
@@ -167,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         config = [] if args.config is None else ["--config", args.config]
         return launch(nproc, ["train", *without_option(argv, "--config"), *config])
     out = args.out or default_run_dir(args.workload, args.preset, args.method)
+    register_worker()
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:
