@@ -77,3 +77,18 @@ def _estimated_choices():
     with autotune(False):
         yield
     clear_autotune_cache()
+
+
+@pytest.fixture
+def deadline():
+    """``deadline(seconds)``: a ``TimeoutError`` in the test after that many seconds (SIGALRM), so a call
+    that would block forever (reading a pipe) fails the test instead of hanging the suite."""
+    import signal
+
+    def expire(signum, frame):
+        raise TimeoutError("the test waited past its deadline: something blocks")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    yield signal.alarm
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)

@@ -63,6 +63,21 @@ def test_unreadable_files_are_skipped_and_counted(tmp_path):
     ]
 
 
+def test_pipes_are_skipped_and_counted_without_waiting_on_them(tmp_path, deadline):
+    """A pipe named like a source file (``.py``, ``.jsonl``) would block a reader forever: skipped as
+    unreadable, like a looping link."""
+    import os
+
+    (tmp_path / "good.py").write_text("def f(x):\n    return x\n")
+    os.mkfifo(tmp_path / "pipe.py")
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    deadline(20)
+    documents, skipped = read_code(tmp_path)
+    assert [d.key for d in documents] == ["good.py"]
+    reasons = sorted((s.key, s.reason) for s in skipped)
+    assert reasons == [("pipe.jsonl", "unreadable"), ("pipe.py", "unreadable")]
+
+
 def test_a_truncated_gzip_file_is_named_with_the_last_line_read(tmp_path):
     lines = b"".join(
         json.dumps({"code": f"def f{i}(x):\n    return {i}\n"}).encode() + b"\n" for i in range(400)

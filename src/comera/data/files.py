@@ -21,7 +21,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["open_data", "reading", "numbered_lines", "utf8_text", "utf8_problem", "without_bom"]
+__all__ = [
+    "check_regular_file",
+    "open_data",
+    "reading",
+    "numbered_lines",
+    "utf8_text",
+    "utf8_problem",
+    "without_bom",
+]
 
 _GZIP = b"\x1f\x8b"
 _UNSUPPORTED = {
@@ -48,15 +56,31 @@ def _format_of(head: bytes) -> str | None:
     return None
 
 
+def check_regular_file(path: str | os.PathLike) -> None:
+    """Raise ``ValueError`` naming ``path`` when it is there but is not a regular file once links are
+    followed: a pipe (reading it would wait forever), a device, a socket, a broken or looping link. A
+    missing path passes (opening it says so)."""
+    path = Path(path)
+    if path.is_file() or not (path.is_symlink() or path.exists()):
+        return
+    if path.is_dir():
+        raise ValueError(f"{path}: a folder, not a data file")
+    raise ValueError(
+        f"{path}: not a regular file (a pipe, a device, or a broken or looping link); remove it or replace "
+        "it with the data file"
+    )
+
+
 def open_data(path: str | os.PathLike) -> BinaryIO:
     """``path`` opened for reading bytes, decompressed when it is gzip, past a leading UTF-8 byte-order mark.
 
     Raises:
         ValueError: the file (or the gzip file's content) is a bzip2, xz, zip, zstd or tar archive, the
-            message naming the format and the file; or it cannot be opened (no permission), the message
-            naming the file and the reason.
+            message naming the format and the file; it is not a regular file (:func:`check_regular_file`);
+            or it cannot be opened (no permission), the message naming the file and the reason.
     """
     path = Path(path)
+    check_regular_file(path)
     try:
         with open(path, "rb") as probe:
             compressed = probe.read(len(_GZIP)) == _GZIP

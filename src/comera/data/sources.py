@@ -186,6 +186,8 @@ def _record_text(record: object, fields: tuple[str, ...]) -> str | None:
 
 
 def _read_file(file: Path, relative: str) -> CodeDocument | SkippedDocument:
+    if not file.is_file():  # a pipe (reading it would wait forever), a broken or looping link
+        return SkippedDocument(relative, "unreadable")
     try:
         return CodeDocument(relative, file.read_bytes().decode("utf-8"))
     except UnicodeDecodeError:
@@ -268,7 +270,7 @@ def read_code(
     size = 0
     for file in _source_files(root, extensions)[:max_files]:
         relative = file.name if root.is_file() else file.relative_to(root).as_posix()
-        if _is_jsonl(file) and os.access(file, os.R_OK):
+        if _is_jsonl(file) and file.is_file() and os.access(file, os.R_OK):
             found = _jsonl_documents(file, relative, skip_bad_lines, skipped, fields)
         else:
             document = _read_file(file, relative)

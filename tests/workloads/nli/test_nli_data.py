@@ -153,6 +153,50 @@ def test_data_path_errors(tmp_path):
         read_mnli(DATA / "nli_pairs.jsonl", validation_every=1)
 
 
+def _glue_copy(folder: Path, names: tuple[str, ...]) -> Path:
+    folder.mkdir()
+    for name in names:
+        (folder / name).write_bytes((GLUE / name).read_bytes())
+    return folder
+
+
+@pytest.mark.parametrize("make", ["fifo", "loop", "dangling"])
+@pytest.mark.parametrize("layout", ["glue", "jsonl"])
+def test_a_split_file_that_is_not_a_regular_file_is_named_without_waiting_on_it(
+    tmp_path, make, layout, deadline
+):
+    """A pipe (which reading would wait on forever), a looping or a dangling link under a split's name:
+    refused naming the file, before anything is read; no split is dropped without a word."""
+    import os
+
+    if layout == "glue":
+        folder, odd = _glue_copy(tmp_path / "d", ("train.tsv", "dev_mismatched.tsv")), "dev_matched.tsv"
+    else:
+        folder, odd = tmp_path / "d", "extra.jsonl"
+        folder.mkdir()
+        (folder / "train.jsonl").write_bytes((DATA / "nli_pairs.jsonl").read_bytes())
+        (folder / "dev.jsonl").write_bytes((DATA / "nli_pairs.jsonl").read_bytes())
+    if make == "fifo":
+        os.mkfifo(folder / odd)
+    else:
+        (folder / odd).symlink_to(odd if make == "loop" else "nowhere")
+    deadline(20)  # a reader that opens the pipe would wait forever
+    with pytest.raises(ValueError, match=rf"{odd}: not a regular file"):
+        read_mnli(folder)
+
+
+@pytest.mark.parametrize(("train", "why"), [("train.tsv", "add dev_matched.tsv"), ("train.jsonl", "pass ")])
+def test_a_folder_without_an_evaluation_split_is_refused_before_training(tmp_path, train, why):
+    """A folder holding only its training file would train a run that evaluates nothing: refused, saying
+    what to add (a GLUE dev file, another .jsonl split, or the .jsonl file alone, which is then split)."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    source = GLUE / "train.tsv" if train == "train.tsv" else DATA / "nli_pairs.jsonl"
+    (folder / train).write_bytes(source.read_bytes())
+    with pytest.raises(ValueError, match=rf"holds {train} but no evaluation split.*{why}"):
+        read_mnli(folder)
+
+
 def test_builder_tokenises_pads_and_reports_counts(tmp_path):
     data = build_nli_data(GLUE, tmp_path, tokenizer=VOCAB, max_length=16)
     assert set(data.evals) == {"validation_matched", "validation_mismatched"}

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from comera.checks import check_int
-from comera.data.files import numbered_lines, open_data, utf8_problem
+from comera.data.files import check_regular_file, numbered_lines, open_data, utf8_problem
 from comera.data.tokenize import PairTokenizer, load_tokenizer, tokenizer_digest, train_wordpiece
 from comera.workloads.nli.pairs import (
     PAIR_LABELS,
@@ -191,6 +191,10 @@ def read_mnli(
       as "validation_matched" / "validation_mismatched";
     - a folder of ``.jsonl`` files: ``train.jsonl`` and every other ``NAME.jsonl`` as split ``NAME``;
     - one ``.jsonl`` file: every ``validation_every``-th labelled pair becomes "validation".
+
+    Raises:
+        FileNotFoundError: no such path. ValueError: a folder of neither kind, a folder without an evaluation
+            split, or a split's file that is not a regular file (a pipe, a broken or looping link).
     """
     path = Path(data_path)
     if path.is_file():
@@ -203,16 +207,35 @@ def read_mnli(
         return {"train": train, "validation": validation}
     if not path.is_dir():
         raise FileNotFoundError(f"data path {path} does not exist")
-    if (path / GLUE_FILES["train"]).is_file():
-        return {
-            split: read_glue_tsv(path / name, skip_malformed=skip_malformed)
-            for split, name in GLUE_FILES.items()
-            if (path / name).is_file()
-        }
-    if (path / "train.jsonl").is_file():
-        files = sorted(path.glob("*.jsonl"), key=lambda file: (file.stem != "train", file.stem))
-        return {file.stem: read_jsonl(file, skip_malformed=skip_malformed) for file in files}
-    raise ValueError(f"data path {path} holds neither train.tsv (GLUE MNLI) nor train.jsonl")
+    if _present(path / GLUE_FILES["train"]):
+        files = {split: path / name for split, name in GLUE_FILES.items() if _present(path / name)}
+        read = read_glue_tsv
+    elif _present(path / "train.jsonl"):
+        named = sorted(path.glob("*.jsonl"), key=lambda file: (file.stem != "train", file.stem))
+        files = {file.stem: file for file in named}
+        read = read_jsonl
+    else:
+        raise ValueError(f"data path {path} holds neither train.tsv (GLUE MNLI) nor train.jsonl")
+    for file in files.values():
+        check_regular_file(file)
+    if len(files) == 1:
+        (train,) = files.values()
+        way_out = (
+            "add dev_matched.tsv or dev_mismatched.tsv"
+            if read is read_glue_tsv
+            else f"add another NAME.jsonl, or pass {train} alone (every {validation_every}th pair held out)"
+        )
+        raise ValueError(
+            f"data path {path} holds {train.name} but no evaluation split, so the run would have nothing "
+            f"to evaluate; {way_out}"
+        )
+    return {split: read(file, skip_malformed=skip_malformed) for split, file in files.items()}
+
+
+def _present(path: Path) -> bool:
+    """Whether a data file is there under that name, even as a pipe or a broken or looping link (which
+    :func:`~comera.data.files.check_regular_file` then names)."""
+    return path.is_symlink() or path.exists()
 
 
 @dataclass
