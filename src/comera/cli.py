@@ -10,17 +10,22 @@ hand over to :mod:`comera.commands.train`, :mod:`comera.commands.compare` and
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
 from comera.bench import BENCHMARKS
+from comera.child import INTERRUPTED, run_child
 
 __all__ = ["main"]
 
 
 def _run_module(module: str, rest: list[str]) -> int:
-    return subprocess.call([sys.executable, "-m", module, *rest])
+    """Run ``python -m module REST`` and return its status; after a Ctrl-C, which it reports itself,
+    :data:`~comera.child.INTERRUPTED`."""
+    try:
+        return run_child([sys.executable, "-m", module, *rest])
+    except KeyboardInterrupt:
+        return INTERRUPTED
 
 
 def _report(directory: str) -> int:

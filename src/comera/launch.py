@@ -26,6 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from comera.child import INTERRUPTED
 from comera.train.parallel import stop_with_parent
 
 __all__ = [
@@ -38,9 +39,6 @@ __all__ = [
     "register_worker",
     "worker_status",
 ]
-
-INTERRUPTED = 130
-"""The exit status of a run stopped by Ctrl-C (SIGINT), as a shell reports one."""
 
 STATUS_ENV = "COMERA_STATUS_DIR"
 """The environment variable naming the folder where the processes of a ``--nproc`` launch record their

@@ -33,7 +33,6 @@ import json
 import math
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from comera.atomic import atomic_write_bytes
+from comera.child import INTERRUPTED, run_child
 from comera.commands.numbers import number, times
 from comera.commands.train import add_setting_arguments
 from comera.methods import get_method, method_names
@@ -144,9 +144,11 @@ def _check_packages(method: str) -> None:
 
 def _subprocess_runner(arguments: dict[str, Any]) -> None:
     command = [sys.executable, "-m", "comera.commands.train", *_command_arguments(arguments), "--no-progress"]
-    done = subprocess.run(command, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the run exited with status {done.returncode} (its messages are above)")
+    code = run_child(command)
+    if code == INTERRUPTED:  # stopped by a Ctrl-C that reached the run alone: the comparison stops too
+        raise KeyboardInterrupt
+    if code != 0:
+        raise RuntimeError(f"the run exited with status {code} (its messages are above)")
 
 
 def _in_process_runner(arguments: dict[str, Any]) -> None:
@@ -593,6 +595,13 @@ def main(argv: list[str] | None = None) -> int:
     except SetupError as error:
         print(f"comera compare: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            "comera compare: interrupted; run the same command again to continue (finished runs are reused, "
+            "the interrupted one resumes from its checkpoint)",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
     print()
     print(format_markdown(runs, _leading_metric(runs, load_recipe(args.workload).primary_metric)))
     return 1 if any(item.status == "failed" for item in runs) else 0

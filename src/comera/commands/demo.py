@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from comera.bench.paper import run_fresh_case
+from comera.child import INTERRUPTED
 from comera.commands.compare import compare
 from comera.recipes.run import SetupError, default_cache_dir
 from comera.workloads import load_recipe
@@ -251,12 +252,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        runs = compare(
-            WORKLOAD, METHODS, preset=args.preset, assignments=args.assignments, out=out, rerun=True
-        )
+        return _demo(args, out)
     except SetupError as error:
         print(f"comera demo: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"comera demo: interrupted; run it again to start over (its folder: {out})", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _demo(args: argparse.Namespace, out: Path) -> int:
+    """The accuracy runs, the speed comparison and the table; the exit status."""
+    runs = compare(WORKLOAD, METHODS, preset=args.preset, assignments=args.assignments, out=out, rerun=True)
     failed = [item for item in runs if item.results is None]
     if failed:
         raise SystemExit(f"comera demo: the {failed[0].method} run failed: {failed[0].error}")

@@ -1,0 +1,54 @@
+"""Run a command in a child process so that a Ctrl-C stops both as cleanly as one process stops.
+
+A Ctrl-C in a terminal sends SIGINT to every process of the foreground group: the child (``comera train``
+under ``comera compare``, ``comera demo`` under ``comera``) stops in its own way, with its one line and
+status :data:`INTERRUPTED`. :func:`run_child` waits for it instead of killing it at once (what
+``subprocess.run`` does on a ``KeyboardInterrupt``), so that line is printed and a checkpoint being written
+is finished; the caller then reports the interruption in one line of its own.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Sequence
+
+__all__ = ["INTERRUPTED", "GRACE_S", "run_child"]
+
+INTERRUPTED = 130
+"""The exit status of a run stopped by Ctrl-C (SIGINT), as a shell reports one."""
+
+GRACE_S = 5.0
+"""Seconds a child is given to stop on the SIGINT it got from the terminal before it is sent one (a SIGINT
+sent to the parent alone, with ``kill``)."""
+
+
+def run_child(command: Sequence[str]) -> int:
+    """Run ``command`` and return its exit status.
+
+    Raises:
+        KeyboardInterrupt: a Ctrl-C came while it ran, and the child has stopped since.
+    """
+    process = subprocess.Popen(list(command))
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        _wait_out(process)
+        raise
+
+
+def _wait_out(process: subprocess.Popen) -> None:
+    """Wait for an interrupted child to stop; send it SIGINT if it has not after :data:`GRACE_S`."""
+    try:
+        process.wait(timeout=GRACE_S)
+        return
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+    except KeyboardInterrupt:  # a second Ctrl-C, which the child got too
+        pass
+    while True:
+        try:
+            process.wait()
+            return
+        except KeyboardInterrupt:
+            continue

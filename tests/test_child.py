@@ -1,0 +1,68 @@
+"""``comera.child.run_child``: a Ctrl-C waits for the child to stop in its own way, then reaches the caller.
+
+Each case runs a driver process in a process group of its own (as a terminal's foreground job) that calls
+``run_child`` on a child which, on SIGINT, takes a moment to finish (as a run writing its checkpoint does),
+prints a line and exits 130; the test then sends SIGINT as a terminal (to the group) or with ``kill`` (to
+the driver alone).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+CHILD = """
+import signal, sys, time
+def stop(signum, frame):
+    time.sleep(0.5)
+    print("child stopped", flush=True)
+    sys.exit(130)
+signal.signal(signal.SIGINT, stop)
+print("child ready", flush=True)
+time.sleep(60)
+print("child slept out", flush=True)
+"""
+
+DRIVER = """
+import sys
+import comera.child as child
+child.GRACE_S = float(sys.argv[2])
+try:
+    child.run_child([sys.executable, "-c", sys.argv[1]])
+except KeyboardInterrupt:
+    print("parent interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+def _interrupt(whole_group: bool, grace: float) -> tuple[int, list[str], float]:
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, CHILD, str(grace)],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: (os.setpgrp(), signal.signal(signal.SIGINT, signal.SIG_DFL)),
+    )
+    assert driver.stdout.readline().strip() == "child ready"
+    sent = time.monotonic()
+    if whole_group:
+        os.killpg(driver.pid, signal.SIGINT)
+    else:
+        driver.send_signal(signal.SIGINT)
+    rest = driver.communicate(timeout=60)[0].splitlines()
+    return driver.returncode, rest, time.monotonic() - sent
+
+
+def test_a_ctrl_c_is_waited_out_until_the_child_has_stopped():
+    """SIGINT to the group: the child finishes its stop (not killed at once), then the caller sees it."""
+    code, lines, _ = _interrupt(whole_group=True, grace=30.0)
+    assert code == 130
+    assert lines == ["child stopped", "parent interrupted"]
+
+
+def test_a_sigint_to_the_parent_alone_is_passed_on_after_the_grace():
+    """SIGINT to the driver alone (``kill -INT``): the child is sent one after the grace period."""
+    code, lines, seconds = _interrupt(whole_group=False, grace=0.5)
+    assert code == 130
+    assert lines == ["child stopped", "parent interrupted"]
+    assert seconds < 30
