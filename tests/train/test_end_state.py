@@ -256,3 +256,38 @@ def test_a_checkpoint_with_a_malformed_structure_record_is_skipped_before_it_cha
     a layer marked removed whose tensors it still holds): skipped with a warning before anything changes;
     the run resumes from its own older checkpoint and ends as an uninterrupted run."""
     _resumed_past_an_edited_checkpoint(tmp_path, edit, why)
+
+
+def test_a_resume_between_two_records_logs_the_record_an_uninterrupted_run_logs(tmp_path):
+    """Checkpoints every 3 steps, records every 2: the checkpoint at step 3 falls inside the window of
+    the record of step 4. A run resumed there continues that window (saved in the checkpoint), so every
+    train record after the resume holds the loss, objective and ratio of the uninterrupted run's."""
+    config = TrainConfig(
+        early=8, unit="step", batch_size=4, checkpoint_every=3, log_every=2, keep_checkpoints=9, plot=False
+    )
+
+    def trainer(run_dir):
+        model = make_model()
+        settings = TrainConfig(**{**config.to_dict(), "run_dir": str(run_dir)})
+        return Trainer(model, loss_fn, make_data(), config=settings, objective=CoMERAObjective(model))
+
+    trainer(tmp_path / "whole").fit()
+    shutil.copytree(tmp_path / "whole", tmp_path / "cut")
+    for path in (tmp_path / "cut" / "checkpoints").iterdir():
+        if path.name != "step-00000003.pt":
+            path.unlink()
+    for name in ("results.json", "model"):
+        target = tmp_path / "cut" / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+    assert trainer(tmp_path / "cut").fit(resume=True).step == 8
+
+    def train_records(run_dir):
+        return {
+            record["step"]: (record["loss"], record["objective"], record["ratio"])
+            for record in read_metrics(run_dir)
+            if record.get("kind") == "train"
+        }
+
+    whole, cut = train_records(tmp_path / "whole"), train_records(tmp_path / "cut")
+    assert sorted(cut) == sorted(whole) == [2, 4, 6, 8]
+    assert cut == whole

@@ -2,7 +2,7 @@
 
 A checkpoint is a dict of tensors and plain Python values only (no pickled objects):
 ``{"format", "format_version", "library_version", "model", "structure", "optimizer", "objective",
-"progress", "guard", "rng", "rng_per_rank", "config"}`` (files of earlier versions hold
+"progress", "guard", "window", "rng", "rng_per_rank", "config"}`` (files of earlier versions hold
 ``"rank_adaptation"`` instead of ``"objective"``, and are read as such). Files are named
 ``step-XXXXXXXX.pt``; writing goes to a temporary file in the same folder, is flushed and fsynced, then
 renamed over the final name, and the folder is fsynced, so a crash leaves either the old set of checkpoints

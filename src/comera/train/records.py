@@ -47,6 +47,26 @@ class StepWindow:
         self.seconds += time.perf_counter() - started
         self.steps += 1
 
+    def state_dict(self) -> dict[str, float | int]:
+        """The window's sums, for a checkpoint: a run resumed there logs the record it would have logged."""
+        return {
+            "loss": self.loss,
+            "objective": self.objective,
+            "applied": self.applied,
+            "steps": self.steps,
+            "seconds": self.seconds,
+        }
+
+    def load_state_dict(self, state: dict[str, float | int] | None) -> None:
+        """Continue the window of :meth:`state_dict`; None (a checkpoint written before windows were saved)
+        starts a new one."""
+        self.clear()
+        if state is None:
+            return
+        self.loss, self.objective = float(state["loss"]), float(state["objective"])
+        self.applied, self.steps = int(state["applied"]), int(state["steps"])
+        self.seconds = float(state["seconds"])
+
     @property
     def step_time(self) -> float:
         """Mean seconds per step in the window (0.0 for an empty window)."""

@@ -857,6 +857,7 @@ class Trainer:
                 "train_time_s": self._train_time(),
             },
             "guard": self.guard.state_dict(),
+            "window": self._window.state_dict(),
             "rng": rng_per_rank[self.process_rank],
             "rng_per_rank": rng_per_rank,
             "config": self.config.to_dict(),
@@ -939,7 +940,7 @@ class Trainer:
             self._fit_started = time.perf_counter()
         per_rank = payload.get("rng_per_rank", [])
         restore_rng(per_rank[self.process_rank] if len(per_rank) == self.world_size else payload["rng"])
-        self._window.clear()
+        self._window.load_state_dict(payload.get("window"))
         self._invalidate_graph()
 
     def _rollback(self) -> None:
