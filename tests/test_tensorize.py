@@ -356,3 +356,12 @@ def test_a_target_its_parent_reads_by_attribute_is_refused_by_name(build, overri
     ):
         tensorize_(model, rank=4, **overrides)
     assert not any(isinstance(module, TTLinear) for module in model.modules()), "the model is unchanged"
+
+
+def test_a_target_with_no_close_name_lists_some_of_the_models_names_instead():
+    """No module name resembles the target: the error lists names the model has, not an empty list."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    with pytest.raises(ValueError, match=r"no module has a close name; some of the model's: \['0', '2'\]"):
+        tensorize_(model, TensorizeConfig(target_modules=["query"]))
+    with pytest.raises(ValueError, match=r"key 'query' matches no module being tensorized; they are: \['0'"):
+        tensorize_(model, TensorizeConfig(rank_pattern={"query": 2}))

@@ -74,10 +74,13 @@ def _select(
         hits = [name for name in candidates if selector_matches(single, name)]
         if not hits:
             elsewhere = [name for name in all_names if selector_matches(single, name)]
+            close = _close_names(entry, candidates) or _close_names(entry, all_names)
             hint = (
                 f"it matches only modules of unsupported types: {elsewhere[:5]}"
                 if elsewhere
-                else f"close names: {_close_names(entry, candidates) or _close_names(entry, all_names)}"
+                else f"close names: {close}"
+                if close
+                else f"no module has a close name; some of the model's: {sorted(candidates)[:6]}"
             )
             raise ValueError(
                 f"{field} entry {entry!r} matched no nn.Linear, transformers Conv1D, nn.Embedding or "
@@ -134,9 +137,10 @@ def _check_patterns_used(config: TensorizeConfig, names: list[str]) -> None:
     for field, patterns in (("rank_pattern", config.rank_pattern), ("shape_pattern", config.shape_pattern)):
         for key in patterns:
             if not any(pattern_matches(key, name) for name in names):
+                close = _close_names(key, names)
                 raise ValueError(
-                    f"{field} key {key!r} matches no module being tensorized; close names: "
-                    f"{_close_names(key, names)}"
+                    f"{field} key {key!r} matches no module being tensorized; "
+                    + (f"close names: {close}" if close else f"they are: {sorted(names)[:6]}")
                 )
 
 

@@ -226,3 +226,11 @@ def test_foreign_entry_allows_only_what_pruning_changes():
     assert foreign_entry({**pruned, "head.weight": [[0.0] * 5] * 2}, own, structure) == (
         "its entry 'head.weight' is not a tensor (list)"
     )
+
+
+def test_an_empty_checkpoint_file_is_named_as_such(tmp_path):
+    """A zero-byte file (a write that never began) says so, not an empty pair of parentheses."""
+    path = tmp_path / "step-00000001.pt"
+    path.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"truncated or corrupt \(an empty file\)$"):
+        load_checkpoint(path)

@@ -260,7 +260,8 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         damaged = _damaged_entry(path)
         payload = None if damaged is not None else torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise ValueError(f"{path}: not a readable checkpoint, truncated or corrupt ({error})") from None
+        why = str(error) or ("an empty file" if path.stat().st_size == 0 else type(error).__name__)
+        raise ValueError(f"{path}: not a readable checkpoint, truncated or corrupt ({why})") from None
     if damaged is not None:
         raise ValueError(
             f"{path}: not a readable checkpoint, truncated or corrupt (its entry {damaged!r} fails the "
