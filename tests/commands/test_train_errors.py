@@ -160,3 +160,16 @@ def test_nproc_processes_get_only_the_copy_of_a_config_stream(tmp_path, monkeypa
     assert command.count("--config") == 1 and str(fifo) not in command
     copy = Path(command[command.index("--config") + 1])
     assert copy.read_bytes() == b"[train]\nearly = 3\n"
+
+
+@pytest.mark.parametrize("option", ["--out", "--cache", "--data", "--config"])
+def test_an_empty_path_is_refused_not_read_as_the_default_or_the_current_folder(
+    tmp_path, capsys, no_data, option, monkeypatch
+):
+    """``--out ''`` (an unset shell variable) would write the run to the default folder or to ``.``."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        main(["toy", "--preset", "smoke", option, ""])
+    assert stopped.value.code == 2
+    assert f"argument {option}: an empty path" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -42,7 +42,7 @@ from typing import Any
 from comera.atomic import atomic_write_bytes
 from comera.child import INTERRUPTED, run_child
 from comera.commands.numbers import number, times
-from comera.commands.train import add_setting_arguments
+from comera.commands.train import add_setting_arguments, path_argument
 from comera.methods import get_method, method_names
 from comera.recipes.folders import writable_folder
 from comera.recipes.run import (
@@ -545,7 +545,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_setting_arguments(parser, ", for every method")
     parser.add_argument(
-        "--out", default=None, help="comparison folder (default: runs/compare-WORKLOAD-PRESET)"
+        "--out",
+        default=None,
+        type=path_argument,
+        help="comparison folder (default: runs/compare-WORKLOAD-PRESET)",
     )
     parser.add_argument("--rerun", action="store_true", help="train again the methods that already finished")
     parser.add_argument("--metric", default=None, help="evaluation metric to plot (default: the workload's)")

@@ -9,6 +9,7 @@ gives that file's path to every later reader; the file is deleted when the proce
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import os
 import shutil
@@ -22,6 +23,8 @@ def config_argument(value: str) -> str:
     """``value`` itself for a regular file, a folder or a missing path (their readers say what is wrong);
     for anything else that can be read (a pipe, a character device), the path of a private copy of what it
     held."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path; name a TOML file")
     path = Path(value)
     if not path.exists() or path.is_file() or path.is_dir():
         return value

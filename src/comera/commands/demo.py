@@ -38,6 +38,7 @@ from typing import Any
 from comera.bench.paper import run_fresh_case
 from comera.child import INTERRUPTED
 from comera.commands.compare import compare
+from comera.commands.train import path_argument
 from comera.recipes.run import SetupError, default_cache_dir
 from comera.workloads import load_recipe
 
@@ -217,7 +218,9 @@ def _note(accuracy_preset: str, speed_preset: str) -> str:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="comera demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="runs/demo", help="folder of the runs (default: runs/demo)")
+    parser.add_argument(
+        "--out", default="runs/demo", type=path_argument, help="folder of the runs (default: runs/demo)"
+    )
     parser.add_argument("--preset", default="small", help="preset of the accuracy runs (default: small)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--no-speed", action="store_true", help="leave out the speed and memory comparison")

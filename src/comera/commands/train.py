@@ -85,11 +85,21 @@ def _skipped_data(data: object, where: str = "") -> list[str]:
     return found
 
 
+def path_argument(value: str) -> str:
+    """A path option's value as given; an empty one (``--out ''``, an unset shell variable) is refused
+    rather than read as the current folder or the default."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path; name a file or folder")
+    return value
+
+
 def add_setting_arguments(parser: argparse.ArgumentParser, scope: str = "") -> None:
     """``--preset``, ``--data``, ``--config``, ``--set`` and ``--cache``, as ``comera train`` and
     ``comera compare`` take them (``scope`` ends their help, e.g. ``", for every method"``)."""
     parser.add_argument("--preset", default="small", help="model/data size preset: paper, small, smoke")
-    parser.add_argument("--data", default=None, help="data file or folder (default: the embedded data)")
+    parser.add_argument(
+        "--data", default=None, type=path_argument, help="data file or folder (default: the embedded data)"
+    )
     parser.add_argument(
         "--config",
         default=None,
@@ -112,7 +122,10 @@ def add_setting_arguments(parser: argparse.ArgumentParser, scope: str = "") -> N
         "train.device=DEVICE (default: cpu)",
     )
     parser.add_argument(
-        "--cache", default=None, help="cache folder (default: $COMERA_CACHE or ~/.cache/comera)"
+        "--cache",
+        default=None,
+        type=path_argument,
+        help="cache folder (default: $COMERA_CACHE or ~/.cache/comera)",
     )
 
 
@@ -131,7 +144,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("workload", choices=workload_names(), help="the workload recipe")
     parser.add_argument("--method", default="comera", choices=method_names(), help="training method")
     add_setting_arguments(parser)
-    parser.add_argument("--out", default=None, help="run folder (default: runs/WORKLOAD-PRESET-METHOD)")
+    parser.add_argument(
+        "--out", default=None, type=path_argument, help="run folder (default: runs/WORKLOAD-PRESET-METHOD)"
+    )
     again = parser.add_mutually_exclusive_group()
     again.add_argument(
         "--resume",
