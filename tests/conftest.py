@@ -6,6 +6,8 @@ the local example database; pick it with ``HYPOTHESIS_PROFILE=dev``.
 """
 
 import os
+import warnings
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -92,3 +94,32 @@ def deadline():
     yield signal.alarm
     signal.alarm(0)
     signal.signal(signal.SIGALRM, previous)
+
+
+class CacheDamage:
+    """Damages a file of a cache entry in one way, ``how``, and checks the warning of its rebuild."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def __call__(self, file) -> None:
+        """Cut ``file`` to half its length, replace its bytes by bytes of another kind, or empty it."""
+        data = file.read_bytes()
+        damaged = {"truncated": data[: len(data) // 2], "garbage": b"\x89garbage\x00\xff" * 3, "empty": b""}
+        file.write_bytes(damaged[self.how])
+
+    @contextmanager
+    def rebuilt(self, file):
+        """Check that the block warns once, with a ``RuntimeWarning`` naming ``file`` and its rebuild."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+        messages = [str(warning.message) for warning in caught if warning.category is RuntimeWarning]
+        assert len(messages) == 1, messages
+        assert str(file) in messages[0] and "is rebuilt" in messages[0], messages
+
+
+@pytest.fixture(params=["truncated", "garbage", "empty"])
+def cache_damage(request) -> CacheDamage:
+    """A :class:`CacheDamage` of each kind: a test using it runs once per kind."""
+    return CacheDamage(request.param)

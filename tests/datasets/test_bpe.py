@@ -48,6 +48,17 @@ def test_tokenizer_is_cached_and_reused(tmp_path):
         assert first.decode(encoding.ids, skip_special_tokens=False) == document.text
 
 
+def test_a_damaged_cached_tokenizer_is_trained_again_and_replaced(tmp_path, cache_damage):
+    documents = _documents()
+    clean, path, _ = load_or_train_tokenizer(documents, 300, tmp_path)
+    cache_damage(path)
+    with cache_damage.rebuilt(path):
+        again, same_path, cached = load_or_train_tokenizer(documents, 300, tmp_path)
+    assert not cached and same_path == path and again.to_str() == clean.to_str()
+    read, _, cached = load_or_train_tokenizer(documents, 300, tmp_path)
+    assert cached and read.to_str() == clean.to_str()
+
+
 def test_long_pieces_are_cut_and_the_rest_is_pre_tokenised_as_gpt2_does():
     documents = _documents()
     draw = random.Random(0)

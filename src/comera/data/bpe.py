@@ -5,7 +5,9 @@ Tokenizer (:func:`load_or_train_tokenizer`): byte-level BPE trained with ``token
 only, its pre-tokenised pieces cut to at most :data:`MAX_PIECE_CHARS` characters, with the RoBERTa special
 tokens :data:`SPECIAL_TOKENS` (ids 0..4), cached as ``code-bpe-{vocab}-{digest}.json`` in a cache folder;
 the digest covers the training documents (keys and contents) and the trainer settings, so changed data
-trains a new one. A given ``tokenizer.json`` is used as it is (it must know the special tokens).
+trains a new one; a cached file that cannot be read is trained again and replaced
+(:func:`comera.data.cache.read_entry`). A given ``tokenizer.json`` is used as it is (it must know the special
+tokens).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from comera.atomic import atomic_write_bytes
+from comera.data.cache import read_entry
 from comera.data.sources import CodeDocument, documents_digest
 
 __all__ = [
@@ -104,8 +107,9 @@ def load_or_train_tokenizer(
     ordered = sorted(train_documents, key=lambda document: document.key)
     digest = documents_digest(ordered, "code-bpe", _TOKENIZER_FORMAT, vocab_size, _MIN_FREQUENCY)
     path = Path(cache_dir) / f"code-bpe-{vocab_size}-{digest}.json"
-    if path.is_file():
-        return Tokenizer.from_file(str(path)), path, True
+    cached = read_entry(path, lambda file: Tokenizer.from_file(str(file)))
+    if cached is not None:
+        return cached, path, True
     tokenizer = train_tokenizer((document.text for document in train_documents), vocab_size)
     atomic_write_bytes(path, tokenizer.to_str().encode())
     return tokenizer, path, False

@@ -59,12 +59,10 @@ def _format_of(head: bytes) -> str | None:
 def check_regular_file(path: str | os.PathLike) -> None:
     """Raise ``ValueError`` naming ``path`` when it is there but is not a regular file once links are
     followed: a pipe (reading it would wait forever), a device, a socket, a broken or looping link. A
-    missing path passes (opening it says so)."""
+    missing path or a folder passes (opening it says what is wrong)."""
     path = Path(path)
-    if path.is_file() or not (path.is_symlink() or path.exists()):
+    if path.is_file() or path.is_dir() or not (path.is_symlink() or path.exists()):
         return
-    if path.is_dir():
-        raise ValueError(f"{path}: a folder, not a data file")
     raise ValueError(
         f"{path}: not a regular file (a pipe, a device, or a broken or looping link); remove it or replace "
         "it with the data file"

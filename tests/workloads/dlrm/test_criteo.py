@@ -4,6 +4,8 @@ import bz2
 import gzip
 import lzma
 import math
+import re
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -193,6 +195,29 @@ def test_cache_is_reused_and_equals_the_parse(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match="parsed again"):
         load_criteo(SAMPLE, tmp_path, min_frequency=2)  # other options: another cache entry
     assert sorted(p.name for p in tmp_path.iterdir()) == [first.cache.name]
+
+
+@pytest.mark.parametrize("name", ["meta.json", "ids.i32", "labels.u8"])
+def test_a_damaged_cache_file_is_parsed_again_and_replaced(tmp_path, cache_damage, name, monkeypatch):
+    folder = load_criteo(SAMPLE, tmp_path).cache
+    cache_damage(folder / name)
+    with cache_damage.rebuilt(folder / name):
+        again = load_criteo(SAMPLE, tmp_path)
+    assert again.cache == folder and (again.read, again.skipped) == (21, 0)
+    _assert_matches(again, _reference(SAMPLE))
+    monkeypatch.setattr(criteo, "parse_lines", lambda *args, **kwargs: pytest.fail("parsed again"))
+    _assert_matches(load_criteo(SAMPLE, tmp_path), _reference(SAMPLE))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [folder.name]
+
+
+def test_a_file_in_place_of_the_cache_folder_is_named(tmp_path):
+    folder = load_criteo(SAMPLE, tmp_path).cache
+    shutil.rmtree(folder)
+    folder.write_text("")
+    with pytest.raises(
+        ValueError, match=rf"cache entry {re.escape(str(folder))} is not a folder.*; delete it$"
+    ):
+        load_criteo(SAMPLE, tmp_path)
 
 
 def test_cache_key_follows_modification(tmp_path):

@@ -107,3 +107,18 @@ def test_splits_follow_line_order():
 def test_bad_settings_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         synthetic_criteo(**kwargs)
+
+
+def test_a_damaged_cached_array_is_generated_again_and_replaced(tmp_path, cache_damage, monkeypatch):
+    memory = synthetic_criteo(300, seed=2, max_table_rows=50)
+    synthetic_criteo(300, seed=2, max_table_rows=50, cache_dir=tmp_path)
+    (folder,) = tmp_path.iterdir()
+    cache_damage(folder / "ids.npy")
+    with cache_damage.rebuilt(folder / "ids.npy"):
+        again = synthetic_criteo(300, seed=2, max_table_rows=50, cache_dir=tmp_path)
+    for name in ("dense", "ids", "labels"):
+        np.testing.assert_array_equal(getattr(again.data, name), getattr(memory.data, name))
+    monkeypatch.setattr(synthetic_module, "_fill", lambda *args: pytest.fail("generated again"))
+    read = synthetic_criteo(300, seed=2, max_table_rows=50, cache_dir=tmp_path)
+    np.testing.assert_array_equal(read.data.ids, memory.data.ids)
+    assert list(tmp_path.iterdir()) == [folder]

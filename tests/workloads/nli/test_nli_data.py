@@ -228,6 +228,19 @@ def test_builder_trains_a_vocabulary_when_none_is_given(tmp_path):
     assert torch.equal(again.train.ids, data.train.ids)
 
 
+def test_a_damaged_trained_vocabulary_is_trained_again_and_replaced(tmp_path, cache_damage):
+    options = {"vocab_size": 60, "validation_every": 2}
+    clean = build_nli_data(DATA / "nli_pairs.jsonl", tmp_path, **options)
+    (file,) = tmp_path.glob("wordpiece-*.json")
+    cache_damage(file)
+    with cache_damage.rebuilt(file):
+        again = build_nli_data(DATA / "nli_pairs.jsonl", tmp_path, **options)
+    # trained again, WordPiece may choose or number its pieces otherwise: the same pairs, perhaps other ids
+    assert again.info["splits"] == clean.info["splits"] and len(again.train) == len(clean.train)
+    read = build_nli_data(DATA / "nli_pairs.jsonl", tmp_path, **options)
+    assert read.info["identity"] == again.info["identity"] and torch.equal(read.train.ids, again.train.ids)
+
+
 def test_pad_collate_pads_to_the_longest():
     samples = [
         {

@@ -1,9 +1,11 @@
 """The embedded docstring-code task: extraction, same-module negatives, a leak-free deterministic split."""
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
+from comera.workloads.nli import pairs
 from comera.workloads.nli.pairs import build_docstring_pairs, documented_functions, stdlib_modules
 
 SOURCE = textwrap.dedent(
@@ -120,6 +122,26 @@ def test_build_is_deterministic_and_cached(tmp_path):
     other_seed, _, _ = build_docstring_pairs(tmp_path / "a", seed=3, **options)
     assert vars(other_seed["train"]) != vars(first["train"])
     assert len(list((tmp_path / "a").glob("docstring-pairs-*"))) == 2
+
+
+@pytest.mark.parametrize("name", ["pairs.json", "tokenizer.json"])
+def test_a_damaged_cached_task_is_built_again_and_replaced(tmp_path, cache_damage, name, monkeypatch):
+    _fake_library(tmp_path / "lib")
+    options = {"stdlib": tmp_path / "lib", "train_pairs": 10, "validation_pairs": 4, "vocab_size": 200}
+    clean, tokenizer, info = build_docstring_pairs(tmp_path / "cache", **options)
+    file = Path(info["cache"]) / name
+    cache_damage(file)
+    with cache_damage.rebuilt(file):
+        again, again_tokenizer, _ = build_docstring_pairs(tmp_path / "cache", **options)
+    assert {split: vars(examples) for split, examples in again.items()} == {
+        split: vars(examples) for split, examples in clean.items()
+    }
+    if name == "pairs.json":  # the vocabulary is kept: trained again, it may have other pieces and ids
+        assert again_tokenizer.tokenizer.to_str() == tokenizer.tokenizer.to_str()
+    monkeypatch.setattr(pairs, "train_wordpiece", lambda *args: pytest.fail("built again"))
+    read, read_tokenizer, _ = build_docstring_pairs(tmp_path / "cache", **options)
+    assert vars(read["train"]) == vars(clean["train"])
+    assert read_tokenizer.tokenizer.to_str() == again_tokenizer.tokenizer.to_str()
 
 
 def test_standard_library_split_has_no_module_on_both_sides(tmp_path):

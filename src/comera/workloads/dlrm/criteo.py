@@ -20,7 +20,9 @@ is refused, naming it. Processing follows the DLRM reference:
 The text is read in blocks of ``chunk_bytes`` and each block is parsed by vectorised numpy over its bytes
 (no per-field Python work), so a 45M-line file is never held as Python objects. The first run writes the
 parsed arrays under ``cache_dir`` (``dense.f32``, ``ids.i32``, ``labels.u8``, ``meta.json``), keyed by the
-file's path, size and modification time and the options; later runs open them as memmaps in seconds.
+file's path, size and modification time and the options; later runs open them as memmaps in seconds. A
+cache folder that cannot be read (``meta.json`` not the description of a parse, an array file of another
+size) is parsed again and replaced in one step (:mod:`comera.data.cache`).
 While the cache is built, the raw category values (8 bytes each) wait in a temporary file next to it until
 the maps are known, and the distinct values of each column are counted in memory (16 bytes per distinct
 value: about 540 MB for Criteo Kaggle's 33.8M).
@@ -35,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from comera.checks import check_int
+from comera.data.cache import building_folder, read_entry, read_json
 from comera.data.files import open_data, reading
 from comera.workloads.dlrm.clicks import ClickData
 
@@ -378,17 +380,17 @@ def load_criteo(
     check_int(chunk_bytes, "chunk_bytes", 1)
     options = {"min_frequency": min_frequency, "hash_size": hash_size, "skip_malformed": skip_malformed}
     folder = Path(cache_dir) / f"criteo-{path.name}-{_cache_key(path, options)}"
-    if not (folder / "meta.json").is_file():
+    log = read_entry(folder, _open_cache, folder=True)
+    if log is None:
         _build_cache(path, folder, options, chunk_bytes)
-    return _open_cache(folder)
+        log = _open_cache(folder)
+    return log
 
 
 def _build_cache(path: Path, folder: Path, options: dict, chunk_bytes: int) -> None:
-    """Parse ``path`` into a temporary folder next to ``folder``, then rename it into place."""
-    work = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    try:
+    """Parse ``path`` into a temporary folder next to ``folder``, then put it in place
+    (:func:`comera.data.cache.building_folder`)."""
+    with building_folder(folder) as work:
         counts = [_ValueCounts() for _ in range(NUM_CATEGORICAL)]
         read = skipped = 0
         with (
@@ -410,13 +412,6 @@ def _build_cache(path: Path, folder: Path, options: dict, chunk_bytes: int) -> N
         cardinalities = _map_ids(work, counts, read, options["min_frequency"], options["hash_size"])
         meta = {"rows": read, "skipped": skipped, "cardinalities": cardinalities, "source": str(path)}
         (work / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        try:
-            os.replace(work, folder)
-        except OSError:
-            if not (folder / "meta.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _map_ids(
@@ -454,17 +449,42 @@ def _lookup(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def _open_cache(folder: Path) -> CriteoLog:
-    meta = json.loads((folder / "meta.json").read_text())
-    rows = int(meta["rows"])
+    """The parsed log in the cache folder ``folder``; ``ValueError`` naming the file that is damaged."""
+    meta = _read_meta(folder / "meta.json")
+    rows = meta["rows"]
 
     def array(name: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+        file = folder / name
+        size, expected = file.stat().st_size, int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if size != expected:
+            raise ValueError(f"{file} holds {size} bytes where {rows} rows take {expected}")
         if rows == 0:
             return np.zeros(shape, dtype=dtype)
-        return np.memmap(folder / name, dtype=dtype, mode="r", shape=shape)
+        return np.memmap(file, dtype=dtype, mode="r", shape=shape)
 
     data = ClickData(
         array("dense.f32", np.float32, (rows, NUM_INTEGER)),
         array("ids.i32", np.int32, (rows, NUM_CATEGORICAL)),
         array("labels.u8", np.uint8, (rows,)),
     )
-    return CriteoLog(data, tuple(meta["cardinalities"]), rows, int(meta["skipped"]), folder)
+    return CriteoLog(data, tuple(meta["cardinalities"]), rows, meta["skipped"], folder)
+
+
+def _read_meta(file: Path) -> dict:
+    """The ``meta.json`` of a cache folder; ``ValueError`` naming it where it is not one."""
+    meta = read_json(file)
+    fields = meta if isinstance(meta, dict) else {}
+    cardinalities = fields.get("cardinalities")
+    if not (
+        _is_count(fields.get("rows"))
+        and _is_count(fields.get("skipped"))
+        and isinstance(cardinalities, list)
+        and len(cardinalities) == NUM_CATEGORICAL
+        and all(_is_count(rows, 1) for rows in cardinalities)
+    ):
+        raise ValueError(f"{file} does not describe a parsed Criteo file")
+    return fields
+
+
+def _is_count(value: object, least: int = 0) -> bool:
+    return type(value) is int and value >= least

@@ -18,7 +18,9 @@ are returned too, an oracle for checking metrics.
 The data depend only on ``seed`` and the settings, not on how many rows are asked for: row ``i`` is the same
 in a run of 1,000 rows and of 1,000,000 (rows are generated in fixed blocks of 8,192 with their own seeds).
 With ``cache_dir`` the arrays are written block by block into ``.npy`` files and later calls with the same
-settings open them as memmaps (the paper-size log, 45.8M samples, takes 7.4 GB).
+settings open them as memmaps (the paper-size log, 45.8M samples, takes 7.4 GB); a cache folder that cannot be
+read (an array file cut short, overwritten or of another shape) is generated again and replaced in one step
+(:mod:`comera.data.cache`).
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ import hashlib
 import json
 import math
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from comera.data.cache import building_folder, read_entry
 from comera.workloads.dlrm.clicks import ClickData
 from comera.workloads.dlrm.criteo import (
     KAGGLE_CARDINALITIES,
@@ -271,29 +273,40 @@ def _fill(
 
 
 def _cached(cache_dir: Path, settings: tuple, cardinalities: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """The arrays of ``settings`` from ``cache_dir``, generated into a temporary folder first if missing."""
+    """The arrays of ``settings`` from ``cache_dir``, generated into a temporary folder first if missing or
+    damaged."""
     key = hashlib.sha256(json.dumps([_CACHE_FORMAT, *settings]).encode()).hexdigest()[:20]
     folder = cache_dir / f"synthetic-criteo-{settings[0]}-{key}"
     layout = _layout(settings[0])
+    arrays = read_entry(folder, lambda entry: _open_arrays(entry, layout), folder=True)
+    if arrays is not None:
+        return arrays
+    with building_folder(folder) as work:
+        arrays = {
+            name: np.lib.format.open_memmap(work / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
+            for name, (shape, dtype) in layout.items()
+        }
+        _fill(arrays, cardinalities, *settings[1:])
+        for array in arrays.values():
+            array.flush()
+        del arrays
+        (work / "done").touch()
+    return _open_arrays(folder, layout)
+
+
+def _open_arrays(folder: Path, layout: dict[str, tuple[tuple[int, ...], type]]) -> dict[str, np.ndarray]:
+    """The arrays of ``layout`` in the cache folder ``folder`` as memmaps; ``ValueError`` naming the file
+    that is missing, damaged or of another shape."""
     if not (folder / "done").is_file():
-        work = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
+        raise ValueError(f"{folder / 'done'} is missing: the arrays were not completed")
+    arrays = {}
+    for name, (shape, dtype) in layout.items():
+        file = folder / f"{name}.npy"
         try:
-            arrays = {
-                name: np.lib.format.open_memmap(work / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
-                for name, (shape, dtype) in layout.items()
-            }
-            _fill(arrays, cardinalities, *settings[1:])
-            for array in arrays.values():
-                array.flush()
-            del arrays
-            (work / "done").touch()
-            try:
-                os.replace(work, folder)
-            except OSError:
-                if not (folder / "done").is_file():
-                    raise
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in layout}
+            array = np.load(file, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as error:
+            raise ValueError(f"{file} is not a .npy array: {error}") from None
+        if array.shape != shape or array.dtype != dtype:
+            raise ValueError(f"{file} holds {array.dtype} {array.shape}, not {np.dtype(dtype)} {shape}")
+        arrays[name] = array
+    return arrays

@@ -27,7 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from comera.atomic import atomic_write_bytes
 from comera.checks import check_int
+from comera.data.cache import read_entry
 from comera.data.files import check_regular_file, numbered_lines, open_data, utf8_problem
 from comera.data.tokenize import PairTokenizer, load_tokenizer, tokenizer_digest, train_wordpiece
 from comera.workloads.nli.pairs import (
@@ -273,12 +275,14 @@ def _split_facts(examples: PairExamples) -> dict:
 def _trained_tokenizer(
     train: PairExamples, cache_dir: Path, key: str, vocab_size: int, max_length: int
 ) -> PairTokenizer:
-    """A WordPiece vocabulary trained on the training pairs, cached under ``cache_dir`` by ``key``."""
+    """A WordPiece vocabulary trained on the training pairs, cached under ``cache_dir`` by ``key`` (trained
+    again and replaced where the cached file cannot be read: :func:`comera.data.cache.read_entry`)."""
     file = cache_dir / f"wordpiece-{key}.json"
-    if not file.is_file():
-        tokenizer = train_wordpiece(train.first + train.second, vocab_size)
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(str(file))
+    cached = read_entry(file, lambda entry: load_tokenizer(entry, max_length=max_length))
+    if cached is not None:
+        return cached
+    tokenizer = train_wordpiece(train.first + train.second, vocab_size)
+    atomic_write_bytes(file, tokenizer.to_str(pretty=True).encode())
     return load_tokenizer(file, max_length=max_length)
 
 

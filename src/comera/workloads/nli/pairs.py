@@ -18,7 +18,8 @@ Split by module: a module's hash (with the seed) puts it in train or validation,
 sides; within each split, modules are taken in hash order until the requested number of pairs is reached.
 The code shown is the function's source (decorators included) without its docstring. Everything is
 deterministic for a given Python and seed. The pairs and a WordPiece vocabulary trained with ``tokenizers`` on
-the training split are cached in ``cache_dir``.
+the training split are cached in ``cache_dir``, built again and replaced where the cache folder cannot be read
+(:mod:`comera.data.cache`).
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
-from comera.atomic import atomic_write_bytes
 from comera.checks import check_int, check_number
-from comera.data.tokenize import SPECIAL_TOKENS, PairTokenizer, train_wordpiece
+from comera.data.cache import building_folder, read_entry, read_json
+from comera.data.tokenize import SPECIAL_TOKENS, PairTokenizer, load_tokenizer, train_wordpiece
 
 __all__ = [
     "PAIR_LABELS",
@@ -351,13 +352,9 @@ def build_docstring_pairs(
     }
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     folder = Path(cache_dir) / f"docstring-pairs-{key}"
-    pairs_file, vocab_file = folder / "pairs.json", folder / "tokenizer.json"
-    if pairs_file.is_file() and vocab_file.is_file():
-        cached = json.loads(pairs_file.read_text())
-        splits = {name: PairExamples(**fields) for name, fields in cached["splits"].items()}
-        info = cached["info"]
-        tokenizer = PairTokenizer(Tokenizer.from_file(str(vocab_file)), max_length)
-        return splits, tokenizer, info
+    cached = read_entry(folder, lambda entry: _read_cached(entry, max_length), folder=True)
+    if cached is not None:
+        return cached
     ranked = sorted(stdlib_modules(root).items(), key=lambda item: _module_hash(seed, item[0]))
     limit = int(validation_fraction * 2**64)
     sides = {
@@ -370,10 +367,35 @@ def build_docstring_pairs(
         splits[split], modules[split] = _collect(
             candidates, wanted[split], seed, min_doc_words, same_module_negatives
         )
-    tokenizer = train_wordpiece(splits["train"].first + splits["train"].second[::2], vocab_size)
+    tokenizer = _kept_tokenizer(folder / "tokenizer.json") or train_wordpiece(
+        splits["train"].first + splits["train"].second[::2], vocab_size
+    )
     info = {"source": str(root), "python": sys.version.split()[0], "modules": modules, "cache": str(folder)}
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(vocab_file))
     record = {"splits": {name: vars(examples) for name, examples in splits.items()}, "info": info}
-    atomic_write_bytes(pairs_file, json.dumps(record).encode())
+    with building_folder(folder) as work:
+        tokenizer.save(str(work / "tokenizer.json"))
+        (work / "pairs.json").write_bytes(json.dumps(record).encode())
     return splits, PairTokenizer(tokenizer, max_length), info
+
+
+def _kept_tokenizer(file: Path) -> Tokenizer | None:
+    """The vocabulary in ``file`` of a damaged cache folder where it can still be read, else None: trained
+    again, it may number (or choose) its pieces differently, so a run on the rebuilt folder gets the ids of
+    one on the intact folder."""
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception:  # the tokenizers package raises a bare Exception; a missing file raises one too
+        return None
+
+
+def _read_cached(folder: Path, max_length: int) -> tuple[dict[str, PairExamples], PairTokenizer, dict]:
+    """The splits, tokenizer and description of the embedded task cached in ``folder``; ``ValueError``
+    naming the file that is damaged."""
+    file = folder / "pairs.json"
+    record = read_json(file)
+    try:
+        splits = {name: PairExamples(**record["splits"][name]) for name in ("train", "validation")}
+        info = {**record["info"]}
+    except (TypeError, KeyError) as error:
+        raise ValueError(f"{file} does not hold the pairs of the embedded task ({error!r})") from None
+    return splits, load_tokenizer(folder / "tokenizer.json", max_length=max_length), info

@@ -1,0 +1,76 @@
+"""Entries of the cache folder (``--cache``): files and folders of data derived from a run's data (a trained
+tokenizer, token ids, parsed arrays), each named by a digest of what it was derived from and written
+atomically (a file by :func:`comera.atomic.atomic_write`, a folder by :func:`building_folder`), so a reader
+sees a complete entry or none.
+
+An entry that cannot be read (cut short, overwritten with other bytes, emptied, a file of a folder missing)
+is a cache miss: :func:`read_entry` warns (a ``RuntimeWarning`` naming the entry and what is wrong) and
+returns None, and the caller builds the entry again from the data and writes it in place of the damaged one,
+atomically as always. An entry of the wrong kind (a folder where a file belongs, or the reverse) is not
+replaced: ``ValueError`` naming it, to be deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from comera.atomic import install_folder
+
+__all__ = ["read_entry", "building_folder", "read_json"]
+
+T = TypeVar("T")
+
+
+def read_entry(path: Path, read: Callable[[Path], T], *, folder: bool = False) -> T | None:
+    """``read(path)`` of the cache entry ``path`` (a folder if ``folder``, else a file); None where there is
+    none, or where ``read`` fails: the entry is damaged, a warning names it and the caller rebuilds it.
+
+    Raises:
+        ValueError: ``path`` is a folder where a file belongs, or the reverse (it is not replaced).
+    """
+    if not os.path.lexists(path):
+        return None
+    if path.is_dir() != folder:
+        kind = "folder" if folder else "file"
+        raise ValueError(f"cache entry {path} is not a {kind}, so it cannot be rebuilt; delete it")
+    try:
+        return read(path)
+    except Exception as error:  # whatever the reader's library raises: zipfile, numpy, tokenizers (Exception)
+        message = f"cache entry {path} is damaged and is rebuilt from the data ({error})"
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        return None
+
+
+@contextmanager
+def building_folder(path: Path) -> Iterator[Path]:
+    """A new empty folder beside the folder entry ``path`` to write the entry into; when the block ends
+    without an error it is put in place of ``path`` in one step (:func:`comera.atomic.install_folder`: a
+    damaged entry is replaced, one that another process put there meanwhile is kept); it is removed in any
+    case."""
+    work = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        yield work
+        try:
+            install_folder(work, path)
+        except OSError:
+            if not path.is_dir():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def read_json(file: Path) -> Any:
+    """The JSON value in ``file`` (a file of a cache entry); ``ValueError`` naming it where it holds none."""
+    try:
+        return json.loads(file.read_bytes())
+    except ValueError as error:
+        raise ValueError(f"{file} is not JSON: {error}") from None
