@@ -350,3 +350,23 @@ def test_the_trained_vocabulary_is_found_again_by_the_datas_content(tmp_path):
     assert _source_key(folder, 200) != key
     (folder / "train.tsv").write_text("a\tB\n")
     assert _source_key(folder, 100) != key
+
+
+def test_jsonl_gz_files_are_read_as_a_file_and_in_a_folder(tmp_path):
+    """``NAME.jsonl.gz`` is a split as ``NAME.jsonl`` is (the other workloads read ``.jsonl.gz`` too); one
+    split under both names is refused, naming it."""
+    text = (DATA / "nli_pairs.jsonl").read_bytes()
+    single = tmp_path / "pairs.jsonl.gz"
+    single.write_bytes(gzip.compress(text))
+    plain = read_mnli(DATA / "nli_pairs.jsonl", validation_every=2)
+    packed = read_mnli(single, validation_every=2)
+    assert packed["train"].labels == plain["train"].labels
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "train.jsonl.gz").write_bytes(gzip.compress(text))
+    (folder / "dev.jsonl").write_bytes(text)
+    splits = read_mnli(folder)
+    assert list(splits) == ["train", "dev"] and splits["train"].labels == splits["dev"].labels
+    (folder / "dev.jsonl.gz").write_bytes(gzip.compress(text))
+    with pytest.raises(ValueError, match=r"both as NAME.jsonl and NAME.jsonl.gz: \['dev'\]"):
+        read_mnli(folder)

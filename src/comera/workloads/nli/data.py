@@ -194,15 +194,18 @@ def read_mnli(
     - a folder of ``.jsonl`` files: ``train.jsonl`` and every other ``NAME.jsonl`` as split ``NAME``;
     - one ``.jsonl`` file: every ``validation_every``-th labelled pair becomes "validation".
 
+    A ``.jsonl`` file may be gzip, named ``NAME.jsonl`` or ``NAME.jsonl.gz``.
+
     Raises:
         FileNotFoundError: no such path. ValueError: a folder of neither kind, a folder without an evaluation
             split, or a split's file that is not a regular file (a pipe, a broken or looping link).
     """
     path = Path(data_path)
     if path.is_file():
-        if path.suffix != ".jsonl":
+        if _jsonl_split(path) is None:
             raise ValueError(
-                f"data path {path} must be a GLUE MNLI folder, a folder of .jsonl files or a .jsonl file"
+                f"data path {path} must be a GLUE MNLI folder, a folder of .jsonl files or a .jsonl file "
+                "(.jsonl.gz too)"
             )
         check_int(validation_every, "validation_every", 2)
         train, validation = _split_by_line(read_jsonl(path, skip_malformed=skip_malformed), validation_every)
@@ -212,9 +215,15 @@ def read_mnli(
     if _present(path / GLUE_FILES["train"]):
         files = {split: path / name for split, name in GLUE_FILES.items() if _present(path / name)}
         read = read_glue_tsv
-    elif _present(path / "train.jsonl"):
-        named = sorted(path.glob("*.jsonl"), key=lambda file: (file.stem != "train", file.stem))
-        files = {file.stem: file for file in named}
+    elif _present(path / "train.jsonl") or _present(path / "train.jsonl.gz"):
+        named = [(split, file) for file in sorted(path.iterdir()) if (split := _jsonl_split(file))]
+        splits = [split for split, _ in named]
+        repeated = sorted({split for split in splits if splits.count(split) > 1})
+        if repeated:
+            raise ValueError(
+                f"data path {path} holds splits both as NAME.jsonl and NAME.jsonl.gz: {repeated}"
+            )
+        files = dict(sorted(named, key=lambda item: (item[0] != "train", item[0])))
         read = read_jsonl
     else:
         raise ValueError(f"data path {path} holds neither train.tsv (GLUE MNLI) nor train.jsonl")
@@ -232,6 +241,14 @@ def read_mnli(
             f"to evaluate; {way_out}"
         )
     return {split: read(file, skip_malformed=skip_malformed) for split, file in files.items()}
+
+
+def _jsonl_split(path: Path) -> str | None:
+    """The split a ``NAME.jsonl`` or ``NAME.jsonl.gz`` file holds (``NAME``); None for other names."""
+    for suffix in (".jsonl", ".jsonl.gz"):
+        if path.name.endswith(suffix) and len(path.name) > len(suffix):
+            return path.name[: -len(suffix)]
+    return None
 
 
 def _present(path: Path) -> bool:
