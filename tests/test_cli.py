@@ -122,6 +122,14 @@ def _saved_unregistered_model(directory):
     return model
 
 
+def test_report_of_an_unfinished_run_says_so(tmp_path, capsys):
+    """A run folder without its model or results yet (killed, or still training) is named as a run that
+    has not finished, not as a folder that is no run."""
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["report", str(tmp_path)]) == 2
+    assert "a run that has not finished" in capsys.readouterr().err
+
+
 def test_report_works_in_a_fresh_process_for_an_unregistered_model(tmp_path):
     """A new process has an empty model registry; the report needs only the recorded layers."""
     from comera import compression_report
@@ -177,6 +185,8 @@ def test_plot_into_a_file_is_refused(tmp_path, capsys):
     target.write_text("x")
     assert main(["plot", str(run), "--out", str(target)]) == 2
     assert "is a file" in capsys.readouterr().err
+    assert main(["plot", str(run), "--out", str(target / "under")]) == 2
+    assert f"--out {target / 'under'}: {target} is a file, not a folder" in capsys.readouterr().err
 
 
 def test_plot_with_a_folder_where_a_plot_file_goes_is_one_line(tmp_path, capsys):

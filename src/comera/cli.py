@@ -41,9 +41,12 @@ def _report(directory: str) -> int:
 
 
 def _plot(run_dir: str, out_dir: str | None, compare: list[str], metric: str | None) -> int:
+    from comera.recipes.folders import writable_folder
     from comera.train.plots import plot_comparison, plot_run
 
     try:
+        if out_dir is not None:  # the folder of the plots, or of the one --compare figure
+            writable_folder(Path(out_dir).parent if compare else Path(out_dir), "--out")
         if compare:
             if metric is None:
                 raise ValueError("--compare needs --metric NAME (an evaluation metric, e.g. accuracy)")

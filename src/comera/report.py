@@ -233,6 +233,11 @@ def describe_folder(directory: str | os.PathLike) -> str:
         parts.append(f"model ({model_dir}):\n{saved_compression_report(model_dir)}")
     if results.is_file():
         parts.append(f"results ({results}):\n" + "\n".join(_results_lines(results)))
+    if not parts and (directory / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{directory}: a run that has not finished (no {RUN_MODEL_DIR}/ or {RESULTS_NAME} yet); continue "
+            "it with comera train ... --resume, or see its progress with comera plot"
+        )
     if not parts:
         raise FileNotFoundError(
             f"{directory}: neither a saved model ({CONFIG_NAME}) nor a run folder "
