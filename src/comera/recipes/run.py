@@ -259,6 +259,13 @@ def _check_folder(
     config_path = out / "config.json"
     if resume:
         if not config_path.exists():
+            left = sorted(name for name in RUN_ENTRIES if (out / name).exists())
+            if left:
+                raise FileNotFoundError(
+                    f"--resume: {config_path} not found, so the run in {out} (its {', '.join(left)} are "
+                    "there) cannot continue without its settings; start it again with --restart (its files "
+                    "are moved aside)"
+                )
             raise FileNotFoundError(f"--resume: {config_path} not found; there is no run to resume in {out}")
         recorded = upgrade_run_header(read_run_config(config_path), method, header)
         difference = header_difference(recorded, header)
