@@ -187,7 +187,7 @@ def test_an_existing_run_is_not_overwritten_and_resume_needs_the_same_settings(t
     with pytest.raises(SetupError, match="there is no run to resume"):
         run("toy", preset="smoke", out=tmp_path / "none", cache_dir=tmp_path, resume=True)
     (out / "config.json").unlink()  # the settings lost, the checkpoints left: --restart is the way out
-    with pytest.raises(SetupError, match=r"cannot continue without its settings; start it again with --restart"):
+    with pytest.raises(SetupError, match=r"cannot continue without its settings; start it again with --rest"):
         run("toy", preset="smoke", out=out, cache_dir=tmp_path, resume=True)
     with pytest.raises(SetupError, match="no such file or folder"):
         run("toy", preset="smoke", out=tmp_path / "x", data=tmp_path / "missing.tsv", cache_dir=tmp_path)
