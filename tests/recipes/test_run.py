@@ -233,3 +233,14 @@ def test_a_run_folder_written_before_trims_existed_resumes(tmp_path):
         results = run("toy", method="comera", preset="smoke", resume=True, **arguments)
         recorded = json.loads((out / "config.json").read_text())["settings"]["method"]
         assert results["steps"] > 0 and recorded["trims"] == (1 if extra else 8)
+
+
+def test_the_prune_before_the_save_is_logged_as_a_prune_event(tmp_path):
+    """Without prune points (``method.prune_at=[]``) the model is still pruned to its active ranks before it
+    is saved; that prune is a ``prune`` event at point ``save`` like any other, so the log tells when the
+    saved model took its shapes."""
+    out = tmp_path / "run"
+    results = run("toy", preset="smoke", out=out, cache_dir=tmp_path, assignments=["method.prune_at=[]"])
+    prunes = [r for r in read_metrics(out) if r.get("kind") == "event" and r.get("event") == "prune"]
+    assert [event["point"] for event in prunes] == ["save"]
+    assert prunes[0]["step"] == results["steps"]

@@ -597,7 +597,7 @@ def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
             f"{_aside_name(out)})"
         ) from error
     earlier_time = max(fit.train_time_s - (time.perf_counter() - fit_started), 0.0)
-    pruned = trainer.prune() is not None
+    pruned = trainer.prune(point="save") is not None
     if pruned:  # the saved model holds what is reported: its active ranks (the function is unchanged)
         trainer.last_eval = {}
     evaluation = _evaluate_splits(trainer, recipe, data, settings)

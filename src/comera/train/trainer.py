@@ -655,15 +655,13 @@ class Trainer:
         """Prune at ``point`` if the objective wants to; True when the model's shapes changed."""
         if not self.objective.prunes_at(point):
             return False
-        details = self.prune()
-        if details is None:
-            return False
-        self._event("prune", point=point, **details)
-        return True
+        return self.prune(point) is not None
 
-    def prune(self) -> dict[str, Any] | None:
+    def prune(self, point: str | None = None) -> dict[str, Any] | None:
         """Prune the model (and the optimizer's state) to the objective's active ranks now, as a prune point
-        does, under DDP and FSDP too; the objective's details when shapes changed, else None.
+        does, under DDP and FSDP too; the objective's details when shapes changed, else None. When shapes
+        changed and ``point`` is given (``"save"``: before the model is saved), a ``"prune"`` event with
+        that point and the details is logged, as at a prune point.
 
         With ``parallel="fsdp"`` and ``shard_cores=True`` the sharded model is rebuilt
         (:mod:`comera.train.reshard`): ``self.module``, ``self.model`` and ``self.optimizer`` are new objects
@@ -680,6 +678,8 @@ class Trainer:
                 self.model = DistributedDataParallel(self.module)
         if details is not None:
             self._invalidate_graph()
+            if point is not None:
+                self._event("prune", point=point, **details)
         return details
 
     def _shard(self, module: nn.Module) -> nn.Module:
