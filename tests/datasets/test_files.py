@@ -66,6 +66,14 @@ def test_an_archive_is_refused_naming_its_format_and_the_file(tmp_path, name):
         open_data(packed)
 
 
+def test_a_file_gzipped_twice_is_named_as_such(tmp_path):
+    """gzip inside gzip (``gzip`` run twice): named, not read as text whose first line is binary."""
+    twice = tmp_path / "day_0.gz"
+    twice.write_bytes(gzip.compress(gzip.compress(_RECORD)))
+    with pytest.raises(ValueError, match=re.escape(f"{twice}: gzip-compressed inside gzip, not a text file")):
+        open_data(twice)
+
+
 def test_read_code_refuses_a_tar_file_named_jsonl(tmp_path):
     """The reader of JSON lines goes through the same probe: a tar archive is named, not parsed as JSON."""
     path = tmp_path / "functions.jsonl"

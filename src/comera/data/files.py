@@ -93,6 +93,8 @@ def open_data(path: str | os.PathLike) -> BinaryIO:
         handle.close()
         raise
     found = _format_of(head)
+    if compressed and head.startswith(_GZIP):
+        found = "gzip-compressed"
     if found is not None:
         handle.close()
         inside = " inside gzip" if compressed else ""
