@@ -102,6 +102,14 @@ def test_a_config_given_as_a_stream_is_read_once_and_applied(tmp_path):
     assert header["settings"]["train"]["early"] == 3
 
 
+def test_an_endless_config_stream_is_refused_without_reading_it_to_the_end(tmp_path, capsys, no_data):
+    """``--config /dev/zero``: reading stops past the size a settings file could have; one line, status 2."""
+    with pytest.raises(SystemExit) as stopped:
+        main([*_train(tmp_path / "run", tmp_path / "cache"), "--config", "/dev/zero"])
+    assert stopped.value.code == 2
+    assert "/dev/zero streams more than 1 MiB, so it is no settings file" in capsys.readouterr().err
+
+
 def test_ctrl_c_during_training_ends_with_one_line_and_status_130_and_the_run_resumes(
     tmp_path, capsys, monkeypatch
 ):
