@@ -310,3 +310,25 @@ def test_a_run_resumes_on_its_data_by_content_wherever_the_data_lies_now(tmp_pat
     assert (
         header_difference(old, header(link)) == "it was started with other settings (differences in ['data'])"
     )
+
+
+@pytest.mark.parametrize("odd", ["link to a file", "pipe", "link to /dev/null"])
+def test_a_lock_file_that_is_not_a_regular_file_is_refused_and_nothing_is_overwritten(tmp_path, odd):
+    """The run folder's lock is never taken through a link (a link to a user's file would have the file
+    overwritten with a process id) or on a pipe: one line naming it, the link's target left as it was."""
+    import os
+
+    from comera.recipes.folders import LOCK_NAME, lock_run_folder
+
+    out = tmp_path / "run"
+    out.mkdir()
+    precious = tmp_path / "notes.txt"
+    precious.write_text("keep me\n")
+    lock = out / LOCK_NAME
+    if odd == "pipe":
+        os.mkfifo(lock)
+    else:
+        lock.symlink_to(precious if odd == "link to a file" else "/dev/null")
+    with pytest.raises(ValueError, match=rf"its lock file {re.escape(str(lock))} .*move it away"):
+        lock_run_folder(out)
+    assert precious.read_text() == "keep me\n"

@@ -3,8 +3,10 @@ that keeps a second process from writing into a run folder while one trains in i
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -91,13 +93,17 @@ def lock_run_folder(path: Path) -> None:
     path = path.resolve()
     if path in _HELD:
         return
-    try:
-        handle = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    lock = path / LOCK_NAME
+    try:  # never through a link (it could lead to a file of the user's, which would be overwritten)
+        handle = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as error:
+        why = "a symbolic link" if error.errno == errno.ELOOP else error.strerror or error
         raise ValueError(
-            f"--out {path}: cannot create or write its lock file {path / LOCK_NAME} "
-            f"({error.strerror or error})"
+            f"--out {path}: cannot create or write its lock file {lock} ({why}); move it away"
         ) from None
+    if not stat.S_ISREG(os.fstat(handle).st_mode):
+        os.close(handle)
+        raise ValueError(f"--out {path}: its lock file {lock} is not a regular file (a pipe?); move it away")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
