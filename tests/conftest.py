@@ -103,7 +103,12 @@ class CacheDamage:
         self.how = how
 
     def __call__(self, file) -> None:
-        """Cut ``file`` to half its length, replace its bytes by bytes of another kind, or empty it."""
+        """Cut ``file`` to half its length, replace its bytes by bytes of another kind, empty it, or put a
+        pipe in its place (reading it would wait forever)."""
+        if self.how == "pipe":
+            file.unlink()
+            os.mkfifo(file)
+            return
         data = file.read_bytes()
         damaged = {"truncated": data[: len(data) // 2], "garbage": b"\x89garbage\x00\xff" * 3, "empty": b""}
         file.write_bytes(damaged[self.how])
@@ -119,7 +124,7 @@ class CacheDamage:
         assert str(file) in messages[0] and "is rebuilt" in messages[0], messages
 
 
-@pytest.fixture(params=["truncated", "garbage", "empty"])
+@pytest.fixture(params=["truncated", "garbage", "empty", "pipe"])
 def cache_damage(request) -> CacheDamage:
     """A :class:`CacheDamage` of each kind: a test using it runs once per kind."""
     return CacheDamage(request.param)

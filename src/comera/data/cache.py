@@ -40,12 +40,26 @@ def read_entry(path: Path, read: Callable[[Path], T], *, folder: bool = False) -
     if path.is_dir() != folder:
         kind = "folder" if folder else "file"
         raise ValueError(f"cache entry {path} is not a {kind}, so it cannot be rebuilt; delete it")
+    odd = _irregular(path, folder)
+    if odd is not None:  # reading a pipe would wait forever
+        message = f"cache entry {path} is damaged and is rebuilt from the data ({odd} is not a regular file)"
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        return None
     try:
         return read(path)
     except Exception as error:  # whatever the reader's library raises: zipfile, numpy, tokenizers (Exception)
         message = f"cache entry {path} is damaged and is rebuilt from the data ({error})"
         warnings.warn(message, RuntimeWarning, stacklevel=2)
         return None
+
+
+def _irregular(path: Path, folder: bool) -> Path | None:
+    """The entry itself, or (for a folder) the first thing in it, that is neither a regular file nor a
+    folder once links are followed: a pipe, a device, a socket, a broken or looping link; None if none."""
+    for entry in [path, *(sorted(path.rglob("*")) if folder else ())]:
+        if not (entry.is_file() or entry.is_dir()):
+            return entry
+    return None
 
 
 @contextmanager

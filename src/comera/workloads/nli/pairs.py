@@ -382,9 +382,11 @@ def _kept_tokenizer(file: Path) -> Tokenizer | None:
     """The vocabulary in ``file`` of a damaged cache folder where it can still be read, else None: trained
     again, it may number (or choose) its pieces differently, so a run on the rebuilt folder gets the ids of
     one on the intact folder."""
+    if not file.is_file():  # missing, or a pipe (reading it would wait forever)
+        return None
     try:
         return Tokenizer.from_file(str(file))
-    except Exception:  # the tokenizers package raises a bare Exception; a missing file raises one too
+    except Exception:  # the tokenizers package raises a bare Exception
         return None
 
 
