@@ -66,3 +66,25 @@ def test_a_sigint_to_the_parent_alone_is_passed_on_after_the_grace():
     assert code == 130
     assert lines == ["child stopped", "parent interrupted"]
     assert seconds < 30
+
+
+def test_a_ctrl_c_while_the_module_imports_ends_it_with_130_and_no_traceback(tmp_path):
+    """``module_command``: a Ctrl-C before the module's own handling (an import taking a while, as torch's
+    does) ends it with status 130 and nothing on stderr; the module's arguments reach it as ``sys.argv``."""
+    from comera.child import module_command
+
+    (tmp_path / "slow_start.py").write_text(
+        "import sys, time\nprint('importing', sys.argv[1:], flush=True)\ntime.sleep(60)\n"
+    )
+    process = subprocess.Popen(
+        module_command("slow_start", ["--flag", "x"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        preexec_fn=lambda: (os.setpgrp(), signal.signal(signal.SIGINT, signal.SIG_DFL)),
+    )
+    assert process.stdout.readline().strip() == "importing ['--flag', 'x']"
+    os.killpg(process.pid, signal.SIGINT)
+    _, errors = process.communicate(timeout=30)
+    assert process.returncode == 130 and errors == ""

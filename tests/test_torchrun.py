@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +162,45 @@ def test_a_ctrl_c_stops_every_process_with_one_line_and_no_traceback(tmp_path):
     assert output.count("interrupted; continue the run with --resume") == 1, output
     processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
     assert not [line for line in processes if f"--out {out}" in line]
+
+
+def test_a_process_that_does_not_stop_on_the_ctrl_c_gets_sigterm_after_the_grace(tmp_path, monkeypatch):
+    """A process left waiting (in a collective, or in the rendezvous for a process that has stopped) does
+    not act on SIGINT: after ``STOP_GRACE_S`` it is sent SIGTERM, so the launch ends instead of hanging."""
+    import signal
+
+    import comera.launch as launcher
+
+    stuck = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert stuck.stdout.readline().strip() == "ready"
+
+    class Torchrun:
+        def __init__(self, command, env, **options):
+            (Path(env[launcher.STATUS_ENV]) / "pid-0").write_text(str(stuck.pid))
+            self.calls = 0
+
+        def wait(self, timeout=None):
+            self.calls += 1
+            if self.calls == 1:
+                raise KeyboardInterrupt
+            if timeout is not None:
+                raise subprocess.TimeoutExpired("torchrun", timeout)
+            return stuck.wait(timeout=30)
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", Torchrun)
+    monkeypatch.setattr(launcher, "STOP_GRACE_S", 0.1)
+    try:
+        assert launcher.launch(2, ["train", "nli"]) == launcher.INTERRUPTED
+        assert stuck.returncode == -signal.SIGTERM
+    finally:
+        stuck.kill()
+        stuck.wait()

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 from collections.abc import Sequence
 
-__all__ = ["INTERRUPTED", "GRACE_S", "run_child"]
+__all__ = ["INTERRUPTED", "GRACE_S", "module_command", "run_child"]
 
 INTERRUPTED = 130
 """The exit status of a run stopped by Ctrl-C (SIGINT), as a shell reports one."""
@@ -21,6 +22,24 @@ INTERRUPTED = 130
 GRACE_S = 5.0
 """Seconds a child is given to stop on the SIGINT it got from the terminal before it is sent one (a SIGINT
 sent to the parent alone, with ``kill``)."""
+
+
+_QUIET_START = (
+    "import runpy, sys\n"
+    "module = sys.argv.pop(1)\n"
+    "try:\n"
+    "    runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
+    "except KeyboardInterrupt:\n"
+    f"    sys.exit({INTERRUPTED})\n"
+)
+"""Runs a module as ``python -m`` does, but a Ctrl-C that comes before the module's own handling of it (while
+it imports torch, say) ends the process with :data:`INTERRUPTED` instead of a traceback."""
+
+
+def module_command(module: str, arguments: Sequence[str]) -> list[str]:
+    """The command that runs ``python -m module ARGUMENTS`` in this Python, quiet on an early Ctrl-C
+    (:data:`_QUIET_START`)."""
+    return [sys.executable, "-c", _QUIET_START, module, *arguments]
 
 
 def run_child(command: Sequence[str]) -> int:

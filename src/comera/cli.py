@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from comera.bench import BENCHMARKS
-from comera.child import INTERRUPTED, run_child
+from comera.child import INTERRUPTED, module_command, run_child
 
 __all__ = ["main"]
 
@@ -23,7 +23,7 @@ def _run_module(module: str, rest: list[str]) -> int:
     """Run ``python -m module REST`` and return its status; after a Ctrl-C, which it reports itself,
     :data:`~comera.child.INTERRUPTED`."""
     try:
-        return run_child([sys.executable, "-m", module, *rest])
+        return run_child(module_command(module, rest))
     except KeyboardInterrupt:
         return INTERRUPTED
 

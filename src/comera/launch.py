@@ -135,13 +135,27 @@ def _wait_for(process: subprocess.Popen, folder: Path) -> tuple[int, bool]:
         except KeyboardInterrupt:
             pids = [] if interrupted else _worker_pids(folder)
             interrupted = True
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGINT)
-                except ProcessLookupError:
-                    continue
             if not pids:
                 process.send_signal(signal.SIGINT)
+                continue
+            _signal_all(pids, signal.SIGINT)
+            try:
+                return process.wait(timeout=STOP_GRACE_S), interrupted
+            except subprocess.TimeoutExpired:  # one waits on the other in a collective it will not join
+                _signal_all(pids, signal.SIGTERM)
+
+
+STOP_GRACE_S = 20.0
+"""Seconds the processes of a ``--nproc`` launch have to stop on a Ctrl-C; then those still running (one
+left waiting in a collective or in the rendezvous for a process that has stopped) get SIGTERM."""
+
+
+def _signal_all(pids: list[int], number: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, number)
+        except ProcessLookupError:
+            continue
 
 
 def register_worker() -> None:

@@ -133,6 +133,27 @@ def test_ctrl_c_during_training_ends_with_one_line_and_status_130_and_the_run_re
     assert (out / "results.json").is_file()
 
 
+def test_ctrl_c_before_the_run_started_does_not_point_to_a_resume_that_would_be_refused(
+    tmp_path, capsys, monkeypatch
+):
+    """SIGINT while the data is being built, before the run folder holds its settings: the line says there
+    is nothing to resume (``--resume`` would be refused there), and the same command then runs."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(toy.ToyRecipe, "build_data", interrupted)
+    out = tmp_path / "run"
+    error = _one_line_error(capsys, _train(out, tmp_path / "cache"), status=130)
+    assert error == (
+        "comera train: interrupted before the run started, so there is nothing to resume; run the same "
+        "command again"
+    )
+    assert not (out / "config.json").exists()
+    monkeypatch.undo()
+    assert main(_train(out, tmp_path / "cache")) == 0
+
+
 @pytest.mark.parametrize("option", ["--out", "--cache"])
 def test_a_symbolic_link_loop_or_a_dangling_link_is_named_with_its_reason(tmp_path, capsys, no_data, option):
     first, second, dangling = tmp_path / "loop1", tmp_path / "loop2", tmp_path / "dangling"

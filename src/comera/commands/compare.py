@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from comera.atomic import atomic_write_bytes
-from comera.child import INTERRUPTED, run_child
+from comera.child import INTERRUPTED, module_command, run_child
 from comera.commands.numbers import number, times
 from comera.commands.train import add_setting_arguments, path_argument
 from comera.methods import get_method, method_names
@@ -143,7 +143,7 @@ def _check_packages(method: str) -> None:
 
 
 def _subprocess_runner(arguments: dict[str, Any]) -> None:
-    command = [sys.executable, "-m", "comera.commands.train", *_command_arguments(arguments), "--no-progress"]
+    command = module_command("comera.commands.train", [*_command_arguments(arguments), "--no-progress"])
     code = run_child(command)
     if code == INTERRUPTED:  # stopped by a Ctrl-C that reached the run alone: the comparison stops too
         raise KeyboardInterrupt

@@ -196,8 +196,12 @@ def main(argv: list[str] | None = None) -> int:
             return worker_status(_train(args, out))
         except KeyboardInterrupt:
             if os.environ.get("RANK", "0") == "0":  # the process group may be gone by now
+                started = (Path(out) / "config.json").is_file()
                 print(
-                    f"comera train: interrupted; continue the run with --resume (run folder: {out})",
+                    f"comera train: interrupted; continue the run with --resume (run folder: {out})"
+                    if started
+                    else "comera train: interrupted before the run started, so there is nothing to resume; "
+                    "run the same command again",
                     file=sys.stderr,
                 )
             return worker_status(INTERRUPTED)

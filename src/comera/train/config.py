@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from comera.checks import check_int, check_number, check_optional_int
 from comera.train.padding import check_buckets
 from comera.train.schedule import check_schedule
@@ -232,9 +234,11 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a path (str or os.PathLike) or None, got {value!r}")
         if self.compile not in (True, False, "auto"):
             raise ValueError(f"compile must be True, False or 'auto', got {self.compile!r}")
-        if not isinstance(self.compile_backend, str) or not self.compile_backend:
+        known = torch.compiler.list_backends(exclude_tags=())
+        if not isinstance(self.compile_backend, str) or self.compile_backend not in known:
             raise ValueError(
-                f"compile_backend must be a torch.compile backend name, got {self.compile_backend!r}"
+                f"compile_backend must be a torch.compile backend name (one of {known}, or one registered "
+                f"with torch._dynamo.register_backend), got {self.compile_backend!r}"
             )
         if self.device is not None and not (
             isinstance(self.device, str) and DEVICE_NAME.fullmatch(self.device)
