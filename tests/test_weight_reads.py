@@ -1,5 +1,6 @@
 """Which children a parent reads the weight of instead of calling them (comera.weight_reads)."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -7,7 +8,8 @@ from comera.weight_reads import read_by_attribute
 
 
 class Scaled(nn.Module):
-    """Reads ``scale.bias`` in a property and calls ``proj``, whose weight it also reads."""
+    """Reads ``scale.bias`` in a property and calls ``proj``, whose weight its forward also reads (as T5's
+    feed-forward reads ``wo.weight.dtype``): a layer without a dense weight cannot stand in for either."""
 
     def __init__(self):
         super().__init__()
@@ -33,13 +35,36 @@ def test_a_child_read_and_never_called_is_listed_under_every_name_with_its_paren
     attention = nn.MultiheadAttention(8, 2)
     model = nn.ModuleDict({"a": attention, "b": attention, "scaled": Scaled()})
     found = read_by_attribute(model)
-    assert sorted(found) == ["a.out_proj", "b.out_proj", "scaled.scale"]
+    assert sorted(found) == ["a.out_proj", "b.out_proj", "scaled.proj", "scaled.scale"]
     assert found["a.out_proj"].startswith(
-        "its parent MultiheadAttention reads out_proj.bias and out_proj.weight directly instead of calling"
+        "its parent MultiheadAttention reads out_proj.bias and out_proj.weight directly"
     )
     assert found["scaled.scale"].startswith("its parent Scaled reads scale.bias directly")
+    assert found["scaled.proj"].startswith("its parent Scaled reads proj.weight directly")
 
 
 def test_a_child_the_class_or_a_subclass_calls_is_not_read_by_attribute():
     assert read_by_attribute(CallingAttention(8, 2)) == {}
-    assert "proj" not in read_by_attribute(Scaled())
+
+
+def test_t5s_feed_forward_output_stays_dense_and_the_converted_model_runs():
+    """T5's feed-forward calls ``wo`` but first reads ``wo.weight.dtype``: converted with the default
+    targets, ``wo`` stays an ``nn.Linear`` (the model's forward ran into a missing ``weight`` before); named
+    as a target, it is refused with the reason."""
+    transformers = pytest.importorskip("transformers")
+    from comera import TensorizeConfig, tensorize_
+
+    def t5():
+        config = transformers.T5Config(
+            d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16, vocab_size=100
+        )
+        return transformers.T5ForConditionalGeneration(config).eval()
+
+    model = t5()
+    tensorize_(model)
+    feed_forward = model.encoder.block[0].layer[1].DenseReluDense
+    assert type(feed_forward.wo) is nn.Linear and type(feed_forward.wi) is not nn.Linear
+    logits = model(input_ids=torch.tensor([[1, 2, 3]]), decoder_input_ids=torch.tensor([[1, 2]])).logits
+    assert logits.shape == (1, 2, 100) and torch.isfinite(logits).all()
+    with pytest.raises(ValueError, match=r"'encoder.block.0.layer.1.DenseReluDense.wo' cannot be tensorized"):
+        tensorize_(t5(), TensorizeConfig(target_modules=["wo"]))

@@ -48,29 +48,49 @@ def _methods(cls: type) -> list[object]:
     return found
 
 
+def _forward_source(cls: type, bases: list[type]) -> str:
+    """The source of the ``forward`` that ``cls`` runs, with the ``forward`` of the bases below it when it
+    calls ``super()``."""
+    text = ""
+    for owner in (base for base in bases if "forward" in vars(base)):
+        source = _source(vars(owner)["forward"])
+        text += source + "\n"
+        if "super(" not in source:
+            break
+    return text
+
+
 @functools.cache
-def _children_read_not_called(cls: type) -> tuple[tuple[str, str], ...]:
+def _children_read(cls: type) -> tuple[tuple[str, str], ...]:
     """``(child, "weight" or "bias")`` for each tensor the methods of ``cls`` and its bases (below
-    ``nn.Module``) read of a child attribute they never call, sorted."""
+    ``nn.Module``) read of a child attribute they never call, or that a ``forward`` reads of a child it
+    calls too (T5's feed-forward reads ``self.wo.weight.dtype`` before calling ``self.wo``), sorted; the
+    fast-path reads of ``nn.TransformerEncoderLayer`` excepted (:func:`disable_weight_fast_paths`)."""
     bases = [base for base in cls.__mro__ if issubclass(base, nn.Module) and base is not nn.Module]
     text = "\n".join(_source(function) for base in bases for function in _methods(base))
+    forward = _forward_source(cls, bases)
     called = set(_CALL.findall(text))
-    return tuple(sorted({(child, tensor) for child, tensor in _READ.findall(text) if child not in called}))
+    read = {(child, tensor) for child, tensor in _READ.findall(text) if child not in called}
+    read |= set(_READ.findall(forward))
+    if issubclass(cls, nn.TransformerEncoderLayer):
+        read -= {(name, tensor) for name in _FAST_PATH_LINEARS for tensor in ("weight", "bias")}
+    return tuple(sorted(read))
 
 
 def read_by_attribute(root: nn.Module) -> dict[str, str]:
-    """The modules under ``root`` that their parent reads by attribute instead of calling, as
-    ``{dotted name: why}`` (a module reachable under several names is listed under each)."""
+    """The modules under ``root`` whose tensors their parent reads by attribute (instead of calling them,
+    or in its forward besides calling them), as ``{dotted name: why}`` (a module reachable under several
+    names is listed under each)."""
     found: dict[str, str] = {}
     for parent_name, parent in root.named_modules(remove_duplicate=False):
         tensors: dict[str, list[str]] = {}
-        for child, tensor in _children_read_not_called(type(parent)):
+        for child, tensor in _children_read(type(parent)):
             if parent._modules.get(child) is not None:
                 tensors.setdefault(child, []).append(f"{child}.{tensor}")
         for child, read in tensors.items():
             found[f"{parent_name}.{child}" if parent_name else child] = (
-                f"its parent {type(parent).__name__} reads {' and '.join(read)} directly instead of calling "
-                f"{child}, so a layer without a dense weight cannot stand in for it"
+                f"its parent {type(parent).__name__} reads {' and '.join(read)} directly, so a layer without "
+                "a dense weight cannot stand in for it"
             )
     return found
 
