@@ -143,17 +143,20 @@ def test_train_records_lost_from_the_log_before_the_checkpoint_are_said_missing(
     assert len(missing) == 1 and (missing[0]["steps"], missing[0]["first"]) == (2, 3)
 
 
-def _comera_trainer(run_dir) -> Trainer:
-    """The tiny CoMERA run of 8 steps, a checkpoint every 2 (all kept)."""
+def _comera_trainer(run_dir, **settings) -> Trainer:
+    """The tiny CoMERA run of 8 steps, a checkpoint every 2 (all kept); ``settings`` override these."""
     model = make_model()
     config = TrainConfig(
-        early=8,
-        unit="step",
-        batch_size=8,
-        checkpoint_every=2,
-        keep_checkpoints=10,
-        run_dir=str(run_dir),
-        plot=False,
+        **{
+            "early": 8,
+            "unit": "step",
+            "batch_size": 8,
+            "checkpoint_every": 2,
+            "keep_checkpoints": 10,
+            "run_dir": str(run_dir),
+            "plot": False,
+            **settings,
+        }
     )
     return Trainer(model, loss_fn, make_data(), config=config, objective=CoMERAObjective(model))
 
@@ -262,24 +265,13 @@ def test_a_resume_between_two_records_logs_the_record_an_uninterrupted_run_logs(
     """Checkpoints every 3 steps, records every 2: the checkpoint at step 3 falls inside the window of
     the record of step 4. A run resumed there continues that window (saved in the checkpoint), so every
     train record after the resume holds the loss, objective and ratio of the uninterrupted run's."""
-    config = TrainConfig(
-        early=8, unit="step", batch_size=4, checkpoint_every=3, log_every=2, keep_checkpoints=9, plot=False
-    )
-
-    def trainer(run_dir):
-        model = make_model()
-        settings = TrainConfig(**{**config.to_dict(), "run_dir": str(run_dir)})
-        return Trainer(model, loss_fn, make_data(), config=settings, objective=CoMERAObjective(model))
-
-    trainer(tmp_path / "whole").fit()
+    settings = {"batch_size": 4, "checkpoint_every": 3, "log_every": 2}
+    _comera_trainer(tmp_path / "whole", **settings).fit()
     shutil.copytree(tmp_path / "whole", tmp_path / "cut")
     for path in (tmp_path / "cut" / "checkpoints").iterdir():
         if path.name != "step-00000003.pt":
             path.unlink()
-    for name in ("results.json", "model"):
-        target = tmp_path / "cut" / name
-        shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
-    assert trainer(tmp_path / "cut").fit(resume=True).step == 8
+    assert _comera_trainer(tmp_path / "cut", **settings).fit(resume=True).step == 8
 
     def train_records(run_dir):
         return {
