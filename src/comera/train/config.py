@@ -79,6 +79,10 @@ def _pad_value(value: object) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
+_DEFAULT_BACKEND = "inductor"
+"""torch.compile's default backend, always registered."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Settings of :class:`comera.train.Trainer`; paper values where the paper gives them.
@@ -185,7 +189,7 @@ class TrainConfig:
     progress: bool | None = None
     plot: bool = True
     compile: bool | str = "auto"
-    compile_backend: str = "inductor"
+    compile_backend: str = _DEFAULT_BACKEND
     precision: str = "fp32"
     device: str | None = None
     reuse_cpu_memory: bool = True
@@ -234,11 +238,16 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a path (str or os.PathLike) or None, got {value!r}")
         if self.compile not in (True, False, "auto"):
             raise ValueError(f"compile must be True, False or 'auto', got {self.compile!r}")
-        known = torch.compiler.list_backends(exclude_tags=())
-        if not isinstance(self.compile_backend, str) or self.compile_backend not in known:
+        # torch.compile's own default is always registered; asking the registry imports torch._dynamo
+        # (about a second), which a run that never compiles need not pay
+        backend = self.compile_backend
+        if not isinstance(backend, str) or (
+            backend != _DEFAULT_BACKEND and backend not in torch.compiler.list_backends(exclude_tags=())
+        ):
             raise ValueError(
-                f"compile_backend must be a torch.compile backend name (one of {known}, or one registered "
-                f"with torch._dynamo.register_backend), got {self.compile_backend!r}"
+                "compile_backend must be a torch.compile backend name (one of "
+                f"{torch.compiler.list_backends(exclude_tags=())}, or one registered with "
+                f"torch._dynamo.register_backend), got {backend!r}"
             )
         if self.device is not None and not (
             isinstance(self.device, str) and DEVICE_NAME.fullmatch(self.device)
