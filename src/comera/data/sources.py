@@ -39,6 +39,7 @@ from comera.data.files import numbered_lines, open_data
 __all__ = [
     "DEFAULT_EXTENSIONS",
     "TEXT_FIELDS",
+    "JSONL_SUFFIXES",
     "SKIP_REASONS",
     "CodeDocument",
     "SkippedDocument",
@@ -52,7 +53,8 @@ __all__ = [
 
 DEFAULT_EXTENSIONS = (".py",)
 TEXT_FIELDS = ("code", "original_string")
-_JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
+"""The names of JSON-lines files (plain or gzip; gzip is found by content whatever the name)."""
 _EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
 
@@ -144,7 +146,7 @@ def default_source_dir() -> Path:
 
 
 def _is_jsonl(path: Path) -> bool:
-    return path.name.endswith(_JSONL_SUFFIXES)
+    return path.name.endswith(JSONL_SUFFIXES)
 
 
 def _check_extensions(extensions: object) -> tuple[str, ...]:

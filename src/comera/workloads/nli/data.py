@@ -31,6 +31,7 @@ from comera.atomic import atomic_write_bytes
 from comera.checks import check_int
 from comera.data.cache import read_entry
 from comera.data.files import check_regular_file, numbered_lines, open_data, utf8_problem
+from comera.data.sources import JSONL_SUFFIXES
 from comera.data.tokenize import PairTokenizer, load_tokenizer, tokenizer_digest, train_wordpiece
 from comera.workloads.nli.pairs import (
     PAIR_LABELS,
@@ -245,7 +246,7 @@ def read_mnli(
 
 def _jsonl_split(path: Path) -> str | None:
     """The split a ``NAME.jsonl`` or ``NAME.jsonl.gz`` file holds (``NAME``); None for other names."""
-    for suffix in (".jsonl", ".jsonl.gz"):
+    for suffix in JSONL_SUFFIXES:
         if path.name.endswith(suffix) and len(path.name) > len(suffix):
             return path.name[: -len(suffix)]
     return None
