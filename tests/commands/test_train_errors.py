@@ -202,3 +202,24 @@ def test_an_empty_path_is_refused_not_read_as_the_default_or_the_current_folder(
     assert stopped.value.code == 2
     assert f"argument {option}: an empty path" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("assignment", "opening"),
+    [
+        ("tensorize.rank=0", "comera train: tensorize.rank must be"),
+        ("method.gamma=-1", "comera train: method.gamma must be"),
+        ("train.lr_other=-1", "comera train: train.lr_other must be"),
+    ],
+)
+def test_a_bad_value_is_named_with_its_section(tmp_path, capsys, no_data, assignment, opening):
+    error = _one_line_error(capsys, _train(tmp_path / "run", tmp_path / "cache", "--set", assignment))
+    assert error.startswith(opening), error
+
+
+def test_a_bad_data_value_is_named_with_its_section_before_any_file_is_read(tmp_path, capsys):
+    out, cache = str(tmp_path / "run"), str(tmp_path / "cache")
+    arguments = ["llm", "--preset", "smoke", "--out", out, "--cache", cache, "--no-progress"]
+    error = _one_line_error(capsys, [*arguments, "--set", "data.validation_fraction=2"])
+    assert error.startswith("comera train: data.validation_fraction must be a float in (0, 1)"), error
+    assert not any((tmp_path / "cache").iterdir())

@@ -55,7 +55,7 @@ from comera.methods.comera.structure import apply_structure
 from comera.recipes.base import Recipe, RecipeData, get_recipe
 from comera.recipes.fingerprint import data_fingerprint, fingerprint_difference
 from comera.recipes.folders import lock_run_folder, release_run_folder, writable_folder
-from comera.recipes.settings import resolve_settings, tensorize_config, upgrade_run_header
+from comera.recipes.settings import resolve_settings, section_error, tensorize_config, upgrade_run_header
 from comera.report import compression_report
 from comera.train.checkpoint import NoReadableCheckpointError
 from comera.train.config import TrainConfig
@@ -541,7 +541,10 @@ def _set_up(request: _Request) -> _Setup:
         return earlier
 
     earlier_run = on_rank_zero(check_folders)  # the run folder is rank 0's under torchrun
-    recipe_data = rank_zero_first(lambda: recipe.build_data(settings["data"], data_path, cache))
+    try:
+        recipe_data = rank_zero_first(lambda: recipe.build_data(settings["data"], data_path, cache))
+    except ValueError as error:  # the builders' argument checks name the key alone
+        raise section_error("data", error, settings["data"]) from None
     _check_splits(recipe_data, data_path)
     header["data_identity"] = recipe_data.info.get("identity")
     if request.resume:

@@ -40,6 +40,7 @@ __all__ = [
     "ADDED_METHOD_KEYS",
     "resolve_settings",
     "parse_assignment",
+    "section_error",
     "tensorize_config",
     "upgrade_run_header",
 ]
@@ -227,9 +228,24 @@ def resolve_settings(
         TrainConfig.from_dict(settings["train"])
     except ValueError as error:  # its messages name the field alone: say which section it is in
         raise ValueError(f"train.{error}") from None
-    method.check_settings(settings["method"])
-    tensorize_config(settings)
+    try:
+        method.check_settings(settings["method"])
+    except ValueError as error:
+        raise section_error("method", error, settings["method"]) from None
+    try:
+        tensorize_config(settings)
+    except ValueError as error:
+        raise section_error("tensorize", error, valid["tensorize"]) from None
     return settings
+
+
+def section_error(section: str, error: ValueError, keys: Iterable[str]) -> ValueError:
+    """``error`` with ``section.`` put before its message when the message opens with one of the section's
+    ``keys`` (``rank must be ...`` -> ``tensorize.rank must be ...``), so that the user sees where the
+    setting lives; any other message (a file's, already qualified) is returned as it is."""
+    message = str(error)
+    opens_with_key = any(message.startswith(f"{key} ") for key in keys)
+    return ValueError(f"{section}.{message}") if opens_with_key else error
 
 
 ADDED_METHOD_KEYS: tuple[str, ...] = ("trims",)
