@@ -146,6 +146,15 @@ def test_target_of_an_unsupported_type_says_so():
         tensorize_(TinyLM(), target_modules=["norm"])
 
 
+def test_a_second_tensorize_names_the_layers_that_are_already_tensorized():
+    model = TinyLM()
+    tensorize_(model, rank=2)
+    with pytest.raises(ValueError, match=r"already tensorized: 'blocks\.0\.query' \(TTLinear\)"):
+        tensorize_(model, target_modules=["blocks.0.query"], rank=2)
+    with pytest.raises(ValueError, match=r"the model is already tensorized \(\d+ comera layers, e\.g\. '"):
+        tensorize_(model, rank=2)
+
+
 @pytest.mark.parametrize(
     "overrides, match",
     [

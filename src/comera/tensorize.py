@@ -63,8 +63,16 @@ def _close_names(entry: str, names: Iterable[str], limit: int = 6) -> list[str]:
     return list(dict.fromkeys(close))[:limit]
 
 
+def _already_tensorized(names: Iterable[str], modules: dict[str, nn.Module]) -> list[str]:
+    """``'name' (LayerType)`` for each of ``names`` that is already a comera layer."""
+    return [f"{name!r} ({type(modules[name]).__name__})" for name in names if is_layer(modules[name])]
+
+
 def _select(
-    selector: str | tuple[str, ...], candidates: dict[str, nn.Module], all_names: list[str], field: str
+    selector: str | tuple[str, ...],
+    candidates: dict[str, nn.Module],
+    modules: dict[str, nn.Module],
+    field: str,
 ) -> list[str]:
     """Names of ``candidates`` chosen by ``selector``; raise when a regex or any list entry matches none."""
     entries = [selector] if isinstance(selector, str) else list(selector)
@@ -73,10 +81,13 @@ def _select(
         single = entry if isinstance(selector, str) else (entry,)
         hits = [name for name in candidates if selector_matches(single, name)]
         if not hits:
-            elsewhere = [name for name in all_names if selector_matches(single, name)]
-            close = _close_names(entry, candidates) or _close_names(entry, all_names)
+            elsewhere = [name for name in modules if selector_matches(single, name)]
+            done = _already_tensorized(elsewhere, modules)
+            close = _close_names(entry, candidates) or _close_names(entry, modules)
             hint = (
-                f"it matches only modules of unsupported types: {elsewhere[:5]}"
+                f"it matches only modules that are already tensorized: {', '.join(done[:5])}"
+                if elsewhere and len(done) == len(elsewhere)
+                else f"it matches only modules of unsupported types: {elsewhere[:5]}"
                 if elsewhere
                 else f"close names: {close}"
                 if close
@@ -105,8 +116,17 @@ def _output_heads(
 def _why_none(config: TensorizeConfig, linears: dict[str, nn.Module], modules: dict[str, nn.Module]) -> str:
     """Why the selection is empty: no convertible linear at all (naming the types of the modules that hold
     a matrix weight), or every target excluded."""
+    done = _already_tensorized(modules, modules)
+    already = (
+        f"the model is already tensorized ({len(done)} comera layers, e.g. {', '.join(done[:3])})"
+        if done
+        else ""
+    )
     if config.target_modules != ALL_LINEAR or linears:
-        return "every target is excluded, an output head, or read by its parent as an attribute"
+        reason = "every target is excluded, an output head, or read by its parent as an attribute"
+        return f"{reason}; {already}" if already else reason
+    if already:
+        return f'target_modules="{ALL_LINEAR}" found no nn.Linear or transformers Conv1D left: {already}'
     unsupported = sorted(
         {
             type(module).__name__
@@ -343,20 +363,19 @@ def tensorize_(
     tables = {
         name: m for name, m in modules.items() if getattr(layer_types[name], "role", None) == "embedding"
     }
-    names = list(modules)
     heads = _output_heads(root, linears, tables)
     read = {id(modules[name]): why for name, why in read_by_attribute(root).items()}
     if config.target_modules == ALL_LINEAR:
         chosen = [name for name in linears if name not in heads and id(linears[name]) not in read]
     else:
-        chosen = _select(config.target_modules, {**linears, **tables}, names, "target_modules")
+        chosen = _select(config.target_modules, {**linears, **tables}, modules, "target_modules")
     if config.embeddings is True:
         chosen += [name for name in tables if id(tables[name]) not in read]
     elif config.embeddings:
-        chosen += _select(config.embeddings, tables, names, "embeddings")
+        chosen += _select(config.embeddings, tables, modules, "embeddings")
     excluded: set[str] = set()
     if config.exclude_modules is not None:
-        excluded = set(_select(config.exclude_modules, {**linears, **tables}, names, "exclude_modules"))
+        excluded = set(_select(config.exclude_modules, {**linears, **tables}, modules, "exclude_modules"))
     picked = _resolve_shared(list(dict.fromkeys(chosen)), excluded, modules, all_names)
     if not picked:
         raise ValueError(f"the config selects no module to tensorize: {_why_none(config, linears, modules)}")
