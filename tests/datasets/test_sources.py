@@ -63,6 +63,17 @@ def test_unreadable_files_are_skipped_and_counted(tmp_path):
     ]
 
 
+def test_hidden_files_and_folders_are_not_read(tmp_path):
+    """An editor's lock file or a macOS resource fork beside the sources is not a source."""
+    (tmp_path / "good.py").write_text("def f(x):\n    return x\n")
+    (tmp_path / ".#good.py").write_text("root@host.1234")
+    (tmp_path / "._good.py").write_bytes(b"\x00\x05\x16\x07")
+    (tmp_path / ".cache").mkdir()
+    (tmp_path / ".cache" / "copy.py").write_text("x = 1\n")
+    documents, skipped = read_code(tmp_path)
+    assert [d.key for d in documents] == ["good.py"] and skipped == []
+
+
 def test_pipes_are_skipped_and_counted_without_waiting_on_them(tmp_path, deadline):
     """A pipe named like a source file (``.py``, ``.jsonl``) would block a reader forever: skipped as
     unreadable, like a looping link."""

@@ -3,9 +3,12 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 
-from comera.train.evaluation import TokenScores
+from comera.train.evaluation import TokenScores, perplexity
+from comera.workloads.llm.recipe import NextTokenEvaluator
+from comera.workloads.mlm.recipe import MaskedLMEvaluator
 
 
 def reference(logits: np.ndarray, targets: np.ndarray) -> tuple[float, float]:
@@ -38,3 +41,21 @@ def test_no_scored_token_gives_nan():
     scores.add(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long))
     loss, accuracy = scores.mean_scores()
     assert scores.count == 0 and math.isnan(loss) and math.isnan(accuracy)
+
+
+def test_perplexity_is_exp_of_the_loss_and_inf_where_exp_overflows():
+    for loss in (0.0, 1e-12, 2.5, 700.0, 709.78):
+        assert perplexity(loss) == math.exp(loss)
+    for loss in (709.79, 1e4, 1e300, math.inf):
+        assert perplexity(loss) == math.inf
+    assert math.isnan(perplexity(math.nan))
+
+
+@pytest.mark.parametrize("evaluator", [NextTokenEvaluator, MaskedLMEvaluator])
+def test_a_diverged_models_loss_gives_an_infinite_perplexity_not_an_overflow(evaluator):
+    scores = evaluator()
+    scores.reset()
+    scores.add(torch.tensor([[0.0, 2e4], [3e4, 0.0]]), torch.tensor([0, 1]))
+    metrics = scores.compute()
+    assert math.isfinite(metrics[next(name for name in metrics if name.endswith("loss"))])
+    assert metrics["perplexity"] == math.inf

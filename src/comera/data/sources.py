@@ -168,13 +168,15 @@ def _check_cap(value: object, name: str) -> int | None:
 
 def _source_files(root: Path, extensions: tuple[str, ...]) -> list[Path]:
     """Files under ``root`` with one of ``extensions`` or a JSON-lines suffix, in hash order of their path;
-    folders named in :data:`_EXCLUDED_DIRS` and hidden folders are not entered."""
+    folders named in :data:`_EXCLUDED_DIRS` and hidden folders are not entered, and hidden files (an
+    editor's ``.#name.py`` lock, a ``._name`` resource fork) are not read."""
     if root.is_file():
         return [root]
     files = []
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = sorted(name for name in subfolders if name not in _EXCLUDED_DIRS and name[0] != ".")
-        files += [Path(folder, name) for name in names if name.endswith(extensions) or _is_jsonl(Path(name))]
+        kept = [name for name in names if name[0] != "."]
+        files += [Path(folder, name) for name in kept if name.endswith(extensions) or _is_jsonl(Path(name))]
     return sorted(files, key=lambda path: (_unit_hash("order", path.relative_to(root).as_posix()), path))
 
 

@@ -9,6 +9,7 @@ of per-batch values (ROC AUC, normalized entropy, perplexity from summed token l
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch import nn
 from comera.train.distributed import gather_objects
 from comera.train.fsdp import gathered
 
-__all__ = ["Evaluator", "MeanEvaluator", "TokenScores", "run_evaluation"]
+__all__ = ["Evaluator", "MeanEvaluator", "TokenScores", "perplexity", "run_evaluation"]
 
 
 class Evaluator:
@@ -48,6 +49,18 @@ class Evaluator:
     def compute(self) -> dict[str, float]:
         """The metrics over everything accumulated: ``{name: value}``."""
         raise NotImplementedError
+
+
+_LARGEST_EXPONENT = math.log(sys.float_info.max)
+
+
+def perplexity(loss: float) -> float:
+    """``exp(loss)`` of a mean cross entropy (nats); ``inf`` where that overflows a float (a loss above
+    about 709.78, which only a diverged model reaches: the Trainer then stops with ``training diverged``),
+    NaN for NaN."""
+    if math.isnan(loss) or loss < _LARGEST_EXPONENT:
+        return math.exp(loss)
+    return math.inf
 
 
 class TokenScores(Evaluator):

@@ -197,6 +197,15 @@ def test_a_folder_without_an_evaluation_split_is_refused_before_training(tmp_pat
         read_mnli(folder)
 
 
+def test_a_hidden_jsonl_file_in_a_folder_is_not_a_split(tmp_path):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    lines = (DATA / "nli_pairs.jsonl").read_bytes()
+    for name in ("train.jsonl", "valid.jsonl", ".valid.jsonl", "._train.jsonl"):
+        (folder / name).write_bytes(lines)
+    assert set(read_mnli(folder)) == {"train", "valid"}
+
+
 def test_builder_tokenises_pads_and_reports_counts(tmp_path):
     data = build_nli_data(GLUE, tmp_path, tokenizer=VOCAB, max_length=16)
     assert set(data.evals) == {"validation_matched", "validation_mismatched"}

@@ -34,7 +34,7 @@ from comera.data.sources import default_source_dir
 from comera.measure import weights_optimizer_mib
 from comera.modules import unwrap_model
 from comera.recipes.base import Recipe, RecipeData, register_recipe
-from comera.train.evaluation import Evaluator, TokenScores
+from comera.train.evaluation import Evaluator, TokenScores, perplexity
 from comera.workloads.llm.data import build_lm_data
 from comera.workloads.llm.model import IGNORE_INDEX, LlamaLM, next_token_loss
 from comera.workloads.llm.presets import RECIPE_PRESETS
@@ -70,7 +70,7 @@ class NextTokenEvaluator(TokenScores):
     def compute(self) -> dict[str, float]:
         """``loss``, ``perplexity``, ``accuracy`` and ``tokens`` (NaN metrics when no token was predicted)."""
         loss, accuracy = self.mean_scores()
-        return {"loss": loss, "perplexity": math.exp(loss), "accuracy": accuracy, "tokens": self.count}
+        return {"loss": loss, "perplexity": perplexity(loss), "accuracy": accuracy, "tokens": self.count}
 
 
 @register_recipe

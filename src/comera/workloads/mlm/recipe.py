@@ -16,7 +16,6 @@ Metrics (exact over a split, summed over tokens):
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from torch import nn
 
 from comera.data.sources import default_source_dir
 from comera.recipes.base import Recipe, RecipeData, register_recipe
-from comera.train.evaluation import Evaluator, TokenScores
+from comera.train.evaluation import Evaluator, TokenScores, perplexity
 from comera.workloads.mlm.data import build_code_data
 from comera.workloads.mlm.model import build_mlm_model
 from comera.workloads.mlm.presets import RECIPE_PRESETS
@@ -60,7 +59,7 @@ class MaskedLMEvaluator(TokenScores):
     def compute(self) -> dict[str, float]:
         """``mlm_loss``, ``mlm_accuracy``, ``perplexity`` (NaN when no token was masked)."""
         loss, accuracy = self.mean_scores()
-        return {"mlm_loss": loss, "mlm_accuracy": accuracy, "perplexity": math.exp(loss)}
+        return {"mlm_loss": loss, "mlm_accuracy": accuracy, "perplexity": perplexity(loss)}
 
 
 @register_recipe

@@ -217,7 +217,8 @@ def read_mnli(
         files = {split: path / name for split, name in GLUE_FILES.items() if _present(path / name)}
         read = read_glue_tsv
     elif _present(path / "train.jsonl") or _present(path / "train.jsonl.gz"):
-        named = [(split, file) for file in sorted(path.iterdir()) if (split := _jsonl_split(file))]
+        visible = sorted(file for file in path.iterdir() if not file.name.startswith("."))
+        named = [(split, file) for file in visible if (split := _jsonl_split(file))]
         splits = [split for split, _ in named]
         repeated = sorted({split for split in splits if splits.count(split) > 1})
         if repeated:
