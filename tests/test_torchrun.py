@@ -90,6 +90,19 @@ def test_nproc_is_split_from_the_other_arguments():
     for bad in (["--nproc"], ["--nproc", "0"], ["--nproc=two"]):
         with pytest.raises(ValueError, match="--nproc"):
             split_nproc(bad)
+
+
+def test_a_process_count_far_beyond_the_cores_is_refused_naming_the_range(monkeypatch):
+    import comera.launch
+
+    monkeypatch.setattr(comera.launch, "usable_cores", lambda: 2)
+    assert split_nproc(["--nproc", "8"]) == (8, [])
+    for bad in ("9", "100000"):
+        with pytest.raises(ValueError, match=rf"--nproc must be an integer in \[1, 8\] .*got '{bad}'"):
+            split_nproc(["--nproc", bad])
+
+
+def test_the_torchrun_command_runs_comera_in_n_processes():
     command = torchrun_command(3, ["train", "nli"])
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--nproc-per-node=3" in command and command[-4:] == ["-m", "comera", "train", "nli"]

@@ -41,6 +41,9 @@ __all__ = [
 ]
 
 STATUS_ENV = "COMERA_STATUS_DIR"
+PROCESSES_PER_CORE = 4
+"""The most ``--nproc`` processes per usable CPU core: a few share a core well enough for trying out a
+multi-process run on a laptop; thousands (a typo) would start a process each and stall the machine."""
 """The environment variable naming the folder where the processes of a ``--nproc`` launch record their
 exit statuses."""
 
@@ -49,7 +52,8 @@ def split_nproc(argv: list[str]) -> tuple[int | None, list[str]]:
     """``(N, the other arguments)`` from arguments that may hold ``--nproc N`` or ``--nproc=N``.
 
     Raises:
-        ValueError: ``--nproc`` without a value, or a value that is not an integer >= 1.
+        ValueError: ``--nproc`` without a value, or a value that is not an integer in ``[1,
+            PROCESSES_PER_CORE * usable_cores()]``.
     """
     rest: list[str] = []
     nproc: str | None = None
@@ -65,9 +69,21 @@ def split_nproc(argv: list[str]) -> tuple[int | None, list[str]]:
             rest.append(argument)
     if nproc is None:
         return None, rest
-    if not nproc.isdigit() or int(nproc) < 1:
-        raise ValueError(f"--nproc must be an integer >= 1 (the number of processes), got {nproc!r}")
+    cores = usable_cores()
+    most = PROCESSES_PER_CORE * cores
+    if not nproc.isdigit() or not 1 <= int(nproc) <= most:
+        raise ValueError(
+            f"--nproc must be an integer in [1, {most}] (the number of processes; at most "
+            f"{PROCESSES_PER_CORE} per core of the {cores} this machine gives the command), got {nproc!r}"
+        )
     return int(nproc), rest
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the system has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def without_option(argv: list[str], option: str) -> list[str]:
