@@ -15,6 +15,7 @@ from pathlib import Path
 
 from comera.bench import BENCHMARKS
 from comera.child import INTERRUPTED, module_command, run_child
+from comera.commands.paths import path_argument
 
 __all__ = ["main"]
 
@@ -91,12 +92,23 @@ def main(argv: list[str] | None = None) -> int:
         "report", help="print the compression report of a saved model folder or a training run folder"
     )
     report.add_argument(
-        "directory", help="a folder written by comera.save_pretrained, or a run folder of comera train"
+        "directory",
+        type=path_argument,
+        help="a folder written by comera.save_pretrained, or a run folder of comera train",
     )
     plot = sub.add_parser("plot", help="write the PNG plots of a training run")
-    plot.add_argument("run_dir", help="a run folder holding metrics.jsonl")
-    plot.add_argument("--out", default=None, help="output folder (with --compare: the PNG file)")
-    plot.add_argument("--compare", nargs="+", default=[], metavar="RUN_DIR", help="other runs in one figure")
+    plot.add_argument("run_dir", type=path_argument, help="a run folder holding metrics.jsonl")
+    plot.add_argument(
+        "--out", default=None, type=path_argument, help="output folder (with --compare: the PNG file)"
+    )
+    plot.add_argument(
+        "--compare",
+        nargs="+",
+        default=[],
+        type=path_argument,
+        metavar="RUN_DIR",
+        help="other runs in one figure",
+    )
     plot.add_argument("--metric", default=None, help="with --compare: the evaluation metric to draw")
     if argv[:1] == ["bench"] and (len(argv) == 1 or argv[1] in ("-h", "--help")):
         print("usage: comera bench NAME [options]   (comera bench NAME --help for a benchmark's options)")

@@ -223,3 +223,37 @@ def test_a_bad_data_value_is_named_with_its_section_before_any_file_is_read(tmp_
     error = _one_line_error(capsys, [*arguments, "--set", "data.validation_fraction=2"])
     assert error.startswith("comera train: data.validation_fraction must be a float in (0, 1)"), error
     assert not any((tmp_path / "cache").iterdir())
+
+
+LONG_NAME = "y" * 300
+DEEP_PATH = "/".join(["zz"] * 1500)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "argument", "problem"),
+    [
+        (["train", "toy", "--out", f"runs/{LONG_NAME}"], "--out", "a name of 300 bytes"),
+        (["train", "toy", "--data", f"d/{LONG_NAME}"], "--data", "a name of 300 bytes"),
+        (["train", "toy", "--config", f"{LONG_NAME}.toml"], "--config", "a name of 305 bytes"),
+        (["train", "toy", "--cache", DEEP_PATH], "--cache", "a path of 4,499 bytes"),
+        (["compare", "toy", "--out", f"runs/{LONG_NAME}"], "--out", "a name of 300 bytes"),
+        (["report", LONG_NAME], "directory", "a name of 300 bytes"),
+        (["plot", f"runs/{LONG_NAME}"], "run_dir", "a name of 300 bytes"),
+        (["plot", "runs/a", "--compare", DEEP_PATH], "--compare", "a path of 4,499 bytes"),
+        (["generate", f"runs/{LONG_NAME}", "--prompt", "x"], "run_dir", "a name of 300 bytes"),
+    ],
+)
+def test_a_path_the_file_system_cannot_hold_is_refused_in_one_line(
+    tmp_path, capsys, no_data, monkeypatch, arguments, argument, problem
+):
+    """A name over 255 bytes or a path over 4095 is refused as argparse reads it, not by a traceback of
+    the first system call that touches it (``OSError: File name too long``)."""
+    from comera.cli import main as comera_main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        comera_main(arguments)
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"error: argument {argument}: {problem}" in error, error
+    assert list(tmp_path.iterdir()) == []

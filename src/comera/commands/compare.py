@@ -42,7 +42,8 @@ from typing import Any
 from comera.atomic import atomic_write_bytes
 from comera.child import INTERRUPTED, module_command, run_child
 from comera.commands.numbers import number, times
-from comera.commands.train import add_setting_arguments, path_argument
+from comera.commands.paths import path_argument
+from comera.commands.train import add_setting_arguments
 from comera.methods import get_method, method_names
 from comera.recipes.folders import writable_folder
 from comera.recipes.run import (

@@ -16,6 +16,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from comera.commands.paths import path_problem
+
 __all__ = ["MAX_STREAM_BYTES", "config_argument"]
 
 MAX_STREAM_BYTES = 2**20
@@ -27,8 +29,9 @@ def config_argument(value: str) -> str:
     """``value`` itself for a regular file, a folder or a missing path (their readers say what is wrong);
     for anything else that can be read (a pipe, a character device), the path of a private copy of what it
     held, at most :data:`MAX_STREAM_BYTES`."""
-    if not value.strip():
-        raise argparse.ArgumentTypeError("an empty path; name a TOML file")
+    problem = path_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     path = Path(value)
     if not path.exists() or path.is_file() or path.is_dir():
         return value

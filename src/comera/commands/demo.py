@@ -38,7 +38,7 @@ from typing import Any
 from comera.bench.paper import run_fresh_case
 from comera.child import INTERRUPTED
 from comera.commands.compare import compare
-from comera.commands.train import path_argument
+from comera.commands.paths import path_argument
 from comera.recipes.run import SetupError, default_cache_dir
 from comera.workloads import load_recipe
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from comera.commands.paths import path_argument
 from comera.data.bpe import SPECIAL_TOKENS
 from comera.recipes.saved import load_run_model
 from comera.workloads.llm.generate import generate
@@ -129,7 +130,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="comera generate",
         description="Print a continuation of a prompt by the model of a `comera train llm` run folder.",
     )
-    parser.add_argument("run_dir", help="a run folder of comera train llm (its model/ holds the model)")
+    parser.add_argument(
+        "run_dir", type=path_argument, help="a run folder of comera train llm (its model/ holds the model)"
+    )
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
     parser.add_argument(
         "--max-new-tokens",

@@ -19,6 +19,7 @@ import torch
 
 from comera.commands.config_file import config_argument
 from comera.commands.numbers import milliseconds, number, times
+from comera.commands.paths import path_argument
 from comera.launch import (
     INTERRUPTED,
     launch,
@@ -83,14 +84,6 @@ def _skipped_data(data: object, where: str = "") -> list[str]:
         if isinstance(value, dict):
             found += _skipped_data(value, key)
     return found
-
-
-def path_argument(value: str) -> str:
-    """A path option's value as given; an empty one (``--out ''``, an unset shell variable) is refused
-    rather than read as the current folder or the default."""
-    if not value.strip():
-        raise argparse.ArgumentTypeError("an empty path; name a file or folder")
-    return value
 
 
 def add_setting_arguments(parser: argparse.ArgumentParser, scope: str = "") -> None:

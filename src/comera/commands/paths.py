@@ -1,0 +1,42 @@
+"""Path arguments of the ``comera`` commands, checked as argparse reads them: an empty value and a name the
+file system cannot hold are refused in one line, before any command touches the path."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+__all__ = ["path_argument", "path_problem"]
+
+_NAME_MAX = 255
+"""The longest name of one path component, in bytes, that Linux, macOS and Windows file systems take."""
+_PATH_MAX = 4096
+"""The longest path, in bytes, that Linux system calls take."""
+
+
+def path_problem(value: str) -> str | None:
+    """What makes ``value`` unusable as a path before any file is looked at (empty, a component longer than
+    255 bytes, the whole longer than 4096 bytes), or None."""
+    if not value.strip():
+        return "an empty path; name a file or folder"
+    encoded = os.fsencode(value)
+    if len(encoded) >= _PATH_MAX:
+        return f"a path of {len(encoded):,} bytes; the system takes paths of at most {_PATH_MAX - 1:,}"
+    longest = max(encoded.split(b"/"), key=len)
+    if len(longest) > _NAME_MAX:
+        shown = os.fsdecode(longest[:24])
+        return (
+            f"a name of {len(longest):,} bytes ({shown}...) in the path; a file or folder name holds at most "
+            f"{_NAME_MAX} bytes"
+        )
+    return None
+
+
+def path_argument(value: str) -> str:
+    """A path option's value as given, refused (argparse's one-line error) when :func:`path_problem` finds
+    something: an empty one (``--out ''``, an unset shell variable) is not read as the current folder or the
+    default, and an over-long name does not become a traceback of the first system call."""
+    problem = path_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
