@@ -32,6 +32,9 @@ def read_entry(path: Path, read: Callable[[Path], T], *, folder: bool = False) -
     """``read(path)`` of the cache entry ``path`` (a folder if ``folder``, else a file); None where there is
     none, or where ``read`` fails: the entry is damaged, a warning names it and the caller rebuilds it.
 
+    ``read`` must only read and parse: any failure counts as damage, so a check of the caller's settings
+    (a ``max_length``, a shape) belongs after it, or a bad setting would replace a healthy entry.
+
     Raises:
         ValueError: ``path`` is a folder where a file belongs, or the reverse (it is not replaced).
     """

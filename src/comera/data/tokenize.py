@@ -28,6 +28,7 @@ from comera.checks import check_int
 from comera.data.files import utf8_problem, without_bom
 
 __all__ = [
+    "MIN_PAIR_LENGTH",
     "SPECIAL_TOKENS",
     "PairTokenizer",
     "bert_wordpiece",
@@ -38,6 +39,8 @@ __all__ = [
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+MIN_PAIR_LENGTH = 4
+"""The shortest ``max_length`` of a :class:`PairTokenizer`: ``[CLS]``, two ``[SEP]`` and one piece."""
 # Pairs encoded per call: a truncated encoding keeps its overflowing pieces, so encoding a whole split of long
 # texts at once held ~1.4 GB for 9,000 docstring-code pairs; in chunks only one chunk's encodings are alive.
 _ENCODE_CHUNK = 128
@@ -129,7 +132,7 @@ class PairTokenizer:
     """
 
     def __init__(self, tokenizer: Tokenizer, max_length: int = 128) -> None:
-        check_int(max_length, "max_length", 4)
+        check_int(max_length, "max_length", MIN_PAIR_LENGTH)
         missing = [token for token in (PAD, CLS, SEP) if tokenizer.token_to_id(token) is None]
         if missing:
             raise ValueError(f"the tokenizer's vocabulary lacks the special token(s) {missing}")

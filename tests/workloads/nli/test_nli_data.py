@@ -379,3 +379,38 @@ def test_jsonl_gz_files_are_read_as_a_file_and_in_a_folder(tmp_path):
     (folder / "dev.jsonl.gz").write_bytes(gzip.compress(text))
     with pytest.raises(ValueError, match=r"both as NAME.jsonl and NAME.jsonl.gz: \['dev'\]"):
         read_mnli(folder)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"max_length": 1}, "max_length must be an int >= 4, got 1"),
+        ({"vocab_size": -5}, "vocab_size must be an int >= 6, got -5"),
+        ({"vocab_size": 0}, "vocab_size must be an int >= 6, got 0"),
+    ],
+)
+def test_a_bad_setting_is_refused_before_the_data_and_the_cached_vocabulary_stays(
+    tmp_path, recwarn, setting, message
+):
+    """With ``--data`` as without: a bad ``max_length`` or ``vocab_size`` is named before anything is read,
+    and the WordPiece vocabulary cached for the data is neither called damaged nor trained again."""
+    build_nli_data(GLUE, tmp_path, vocab_size=60, max_length=16)
+    before = {file: file.read_bytes() for file in tmp_path.iterdir()}
+    with pytest.raises(ValueError, match=message):
+        build_nli_data(GLUE, tmp_path, **{"vocab_size": 60, "max_length": 16, **setting})
+    assert {file: file.read_bytes() for file in tmp_path.iterdir()} == before
+    assert not [warning for warning in recwarn if "damaged" in str(warning.message)]
+
+
+def test_the_cached_vocabulary_is_read_whatever_the_max_length(tmp_path, recwarn):
+    from comera.workloads.nli.data import _trained_tokenizer
+
+    first = build_nli_data(GLUE, tmp_path, vocab_size=60, max_length=16)
+    (entry,) = tmp_path.glob("wordpiece-*.json")
+    before = entry.read_bytes()
+    splits = read_mnli(GLUE)
+    with pytest.raises(ValueError, match="max_length must be an int >= 4, got 2"):
+        _trained_tokenizer(splits["train"], tmp_path, entry.stem.removeprefix("wordpiece-"), 60, 2)
+    again = build_nli_data(GLUE, tmp_path, vocab_size=60, max_length=16)
+    assert entry.read_bytes() == before and again.info["identity"] == first.info["identity"]
+    assert not [warning for warning in recwarn if "damaged" in str(warning.message)]

@@ -184,3 +184,19 @@ def test_negatives_from_other_modules_stay_in_their_split(tmp_path):
             module = "mod" + doc.split("module ")[1].split()[0]
             assert (_module_of(code) == module) == (label == 1)
             assert _module_of(code) in info["modules"][name]
+
+
+def test_another_max_length_reads_the_cached_task_and_a_bad_one_leaves_it_untouched(tmp_path, recwarn):
+    """``max_length`` is applied to the cached tokenizer after it is read: a valid one reuses the entry, a
+    bad one is refused by name before it, and neither is taken for a damaged entry (rebuilding it would
+    train another vocabulary and strand the runs made with this one)."""
+    _fake_library(tmp_path / "lib")
+    options = {"stdlib": tmp_path / "lib", "train_pairs": 10, "validation_pairs": 4, "vocab_size": 200}
+    build_docstring_pairs(tmp_path / "cache", max_length=64, **options)
+    before = {file: file.read_bytes() for file in (tmp_path / "cache").rglob("*") if file.is_file()}
+    _, tokenizer, _ = build_docstring_pairs(tmp_path / "cache", max_length=16, **options)
+    assert tokenizer.max_length == 16
+    with pytest.raises(ValueError, match="max_length must be an int >= 4, got 1"):
+        build_docstring_pairs(tmp_path / "cache", max_length=1, **options)
+    assert {file: file.read_bytes() for file in (tmp_path / "cache").rglob("*") if file.is_file()} == before
+    assert not [warning for warning in recwarn if "damaged" in str(warning.message)]

@@ -32,7 +32,14 @@ from comera.checks import check_int
 from comera.data.cache import read_entry
 from comera.data.files import check_regular_file, numbered_lines, open_data, utf8_problem
 from comera.data.sources import JSONL_SUFFIXES
-from comera.data.tokenize import PairTokenizer, load_tokenizer, tokenizer_digest, train_wordpiece
+from comera.data.tokenize import (
+    MIN_PAIR_LENGTH,
+    SPECIAL_TOKENS,
+    PairTokenizer,
+    load_tokenizer,
+    tokenizer_digest,
+    train_wordpiece,
+)
 from comera.workloads.nli.pairs import (
     PAIR_LABELS,
     PadCollate,
@@ -297,9 +304,9 @@ def _trained_tokenizer(
     """A WordPiece vocabulary trained on the training pairs, cached under ``cache_dir`` by ``key`` (trained
     again and replaced where the cached file cannot be read: :func:`comera.data.cache.read_entry`)."""
     file = cache_dir / f"wordpiece-{key}.json"
-    cached = read_entry(file, lambda entry: load_tokenizer(entry, max_length=max_length))
-    if cached is not None:
-        return cached
+    cached = read_entry(file, lambda entry: load_tokenizer(entry).tokenizer)
+    if cached is not None:  # read alone, then the settings applied: a bad one is no damaged entry
+        return PairTokenizer(cached, max_length)
     tokenizer = train_wordpiece(train.first + train.second, vocab_size)
     atomic_write_bytes(file, tokenizer.to_str(pretty=True).encode())
     return load_tokenizer(file, max_length=max_length)
@@ -356,6 +363,9 @@ def build_nli_data(
     Returns:
         An :class:`NLIData`.
     """
+    check_int(max_length, "max_length", MIN_PAIR_LENGTH)
+    if vocab_size is not None:
+        check_int(vocab_size, "vocab_size", len(SPECIAL_TOKENS) + 1)
     cache = Path(cache_dir)
     if data_path is None:
         splits, pair_tokenizer, task_info = build_docstring_pairs(

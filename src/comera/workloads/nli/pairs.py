@@ -43,7 +43,13 @@ from torch.utils.data import Dataset
 
 from comera.checks import check_int, check_number
 from comera.data.cache import building_folder, read_entry, read_json
-from comera.data.tokenize import SPECIAL_TOKENS, PairTokenizer, load_tokenizer, train_wordpiece
+from comera.data.tokenize import (
+    MIN_PAIR_LENGTH,
+    SPECIAL_TOKENS,
+    PairTokenizer,
+    load_tokenizer,
+    train_wordpiece,
+)
 
 __all__ = [
     "PAIR_LABELS",
@@ -333,6 +339,7 @@ def build_docstring_pairs(
     check_int(train_pairs, "train_pairs", 2)
     check_int(validation_pairs, "validation_pairs", 2)
     check_int(vocab_size, "vocab_size", len(SPECIAL_TOKENS) + 1)
+    check_int(max_length, "max_length", MIN_PAIR_LENGTH)
     check_number(validation_fraction, "validation_fraction", 0.0, 1.0, open_low=True, open_high=True)
     check_number(same_module_negatives, "same_module_negatives", 0.0, 1.0)
     root = Path(stdlib if stdlib is not None else sysconfig.get_paths()["stdlib"])
@@ -352,9 +359,10 @@ def build_docstring_pairs(
     }
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     folder = Path(cache_dir) / f"docstring-pairs-{key}"
-    cached = read_entry(folder, lambda entry: _read_cached(entry, max_length), folder=True)
+    cached = read_entry(folder, _read_cached, folder=True)
     if cached is not None:
-        return cached
+        splits, tokenizer, info = cached
+        return splits, PairTokenizer(tokenizer, max_length), info
     ranked = sorted(stdlib_modules(root).items(), key=lambda item: _module_hash(seed, item[0]))
     limit = int(validation_fraction * 2**64)
     sides = {
@@ -390,9 +398,10 @@ def _kept_tokenizer(file: Path) -> Tokenizer | None:
         return None
 
 
-def _read_cached(folder: Path, max_length: int) -> tuple[dict[str, PairExamples], PairTokenizer, dict]:
+def _read_cached(folder: Path) -> tuple[dict[str, PairExamples], Tokenizer, dict]:
     """The splits, tokenizer and description of the embedded task cached in ``folder``; ``ValueError``
-    naming the file that is damaged."""
+    naming the file that is damaged. It reads only: the run's settings (``max_length``) are applied after,
+    so that a bad setting is never taken for a damaged entry."""
     file = folder / "pairs.json"
     record = read_json(file)
     try:
@@ -400,4 +409,4 @@ def _read_cached(folder: Path, max_length: int) -> tuple[dict[str, PairExamples]
         info = {**record["info"]}
     except (TypeError, KeyError) as error:
         raise ValueError(f"{file} does not hold the pairs of the embedded task ({error!r})") from None
-    return splits, load_tokenizer(folder / "tokenizer.json", max_length=max_length), info
+    return splits, load_tokenizer(folder / "tokenizer.json").tokenizer, info
