@@ -8,6 +8,7 @@ the run folder; a setup error is reported once and stops every process.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -217,3 +218,63 @@ def test_a_process_that_does_not_stop_on_the_ctrl_c_gets_sigterm_after_the_grace
     finally:
         stuck.kill()
         stuck.wait()
+
+
+def test_a_ctrl_c_after_every_process_finished_its_run_is_not_passed_on(tmp_path, monkeypatch):
+    """The processes of a finished run still tear down their group for a few seconds after ``run folder:``
+    is printed; a Ctrl-C then must not kill them (torchrun would print its failure report for a complete
+    run): the launch waits them out and returns their status."""
+    import comera.launch as launcher
+
+    signalled = []
+    monkeypatch.setattr(launcher, "_signal_all", lambda pids, number: signalled.append(number))
+
+    class Torchrun:
+        def __init__(self, command, env, **options):
+            folder = Path(env[launcher.STATUS_ENV])
+            for rank in (0, 1):
+                (folder / f"pid-{rank}").write_text(str(10_000 + rank))
+                (folder / f"finished-{rank}").write_text("")
+            self.calls = 0
+
+        def wait(self, timeout=None):
+            self.calls += 1
+            if self.calls == 1:
+                raise KeyboardInterrupt
+            return 0
+
+        def send_signal(self, number):
+            signalled.append(number)
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", Torchrun)
+    assert launcher.launch(2, ["train", "nli"]) == 0
+    assert signalled == []
+
+
+def test_a_ctrl_c_while_one_process_still_trains_is_passed_on(tmp_path, monkeypatch):
+    import comera.launch as launcher
+
+    signalled = []
+
+    def record(pids, number):
+        signalled.append((sorted(pids), number))
+
+    monkeypatch.setattr(launcher, "_signal_all", record)
+
+    class Torchrun:
+        def __init__(self, command, env, **options):
+            folder = Path(env[launcher.STATUS_ENV])
+            for rank in (0, 1):
+                (folder / f"pid-{rank}").write_text(str(10_000 + rank))
+            (folder / "finished-0").write_text("")
+            self.calls = 0
+
+        def wait(self, timeout=None):
+            self.calls += 1
+            if self.calls == 1:
+                raise KeyboardInterrupt
+            return 0
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", Torchrun)
+    assert launcher.launch(2, ["train", "nli"]) == launcher.INTERRUPTED
+    assert signalled == [([10_000, 10_001], signal.SIGINT)]

@@ -143,12 +143,16 @@ def _worker_pids(folder: Path) -> list[int]:
 def _wait_for(process: subprocess.Popen, folder: Path) -> tuple[int, bool]:
     """``process``'s exit status, and whether a Ctrl-C came meanwhile. The first Ctrl-C goes to the processes
     registered in ``folder`` (each stops as a single process does), a later one, or one before any
-    registered, to ``torchrun``; either way the launch is waited out, instead of leaving processes behind."""
+    registered, to ``torchrun``; either way the launch is waited out, instead of leaving processes behind.
+    A Ctrl-C after every process finished its run (:func:`worker_finished`; the teardown of the process
+    group is left) is not passed on: the run is complete and the launch ends by itself."""
     interrupted = False
     while True:
         try:
             return process.wait(), interrupted
         except KeyboardInterrupt:
+            if not interrupted and _run_is_over(folder):
+                continue
             pids = [] if interrupted else _worker_pids(folder)
             interrupted = True
             if not pids:
@@ -181,6 +185,22 @@ def register_worker() -> None:
     if folder:
         rank = os.environ.get("RANK", "0")
         (Path(folder) / f"pid-{rank}").write_text(str(os.getpid()))
+
+
+def worker_finished() -> None:
+    """Under a ``--nproc`` launch, tell the launcher that this process's run is over (only the teardown of
+    the process group is left, a few seconds), so that a Ctrl-C then stops nothing; nothing otherwise."""
+    folder = os.environ.get(STATUS_ENV)
+    if folder:
+        rank = os.environ.get("RANK", "0")
+        (Path(folder) / f"finished-{rank}").write_text("")
+
+
+def _run_is_over(folder: Path) -> bool:
+    """Whether every registered process of the launch has finished its run (:func:`worker_finished`)."""
+    registered = {path.name.removeprefix("pid-") for path in folder.glob("pid-*")}
+    finished = {path.name.removeprefix("finished-") for path in folder.glob("finished-*")}
+    return bool(registered) and registered <= finished
 
 
 def worker_status(code: int) -> int:

@@ -26,6 +26,7 @@ from comera.launch import (
     register_worker,
     split_nproc,
     without_option,
+    worker_finished,
     worker_status,
 )
 from comera.methods import get_method, method_names
@@ -230,6 +231,7 @@ def _train(args: argparse.Namespace, out) -> int:
     try:
         code = _train_here(args, out, world()[0] == 0)
         every_rank_answers = True
+        worker_finished()
         return code
     except RankLostError as error:
         print(f"comera train: {error}", file=sys.stderr)
