@@ -121,7 +121,7 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     # untied head: 58.07M parameters (2 * 32000 * 512 in the tables, 3.16M per block).
     "paper": {},
     # GaLore's llama_9m shape (4 layers, width 128, SwiGLU 352) with a 4096-token vocabulary: 1.85M
-    # parameters, small enough that 2 CPU cores train it to a plateau in about 15 minutes (docs/llm.md).
+    # parameters, 4800 steps in about 15 minutes on 2 CPU cores; not to a plateau (docs/llm.md, "Plateau").
     "small": {"vocab_size": 4096, "hidden_size": 128, "n_layers": 4, "n_heads": 4, "intermediate_size": 352},
     # Tests: two tiny blocks; 88 = 8 x 11 keeps a prime factor in the MLP width, as 1376 = 32 x 43 does.
     "smoke": {
