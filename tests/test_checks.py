@@ -35,6 +35,16 @@ def test_check_number_half_open_interval(value):
             check_number(value, "x", 0.0, 1.0, open_low=True)
 
 
+def test_an_infinite_end_of_the_interval_is_written_open_as_no_finite_value_reaches_it():
+    """A finite number is required, so ``inf`` itself is refused: the message says ``(0.0, inf)``, not
+    ``(0.0, inf]``, which would claim that ``inf`` is accepted."""
+    for value in (math.inf, -1.0):
+        with pytest.raises(ValueError, match=r"x must be a finite number in \(0.0, inf\), got"):
+            check_number(value, "x", 0.0, open_low=True)
+    with pytest.raises(ValueError, match=r"x must be a finite number in \(-inf, 1.0\], got inf"):
+        check_number(math.inf, "x", high=1.0)
+
+
 def test_check_number_open_high_and_bools():
     with pytest.raises(ValueError, match=r"in \[0.0, 1.0\)"):
         check_number(1.0, "x", 0.0, 1.0, open_high=True)

@@ -47,7 +47,9 @@ def check_number(
     if ok:
         ok = (value > low if open_low else value >= low) and (value < high if open_high else value <= high)
     if not ok:
-        interval = f"{'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+        opens = "(" if open_low or math.isinf(low) else "["  # an infinite end is never a finite value
+        closes = ")" if open_high or math.isinf(high) else "]"
+        interval = f"{opens}{low}, {high}{closes}"
         raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
     return float(value)
 

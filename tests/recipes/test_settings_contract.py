@@ -194,7 +194,7 @@ def test_an_old_header_with_a_recorded_trims_keeps_it():
     "assignment, message",
     [
         ("train.batch_size=0", "train.batch_size must be an int >= 1, got 0"),
-        ("train.lr_other=-1.0", "train.lr_other must be a finite number in [0.0, inf], got -1.0"),
+        ("train.lr_other=-1.0", "train.lr_other must be a finite number in [0.0, inf), got -1.0"),
     ],
 )
 def test_a_train_setting_out_of_range_is_named_with_its_section(assignment, message):

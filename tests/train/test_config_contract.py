@@ -84,8 +84,8 @@ def test_rate_and_decay_accept_zero_and_up(name, value):
 @pytest.mark.parametrize("name", ["lr_other", "weight_decay"])
 @pytest.mark.parametrize("value", [-1e-300, -1.0, float("inf"), float("nan"), True, "0.1"])
 def test_rate_and_decay_refuse_negative_and_non_numbers(name, value):
-    """A negative, non-finite or non-number lr_other / weight_decay names the argument and [0, inf]."""
-    refuses({name: value}, f"{name} must be a finite number in [0.0, inf], got {value!r}")
+    """A negative, non-finite or non-number lr_other / weight_decay names the argument and [0, inf)."""
+    refuses({name: value}, f"{name} must be a finite number in [0.0, inf), got {value!r}")
 
 
 @pytest.mark.parametrize("value", [None, 1e-12, 1.0, 5])
@@ -96,8 +96,8 @@ def test_grad_clip_accepts_none_and_positive(value):
 
 @pytest.mark.parametrize("value", [0.0, 0, -1.0, float("inf"), True])
 def test_grad_clip_refuses_zero_and_below(value):
-    """grad_clip = 0 and below is refused with the open interval (0, inf] in the message."""
-    refuses({"grad_clip": value}, f"grad_clip must be a finite number in (0.0, inf], got {value!r}")
+    """grad_clip = 0 and below is refused with the open interval (0, inf) in the message."""
+    refuses({"grad_clip": value}, f"grad_clip must be a finite number in (0.0, inf), got {value!r}")
 
 
 @pytest.mark.parametrize("value", [True, False, "auto"])

@@ -149,7 +149,7 @@ def _exactly(message):
             "pad must be a non-empty mapping of batch key -> pad value, got [0]",
         ),
         ({"length_dim": -1}, ValueError, "length_dim must be an int >= 0, got -1"),
-        ({"grad_clip": 0.0}, ValueError, "grad_clip must be a finite number in (0.0, inf], got 0.0"),
+        ({"grad_clip": 0.0}, ValueError, "grad_clip must be a finite number in (0.0, inf), got 0.0"),
         ({"warmup": 0}, ValueError, "warmup must be an int >= 1, got 0"),
         (
             {"autocast_dtype": torch.float64},
