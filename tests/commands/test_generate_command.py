@@ -204,6 +204,10 @@ def test_prompt_and_options_are_checked(tmp_path, capsys, tokenizer):
     error = one_line_error(capsys, run_dir, "--prompt", long_prompt)
     assert "fill the model's context of 32 tokens; use a shorter --prompt" in error
     error = one_line_error(capsys, run_dir, "--prompt", PROMPT, "--temperature", "1", "--top-k", "0")
-    assert f"top_k must be an int in [1, {VOCAB}], got 0" in error
+    assert f"comera generate: --top-k must be an int in [1, {VOCAB}], got 0" in error
     error = one_line_error(capsys, run_dir, "--prompt", PROMPT, "--max-new-tokens", "0")
-    assert "max_new_tokens must be an int >= 1, got 0" in error
+    assert "comera generate: --max-new-tokens must be an int >= 1, got 0" in error
+    error = one_line_error(capsys, run_dir, "--prompt", PROMPT, "--temperature", "-1")
+    assert "comera generate: --temperature must be a finite number in [0.0, inf), got -1.0" in error
+    error = one_line_error(capsys, run_dir, "--prompt", PROMPT, "--temperature", "1", "--seed", "-3")
+    assert "comera generate: --seed must be an int in [0, " in error

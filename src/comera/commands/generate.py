@@ -170,10 +170,28 @@ def main(argv: list[str] | None = None) -> int:
             model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed
         )
     except (FileNotFoundError, ValueError) as error:
-        print(f"comera generate: {error}", file=sys.stderr)
+        print(f"comera generate: {_as_options(str(error))}", file=sys.stderr)
         return 2
     print(text)
     return 0
+
+
+_OPTIONS = {
+    "max_new_tokens": "--max-new-tokens",
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "seed": "--seed",
+}
+"""The options of the arguments that :func:`comera.workloads.llm.generate.generate` names in its errors."""
+
+
+def _as_options(message: str) -> str:
+    """``message`` with an opening argument name spelled as the option the user typed (``top_k must be``
+    -> ``--top-k must be``)."""
+    for name, option in _OPTIONS.items():
+        if message.startswith(f"{name} "):
+            return option + message[len(name) :]
+    return message
 
 
 if __name__ == "__main__":
