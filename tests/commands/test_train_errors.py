@@ -257,3 +257,19 @@ def test_a_path_the_file_system_cannot_hold_is_refused_in_one_line(
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"error: argument {argument}: {problem}" in error, error
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_gzip_config_is_named_as_gzip(tmp_path, capsys, no_data):
+    import gzip
+
+    config = tmp_path / "settings.toml"
+    config.write_bytes(gzip.compress(b"[train]\nearly = 3\n"))
+    error = _one_line_error(capsys, _train(tmp_path / "run", tmp_path / "cache", "--config", str(config)))
+    assert f"--config {config}: a gzip file; give the TOML text (gunzip it first)" in error
+
+
+def test_a_set_value_python_cannot_hold_is_named_by_its_key(tmp_path, capsys, no_data):
+    huge = "train.early=" + "9" * 5000
+    error = _one_line_error(capsys, _train(tmp_path / "run", tmp_path / "cache", "--set", huge))
+    assert error.startswith("comera train: --set train.early=...: the value cannot be read (")
+    assert len(error) < 400

@@ -134,7 +134,7 @@ def test_heads_merge_after_every_t_optimizer_steps():
     [
         ({"heads": 3}, r"train.batch_size=8 must be a multiple of method.heads=3"),
         ({"heads": 0}, r"method.heads must be an int >= 1, got 0"),
-        ({"scale": -1.0}, r"method.scale must be a finite number in \(0.0, inf\]"),
+        ({"scale": -1.0}, r"method.scale must be a finite number in \(0.0, inf\)"),
         ({"merge_every": 0}, r"method.merge_every must be an int >= 1"),
     ],
 )

@@ -53,5 +53,5 @@ def test_weight_decay_defaults_to_zero_for_every_group():
 @pytest.mark.parametrize("name", ["lr_cores", "lr_gates", "lr_other", "weight_decay"])
 def test_a_bad_rate_message_starts_with_the_argument_name(name):
     rates = {"lr_cores": 1e-4, "lr_gates": 1e-3, "lr_other": 5e-5, name: -1.0}
-    with pytest.raises(ValueError, match=rf"^{name} must be a finite number in \[0\.0, inf\], got -1\.0$"):
+    with pytest.raises(ValueError, match=rf"^{name} must be a finite number in \[0\.0, inf\), got -1\.0$"):
         param_groups(TTLinear(8, 8, rank=2), **rates)

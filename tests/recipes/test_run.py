@@ -41,7 +41,7 @@ def test_settings_layer_preset_method_file_and_assignments(tmp_path):
         ("train.gamma=0.1", r"train.gamma moved to method.gamma"),
         ("train.prune_at=[]", r"train.prune_at moved to method.prune_at"),
         ("method.gama=0.1", r"unknown key method.gama; valid keys of \[method\]: \[.*'gamma'"),
-        ("method.gamma=-1", r"gamma must be a finite number in \[0.0, inf\]"),
+        ("method.gamma=-1", r"gamma must be a finite number in \[0.0, inf\)"),
         ("method.prune_at='end'", r"method.prune_at must be of type tuple, got 'end'"),
         ("method.target_loss='low'", r"method.target_loss must be of type float or None"),
     ],

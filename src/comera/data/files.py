@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 __all__ = [
+    "GZIP_MAGIC",
     "check_regular_file",
     "open_data",
     "reading",
@@ -31,7 +32,8 @@ __all__ = [
     "without_bom",
 ]
 
-_GZIP = b"\x1f\x8b"
+GZIP_MAGIC = b"\x1f\x8b"
+"""The first two bytes of a gzip file."""
 _UNSUPPORTED = {
     b"BZh": "bzip2-compressed",
     b"\xfd7zXZ\x00": "xz-compressed",
@@ -81,7 +83,7 @@ def open_data(path: str | os.PathLike) -> BinaryIO:
     check_regular_file(path)
     try:
         with open(path, "rb") as probe:
-            compressed = probe.read(len(_GZIP)) == _GZIP
+            compressed = probe.read(len(GZIP_MAGIC)) == GZIP_MAGIC
     except (PermissionError, IsADirectoryError) as error:
         raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
     handle: BinaryIO = gzip.open(path, "rb") if compressed else open(path, "rb")  # noqa: SIM115
@@ -93,7 +95,7 @@ def open_data(path: str | os.PathLike) -> BinaryIO:
         handle.close()
         raise
     found = _format_of(head)
-    if compressed and head.startswith(_GZIP):
+    if compressed and head.startswith(GZIP_MAGIC):
         found = "gzip-compressed"
     if found is not None:
         handle.close()

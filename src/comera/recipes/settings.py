@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from comera.data.files import utf8_text
+from comera.data.files import GZIP_MAGIC, utf8_text
 from comera.methods import Method
 from comera.tensorize_config import TensorizeConfig, preset_names, tensorize_preset
 from comera.train.config import MOVED_KEYS, TrainConfig, moved_key_message
@@ -61,6 +61,8 @@ def parse_assignment(text: str) -> tuple[str, str, Any]:
         value = tomllib.loads(f"value = {raw.strip()}")["value"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
+    except ValueError as error:  # TOML that Python cannot hold: an integer of thousands of digits
+        raise ValueError(f"--set {name.strip()}=...: the value cannot be read ({error})") from None
     return section, key, value
 
 
@@ -73,6 +75,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"--config {path}: file not found") from None
     except OSError as error:
         raise ValueError(f"--config {path}: cannot be read ({error.strerror or error})") from None
+    if data[:2] == GZIP_MAGIC:
+        raise ValueError(f"--config {path}: a gzip file; give the TOML text (gunzip it first)")
     try:
         return tomllib.loads(utf8_text(data, path))
     except tomllib.TOMLDecodeError as error:

@@ -172,7 +172,7 @@ def test_the_context_is_refused_not_slid():
     [
         ({"max_new_tokens": 0}, ValueError, r"max_new_tokens must be an int >= 1, got 0"),
         ({"max_new_tokens": 2.0}, ValueError, r"max_new_tokens must be an int >= 1"),
-        ({"temperature": -0.5}, ValueError, r"temperature must be a finite number in \[0.0, inf\]"),
+        ({"temperature": -0.5}, ValueError, r"temperature must be a finite number in \[0.0, inf\)"),
         ({"temperature": math.inf}, ValueError, r"temperature must be a finite number"),
         ({"top_k": 0}, ValueError, r"top_k must be an int in \[1, 96\], got 0"),
         ({"top_k": 97}, ValueError, r"top_k must be an int in \[1, 96\], got 97"),

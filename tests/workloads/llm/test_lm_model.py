@@ -49,7 +49,7 @@ def ids(batch=2, length=12, vocab=96, seed=1) -> torch.Tensor:
         ("n_heads", 32, r"hidden_size \(32\) must be n_heads \(32\) times an even head size"),
         ("intermediate_size", -1, "intermediate_size must be an int >= 1"),
         ("max_seq_len", 0, "max_seq_len must be an int >= 1"),
-        ("rope_theta", 0.0, r"rope_theta must be a finite number in \(0.0, inf\]"),
+        ("rope_theta", 0.0, r"rope_theta must be a finite number in \(0.0, inf\)"),
         ("norm_eps", -1e-6, "norm_eps must be a finite number"),
         ("initializer_range", math.nan, "initializer_range must be a finite number"),
         ("tie_embeddings", 1, "tie_embeddings must be True or False"),
