@@ -1,5 +1,6 @@
 """comera: train models directly in compressed tensor-train form, with ranks learned during training."""
 
+import comera.startup  # noqa: F401  (first, before torch: a Ctrl-C while comera starts ends it in one line)
 from comera import methods
 from comera.io import load_pretrained, register_model, save_pretrained
 from comera.nn import GatedTrain, TTLinear, TTMEmbedding, TTMEmbeddingBag, TTMLinear, TTMTiedHead

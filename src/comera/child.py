@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-__all__ = ["INTERRUPTED", "GRACE_S", "module_command", "run_child"]
+__all__ = ["INTERRUPTED", "GRACE_S", "QUIET_START", "module_command", "run_child"]
 
 INTERRUPTED = 130
 """The exit status of a run stopped by Ctrl-C (SIGINT), as a shell reports one."""
@@ -24,7 +24,7 @@ GRACE_S = 5.0
 sent to the parent alone, with ``kill``)."""
 
 
-_QUIET_START = (
+QUIET_START = (
     "import runpy, sys\n"
     "module = sys.argv.pop(1)\n"
     "try:\n"
@@ -38,8 +38,8 @@ it imports torch, say) ends the process with :data:`INTERRUPTED` instead of a tr
 
 def module_command(module: str, arguments: Sequence[str]) -> list[str]:
     """The command that runs ``python -m module ARGUMENTS`` in this Python, quiet on an early Ctrl-C
-    (:data:`_QUIET_START`)."""
-    return [sys.executable, "-c", _QUIET_START, module, *arguments]
+    (:data:`QUIET_START`)."""
+    return [sys.executable, "-c", QUIET_START, module, *arguments]
 
 
 def run_child(command: Sequence[str]) -> int:

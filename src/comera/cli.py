@@ -16,6 +16,7 @@ from pathlib import Path
 from comera.bench import BENCHMARKS
 from comera.child import INTERRUPTED, module_command, run_child
 from comera.commands.paths import path_argument
+from comera.startup import interrupts_raise
 
 __all__ = ["main"]
 
@@ -23,6 +24,7 @@ __all__ = ["main"]
 def _run_module(module: str, rest: list[str]) -> int:
     """Run ``python -m module REST`` and return its status; after a Ctrl-C, which it reports itself,
     :data:`~comera.child.INTERRUPTED`."""
+    interrupts_raise()  # from here a Ctrl-C is waited out with the child, which reports it
     try:
         return run_child(module_command(module, rest))
     except KeyboardInterrupt:
@@ -120,7 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         return _report(args.directory)
     if args.command == "plot":
-        return _plot(args.run_dir, args.out, args.compare, args.metric)
+        interrupts_raise()
+        try:
+            return _plot(args.run_dir, args.out, args.compare, args.metric)
+        except KeyboardInterrupt:
+            print("comera plot: interrupted", file=sys.stderr)
+            return INTERRUPTED
     if args.command == "train":
         from comera.commands.train import main as train
 

@@ -55,6 +55,7 @@ from comera.recipes.run import (
     strict_json,
 )
 from comera.recipes.settings import parse_assignment, upgrade_run_header
+from comera.startup import interrupts_raise
 from comera.train.metrics import read_metrics
 from comera.train.plateau import at_plateau, last_fifth_change
 from comera.workloads import load_recipe, workload_names
@@ -582,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     variants = _variants(parser, args.variant)
+    interrupts_raise()  # from here a Ctrl-C is waited out with the running method, then reported below
     try:
         runs = compare(
             args.workload,

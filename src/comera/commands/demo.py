@@ -40,6 +40,7 @@ from comera.child import INTERRUPTED
 from comera.commands.compare import compare
 from comera.commands.paths import path_argument
 from comera.recipes.run import SetupError, default_cache_dir
+from comera.startup import interrupts_raise
 from comera.workloads import load_recipe
 
 __all__ = ["main", "format_table", "SpeedSettings", "run_speed"]
@@ -254,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    interrupts_raise()  # from here a Ctrl-C is waited out with the running child, then reported below
     try:
         return _demo(args, out)
     except SetupError as error:

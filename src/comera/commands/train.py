@@ -32,6 +32,7 @@ from comera.launch import (
 from comera.methods import get_method, method_names
 from comera.recipes.run import SetupError, default_run_dir, run
 from comera.recipes.settings import resolve_settings
+from comera.startup import interrupts_raise
 from comera.train.distributed import world
 from comera.train.guard import NonFiniteError
 from comera.train.parallel import RankLostError, init_from_environment, shutdown, training_device
@@ -181,8 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if nproc is not None:  # the processes read --config from its copy (a stream can be read only once)
         config = [] if args.config is None else ["--config", args.config]
+        interrupts_raise()  # the launcher passes a Ctrl-C on to the processes and waits for them
         return launch(nproc, ["train", *without_option(argv, "--config"), *config])
     out = args.out or default_run_dir(args.workload, args.preset, args.method)
+    interrupts_raise()  # from here a Ctrl-C stops the run in its own way (below), also as a --nproc worker
     register_worker()
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning

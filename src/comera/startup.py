@@ -1,0 +1,67 @@
+"""A Ctrl-C while the ``comera`` command starts ends it at once, with one line and status 130.
+
+Starting takes a second or more (torch, numpy and transformers are imported). Python's own handler raises
+``KeyboardInterrupt`` wherever the import happens to be, which can leave numpy half-imported (a later call
+then fails far from the cause), be swallowed by a library's broad ``except`` (the command then runs to the
+end as if no Ctrl-C came), or abort in C++ code. :func:`quiet_start`, which importing this module runs
+(the first import of ``comera/__init__.py``), installs a handler that writes one line and exits at once
+instead. It acts only in a process that runs the ``comera`` command (the console script, ``python -m
+comera ...``, or a child started by :func:`comera.child.module_command`), only in the main thread, and
+only over Python's default handler, so a program that imports comera as a library keeps its own. Each
+command calls :func:`interrupts_raise` where it handles ``KeyboardInterrupt`` itself (a run that writes
+files stops in its own way from there on).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+from comera.child import INTERRUPTED, QUIET_START
+
+__all__ = ["quiet_start", "interrupts_raise", "runs_the_command"]
+
+_LINE = b"comera: interrupted while starting; nothing was written\n"
+
+
+def _stop_at_once(signum: int, frame: object) -> None:
+    os.write(2, _LINE)
+    os._exit(INTERRUPTED)
+
+
+def runs_the_command(argv: list[str] | None = None) -> bool:
+    """Whether this process runs the ``comera`` command: its script is ``comera``, or Python was started
+    with ``-m comera`` (or ``-m comera.SUBMODULE``) or with :func:`comera.child.module_command`'s ``-c``
+    code. ``argv`` is the interpreter's whole command line (default ``sys.orig_argv``)."""
+    argv = list(getattr(sys, "orig_argv", sys.argv) if argv is None else argv)
+    for position in range(1, len(argv)):  # after the interpreter: its options, then what it runs
+        flag, target = argv[position], argv[position + 1] if position + 1 < len(argv) else ""
+        if flag == "-m":
+            return target == "comera" or target.startswith("comera.")
+        if flag == "-c":
+            return target == QUIET_START
+        if not flag.startswith("-"):
+            return os.path.basename(flag) == "comera"
+    return False
+
+
+def quiet_start() -> None:
+    """Make a Ctrl-C end the command at once while it starts (module docstring); nothing in a program that
+    only imports comera, outside the main thread, or where a handler other than Python's is installed."""
+    if threading.current_thread() is not threading.main_thread() or not runs_the_command():
+        return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _stop_at_once)
+
+
+def interrupts_raise() -> None:
+    """From here on a Ctrl-C raises ``KeyboardInterrupt`` again (Python's handler), for a command that
+    handles it; nothing where :func:`quiet_start` did not install its handler."""
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGINT) is _stop_at_once:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+quiet_start()

@@ -1,0 +1,64 @@
+"""A Ctrl-C while the comera command starts (importing torch) ends it in one line with status 130; a
+program that imports comera as a library keeps Python's handler."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from comera.child import QUIET_START
+from comera.startup import runs_the_command
+
+SRC = str(Path(__file__).parents[1] / "src")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["/usr/bin/python3", "/venv/bin/comera", "train", "nli"], True),
+        (["python", "-u", "-m", "comera", "train", "nli"], True),
+        (["python", "-m", "comera.commands.train", "nli"], True),
+        (["python", "-c", QUIET_START, "comera.commands.train", "nli"], True),
+        (["python", "-m", "pytest", "tests"], False),
+        (["python", "-m", "comeras"], False),
+        (["python", "-c", "import comera"], False),
+        (["python", "train.py", "--comera"], False),
+        (["python"], False),
+    ],
+)
+def test_the_command_is_told_from_a_program_that_imports_comera(argv, expected):
+    assert runs_the_command(argv) is expected
+
+
+def _interrupted_at(delay: float, command: list[str]) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": SRC, "COMERA_AUTOTUNE": "0"}
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    process = subprocess.Popen(command, env=environment, start_new_session=True, **pipes)
+    time.sleep(delay)
+    os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    out, err = process.communicate(timeout=60)
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.3])
+def test_a_ctrl_c_while_the_command_imports_torch_ends_it_in_one_line(tmp_path, delay):
+    """Importing torch takes over a second here; a Ctrl-C then used to be ignored, to leave numpy
+    half-imported or to abort in C++ code, depending on where it landed."""
+    command = [sys.executable, "-m", "comera", "report", str(tmp_path)]
+    done = _interrupted_at(delay, command)
+    assert done.returncode == 130, done
+    line = "comera: interrupted while starting; nothing was written"
+    assert done.stderr.strip().splitlines() == [line], done
+    assert done.stdout == ""
+
+
+def test_a_program_that_imports_comera_keeps_pythons_handler():
+    code = "import signal, comera; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC}
+    )
+    assert done.stdout.strip() == "True", done.stderr
