@@ -414,3 +414,9 @@ def test_the_cached_vocabulary_is_read_whatever_the_max_length(tmp_path, recwarn
     again = build_nli_data(GLUE, tmp_path, vocab_size=60, max_length=16)
     assert entry.read_bytes() == before and again.info["identity"] == first.info["identity"]
     assert not [warning for warning in recwarn if "damaged" in str(warning.message)]
+
+
+@pytest.mark.parametrize("tokenizer", [True, 3, ["vocab.txt"]])
+def test_a_tokenizer_that_is_no_path_is_named(tmp_path, tokenizer):
+    with pytest.raises(ValueError, match=r"tokenizer must be the path of a vocab.txt or tokenizer.json"):
+        build_nli_data(GLUE, tmp_path, tokenizer=tokenizer)

@@ -364,6 +364,11 @@ def build_nli_data(
         An :class:`NLIData`.
     """
     check_int(max_length, "max_length", MIN_PAIR_LENGTH)
+    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+        raise ValueError(
+            f"tokenizer must be the path of a vocab.txt or tokenizer.json (or of a folder holding one), got "
+            f"{tokenizer!r}"
+        )
     if vocab_size is not None:
         check_int(vocab_size, "vocab_size", len(SPECIAL_TOKENS) + 1)
     cache = Path(cache_dir)
