@@ -273,3 +273,20 @@ def test_a_set_value_python_cannot_hold_is_named_by_its_key(tmp_path, capsys, no
     error = _one_line_error(capsys, _train(tmp_path / "run", tmp_path / "cache", "--set", huge))
     assert error.startswith("comera train: --set train.early=...: the value cannot be read (")
     assert len(error) < 400
+
+
+def test_a_run_refused_before_it_started_leaves_no_folder_behind(tmp_path, capsys, monkeypatch):
+    """A command stopped by its data (here: the data build fails) after it took the new run folder leaves
+    neither the folder nor its lock file; a folder that existed before stays, with what it held."""
+
+    def no_documents(*args, **kwargs):
+        raise ValueError("--data: no document found")
+
+    monkeypatch.setattr(toy.ToyRecipe, "build_data", no_documents)
+    out = tmp_path / "new-run"
+    assert "no document found" in _one_line_error(capsys, _train(out, tmp_path / "cache"))
+    assert not out.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    _one_line_error(capsys, _train(kept, tmp_path / "cache"))
+    assert kept.is_dir()

@@ -10,7 +10,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["writable_folder", "lock_run_folder", "release_run_folder", "LOCK_NAME"]
+__all__ = ["writable_folder", "lock_run_folder", "release_run_folder", "drop_if_only_locked", "LOCK_NAME"]
 
 LOCK_NAME = ".comera.lock"
 """The file in a run folder that the process writing the run holds an exclusive ``flock`` on."""
@@ -123,3 +123,14 @@ def release_run_folder() -> None:
     for handle in _HELD.values():
         os.close(handle)
     _HELD.clear()
+
+
+def drop_if_only_locked(path: Path) -> None:
+    """Remove the run folder ``path`` when it holds nothing but its lock file: what a command that made it
+    and then stopped before the run started (bad settings, no data) would otherwise leave behind."""
+    try:
+        if [entry.name for entry in path.iterdir()] == [LOCK_NAME]:
+            (path / LOCK_NAME).unlink()
+            path.rmdir()
+    except OSError:  # gone, not a folder, or taken by another process meanwhile: leave it
+        return

@@ -54,7 +54,7 @@ from comera.methods import Method, MethodContext, get_method
 from comera.methods.comera.structure import apply_structure
 from comera.recipes.base import Recipe, RecipeData, get_recipe
 from comera.recipes.fingerprint import data_fingerprint, fingerprint_difference
-from comera.recipes.folders import lock_run_folder, release_run_folder, writable_folder
+from comera.recipes.folders import drop_if_only_locked, lock_run_folder, release_run_folder, writable_folder
 from comera.recipes.settings import resolve_settings, section_error, tensorize_config, upgrade_run_header
 from comera.report import compression_report
 from comera.train.checkpoint import NoReadableCheckpointError
@@ -423,10 +423,14 @@ def run(
             cache_dir=cache_dir,
             progress=progress,
         )
+        folder = Path(out) if out is not None else default_run_dir(recipe_name, preset, method)
+        existed = os.path.lexists(folder)
         try:
             setup = _set_up(request)
         except BaseException:
             release_run_folder()
+            if not existed:
+                drop_if_only_locked(folder)
             raise
     except (ValueError, FileNotFoundError, FileExistsError, TypeError, ImportError, RankError) as error:
         raise SetupError(str(error)) from error
