@@ -423,6 +423,21 @@ def _compute_unsaved_buffers(root: nn.Module, names: list[str], init: Callable[[
                 module._buffers[buffer].copy_(scratch._buffers[buffer])
 
 
+def _method_hint(directory: Path) -> str:
+    """For the ``model/`` folder of a ``comera train`` run whose method brings layers of its own (CoLA,
+    LTE), how to load it instead; else nothing."""
+    try:
+        method = json.loads((directory.parent / "config.json").read_text(encoding="utf-8")).get("method")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if not isinstance(method, str) or method in ("comera", "dense", "galore", "apollo"):
+        return ""
+    return (
+        f"; this model was trained by comera train with method {method!r}, whose layers load_pretrained does "
+        f"not rebuild: load it with comera.recipes.saved.load_run_model({str(directory.parent)!r})"
+    )
+
+
 def _check_state(
     expected: Mapping[str, torch.Size | None], tensors: Mapping[str, torch.Tensor], path: Path
 ) -> None:
@@ -478,7 +493,10 @@ def load_pretrained(directory: str | os.PathLike, base_model: nn.Module | None =
                 f"{config_path}: key 'layers.{name}': the base model's module {name!r}: {mismatch}"
             )
     swaps = {id(found[name]): layer for name, layer in layers.items()}
-    _check_state(state_shapes(root, swaps), saved.tensors, weights_path)
+    try:
+        _check_state(state_shapes(root, swaps), saved.tensors, weights_path)
+    except ValueError as error:
+        raise ValueError(f"{error}{_method_hint(saved.directory)}") from None
     configs = tuple(TensorizeConfig.from_dict(entry) for entry in config["tensorize_configs"])
     done: list[tuple[nn.Module, nn.Module]] = []
     materialised: list[tuple[torch.Tensor, torch.Tensor]] = []

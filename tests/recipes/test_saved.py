@@ -40,3 +40,16 @@ def test_a_run_folder_loads_in_a_process_that_imported_only_comera(tmp_path, cac
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [_MODELS[workload], "False"]
+
+
+@pytest.mark.parametrize("method", ["lte", "cola"])
+def test_load_pretrained_on_a_run_with_layers_of_its_own_points_to_load_run_model(tmp_path, cache, method):
+    """``load_pretrained`` rebuilds comera's layers only; for a CoLA or LTE run its key error says which
+    method trained the model and what loads it."""
+    import comera
+
+    out = tmp_path / "run"
+    command = ["train", "nli", "--preset", "smoke", "--method", method, "--out", str(out), "--no-progress"]
+    assert main([*command, "--cache", str(cache), "--set", "train.plot=false"]) == 0
+    with pytest.raises(ValueError, match=rf"method '{method}'.*load_run_model\('{out}'\)"):
+        comera.load_pretrained(out / "model")
