@@ -216,6 +216,26 @@ def _results_lines(path: Path) -> list[str]:
     return lines
 
 
+def _divergence(metrics: Path) -> str | None:
+    """The reason of the last ``diverged`` event in a run's ``metrics.jsonl`` when no record follows it (the
+    run stopped there), else None."""
+    try:
+        lines = metrics.read_bytes().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if record.get("kind") == "event" and record.get("event") == "diverged":
+            return str(record.get("reason", "non-finite steps"))
+        return None
+    return None
+
+
 def describe_folder(directory: str | os.PathLike) -> str:
     """The text ``comera report`` prints: the compression report of a :func:`comera.save_pretrained` folder,
     or of a training run folder's ``model/`` save followed by its ``results.json`` (whichever are there).
@@ -234,6 +254,12 @@ def describe_folder(directory: str | os.PathLike) -> str:
     if results.is_file():
         parts.append(f"results ({results}):\n" + "\n".join(_results_lines(results)))
     if not parts and (directory / "config.json").is_file():
+        diverged = _divergence(directory / "metrics.jsonl")
+        if diverged is not None:
+            raise FileNotFoundError(
+                f"{directory}: a run that diverged ({diverged}), so it has no model; resuming it diverges "
+                "again: start it again with other settings (a lower learning rate) and --restart"
+            )
         raise FileNotFoundError(
             f"{directory}: a run that has not finished (no {RUN_MODEL_DIR}/ or {RESULTS_NAME} yet); continue "
             "it with comera train ... --resume, or see its progress with comera plot"

@@ -1,6 +1,7 @@
 """``comera train`` errors in one line: folders that cannot be written and a ``--config`` folder are refused
 before any data is built; a corrupt ``config.json`` on resume is named; a diverging run ends with one line."""
 
+import json
 import os
 from pathlib import Path
 
@@ -74,6 +75,13 @@ def test_a_diverging_run_ends_with_one_line(tmp_path, capsys):
     rates = [f"--set=method.{name}=1e30" for name in ("lr_cores", "lr_gates")] + ["--set=train.lr_other=1e30"]
     error = _one_line_error(capsys, _train(tmp_path / "run", tmp_path / "cache", *rates), status=1)
     assert error.startswith("comera train: training diverged:") and str(tmp_path / "run") in error
+    reason = error.removeprefix("comera train: training diverged: ").rsplit("; run folder:", 1)[0]
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert events[-1] == {"kind": "event", "step": events[-1]["step"], "event": "diverged", "reason": reason}
+    from comera.report import describe_folder
+
+    with pytest.raises(FileNotFoundError, match=r"a run that diverged \(.*\), so it has no model; resuming"):
+        describe_folder(tmp_path / "run")
 
 
 @pytest.mark.parametrize("plot", [True, False])

@@ -73,9 +73,8 @@ def test_rollback_without_a_checkpoint_names_where_checkpoints_come_from():
     guard.record(False)
     guard.record(False)
     message = (
-        "2 non-finite steps in a row up to step 7 and no checkpoint to roll back to (none written yet: "
-        "checkpoints need run_dir or checkpoint_dir and are written every checkpoint_every steps, default at "
-        "each epoch end)"
+        "2 non-finite steps in a row up to step 7 and no checkpoint to roll back to (none written yet: a run "
+        "with a folder writes one every train.checkpoint_every steps, by default at each epoch end)"
     )
     with pytest.raises(NonFiniteError, match=whole(message)):
         guard.begin_rollback(7, have_checkpoint=False)

@@ -63,8 +63,8 @@ class NonFiniteGuard:
         if not have_checkpoint:
             raise NonFiniteError(
                 f"{self.consecutive} non-finite steps in a row up to step {step} and no checkpoint to roll "
-                "back to (none written yet: checkpoints need run_dir or checkpoint_dir and are written every "
-                "checkpoint_every steps, default at each epoch end)"
+                "back to (none written yet: a run with a folder writes one every train.checkpoint_every "
+                "steps, by default at each epoch end)"
             )
         if self.rollbacks >= self.max_rollbacks:
             raise NonFiniteError(

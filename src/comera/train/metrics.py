@@ -8,7 +8,8 @@ Each record has ``"kind"``:
   ``nonfinite`` (steps skipped so far).
 - ``"eval"``: ``step, epoch, stage``, ``train_time_s`` (the run's training time so far, resumes included)
   and the evaluation metrics under ``"metrics"``.
-- ``"event"``: ``step`` and ``"event"`` (``"late_stage"``, ``"prune"``, ``"rollback"``, ``"resume"``) with
+- ``"event"``: ``step`` and ``"event"`` (``"late_stage"``, ``"prune"``, ``"rollback"``, ``"resume"``,
+  ``"diverged"``: the run stopped with :class:`~comera.train.guard.NonFiniteError`, its ``reason``) with
   details.
 
 A process killed mid-write leaves a torn last line (no final newline): :func:`read_metrics` ignores it, and a

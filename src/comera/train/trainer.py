@@ -420,6 +420,9 @@ class Trainer:
         try:
             while self.step < total:
                 self._run_epoch(total)
+        except NonFiniteError as error:
+            self._event("diverged", reason=str(error))
+            raise
         except RuntimeError as error:
             if self.world_size > 1 and peer_failure(error):
                 raise lost_rank(error, self.checkpoint_dir) from error
@@ -430,7 +433,11 @@ class Trainer:
         self._evaluate_a_resumed_end()
         if self.run_dir is not None and self.config.plot and self.process_rank == 0:
             self._plot()
-        self._refuse_a_diverged_end()
+        try:
+            self._refuse_a_diverged_end()
+        except NonFiniteError as error:
+            self._event("diverged", reason=str(error))
+            raise
         size = self.objective.size()
         return FitResult(
             step=self.step,
