@@ -220,38 +220,15 @@ def test_a_process_that_does_not_stop_on_the_ctrl_c_gets_sigterm_after_the_grace
         stuck.wait()
 
 
-def test_a_ctrl_c_after_every_process_finished_its_run_is_not_passed_on(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("finished", "status", "signals"),
+    [((0, 1), 0, []), ((0,), 130, [([10_000, 10_001], signal.SIGINT)])],
+    ids=["every-process-finished", "one-still-trains"],
+)
+def test_a_ctrl_c_is_passed_on_only_while_a_process_runs(monkeypatch, finished, status, signals):
     """The processes of a finished run still tear down their group for a few seconds after ``run folder:``
     is printed; a Ctrl-C then must not kill them (torchrun would print its failure report for a complete
-    run): the launch waits them out and returns their status."""
-    import comera.launch as launcher
-
-    signalled = []
-    monkeypatch.setattr(launcher, "_signal_all", lambda pids, number: signalled.append(number))
-
-    class Torchrun:
-        def __init__(self, command, env, **options):
-            folder = Path(env[launcher.STATUS_ENV])
-            for rank in (0, 1):
-                (folder / f"pid-{rank}").write_text(str(10_000 + rank))
-                (folder / f"finished-{rank}").write_text("")
-            self.calls = 0
-
-        def wait(self, timeout=None):
-            self.calls += 1
-            if self.calls == 1:
-                raise KeyboardInterrupt
-            return 0
-
-        def send_signal(self, number):
-            signalled.append(number)
-
-    monkeypatch.setattr(launcher.subprocess, "Popen", Torchrun)
-    assert launcher.launch(2, ["train", "nli"]) == 0
-    assert signalled == []
-
-
-def test_a_ctrl_c_while_one_process_still_trains_is_passed_on(tmp_path, monkeypatch):
+    run): the launch waits them out and returns their status. While one still trains, both get it."""
     import comera.launch as launcher
 
     signalled = []
@@ -266,7 +243,8 @@ def test_a_ctrl_c_while_one_process_still_trains_is_passed_on(tmp_path, monkeypa
             folder = Path(env[launcher.STATUS_ENV])
             for rank in (0, 1):
                 (folder / f"pid-{rank}").write_text(str(10_000 + rank))
-            (folder / "finished-0").write_text("")
+            for rank in finished:
+                (folder / f"finished-{rank}").write_text("")
             self.calls = 0
 
         def wait(self, timeout=None):
@@ -275,6 +253,9 @@ def test_a_ctrl_c_while_one_process_still_trains_is_passed_on(tmp_path, monkeypa
                 raise KeyboardInterrupt
             return 0
 
+        def send_signal(self, number):
+            signalled.append(number)
+
     monkeypatch.setattr(launcher.subprocess, "Popen", Torchrun)
-    assert launcher.launch(2, ["train", "nli"]) == launcher.INTERRUPTED
-    assert signalled == [([10_000, 10_001], signal.SIGINT)]
+    assert launcher.launch(2, ["train", "nli"]) == status
+    assert signalled == signals
