@@ -34,10 +34,17 @@ def test_the_command_is_told_from_a_program_that_imports_comera(argv, expected):
     assert runs_the_command(argv) is expected
 
 
+def _as_from_a_terminal() -> None:
+    """Its own process group, with SIGINT's default action: a test run in the background of a shell
+    (``make test &``) hands its children SIGINT ignored, and Python then installs no handler at all."""
+    os.setpgrp()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupted_at(delay: float, command: list[str]) -> subprocess.CompletedProcess:
     environment = {**os.environ, "PYTHONPATH": SRC, "COMERA_AUTOTUNE": "0"}
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-    process = subprocess.Popen(command, env=environment, start_new_session=True, **pipes)
+    process = subprocess.Popen(command, env=environment, preexec_fn=_as_from_a_terminal, **pipes)
     time.sleep(delay)
     os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
     out, err = process.communicate(timeout=60)
@@ -58,7 +65,8 @@ def test_a_ctrl_c_while_the_command_imports_torch_ends_it_in_one_line(tmp_path, 
 
 def test_a_program_that_imports_comera_keeps_pythons_handler():
     code = "import signal, comera; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC}
-    )
+    environment = {**os.environ, "PYTHONPATH": SRC}
+    command = [sys.executable, "-c", code]
+    terminal = {"env": environment, "preexec_fn": _as_from_a_terminal}
+    done = subprocess.run(command, capture_output=True, text=True, **terminal)
     assert done.stdout.strip() == "True", done.stderr
