@@ -279,3 +279,15 @@ def test_the_command_refuses_a_short_or_repeated_variant(words, message, capsys)
     with pytest.raises(SystemExit) as exit_info:
         compare_module.main(["toy", "--methods", "dense", *words])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "passed"), [([], "--no-progress"), (["--progress"], "--progress")])
+def test_the_progress_option_reaches_every_run(tmp_path, monkeypatch, flag, passed):
+    """``--no-progress`` (the default) and ``--progress`` are accepted, as ``comera train`` takes them, and
+    each run gets the choice."""
+    commands = []
+    monkeypatch.setattr(compare_module, "run_child", lambda command: commands.append(command) or 1)
+    arguments = ["nli", "--preset", "smoke", "--methods", "dense", "comera", "--out", str(tmp_path / "c")]
+    assert compare_module.main([*arguments, "--cache", str(tmp_path), *flag]) == 1
+    assert len(commands) == 2 and all(command[-1] == passed for command in commands), commands
+    assert compare_module.main([*arguments, "--cache", str(tmp_path), "--no-progress"]) == 1

@@ -145,7 +145,8 @@ def _check_packages(method: str) -> None:
 
 
 def _subprocess_runner(arguments: dict[str, Any]) -> None:
-    command = module_command("comera.commands.train", [*_command_arguments(arguments), "--no-progress"])
+    bar = "--progress" if arguments.get("progress") else "--no-progress"
+    command = module_command("comera.commands.train", [*_command_arguments(arguments), bar])
     code = run_child(command)
     if code == INTERRUPTED:  # stopped by a Ctrl-C that reached the run alone: the comparison stops too
         raise KeyboardInterrupt
@@ -164,7 +165,7 @@ def _in_process_runner(arguments: dict[str, Any]) -> None:
         out=arguments["out"],
         resume=arguments["resume"],
         cache_dir=arguments["cache"],
-        progress=False,
+        progress=arguments.get("progress", False),
     )
 
 
@@ -223,6 +224,7 @@ def compare(
     metric: str | None = None,
     log: Callable[[str], None] = print,
     variants: Mapping[str, tuple[str, Sequence[str]]] | None = None,
+    progress: bool = False,
 ) -> list[MethodRun]:
     """Train ``workload`` with each of ``methods`` and write the comparison folder (see the module doc).
 
@@ -242,6 +244,8 @@ def compare(
             ``SECTION.KEY=VALUE`` settings of its own on top of the common ones (e.g.
             ``{"comera-r32": ("comera", ["tensorize.rank=32"])}``, a rung of a rank ladder), trained in
             ``out/NAME``. A name is letters, digits, ``.``, ``_`` and ``-``, not a method's name, each once.
+        progress: show each run's progress bar (off by default: the runs' summaries and the table stay
+            readable in a log).
 
     Returns:
         One :class:`MethodRun` per method and variant, in order (``method`` holds the variant's name).
@@ -295,6 +299,7 @@ def compare(
             "assignments": own,
             "out": run_dir,
             "resume": state == "unfinished",
+            "progress": progress,
         }
         log(f"[compare] {name}: comera train {' '.join(_command_arguments(arguments))}")
         try:
@@ -553,6 +558,12 @@ def _parser() -> argparse.ArgumentParser:
         help="comparison folder (default: runs/compare-WORKLOAD-PRESET)",
     )
     parser.add_argument("--rerun", action="store_true", help="train again the methods that already finished")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="show each run's progress bar (default: off)",
+    )
     parser.add_argument("--metric", default=None, help="evaluation metric to plot (default: the workload's)")
     parser.add_argument(
         "--variant",
@@ -595,6 +606,7 @@ def main(argv: list[str] | None = None) -> int:
             out=args.out,
             cache_dir=args.cache,
             rerun=args.rerun,
+            progress=args.progress,
             metric=args.metric,
             variants=variants,
         )
