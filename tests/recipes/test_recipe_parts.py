@@ -307,8 +307,12 @@ def test_a_run_resumes_on_its_data_by_content_wherever_the_data_lies_now(tmp_pat
     assert changed.startswith("the data changed since the run started (crit.txt: 4 bytes, sha256 ")
     assert ", other.txt: 4 bytes, sha256 " in changed
     old = {key: value for key, value in header(data).items() if key != "data_files"}
-    assert (
-        header_difference(old, header(link)) == "it was started with other settings (differences in ['data'])"
+    assert header_difference(old, header(link)) == (
+        f"it was started with other settings (data: {str(data)!r} then, {str(link)!r} now)"
+    )
+    renamed = {**header(data), "preset": "small", "method": "comera"}
+    assert header_difference(renamed, {**header(data), "preset": "smoke", "method": "comera"}) == (
+        "it was started with other settings (preset: 'small' then, 'smoke' now)"
     )
 
 

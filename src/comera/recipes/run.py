@@ -173,10 +173,19 @@ def header_difference(recorded: dict[str, Any], header: dict[str, Any]) -> str |
         if recorded == header:
             return None
     keys = sorted(key for key in {*header, *recorded} if recorded.get(key) != header.get(key))
-    if keys == ["settings"]:
-        changed = _changed_settings(recorded.get("settings") or {}, header["settings"])
-        return f"it was started with other settings ({'; '.join(changed)})"
-    return f"it was started with other settings (differences in {keys})"
+    changed = []
+    for key in keys:
+        if key == "settings":
+            changed += _changed_settings(recorded.get("settings") or {}, header.get("settings") or {})
+        else:
+            changed.append(f"{key}: {_shown(recorded.get(key))} then, {_shown(header.get(key))} now")
+    return f"it was started with other settings ({'; '.join(changed)})"
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _changed_settings(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
