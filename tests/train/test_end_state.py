@@ -119,6 +119,7 @@ def test_a_readable_checkpoint_of_another_model_is_skipped_on_resume(tmp_path):
     assert events[0]["step"] == 4  # at the step the run resumed from; a history event, kept past step 4
     resume = [record for record in read_metrics(tmp_path) if record.get("event") == "resume"]
     assert resume[-1]["checkpoint"].endswith("step-00000004.pt") and resumed.step == 8
+    assert resume[-1]["processes"] == 1
 
 
 def test_train_records_lost_from_the_log_before_the_checkpoint_are_said_missing(tmp_path):

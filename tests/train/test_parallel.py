@@ -11,6 +11,7 @@ import pytest
 import torch.distributed as dist
 from ranks import assert_same_end, checkpoint_steps, train, two_ranks
 
+from comera.train.metrics import read_metrics
 from comera.train.parallel import (
     RankError,
     RankLostError,
@@ -46,6 +47,8 @@ def test_one_process_stopped_in_the_late_stage_resumes_in_two(tmp_path, referenc
     assert [code for code, _ in ranks] == [0, 0]
     assert_same_end(ranks[0][1]["result"], reference)
     assert_same_end(ranks[1][1]["result"], reference)
+    resumes = [record for record in read_metrics(run_dir) if record.get("event") == "resume"]
+    assert [record["processes"] for record in resumes] == [2], "the resume says it changed the process count"
 
 
 def test_a_rank_that_dies_stops_every_rank_and_the_run_resumes(tmp_path, reference):

@@ -512,6 +512,7 @@ class Trainer:
                 RuntimeWarning,
                 stacklevel=4,
             )
+        details["processes"] = self.world_size  # a run may resume in another number of processes
         self._event("resume", checkpoint=None if path is None else str(path), **details)
         self._warn_of_lost_records()
 
