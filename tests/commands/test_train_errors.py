@@ -298,3 +298,38 @@ def test_a_run_refused_before_it_started_leaves_no_folder_behind(tmp_path, capsy
     kept.mkdir()
     _one_line_error(capsys, _train(kept, tmp_path / "cache"))
     assert kept.is_dir()
+
+
+@pytest.mark.parametrize(
+    ("workload", "assignment", "message"),
+    [
+        ("llm", "data.vocab_size=1000000000", "data.vocab_size must be an int in [262, 1048576]"),
+        ("nli", "data.vocab_size=1000000000", "data.vocab_size must be an int in [6, 1048576]"),
+        (
+            "llm",
+            "data.max_validation_blocks=0",
+            "data.max_validation_blocks must be an int >= 1 or None, got 0",
+        ),
+        ("dlrm", "data.hash_size=0", "data.hash_size must be None or an int in [2, 2**31 - 1], got 0"),
+        ("dlrm", "data.min_frequency=-1", "data.min_frequency must be an int >= 1, got -1"),
+    ],
+)
+def test_a_data_value_out_of_range_is_named_whatever_the_source(
+    tmp_path, capsys, workload, assignment, message
+):
+    """Refused by name before any data is read, with the embedded data too (where dlrm's Criteo options are
+    not used), and before a tokenizer trainer is asked for a vocabulary of 10**9 (an out-of-memory abort)."""
+    out = tmp_path / "run"
+    arguments = [workload, "--preset", "smoke", "--out", str(out), "--cache", str(tmp_path / "cache")]
+    error = _one_line_error(capsys, [*arguments, "--no-progress", "--set", assignment])
+    assert error.startswith(f"comera train: {message}"), error
+    assert not out.exists()
+
+
+def test_a_restart_that_cannot_name_the_aside_folder_says_so(tmp_path, capsys):
+    out = tmp_path / ("g" * 252)
+    assert main(_train(out, tmp_path / "cache")) == 0
+    capsys.readouterr()
+    error = _one_line_error(capsys, _train(out, tmp_path / "cache", "--restart"))
+    assert "--restart: cannot make ggg" in error and "(File name too long)" in error, error
+    assert (out / "config.json").is_file()

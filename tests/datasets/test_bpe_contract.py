@@ -32,13 +32,15 @@ def _byte_symbols() -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("vocab_size", "shown"), [(SMALLEST - 1, "261"), (True, "True"), (300.0, "300.0"), ("300", "'300'")]
+    ("vocab_size", "shown"),
+    [(SMALLEST - 1, "261"), (2**20 + 1, "1048577"), (True, "True"), (300.0, "300.0"), ("300", "'300'")],
 )
 def test_vocab_size_below_the_smallest_or_not_an_int_is_refused(tmp_path, vocab_size, shown):
     """One below 262 (the boundary), a bool, a float and a string are refused by training and by the cache,
     with the smallest size and its parts in the message."""
     message = re.escape(
-        f"vocab_size must be an int >= 262 (256 bytes + 5 special tokens + 1 merge), got {shown}"
+        "vocab_size must be an int in [262, 1048576] (256 bytes + 5 special tokens + 1 merge at least), "
+        f"got {shown}"
     )
     with pytest.raises(ValueError, match=message):
         train_tokenizer(["ab ab"], vocab_size)

@@ -23,6 +23,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from comera.atomic import atomic_write_bytes
 from comera.data.cache import read_entry
 from comera.data.sources import CodeDocument, documents_digest
+from comera.data.tokenize import MAX_VOCAB_SIZE
 
 __all__ = [
     "SPECIAL_TOKENS",
@@ -44,10 +45,11 @@ _MIN_FREQUENCY = 2
 
 def _check_vocab_size(vocab_size: object) -> int:
     smallest = len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIAL_TOKENS) + 1
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < smallest:
+    bad = isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+    if bad or not smallest <= vocab_size <= MAX_VOCAB_SIZE:
         raise ValueError(
-            f"vocab_size must be an int >= {smallest} (256 bytes + {len(SPECIAL_TOKENS)} special tokens + 1 "
-            f"merge), got {vocab_size!r}"
+            f"vocab_size must be an int in [{smallest}, {MAX_VOCAB_SIZE}] (256 bytes + {len(SPECIAL_TOKENS)} "
+            f"special tokens + 1 merge at least), got {vocab_size!r}"
         )
     return vocab_size
 

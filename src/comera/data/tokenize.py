@@ -28,6 +28,7 @@ from comera.checks import check_int
 from comera.data.files import utf8_problem, without_bom
 
 __all__ = [
+    "MAX_VOCAB_SIZE",
     "MIN_PAIR_LENGTH",
     "SPECIAL_TOKENS",
     "PairTokenizer",
@@ -39,6 +40,9 @@ __all__ = [
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+MAX_VOCAB_SIZE = 2**20
+"""The largest vocabulary a tokenizer is trained to (1,048,576; 30x the 32,000 of the largest preset): the
+tokenizers trainers allocate for the size asked, and 10**9 ends the process in an out-of-memory abort."""
 MIN_PAIR_LENGTH = 4
 """The shortest ``max_length`` of a :class:`PairTokenizer`: ``[CLS]``, two ``[SEP]`` and one piece."""
 # Pairs encoded per call: a truncated encoding keeps its overflowing pieces, so encoding a whole split of long

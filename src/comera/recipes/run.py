@@ -229,7 +229,13 @@ def _move_run_aside(out: Path) -> Path | None:
     if not any((out / name).exists() for name in RUN_ENTRIES):
         return None
     aside = _aside_name(out)
-    aside.mkdir()
+    try:
+        aside.mkdir()
+    except OSError as error:
+        raise ValueError(
+            f"--restart: cannot make {aside.name[:24]}... beside the run to move its files to "
+            f"({error.strerror or error}); move or rename the run folder {out} yourself"
+        ) from None
     for name in (*RUN_ENTRIES, *RUN_OUTPUTS):
         if (out / name).exists():
             (out / name).rename(aside / name)

@@ -45,7 +45,7 @@ def test_build_code_data_end_to_end(tmp_path):
         (lambda: MaskingCollator(IDS, mask_probability=1.5), r"mask_probability must be a float in \(0, 1\)"),
         (
             lambda: load_or_train_tokenizer([CodeDocument("a", "x")], 100, "/tmp"),
-            "vocab_size must be an int >= 262",
+            r"vocab_size must be an int in \[262, 1048576\]",
         ),
         (
             lambda: build_code_data(

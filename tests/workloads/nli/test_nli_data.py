@@ -385,8 +385,8 @@ def test_jsonl_gz_files_are_read_as_a_file_and_in_a_folder(tmp_path):
     ("setting", "message"),
     [
         ({"max_length": 1}, "max_length must be an int >= 4, got 1"),
-        ({"vocab_size": -5}, "vocab_size must be an int >= 6, got -5"),
-        ({"vocab_size": 0}, "vocab_size must be an int >= 6, got 0"),
+        ({"vocab_size": -5}, "vocab_size must be an int in \\[6, 1048576\\], got -5"),
+        ({"vocab_size": 0}, "vocab_size must be an int in \\[6, 1048576\\], got 0"),
     ],
 )
 def test_a_bad_setting_is_refused_before_the_data_and_the_cached_vocabulary_stays(

@@ -159,7 +159,7 @@ def test_standard_library_split_has_no_module_on_both_sides(tmp_path):
     [
         ({"train_pairs": 1}, "train_pairs must be an int >= 2"),
         ({"validation_fraction": 1.0}, r"validation_fraction must be a finite number in \(0.0, 1.0\)"),
-        ({"vocab_size": 3}, "vocab_size must be an int >= 6"),
+        ({"vocab_size": 3}, r"vocab_size must be an int in \[6, 1048576\]"),
     ],
 )
 def test_bad_settings_are_named(tmp_path, options, message):

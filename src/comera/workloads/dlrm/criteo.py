@@ -59,6 +59,7 @@ __all__ = [
     "parse_lines",
     "read_blocks",
     "load_criteo",
+    "check_criteo_options",
     "split_by_line_order",
     "SPLITS",
     "MIN_SAMPLES",
@@ -335,7 +336,8 @@ def split_by_line_order(count: int) -> dict[str, range]:
     }
 
 
-def _check_options(min_frequency: object, hash_size: object) -> None:
+def check_criteo_options(min_frequency: object, hash_size: object) -> None:
+    """``ValueError`` naming a ``min_frequency`` below 1 or a ``hash_size`` outside ``[2, 2**31 - 1]``."""
     check_int(min_frequency, "min_frequency", 1)
     if hash_size is not None and (
         isinstance(hash_size, bool) or not isinstance(hash_size, int) or not 2 <= hash_size < 2**31
@@ -376,7 +378,7 @@ def load_criteo(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: Criteo file not found")
-    _check_options(min_frequency, hash_size)
+    check_criteo_options(min_frequency, hash_size)
     check_int(chunk_bytes, "chunk_bytes", 1)
     options = {"min_frequency": min_frequency, "hash_size": hash_size, "skip_malformed": skip_malformed}
     folder = Path(cache_dir) / f"criteo-{path.name}-{_cache_key(path, options)}"

@@ -31,7 +31,7 @@ from comera.metrics import BinaryMetrics
 from comera.recipes.base import Recipe, RecipeData, register_recipe
 from comera.train.evaluation import Evaluator
 from comera.workloads.dlrm.clicks import ClickBatch, ClickData, collate_clicks
-from comera.workloads.dlrm.criteo import MIN_SAMPLES, load_criteo
+from comera.workloads.dlrm.criteo import MIN_SAMPLES, check_criteo_options, load_criteo
 from comera.workloads.dlrm.model import DLRM
 from comera.workloads.dlrm.presets import RECIPE_PRESETS
 from comera.workloads.dlrm.synthetic import synthetic_criteo
@@ -105,7 +105,9 @@ class DLRMRecipe(Recipe):
 
     def build_data(self, settings: dict[str, Any], data_path: Path | None, cache_dir: Path) -> RecipeData:
         """Synthetic data (``rows``, ``max_table_rows``, ``seed``) or the Criteo file ``data_path``
-        (``min_frequency``, ``hash_size``, ``skip_malformed``), split by line order."""
+        (``min_frequency``, ``hash_size``, ``skip_malformed``), split by line order. Every setting is checked
+        whichever the source, so a bad one is named even where it would not be used."""
+        check_criteo_options(settings["min_frequency"], settings["hash_size"])
         if data_path is None:
             log = synthetic_criteo(
                 settings["rows"],

@@ -277,6 +277,9 @@ def build_lm_data(
         raise ValueError(f"validation_fraction must be a float in (0, 1), got {validation_fraction!r}")
     if not 0 < validation_fraction < 1:
         raise ValueError(f"validation_fraction must be a float in (0, 1), got {validation_fraction!r}")
+    blocks = max_validation_blocks
+    if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1):
+        raise ValueError(f"max_validation_blocks must be an int >= 1 or None, got {blocks!r}")
     documents, skipped = read_lm_documents(path, max_files=max_files, max_bytes=max_bytes)
     splits: dict[str, list[CodeDocument]] = {"train": [], "validation": []}
     for document in sorted(documents, key=lambda document: document.key):

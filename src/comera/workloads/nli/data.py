@@ -33,6 +33,7 @@ from comera.data.cache import read_entry
 from comera.data.files import check_regular_file, numbered_lines, open_data, utf8_problem
 from comera.data.sources import JSONL_SUFFIXES
 from comera.data.tokenize import (
+    MAX_VOCAB_SIZE,
     MIN_PAIR_LENGTH,
     SPECIAL_TOKENS,
     PairTokenizer,
@@ -370,7 +371,7 @@ def build_nli_data(
             f"{tokenizer!r}"
         )
     if vocab_size is not None:
-        check_int(vocab_size, "vocab_size", len(SPECIAL_TOKENS) + 1)
+        check_int(vocab_size, "vocab_size", len(SPECIAL_TOKENS) + 1, MAX_VOCAB_SIZE)
     cache = Path(cache_dir)
     if data_path is None:
         splits, pair_tokenizer, task_info = build_docstring_pairs(

@@ -44,6 +44,7 @@ from torch.utils.data import Dataset
 from comera.checks import check_int, check_number
 from comera.data.cache import building_folder, read_entry, read_json
 from comera.data.tokenize import (
+    MAX_VOCAB_SIZE,
     MIN_PAIR_LENGTH,
     SPECIAL_TOKENS,
     PairTokenizer,
@@ -338,7 +339,7 @@ def build_docstring_pairs(
     """
     check_int(train_pairs, "train_pairs", 2)
     check_int(validation_pairs, "validation_pairs", 2)
-    check_int(vocab_size, "vocab_size", len(SPECIAL_TOKENS) + 1)
+    check_int(vocab_size, "vocab_size", len(SPECIAL_TOKENS) + 1, MAX_VOCAB_SIZE)
     check_int(max_length, "max_length", MIN_PAIR_LENGTH)
     check_number(validation_fraction, "validation_fraction", 0.0, 1.0, open_low=True, open_high=True)
     check_number(same_module_negatives, "same_module_negatives", 0.0, 1.0)
