@@ -333,3 +333,24 @@ def test_a_restart_that_cannot_name_the_aside_folder_says_so(tmp_path, capsys):
     error = _one_line_error(capsys, _train(out, tmp_path / "cache", "--restart"))
     assert "--restart: cannot make ggg" in error and "(File name too long)" in error, error
     assert (out / "config.json").is_file()
+
+
+def test_a_restart_refused_by_its_data_leaves_the_old_run_in_place(tmp_path, capsys, monkeypatch):
+    """``--restart`` moves the old run aside only once the data and the model are built: a start refused
+    before that leaves the folder as it was (a later --resume still finds the run)."""
+    out = tmp_path / "run"
+    assert main(_train(out, tmp_path / "cache")) == 0
+    capsys.readouterr()
+    before = sorted(path.name for path in out.iterdir())
+    real = toy.ToyRecipe.build_data
+
+    def no_documents(*args, **kwargs):
+        raise ValueError("--data: no document found")
+
+    monkeypatch.setattr(toy.ToyRecipe, "build_data", no_documents)
+    assert "no document found" in _one_line_error(capsys, _train(out, tmp_path / "cache", "--restart"))
+    assert sorted(path.name for path in out.iterdir()) == before
+    assert not list(tmp_path.glob("run.old-*"))
+    monkeypatch.setattr(toy.ToyRecipe, "build_data", real)
+    assert main(_train(out, tmp_path / "cache", "--restart")) == 0
+    assert (tmp_path / "run.old-1" / "config.json").is_file() and (out / "results.json").is_file()

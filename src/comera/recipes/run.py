@@ -264,7 +264,9 @@ def _check_entry_kinds(out: Path) -> None:
 def _check_folder(
     out: Path, header: dict[str, Any], method: Method, resume: bool, restart: bool
 ) -> Path | None:
-    """Check ``out`` for the run; with ``restart``, move the files of a run in it aside and return where.
+    """Check ``out`` for the run; with ``restart``, move the files of a run in it aside and return where
+    (:func:`run` calls :func:`_move_run_aside` itself, after the data and the model are built, so that a
+    start refused by them leaves the old run in place).
 
     A ``config.json`` written before Reshape 2 (CoMERA's settings under ``train``) is compared as
     :func:`comera.recipes.settings.upgrade_run_header` reads it, so such a run resumes."""
@@ -550,16 +552,16 @@ def _set_up(request: _Request) -> _Setup:
     data_path = None if request.data is None else Path(request.data)
     cache = Path(request.cache_dir) if request.cache_dir is not None else default_cache_dir()
 
-    def check_folders() -> Path | None:
+    def check_folders() -> None:
         if out.is_dir():
             lock_run_folder(out)
-        earlier = _check_folder(out, header, chosen, request.resume, request.restart)
+        if not request.restart:  # a restart moves the old run aside only once nothing can refuse the start
+            _check_folder(out, header, chosen, request.resume, restart=False)
         writable_folder(out, "--out")
         lock_run_folder(out)
         writable_folder(cache, "--cache")
-        return earlier
 
-    earlier_run = on_rank_zero(check_folders)  # the run folder is rank 0's under torchrun
+    on_rank_zero(check_folders)  # the run folder is rank 0's under torchrun
     try:
         recipe_data = rank_zero_first(lambda: recipe.build_data(settings["data"], data_path, cache))
     except ValueError as error:  # the builders' argument checks name the key alone
@@ -581,6 +583,7 @@ def _set_up(request: _Request) -> _Setup:
     model = chosen.prepare(model, context)
     place_model(model, run_config.device, None)  # before the objective and optimizer take its parameters
     first_eval = next(iter(recipe_data.evals.values()), None)
+    earlier_run = on_rank_zero(lambda: _move_run_aside(out)) if request.restart else None
     trainer = Trainer(
         model,
         recipe.loss_fn,
