@@ -15,7 +15,7 @@ from pathlib import Path
 
 from comera.bench import BENCHMARKS
 from comera.child import INTERRUPTED, module_command, run_child
-from comera.commands.paths import path_argument
+from comera.commands.paths import path_argument, run_folder_argument
 from comera.startup import interrupts_raise
 
 __all__ = ["main"]
@@ -95,13 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     report.add_argument(
         "directory",
-        type=path_argument,
+        type=run_folder_argument,
         help="a folder written by comera.save_pretrained, or a run folder of comera train",
     )
     plot = sub.add_parser("plot", help="write the PNG plots of a training run")
-    plot.add_argument("run_dir", type=path_argument, help="a run folder holding metrics.jsonl")
+    plot.add_argument("run_dir", type=run_folder_argument, help="a run folder holding metrics.jsonl")
     plot.add_argument(
-        "--out", default=None, type=path_argument, help="output folder (with --compare: the PNG file)"
+        "--out", default=None, type=run_folder_argument, help="output folder (with --compare: the PNG file)"
     )
     plot.add_argument(
         "--compare",

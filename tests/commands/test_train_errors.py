@@ -354,3 +354,22 @@ def test_a_restart_refused_by_its_data_leaves_the_old_run_in_place(tmp_path, cap
     monkeypatch.setattr(toy.ToyRecipe, "build_data", real)
     assert main(_train(out, tmp_path / "cache", "--restart")) == 0
     assert (tmp_path / "run.old-1" / "config.json").is_file() and (out / "results.json").is_file()
+
+
+@pytest.mark.parametrize("command", [["train", "toy", "--out"], ["report"], ["compare", "toy", "--out"]])
+def test_a_run_folder_path_without_room_for_its_files_is_refused_in_one_line(
+    tmp_path, capsys, no_data, monkeypatch, command
+):
+    """A run folder's path under 4095 bytes, every name under 256, but with no room left for the files
+    comera writes inside (``.config.json.<uuid>.tmp``): refused before anything runs, not a traceback after
+    training."""
+    from comera.cli import main as comera_main
+
+    monkeypatch.chdir(tmp_path)
+    deep = "/".join(["e" * 249] * 16)  # 3,999 bytes relative; more with the current folder in front
+    with pytest.raises(SystemExit) as stopped:
+        comera_main([*command, deep])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "less 128 for the files a run folder holds" in error, error
+    assert list(tmp_path.iterdir()) == []

@@ -42,7 +42,7 @@ from typing import Any
 from comera.atomic import atomic_write_bytes
 from comera.child import INTERRUPTED, module_command, run_child
 from comera.commands.numbers import number, times
-from comera.commands.paths import path_argument
+from comera.commands.paths import run_folder_argument
 from comera.commands.train import add_setting_arguments
 from comera.methods import get_method, method_names
 from comera.recipes.folders import writable_folder
@@ -554,7 +554,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out",
         default=None,
-        type=path_argument,
+        type=run_folder_argument,
         help="comparison folder (default: runs/compare-WORKLOAD-PRESET)",
     )
     parser.add_argument("--rerun", action="store_true", help="train again the methods that already finished")

@@ -38,7 +38,7 @@ from typing import Any
 from comera.bench.paper import run_fresh_case
 from comera.child import INTERRUPTED
 from comera.commands.compare import compare
-from comera.commands.paths import path_argument
+from comera.commands.paths import run_folder_argument
 from comera.recipes.run import SetupError, default_cache_dir
 from comera.startup import interrupts_raise
 from comera.workloads import load_recipe
@@ -220,7 +220,7 @@ def _note(accuracy_preset: str, speed_preset: str) -> str:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="comera demo", description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--out", default="runs/demo", type=path_argument, help="folder of the runs (default: runs/demo)"
+        "--out", default="runs/demo", type=run_folder_argument, help="folder of the runs (default: runs/demo)"
     )
     parser.add_argument("--preset", default="small", help="preset of the accuracy runs (default: small)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="SECTION.KEY=VALUE")

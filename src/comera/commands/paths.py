@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-__all__ = ["path_argument", "path_problem"]
+__all__ = ["path_argument", "path_problem", "run_folder_argument", "RUN_FOLDER_HEADROOM"]
 
 _NAME_MAX = 255
 """The longest name of one path component, in bytes, that Linux, macOS and Windows file systems take."""
@@ -14,14 +14,20 @@ _PATH_MAX = 4096
 """The longest path, in bytes, that Linux system calls take."""
 
 
-def path_problem(value: str) -> str | None:
+RUN_FOLDER_HEADROOM = 128
+"""Bytes a run folder's path must leave for what comera writes inside it (the longest:
+``checkpoints/.step-NNNNNNNN.pt.<32 hex>.tmp`` and the plots' names)."""
+
+
+def path_problem(value: str, headroom: int = 0) -> str | None:
     """What makes ``value`` unusable as a path before any file is looked at (empty, a component longer than
-    255 bytes, the whole longer than 4096 bytes), or None."""
+    255 bytes, the whole, made absolute, longer than 4095 bytes less ``headroom``), or None."""
     if not value.strip():
         return "an empty path; name a file or folder"
-    encoded = os.fsencode(value)
-    if len(encoded) >= _PATH_MAX:
-        return f"a path of {len(encoded):,} bytes; the system takes paths of at most {_PATH_MAX - 1:,}"
+    encoded = os.fsencode(os.path.abspath(value)) if headroom else os.fsencode(value)
+    if len(encoded) + headroom >= _PATH_MAX:
+        room = "" if not headroom else f", less {headroom} for the files a run folder holds"
+        return f"a path of {len(encoded):,} bytes; the system takes paths of at most {_PATH_MAX - 1:,}{room}"
     longest = max(encoded.split(b"/"), key=len)
     if len(longest) > _NAME_MAX:
         shown = os.fsdecode(longest[:24])
@@ -37,6 +43,16 @@ def path_argument(value: str) -> str:
     something: an empty one (``--out ''``, an unset shell variable) is not read as the current folder or the
     default, and an over-long name does not become a traceback of the first system call."""
     problem = path_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
+def run_folder_argument(value: str) -> str:
+    """:func:`path_argument` for a run folder: its absolute path must also leave
+    :data:`RUN_FOLDER_HEADROOM` bytes for the files comera writes in it, or the run would end, after
+    training, in ``File name too long``."""
+    problem = path_problem(value, RUN_FOLDER_HEADROOM)
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
     return value

@@ -19,7 +19,7 @@ import torch
 
 from comera.commands.config_file import config_argument
 from comera.commands.numbers import milliseconds, number, times
-from comera.commands.paths import path_argument
+from comera.commands.paths import path_argument, run_folder_argument
 from comera.launch import (
     INTERRUPTED,
     launch,
@@ -140,7 +140,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--method", default="comera", choices=method_names(), help="training method")
     add_setting_arguments(parser)
     parser.add_argument(
-        "--out", default=None, type=path_argument, help="run folder (default: runs/WORKLOAD-PRESET-METHOD)"
+        "--out",
+        default=None,
+        type=run_folder_argument,
+        help="run folder (default: runs/WORKLOAD-PRESET-METHOD)",
     )
     again = parser.add_mutually_exclusive_group()
     again.add_argument(
