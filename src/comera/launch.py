@@ -41,11 +41,11 @@ __all__ = [
 ]
 
 STATUS_ENV = "COMERA_STATUS_DIR"
+"""The environment variable naming the folder where the processes of a ``--nproc`` launch record their
+exit statuses."""
 PROCESSES_PER_CORE = 4
 """The most ``--nproc`` processes per usable CPU core: a few share a core well enough for trying out a
 multi-process run on a laptop; thousands (a typo) would start a process each and stall the machine."""
-"""The environment variable naming the folder where the processes of a ``--nproc`` launch record their
-exit statuses."""
 
 
 def split_nproc(argv: list[str]) -> tuple[int | None, list[str]]:

@@ -243,8 +243,8 @@ def test_a_refused_resume_names_the_difference_and_the_ways_out(tmp_path):
         "run with another --out"
     )
     with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
-        run_module._check_folder(tmp_path, _header(3), get_method("dense"), True, False)
-    assert run_module._check_folder(tmp_path, _header(0), get_method("dense"), True, False) is None
+        run_module._check_folder(tmp_path, _header(3), get_method("dense"), True)
+    assert run_module._check_folder(tmp_path, _header(0), get_method("dense"), True) is None
 
 
 def test_a_folder_holding_a_run_is_refused_with_the_ways_out(tmp_path):
@@ -255,7 +255,7 @@ def test_a_folder_holding_a_run_is_refused_with_the_ways_out(tmp_path):
         "files are moved aside), or choose another --out"
     )
     with pytest.raises(FileExistsError, match=f"^{re.escape(expected)}$"):
-        run_module._check_folder(tmp_path, _header(0), get_method("dense"), False, False)
+        run_module._check_folder(tmp_path, _header(0), get_method("dense"), False)
 
 
 def _data(train, evals, info):

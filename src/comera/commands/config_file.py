@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from comera.commands.paths import path_problem
+from comera.commands.paths import path_argument
 
 __all__ = ["MAX_STREAM_BYTES", "config_argument"]
 
@@ -29,10 +29,7 @@ def config_argument(value: str) -> str:
     """``value`` itself for a regular file, a folder or a missing path (their readers say what is wrong);
     for anything else that can be read (a pipe, a character device), the path of a private copy of what it
     held, at most :data:`MAX_STREAM_BYTES`."""
-    problem = path_problem(value)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(problem)
-    path = Path(value)
+    path = Path(path_argument(value))
     if not path.exists() or path.is_file() or path.is_dir():
         return value
     with path.open("rb") as stream:

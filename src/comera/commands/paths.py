@@ -38,21 +38,22 @@ def path_problem(value: str, headroom: int = 0) -> str | None:
     return None
 
 
+def _checked(value: str, headroom: int) -> str:
+    problem = path_problem(value, headroom)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
 def path_argument(value: str) -> str:
     """A path option's value as given, refused (argparse's one-line error) when :func:`path_problem` finds
     something: an empty one (``--out ''``, an unset shell variable) is not read as the current folder or the
     default, and an over-long name does not become a traceback of the first system call."""
-    problem = path_problem(value)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(problem)
-    return value
+    return _checked(value, 0)
 
 
 def run_folder_argument(value: str) -> str:
     """:func:`path_argument` for a run folder: its absolute path must also leave
     :data:`RUN_FOLDER_HEADROOM` bytes for the files comera writes in it, or the run would end, after
     training, in ``File name too long``."""
-    problem = path_problem(value, RUN_FOLDER_HEADROOM)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(problem)
-    return value
+    return _checked(value, RUN_FOLDER_HEADROOM)

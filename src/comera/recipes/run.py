@@ -261,17 +261,13 @@ def _check_entry_kinds(out: Path) -> None:
             raise ValueError(f"{path} should be {wanted} of the run but is {found}: move it away")
 
 
-def _check_folder(
-    out: Path, header: dict[str, Any], method: Method, resume: bool, restart: bool
-) -> Path | None:
-    """Check ``out`` for the run; with ``restart``, move the files of a run in it aside and return where
-    (:func:`run` calls :func:`_move_run_aside` itself, after the data and the model are built, so that a
-    start refused by them leaves the old run in place).
+def _check_folder(out: Path, header: dict[str, Any], method: Method, resume: bool) -> None:
+    """Check ``out`` for a new run, or with ``resume`` for the run to continue (a restart checks nothing
+    here: :func:`_set_up` moves the old run aside once the data and the model are built, so that a start
+    refused by them leaves it in place).
 
     A ``config.json`` written before Reshape 2 (CoMERA's settings under ``train``) is compared as
     :func:`comera.recipes.settings.upgrade_run_header` reads it, so such a run resumes."""
-    if restart:
-        return _move_run_aside(out)
     _check_entry_kinds(out)
     config_path = out / "config.json"
     if resume:
@@ -556,7 +552,7 @@ def _set_up(request: _Request) -> _Setup:
         if out.is_dir():
             lock_run_folder(out)
         if not request.restart:  # a restart moves the old run aside only once nothing can refuse the start
-            _check_folder(out, header, chosen, request.resume, restart=False)
+            _check_folder(out, header, chosen, request.resume)
         writable_folder(out, "--out")
         lock_run_folder(out)
         writable_folder(cache, "--cache")

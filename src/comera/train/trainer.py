@@ -418,23 +418,7 @@ class Trainer:
             total=total, initial=self.step, disable=not progress, dynamic_ncols=True, unit="step"
         )
         try:
-            while self.step < total:
-                self._run_epoch(total)
-        except NonFiniteError as error:
-            self._event("diverged", reason=str(error))
-            raise
-        except RuntimeError as error:
-            if self.world_size > 1 and peer_failure(error):
-                raise lost_rank(error, self.checkpoint_dir) from error
-            raise
-        finally:
-            self._bar.close()
-            self._bar = None
-        self._evaluate_a_resumed_end()
-        if self.run_dir is not None and self.config.plot and self.process_rank == 0:
-            self._plot()
-        try:
-            self._refuse_a_diverged_end()
+            self._train_to(total)
         except NonFiniteError as error:
             self._event("diverged", reason=str(error))
             raise
@@ -449,6 +433,26 @@ class Trainer:
             rollbacks=self.guard.rollbacks,
             train_time_s=self._train_time(),
         )
+
+    def _train_to(self, total: int) -> None:
+        """Train from the current step to ``total``, then evaluate a resumed end, plot, and refuse an end
+        in divergence (:class:`NonFiniteError`, which :meth:`fit` logs as a ``diverged`` event)."""
+        try:
+            while self.step < total:
+                self._run_epoch(total)
+        except NonFiniteError:  # a RuntimeError, but never a lost peer
+            raise
+        except RuntimeError as error:
+            if self.world_size > 1 and peer_failure(error):
+                raise lost_rank(error, self.checkpoint_dir) from error
+            raise
+        finally:
+            self._bar.close()
+            self._bar = None
+        self._evaluate_a_resumed_end()
+        if self.run_dir is not None and self.config.plot and self.process_rank == 0:
+            self._plot()
+        self._refuse_a_diverged_end()
 
     def _evaluate_a_resumed_end(self) -> None:
         """A run resumed at its last step trains nothing, so nothing evaluated it in this process: evaluate
