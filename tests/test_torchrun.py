@@ -117,34 +117,109 @@ def test_without_option_drops_every_occurrence_in_both_spellings():
     assert without_option(["--config"], "--config") == []
 
 
-def test_a_ctrl_c_before_the_processes_registered_goes_to_torchrun_and_is_reported_as_130(monkeypatch):
-    """Ctrl-C while torchrun runs and no process has registered yet: the launcher sends SIGINT to torchrun,
-    waits for it to stop its processes (whatever status it ends with) and exits 130, as a shell reports an
-    interrupted command."""
-    import signal
-
+def test_a_ctrl_c_before_the_processes_registered_kills_torchrun_and_says_nothing_was_written(
+    monkeypatch, capsys
+):
+    """Ctrl-C while torchrun starts and no process has registered yet: the launcher marks the launch as
+    stopping before it kills torchrun's group (a process that starts later reads the mark), waits for it,
+    prints the start-up line and returns 130; torchrun is sent no SIGINT (it would print a traceback)."""
     import comera.launch as launcher
 
+    killed = []
+
     class Torchrun:
+        pid = 4242
+
         def __init__(self, command, env, **options):
-            assert options["start_new_session"]  # the terminal's Ctrl-C reaches the launcher alone
-            self.signals, self.waits = [], 0
+            assert options[
+                "start_new_session"
+            ]  # torchrun leads a group of its own: the kill reaches it alone
+            self.folder = Path(env[launcher.STATUS_ENV])
+            self.waits = 0
 
         def wait(self):
             self.waits += 1
             if self.waits == 1:
                 raise KeyboardInterrupt
-            return 1
+            return -signal.SIGKILL
 
         def send_signal(self, number):
-            self.signals.append(number)
-            started.append(self)
+            raise AssertionError(f"torchrun was sent signal {number}")
+
+    def killpg(group, number):
+        killed.append((group, number, (started[0].folder / "stopping").exists()))
 
     started = []
-    monkeypatch.setattr(launcher.subprocess, "Popen", Torchrun)
+    monkeypatch.setattr(
+        launcher.subprocess, "Popen", lambda *a, **k: started.append(Torchrun(*a, **k)) or started[-1]
+    )
+    monkeypatch.setattr(launcher.os, "killpg", killpg)
     assert launcher.launch(2, ["train", "nli"]) == launcher.INTERRUPTED == 130
-    (process,) = started
-    assert process.signals == [signal.SIGINT] and process.waits == 2
+    assert killed == [(Torchrun.pid, signal.SIGKILL, True)]
+    assert capsys.readouterr().err == "comera: interrupted while starting; nothing was written\n"
+
+
+@pytest.mark.parametrize("marked", ["stopping", "folder-gone"])
+def test_a_process_of_a_stopping_launch_ends_at_once_and_quietly(tmp_path, marked):
+    """A process that torchrun starts after the launch was marked as stopping (or after the launcher removed
+    its folder) ends at its first import of comera, with status 0 and no output, before it reads anything."""
+    folder = tmp_path / "status"
+    if marked == "stopping":
+        folder.mkdir()
+        (folder / "stopping").write_text("")
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "comera", "train", "nli", "--preset", "smoke", "--out", str(out)]
+    env = {**os.environ, "COMERA_STATUS_DIR": str(folder), "RANK": "1", "WORLD_SIZE": "2"}
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert (finished.returncode, finished.stdout, finished.stderr) == (0, "", "")
+    assert not out.exists()
+
+
+def _launch_processes(out):
+    """The pids of the processes whose command line names ``out`` (launcher, torchrun, its processes)."""
+    table = subprocess.run(
+        ["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True
+    ).stdout.splitlines()
+    return [int(line.split()[0]) for line in table[1:] if f"--out {out}" in line]
+
+
+@pytest.mark.parametrize("moment", ["torchrun-starts", "processes-start"])
+def test_a_ctrl_c_while_the_launch_starts_ends_it_in_one_line(tmp_path, moment):
+    """SIGINT to ``comera train --nproc 2`` while torchrun imports torch (the launch's folder exists), or
+    once torchrun's two processes exist but before they registered: one line, status 130, no traceback,
+    no process left, no run folder."""
+    import time
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "comera", "train", "nli", "--preset", "smoke", "--nproc", "2"]
+    command += ["--cache", str(tmp_path / "cache"), "--out", str(out), "--no-progress"]
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    launcher = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    wanted = 1 if moment == "torchrun-starts" else 4  # the launcher, torchrun and its two processes
+    started = time.monotonic()
+    while time.monotonic() - started < TIMEOUT:
+        folders = list(scratch.glob("comera-status-*"))
+        if folders and len(_launch_processes(out)) >= wanted:
+            break
+        time.sleep(0.02)
+        if launcher.poll() is not None:
+            break
+    assert folders, launcher.communicate()[0]
+    assert not list(folders[0].glob("pid-*")), "the processes registered before the Ctrl-C could be sent"
+    launcher.send_signal(signal.SIGINT)
+    output = launcher.communicate(timeout=TIMEOUT)[0]
+    assert launcher.returncode == 130, output
+    assert output == "comera: interrupted while starting; nothing was written\n", output
+    time.sleep(0.5)
+    assert not _launch_processes(out) and not out.exists()
 
 
 def test_a_ctrl_c_stops_every_process_with_one_line_and_no_traceback(tmp_path):
@@ -174,8 +249,7 @@ def test_a_ctrl_c_stops_every_process_with_one_line_and_no_traceback(tmp_path):
     assert launcher.returncode == 130, output
     assert "Traceback" not in output and "SignalException" not in output, output
     assert output.count("interrupted; continue the run with --resume") == 1, output
-    processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-    assert not [line for line in processes if f"--out {out}" in line]
+    assert not _launch_processes(out)
 
 
 def test_a_process_that_does_not_stop_on_the_ctrl_c_gets_sigterm_after_the_grace(tmp_path, monkeypatch):

@@ -9,15 +9,30 @@ is finished; the caller then reports the interruption in one line of its own.
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 
-__all__ = ["INTERRUPTED", "GRACE_S", "QUIET_START", "module_command", "run_child"]
+__all__ = [
+    "INTERRUPTED",
+    "INTERRUPTED_WHILE_STARTING",
+    "GRACE_S",
+    "QUIET_START",
+    "module_command",
+    "run_child",
+    "stop_with_parent",
+    "wait_regardless",
+]
 
 INTERRUPTED = 130
 """The exit status of a run stopped by Ctrl-C (SIGINT), as a shell reports one."""
+
+INTERRUPTED_WHILE_STARTING = "comera: interrupted while starting; nothing was written"
+"""The line a command stopped by a Ctrl-C before it did anything prints (:mod:`comera.startup`, and the
+launcher of a ``--nproc`` run whose processes had not started their run yet)."""
 
 GRACE_S = 5.0
 """Seconds a child is given to stop on the SIGINT it got from the terminal before it is sent one (a SIGINT
@@ -65,9 +80,31 @@ def _wait_out(process: subprocess.Popen) -> None:
         process.send_signal(signal.SIGINT)
     except KeyboardInterrupt:  # a second Ctrl-C, which the child got too
         pass
+    wait_regardless(process)
+
+
+def wait_regardless(process: subprocess.Popen) -> int:
+    """Wait for ``process`` to end, through any Ctrl-C meanwhile; its exit status."""
     while True:
         try:
-            process.wait()
-            return
+            return process.wait()
         except KeyboardInterrupt:
             continue
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_with_parent() -> None:
+    """Ask Linux to send this process SIGTERM when its parent dies (``prctl(PR_SET_PDEATHSIG)``): ``torchrun``
+    starts its processes in sessions of their own, so a launcher killed with SIGKILL would otherwise leave
+    them training, and writing the run folder, on their own. Nothing happens on other systems."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request was made
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -13,12 +13,16 @@ error). A process that crashes (an unexpected exception) still fails as ``torchr
 A Ctrl-C reaches the launcher alone (``torchrun`` runs in a session of its own, and asked to stop when the
 launcher dies): the launcher passes it on to the processes, which registered their pids in that folder
 (:func:`register_worker`), and each stops as a single process does (one line, status 130). ``torchrun``
-then sees its processes end without an error and adds no traceback of its own. A second Ctrl-C, or one
-before the processes registered, goes to ``torchrun``, which stops them in its own way.
+then sees its processes end without an error and adds no traceback of its own. A second Ctrl-C goes to
+``torchrun``, which stops them in its own way. A Ctrl-C before any process registered (while ``torchrun``
+and its processes start, a few seconds in which nothing is written) ends the launch at once: the launcher
+marks it as stopping and kills ``torchrun``; each process stops with it (:func:`join_launch`, from its first
+import of comera), and the launcher prints the one line a single process prints when stopped while starting.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -26,8 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from comera.child import INTERRUPTED
-from comera.train.parallel import stop_with_parent
+from comera.child import INTERRUPTED, INTERRUPTED_WHILE_STARTING, stop_with_parent, wait_regardless
 
 __all__ = [
     "STATUS_ENV",
@@ -36,7 +39,9 @@ __all__ = [
     "without_option",
     "torchrun_command",
     "launch",
+    "join_launch",
     "register_worker",
+    "worker_finished",
     "worker_status",
 ]
 
@@ -153,6 +158,9 @@ def _wait_for(process: subprocess.Popen, folder: Path) -> tuple[int, bool]:
         except KeyboardInterrupt:
             if not interrupted and _run_is_over(folder):
                 continue
+            if not interrupted and not _worker_pids(folder):
+                _stop_while_starting(process, folder)
+                return INTERRUPTED, True
             pids = [] if interrupted else _worker_pids(folder)
             interrupted = True
             if not pids:
@@ -163,6 +171,20 @@ def _wait_for(process: subprocess.Popen, folder: Path) -> tuple[int, bool]:
                 return process.wait(timeout=STOP_GRACE_S), interrupted
             except subprocess.TimeoutExpired:  # one waits on the other in a collective it will not join
                 _signal_all(pids, signal.SIGTERM)
+
+
+_STOPPING = "stopping"
+
+
+def _stop_while_starting(process: subprocess.Popen, folder: Path) -> None:
+    """End a launch none of whose processes has registered: mark it as stopping (a process that starts from
+    now on ends at once, :func:`join_launch`), kill ``torchrun`` (the processes it started get SIGTERM with
+    its death) and say so in one line."""
+    (folder / _STOPPING).write_text("")
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    wait_regardless(process)
+    print(INTERRUPTED_WHILE_STARTING, file=sys.stderr)
 
 
 STOP_GRACE_S = 20.0
@@ -176,6 +198,20 @@ def _signal_all(pids: list[int], number: int) -> None:
             os.kill(pid, number)
         except ProcessLookupError:
             continue
+
+
+def join_launch() -> None:
+    """In a process of a ``--nproc`` launch (:data:`STATUS_ENV` and ``torchrun``'s ``RANK`` set), called
+    first thing as comera is imported: from here on the process stops when ``torchrun`` dies, and it ends
+    at once, quietly, when the launch is already stopping (a Ctrl-C came before any process registered);
+    nothing otherwise. The request comes before the check, so a process either sees the mark or is alive
+    when ``torchrun`` is killed, and is stopped with it."""
+    folder = os.environ.get(STATUS_ENV)
+    if not folder or "RANK" not in os.environ:
+        return
+    stop_with_parent()
+    if (Path(folder) / _STOPPING).exists() or not Path(folder).is_dir():
+        os._exit(0)
 
 
 def register_worker() -> None:

@@ -10,6 +10,9 @@ comera ...``, or a child started by :func:`comera.child.module_command`), only i
 only over Python's default handler, so a program that imports comera as a library keeps its own. Each
 command calls :func:`interrupts_raise` where it handles ``KeyboardInterrupt`` itself (a run that writes
 files stops in its own way from there on).
+
+A process of a ``comera train --nproc N`` launch also joins its launch here
+(:func:`comera.launch.join_launch`): from its first moment it stops when ``torchrun`` does.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import signal
 import sys
 import threading
 
-from comera.child import INTERRUPTED, QUIET_START
+from comera.child import INTERRUPTED, INTERRUPTED_WHILE_STARTING, QUIET_START
+from comera.launch import join_launch
 
 __all__ = ["quiet_start", "interrupts_raise", "runs_the_command"]
 
-_LINE = b"comera: interrupted while starting; nothing was written\n"
+_LINE = f"{INTERRUPTED_WHILE_STARTING}\n".encode()
 
 
 def _stop_at_once(signum: int, frame: object) -> None:
@@ -52,6 +56,7 @@ def quiet_start() -> None:
     only imports comera, outside the main thread, or where a handler other than Python's is installed."""
     if threading.current_thread() is not threading.main_thread() or not runs_the_command():
         return
+    join_launch()
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _stop_at_once)
 

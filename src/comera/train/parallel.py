@@ -21,11 +21,8 @@ re-raises its error on every rank.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import os
-import signal
-import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -33,6 +30,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from comera.child import stop_with_parent
 from comera.train.distributed import backend_for, gather_objects, is_distributed, world
 
 __all__ = [
@@ -44,7 +42,6 @@ __all__ = [
     "environment_device",
     "training_device",
     "init_from_environment",
-    "stop_with_parent",
     "shutdown",
     "per_process_batch",
     "all_true",
@@ -158,24 +155,6 @@ def training_device(name: str) -> torch.device:
             f"(indices 0 to {count - 1})"
         )
     return torch.device("cuda", index)
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def stop_with_parent() -> None:
-    """Ask Linux to send this process SIGTERM when its parent dies (``prctl(PR_SET_PDEATHSIG)``): ``torchrun``
-    starts its processes in sessions of their own, so a launcher killed with SIGKILL would otherwise leave
-    them training, and writing the run folder, on their own. Nothing happens on other systems."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before the request was made
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def init_from_environment(device: torch.device | None = None) -> bool:
