@@ -88,7 +88,7 @@ def test_nproc_is_split_from_the_other_arguments():
     assert split_nproc(["nli", "--nproc", "4", "--preset", "smoke"]) == (4, ["nli", "--preset", "smoke"])
     assert split_nproc(["nli", "--nproc=2"]) == (2, ["nli"])
     assert split_nproc(["nli"]) == (None, ["nli"])
-    for bad in (["--nproc"], ["--nproc", "0"], ["--nproc=two"]):
+    for bad in (["--nproc"], ["--nproc", "0"], ["--nproc=two"], ["--nproc", "\uff12"], ["--nproc=\u0663"]):
         with pytest.raises(ValueError, match="--nproc"):
             split_nproc(bad)
 

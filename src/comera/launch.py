@@ -76,7 +76,7 @@ def split_nproc(argv: list[str]) -> tuple[int | None, list[str]]:
         return None, rest
     cores = usable_cores()
     most = PROCESSES_PER_CORE * cores
-    if not nproc.isdigit() or not 1 <= int(nproc) <= most:
+    if not (nproc.isascii() and nproc.isdigit()) or not 1 <= int(nproc) <= most:
         raise ValueError(
             f"--nproc must be an integer in [1, {most}] (the number of processes; at most "
             f"{PROCESSES_PER_CORE} per core of the {cores} this machine gives the command), got {nproc!r}"

@@ -312,6 +312,8 @@ def test_a_run_refused_before_it_started_leaves_no_folder_behind(tmp_path, capsy
         ),
         ("dlrm", "data.hash_size=0", "data.hash_size must be None or an int in [2, 2**31 - 1], got 0"),
         ("dlrm", "data.min_frequency=-1", "data.min_frequency must be an int >= 1, got -1"),
+        ("llm", "data.tokenizer_file='/no/t.json'", "data.tokenizer_file /no/t.json does not exist"),
+        ("mlm", "data.tokenizer_file='/no/t.json'", "data.tokenizer_file /no/t.json does not exist"),
     ],
 )
 def test_a_data_value_out_of_range_is_named_whatever_the_source(

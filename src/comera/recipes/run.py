@@ -560,7 +560,7 @@ def _set_up(request: _Request) -> _Setup:
     on_rank_zero(check_folders)  # the run folder is rank 0's under torchrun
     try:
         recipe_data = rank_zero_first(lambda: recipe.build_data(settings["data"], data_path, cache))
-    except ValueError as error:  # the builders' argument checks name the key alone
+    except (ValueError, FileNotFoundError) as error:  # the builders' argument checks name the key alone
         raise section_error("data", error, settings["data"]) from None
     _check_splits(recipe_data, data_path)
     header["data_identity"] = recipe_data.info.get("identity")

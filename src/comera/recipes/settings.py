@@ -243,13 +243,17 @@ def resolve_settings(
     return settings
 
 
-def section_error(section: str, error: ValueError, keys: Iterable[str]) -> ValueError:
+def section_error(section: str, error: ValueError | FileNotFoundError, keys: Iterable[str]) -> Exception:
     """``error`` with ``section.`` put before its message when the message opens with one of the section's
-    ``keys`` (``rank must be ...`` -> ``tensorize.rank must be ...``), so that the user sees where the
-    setting lives; any other message (a file's, already qualified) is returned as it is."""
+    ``keys`` (``rank must be ...`` -> ``tensorize.rank must be ...``, ``tokenizer_file X does not exist``
+    -> ``data.tokenizer_file X does not exist``), so that the user sees where the setting lives; a
+    :class:`FileNotFoundError` stays one. Any other message (a file's, already qualified) is returned as
+    it is."""
     message = str(error)
-    opens_with_key = any(message.startswith(f"{key} ") for key in keys)
-    return ValueError(f"{section}.{message}") if opens_with_key else error
+    if not any(message.startswith(f"{key} ") for key in keys):
+        return error
+    kind = FileNotFoundError if isinstance(error, FileNotFoundError) else ValueError
+    return kind(f"{section}.{message}")
 
 
 ADDED_METHOD_KEYS: tuple[str, ...] = ("trims",)
