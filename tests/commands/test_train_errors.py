@@ -375,3 +375,22 @@ def test_a_run_folder_path_without_room_for_its_files_is_refused_in_one_line(
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "less 128 for the files a run folder holds" in error, error
     assert list(tmp_path.iterdir()) == []
+
+
+ROOT_COMMANDS = [["train", "toy", "--out"], ["demo", "--out"], ["compare", "toy", "--out"], ["report"]]
+
+
+@pytest.mark.parametrize("root", ["/", "//", "/.", "/tmp/.."])
+@pytest.mark.parametrize("command", ROOT_COMMANDS, ids=lambda command: command[0])
+def test_the_file_systems_root_is_refused_as_a_run_folder(capfd, no_data, command, root):
+    """A run written into ``/`` would spread its files over the root, and ``--restart`` could not name a
+    folder beside it: refused in one line before anything runs (``demo`` runs in a child process)."""
+    from comera.cli import main as comera_main
+
+    try:
+        code = comera_main([*command, root])
+    except SystemExit as stopped:
+        code = stopped.code
+    assert code == 2
+    error = capfd.readouterr().err.strip().splitlines()[-1]
+    assert f"{root!r} is the file system's root; name a folder for the run" in error, error

@@ -55,5 +55,9 @@ def path_argument(value: str) -> str:
 def run_folder_argument(value: str) -> str:
     """:func:`path_argument` for a run folder: its absolute path must also leave
     :data:`RUN_FOLDER_HEADROOM` bytes for the files comera writes in it, or the run would end, after
-    training, in ``File name too long``."""
+    training, in ``File name too long``; nor can it be the file system's root (a run's files would be
+    written there, and ``--restart`` could not name the folder it moves them to)."""
+    absolute = os.path.abspath(value) if value.strip() else ""
+    if absolute and os.path.dirname(absolute) == absolute:
+        raise argparse.ArgumentTypeError(f"{value!r} is the file system's root; name a folder for the run")
     return _checked(value, RUN_FOLDER_HEADROOM)
