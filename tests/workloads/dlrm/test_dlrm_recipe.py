@@ -81,10 +81,12 @@ def test_too_few_samples_name_the_file_and_the_minimum(tmp_path, lines):
 
 
 def test_too_few_synthetic_samples_name_data_rows_and_the_minimum_is_enough(tmp_path):
+    too_few = ["data.rows=13"]
     with pytest.raises(
         SetupError, match=r"the synthetic data \(data.rows=13\) has 13 samples: .* at least 14"
     ):
-        run("dlrm", preset="smoke", out=tmp_path / "s", cache_dir=tmp_path, assignments=["data.rows=13"])
+        run("dlrm", preset="smoke", out=tmp_path / "s", cache_dir=tmp_path / "c", assignments=too_few)
+    assert not any(path.is_file() for path in (tmp_path / "c").rglob("*"))  # refused before any row was made
     small = tmp_path / "small.txt"
     small.write_text("".join(FIXTURE.read_text().splitlines(keepends=True)[:14]))
     results = run("dlrm", preset="smoke", data=small, out=tmp_path / "ok", cache_dir=tmp_path, progress=False)

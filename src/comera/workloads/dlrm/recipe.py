@@ -109,6 +109,9 @@ class DLRMRecipe(Recipe):
         whichever the source, so a bad one is named even where it would not be used."""
         check_criteo_options(settings["min_frequency"], settings["hash_size"])
         if data_path is None:
+            rows = settings["rows"]
+            if isinstance(rows, int) and not isinstance(rows, bool):  # the generator names a wrong type
+                _require_samples(rows, None)  # before any row is generated or cached
             log = synthetic_criteo(
                 settings["rows"],
                 seed=settings["seed"],
