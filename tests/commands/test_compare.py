@@ -291,3 +291,26 @@ def test_the_progress_option_reaches_every_run(tmp_path, monkeypatch, flag, pass
     assert compare_module.main([*arguments, "--cache", str(tmp_path), *flag]) == 1
     assert len(commands) == 2 and all(command[-1] == passed for command in commands), commands
     assert compare_module.main([*arguments, "--cache", str(tmp_path), "--no-progress"]) == 1
+
+
+def test_a_comparison_stopped_before_anything_was_written_leaves_no_folder(tmp_path, monkeypatch):
+    """A Ctrl-C during the first run (which removes its own folder), or a start refused by its ``--cache``,
+    removes the comparison folder and the parents the call made, when nothing was written in them; a folder
+    that existed before stays."""
+    (tmp_path / "cache-file").write_text("a file")
+    with pytest.raises(SetupError, match="--cache"):
+        cache = tmp_path / "cache-file" / "x"
+        compare("toy", ["dense"], preset="smoke", out=tmp_path / "a" / "b", cache_dir=cache)
+    assert not (tmp_path / "a").exists()
+
+    def interrupted(arguments):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare_module, "_in_process_runner", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _compare(tmp_path, ["dense"], out=tmp_path / "a" / "b" / "cmp")
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        _compare(tmp_path, ["dense"], out=tmp_path / "kept")
+    assert (tmp_path / "kept").is_dir()

@@ -294,6 +294,9 @@ def test_a_run_refused_before_it_started_leaves_no_folder_behind(tmp_path, capsy
     out = tmp_path / "new-run"
     assert "no document found" in _one_line_error(capsys, _train(out, tmp_path / "cache"))
     assert not out.exists()
+    deep = tmp_path / "made" / "for" / "it"
+    assert "no document found" in _one_line_error(capsys, _train(deep, tmp_path / "cache"))
+    assert not (tmp_path / "made").exists()  # nor the parents the command made
     kept = tmp_path / "kept"
     kept.mkdir()
     _one_line_error(capsys, _train(kept, tmp_path / "cache"))

@@ -45,7 +45,7 @@ from comera.commands.numbers import number, times
 from comera.commands.paths import run_folder_argument
 from comera.commands.train import add_setting_arguments
 from comera.methods import get_method, method_names
-from comera.recipes.folders import writable_folder
+from comera.recipes.folders import missing_folders, remove_empty_folders, writable_folder
 from comera.recipes.run import (
     SetupError,
     header_difference,
@@ -257,6 +257,7 @@ def compare(
     methods = list(methods)
     out = Path(out) if out is not None else Path("runs") / f"compare-{workload}-{preset}"
     assignments = list(assignments)
+    made = missing_folders(out)  # removed again if the comparison stops before anything was written in them
     try:
         recipe = load_recipe(workload)
         if not methods and not variants:
@@ -279,35 +280,40 @@ def compare(
         if cache_dir is not None:
             writable_folder(Path(cache_dir), "--cache")
     except (ValueError, FileNotFoundError, ImportError) as error:
+        remove_empty_folders(made)
         raise SetupError(str(error)) from error
     runner = _subprocess_runner if fresh_process else _in_process_runner
     done: list[MethodRun] = []
-    for name, method, own, run_dir, state in plans:
-        if state == "finished":
-            log(f"[compare] {name}: reusing the finished run in {run_dir}")
-            done.append(MethodRun(name, run_dir, "reused", _finished_results(run_dir)))
-            continue
-        if state == "replace":
-            shutil.rmtree(run_dir)
-        arguments = {
-            "workload": workload,
-            "method": method,
-            "preset": preset,
-            "data": data,
-            "config": config_file,
-            "cache": cache_dir,
-            "assignments": own,
-            "out": run_dir,
-            "resume": state == "unfinished",
-            "progress": progress,
-        }
-        log(f"[compare] {name}: comera train {' '.join(_command_arguments(arguments))}")
-        try:
-            runner(arguments)
-            done.append(MethodRun(name, run_dir, "trained", json.loads((run_dir / _RESULTS).read_text())))
-        except (RuntimeError, SetupError, OSError) as error:
-            log(f"[compare] {name} failed: {error}")
-            done.append(MethodRun(name, run_dir, "failed", error=str(error)))
+    try:
+        for name, method, own, run_dir, state in plans:
+            if state == "finished":
+                log(f"[compare] {name}: reusing the finished run in {run_dir}")
+                done.append(MethodRun(name, run_dir, "reused", _finished_results(run_dir)))
+                continue
+            if state == "replace":
+                shutil.rmtree(run_dir)
+            arguments = {
+                "workload": workload,
+                "method": method,
+                "preset": preset,
+                "data": data,
+                "config": config_file,
+                "cache": cache_dir,
+                "assignments": own,
+                "out": run_dir,
+                "resume": state == "unfinished",
+                "progress": progress,
+            }
+            log(f"[compare] {name}: comera train {' '.join(_command_arguments(arguments))}")
+            try:
+                runner(arguments)
+                done.append(MethodRun(name, run_dir, "trained", json.loads((run_dir / _RESULTS).read_text())))
+            except (RuntimeError, SetupError, OSError) as error:
+                log(f"[compare] {name} failed: {error}")
+                done.append(MethodRun(name, run_dir, "failed", error=str(error)))
+    except BaseException:  # a Ctrl-C: the folders this call made go again while nothing was written in them
+        remove_empty_folders(made)
+        raise
     _write_outputs(
         out,
         workload,

@@ -10,7 +10,15 @@ import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["writable_folder", "lock_run_folder", "release_run_folder", "drop_if_only_locked", "LOCK_NAME"]
+__all__ = [
+    "writable_folder",
+    "lock_run_folder",
+    "release_run_folder",
+    "drop_if_only_locked",
+    "missing_folders",
+    "remove_empty_folders",
+    "LOCK_NAME",
+]
 
 LOCK_NAME = ".comera.lock"
 """The file in a run folder that the process writing the run holds an exclusive ``flock`` on."""
@@ -134,3 +142,24 @@ def drop_if_only_locked(path: Path) -> None:
             path.rmdir()
     except OSError:  # gone, not a folder, or taken by another process meanwhile: leave it
         return
+
+
+def missing_folders(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, deepest first: the folders that creating
+    ``path`` makes, for a command to remove again when it stops before writing anything in them."""
+    missing = []
+    for candidate in [path, *path.parents]:
+        if os.path.lexists(candidate):
+            break
+        missing.append(candidate)
+    return missing
+
+
+def remove_empty_folders(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first, as :func:`missing_folders` gives them) while each is an empty
+    folder; the first that is not (it holds something, or is gone) stops the removal."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return

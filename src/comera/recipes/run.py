@@ -54,7 +54,14 @@ from comera.methods import Method, MethodContext, get_method
 from comera.methods.comera.structure import apply_structure
 from comera.recipes.base import Recipe, RecipeData, get_recipe
 from comera.recipes.fingerprint import data_fingerprint, fingerprint_difference
-from comera.recipes.folders import drop_if_only_locked, lock_run_folder, release_run_folder, writable_folder
+from comera.recipes.folders import (
+    drop_if_only_locked,
+    lock_run_folder,
+    missing_folders,
+    release_run_folder,
+    remove_empty_folders,
+    writable_folder,
+)
 from comera.recipes.settings import resolve_settings, section_error, tensorize_config, upgrade_run_header
 from comera.report import compression_report
 from comera.train.checkpoint import NoReadableCheckpointError
@@ -437,13 +444,14 @@ def run(
             progress=progress,
         )
         folder = Path(out) if out is not None else default_run_dir(recipe_name, preset, method)
-        existed = os.path.lexists(folder)
+        made = missing_folders(folder)  # removed again, with the lock file, if the start is refused
         try:
             setup = _set_up(request)
         except BaseException:
             release_run_folder()
-            if not existed:
+            if made:
                 drop_if_only_locked(folder)
+                remove_empty_folders(made[1:])
             raise
     except (ValueError, FileNotFoundError, FileExistsError, TypeError, ImportError, RankError) as error:
         raise SetupError(str(error)) from error
