@@ -333,3 +333,36 @@ def test_a_ctrl_c_is_passed_on_only_while_a_process_runs(monkeypatch, finished, 
     monkeypatch.setattr(launcher.subprocess, "Popen", Torchrun)
     assert launcher.launch(2, ["train", "nli"]) == status
     assert signalled == signals
+
+
+def test_a_run_whose_prune_removes_layers_trains_and_resumes_in_two_processes(tmp_path):
+    """A long early stage drives whole layers' gates to zero: the prune at its end replaces those layers by
+    stand-ins, and what fed only them gets no gradient. DDP, rebuilt on the pruned model, must look for such
+    parameters, or the next step fails on both ranks; so must DDP built on a checkpoint taken after that
+    prune (a run killed there and resumed). The launcher killed with SIGKILL takes torchrun and its
+    processes with it, without a traceback."""
+    import time
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "comera", "train", "nli", "--preset", "smoke", "--nproc", "2"]
+    command += ["--cache", str(tmp_path / "cache"), "--out", str(out), "--no-progress"]
+    for assignment in ("train.early=300", "train.late=150", "train.checkpoint_every=25"):
+        command += ["--set", assignment]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    started = time.monotonic()
+    while launcher.poll() is None and time.monotonic() - started < TIMEOUT:
+        if (out / "checkpoints" / "step-00000350.pt").is_file():
+            launcher.kill()
+            break
+        time.sleep(0.05)
+    output = launcher.communicate(timeout=TIMEOUT)[0]
+    assert launcher.returncode == -signal.SIGKILL, output  # killed after the prune, not failed before
+    assert "Traceback" not in output and "SignalException" not in output, output  # torchrun stops quietly
+    time.sleep(1.0)  # torchrun and its processes stop with the launcher
+    assert not _launch_processes(out)
+    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    prunes = [record for record in read_metrics(out / "metrics.jsonl") if record.get("event") == "prune"]
+    assert prunes and prunes[0]["removed"], "the preset no longer removes a layer: the test needs another"
+    assert results(out)["processes"] == 2

@@ -95,16 +95,17 @@ def wait_regardless(process: subprocess.Popen) -> int:
 _PR_SET_PDEATHSIG = 1
 
 
-def stop_with_parent() -> None:
-    """Ask Linux to send this process SIGTERM when its parent dies (``prctl(PR_SET_PDEATHSIG)``): ``torchrun``
-    starts its processes in sessions of their own, so a launcher killed with SIGKILL would otherwise leave
-    them training, and writing the run folder, on their own. Nothing happens on other systems."""
+def stop_with_parent(number: int = signal.SIGTERM) -> None:
+    """Ask Linux to send this process the signal ``number`` (default SIGTERM) when its parent dies
+    (``prctl(PR_SET_PDEATHSIG)``): ``torchrun`` starts its processes in sessions of their own, so a
+    launcher killed with SIGKILL would otherwise leave them training, and writing the run folder, on their
+    own. Nothing happens on other systems."""
     if not sys.platform.startswith("linux"):
         return
     parent = os.getppid()
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, number)
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # the parent died before the request was made
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), number)

@@ -126,13 +126,19 @@ def launch(nproc: int, command: list[str]) -> int:
             torchrun_command(nproc, command),
             env={**os.environ, STATUS_ENV: folder},
             start_new_session=True,
-            preexec_fn=stop_with_parent,
+            preexec_fn=_torchrun_stops_with_the_launcher,
         )
         code, interrupted = _wait_for(process, Path(folder))
         recorded = [int(path.read_text()) for path in Path(folder).glob("rank-*")]
     if interrupted:
         return INTERRUPTED
     return code if code != 0 or not recorded else max(recorded)
+
+
+def _torchrun_stops_with_the_launcher() -> None:
+    """``torchrun`` gets SIGKILL when the launcher dies (killed itself): on SIGTERM it would print a
+    traceback of its own; its processes stop with it (:func:`join_launch`)."""
+    stop_with_parent(signal.SIGKILL)
 
 
 def _worker_pids(folder: Path) -> list[int]:

@@ -12,7 +12,9 @@ command calls :func:`interrupts_raise` where it handles ``KeyboardInterrupt`` it
 files stops in its own way from there on).
 
 A process of a ``comera train --nproc N`` launch also joins its launch here
-(:func:`comera.launch.join_launch`): from its first moment it stops when ``torchrun`` does.
+(:func:`comera.launch.join_launch`): from its first moment it stops when ``torchrun`` does. And the output
+of every command process goes through :func:`comera.output.drop_output_once_unread`: a reader that leaves
+(``| head -3``) neither stops the work nor brings a traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import threading
 
 from comera.child import INTERRUPTED, INTERRUPTED_WHILE_STARTING, QUIET_START
 from comera.launch import join_launch
+from comera.output import drop_output_once_unread
 
 __all__ = ["quiet_start", "interrupts_raise", "runs_the_command"]
 
@@ -52,11 +55,13 @@ def runs_the_command(argv: list[str] | None = None) -> bool:
 
 
 def quiet_start() -> None:
-    """Make a Ctrl-C end the command at once while it starts (module docstring); nothing in a program that
-    only imports comera, outside the main thread, or where a handler other than Python's is installed."""
+    """Make a Ctrl-C end the command at once while it starts, join a ``--nproc`` launch, and let the
+    output's reader leave (module docstring); nothing in a program that only imports comera or outside the
+    main thread, and no Ctrl-C handler where one other than Python's is installed."""
     if threading.current_thread() is not threading.main_thread() or not runs_the_command():
         return
     join_launch()
+    drop_output_once_unread()
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _stop_at_once)
 

@@ -110,3 +110,19 @@ def test_parameter_groups_are_comera_s_three_at_the_settings_rates():
         ("other", 0.3, 0.01),
     ]
     assert [[id(p) for p in g["params"]] for g in groups] == [[id(p) for p in g["params"]] for g in expected]
+
+
+def test_parameters_may_go_unused_once_a_prune_removed_a_layer():
+    """A prune that only shrinks ranks keeps every parameter on the loss's path; one that removes a layer
+    (every gate of a bond dead) may not, and the objective says so (a DDP run then looks for them)."""
+    model = gated_model()
+    objective = CoMERAObjective(model, target_loss=1.0)
+    assert not objective.leaves_parameters_unused()
+    with torch.no_grad():
+        model[0].gates[0][1:] = 0.0
+    objective.prune(None)
+    assert model[0].ranks[0] == 1 and not objective.leaves_parameters_unused()
+    with torch.no_grad():
+        model[0].gates[0].zero_()
+    objective.prune(None)
+    assert objective.leaves_parameters_unused()

@@ -78,7 +78,7 @@ def test_per_rank_numbers_are_per_rank_medians_and_peaks():
         _train(step_time_per_rank=[1.0, 2.0], peak_memory_mib_per_rank=[9.0, 6.0]),
         _train(step_time_per_rank=[3.0, 4.0], peak_memory_mib_per_rank=[8.0, 1.0]),
     ]
-    assert run_module._per_rank(records) == {
+    assert run_module._per_rank(records, 2) == {
         "step_time_s_per_rank": [2.0, 3.0],
         "peak_memory_mib_per_rank": [9.0, 7.0],
     }
@@ -87,16 +87,32 @@ def test_per_rank_numbers_are_per_rank_medians_and_peaks():
 def test_per_rank_of_a_single_window_and_of_a_single_process():
     """One window per rank is kept as it is; records without per-rank numbers give no keys."""
     records = [_train(step_time_per_rank=[4.0, 6.0, 8.0], peak_memory_mib_per_rank=[1.0, 2.0, 3.0])]
-    assert run_module._per_rank(records) == {
+    assert run_module._per_rank(records, 3) == {
         "step_time_s_per_rank": [4.0, 6.0, 8.0],
         "peak_memory_mib_per_rank": [1.0, 2.0, 3.0],
     }
-    assert run_module._per_rank([_train(1.0, 2.0)]) == {}
+    assert run_module._per_rank([_train(1.0, 2.0)], 1) == {}
     two = [
         _train(step_time_per_rank=[10.0, 20.0], peak_memory_mib_per_rank=[1.0, 2.0]),
         _train(step_time_per_rank=[1.0, 2.0], peak_memory_mib_per_rank=[1.0, 2.0]),
     ]
-    assert run_module._per_rank(two)["step_time_s_per_rank"] == [1.0, 2.0], "of two windows the second"
+    assert run_module._per_rank(two, 2)["step_time_s_per_rank"] == [1.0, 2.0], "of two windows the second"
+
+
+def test_per_rank_numbers_come_from_the_records_of_the_final_process_count():
+    """A run resumed with another ``--nproc``: the per-rank numbers describe the processes it ended with
+    (none when it ended in one), not those of an earlier attempt."""
+    records = [
+        _train(step_time_per_rank=[10.0, 20.0], peak_memory_mib_per_rank=[5.0, 7.0]),
+        _train(step_time_per_rank=[11.0, 21.0], peak_memory_mib_per_rank=[5.0, 7.0]),
+        _train(1.0, 2.0),
+    ]
+    assert run_module._per_rank(records, 1) == {}
+    three = [_train(step_time_per_rank=[1.0, 2.0, 3.0], peak_memory_mib_per_rank=[4.0, 5.0, 6.0])]
+    assert run_module._per_rank(records + three, 3) == {
+        "step_time_s_per_rank": [1.0, 2.0, 3.0],
+        "peak_memory_mib_per_rank": [4.0, 5.0, 6.0],
+    }
 
 
 def test_strict_json_is_indented_by_two_with_null_for_non_finite_numbers():

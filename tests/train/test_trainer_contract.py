@@ -527,8 +527,9 @@ def test_sharded_step_reduces_the_replicated_gradients(monkeypatch):
 
 
 class FakeDDP:
-    def __init__(self, module):
+    def __init__(self, module, find_unused_parameters=False):
         self.module = module
+        self.find_unused_parameters = find_unused_parameters
 
 
 def test_prune_under_ddp_drops_and_rebuilds_the_wrapper(monkeypatch):

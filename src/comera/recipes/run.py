@@ -349,13 +349,18 @@ def _peak_memory(records: list[dict[str, Any]]) -> float:
     return max(peaks) if peaks else float("nan")
 
 
-def _per_rank(records: list[dict[str, Any]]) -> dict[str, list[float]]:
-    """Per rank of a multi-process run: the median step time and the peak memory over the train records
-    (``{}`` for a single-process run)."""
-    rows = [r for r in records if r.get("kind") == "train" and "step_time_per_rank" in r]
+def _per_rank(records: list[dict[str, Any]], processes: int) -> dict[str, list[float]]:
+    """Per rank of a run that ends in ``processes`` processes: the median step time and the peak memory
+    over the train records written by that many (a run resumed with another ``--nproc`` has records of
+    other counts); ``{}`` for a run that ends in one process."""
+    rows = [
+        r
+        for r in records
+        if r.get("kind") == "train" and len(r.get("step_time_per_rank") or ()) == processes > 1
+    ]
     if not rows:
         return {}
-    ranks = range(len(rows[0]["step_time_per_rank"]))
+    ranks = range(processes)
     times = [[row["step_time_per_rank"][rank] for row in rows] for rank in ranks]
     peaks = [[row["peak_memory_mib_per_rank"][rank] for row in rows] for rank in ranks]
     return {
@@ -688,7 +693,7 @@ def _write_outputs(
         "size_ratio": fit.ratio,
         "nonfinite_steps": fit.nonfinite,
         "processes": trainer.world_size,
-        **_per_rank(records),
+        **_per_rank(records, trainer.world_size),
     }
     results.update(setup.recipe.extra_results(results, data, trainer))
     adaptation = getattr(trainer.objective, "adaptation", None)

@@ -155,6 +155,12 @@ class Objective:
         every rank (``TrainConfig.shard_cores``)."""
         return []
 
+    def leaves_parameters_unused(self) -> bool:
+        """Whether the model, as it stands, may hold parameters that the loss does not reach (what fed only a
+        layer a prune removed gets no gradient); a DDP run then looks for them at each step. False here:
+        the model keeps the shapes it was built with."""
+        return False
+
     def rebind(self, model: nn.Module) -> None:
         """Train ``model`` from now on: a copy of the model with other shapes, built by the Trainer when it
         cannot prune a sharded model in place. The objective's own state carries over."""

@@ -220,7 +220,7 @@ class Trainer:
                     self._template = meta_template(self.module)
                 self.model = self._shard(self.module)
             else:
-                self.model = DistributedDataParallel(self.module)
+                self.model = self._ddp()
         self.optimizer = optimizer or default_optimizer(self.objective, config)
         if self._sharded:
             unfuse_mixed_groups(self.optimizer)
@@ -687,7 +687,7 @@ class Trainer:
                 self._drop_ddp_wrapper()
             details = self.objective.prune(self.optimizer)
             if rewrap:
-                self.model = DistributedDataParallel(self.module)
+                self.model = self._ddp()
         if details is not None:
             self._invalidate_graph()
             if point is not None:
@@ -744,6 +744,14 @@ class Trainer:
         load_whole_optimizer_state(self.module, self.optimizer, pruned_state)
         unfuse_mixed_groups(self.optimizer)
         return details
+
+    def _ddp(self) -> DistributedDataParallel:
+        """The module wrapped in DDP; one that may leave parameters without a gradient (a pruned model that
+        lost a layer: :meth:`~comera.train.objective.Objective.leaves_parameters_unused`) has DDP look for
+        them at each step, instead of failing on the first step that leaves one out."""
+        return DistributedDataParallel(
+            self.module, find_unused_parameters=self.objective.leaves_parameters_unused()
+        )
 
     def _drop_ddp_wrapper(self) -> None:
         """Free the DDP wrapper before pruning: it keeps the parameters' gradient accumulators alive, and
@@ -940,7 +948,7 @@ class Trainer:
                 raise ForeignCheckpointError(first.rstrip(".")) from error
             self.optimizer.load_state_dict(payload["optimizer"])
         if rewrap:
-            self.model = DistributedDataParallel(self.module)
+            self.model = self._ddp()
         self.objective.load_state_dict(payload.get("objective", payload.get("rank_adaptation")))
         progress = payload["progress"]
         self.step = int(progress["step"])

@@ -152,6 +152,11 @@ class CoMERAObjective(Objective):
     def apply_structure(self, structure: dict[str, Any], optimizer: torch.optim.Optimizer | None) -> None:
         apply_structure(self.model, structure, optimizer)
 
+    def leaves_parameters_unused(self) -> bool:
+        """True once a prune removed a layer (its weight is zero: what fed only it, or only scaled it, gets no
+        gradient)."""
+        return any(spec["removed"] for spec in self.structure().values())
+
     def whole_parameters(self) -> list[torch.Tensor]:
         """Every gate: the rank loss, the late-stage controller and the prune read them between steps."""
         return [gate for _, layer_train in gated_trains(self.model) for gate in layer_train.gates]
