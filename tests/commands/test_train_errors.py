@@ -316,12 +316,19 @@ def test_a_run_refused_before_it_started_leaves_no_folder_behind(tmp_path, capsy
         ("dlrm", "data.hash_size=0", "data.hash_size must be None or an int in [2, 2**31 - 1], got 0"),
         ("dlrm", "data.min_frequency=-1", "data.min_frequency must be an int >= 1, got -1"),
         ("llm", "data.tokenizer_file='/no/t.json'", "data.tokenizer_file /no/t.json does not exist"),
+        ("nli", "train.seed=99999999999999999999", "train.seed must be an int in [0, 9223372036854775806]"),
+        ("nli", "model.d_model=15", "model.d_model (15) must be a multiple of n_heads"),
+        ("nli", "model.n_layers=0", "model.n_layers must be"),
+        ("mlm", "model.dropout=1.5", "model.dropout must be"),
+        (
+            "nli",
+            "tensorize.rank=[2,2,2,2,2,2,2,2,2,2]",
+            "the [tensorize] settings do not fit the model: module 'blocks.0.attention.query': rank must",
+        ),
         ("mlm", "data.tokenizer_file='/no/t.json'", "data.tokenizer_file /no/t.json does not exist"),
     ],
 )
-def test_a_data_value_out_of_range_is_named_whatever_the_source(
-    tmp_path, capsys, workload, assignment, message
-):
+def test_a_setting_out_of_range_is_named_whatever_the_source(tmp_path, capsys, workload, assignment, message):
     """Refused by name before any data is read, with the embedded data too (where dlrm's Criteo options are
     not used), and before a tokenizer trainer is asked for a vocabulary of 10**9 (an out-of-memory abort)."""
     out = tmp_path / "run"

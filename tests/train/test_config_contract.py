@@ -22,7 +22,6 @@ INT_BOUNDS = [
     ("early", 0, {"late": 1}),
     ("late", 0, {"early": 5}),
     ("batch_size", 1, {}),
-    ("seed", 0, {}),
     ("log_every", 1, {}),
     ("eval_every", 1, {}),
     ("checkpoint_every", 1, {}),
@@ -54,6 +53,17 @@ def test_int_setting_refuses_below_its_bound(name, low, extra, below):
 def test_int_setting_refuses_non_ints(name, low, extra, value):
     """Bools, floats and strings are not ints, whatever their value."""
     refuses({**extra, name: value}, f"{name} must be an int >= {low}, got {value!r}")
+
+
+def test_the_seed_takes_every_int_the_generators_accept_and_names_its_range():
+    """Seeds derived from ``seed`` are taken modulo 2**63 - 1; a larger one (a typo of 20 digits) would
+    overflow ``torch.manual_seed`` with a message that names nothing."""
+    from comera.train.config import MAX_SEED
+
+    for value in (0, MAX_SEED):
+        assert TrainConfig(seed=value).seed == value
+    for value in (-1, MAX_SEED + 1, 10**20, True, 2.0):
+        refuses({"seed": value}, f"seed must be an int in [0, {MAX_SEED}], got {value!r}")
 
 
 @pytest.mark.parametrize("name", ["eval_every", "checkpoint_every"])

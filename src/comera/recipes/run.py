@@ -580,7 +580,10 @@ def _set_up(request: _Request) -> _Setup:
     if request.resume:
         on_rank_zero(lambda: _check_identity(out, header["data_identity"], cache))
     torch.manual_seed(settings["train"].get("seed", 0))
-    model = recipe.build_model(settings["model"], recipe_data)
+    try:
+        model = recipe.build_model(settings["model"], recipe_data)
+    except ValueError as error:  # the models' argument checks name the key alone
+        raise section_error("model", error, settings["model"]) from None
     dense_params = compression_report(model).model_dense_params
     batch_size = per_process_batch(settings["train"].get("batch_size", TrainConfig.batch_size), world()[1])
     run_config = TrainConfig.from_dict(
@@ -589,7 +592,12 @@ def _set_up(request: _Request) -> _Setup:
     context = MethodContext(
         tensorize=tensorize_config(settings), settings=settings["method"], train=run_config
     )
-    model = chosen.prepare(model, context)
+    try:
+        model = chosen.prepare(model, context)
+    except ValueError as error:  # the converter names the module and its setting, not the section
+        if not str(error).startswith("module "):
+            raise
+        raise ValueError(f"the [tensorize] settings do not fit the model: {error}") from None
     place_model(model, run_config.device, None)  # before the objective and optimizer take its parameters
     first_eval = next(iter(recipe_data.evals.values()), None)
     earlier_run = on_rank_zero(lambda: _move_run_aside(out)) if request.restart else None

@@ -29,6 +29,7 @@ from comera.train.schedule import check_schedule
 __all__ = [
     "TrainConfig",
     "AUTO_COMPILE_MIN_STEPS",
+    "MAX_SEED",
     "MOVED_KEYS",
     "PARALLEL_MODES",
     "DEVICE_NAME",
@@ -43,6 +44,9 @@ PARALLEL_MODES = ("ddp", "fsdp")
 """How a run in several processes holds the model (``TrainConfig.parallel``)."""
 DEVICE_NAME = re.compile(r"cpu|cuda(:[0-9]+)?")
 """The forms :attr:`TrainConfig.device` takes (besides None)."""
+MAX_SEED = 2**63 - 2
+"""The largest ``TrainConfig.seed``: the seeds derived from it (per epoch, per rank) are taken modulo
+``2**63 - 1``, which keeps them in the range every generator accepts."""
 AUTO_COMPILE_MIN_STEPS = 10_000
 """With ``compile="auto"``, CPU runs of at least this many steps compile the training step."""
 MOVED_KEYS = (
@@ -223,7 +227,7 @@ class TrainConfig:
             check_number(self.grad_clip, "grad_clip", 0.0, open_low=True)
         check_schedule(self.lr_schedule, self.warmup, self.min_lr_ratio)
         check_int(self.batch_size, "batch_size", 1)
-        check_int(self.seed, "seed", 0)
+        check_int(self.seed, "seed", 0, MAX_SEED)
         check_int(self.log_every, "log_every", 1)
         check_optional_int(self.eval_every, "eval_every", 1)
         check_optional_int(self.checkpoint_every, "checkpoint_every", 1)
