@@ -19,6 +19,8 @@ from collections.abc import Sequence
 __all__ = [
     "INTERRUPTED",
     "INTERRUPTED_WHILE_STARTING",
+    "LAUNCH_STOPPING",
+    "STATUS_ENV",
     "GRACE_S",
     "QUIET_START",
     "module_command",
@@ -29,6 +31,13 @@ __all__ = [
 
 INTERRUPTED = 130
 """The exit status of a run stopped by Ctrl-C (SIGINT), as a shell reports one."""
+
+STATUS_ENV = "COMERA_STATUS_DIR"
+"""The environment variable naming the folder where the processes of a ``--nproc`` launch record their
+exit statuses."""
+LAUNCH_STOPPING = "stopping"
+"""The file the launcher of a ``--nproc`` launch writes in the :data:`STATUS_ENV` folder when a Ctrl-C came
+before any of its processes registered: a process that starts from then on ends at once."""
 
 INTERRUPTED_WHILE_STARTING = "comera: interrupted while starting; nothing was written"
 """The line a command stopped by a Ctrl-C before it did anything prints (:mod:`comera.startup`, and the

@@ -16,8 +16,9 @@ launcher dies): the launcher passes it on to the processes, which registered the
 then sees its processes end without an error and adds no traceback of its own. A second Ctrl-C goes to
 ``torchrun``, which stops them in its own way. A Ctrl-C before any process registered (while ``torchrun``
 and its processes start, a few seconds in which nothing is written) ends the launch at once: the launcher
-marks it as stopping and kills ``torchrun``; each process stops with it (:func:`join_launch`, from its first
-import of comera), and the launcher prints the one line a single process prints when stopped while starting.
+marks it as stopping and kills ``torchrun``; each process stops with it
+(:func:`comera.startup.join_launch`, from its first import of comera), and the launcher prints the one
+line a single process prints when stopped while starting.
 """
 
 from __future__ import annotations
@@ -30,7 +31,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from comera.child import INTERRUPTED, INTERRUPTED_WHILE_STARTING, stop_with_parent, wait_regardless
+from comera.child import (
+    INTERRUPTED,
+    INTERRUPTED_WHILE_STARTING,
+    LAUNCH_STOPPING,
+    STATUS_ENV,
+    stop_with_parent,
+    wait_regardless,
+)
 
 __all__ = [
     "STATUS_ENV",
@@ -39,15 +47,11 @@ __all__ = [
     "without_option",
     "torchrun_command",
     "launch",
-    "join_launch",
     "register_worker",
     "worker_finished",
     "worker_status",
 ]
 
-STATUS_ENV = "COMERA_STATUS_DIR"
-"""The environment variable naming the folder where the processes of a ``--nproc`` launch record their
-exit statuses."""
 PROCESSES_PER_CORE = 4
 """The most ``--nproc`` processes per usable CPU core: a few share a core well enough for trying out a
 multi-process run on a laptop; thousands (a typo) would start a process each and stall the machine."""
@@ -137,7 +141,7 @@ def launch(nproc: int, command: list[str]) -> int:
 
 def _torchrun_stops_with_the_launcher() -> None:
     """``torchrun`` gets SIGKILL when the launcher dies (killed itself): on SIGTERM it would print a
-    traceback of its own; its processes stop with it (:func:`join_launch`)."""
+    traceback of its own; its processes stop with it (:func:`comera.startup.join_launch`)."""
     stop_with_parent(signal.SIGKILL)
 
 
@@ -179,14 +183,11 @@ def _wait_for(process: subprocess.Popen, folder: Path) -> tuple[int, bool]:
                 _signal_all(pids, signal.SIGTERM)
 
 
-_STOPPING = "stopping"
-
-
 def _stop_while_starting(process: subprocess.Popen, folder: Path) -> None:
     """End a launch none of whose processes has registered: mark it as stopping (a process that starts from
-    now on ends at once, :func:`join_launch`), kill ``torchrun`` (the processes it started get SIGTERM with
-    its death) and say so in one line."""
-    (folder / _STOPPING).write_text("")
+    now on ends at once, :func:`comera.startup.join_launch`), kill ``torchrun`` (the processes it started
+    get SIGTERM with its death) and say so in one line."""
+    (folder / LAUNCH_STOPPING).write_text("")
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     wait_regardless(process)
@@ -204,20 +205,6 @@ def _signal_all(pids: list[int], number: int) -> None:
             os.kill(pid, number)
         except ProcessLookupError:
             continue
-
-
-def join_launch() -> None:
-    """In a process of a ``--nproc`` launch (:data:`STATUS_ENV` and ``torchrun``'s ``RANK`` set), called
-    first thing as comera is imported: from here on the process stops when ``torchrun`` dies, and it ends
-    at once, quietly, when the launch is already stopping (a Ctrl-C came before any process registered);
-    nothing otherwise. The request comes before the check, so a process either sees the mark or is alive
-    when ``torchrun`` is killed, and is stopped with it."""
-    folder = os.environ.get(STATUS_ENV)
-    if not folder or "RANK" not in os.environ:
-        return
-    stop_with_parent()
-    if (Path(folder) / _STOPPING).exists() or not Path(folder).is_dir():
-        os._exit(0)
 
 
 def register_worker() -> None:

@@ -11,10 +11,10 @@ only over Python's default handler, so a program that imports comera as a librar
 command calls :func:`interrupts_raise` where it handles ``KeyboardInterrupt`` itself (a run that writes
 files stops in its own way from there on).
 
-A process of a ``comera train --nproc N`` launch also joins its launch here
-(:func:`comera.launch.join_launch`): from its first moment it stops when ``torchrun`` does. And the output
-of every command process goes through :func:`comera.output.drop_output_once_unread`: a reader that leaves
-(``| head -3``) neither stops the work nor brings a traceback.
+A process of a ``comera train --nproc N`` launch also joins its launch here (:func:`join_launch`): from
+its first moment it stops when ``torchrun`` does. And the output of every command process goes through
+:func:`comera.output.drop_output_once_unread`: a reader that leaves (``| head -3``) neither stops the work
+nor brings a traceback.
 """
 
 from __future__ import annotations
@@ -23,12 +23,19 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
-from comera.child import INTERRUPTED, INTERRUPTED_WHILE_STARTING, QUIET_START
-from comera.launch import join_launch
+from comera.child import (
+    INTERRUPTED,
+    INTERRUPTED_WHILE_STARTING,
+    LAUNCH_STOPPING,
+    QUIET_START,
+    STATUS_ENV,
+    stop_with_parent,
+)
 from comera.output import drop_output_once_unread
 
-__all__ = ["quiet_start", "interrupts_raise", "runs_the_command"]
+__all__ = ["quiet_start", "interrupts_raise", "join_launch", "runs_the_command"]
 
 _LINE = f"{INTERRUPTED_WHILE_STARTING}\n".encode()
 
@@ -64,6 +71,20 @@ def quiet_start() -> None:
     drop_output_once_unread()
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _stop_at_once)
+
+
+def join_launch() -> None:
+    """In a process of a ``--nproc`` launch (:data:`STATUS_ENV` and ``torchrun``'s ``RANK`` set), called
+    first thing as comera is imported: from here on the process stops when ``torchrun`` dies, and it ends
+    at once, quietly, when the launch is already stopping (a Ctrl-C came before any process registered);
+    nothing otherwise. The request comes before the check, so a process either sees the mark or is alive
+    when ``torchrun`` is killed, and is stopped with it."""
+    folder = os.environ.get(STATUS_ENV)
+    if not folder or "RANK" not in os.environ:
+        return
+    stop_with_parent()
+    if (Path(folder) / LAUNCH_STOPPING).exists() or not Path(folder).is_dir():
+        os._exit(0)
 
 
 def interrupts_raise() -> None:
