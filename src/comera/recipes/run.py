@@ -448,7 +448,7 @@ def run(
             cache_dir=cache_dir,
             progress=progress,
         )
-        folder = Path(out) if out is not None else default_run_dir(recipe_name, preset, method)
+        folder = request.folder
         made = missing_folders(folder)  # removed again, with the lock file, if the start is refused
         try:
             setup = _set_up(request)
@@ -512,6 +512,13 @@ class _Request:
     cache_dir: str | Path | None
     progress: bool | None
 
+    @property
+    def folder(self) -> Path:
+        """The run folder: ``out``, or :func:`default_run_dir`."""
+        if self.out is not None:
+            return Path(self.out)
+        return default_run_dir(self.recipe_name, self.preset, self.method)
+
 
 @dataclass
 class _Setup:
@@ -553,11 +560,7 @@ def _set_up(request: _Request) -> _Setup:
     _check_parallel(chosen, request.method, settings)
     if settings["train"].get("device") is not None:
         training_device(settings["train"]["device"])  # a GPU this machine lacks, before the data is read
-    out = (
-        Path(request.out)
-        if request.out is not None
-        else default_run_dir(request.recipe_name, request.preset, request.method)
-    )
+    out = request.folder
     data_path = None if request.data is None else Path(request.data)
     cache = Path(request.cache_dir) if request.cache_dir is not None else default_cache_dir()
 

@@ -126,7 +126,9 @@ def pack_stream(
         raise ValueError(f"seq_len must be an int >= 2 (one input and one target), got {seq_len!r}")
     if tail not in ("drop", "pad"):
         raise ValueError(f"tail must be one of ('drop', 'pad'), got {tail!r}")
-    if max_blocks is not None and (isinstance(max_blocks, bool) or not isinstance(max_blocks, int)):
+    if max_blocks is not None and (
+        isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 1
+    ):
         raise ValueError(f"max_blocks must be an int >= 1 or None, got {max_blocks!r}")
     pieces = [torch.tensor([*document, ids.eos], dtype=torch.int32) for document in documents if document]
     stream = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int32)
@@ -138,11 +140,8 @@ def pack_stream(
         stream = torch.cat([stream, torch.full((seq_len - rest,), ids.pad, dtype=torch.int32)])
         full += 1
     blocks = stream.reshape(full, seq_len)
-    if max_blocks is not None:
-        if max_blocks < 1:
-            raise ValueError(f"max_blocks must be an int >= 1 or None, got {max_blocks!r}")
-        if max_blocks < full:
-            blocks = blocks[torch.arange(max_blocks) * full // max_blocks].clone()
+    if max_blocks is not None and max_blocks < full:
+        blocks = blocks[torch.arange(max_blocks) * full // max_blocks].clone()
     targets = int((blocks[:, 1:] != ids.pad).sum())
     return LMBlocks(blocks, targets, dropped)
 
