@@ -424,17 +424,19 @@ def _compute_unsaved_buffers(root: nn.Module, names: list[str], init: Callable[[
 
 
 def _method_hint(directory: Path) -> str:
-    """For the ``model/`` folder of a ``comera train`` run whose method brings layers of its own (CoLA,
-    LTE), how to load it instead; else nothing."""
+    """For the ``model/`` folder of a ``comera train`` run that ``load_pretrained`` could not rebuild, the
+    call that loads it as its run built it (a method's own layers, such as CoLA's and LTE's, come from the
+    run's settings); else nothing."""
     try:
         method = json.loads((directory.parent / "config.json").read_text(encoding="utf-8")).get("method")
     except (OSError, ValueError, AttributeError):
         return ""
-    if not isinstance(method, str) or method in ("comera", "dense", "galore", "apollo"):
+    if not isinstance(method, str):
         return ""
     return (
-        f"; this model was trained by comera train with method {method!r}, whose layers load_pretrained does "
-        f"not rebuild: load it with comera.recipes.saved.load_run_model({str(directory.parent)!r})"
+        f"; this model was trained by comera train with method {method!r}, whose run rebuilds layers "
+        f"that load_pretrained may not: load it with "
+        f"comera.recipes.saved.load_run_model({str(directory.parent)!r})"
     )
 
 
