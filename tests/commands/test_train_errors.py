@@ -316,6 +316,20 @@ def test_a_run_refused_before_it_started_leaves_no_folder_behind(tmp_path, capsy
         ("dlrm", "data.hash_size=0", "data.hash_size must be None or an int in [2, 2**31 - 1], got 0"),
         ("dlrm", "data.min_frequency=-1", "data.min_frequency must be an int >= 1, got -1"),
         ("llm", "data.tokenizer_file='/no/t.json'", "data.tokenizer_file /no/t.json does not exist"),
+        ("mlm", "data.tokenizer_file='/no/t.json'", "data.tokenizer_file /no/t.json does not exist"),
+    ],
+)
+def test_a_data_value_out_of_range_is_named_whatever_the_source(
+    tmp_path, capsys, workload, assignment, message
+):
+    """Refused by name before any data is read, with the embedded data too (where dlrm's Criteo options are
+    not used), and before a tokenizer trainer is asked for a vocabulary of 10**9 (an out-of-memory abort)."""
+    _assert_refused_by_name(tmp_path, capsys, workload, assignment, message)
+
+
+@pytest.mark.parametrize(
+    ("workload", "assignment", "message"),
+    [
         ("nli", "train.seed=99999999999999999999", "train.seed must be an int in [0, 9223372036854775806]"),
         ("nli", "model.d_model=15", "model.d_model (15) must be a multiple of n_heads"),
         ("nli", "model.n_layers=0", "model.n_layers must be"),
@@ -325,12 +339,17 @@ def test_a_run_refused_before_it_started_leaves_no_folder_behind(tmp_path, capsy
             "tensorize.rank=[2,2,2,2,2,2,2,2,2,2]",
             "the [tensorize] settings do not fit the model: module 'blocks.0.attention.query': rank must",
         ),
-        ("mlm", "data.tokenizer_file='/no/t.json'", "data.tokenizer_file /no/t.json does not exist"),
     ],
 )
-def test_a_setting_out_of_range_is_named_whatever_the_source(tmp_path, capsys, workload, assignment, message):
-    """Refused by name before any data is read, with the embedded data too (where dlrm's Criteo options are
-    not used), and before a tokenizer trainer is asked for a vocabulary of 10**9 (an out-of-memory abort)."""
+def test_a_model_or_train_value_out_of_range_is_named_with_its_section(
+    tmp_path, capsys, workload, assignment, message
+):
+    """A seed that would overflow the generators, a model size its builder refuses, ranks that do not fit
+    a module: one line naming the section (the builders name the key alone), no run folder left."""
+    _assert_refused_by_name(tmp_path, capsys, workload, assignment, message)
+
+
+def _assert_refused_by_name(tmp_path, capsys, workload, assignment, message):
     out = tmp_path / "run"
     arguments = [workload, "--preset", "smoke", "--out", str(out), "--cache", str(tmp_path / "cache")]
     error = _one_line_error(capsys, [*arguments, "--no-progress", "--set", assignment])
