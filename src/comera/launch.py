@@ -157,25 +157,26 @@ def _worker_pids(folder: Path) -> list[int]:
 
 def _wait_for(process: subprocess.Popen, folder: Path) -> tuple[int, bool]:
     """``process``'s exit status, and whether a Ctrl-C came meanwhile. The first Ctrl-C goes to the processes
-    registered in ``folder`` (each stops as a single process does), a later one, or one before any
-    registered, to ``torchrun``; either way the launch is waited out, instead of leaving processes behind.
-    A Ctrl-C after every process finished its run (:func:`worker_finished`; the teardown of the process
-    group is left) is not passed on: the run is complete and the launch ends by itself."""
+    registered in ``folder`` (each stops as a single process does), a later one to ``torchrun``; either way
+    the launch is waited out, instead of leaving processes behind. A first Ctrl-C before any process
+    registered ends the launch at once (:func:`_stop_while_starting`). A Ctrl-C after every process
+    finished its run (:func:`worker_finished`; the teardown of the process group is left) is not passed on:
+    the run is complete and the launch ends by itself."""
     interrupted = False
     while True:
         try:
             return process.wait(), interrupted
         except KeyboardInterrupt:
-            if not interrupted and _run_is_over(folder):
-                continue
-            if not interrupted and not _worker_pids(folder):
-                _stop_while_starting(process, folder)
-                return INTERRUPTED, True
-            pids = [] if interrupted else _worker_pids(folder)
-            interrupted = True
-            if not pids:
+            if interrupted:
                 process.send_signal(signal.SIGINT)
                 continue
+            if _run_is_over(folder):
+                continue
+            pids = _worker_pids(folder)
+            if not pids:
+                _stop_while_starting(process, folder)
+                return INTERRUPTED, True
+            interrupted = True
             _signal_all(pids, signal.SIGINT)
             try:
                 return process.wait(timeout=STOP_GRACE_S), interrupted
