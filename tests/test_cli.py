@@ -324,3 +324,32 @@ def test_plot_compare_refuses_an_unknown_axis_and_missing_inputs_naming_the_run(
     (runs[1] / "metrics.jsonl").write_text('{"kind": "eval", "step": 2, "metrics": {"ppl": 3.0}}\n')
     with pytest.raises(ValueError, match=r"comera: its evaluation records have no train_time_s"):
         plots.plot_comparison(runs, "ppl", tmp_path / "p.png", x="time")
+
+
+def test_a_ctrl_c_that_escapes_a_command_ends_it_with_130_and_no_traceback(monkeypatch):
+    """A second Ctrl-C while a command reports the first (or while what it stopped unwinds) reaches the
+    ``comera`` entry point: status 130, as for the first, instead of a traceback."""
+    import comera.commands.train as train_command
+
+    def interrupted_twice(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_command, "main", interrupted_twice)
+    try:
+        code = main(["train", "nli"])
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt escaped"
+    assert code == 130
+
+
+@pytest.mark.parametrize(("rank", "printed"), [(None, True), ("0", True), ("1", False)])
+def test_a_warning_is_printed_once_under_torchrun(monkeypatch, capsys, rank, printed):
+    from comera.commands.train import _show_warning
+
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    _show_warning(UserWarning("resume: no checkpoint"), UserWarning, "x.py", 1)
+    expected = "comera train: warning: resume: no checkpoint\n" if printed else ""
+    assert capsys.readouterr().err == expected

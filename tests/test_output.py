@@ -1,5 +1,6 @@
-"""A ``comera`` command whose reader leaves (stdout a pipe nobody reads: ``comera train ... | head -1``)
-finishes its work, prints no traceback and exits with its own status; with ``--nproc 2`` too."""
+"""A ``comera`` command whose output cannot be delivered (stdout a pipe nobody reads: ``comera train ... |
+head -1``; stdout a full device: ``> /dev/full``) finishes its work, prints no traceback and exits with its
+own status; with ``--nproc 2`` too."""
 
 import json
 import os
@@ -50,6 +51,38 @@ def test_a_run_whose_reader_left_finishes_and_exits_0(tmp_path, nproc):
     assert _unread(["report", str(out)], tmp_path) == (0, "")
 
 
+def _to_full_device(arguments, tmp_path):
+    """Run ``python -m comera ARGUMENTS`` with stdout ``/dev/full`` (every write: No space left on device);
+    its exit status and stderr."""
+    with open("/dev/full", "w") as full:
+        finished = subprocess.run(
+            [sys.executable, "-m", "comera", *arguments],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=TIMEOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            cwd=tmp_path,
+        )
+    return finished.returncode, finished.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_output_to_a_full_device_is_said_once_and_the_work_is_done(tmp_path):
+    """``comera compare`` logs before its first run: that failed write must not stop the comparison. The
+    failure is said in one line on stderr; the runs, the table and the report are all there."""
+    cache = str(tmp_path / "cache")
+    arguments = ["compare", "nli", "--preset", "smoke", "--methods", "dense", "--out", "cmp"]
+    arguments += ["--cache", cache]
+    code, errors = _to_full_device(arguments, tmp_path)
+    assert code == 0 and "Traceback" not in errors, errors
+    assert errors.count("comera: stdout cannot be written (No space left on device)") == 1, errors
+    assert (tmp_path / "cmp" / "comparison.md").is_file()
+    assert json.loads((tmp_path / "cmp" / "dense" / "results.json").read_text())["steps"] > 0
+    code, errors = _to_full_device(["report", str(tmp_path / "cmp" / "dense")], tmp_path)
+    assert code == 0 and errors.startswith("comera: stdout cannot be written") and "Traceback" not in errors
+
+
 def test_an_unread_stream_forwards_until_the_reader_leaves(tmp_path):
     reading, writing = os.pipe()
     stream = UnreadStream(os.fdopen(writing, "w", buffering=1))
@@ -61,3 +94,32 @@ def test_an_unread_stream_forwards_until_the_reader_leaves(tmp_path):
     stream.writelines(["third\n"])
     stream.flush()
     stream.close()
+
+
+class FullDevice:
+    """A stream on ``os.devnull`` whose writes fail as on a full disk until the descriptor is replaced."""
+
+    def __init__(self):
+        self.file = open(os.devnull, "w")  # noqa: SIM115  (closed by the test)
+        self.failing = True
+
+    def write(self, text):
+        if self.failing:
+            self.failing = False
+            raise OSError(28, "No space left on device")
+        return self.file.write(text)
+
+    def fileno(self):
+        return self.file.fileno()
+
+
+def test_a_failure_other_than_a_reader_that_left_is_said_once_on_the_other_stream(tmp_path):
+    said = tmp_path / "said.txt"
+    target = FullDevice()
+    with said.open("w") as other:
+        stream = UnreadStream(target, "stdout", lambda: other)
+        assert stream.write("lost\n") == 5
+        stream.write("written to os.devnull\n")
+    target.file.close()
+    expected = "comera: stdout cannot be written (No space left on device); what is left of it is dropped\n"
+    assert said.read_text() == expected

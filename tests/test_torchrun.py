@@ -60,6 +60,7 @@ def test_two_processes_match_one(tmp_path, workload, launcher, parallel):
         many = comera(*common, "--out", str(tmp_path / "two"), "--nproc", "2")
     assert many.returncode == 0, many.stderr
     assert many.stdout.count("run folder:") == 1, many.stdout
+    assert "warning" not in many.stderr.lower(), many.stderr  # none printed per rank, none about strides
     assert_same_results(results(tmp_path / "two"), results(tmp_path / "one"))
     records = read_metrics(tmp_path / "two")
     steps = [record["step"] for record in records if record["kind"] == "train"]

@@ -68,8 +68,17 @@ def _plot(run_dir: str, out_dir: str | None, compare: list[str], metric: str | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``comera`` console script."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Entry point of the ``comera`` console script (and of ``python -m comera``).
+
+    Each command reports a Ctrl-C in its own line; a second Ctrl-C while it does (or while what it stopped
+    unwinds) ends the command with :data:`~comera.child.INTERRUPTED` too, without a traceback."""
+    try:
+        return _command(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        return INTERRUPTED
+
+
+def _command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="comera", description="comera: tensor-train training for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser(

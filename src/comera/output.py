@@ -1,34 +1,41 @@
-"""The output of a ``comera`` command whose reader leaves (``comera train ... | head -3``): what is left to
-print is dropped, and the command finishes its work and exits with its own status.
+"""The output of a ``comera`` command that cannot be delivered (its reader left: ``comera train ... | head
+-3``; or it goes to a full disk or a broken device): what is left to print is dropped, and the command
+finishes its work and exits with its own status.
 
-Python raises ``BrokenPipeError`` at the first write to a pipe whose reader has gone, wherever the write
-happens (a run's summary, after training; a log line of ``comera compare``, between two runs): a traceback,
-status 1, and the work after that line undone. :func:`drop_output_once_unread` wraps ``sys.stdout`` and
-``sys.stderr`` so that such a write instead points the stream's file descriptor at ``os.devnull`` (so that
-the flush at exit does not fail again) and is dropped.
+Python raises ``BrokenPipeError`` (or another ``OSError``: ``No space left on device``) at the first write
+that fails, wherever it happens (a run's summary, after training; a log line of ``comera compare``, before
+the first run): a traceback, status 1, and the work after that line undone. :func:`drop_output_once_unread`
+wraps ``sys.stdout`` and ``sys.stderr`` so that such a write instead points the stream's file descriptor at
+``os.devnull`` (so that the flush at exit does not fail again) and is dropped. A reader that left is the
+normal end of a pipe and goes unsaid; any other failure of stdout is said once, in one line on stderr.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 __all__ = ["UnreadStream", "drop_output_once_unread"]
 
 
 class UnreadStream:
-    """A text stream that forwards to ``stream`` until a write or flush finds its reader gone, then drops
-    everything (its descriptor then leads to ``os.devnull``). Every other attribute is ``stream``'s."""
+    """A text stream that forwards to ``stream`` until a write or flush fails (its reader gone, its disk
+    full), then drops everything (its descriptor then leads to ``os.devnull``). ``name`` names the stream
+    in the one line said about a failure other than a reader that left, on ``other`` (a callable that
+    gives the other stream, or None). Every other attribute is ``stream``'s."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, name: str = "output", other: Callable[[], Any] | None = None) -> None:
         self._stream = stream
+        self._name = name
+        self._other = other
 
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
-            self._silence()
+        except OSError as error:
+            self._drop(error)
             return len(text)
 
     def writelines(self, lines: Any) -> None:
@@ -38,15 +45,20 @@ class UnreadStream:
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
-            self._silence()
+        except OSError as error:
+            self._drop(error)
 
-    def _silence(self) -> None:
+    def _drop(self, error: OSError) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         try:
             os.dup2(devnull, self._stream.fileno())
         finally:
             os.close(devnull)
+        other = None if self._other is None else self._other()
+        if other is not None and not isinstance(error, BrokenPipeError):
+            reason = error.strerror or str(error)
+            other.write(f"comera: {self._name} cannot be written ({reason}); what is left of it is dropped\n")
+            other.flush()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -54,7 +66,8 @@ class UnreadStream:
 
 def drop_output_once_unread() -> None:
     """Wrap ``sys.stdout`` and ``sys.stderr`` in :class:`UnreadStream` (once; a stream without a file
-    descriptor, such as a test's capture, is left as it is)."""
+    descriptor, such as a test's capture, is left as it is); a failure of stdout is said on stderr (one of
+    stderr goes unsaid: stdout may be data a program reads)."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is None or isinstance(stream, UnreadStream):
@@ -63,4 +76,5 @@ def drop_output_once_unread() -> None:
             stream.fileno()
         except (AttributeError, OSError, ValueError):
             continue
-        setattr(sys, name, UnreadStream(stream))
+        said_on = (lambda: sys.stderr) if name == "stdout" else None
+        setattr(sys, name, UnreadStream(stream, name, said_on))

@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     register_worker()
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
+        warnings.filterwarnings("ignore", message=_DDP_STRIDE_WARNING)
         try:
             return worker_status(_train(args, out))
         except KeyboardInterrupt:
@@ -207,7 +208,16 @@ def main(argv: list[str] | None = None) -> int:
             return worker_status(INTERRUPTED)
 
 
+_DDP_STRIDE_WARNING = "Grad strides do not match bucket view strides"
+"""DDP's warning for a gradient laid out unlike its bucket: a tensor-train core with a boundary rank of 1
+gets a gradient whose stride differs only along that size-1 dimension (the same memory order), which
+DDP copies as fast; the warning, printed by every process at each start, says nothing to act on."""
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """One line per warning, on rank 0 alone under ``torchrun`` (every process meets the same ones)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
     print(f"comera train: warning: {message}", file=sys.stderr if file is None else file)
 
 
