@@ -160,6 +160,19 @@ def test_a_ctrl_c_before_the_processes_registered_kills_torchrun_and_says_nothin
     assert capsys.readouterr().err == "comera: interrupted while starting; nothing was written\n"
 
 
+def test_a_ctrl_c_while_torchrun_is_being_started_says_nothing_was_written(monkeypatch, capsys):
+    """The Ctrl-C may land while the launcher starts torchrun (inside ``subprocess.Popen``), before it waits
+    for it: the same one line and 130 (a torchrun that started dies with the launcher)."""
+    import comera.launch as launcher
+
+    def starting(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", starting)
+    assert launcher.launch(2, ["train", "nli"]) == 130
+    assert capsys.readouterr().err == "comera: interrupted while starting; nothing was written\n"
+
+
 @pytest.mark.parametrize("marked", ["stopping", "folder-gone"])
 def test_a_process_of_a_stopping_launch_ends_at_once_and_quietly(tmp_path, marked):
     """A process that torchrun starts after the launch was marked as stopping (or after the launcher removed

@@ -126,12 +126,16 @@ def launch(nproc: int, command: list[str]) -> int:
     every process exited 0, the highest status they recorded (:func:`worker_status`); :data:`INTERRUPTED`
     after a Ctrl-C."""
     with tempfile.TemporaryDirectory(prefix="comera-status-") as folder:
-        process = subprocess.Popen(
-            torchrun_command(nproc, command),
-            env={**os.environ, STATUS_ENV: folder},
-            start_new_session=True,
-            preexec_fn=_torchrun_stops_with_the_launcher,
-        )
+        try:
+            process = subprocess.Popen(
+                torchrun_command(nproc, command),
+                env={**os.environ, STATUS_ENV: folder},
+                start_new_session=True,
+                preexec_fn=_torchrun_stops_with_the_launcher,
+            )
+        except KeyboardInterrupt:  # a torchrun that started dies with this process (its parent-death signal)
+            print(INTERRUPTED_WHILE_STARTING, file=sys.stderr)
+            return INTERRUPTED
         code, interrupted = _wait_for(process, Path(folder))
         recorded = [int(path.read_text()) for path in Path(folder).glob("rank-*")]
     if interrupted:
