@@ -83,6 +83,18 @@ def test_output_to_a_full_device_is_said_once_and_the_work_is_done(tmp_path):
     assert code == 0 and errors.startswith("comera: stdout cannot be written") and "Traceback" not in errors
 
 
+def test_a_run_with_stdout_and_stderr_closed_trains_to_the_end(tmp_path):
+    """``>&- 2>&-``: Python then has no ``sys.stdout`` / ``sys.stderr`` (None); the run decides on its
+    progress bar without them and finishes."""
+    out = tmp_path / "run"
+    command = f"exec {sys.executable} -m comera train nli --preset smoke --out {out} --cache {tmp_path / 'c'}"
+    finished = subprocess.run(
+        ["bash", "-c", command + " >&- 2>&-"], timeout=TIMEOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert finished.returncode == 0
+    assert json.loads((out / "results.json").read_text())["steps"] > 0
+
+
 def test_an_unread_stream_forwards_until_the_reader_leaves(tmp_path):
     reading, writing = os.pipe()
     stream = UnreadStream(os.fdopen(writing, "w", buffering=1))

@@ -412,7 +412,9 @@ class Trainer:
         self.model.train()
         if self.step == 0 and self._late_stage_due():
             self._begin_late_stage()
-        progress = sys.stderr.isatty() if self.config.progress is None else self.config.progress
+        progress = self.config.progress
+        if progress is None:  # a terminal shows the bar; stderr may also be closed (None)
+            progress = sys.stderr is not None and sys.stderr.isatty()
         progress = progress and self.process_rank == 0
         self._bar = tqdm(
             total=total, initial=self.step, disable=not progress, dynamic_ncols=True, unit="step"
