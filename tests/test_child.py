@@ -88,3 +88,26 @@ def test_a_ctrl_c_while_the_module_imports_ends_it_with_130_and_no_traceback(tmp
     os.killpg(process.pid, signal.SIGINT)
     _, errors = process.communicate(timeout=30)
     assert process.returncode == 130 and errors == ""
+
+
+def test_a_handled_interrupt_raised_in_exec_code_leaves_the_exit_status_alone(tmp_path):
+    """CPython keeps a KeyboardInterrupt raised in ``exec``'d code (a dataclass being built during an
+    import) as unhandled and, in a ``python -m`` process, ends it by SIGINT at exit (a torchrun process then
+    "fails" with -2) unless :func:`interrupt_handled` is called where it is caught."""
+    import subprocess
+    import sys
+
+    (tmp_path / "ends_with_seven.py").write_text(
+        "import sys\n"
+        "from comera.child import interrupt_handled\n"
+        "try:\n"
+        "    exec('raise KeyboardInterrupt')\n"
+        "except KeyboardInterrupt:\n"
+        "    if sys.argv[1] == 'handled':\n"
+        "        interrupt_handled()\n"
+        "raise SystemExit(7)\n"
+    )
+    for how, status in (("handled", 7), ("plain", -2)):
+        command = [sys.executable, "-m", "ends_with_seven", how]
+        finished = subprocess.run(command, capture_output=True, timeout=120, cwd=tmp_path)
+        assert finished.returncode == status, (how, finished.stderr)

@@ -25,6 +25,7 @@ __all__ = [
     "QUIET_START",
     "module_command",
     "run_child",
+    "interrupt_handled",
     "stop_with_parent",
     "wait_regardless",
 ]
@@ -118,3 +119,13 @@ def stop_with_parent(number: int = signal.SIGTERM) -> None:
         return
     if os.getppid() != parent:  # the parent died before the request was made
         os.kill(os.getpid(), number)
+
+
+def interrupt_handled() -> None:
+    """Call where a ``KeyboardInterrupt`` has been handled, so that the process exits with its own status.
+
+    CPython 3.11 remembers a ``KeyboardInterrupt`` raised inside code run by ``exec`` (a dataclass or a
+    named tuple being created while a module imports, say) as unhandled even when it is caught, and at exit
+    kills the process with SIGINT: status -2, which ``torchrun`` reports as a failed process with a
+    traceback. Running ``exec`` once more, on code that finishes, clears that record."""
+    exec("pass")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from comera.bench import BENCHMARKS
-from comera.child import INTERRUPTED, module_command, run_child
+from comera.child import INTERRUPTED, interrupt_handled, module_command, run_child
 from comera.commands.paths import path_argument, run_folder_argument
 from comera.startup import interrupts_raise
 
@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _command(list(sys.argv[1:] if argv is None else argv))
     except KeyboardInterrupt:
+        interrupt_handled()
         return INTERRUPTED
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from comera.child import interrupt_handled
 from comera.commands.config_file import config_argument
 from comera.commands.numbers import milliseconds, number, times
 from comera.commands.paths import path_argument, run_folder_argument
@@ -196,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return worker_status(_train(args, out))
         except KeyboardInterrupt:
+            interrupt_handled()
             if os.environ.get("RANK", "0") == "0":  # the process group may be gone by now
                 started = (Path(out) / "config.json").is_file()
                 print(
