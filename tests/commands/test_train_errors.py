@@ -317,6 +317,7 @@ def test_a_run_refused_before_it_started_leaves_no_folder_behind(tmp_path, capsy
         ("dlrm", "data.min_frequency=-1", "data.min_frequency must be an int >= 1, got -1"),
         ("llm", "data.tokenizer_file='/no/t.json'", "data.tokenizer_file /no/t.json does not exist"),
         ("mlm", "data.tokenizer_file='/no/t.json'", "data.tokenizer_file /no/t.json does not exist"),
+        ("nli", "data.tokenizer='/no/v.txt'", "data.tokenizer '/no/v.txt' is read with --data (MNLI) only"),
     ],
 )
 def test_a_data_value_out_of_range_is_named_whatever_the_source(

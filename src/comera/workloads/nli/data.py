@@ -372,6 +372,11 @@ def build_nli_data(
         )
     if vocab_size is not None:
         check_int(vocab_size, "vocab_size", len(SPECIAL_TOKENS) + 1, MAX_VOCAB_SIZE)
+    if tokenizer is not None and data_path is None:
+        raise ValueError(
+            f"tokenizer {str(tokenizer)!r} is read with --data (MNLI) only; the embedded pairs train their "
+            "own vocabulary (data.vocab_size): drop data.tokenizer or give --data"
+        )
     cache = Path(cache_dir)
     if data_path is None:
         splits, pair_tokenizer, task_info = build_docstring_pairs(
