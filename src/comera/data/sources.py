@@ -113,6 +113,11 @@ def require_documents(
     for name, split in splits.items():
         if split:
             continue
+        if not documents:
+            raise ValueError(
+                f"no document was read from {source}: files ending in {', '.join(extensions)} are read "
+                "(data.extensions names others)"
+            )
         caps = _caps_reached(documents, source, extensions, max_files, max_bytes)
         capped = f", reading stopped at {' and '.join(caps)}" if caps else ""
         raise ValueError(

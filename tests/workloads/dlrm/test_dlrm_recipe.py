@@ -64,7 +64,7 @@ def test_run_on_a_criteo_file(tmp_path):
 
 
 def test_a_folder_or_a_malformed_file_is_refused(tmp_path):
-    with pytest.raises(SetupError, match="not a folder"):
+    with pytest.raises(SetupError, match="got a folder"):
         run("dlrm", preset="smoke", data=tmp_path, out=tmp_path / "a", cache_dir=tmp_path)
     bad = FIXTURE.parent / "criteo_short_line.txt"
     with pytest.raises(SetupError, match=r"criteo_short_line\.txt:4"):
@@ -115,3 +115,11 @@ def test_every_baseline_trains_dlrm_on_its_mlps(tmp_path, method):
         assert results["params"] > results["dense_params"]
     else:
         assert results["params"] == results["dense_params"]
+
+
+def test_data_that_is_not_a_regular_file_and_an_int_range_are_worded_right(tmp_path):
+    with pytest.raises(SetupError, match="expected a Criteo train.txt or day file, got not a regular file"):
+        run("dlrm", preset="smoke", data="/dev/null", out=tmp_path / "a", cache_dir=tmp_path)
+    with pytest.raises(SetupError, match=r"data.max_table_rows must be an int in \[1, "):
+        rows = ["data.max_table_rows=0"]
+        run("dlrm", preset="smoke", out=tmp_path / "b", cache_dir=tmp_path, assignments=rows)

@@ -88,3 +88,14 @@ def test_an_empty_split_blames_a_read_cap_only_when_reading_stopped_at_it(tmp_pa
         build_code_data(
             folder, cache_dir=tmp_path, seq_len=8, vocab_size=300, validation_fraction=0.3, **caps
         )
+
+
+def test_a_folder_without_a_file_of_the_read_extensions_says_which_are_read(tmp_path):
+    """A folder of ``.txt`` documents gives the masked-LM workload no document: the error says which
+    files it reads and which setting names others, not "add data"."""
+    source = tmp_path / "texts"
+    source.mkdir()
+    for index in range(3):
+        (source / f"doc{index}.txt").write_text("def f():\n    return 1\n" * 20)
+    with pytest.raises(ValueError, match=r"no document was read from .*texts: files ending in \.py are read"):
+        build_code_data(source, cache_dir=tmp_path / "cache", vocab_size=300, seq_len=32)

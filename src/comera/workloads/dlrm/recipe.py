@@ -121,7 +121,8 @@ class DLRMRecipe(Recipe):
             source = {"source": "synthetic", "rows": settings["rows"]}
         else:
             if not data_path.is_file():
-                raise ValueError(f"--data {data_path}: expected a Criteo train.txt or day file, not a folder")
+                kind = "a folder" if data_path.is_dir() else "not a regular file"
+                raise ValueError(f"--data {data_path}: expected a Criteo train.txt or day file, got {kind}")
             log = load_criteo(
                 data_path,
                 cache_dir,

@@ -189,7 +189,10 @@ class SyntheticCriteo:
 def _check(value: object, name: str, low: float, high: float, kind: type) -> None:
     allowed = (int,) if kind is int else (int, float)
     if isinstance(value, bool) or not isinstance(value, allowed) or not low <= value <= high:
-        raise ValueError(f"{name} must be a {kind.__name__} in [{low}, {high}], got {value!r}")
+        raise ValueError(f"{name} must be {_ARTICLE[kind]} {kind.__name__} in [{low}, {high}], got {value!r}")
+
+
+_ARTICLE = {int: "an", float: "a"}
 
 
 def synthetic_criteo(
