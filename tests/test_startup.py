@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from comera.child import QUIET_START
-from comera.startup import runs_the_command
+from comera.startup import interrupts_ignored, runs_the_command
 
 SRC = str(Path(__file__).parents[1] / "src")
 
@@ -70,3 +70,15 @@ def test_a_program_that_imports_comera_keeps_pythons_handler():
     terminal = {"env": environment, "preexec_fn": _as_from_a_terminal}
     done = subprocess.run(command, capture_output=True, text=True, **terminal)
     assert done.stdout.strip() == "True", done.stderr
+
+
+def test_a_ctrl_c_inside_interrupts_ignored_is_dropped_and_the_handler_restored():
+    """The lines that report an interruption cannot be cut by a Ctrl-C that arrives meanwhile (or that came
+    just before and was not raised yet); the handler of before is back after them."""
+    before = signal.getsignal(signal.SIGINT)
+    with interrupts_ignored():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        delivered = True
+    assert delivered
+    assert signal.getsignal(signal.SIGINT) is before

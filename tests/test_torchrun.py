@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from comera.child import LAUNCH_INTERRUPTED
 from comera.launch import split_nproc, torchrun_command
 from comera.train.metrics import read_metrics
 
@@ -262,6 +263,7 @@ def test_a_ctrl_c_stops_every_process_with_one_line_and_no_traceback(tmp_path):
     output = launcher.communicate(timeout=TIMEOUT)[0]
     assert launcher.returncode == 130, output
     assert "Traceback" not in output and "SignalException" not in output, output
+    assert "Profiler record function" not in output, output  # torch.compile's note on DDP's annotation
     assert output.count("interrupted; continue the run with --resume") == 1, output
     assert not _launch_processes(out)
 
@@ -347,6 +349,68 @@ def test_a_ctrl_c_is_passed_on_only_while_a_process_runs(monkeypatch, finished, 
     monkeypatch.setattr(launcher.subprocess, "Popen", Torchrun)
     assert launcher.launch(2, ["train", "nli"]) == status
     assert signalled == signals
+
+
+def test_the_launch_is_marked_interrupted_before_its_processes_get_the_ctrl_c(monkeypatch):
+    """The processes get the Ctrl-C one after the other: the launcher marks the launch as interrupted first,
+    so that a process whose collective call fails because another stopped already knows why."""
+    import comera.launch as launcher
+
+    folders = []
+    marked_when_signalled = []
+
+    class Torchrun:
+        def __init__(self, command, env, **options):
+            folders.append(Path(env[launcher.STATUS_ENV]))
+            (folders[0] / "pid-0").write_text("10000")
+            self.calls = 0
+
+        def wait(self, timeout=None):
+            self.calls += 1
+            if self.calls == 1:
+                raise KeyboardInterrupt
+            return 0
+
+    def record(pids, number):
+        marked_when_signalled.append((folders[0] / LAUNCH_INTERRUPTED).is_file())
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", Torchrun)
+    monkeypatch.setattr(launcher, "_signal_all", record)
+    assert launcher.launch(2, ["train", "nli"]) == launcher.INTERRUPTED
+    assert marked_when_signalled == [True]
+
+
+@pytest.mark.parametrize("interrupted", [True, False], ids=["launch-interrupted", "peer-crashed"])
+def test_a_process_that_loses_a_peer_of_an_interrupted_launch_stops_as_interrupted(
+    tmp_path, monkeypatch, capsys, interrupted
+):
+    """Rank 0 of a Ctrl-C'd launch whose collective call fails because rank 1 stopped first (its own SIGINT
+    still on the way) prints the interrupted line and records 130, not "another process stopped"; without a
+    Ctrl-C the lost peer is reported as such, status 1."""
+    import comera.commands.train as train_command
+    import comera.launch as launcher
+    from comera.train.parallel import RankLostError
+
+    folder = tmp_path / "status"
+    folder.mkdir()
+    if interrupted:
+        (folder / LAUNCH_INTERRUPTED).write_text("")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    monkeypatch.setenv(launcher.STATUS_ENV, str(folder))
+    monkeypatch.setenv("RANK", "0")
+
+    def lose_a_peer(args, out, speaks):
+        raise RankLostError("process 0 of 2 stopped: another process of the run stopped")
+
+    monkeypatch.setattr(train_command, "_train_here", lose_a_peer)
+    status = train_command.main(["nli", "--preset", "smoke", "--out", str(out)])
+    said = capsys.readouterr().err
+    assert status == 0  # under a launch the status is recorded for the launcher
+    assert (folder / "rank-0").read_text() == ("130" if interrupted else "1")
+    assert said.count("interrupted; continue the run with --resume") == (1 if interrupted else 0), said
+    assert ("another process of the run stopped" in said) is not interrupted, said
 
 
 def test_a_run_whose_prune_removes_layers_trains_and_resumes_in_two_processes(tmp_path):

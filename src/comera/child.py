@@ -19,6 +19,7 @@ from collections.abc import Sequence
 __all__ = [
     "INTERRUPTED",
     "INTERRUPTED_WHILE_STARTING",
+    "LAUNCH_INTERRUPTED",
     "LAUNCH_STOPPING",
     "STATUS_ENV",
     "GRACE_S",
@@ -39,6 +40,11 @@ exit statuses."""
 LAUNCH_STOPPING = "stopping"
 """The file the launcher of a ``--nproc`` launch writes in the :data:`STATUS_ENV` folder when a Ctrl-C came
 before any of its processes registered: a process that starts from then on ends at once."""
+
+LAUNCH_INTERRUPTED = "interrupted"
+"""The file the launcher of a ``--nproc`` launch writes in the :data:`STATUS_ENV` folder before it passes a
+Ctrl-C on to its processes: a process whose collective call fails because another one stopped first then
+knows that the run was interrupted, and stops as an interrupted process does."""
 
 INTERRUPTED_WHILE_STARTING = "comera: interrupted while starting; nothing was written"
 """The line a command stopped by a Ctrl-C before it did anything prints (:mod:`comera.startup`, and the

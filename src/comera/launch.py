@@ -34,6 +34,7 @@ from pathlib import Path
 from comera.child import (
     INTERRUPTED,
     INTERRUPTED_WHILE_STARTING,
+    LAUNCH_INTERRUPTED,
     LAUNCH_STOPPING,
     STATUS_ENV,
     stop_with_parent,
@@ -50,6 +51,7 @@ __all__ = [
     "register_worker",
     "worker_finished",
     "worker_status",
+    "launch_interrupted",
 ]
 
 PROCESSES_PER_CORE = 4
@@ -181,6 +183,7 @@ def _wait_for(process: subprocess.Popen, folder: Path) -> tuple[int, bool]:
                 _stop_while_starting(process, folder)
                 return INTERRUPTED, True
             interrupted = True
+            (folder / LAUNCH_INTERRUPTED).write_text("")
             _signal_all(pids, signal.SIGINT)
             try:
                 return process.wait(timeout=STOP_GRACE_S), interrupted
@@ -235,6 +238,14 @@ def _run_is_over(folder: Path) -> bool:
     registered = {path.name.removeprefix("pid-") for path in folder.glob("pid-*")}
     finished = {path.name.removeprefix("finished-") for path in folder.glob("finished-*")}
     return bool(registered) and registered <= finished
+
+
+def launch_interrupted() -> bool:
+    """Whether this process belongs to a ``--nproc`` launch that a Ctrl-C is stopping (the launcher marks it
+    before it passes the Ctrl-C on): the processes do not get it at the same instant, so one may see a
+    collective call fail because another stopped first."""
+    folder = os.environ.get(STATUS_ENV)
+    return bool(folder) and (Path(folder) / LAUNCH_INTERRUPTED).exists()
 
 
 def worker_status(code: int) -> int:

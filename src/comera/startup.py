@@ -19,10 +19,12 @@ nor brings a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from comera.child import (
@@ -35,7 +37,7 @@ from comera.child import (
 )
 from comera.output import drop_output_once_unread
 
-__all__ = ["quiet_start", "interrupts_raise", "join_launch", "runs_the_command"]
+__all__ = ["quiet_start", "interrupts_raise", "interrupts_ignored", "join_launch", "runs_the_command"]
 
 _LINE = f"{INTERRUPTED_WHILE_STARTING}\n".encode()
 
@@ -93,6 +95,22 @@ def interrupts_raise() -> None:
     main = threading.current_thread() is threading.main_thread()
     if main and signal.getsignal(signal.SIGINT) is _stop_at_once:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@contextlib.contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """A Ctrl-C that comes inside the block is ignored, also one that came just before it and has not been
+    raised yet: for the few lines in which a command reports that it was interrupted (under a ``--nproc``
+    launch a process may take a lost peer for the interruption before its own SIGINT arrives). The handler
+    of before is restored after the block; nothing outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 quiet_start()

@@ -10,6 +10,7 @@ one line each.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import warnings
@@ -24,6 +25,7 @@ from comera.commands.paths import path_argument, run_folder_argument
 from comera.launch import (
     INTERRUPTED,
     launch,
+    launch_interrupted,
     register_worker,
     split_nproc,
     without_option,
@@ -33,7 +35,7 @@ from comera.launch import (
 from comera.methods import get_method, method_names
 from comera.recipes.run import SetupError, default_run_dir, run
 from comera.recipes.settings import resolve_settings
-from comera.startup import interrupts_raise
+from comera.startup import interrupts_ignored, interrupts_raise
 from comera.train.distributed import world
 from comera.train.guard import NonFiniteError
 from comera.train.parallel import RankLostError, init_from_environment, shutdown, training_device
@@ -191,29 +193,41 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or default_run_dir(args.workload, args.preset, args.method)
     interrupts_raise()  # from here a Ctrl-C stops the run in its own way (below), also as a --nproc worker
     register_worker()
+    logging.getLogger(_DYNAMO_PROFILER_LOGGER).addFilter(_drop_profiler_notes)
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         warnings.filterwarnings("ignore", message=_DDP_STRIDE_WARNING)
         try:
             return worker_status(_train(args, out))
         except KeyboardInterrupt:
-            interrupt_handled()
-            if os.environ.get("RANK", "0") == "0":  # the process group may be gone by now
-                started = (Path(out) / "config.json").is_file()
-                print(
-                    f"comera train: interrupted; continue the run with --resume (run folder: {out})"
-                    if started
-                    else "comera train: interrupted before the run started, so there is nothing to resume; "
-                    "run the same command again",
-                    file=sys.stderr,
-                )
-            return worker_status(INTERRUPTED)
+            with interrupts_ignored():
+                interrupt_handled()
+                if os.environ.get("RANK", "0") == "0":  # the process group may be gone by now
+                    started = (Path(out) / "config.json").is_file()
+                    print(
+                        f"comera train: interrupted; continue the run with --resume (run folder: {out})"
+                        if started
+                        else "comera train: interrupted before the run started, so there is nothing to "
+                        "resume; run the same command again",
+                        file=sys.stderr,
+                    )
+                return worker_status(INTERRUPTED)
 
 
 _DDP_STRIDE_WARNING = "Grad strides do not match bucket view strides"
 """DDP's warning for a gradient laid out unlike its bucket: a tensor-train core with a boundary rank of 1
 gets a gradient whose stride differs only along that size-1 dimension (the same memory order), which
 DDP copies as fast; the warning, printed by every process at each start, says nothing to act on."""
+
+
+_DYNAMO_PROFILER_LOGGER = "torch._dynamo.variables.ctx_manager"
+
+
+def _drop_profiler_notes(record: logging.LogRecord) -> bool:
+    """Drop torch.compile's note that a profiler annotation is ignored inside the compiled step: DDP's
+    forward carries one, so every process of a ``--nproc`` run with a compiled step printed it, and it says
+    nothing to act on (the run is not being profiled)."""
+    return not record.getMessage().startswith("Profiler record function")
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -252,6 +266,8 @@ def _train(args: argparse.Namespace, out) -> int:
         worker_finished()
         return code
     except RankLostError as error:
+        if launch_interrupted():  # another process got the Ctrl-C first and stopped
+            raise KeyboardInterrupt from None
         print(f"comera train: {error}", file=sys.stderr)
         return 1
     finally:
