@@ -78,6 +78,10 @@ def test_the_ladder_table_has_dense_first_then_each_rank():
         (["--preset", "huge"], "--preset: unknown preset 'huge'"),
         (["--methods", "dense", "nope"], "--methods: unknown method 'nope'"),
         (["--threads", "0"], "--threads must be >= 1"),
+        (["--set", "tensorize.format=tucker"], "--set: "),
+        (["--set", "train.nonsense=1"], "--set: "),
+        (["--set", "model"], "--set: "),
+        (["--label", "a/b"], "--label must be letters, digits"),
     ],
 )
 def test_bad_flags_name_the_flag(flags, message, capsys):
@@ -101,3 +105,20 @@ def test_a_quick_run_measures_both_sections_in_fresh_processes(tmp_path):
     ladder = json.loads((out / "ladder.json").read_text())["results"]
     assert [row.get("rank") for row in ladder] == [None, 2] and ladder[1]["tensorized_ratio"] > 1
     assert (out / "llm_steps.png").stat().st_size > 1000 and "Targets" in (out / "steps.md").read_text()
+
+
+def test_settings_given_with_set_reach_every_case_and_label_their_sections(tmp_path):
+    """``--set`` changes the preset in the fresh case processes (here TTM projections and 16-token blocks),
+    and ``--label`` writes the sections beside the preset's own instead of over them."""
+    out, record = tmp_path / "bench", tmp_path / "benchmarks.md"
+    record.write_text("<!-- bench:llm-steps:start -->\nthe preset's own\n<!-- bench:llm-steps:end -->\n")
+    common = ["--quick", "--sections", "steps", "--methods", "comera", "--set", "data.seq_len=16"]
+    assert llm.main([*common, "--out", str(out / "tt")]) == 0
+    labelled = ["--set", "tensorize.format=ttm", "--write", str(record), "--label", "ttm"]
+    assert llm.main([*common, *labelled, "--out", str(out / "ttm")]) == 0
+    tt, ttm = (json.loads((out / name / "steps.json").read_text())["results"][0] for name in ("tt", "ttm"))
+    assert tt["tokens"] == ttm["tokens"] == 2 * 16
+    assert tt["params"] != ttm["params"]
+    written = record.read_text()
+    assert "the preset's own" in written and "<!-- bench:llm-steps-ttm:start -->" in written
+    assert "tensorize.format=ttm" in written

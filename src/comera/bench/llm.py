@@ -22,9 +22,11 @@ Each section NAME writes ``NAME.json`` (``section``, ``command``, ``machine``, `
 (``docs/benchmarks.md``). A failed case stays in its table as failed; the exit status is then 1.
 
 Usage: ``comera bench llm [--sections steps ladder] [--preset paper] [--methods ...] [--batch 4]
-[--ladder 16 12 8 ...] [--repeats 5] [--warmup 2] [--threads N] [--out bench-llm] [--write FILE]
-[--quick]``; ``--quick`` is the smoke check (preset ``smoke``, batch 2, 5 timed steps after 1 warm-up,
-1 thread).
+[--ladder 16 12 8 ...] [--repeats 5] [--warmup 2] [--threads N] [--set SECTION.KEY=VALUE ...]
+[--out bench-llm] [--write FILE [--label WORD]] [--quick]``; ``--set`` changes the preset's settings in
+every case (``tensorize.format=ttm``: comera's projections as ``TTMLinear``), ``--label`` writes the
+sections beside the preset's own (``llm-steps-ttm``); ``--quick`` is the smoke check (preset ``smoke``,
+batch 2, 5 timed steps after 1 warm-up, 1 thread).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Any
 from comera.bench.paper import ladder_ranks, run_fresh_case
 from comera.measure import add_memory_argument, machine_description, pyplot, update_section
 from comera.methods import get_method
-from comera.recipes.settings import resolve_settings
+from comera.recipes.settings import resolve_settings, tensorize_config
 from comera.workloads import load_recipe
 
 __all__ = [
@@ -69,9 +71,11 @@ TARGET_STATE_RATIO = 5.0
 _WORKLOAD = "llm"
 
 
-def tokens_per_step(preset: str, batch: int) -> int:
-    """Tokens one training step of ``batch`` blocks of ``preset`` trains on (``batch x seq_len``)."""
-    settings = resolve_settings(load_recipe(_WORKLOAD).presets, preset, get_method("dense"))
+def tokens_per_step(preset: str, batch: int, assignments: Sequence[str] = ()) -> int:
+    """Tokens one training step of ``batch`` blocks of ``preset`` (with ``assignments``) trains on
+    (``batch x seq_len``)."""
+    presets = load_recipe(_WORKLOAD).presets
+    settings = resolve_settings(presets, preset, get_method("dense"), assignments=list(assignments))
     return batch * int(settings["data"]["seq_len"])
 
 
@@ -257,6 +261,20 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default="bench-llm", help="folder for each section's JSON, markdown, PNG")
     parser.add_argument("--write", default=None, help="update the 'llm-SECTION' sections of this file")
     parser.add_argument("--quick", action="store_true", help="smoke sizes (QUICK)")
+    parser.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="change one setting of the preset in every case, as comera train --set does (repeatable), "
+        "e.g. tensorize.format=ttm",
+    )
+    parser.add_argument(
+        "--label",
+        default=None,
+        help="with --write: write the sections as llm-NAME-LABEL, beside the preset's own (for --set runs)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         parser.set_defaults(**QUICK)
@@ -275,8 +293,26 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
             get_method(method)
         except ValueError as error:
             parser.error(f"--methods: {error}")
+    problem = _settings_problem(args.preset, [*args.methods, "comera"], args.assignments)
+    if problem is not None:
+        parser.error(f"--set: {problem}")
+    if args.label is not None and not args.label.replace("-", "").replace("_", "").isalnum():
+        parser.error(f"--label must be letters, digits, '-' or '_', got {args.label!r}")
     args.sections = [name for name in SECTIONS if name in args.sections]
     return args
+
+
+def _settings_problem(preset: str, methods: Sequence[str], assignments: Sequence[str]) -> str | None:
+    """What is wrong with ``assignments`` for any of ``methods`` at ``preset`` (the settings and the
+    tensorization they name), or None: found before any case runs, not once per case."""
+    presets = load_recipe(_WORKLOAD).presets
+    for method in dict.fromkeys(methods):
+        try:
+            settings = resolve_settings(presets, preset, get_method(method), assignments=list(assignments))
+            tensorize_config(settings)
+        except (ValueError, TypeError, KeyError) as error:
+            return str(error)
+    return None
 
 
 def _case(args: argparse.Namespace, method: str, cache: Path, rank: int | None = None) -> dict[str, Any]:
@@ -291,8 +327,9 @@ def _case(args: argparse.Namespace, method: str, cache: Path, rank: int | None =
         threads=args.threads,
         memory=args.memory,
         rank=rank,
+        assignments=args.assignments,
     )
-    return _with_tokens(result, tokens_per_step(args.preset, args.batch))
+    return _with_tokens(result, tokens_per_step(args.preset, args.batch, args.assignments))
 
 
 def _run(name: str, args: argparse.Namespace, cache: Path) -> list[dict[str, Any]]:
@@ -320,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         _plot(results, out / f"llm_{name}.png", ladder=name == "ladder")
         print(report, flush=True)
         if args.write:
-            update_section(args.write, f"llm-{name}", report)
+            update_section(args.write, f"llm-{name}" + (f"-{args.label}" if args.label else ""), report)
         failed |= any("error" in result for result in results)
     return 1 if failed else 0
 

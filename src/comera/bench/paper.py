@@ -169,6 +169,7 @@ def run_case(
     cache_dir: Path,
     rank: int | None = None,
     memory: str = "reuse",
+    assignments: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Time and memory of training steps of one method at one batch size, in this process (module doc).
 
@@ -178,9 +179,10 @@ def run_case(
 
     With ``rank``, the prepared model is first cut to that rank (:func:`comera.bench.ladder.truncate_ranks_`)
     and the case also reports ``rank``, the number of layers sliced (``pruned_layers``) and the model's
-    compression (``tensorized_ratio``, ``model_ratio``, ``max_rank``)."""
+    compression (``tensorized_ratio``, ``model_ratio``, ``max_rank``). ``assignments`` (``SECTION.KEY=VALUE``,
+    as ``comera train --set`` takes them) change the preset's settings; the batch size is ``batch``."""
     recipe, method = load_recipe(workload), get_method(method_name)
-    assignments = _assignments(method_name, batch)
+    assignments = [*assignments, *_assignments(method_name, batch)]
     settings = resolve_settings(recipe.presets, preset, method, assignments=assignments)
     data = recipe.build_data(settings["data"], None, cache_dir)
     torch.manual_seed(settings["train"].get("seed", 0))
@@ -256,6 +258,7 @@ def run_fresh_case(
     memory: str = "reuse",
     imports: Sequence[str] = (),
     rank: int | None = None,
+    assignments: Sequence[str] = (),
 ) -> dict[str, Any]:
     """:func:`run_case` in a new interpreter (so its peak memory is its own), with a progress line on stdout;
     the arguments are :func:`run_case`'s, plus ``threads`` (torch threads in the case; None: torch's default)
@@ -265,6 +268,8 @@ def run_fresh_case(
     command = [sys.executable, "-m", "comera.bench.paper", "--case", case]
     command += ["--workload", workload, "--preset", preset, "--cache", str(cache_dir)]
     command += ["--repeats", str(repeats), "--warmup", str(warmup), "--memory", memory]
+    for assignment in assignments:
+        command += ["--set", assignment]
     for module in imports:
         command += ["--import", module]
     if threads is not None:
@@ -512,6 +517,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--cache", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--set", dest="assignments", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         parser.set_defaults(**QUICK)
@@ -566,6 +572,7 @@ def _run_one_case(args: argparse.Namespace) -> int:
         cache_dir=cache,
         rank=int(rank[0]) if rank else None,
         memory=args.memory,
+        assignments=args.assignments,
     )
     print(json.dumps(result))
     return 0
