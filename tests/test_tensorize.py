@@ -9,6 +9,7 @@ from torch import nn
 
 from comera import (
     TensorizeConfig,
+    TensorizeError,
     TTLinear,
     TTMEmbedding,
     TTMLinear,
@@ -156,20 +157,25 @@ def test_a_second_tensorize_names_the_layers_that_are_already_tensorized():
 
 
 @pytest.mark.parametrize(
-    "overrides, match",
+    "overrides, match, error",
     [
-        ({"exclude_modules": ["nothing_here"]}, "exclude_modules"),
-        ({"rank_pattern": {"nothing_here": 2}}, "rank_pattern"),
-        ({"shape_pattern": {"query": {"row_shape": [4, 4]}}}, "in_shape/out_shape"),
-        ({"shape_pattern": {"query": {"in_shape": [3, 5]}}}, "blocks.0.query"),
-        ({"target_modules": ["query"], "exclude_modules": ["query"]}, "selects no module"),
-        ({"rank_typo": 3}, "unknown TensorizeConfig field"),
+        ({"exclude_modules": ["nothing_here"]}, "exclude_modules", TensorizeError),
+        ({"target_modules": ["nothing_here"]}, "target_modules entry 'nothing_here'", TensorizeError),
+        ({"rank_pattern": {"nothing_here": 2}}, "rank_pattern", TensorizeError),
+        ({"shape_pattern": {"query": {"row_shape": [4, 4]}}}, "in_shape/out_shape", TensorizeError),
+        ({"shape_pattern": {"query": {"in_shape": [3, 5]}}}, "blocks.0.query", TensorizeError),
+        ({"rank": [2, 2, 2, 2, 2]}, "module 'blocks.0.query': rank", TensorizeError),
+        ({"target_modules": ["query"], "exclude_modules": ["query"]}, "selects no module", TensorizeError),
+        ({"rank_typo": 3}, "unknown TensorizeConfig field", ValueError),
     ],
 )
-def test_bad_settings_raise_before_changing_the_model(overrides, match):
+def test_bad_settings_raise_before_changing_the_model(overrides, match, error):
+    """A config that does not fit the model raises :class:`TensorizeError` (a ``ValueError``) naming the
+    field or module; a config that is wrong in itself a plain ``ValueError``."""
     model = TinyLM()
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as raised:
         tensorize_(model, **overrides)
+    assert type(raised.value) is error
     assert not any(isinstance(m, (TTLinear, TTMLinear, TTMEmbedding)) for m in model.modules())
 
 

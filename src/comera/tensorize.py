@@ -32,6 +32,7 @@ from comera.tensorize_config import ALL_LINEAR, TensorizeConfig, pattern_matches
 from comera.weight_reads import disable_weight_fast_paths, read_by_attribute
 
 __all__ = [
+    "TensorizeError",
     "tensorize_",
     "untensorize_",
     "materialize_",
@@ -42,6 +43,16 @@ __all__ = [
 ]
 
 CONFIG_ATTRIBUTE = "comera_tensorize_configs"
+
+
+class TensorizeError(ValueError):
+    """A :class:`comera.TensorizeConfig` that does not fit the model :func:`tensorize_` is given: a target,
+    exclusion or pattern key matches no module, a rank or shape does not fit a module, a selected module
+    cannot be converted (shared weights, read by its parent as an attribute), or nothing is selected. The
+    message names the config field or the module; the model is unchanged. A ``ValueError``, so code that
+    catches those still catches it."""
+
+
 _CONV1D_STD = 0.02
 
 
@@ -93,7 +104,7 @@ def _select(
                 if close
                 else f"no module has a close name; some of the model's: {sorted(candidates)[:6]}"
             )
-            raise ValueError(
+            raise TensorizeError(
                 f"{field} entry {entry!r} matched no nn.Linear, transformers Conv1D, nn.Embedding or "
                 f"nn.EmbeddingBag; {hint}"
             )
@@ -147,7 +158,7 @@ def _check_not_read(picked: dict[int, str], read: dict[int, str], modules: dict[
     for name in picked.values():
         why = read.get(id(modules[name]))
         if why is not None:
-            raise ValueError(
+            raise TensorizeError(
                 f"module {name!r} cannot be tensorized: {why}; leave it out of the targets (or add it to "
                 "exclude_modules)"
             )
@@ -158,7 +169,7 @@ def _check_patterns_used(config: TensorizeConfig, names: list[str]) -> None:
         for key in patterns:
             if not any(pattern_matches(key, name) for name in names):
                 close = _close_names(key, names)
-                raise ValueError(
+                raise TensorizeError(
                     f"{field} key {key!r} matches no module being tensorized; "
                     + (f"close names: {close}" if close else f"they are: {sorted(names)[:6]}")
                 )
@@ -170,7 +181,7 @@ def _shapes_for(name: str, config: TensorizeConfig, layer: type[ComeraLayer]) ->
     wrong = set(shapes) - set(layer.shape_options)
     if wrong:
         allowed = "/".join(layer.shape_options)
-        raise ValueError(f"shape_pattern for {layer.role} {name!r} may only set {allowed}, got {wrong}")
+        raise TensorizeError(f"shape_pattern for {layer.role} {name!r} may only set {allowed}, got {wrong}")
     return shapes
 
 
@@ -181,7 +192,7 @@ def _build(name: str, module: nn.Module, layer: type[ComeraLayer], config: Tenso
             module, init=config.init, rank=config.rank_for(name), tau=config.tau, **shapes
         )
     except ValueError as error:
-        raise ValueError(f"module {name!r}: {error}") from None
+        raise TensorizeError(f"module {name!r}: {error}") from None
 
 
 def _hf_initializer_range(root: nn.Module) -> float | None:
@@ -222,7 +233,7 @@ def _is_meta(module: nn.Module) -> bool:
 def _check_meta_init(config: TensorizeConfig, names: list[str], modules: dict[str, nn.Module]) -> None:
     meta = [name for name in names if _is_meta(modules[name])]
     if meta and config.init == "tt_svd":
-        raise ValueError(
+        raise TensorizeError(
             f"init='tt_svd' decomposes the dense weights, but module {meta[0]!r} is on the meta device "
             "(built under torch.device('meta') or init_empty_weights): there is nothing to decompose; use "
             "init='random', whose cores follow the model's own initialisation scale"
@@ -263,7 +274,7 @@ def _resolve_shared(
         if name in excluded:
             continue
         if blocked:
-            raise ValueError(
+            raise TensorizeError(
                 f"module {name!r} is the same module as {blocked[0]!r}, which exclude_modules excludes; a "
                 "shared module is converted under every name or none: exclude or select all of "
                 f"{names}"
@@ -293,7 +304,7 @@ def _check_shared_weights(
                 continue
             keeps_dense_head = is_table and not tie and id(other) not in picked and _role(other) == "linear"
             if not keeps_dense_head:
-                raise ValueError(
+                raise TensorizeError(
                     f"module {name!r} shares its weight Parameter with {other_name!r}; a TT layer cannot "
                     "share a weight with another module: share the module itself (model.b = model.a) so it "
                     "becomes one layer under both names, tie a linear head to a converted embedding "
@@ -341,10 +352,11 @@ def tensorize_(
         ``model`` itself, converted.
 
     Raises:
-        ValueError: a target, exclusion or pattern key matches nothing (with close names), a setting does
-            not fit a module (naming it), a sharing rule is broken, a target is read by attribute (naming it
-            and its parent), no module is selected, ``init="tt_svd"`` meets a module on the meta device, or
-            ``device`` is the meta device; the model is unchanged.
+        TensorizeError: a target, exclusion or pattern key matches nothing (with close names), a setting
+            does not fit a module (naming it), a sharing rule is broken, a target is read by attribute
+            (naming it and its parent), no module is selected, or ``init="tt_svd"`` meets a module on the
+            meta device; the model is unchanged.
+        ValueError: ``device`` is the meta device.
     """
     if config is None:
         config = TensorizeConfig()
@@ -378,7 +390,9 @@ def tensorize_(
         excluded = set(_select(config.exclude_modules, {**linears, **tables}, modules, "exclude_modules"))
     picked = _resolve_shared(list(dict.fromkeys(chosen)), excluded, modules, all_names)
     if not picked:
-        raise ValueError(f"the config selects no module to tensorize: {_why_none(config, linears, modules)}")
+        raise TensorizeError(
+            f"the config selects no module to tensorize: {_why_none(config, linears, modules)}"
+        )
     _check_not_read(picked, read, modules)
     tied: dict[int, str] = {}
     if config.tie_output_head:

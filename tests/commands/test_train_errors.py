@@ -340,6 +340,11 @@ def test_a_data_value_out_of_range_is_named_whatever_the_source(
             "tensorize.rank=[2,2,2,2,2,2,2,2,2,2]",
             "the [tensorize] settings do not fit the model: module 'blocks.0.attention.query': rank must",
         ),
+        (
+            "nli",
+            "tensorize.target_modules=['nosuch']",
+            "the [tensorize] settings do not fit the model: target_modules entry 'nosuch' matched no",
+        ),
     ],
 )
 def test_a_model_or_train_value_out_of_range_is_named_with_its_section(

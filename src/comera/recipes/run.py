@@ -64,6 +64,7 @@ from comera.recipes.folders import (
 )
 from comera.recipes.settings import resolve_settings, section_error, tensorize_config, upgrade_run_header
 from comera.report import compression_report
+from comera.tensorize import TensorizeError
 from comera.train.checkpoint import NoReadableCheckpointError
 from comera.train.config import TrainConfig
 from comera.train.data import EpochData
@@ -597,9 +598,7 @@ def _set_up(request: _Request) -> _Setup:
     )
     try:
         model = chosen.prepare(model, context)
-    except ValueError as error:  # the converter names the module and its setting, not the section
-        if not str(error).startswith("module "):
-            raise
+    except TensorizeError as error:  # the converter names the module or field, not the section
         raise ValueError(f"the [tensorize] settings do not fit the model: {error}") from None
     place_model(model, run_config.device, None)  # before the objective and optimizer take its parameters
     first_eval = next(iter(recipe_data.evals.values()), None)
