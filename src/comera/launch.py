@@ -12,8 +12,10 @@ error). A process that crashes (an unexpected exception) still fails as ``torchr
 
 A Ctrl-C reaches the launcher alone (``torchrun`` runs in a session of its own, and asked to stop when the
 launcher dies): the launcher passes it on to the processes, which registered their pids in that folder
-(:func:`register_worker`), and each stops as a single process does (one line, status 130). ``torchrun``
-then sees its processes end without an error and adds no traceback of its own. A second Ctrl-C goes to
+(:func:`register_worker`), and each stops as a single process does (one line, status 130). The launcher
+marks the launch as interrupted first (:func:`launch_interrupted`): a process whose collective call fails
+because another stopped before its own SIGINT arrived stops as interrupted too. ``torchrun`` then sees its
+processes end without an error and adds no traceback of its own. A second Ctrl-C goes to
 ``torchrun``, which stops them in its own way. A Ctrl-C before any process registered (while ``torchrun``
 and its processes start, a few seconds in which nothing is written) ends the launch at once: the launcher
 marks it as stopping and kills ``torchrun``; each process stops with it
