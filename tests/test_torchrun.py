@@ -328,10 +328,23 @@ def test_a_ctrl_c_is_passed_on_only_while_a_process_runs(monkeypatch, finished, 
 
     monkeypatch.setattr(launcher, "_signal_all", record)
 
+    monkeypatch.setattr(launcher.subprocess, "Popen", _interrupted_torchrun((0, 1), finished, signalled))
+    assert launcher.launch(2, ["train", "nli"]) == status
+    assert signalled == signals
+
+
+def _interrupted_torchrun(ranks, finished, signalled, folders=None):
+    """A stand-in for ``subprocess.Popen`` of ``torchrun`` whose processes ``ranks`` registered (pids 10000 +
+    rank; ``finished`` ones finished their run) and whose first wait meets a Ctrl-C; it records the signals
+    sent to it in ``signalled`` and its status folder in ``folders``."""
+    import comera.launch as launcher
+
     class Torchrun:
         def __init__(self, command, env, **options):
             folder = Path(env[launcher.STATUS_ENV])
-            for rank in (0, 1):
+            if folders is not None:
+                folders.append(folder)
+            for rank in ranks:
                 (folder / f"pid-{rank}").write_text(str(10_000 + rank))
             for rank in finished:
                 (folder / f"finished-{rank}").write_text("")
@@ -346,9 +359,7 @@ def test_a_ctrl_c_is_passed_on_only_while_a_process_runs(monkeypatch, finished, 
         def send_signal(self, number):
             signalled.append(number)
 
-    monkeypatch.setattr(launcher.subprocess, "Popen", Torchrun)
-    assert launcher.launch(2, ["train", "nli"]) == status
-    assert signalled == signals
+    return Torchrun
 
 
 def test_the_launch_is_marked_interrupted_before_its_processes_get_the_ctrl_c(monkeypatch):
@@ -359,22 +370,10 @@ def test_the_launch_is_marked_interrupted_before_its_processes_get_the_ctrl_c(mo
     folders = []
     marked_when_signalled = []
 
-    class Torchrun:
-        def __init__(self, command, env, **options):
-            folders.append(Path(env[launcher.STATUS_ENV]))
-            (folders[0] / "pid-0").write_text("10000")
-            self.calls = 0
-
-        def wait(self, timeout=None):
-            self.calls += 1
-            if self.calls == 1:
-                raise KeyboardInterrupt
-            return 0
-
     def record(pids, number):
         marked_when_signalled.append((folders[0] / LAUNCH_INTERRUPTED).is_file())
 
-    monkeypatch.setattr(launcher.subprocess, "Popen", Torchrun)
+    monkeypatch.setattr(launcher.subprocess, "Popen", _interrupted_torchrun((0,), (), [], folders))
     monkeypatch.setattr(launcher, "_signal_all", record)
     assert launcher.launch(2, ["train", "nli"]) == launcher.INTERRUPTED
     assert marked_when_signalled == [True]

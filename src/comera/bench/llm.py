@@ -42,7 +42,7 @@ from typing import Any
 from comera.bench.paper import ladder_ranks, run_fresh_case
 from comera.measure import add_memory_argument, machine_description, pyplot, update_section
 from comera.methods import get_method
-from comera.recipes.settings import resolve_settings, tensorize_config
+from comera.recipes.settings import add_set_argument, resolve_settings, tensorize_config
 from comera.workloads import load_recipe
 
 __all__ = [
@@ -261,13 +261,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default="bench-llm", help="folder for each section's JSON, markdown, PNG")
     parser.add_argument("--write", default=None, help="update the 'llm-SECTION' sections of this file")
     parser.add_argument("--quick", action="store_true", help="smoke sizes (QUICK)")
-    parser.add_argument(
-        "--set",
-        dest="assignments",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="change one setting of the preset in every case, as comera train --set does (repeatable), "
+    add_set_argument(
+        parser,
+        "change one setting of the preset in every case, as comera train --set does (repeatable), "
         "e.g. tensorize.format=ttm",
     )
     parser.add_argument(

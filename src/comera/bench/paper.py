@@ -95,7 +95,7 @@ from comera.measure import (
     weights_optimizer_mib,
 )
 from comera.methods import MethodContext, get_method
-from comera.recipes.settings import resolve_settings, tensorize_config
+from comera.recipes.settings import add_set_argument, resolve_settings, tensorize_config
 from comera.report import compression_report
 from comera.train.config import TrainConfig
 from comera.train.setup import default_optimizer
@@ -517,7 +517,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--cache", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--set", dest="assignments", action="append", default=[], help=argparse.SUPPRESS)
+    add_set_argument(parser, argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         parser.set_defaults(**QUICK)

@@ -40,6 +40,7 @@ from comera.child import INTERRUPTED
 from comera.commands.compare import compare
 from comera.commands.paths import run_folder_argument
 from comera.recipes.run import SetupError, default_cache_dir
+from comera.recipes.settings import add_set_argument
 from comera.startup import interrupts_raise
 from comera.workloads import load_recipe
 
@@ -223,7 +224,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--out", default="runs/demo", type=run_folder_argument, help="folder of the runs (default: runs/demo)"
     )
     parser.add_argument("--preset", default="small", help="preset of the accuracy runs (default: small)")
-    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(parser, "override one setting of the accuracy runs (repeatable)")
     parser.add_argument("--no-speed", action="store_true", help="leave out the speed and memory comparison")
     parser.add_argument(
         "--speed-preset",

@@ -34,7 +34,7 @@ from comera.launch import (
 )
 from comera.methods import get_method, method_names
 from comera.recipes.run import SetupError, default_run_dir, run
-from comera.recipes.settings import resolve_settings
+from comera.recipes.settings import add_set_argument, resolve_settings
 from comera.startup import interrupts_ignored, interrupts_raise
 from comera.train.distributed import world
 from comera.train.guard import NonFiniteError
@@ -104,14 +104,7 @@ def add_setting_arguments(parser: argparse.ArgumentParser, scope: str = "") -> N
         type=config_argument,
         help=f"TOML file of settings ([model], [train], ...){scope}",
     )
-    parser.add_argument(
-        "--set",
-        dest="assignments",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help=f"override one setting{scope}, e.g. train.batch_size=16 (repeatable)",
-    )
+    add_set_argument(parser, f"override one setting{scope}, e.g. train.batch_size=16 (repeatable)")
     parser.add_argument(
         "--device",
         action=_DeviceSetting,

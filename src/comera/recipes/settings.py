@@ -16,6 +16,7 @@ valid choices, before any data is read or model built.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
 import sys
@@ -40,6 +41,7 @@ __all__ = [
     "ADDED_METHOD_KEYS",
     "resolve_settings",
     "parse_assignment",
+    "add_set_argument",
     "section_error",
     "tensorize_config",
     "upgrade_run_header",
@@ -48,6 +50,15 @@ __all__ = [
 SECTIONS = ("model", "data", "train", "tensorize", "method")
 _RUN_OWNED = ("run_dir", "checkpoint_dir")
 _NUMBER = (int, float)
+
+
+def add_set_argument(parser: argparse.ArgumentParser, help: str | None) -> None:
+    """Add the repeatable ``--set SECTION.KEY=VALUE`` option (read by :func:`parse_assignment`) to
+    ``parser``; its values land in ``args.assignments`` (an empty list without the option). ``help``:
+    the option's help text (``argparse.SUPPRESS`` hides it)."""
+    parser.add_argument(
+        "--set", dest="assignments", action="append", default=[], metavar="SECTION.KEY=VALUE", help=help
+    )
 
 
 def parse_assignment(text: str) -> tuple[str, str, Any]:
