@@ -78,9 +78,9 @@ def test_the_ladder_table_has_dense_first_then_each_rank():
         (["--preset", "huge"], "--preset: unknown preset 'huge'"),
         (["--methods", "dense", "nope"], "--methods: unknown method 'nope'"),
         (["--threads", "0"], "--threads must be >= 1"),
-        (["--set", "tensorize.format=tucker"], "--set: "),
-        (["--set", "train.nonsense=1"], "--set: "),
-        (["--set", "model"], "--set: "),
+        (["--set", "tensorize.format=tucker"], "error: --set: tensorize.format must be one of"),
+        (["--set", "train.nonsense=1"], "error: --set 'train.nonsense=1': unknown key train.nonsense"),
+        (["--set", "model"], "error: --set expects section.key=value"),
         (["--label", "a/b"], "--label must be letters, digits"),
     ],
 )

@@ -291,7 +291,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error(f"--methods: {error}")
     problem = _settings_problem(args.preset, [*args.methods, "comera"], args.assignments)
     if problem is not None:
-        parser.error(f"--set: {problem}")
+        parser.error(problem if problem.startswith("--set") else f"--set: {problem}")
     if args.label is not None and not args.label.replace("-", "").replace("_", "").isalnum():
         parser.error(f"--label must be letters, digits, '-' or '_', got {args.label!r}")
     args.sections = [name for name in SECTIONS if name in args.sections]
