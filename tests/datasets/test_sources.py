@@ -89,6 +89,22 @@ def test_pipes_are_skipped_and_counted_without_waiting_on_them(tmp_path, deadlin
     assert reasons == [("pipe.jsonl", "unreadable"), ("pipe.py", "unreadable")]
 
 
+@pytest.mark.parametrize("make", ["fifo", "dangling", "device"])
+def test_a_data_path_that_is_a_pipe_a_device_or_a_broken_link_is_named(tmp_path, make, deadline):
+    """The path given is itself not a file or folder: refused as such, not read as an empty corpus (which
+    had said "no document was read") and not waited on."""
+    import os
+
+    path = Path("/dev/null") if make == "device" else tmp_path / "corpus.jsonl"
+    if make == "fifo":
+        os.mkfifo(path)
+    elif make == "dangling":
+        path.symlink_to("nowhere.jsonl")
+    deadline(20)
+    with pytest.raises(ValueError, match=rf"{path}: not a regular file"):
+        read_code(path)
+
+
 def test_a_truncated_gzip_file_is_named_with_the_last_line_read(tmp_path):
     lines = b"".join(
         json.dumps({"code": f"def f{i}(x):\n    return {i}\n"}).encode() + b"\n" for i in range(400)

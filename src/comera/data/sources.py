@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from comera.data.files import numbered_lines, open_data
+from comera.data.files import check_regular_file, numbered_lines, open_data
 
 __all__ = [
     "DEFAULT_EXTENSIONS",
@@ -263,7 +263,8 @@ def read_code(
         skipped, empty texts).
 
     Raises:
-        FileNotFoundError: ``path`` does not exist. ValueError: a bad JSON line (file and line named) unless
+        FileNotFoundError: ``path`` does not exist. ValueError: ``path`` is a pipe, a device or a broken
+            link (:func:`comera.data.files.check_regular_file`); a bad JSON line (file and line named) unless
             skipped, a truncated or corrupt gzip file (named), or bad arguments.
     """
     extensions = _check_extensions(extensions)
@@ -272,6 +273,7 @@ def read_code(
     fields = tuple(text_fields)
     max_files, max_bytes = _check_cap(max_files, "max_files"), _check_cap(max_bytes, "max_bytes")
     root = default_source_dir() if path is None else Path(path)
+    check_regular_file(root)
     if not root.exists():
         raise FileNotFoundError(f"data path {root} does not exist")
     skipped: list[SkippedDocument] = []

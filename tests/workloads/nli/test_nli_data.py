@@ -185,6 +185,24 @@ def test_a_split_file_that_is_not_a_regular_file_is_named_without_waiting_on_it(
         read_mnli(folder)
 
 
+@pytest.mark.parametrize("make", ["fifo", "loop", "dangling", "device"])
+def test_a_data_path_that_is_there_but_not_a_file_or_folder_is_called_so(tmp_path, make, deadline):
+    """``--data`` naming a pipe, a device or a broken link: refused as not a regular file, not as a path
+    that does not exist, and nothing waits on the pipe."""
+    import os
+
+    path = Path("/dev/null") if make == "device" else tmp_path / "pairs.jsonl"
+    if make == "fifo":
+        os.mkfifo(path)
+    elif make != "device":
+        path.symlink_to(path.name if make == "loop" else "nowhere.jsonl")
+    deadline(20)
+    with pytest.raises(ValueError, match=rf"{path}: not a regular file"):
+        read_mnli(path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_mnli(tmp_path / "missing.jsonl")
+
+
 @pytest.mark.parametrize(("train", "why"), [("train.tsv", "add dev_matched.tsv"), ("train.jsonl", "pass ")])
 def test_a_folder_without_an_evaluation_split_is_refused_before_training(tmp_path, train, why):
     """A folder holding only its training file would train a run that evaluates nothing: refused, saying

@@ -220,6 +220,7 @@ def read_mnli(
         train, validation = _split_by_line(read_jsonl(path, skip_malformed=skip_malformed), validation_every)
         return {"train": train, "validation": validation}
     if not path.is_dir():
+        check_regular_file(path)
         raise FileNotFoundError(f"data path {path} does not exist")
     if _present(path / GLUE_FILES["train"]):
         files = {split: path / name for split, name in GLUE_FILES.items() if _present(path / name)}
