@@ -168,3 +168,18 @@ def test_a_file_that_cannot_be_opened_is_named_with_the_reason(tmp_path, monkeyp
     folder = re.escape(f"{tmp_path}: cannot be read (Is a directory)")
     with pytest.raises(ValueError, match=f"^{folder}$"):
         open_data(tmp_path)
+
+
+def test_bytes_after_the_gzip_data_are_named_as_such_not_as_a_line(tmp_path):
+    """Whole gzip data followed by other bytes (a damaged copy, two files joined): every line was
+    decompressed, so the error says what follows the data instead of a line number that no reader saw.
+    Zero bytes after it (a block device's padding) are read past, as gzip itself does."""
+    lines = b"".join(b'{"code": "x = %d"}\n' % i for i in range(200))
+    path = tmp_path / "joined.jsonl.gz"
+    path.write_bytes(gzip.compress(lines) + b"garbage!!")
+    with pytest.raises(ValueError, match=re.escape(f"{path}: bytes that are not gzip data follow")) as caught:
+        read_code(path)
+    assert "after line" not in str(caught.value)
+    path.write_bytes(gzip.compress(lines) + bytes(512))
+    documents, skipped = read_code(path)
+    assert (len(documents), skipped) == (200, [])

@@ -107,12 +107,26 @@ def open_data(path: str | os.PathLike) -> BinaryIO:
 @contextmanager
 def reading(path: str | os.PathLike, where: str = "") -> Iterator[None]:
     """Raise a truncated or corrupt compressed stream read inside the block as ``ValueError`` naming
-    ``path`` (and ``where``, e.g. ``"after line 12"``)."""
+    ``path`` (and ``where``, e.g. ``"after line 12"``). Bytes that follow the last whole gzip member (the
+    first member's header was checked when the file was opened) are named as such, without ``where``:
+    the decompressor drops the lines of the read that found them, so no line number would be right."""
     try:
         yield
-    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
-        place = f" ({where})" if where else ""
-        raise ValueError(f"{path}: the compressed data is truncated or corrupt{place}: {error}") from None
+    except gzip.BadGzipFile as error:
+        if str(error).startswith("Not a gzipped file"):
+            raise ValueError(
+                f"{path}: bytes that are not gzip data follow the end of the compressed data ({error}); the "
+                "file is damaged or was joined to another one: decompress it (gzip -d drops them with a "
+                "warning) and pass the text file"
+            ) from None
+        raise _damaged(path, where, error) from None
+    except (EOFError, zlib.error) as error:
+        raise _damaged(path, where, error) from None
+
+
+def _damaged(path: str | os.PathLike, where: str, error: Exception) -> ValueError:
+    place = f" ({where})" if where else ""
+    return ValueError(f"{path}: the compressed data is truncated or corrupt{place}: {error}")
 
 
 def numbered_lines(file: BinaryIO, path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:

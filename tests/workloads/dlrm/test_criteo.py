@@ -315,6 +315,15 @@ def test_a_truncated_gzip_file_is_named(tmp_path):
         load_criteo(path, tmp_path / "cache", chunk_bytes=64)
 
 
+def test_bytes_after_the_gzip_data_are_named_as_such(tmp_path):
+    """A Criteo day file with bytes after its gzip data: named as such, not as corrupt "after line 0"."""
+    path = tmp_path / "day_1.gz"
+    path.write_bytes(gzip.compress(SAMPLE.read_bytes()) + b"garbage!!")
+    with pytest.raises(ValueError, match=r"day_1.gz: bytes that are not gzip data follow") as caught:
+        load_criteo(path, tmp_path / "cache", chunk_bytes=1 << 20)
+    assert "after line" not in str(caught.value)
+
+
 def _tar_of(path: Path, target: Path) -> Path:
     with tarfile.open(target, "w:gz") as archive:
         archive.add(path, arcname="train.txt")
