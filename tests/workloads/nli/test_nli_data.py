@@ -141,7 +141,28 @@ def test_malformed_jsonl_lines_are_counted_when_skipped():
 def test_single_jsonl_file_is_split_by_line():
     splits = read_mnli(DATA / "nli_pairs.jsonl", validation_every=2)
     assert splits["train"].labels == [0, 0] and splits["validation"].labels == [2, 1]
-    assert splits["train"].counts() == {"read": 6, "skipped": 2}
+    assert splits["train"].counts() == {"read": 4, "skipped": 2}
+    assert splits["validation"].counts() == {"read": 2, "skipped": 0}
+
+
+@given(every=st.integers(2, 7), lines=st.lists(st.sampled_from(["pair", "bad"]), max_size=40))
+@settings(max_examples=30, deadline=None)
+def test_the_split_of_one_file_counts_each_line_once(tmp_path_factory, every, lines):
+    """One ``.jsonl`` file split by line: the two splits' lines read add up to the file's, and each split
+    read its pairs plus its skipped lines (the skipped ones counted with train)."""
+    import json
+
+    path = tmp_path_factory.mktemp("one") / "pairs.jsonl"
+    rows = [
+        json.dumps({"premise": f"p{i}", "hypothesis": f"h{i}", "label": i % 3}) if kind == "pair" else "{"
+        for i, kind in enumerate(lines)
+    ]
+    path.write_text("".join(row + "\n" for row in rows))
+    splits = read_mnli(path, skip_malformed=True, validation_every=every)
+    train, validation = splits["train"], splits["validation"]
+    assert train.read + validation.read == len(lines)
+    assert validation.read == len(validation) == lines.count("pair") // every
+    assert train.read == len(train) + train.skipped and train.skipped == lines.count("bad")
 
 
 def test_data_path_errors(tmp_path):

@@ -180,12 +180,15 @@ def read_jsonl(path: str | os.PathLike, *, skip_malformed: bool = False) -> Pair
 
 
 def _split_by_line(examples: PairExamples, every: int) -> tuple[PairExamples, PairExamples]:
-    """Every ``every``-th pair to validation, the rest to train (deterministic; counts stay with train)."""
+    """Every ``every``-th pair to validation, the rest to train (deterministic). Each split counts the lines
+    of its pairs as read; the skipped lines, which belong to no pair, are counted with train, so that the
+    two splits' ``read`` add up to the file's lines and each split reads its pairs plus its skipped lines."""
     train, validation = PairExamples(), PairExamples()
     for index, pair in enumerate(zip(examples.first, examples.second, examples.labels)):
         (validation if index % every == every - 1 else train).add(*pair)
+    validation.read = len(validation)
     train.read, train.skipped, train.skipped_reasons = (
-        examples.read,
+        examples.read - validation.read,
         examples.skipped,
         examples.skipped_reasons,
     )
