@@ -182,7 +182,7 @@ def test_an_existing_run_is_not_overwritten_and_resume_needs_the_same_settings(t
     run("toy", method="comera", preset="smoke", out=out, cache_dir=tmp_path)
     with pytest.raises(SetupError, match="already holds a run; continue it with --resume"):
         run("toy", method="comera", preset="smoke", out=out, cache_dir=tmp_path)
-    with pytest.raises(SetupError, match=r"started with other settings \(train.seed: None then, 3 now\)"):
+    with pytest.raises(SetupError, match=r"settings \(train.seed: unset \(the default, 0\) then, 3 now\)"):
         run("toy", preset="smoke", out=out, cache_dir=tmp_path, resume=True, assignments=["train.seed=3"])
     with pytest.raises(SetupError, match="there is no run to resume"):
         run("toy", preset="smoke", out=tmp_path / "none", cache_dir=tmp_path, resume=True)

@@ -61,6 +61,24 @@ def test_resume_without_a_checkpoint_says_so_and_keeps_only_the_records_it_recom
     assert resumed["evaluation"] == results["evaluation"]
 
 
+def test_a_resume_may_keep_its_checkpoints_otherwise_and_trains_the_same_run(killed_run, tmp_path):
+    """``train.keep_checkpoints`` and ``train.checkpoint_every`` decide only what is kept on disk: a resume
+    with other values is accepted, they hold from then on (``config.json`` says so), and the run ends as
+    it would have; a changed setting that does matter is still refused, its default shown when the run did
+    not name it."""
+    out, results = killed_run
+    shutil.rmtree(out / "checkpoints")
+    keeping = ["train.keep_checkpoints=1", "train.checkpoint_every=1"]
+    with pytest.raises(SetupError, match=r"\(train.seed: unset \(the default, 0\) then, 3 now\)"):
+        _run(tmp_path, out, [*keeping, "train.seed=3"], resume=True)
+    with pytest.warns(RuntimeWarning, match="no checkpoint in"):
+        resumed = _run(tmp_path, out, keeping, resume=True)
+    assert resumed["evaluation"] == results["evaluation"]
+    assert len(list((out / "checkpoints").glob("step-*.pt"))) == 1
+    recorded = json.loads((out / "config.json").read_text())["settings"]["train"]
+    assert (recorded["keep_checkpoints"], recorded["checkpoint_every"]) == (1, 1)
+
+
 def test_a_torn_metrics_line_is_dropped_with_a_warning_and_the_log_stays_valid(killed_run, tmp_path):
     """Killed mid-write before its first checkpoint: the resume trains from step 0 and appends."""
     out, results = killed_run

@@ -41,7 +41,7 @@ import os
 import statistics
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,7 @@ from comera.version import __version__
 __all__ = [
     "run",
     "run_header",
+    "KEEPING_SETTINGS",
     "header_difference",
     "read_run_config",
     "strict_json",
@@ -161,9 +162,31 @@ def read_run_config(config_path: Path) -> dict[str, Any]:
     ) from None
 
 
+KEEPING_SETTINGS = {"train": frozenset({"checkpoint_every", "keep_checkpoints"})}
+"""Settings that decide only how a run is kept on disk, not what it trains or records: a resume (or a
+reused run of ``comera compare``) may give them other values, which then hold for the rest of the run."""
+
+
+def _without_keeping_settings(header: dict[str, Any]) -> dict[str, Any]:
+    settings = header.get("settings")
+    if not isinstance(settings, dict):
+        return header
+    kept = {
+        section: (
+            {key: value for key, value in values.items() if key not in KEEPING_SETTINGS[section]}
+            if section in KEEPING_SETTINGS and isinstance(values, dict)
+            else values
+        )
+        for section, values in settings.items()
+    }
+    return {**header, "settings": kept}
+
+
 def header_difference(recorded: dict[str, Any], header: dict[str, Any]) -> str | None:
     """None when a run folder's ``config.json`` (``recorded``) matches ``header``; else what differs: the
-    data file that changed (by name, size and hash), or the keys with other values."""
+    data file that changed (by name, size and hash), or the keys with other values. The
+    :data:`KEEPING_SETTINGS` are not compared."""
+    recorded, header = _without_keeping_settings(recorded), _without_keeping_settings(header)
     by_content = "data_files" in recorded  # a folder written before fingerprints has only the data's path
     if not by_content:
         recorded = {**recorded, "data_files": header.get("data_files")}
@@ -197,14 +220,30 @@ def _shown(value: Any, limit: int = 80) -> str:
 
 
 def _changed_settings(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``"section.key: then -> now"`` for every setting whose value differs (absent: None)."""
+    """``"section.key: X then, Y now"`` for every setting whose value differs; a setting that one side
+    does not name is shown as its default (:func:`_unset`)."""
     changed = []
     for section in sorted({*recorded, *now}):
         then_values, now_values = recorded.get(section) or {}, now.get(section) or {}
         for key in sorted({*then_values, *now_values}):
             if then_values.get(key) != now_values.get(key):
-                changed.append(f"{section}.{key}: {then_values.get(key)!r} then, {now_values.get(key)!r} now")
+                then, later = (
+                    repr(values[key]) if key in values else _unset(section, key)
+                    for values in (then_values, now_values)
+                )
+                changed.append(f"{section}.{key}: {then} then, {later} now")
     return changed
+
+
+_TRAIN_DEFAULTS = {field.name: field.default for field in fields(TrainConfig)}
+
+
+def _unset(section: str, key: str) -> str:
+    """How a setting that the preset, the TOML file and ``--set`` left out is shown: the value it takes
+    (known for the ``train`` section, :class:`comera.train.config.TrainConfig`'s), else "unset"."""
+    if section == "train" and key in _TRAIN_DEFAULTS:
+        return f"unset (the default, {_TRAIN_DEFAULTS[key]!r})"
+    return "unset (the default)"
 
 
 def _check_identity(out: Path, identity: dict[str, str] | None, cache: Path) -> None:
