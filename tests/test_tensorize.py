@@ -10,6 +10,7 @@ from torch import nn
 from comera import (
     TensorizeConfig,
     TensorizeError,
+    TensorizeWarning,
     TTLinear,
     TTMEmbedding,
     TTMLinear,
@@ -313,7 +314,10 @@ def _encoder():
 def test_all_linear_leaves_out_multihead_attention_out_proj_and_the_encoder_still_runs():
     torch.manual_seed(0)
     dense = _encoder()
-    model = tensorize_(copy.deepcopy(dense), rank=64, init="tt_svd")
+    with pytest.warns(
+        TensorizeWarning, match=r"parent MultiheadAttention reads out_proj.bias and out_proj.weight"
+    ):
+        model = tensorize_(copy.deepcopy(dense), rank=64, init="tt_svd")
     layer = model.layers[0]
     assert type(layer.self_attn.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
     assert isinstance(layer.linear1, TTLinear) and isinstance(layer.linear2, TTLinear)
@@ -324,6 +328,7 @@ def test_all_linear_leaves_out_multihead_attention_out_proj_and_the_encoder_stil
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.filterwarnings("ignore::comera.TensorizeWarning")
 def test_a_converted_encoder_matches_the_dense_one_on_the_eval_fast_path():
     torch.manual_seed(0)
     dense = _encoder().eval()
@@ -380,3 +385,63 @@ def test_a_target_with_no_close_name_lists_some_of_the_models_names_instead():
         tensorize_(model, TensorizeConfig(target_modules=["query"]))
     with pytest.raises(ValueError, match=r"key 'query' matches no module being tensorized; they are: \['0'"):
         tensorize_(model, TensorizeConfig(rank_pattern={"query": 2}))
+
+
+class _ReadsItsProjection(nn.Module):
+    """A parent that calls ``proj`` and also reads ``proj.weight`` in its forward (as BLOOM's attention does
+    on a branch its default config never takes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.other = nn.Linear(16, 16)
+
+    def forward(self, x):
+        if self.proj.weight.dim() > 2:
+            return x
+        return self.other(self.proj(x))
+
+
+class _Experts(nn.Module):
+    """Stacked expert weights, ``[experts, out, in]``, beside a linear router."""
+
+    def __init__(self, experts=4):
+        super().__init__()
+        self.router = nn.Linear(16, experts)
+        self.weight = nn.Parameter(torch.randn(experts, 16, 16))
+
+    def forward(self, x):
+        gate = self.router(x).softmax(-1)
+        return torch.einsum("be,eoi,bi->bo", gate, self.weight, x)  # b batch, e expert, o out, i in
+
+
+def test_all_linear_warns_naming_the_linears_it_leaves_dense_for_their_parent_unless_excluded(recwarn):
+    """The default selection leaves a linear read by its parent dense: said in a TensorizeWarning naming it
+    and the reason; naming it in exclude_modules says it is meant, and then nothing is said."""
+    model = nn.Sequential(_ReadsItsProjection(), _ReadsItsProjection())
+    with pytest.warns(TensorizeWarning, match=r"2 linear\(s\) stay dense .*'0.proj', '1.proj'.*_ReadsIts"):
+        tensorize_(model, rank=4)
+    assert type(model[0].proj) is nn.Linear and isinstance(model[0].other, TTLinear)
+    quiet = nn.Sequential(_ReadsItsProjection())
+    recwarn.clear()
+    tensorize_(quiet, rank=4, exclude_modules=["proj"])
+    assert not [w for w in recwarn if issubclass(w.category, TensorizeWarning)]
+
+
+def test_all_linear_warns_about_stacked_expert_weights_with_their_share_and_not_about_convolutions(recwarn):
+    """Parameters of three or more dimensions outside convolutions (a mixture of experts' stacked weights)
+    are not converted: the warning names them with their share of the model's parameters. A convolution's
+    4-D weight is not such a parameter."""
+    model = nn.Sequential(_Experts(), nn.Linear(16, 16))
+    share = 4 * 16 * 16 / sum(p.numel() for p in model.parameters())
+    with pytest.warns(
+        TensorizeWarning, match=rf"1 parameter\(s\) .* {share:.0%} of .*'0.weight \[4, 16, 16\]'"
+    ):
+        tensorize_(model, rank=4)
+    recwarn.clear()
+    convolutional = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 6 * 6, 16))
+    tensorize_(convolutional, rank=4)
+    assert not [w for w in recwarn if issubclass(w.category, TensorizeWarning)]
+    recwarn.clear()
+    tensorize_(nn.Sequential(_Experts(), nn.Linear(16, 16)), rank=4, target_modules=["1"])
+    assert not [w for w in recwarn if issubclass(w.category, TensorizeWarning)], "targets named: nothing said"

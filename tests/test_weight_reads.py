@@ -49,10 +49,10 @@ def test_a_child_the_class_or_a_subclass_calls_is_not_read_by_attribute():
 
 def test_t5s_feed_forward_output_stays_dense_and_the_converted_model_runs():
     """T5's feed-forward calls ``wo`` but first reads ``wo.weight.dtype``: converted with the default
-    targets, ``wo`` stays an ``nn.Linear`` (the model's forward ran into a missing ``weight`` before); named
-    as a target, it is refused with the reason."""
+    targets, ``wo`` stays an ``nn.Linear`` (the model's forward ran into a missing ``weight`` before), with
+    a warning naming it; named as a target, it is refused with the reason."""
     transformers = pytest.importorskip("transformers")
-    from comera import TensorizeConfig, tensorize_
+    from comera import TensorizeConfig, TensorizeWarning, tensorize_
 
     def t5():
         config = transformers.T5Config(
@@ -61,7 +61,10 @@ def test_t5s_feed_forward_output_stays_dense_and_the_converted_model_runs():
         return transformers.T5ForConditionalGeneration(config).eval()
 
     model = t5()
-    tensorize_(model)
+    with pytest.warns(
+        TensorizeWarning, match=r"2 linear\(s\) stay dense .*'encoder.block.0.layer.1.DenseRel"
+    ):
+        tensorize_(model)
     feed_forward = model.encoder.block[0].layer[1].DenseReluDense
     assert type(feed_forward.wo) is nn.Linear and type(feed_forward.wi) is not nn.Linear
     logits = model(input_ids=torch.tensor([[1, 2, 3]]), decoder_input_ids=torch.tensor([[1, 2]])).logits

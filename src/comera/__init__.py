@@ -6,7 +6,7 @@ from comera.io import load_pretrained, register_model, save_pretrained
 from comera.nn import GatedTrain, TTLinear, TTMEmbedding, TTMEmbeddingBag, TTMLinear, TTMTiedHead
 from comera.rank import PruneResult, RankAdaptation, param_groups, prune_
 from comera.report import CompressionReport, compression_report
-from comera.tensorize import TensorizeError, materialize_, tensorize_, untensorize_
+from comera.tensorize import TensorizeError, TensorizeWarning, materialize_, tensorize_, untensorize_
 from comera.tensorize_config import TensorizeConfig, register_preset, tensorize_preset
 from comera.train import TrainConfig, Trainer, plot_run
 from comera.tt.shapes import auto_modes, factorize, suggest_padding
@@ -19,6 +19,7 @@ __all__ = [
     "RankAdaptation",
     "TensorizeConfig",
     "TensorizeError",
+    "TensorizeWarning",
     "TrainConfig",
     "Trainer",
     "TTLinear",

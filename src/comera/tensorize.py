@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -33,6 +34,7 @@ from comera.weight_reads import disable_weight_fast_paths, read_by_attribute
 
 __all__ = [
     "TensorizeError",
+    "TensorizeWarning",
     "tensorize_",
     "untensorize_",
     "materialize_",
@@ -53,7 +55,15 @@ class TensorizeError(ValueError):
     catches those still catches it."""
 
 
+class TensorizeWarning(UserWarning):
+    """:func:`tensorize_` with the default selection (``target_modules="all-linear"``) left dense a part of
+    the model that a reader would expect converted: linears whose parent reads their weight directly, or
+    parameters of three or more dimensions that are not a convolution's (a mixture of experts' stacked
+    expert weights). The message names them; the conversion itself went ahead."""
+
+
 _CONV1D_STD = 0.02
+_NAMED_AT_MOST = 4
 
 
 def tensorize_configs(model: nn.Module) -> tuple[TensorizeConfig, ...]:
@@ -162,6 +172,52 @@ def _check_not_read(picked: dict[int, str], read: dict[int, str], modules: dict[
                 f"module {name!r} cannot be tensorized: {why}; leave it out of the targets (or add it to "
                 "exclude_modules)"
             )
+
+
+def _warn_left_dense(
+    root: nn.Module,
+    candidates: list[str],
+    read: dict[int, str],
+    excluded: set[str],
+    modules: dict[str, nn.Module],
+) -> None:
+    """Warn (:class:`TensorizeWarning`) about what ``"all-linear"`` leaves dense without being told to: the
+    linears among ``candidates`` (the non-head linears) that their parent reads by attribute (``read``) and
+    ``exclude_modules`` does not name, and the parameters of three or more dimensions outside convolutions."""
+    unread = [name for name in candidates if id(modules[name]) in read and name not in excluded]
+    if unread:
+        reasons = sorted({read[id(modules[name])] for name in unread})
+        warnings.warn(
+            f"tensorize_: {len(unread)} linear(s) stay dense because their parent reads their weight "
+            f"directly ({_some(unread)}): {'; '.join(reasons[:2])}; add them to exclude_modules to say that "
+            "this is meant",
+            TensorizeWarning,
+            stacklevel=3,
+        )
+    stacked = [
+        (f"{name}.{key}" if name else key, parameter)
+        for name, module in root.named_modules()
+        if not isinstance(module, nn.modules.conv._ConvNd)
+        for key, parameter in module.named_parameters(recurse=False)
+        if parameter.dim() >= 3
+    ]
+    if stacked:
+        share = sum(p.numel() for _, p in stacked) / max(sum(p.numel() for p in root.parameters()), 1)
+        shapes = [f"{name} {list(parameter.shape)}" for name, parameter in stacked]
+        warnings.warn(
+            f"tensorize_: {len(stacked)} parameter(s) of three or more dimensions stay dense, "
+            f"{share:.0%} of the model's parameters ({_some(shapes)}): only linears and embeddings are "
+            "converted (stacked expert weights of a mixture of experts are neither)",
+            TensorizeWarning,
+            stacklevel=3,
+        )
+
+
+def _some(names: list[str]) -> str:
+    """The first :data:`_NAMED_AT_MOST` of ``names``, and how many more there are."""
+    shown = ", ".join(repr(name) for name in names[:_NAMED_AT_MOST])
+    more = len(names) - _NAMED_AT_MOST
+    return shown + (f" and {more} more" if more > 0 else "")
 
 
 def _check_patterns_used(config: TensorizeConfig, names: list[str]) -> None:
@@ -394,6 +450,8 @@ def tensorize_(
             f"the config selects no module to tensorize: {_why_none(config, linears, modules)}"
         )
     _check_not_read(picked, read, modules)
+    if config.target_modules == ALL_LINEAR:
+        _warn_left_dense(root, [name for name in linears if name not in heads], read, excluded, modules)
     tied: dict[int, str] = {}
     if config.tie_output_head:
         picked_tables = {id(modules[name].weight): name for name in picked.values() if name in tables}
