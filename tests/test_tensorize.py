@@ -445,3 +445,9 @@ def test_all_linear_warns_about_stacked_expert_weights_with_their_share_and_not_
     recwarn.clear()
     tensorize_(nn.Sequential(_Experts(), nn.Linear(16, 16)), rank=4, target_modules=["1"])
     assert not [w for w in recwarn if issubclass(w.category, TensorizeWarning)], "targets named: nothing said"
+    in_two_calls = tensorize_(
+        nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16)), rank=4, target_modules=["0"]
+    )
+    tensorize_(in_two_calls, rank=4)
+    assert isinstance(in_two_calls[1], TTLinear)
+    assert not [w for w in recwarn if issubclass(w.category, TensorizeWarning)], "the first call's cores"

@@ -183,7 +183,8 @@ def _warn_left_dense(
 ) -> None:
     """Warn (:class:`TensorizeWarning`) about what ``"all-linear"`` leaves dense without being told to: the
     linears among ``candidates`` (the non-head linears) that their parent reads by attribute (``read``) and
-    ``exclude_modules`` does not name, and the parameters of three or more dimensions outside convolutions."""
+    ``exclude_modules`` does not name, and the parameters of three or more dimensions outside convolutions
+    and outside the comera layers an earlier call made (their cores)."""
     unread = [name for name in candidates if id(modules[name]) in read and name not in excluded]
     if unread:
         reasons = sorted({read[id(modules[name])] for name in unread})
@@ -194,12 +195,13 @@ def _warn_left_dense(
             TensorizeWarning,
             stacklevel=3,
         )
+    converted = {id(p) for module in root.modules() if is_layer(module) for p in module.parameters()}
     stacked = [
         (f"{name}.{key}" if name else key, parameter)
         for name, module in root.named_modules()
         if not isinstance(module, nn.modules.conv._ConvNd)
         for key, parameter in module.named_parameters(recurse=False)
-        if parameter.dim() >= 3
+        if parameter.dim() >= 3 and id(parameter) not in converted
     ]
     if stacked:
         share = sum(p.numel() for _, p in stacked) / max(sum(p.numel() for p in root.parameters()), 1)
