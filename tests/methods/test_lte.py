@@ -75,10 +75,33 @@ def test_each_head_sees_its_contiguous_chunk_of_the_batch():
         chunk = x[2 * n : 2 * n + 2]
         direct = chunk @ weight.T + bias + 1.5 * (chunk @ layer.lora_A[n].T) @ layer.lora_B[n].T
         torch.testing.assert_close(y[2 * n : 2 * n + 2], direct, rtol=1e-12, atol=1e-12)
-    with pytest.raises(
-        ValueError, match=r"batch_size must be a multiple of heads=3, got an input of shape \(4, 5\)"
-    ):
-        layer(torch.randn(4, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"needs a batch dimension before its features: got shape \(5,\)"):
+        layer(torch.randn(5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4, 5, 7])
+def test_a_batch_the_heads_do_not_divide_is_split_as_tensor_split_splits_it(batch):
+    """An epoch's last, short batch (7 rows for 3 heads: 3, 2, 2; 2 rows: 1, 1, 0) trains instead of
+    stopping the run: each head adds its product on its own block of rows, and the gradients of every
+    head's factors match finite differences."""
+    layer = _layer(heads=3)
+    x = torch.randn(batch, 2, 5, dtype=torch.float64)
+    y = layer(x)
+    weight, bias = layer.weight.detach(), layer.bias.detach()
+    start = 0
+    for n, size in enumerate([batch // 3 + (n < batch % 3) for n in range(3)]):
+        chunk = x[start : start + size]
+        direct = chunk @ weight.T + bias + 1.5 * (chunk @ layer.lora_A[n].T) @ layer.lora_B[n].T
+        torch.testing.assert_close(y[start : start + size], direct, rtol=1e-12, atol=1e-12)
+        start += size
+    assert start == batch
+    with torch.no_grad():
+        layer.lora_B.normal_()
+    assert torch.autograd.gradcheck(lambda a, b: _with_heads(layer, a, b, x), (layer.lora_A, layer.lora_B))
+
+
+def _with_heads(layer, lora_a, lora_b, x):
+    return torch.func.functional_call(layer, {"lora_A": lora_a, "lora_B": lora_b}, (x,))
 
 
 def test_one_head_without_merges_is_plain_lora():

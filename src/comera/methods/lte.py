@@ -17,8 +17,9 @@ Settings (``method.KEY``) and where their defaults come from:
 
 - ``rank`` = 32 and ``scale`` = 128.0: the authors' reference code's example (``lora_r=32``,
   ``lora_alpha=4096``, ``s = alpha / r``);
-- ``heads`` = 4: our choice. The reference example uses 32 heads; the batch must divide by ``N``, and the
-  paper's comparison runs batches of 32 to 128 (batch 1 needs ``heads`` = 1);
+- ``heads`` = 4: our choice. The reference example uses 32 heads; ``train.batch_size`` must divide by ``N``
+  (an epoch's last, shorter batch is split as evenly as it goes: :class:`LTELinear`), and the paper's
+  comparison runs batches of 32 to 128 (batch 1 needs ``heads`` = 1);
 - ``merge_every`` = 10: our choice within the range the paper studies (it ablates ``T``); not checked
   against the paper's tables;
 - ``lr`` = 1e-4: our choice, the heads' AdamW rate (with ``s`` = 128 a head's first steps move ``W`` about
@@ -51,9 +52,11 @@ __all__ = ["LTELinear", "LTEMethod", "lte_layers", "merge_heads", "merge_every"]
 class LTELinear(nn.Module):
     """A linear with a frozen main weight and ``heads`` parallel LoRA heads, each fed one chunk of the batch.
 
-    Shapes: input ``(batch, *, in_features)`` with ``batch`` a multiple of ``heads`` in training mode (dim 0
-    is the batch); output ``(batch, *, out_features)``. Row block ``n`` of the batch (rows
-    ``n * batch / heads`` to ``(n + 1) * batch / heads - 1``) gets ``x W^T + b + s (x A_n^T) B_n^T``.
+    Shapes: input ``(batch, *, in_features)`` (dim 0 is the batch); output ``(batch, *, out_features)``. In
+    training mode row block ``n`` of the batch gets ``x W^T + b + s (x A_n^T) B_n^T``: the blocks of
+    ``torch.tensor_split(x, heads)``, contiguous and of ``batch / heads`` rows when ``heads`` divides
+    ``batch``; otherwise (an epoch's last, short batch) the first ``batch % heads`` blocks hold one row more,
+    and with fewer rows than heads the last heads get none.
 
     Args:
         in_features, out_features: sizes of the linear.
@@ -138,17 +141,24 @@ class LTELinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training:
             return F.linear(x, self.weight + self.delta(), self.bias)
-        if x.dim() < 2 or x.shape[0] % self.heads:
+        if x.dim() < 2:
             raise ValueError(
-                f"LTE splits each training batch across its heads along dim 0: batch_size must be a multiple "
-                f"of heads={self.heads}, got an input of shape {tuple(x.shape)} (set train.batch_size and "
-                "drop_last, or method.heads)"
+                f"LTE splits each training batch across its heads along dim 0, so the input needs a batch "
+                f"dimension before its features: got shape {tuple(x.shape)}"
             )
         main = F.linear(x, self.weight, self.bias)
-        chunks = x.reshape(self.heads, -1, self.in_features)
-        low = torch.bmm(chunks, self.lora_A.transpose(1, 2))
-        heads_out = torch.bmm(low, self.lora_B.transpose(1, 2))
-        return main + self.scale * heads_out.reshape(*x.shape[:-1], self.out_features)
+        if x.shape[0] % self.heads == 0:
+            chunks = x.reshape(self.heads, -1, self.in_features)
+            low = torch.bmm(chunks, self.lora_A.transpose(1, 2))
+            heads_out = torch.bmm(low, self.lora_B.transpose(1, 2)).reshape(*x.shape[:-1], self.out_features)
+        else:
+            heads_out = torch.cat(
+                [
+                    F.linear(F.linear(chunk, self.lora_A[n]), self.lora_B[n])
+                    for n, chunk in enumerate(torch.tensor_split(x, self.heads))
+                ]
+            )
+        return main + self.scale * heads_out
 
     def extra_repr(self) -> str:
         return (
