@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from comera.child import QUIET_START
-from comera.startup import interrupts_ignored, runs_the_command
+from comera.startup import interrupts_ignored, interrupts_passed_on, runs_the_command
 
 SRC = str(Path(__file__).parents[1] / "src")
 
@@ -82,3 +82,32 @@ def test_a_ctrl_c_inside_interrupts_ignored_is_dropped_and_the_handler_restored(
         delivered = True
     assert delivered
     assert signal.getsignal(signal.SIGINT) is before
+
+
+class _RaisesOnCollection:
+    def __init__(self, error):
+        self.error = error
+
+    def __del__(self):
+        raise self.error
+
+
+def test_a_ctrl_c_inside_a_collection_callback_is_delivered_again_not_printed(monkeypatch):
+    """A KeyboardInterrupt raised where Python cannot raise it (here a ``__del__``; in a --nproc run it
+    landed in a WeakValueDictionary callback and printed "Exception ignored ... Traceback") reaches the
+    main thread as a Ctrl-C; any other unraisable exception goes to the hook that was there before."""
+    seen = []
+    monkeypatch.setattr(
+        sys, "unraisablehook", interrupts_passed_on(lambda unraisable: seen.append(unraisable))
+    )
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _RaisesOnCollection(KeyboardInterrupt())
+            for _ in range(1000):
+                time.sleep(0.001)
+        assert seen == []
+        _RaisesOnCollection(ValueError("not an interrupt"))
+        assert [type(unraisable.exc_value) for unraisable in seen] == [ValueError]
+    finally:
+        signal.signal(signal.SIGINT, previous)

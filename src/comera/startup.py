@@ -14,18 +14,22 @@ files stops in its own way from there on).
 A process of a ``comera train --nproc N`` launch also joins its launch here (:func:`join_launch`): from
 its first moment it stops when ``torchrun`` does. And the output of every command process goes through
 :func:`comera.output.drop_output_once_unread`: a reader that leaves (``| head -3``) neither stops the work
-nor brings a traceback.
+nor brings a traceback. A Ctrl-C that lands in a callback Python cannot raise from (a weak reference's,
+run by the garbage collector) is delivered again instead of printed as an ignored exception
+(:func:`interrupts_passed_on`).
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from comera.child import (
     INTERRUPTED,
@@ -37,9 +41,17 @@ from comera.child import (
 )
 from comera.output import drop_output_once_unread
 
-__all__ = ["quiet_start", "interrupts_raise", "interrupts_ignored", "join_launch", "runs_the_command"]
+__all__ = [
+    "quiet_start",
+    "interrupts_raise",
+    "interrupts_ignored",
+    "join_launch",
+    "runs_the_command",
+    "interrupts_passed_on",
+]
 
 _LINE = f"{INTERRUPTED_WHILE_STARTING}\n".encode()
+_REDELIVERY_DELAY_S = 0.01
 
 
 def _stop_at_once(signum: int, frame: object) -> None:
@@ -71,8 +83,30 @@ def quiet_start() -> None:
         return
     join_launch()
     drop_output_once_unread()
+    sys.unraisablehook = interrupts_passed_on(sys.unraisablehook)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _stop_at_once)
+
+
+def interrupts_passed_on(previous: Callable[[Any], object]) -> Callable[[Any], None]:
+    """A ``sys.unraisablehook`` that passes a Ctrl-C on instead of printing it: a ``KeyboardInterrupt``
+    raised where Python cannot raise it (a weak reference's callback, a ``__del__``, run by the garbage
+    collector) is printed as "Exception ignored in ..." with its traceback and then lost. This hook
+    delivers it again to the main thread (``_thread.interrupt_main``: the SIGINT handler in force runs, so
+    a command stops as its Ctrl-C handling says), from a short-lived thread a moment later: delivered from
+    the hook itself, it would land in the hook, where it cannot be raised either. Every other unraisable
+    exception goes to ``previous``."""
+
+    def hook(unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            previous(unraisable)
+            return
+        redelivery = threading.Timer(_REDELIVERY_DELAY_S, _thread.interrupt_main)
+        redelivery.daemon = True
+        with contextlib.suppress(RuntimeError):  # no new thread while the interpreter shuts down
+            redelivery.start()
+
+    return hook
 
 
 def join_launch() -> None:
