@@ -171,15 +171,11 @@ def _without_keeping_settings(header: dict[str, Any]) -> dict[str, Any]:
     settings = header.get("settings")
     if not isinstance(settings, dict):
         return header
-    kept = {
-        section: (
-            {key: value for key, value in values.items() if key not in KEEPING_SETTINGS[section]}
-            if section in KEEPING_SETTINGS and isinstance(values, dict)
-            else values
-        )
-        for section, values in settings.items()
-    }
-    return {**header, "settings": kept}
+    settings = dict(settings)
+    for section, keys in KEEPING_SETTINGS.items():
+        if isinstance(settings.get(section), dict):
+            settings[section] = {key: value for key, value in settings[section].items() if key not in keys}
+    return {**header, "settings": settings}
 
 
 def header_difference(recorded: dict[str, Any], header: dict[str, Any]) -> str | None:
