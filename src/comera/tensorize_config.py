@@ -21,11 +21,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from comera.checks import check_int
 from comera.nn.gated import DEFAULT_RANK, DEFAULT_TAU, check_tau
+from comera.tt.shapes import factorize, suggest_padding
 
 __all__ = [
     "TensorizeConfig",
@@ -38,6 +40,8 @@ __all__ = [
     "selector_matches",
     "register_preset",
     "tensorize_preset",
+    "fitted_preset",
+    "fold_modes",
     "preset_names",
 ]
 
@@ -224,6 +228,7 @@ def selector_matches(selector: str | tuple[str, ...], name: str) -> bool:
 
 
 _PRESETS: dict[str, TensorizeConfig] = {}
+_FITS: dict[str, Callable[[TensorizeConfig, Mapping[str, Any]], TensorizeConfig]] = {}
 _BUILTIN_PRESET_MODULES = (
     "comera.workloads.nli.presets",
     "comera.workloads.mlm.presets",
@@ -238,10 +243,19 @@ def _register_builtin_presets() -> None:
         importlib.import_module(module)
 
 
-def register_preset(name: str, config: TensorizeConfig, *, replace: bool = False) -> TensorizeConfig:
+def register_preset(
+    name: str,
+    config: TensorizeConfig,
+    *,
+    replace: bool = False,
+    fit: Callable[[TensorizeConfig, Mapping[str, Any]], TensorizeConfig] | None = None,
+) -> TensorizeConfig:
     """Register ``config`` under ``name`` for :func:`tensorize_preset` and the CLI's ``tensorize.preset``.
 
-    Registering a name twice raises ``ValueError`` unless ``replace`` is True. Returns ``config``.
+    ``fit``, optional: ``fit(config, model_settings)`` returns the preset adapted to a model of other sizes
+    (a recipe run's ``model`` section, e.g. the foldings of another ``hidden_size``), or raises ``ValueError``
+    naming the setting it cannot follow; :func:`fitted_preset` calls it. Registering a name twice raises
+    ``ValueError`` unless ``replace`` is True. Returns ``config``.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"preset name must be a non-empty str, got {name!r}")
@@ -250,7 +264,35 @@ def register_preset(name: str, config: TensorizeConfig, *, replace: bool = False
     if name in _PRESETS and not replace and _PRESETS[name] != config:
         raise ValueError(f"a tensorization preset named {name!r} is already registered")
     _PRESETS[name] = config
+    if fit is None:
+        _FITS.pop(name, None)
+    else:
+        _FITS[name] = fit
     return config
+
+
+def fold_modes(size: int, num_modes: int, setting: str) -> tuple[int, ...]:
+    """The balanced folding of ``size`` into ``num_modes`` ascending modes of at least 2
+    (:func:`comera.tt.shapes.factorize`), for a preset's ``fit``; ``ValueError`` naming ``setting`` when
+    ``size`` has fewer than ``num_modes`` prime factors (no folding without a mode of 1)."""
+    modes = factorize(check_int(size, setting, 1), num_modes)
+    if min(modes) < 2:
+        raise ValueError(
+            f"{setting} {size} cannot be folded into {num_modes} modes of at least 2 (it has fewer than "
+            f"{num_modes} prime factors); choose a size with at least {num_modes} prime factors, e.g. "
+            f"{suggest_padding(size, num_modes)}, or give tensorize.shape_pattern"
+        )
+    return modes
+
+
+def fitted_preset(name: str, model_settings: Mapping[str, Any], **overrides: Any) -> TensorizeConfig:
+    """The registered preset ``name`` fitted to ``model_settings`` (by the ``fit`` it was registered with;
+    unchanged without one), then with ``overrides`` applied (:meth:`TensorizeConfig.with_overrides`)."""
+    config = tensorize_preset(name)
+    fit = _FITS.get(name)
+    if fit is not None:
+        config = fit(config, model_settings)
+    return config.with_overrides(**overrides) if overrides else config
 
 
 def preset_names() -> tuple[str, ...]:

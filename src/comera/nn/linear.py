@@ -49,7 +49,7 @@ from comera.nn.gated import DEFAULT_RANK, DEFAULT_TAU, GatedTrain, autocast_outp
 from comera.nn.layer import NameOf, Resolve, register_layer, spec_arguments
 from comera.nn.removed import RemovedLinear
 from comera.tt.autotune import autotune_enabled, cached_choice, size_bucket, tuned
-from comera.tt.cores import core_std, tt_core_shapes, tt_full, ttm_core_shapes, ttm_full
+from comera.tt.cores import core_std, spectral_std, tt_core_shapes, tt_full, ttm_core_shapes, ttm_full
 from comera.tt.costs import (
     ORDERS,
     auto_tt_order,
@@ -144,6 +144,24 @@ class _TrainLinear(GatedTrain):
         if self.bias is not None:
             bound = 1.0 / math.sqrt(self.in_features)
             self.bias.uniform_(-bound, bound)
+
+    def core_fans(self) -> list[tuple[int, int]]:
+        """``(fan_in, fan_out)`` of every core read as the matrix it applies when an input is contracted
+        core by core from the input side, at the cores' stored shapes (subclasses define the reading)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def spectral_init_(self, zero_last: bool = False) -> None:
+        """Redraw the cores under the spectral rule (:func:`comera.tt.cores.spectral_std` of each core's
+        :meth:`core_fans`); gates back to 1, the bias kept. ``zero_last``: the last core starts at zero, so
+        the layer starts as the zero map (for a layer that writes into a residual stream)."""
+        for index, (core, (fan_in, fan_out)) in enumerate(zip(self.cores, self.core_fans())):
+            if zero_last and index == len(self.cores) - 1:
+                core.zero_()
+            else:
+                core.normal_(0.0, spectral_std(fan_in, fan_out))
+        for gate in self.gates:
+            gate.fill_(1.0)
 
     def _check_input(self, input: torch.Tensor) -> None:
         if not isinstance(input, torch.Tensor):
@@ -542,6 +560,15 @@ class TTLinear(_TrainLinear):
     def bond_sizes(self) -> tuple[int, ...]:
         return self.in_shape + self.out_shape
 
+    def core_fans(self) -> list[tuple[int, int]]:
+        """A core ``(r_{k-1}, n_k, r_k)`` of an input mode reads ``r_{k-1} n_k`` values and writes ``r_k``;
+        one of an output mode reads ``r_{k-1}`` and writes ``n_k r_k``."""
+        inputs = len(self.in_shape)
+        return [
+            (left * mode, right) if index < inputs else (left, mode * right)
+            for index, (left, mode, right) in enumerate(core.shape for core in self.cores)
+        ]
+
     @property
     def gemm(self) -> str:
         """Number format of the merge order's batch-sized GEMMs: ``"fp32"`` or ``"fp8"``."""
@@ -654,6 +681,12 @@ class TTMLinear(_TrainLinear):
     @property
     def bond_sizes(self) -> tuple[int, ...]:
         return tuple(m * n for m, n in zip(self.in_shape, self.out_shape))
+
+    def core_fans(self) -> list[tuple[int, int]]:
+        """A core ``(r_{k-1}, m_k, n_k, r_k)`` reads ``r_{k-1} m_k`` values and writes ``n_k r_k``."""
+        return [
+            (left * rows, cols * right) for left, rows, cols, right in (core.shape for core in self.cores)
+        ]
 
     def order_costs(self, batch: int, backward: bool = True) -> dict[str, float]:
         """Estimated microseconds of each contraction order for ``batch`` rows (:mod:`comera.tt.costs`)."""

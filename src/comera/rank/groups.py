@@ -1,4 +1,5 @@
-"""The three optimizer parameter groups of CoMERA: cores, gates, everything else (docs/method.md §4)."""
+"""The optimizer parameter groups of CoMERA: cores, gates, everything else (docs/method.md §4); under the
+spectral rule (:mod:`comera.rank.spectral`) the cores split by their learning rate."""
 
 from __future__ import annotations
 
@@ -7,12 +8,19 @@ from torch import nn
 from comera.checks import check_number
 from comera.modules import trainable_parameters
 from comera.rank.size import gated_trains
+from comera.rank.spectral import CORE_RULES, spectral_lr_scales
 
 __all__ = ["param_groups"]
 
 
 def param_groups(
-    model: nn.Module, *, lr_cores: float, lr_gates: float, lr_other: float, weight_decay: float = 0.0
+    model: nn.Module,
+    *,
+    lr_cores: float,
+    lr_gates: float,
+    lr_other: float,
+    weight_decay: float = 0.0,
+    core_rule: str = "uniform",
 ) -> list[dict]:
     """Parameter groups ``[cores, gates, other]`` for ``torch.optim.AdamW`` (each dict has a ``"name"``).
 
@@ -20,6 +28,11 @@ def param_groups(
     norms, dense layers). Shared parameters appear once. ``weight_decay`` applies to cores and other
     parameters, never to gates: pulling gates toward zero is the rank objective's job. Empty groups are left
     out. Paper values: ``lr_cores=1e-4, lr_gates=1e-3, lr_other=5e-5, weight_decay=0``.
+
+    ``core_rule`` (one of :data:`comera.rank.spectral.CORE_RULES`): ``"uniform"`` puts every core at
+    ``lr_cores``; ``"spectral"`` gives each core of a TT or TTM linear layer ``lr_cores`` times its
+    :func:`comera.rank.spectral.spectral_lr_scales` multiplier, one group per distinct rate, named ``"cores"``
+    for the rate ``lr_cores`` itself and ``"cores x{multiplier}"`` otherwise, in the order the cores are met.
     """
     rates = {
         "cores": check_number(lr_cores, "lr_cores", 0.0),
@@ -27,13 +40,27 @@ def param_groups(
         "other": check_number(lr_other, "lr_other", 0.0),
     }
     decay = check_number(weight_decay, "weight_decay", 0.0)
+    if core_rule not in CORE_RULES:
+        raise ValueError(f"core_rule must be one of {CORE_RULES}, got {core_rule!r}")
+    scales = spectral_lr_scales(model) if core_rule == "spectral" else {}
     seen: set[int] = set()
-    members: dict[str, list[nn.Parameter]] = {"cores": [], "gates": [], "other": []}
+    cores: dict[float, list[nn.Parameter]] = {}
+    members: dict[str, list[nn.Parameter]] = {"gates": [], "other": []}
     for _, layer_train in gated_trains(model):
-        members["cores"] += trainable_parameters(layer_train.cores, seen)
+        for core in trainable_parameters(layer_train.cores, seen):
+            cores.setdefault(scales.get(id(core), 1.0), []).append(core)
         members["gates"] += trainable_parameters(layer_train.gates, seen)
     members["other"] += trainable_parameters(model.parameters(), seen)
-    return [
+    groups = [
+        {
+            "name": "cores" if scale == 1.0 else f"cores x{scale:.4g}",
+            "params": params,
+            "lr": rates["cores"] * scale,
+            "weight_decay": decay,
+        }
+        for scale, params in cores.items()
+    ]
+    return groups + [
         {"name": name, "params": params, "lr": rates[name], "weight_decay": 0.0 if name == "gates" else decay}
         for name, params in members.items()
         if params

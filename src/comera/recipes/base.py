@@ -86,6 +86,11 @@ class Recipe:
         """
         raise NotImplementedError
 
+    def check_model_settings(self, settings: dict[str, Any]) -> None:
+        """Check the run's ``model`` section before any data is read (``ValueError`` whose message opens
+        with the key, e.g. ``hidden_size (96) must be ...``); default: nothing beyond the types
+        :mod:`comera.recipes.settings` checks."""
+
     def build_model(self, settings: dict[str, Any], data: RecipeData) -> nn.Module:
         """The dense model from the run's ``model`` section (sizes the data decides, e.g. the vocabulary,
         come from ``data.info``)."""

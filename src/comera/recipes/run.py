@@ -519,6 +519,10 @@ def run_header(
     settings = resolve_settings(
         recipe.presets, preset, get_method(method), config_file=config_file, assignments=assignments
     )
+    try:
+        recipe.check_model_settings(settings["model"])
+    except ValueError as error:
+        raise section_error("model", error, settings["model"]) from None
     data_path = None if data is None else Path(data)
     if data_path is not None and not data_path.exists():
         raise FileNotFoundError(f"--data {data_path}: no such file or folder")

@@ -28,7 +28,8 @@ from typing import Any
 
 from comera.data.files import GZIP_MAGIC, utf8_text
 from comera.methods import Method
-from comera.tensorize_config import TensorizeConfig, preset_names, tensorize_preset
+from comera.recipes.base import get_recipe
+from comera.tensorize_config import TensorizeConfig, fitted_preset, preset_names
 from comera.train.config import MOVED_KEYS, TrainConfig, moved_key_message
 
 if sys.version_info >= (3, 11):
@@ -267,7 +268,7 @@ def section_error(section: str, error: ValueError | FileNotFoundError, keys: Ite
     return kind(f"{section}.{message}")
 
 
-ADDED_METHOD_KEYS: tuple[str, ...] = ("trims",)
+ADDED_METHOD_KEYS: tuple[str, ...] = ("trims", "core_rule", "zero_last")
 """Method settings added after run folders were first written (``trims``: the late stage's gradual trims). A
 recorded run without one takes the resuming command's value, so an older folder resumes; ``--set
 method.trims=1`` continues it exactly as it was trained (one trim, the behaviour before the key existed)."""
@@ -283,7 +284,9 @@ def upgrade_run_header(
     for a ``comera`` run they move to ``settings.method`` over the method's defaults (its ``method`` section
     was empty then); for any other method they are dropped (no baseline read them). A method setting of
     :data:`ADDED_METHOD_KEYS` that the recorded run lacks takes ``header``'s value (when given, for the same
-    method). A current header is returned unchanged.
+    method). A ``model`` or ``data`` key that the run's preset defines but the run did not record (added to
+    the preset later, such as ``model.hidden_size``) takes the preset's value, which the run used. A current
+    header is returned unchanged.
     """
     settings = recorded.get("settings")
     if not isinstance(settings, dict) or not isinstance(settings.get("train"), dict):
@@ -297,6 +300,7 @@ def upgrade_run_header(
             section = {**method.defaults, **section, **moved}
         recorded = {**recorded, "settings": {**settings, "train": train, "method": section}}
         recorded_keys |= set(moved)
+    recorded = _with_added_preset_keys(recorded)
     wanted = ((header or {}).get("settings") or {}).get("method")
     if not isinstance(wanted, dict) or header.get("method") != recorded.get("method"):
         return recorded
@@ -307,7 +311,23 @@ def upgrade_run_header(
     return {**recorded, "settings": {**recorded["settings"], "method": section}}
 
 
+def _with_added_preset_keys(recorded: dict[str, Any]) -> dict[str, Any]:
+    """``recorded`` with the ``model`` and ``data`` keys its preset defines today but the run did not record
+    (keys added to the preset after the run started, e.g. ``model.hidden_size``) set to the preset's values,
+    which the run used; unchanged when its recipe or preset is not registered."""
+    try:
+        preset = get_recipe(recorded.get("recipe")).presets[recorded.get("preset")]
+    except (KeyError, ValueError, TypeError):
+        return recorded
+    settings = dict(recorded["settings"])
+    for section in ("model", "data"):
+        if isinstance(settings.get(section), dict):
+            settings[section] = {**preset.get(section, {}), **settings[section]}
+    return {**recorded, "settings": settings}
+
+
 def tensorize_config(settings: dict[str, Any]) -> TensorizeConfig:
-    """The run's :class:`comera.TensorizeConfig`: its named preset with the section's other keys applied."""
+    """The run's :class:`comera.TensorizeConfig`: its named preset fitted to the run's ``model`` section
+    (:func:`comera.tensorize_config.fitted_preset`), with the section's other keys applied."""
     overrides = {key: value for key, value in settings["tensorize"].items() if key != "preset"}
-    return tensorize_preset(settings["tensorize"]["preset"], **overrides)
+    return fitted_preset(settings["tensorize"]["preset"], settings.get("model") or {}, **overrides)

@@ -20,6 +20,8 @@ __all__ = [
     "tt_core_shapes",
     "ttm_core_shapes",
     "core_std",
+    "spectral_std",
+    "spectral_lr_scale",
     "num_train_parameters",
     "tt_full",
     "ttm_full",
@@ -51,6 +53,25 @@ def core_std(target_std: float, ranks: Sequence[int]) -> list[float]:
     right = (*ranks, 1)
     order = len(right)
     return [target_std ** (1.0 / order) / math.sqrt(r) for r in right]
+
+
+def spectral_std(fan_in: int, fan_out: int) -> float:
+    """Std of a core read as a ``fan_in x fan_out`` matrix under the spectral rule of Qiu et al. (ICML 2024,
+    "Compute Better Spent"): ``sqrt(min(fan_in, fan_out)) / fan_in``, which gives the core a spectral norm
+    of about ``sqrt(fan_out / fan_in)``, as a dense layer of those fans has."""
+    if fan_in < 1 or fan_out < 1:
+        raise ValueError(f"fan_in and fan_out must be >= 1, got {fan_in} and {fan_out}")
+    return math.sqrt(min(fan_in, fan_out)) / fan_in
+
+
+def spectral_lr_scale(dense_fan_in: int, fan_in: int, num_cores: int) -> float:
+    """Adam learning-rate multiplier of one core under the same rule: ``(dense_fan_in / fan_in) / num_cores``,
+    ``dense_fan_in`` the fan-in of the dense layer the train stands for (its ``in_features``)."""
+    if min(dense_fan_in, fan_in, num_cores) < 1:
+        raise ValueError(
+            f"dense_fan_in, fan_in and num_cores must be >= 1, got {dense_fan_in}, {fan_in}, {num_cores}"
+        )
+    return dense_fan_in / fan_in / num_cores
 
 
 def num_train_parameters(bond_sizes: Sequence[int], ranks: Sequence[int]) -> int:

@@ -10,6 +10,7 @@ from torch import nn
 from comera.methods.base import Method, MethodContext
 from comera.methods.comera.objective import CoMERAObjective
 from comera.methods.comera.settings import CoMERASettings
+from comera.rank.spectral import spectral_init_
 from comera.tensorize import tensorize_
 from comera.train.objective import Objective
 
@@ -38,7 +39,13 @@ class CoMERAMethod(Method):
         return CoMERASettings.from_dict(settings)
 
     def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
-        return tensorize_(model, context.tensorize)
+        """Tensorize by ``context.tensorize``; under ``core_rule="spectral"``, redraw the linear layers'
+        cores by that rule (:func:`comera.rank.spectral.spectral_init_`)."""
+        model = tensorize_(model, context.tensorize)
+        settings = self.settings({**self.defaults, **context.settings})
+        if settings.core_rule == "spectral":
+            spectral_init_(model, settings.zero_last)
+        return model
 
     def objective(self, model: nn.Module, context: MethodContext) -> Objective:
         return CoMERAObjective(model, self.settings({**self.defaults, **context.settings}))

@@ -95,14 +95,16 @@ class CoMERAObjective(Objective):
         return self.adaptation.device_state()
 
     def param_groups(self, *, lr: float, weight_decay: float) -> list[dict[str, Any]]:
-        """CoMERA's three groups (:func:`comera.param_groups`): cores at ``settings.lr_cores``, gates at
-        ``settings.lr_gates`` (never decayed), everything else at ``lr``."""
+        """CoMERA's groups (:func:`comera.param_groups`): cores at ``settings.lr_cores`` (per core under
+        ``settings.core_rule="spectral"``), gates at ``settings.lr_gates`` (never decayed), everything else at
+        ``lr``."""
         return param_groups(
             self.model,
             lr_cores=self.settings.lr_cores,
             lr_gates=self.settings.lr_gates,
             lr_other=lr,
             weight_decay=weight_decay,
+            core_rule=self.settings.core_rule,
         )
 
     def begin_late_stage(self, *, late_steps: int | None = None) -> dict[str, Any]:

@@ -9,11 +9,13 @@ section (``--set method.gamma=0.1``).
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from comera.checks import check_number
 from comera.rank.adaptation import DEFAULT_RECOVERY, DEFAULT_TRIMS
+from comera.rank.spectral import CORE_RULES
 from comera.rank.surrogate import SURROGATES
 
 __all__ = ["CoMERASettings", "PRUNE_POINTS"]
@@ -21,6 +23,18 @@ __all__ = ["CoMERASettings", "PRUNE_POINTS"]
 PRUNE_POINTS = ("early_end", "late_epoch", "epoch", "end")
 """Where :func:`comera.prune_` runs: end of the early stage, end of every late-stage epoch, end of every
 epoch, end of training. An empty tuple never prunes."""
+
+
+def _check_patterns(patterns: object) -> None:
+    if isinstance(patterns, str) or not isinstance(patterns, (tuple, list)):
+        raise ValueError(f"zero_last must be a list of regular expressions, got {patterns!r}")
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise ValueError(f"zero_last must be a list of regular expressions, got an entry {pattern!r}")
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ValueError(f"zero_last entry {pattern!r} is not a regular expression ({error})") from None
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,11 @@ class CoMERASettings:
             ranks even when the late stage ends mid-epoch).
         lr_cores, lr_gates: learning rates of the cores and gates groups of the default AdamW
             (:func:`comera.param_groups`; every other parameter trains at ``TrainConfig.lr_other``).
+        core_rule: ``"uniform"`` (every core at ``lr_cores``, the layers' own initialisation) or
+            ``"spectral"`` (per-core initialisation and learning rate, ``lr_cores`` the dense-equivalent
+            rate: :mod:`comera.rank.spectral`).
+        zero_last: with ``core_rule="spectral"``, regular expressions naming the linear layers whose last
+            core starts at zero (those writing into a residual stream, e.g. ``attention\\.o$``).
     """
 
     gamma: float = 0.01
@@ -60,6 +79,8 @@ class CoMERASettings:
     prune_at: tuple[str, ...] = ("early_end", "late_epoch", "end")
     lr_cores: float = 1e-4
     lr_gates: float = 1e-3
+    core_rule: str = "uniform"
+    zero_last: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_number(self.gamma, "gamma", 0.0)
@@ -84,6 +105,15 @@ class CoMERASettings:
         object.__setattr__(self, "prune_at", tuple(self.prune_at))
         for name in ("lr_cores", "lr_gates"):
             check_number(getattr(self, name), name, 0.0)
+        if self.core_rule not in CORE_RULES:
+            raise ValueError(f"core_rule must be one of {CORE_RULES}, got {self.core_rule!r}")
+        _check_patterns(self.zero_last)
+        if self.zero_last and self.core_rule != "spectral":
+            raise ValueError(
+                "zero_last needs core_rule='spectral' (the uniform rule keeps the layers' own "
+                f"initialisation), got zero_last={list(self.zero_last)} with core_rule={self.core_rule!r}"
+            )
+        object.__setattr__(self, "zero_last", tuple(self.zero_last))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (lists for tuples), storable in JSON or a ``weights_only`` checkpoint."""

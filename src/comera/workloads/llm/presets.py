@@ -51,9 +51,10 @@ is tied to ``wte`` and becomes a ``TTMTiedHead``) with rank 16 and automatic sha
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from comera.tensorize_config import TensorizeConfig, register_preset
+from comera.tensorize_config import TensorizeConfig, fold_modes, register_preset
 
 __all__ = ["RECIPE_PRESETS", "TENSORIZE_PRESETS", "llm_tensorize_config"]
 
@@ -107,21 +108,53 @@ def llm_tensorize_config(
     )
 
 
+_LAYOUTS: dict[str, dict[str, Any]] = {
+    "llm-paper": {"linear_rank": 32, "embedding_rank": 32, "rows": (40, 20, 40)},
+    "llm-small": {
+        "linear_rank": 16,
+        "embedding_rank": 32,
+        "rows": None,
+        "head": False,
+        "embedding": False,
+        "format": "ttm",
+    },
+    "llm-smoke": {"linear_rank": 4, "embedding_rank": 4, "rows": None},
+}
+"""The llm-* presets without their foldings, which follow the model's widths
+(:func:`comera.tensorize_config.fold_modes`)."""
+
+_SIZES = {"llm-paper": (512, 1376, 3), "llm-small": (128, 352, 3), "llm-smoke": (32, 88, 2)}
+"""Each llm-* preset's model width, MLP width and number of modes per folding."""
+
+
+def _fit_llm(name: str) -> Callable[[TensorizeConfig, Mapping[str, Any]], TensorizeConfig]:
+    """The ``fit`` of preset ``name``: its layout with the foldings of the model section's ``hidden_size``
+    and ``intermediate_size`` (the preset's own sizes when the section does not name them)."""
+    width, mlp, num_modes = _SIZES[name]
+
+    def fit(config: TensorizeConfig, model: Mapping[str, Any]) -> TensorizeConfig:
+        hidden = model.get("hidden_size", width)
+        inner = model.get("intermediate_size", mlp)
+        if (hidden, inner) == (width, mlp):
+            return config
+        return llm_tensorize_config(
+            **_LAYOUTS[name],
+            width=fold_modes(hidden, num_modes, "model.hidden_size"),
+            mlp=fold_modes(inner, num_modes, "model.intermediate_size"),
+        )
+
+    return fit
+
+
 TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
-    "llm-paper": llm_tensorize_config(
-        linear_rank=32, embedding_rank=32, width=(8, 8, 8), mlp=(4, 8, 43), rows=(40, 20, 40)
-    ),
-    "llm-small": llm_tensorize_config(
-        linear_rank=16,
-        embedding_rank=32,
-        width=(4, 4, 8),
-        mlp=(4, 8, 11),
-        rows=None,
-        head=False,
-        embedding=False,
-        format="ttm",
-    ),
-    "llm-smoke": llm_tensorize_config(linear_rank=4, embedding_rank=4, width=(4, 8), mlp=(8, 11), rows=None),
+    **{
+        name: llm_tensorize_config(
+            **layout,
+            width=fold_modes(_SIZES[name][0], _SIZES[name][2], "hidden_size"),
+            mlp=fold_modes(_SIZES[name][1], _SIZES[name][2], "intermediate_size"),
+        )
+        for name, layout in _LAYOUTS.items()
+    },
     "llm-hf-llama": TensorizeConfig(
         target_modules=(
             "q_proj",
@@ -144,7 +177,14 @@ TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
 }
 
 for _name, _config in TENSORIZE_PRESETS.items():
-    register_preset(_name, _config)
+    register_preset(_name, _config, fit=_fit_llm(_name) if _name in _LAYOUTS else None)
+
+
+def _model(preset: str, **sizes: int) -> dict[str, Any]:
+    """A recipe preset's ``model`` section: the model preset, an untied head, and the sizes a run may change
+    (``--set model.hidden_size=96``; the tensorization preset folds the widths it is given,
+    :func:`comera.tensorize_config.fold_modes`)."""
+    return {"preset": preset, "tie_embeddings": False, **sizes}
 
 
 def _data(vocab_size: int, seq_len: int, **changes: Any) -> dict[str, Any]:
@@ -172,7 +212,7 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
     # GaLore's llama_60m with its 256-token sequences on the whole standard library (the step-time and memory
     # comparisons; a CPU cannot train it to a plateau)
     "paper": {
-        "model": {"preset": "paper", "tie_embeddings": False},
+        "model": _model("paper", hidden_size=512, n_layers=8, n_heads=8, intermediate_size=1376),
         "data": _data(32000, 256, max_validation_blocks=256),
         "train": {
             "unit": "step",
@@ -198,7 +238,7 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
     # idle cores, long enough for the validation loss to settle; peak learning rate 2e-3 from dense's sweep
     # over 1e-3, 2e-3, 4e-3 (docs/llm.md)
     "small": {
-        "model": {"preset": "small", "tie_embeddings": False},
+        "model": _model("small", hidden_size=128, n_layers=4, n_heads=4, intermediate_size=352),
         "data": _data(4096, 256, max_bytes=24_000_000, max_validation_blocks=64),
         "train": {
             "unit": "step",
@@ -221,7 +261,7 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
     },
     # tests: two tiny blocks, a 300-token BPE, a few seconds
     "smoke": {
-        "model": {"preset": "smoke", "tie_embeddings": False},
+        "model": _model("smoke", hidden_size=32, n_layers=2, n_heads=4, intermediate_size=88),
         "data": _data(300, 32, max_bytes=100_000, validation_fraction=0.1, max_validation_blocks=16),
         "train": {
             "unit": "step",

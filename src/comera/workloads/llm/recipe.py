@@ -36,13 +36,23 @@ from comera.modules import unwrap_model
 from comera.recipes.base import Recipe, RecipeData, register_recipe
 from comera.train.evaluation import Evaluator, TokenScores, perplexity
 from comera.workloads.llm.data import build_lm_data
-from comera.workloads.llm.model import IGNORE_INDEX, LlamaLM, next_token_loss
+from comera.workloads.llm.model import IGNORE_INDEX, MODEL_PRESETS, LlamaLM, LMConfig, next_token_loss
 from comera.workloads.llm.presets import RECIPE_PRESETS
 
-__all__ = ["LLMRecipe", "NextTokenEvaluator", "TOKENIZER_FILE"]
+__all__ = ["LLMRecipe", "MODEL_SIZES", "NextTokenEvaluator", "TOKENIZER_FILE"]
 
 TOKENIZER_FILE = "tokenizer.json"
 """The tokenizer's name in the run's ``model/`` folder."""
+
+
+MODEL_SIZES = ("hidden_size", "n_layers", "n_heads", "intermediate_size")
+"""The model sizes a run sets in its ``model`` section (``--set model.hidden_size=96``)."""
+
+
+def _sizes(settings: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`LMConfig` fields of the ``model`` section: its preset's, with the section's sizes."""
+    preset = MODEL_PRESETS.get(settings.get("preset"), {})
+    return {**preset, **{key: settings[key] for key in MODEL_SIZES if key in settings}}
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -97,8 +107,12 @@ class LLMRecipe(Recipe):
         )
         return RecipeData(train=lm.train, evals={"validation": lm.validation}, info=info)
 
+    def check_model_settings(self, settings: dict[str, Any]) -> None:
+        """The ``model`` section's sizes make an :class:`LMConfig` (``ValueError`` naming the size)."""
+        LMConfig(**_sizes(settings))
+
     def build_model(self, settings: dict[str, Any], data: RecipeData) -> nn.Module:
-        """The dense :class:`LlamaLM` of the ``model`` section's preset with the data's vocabulary,
+        """The dense :class:`LlamaLM` of the ``model`` section's preset and sizes with the data's vocabulary,
         ``seq_len`` positions and padding id."""
         return LlamaLM.from_preset(
             settings["preset"],
@@ -106,6 +120,7 @@ class LLMRecipe(Recipe):
             max_seq_len=data.info["seq_len"],
             pad_token_id=data.info["special_ids"]["pad"],
             tie_embeddings=settings["tie_embeddings"],
+            **{key: settings[key] for key in MODEL_SIZES if key in settings},
         )
 
     def loss_fn(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:

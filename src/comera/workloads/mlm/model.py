@@ -25,6 +25,8 @@ __all__ = [
     "MODEL_NAME",
     "MODEL_PRESETS",
     "mlm_config",
+    "model_sizes",
+    "SIZE_NAMES",
     "build_mlm_model",
 ]
 
@@ -77,6 +79,32 @@ def _check_preset(preset: object) -> dict[str, int]:
     return MODEL_PRESETS[preset]
 
 
+SIZE_NAMES = {
+    "hidden_size": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "intermediate_size": "intermediate_size",
+}
+"""The sizes a run may set (``--set model.n_layers=6``) and the ``RobertaConfig`` fields they set."""
+
+
+def model_sizes(preset: str, **sizes: int | None) -> dict[str, int]:
+    """The preset's sizes with those of ``sizes`` (keys of :data:`SIZE_NAMES`) that are not None, checked:
+    each an int >= 1, ``hidden_size`` a multiple of ``n_heads`` (``ValueError`` naming the size)."""
+    chosen = dict(_check_preset(preset))
+    for name, value in sizes.items():
+        if name not in SIZE_NAMES:
+            raise ValueError(f"unknown model size {name!r}; valid sizes: {list(SIZE_NAMES)}")
+        if value is not None:
+            chosen[SIZE_NAMES[name]] = check_int(value, name, 1)
+    if chosen["hidden_size"] % chosen["num_attention_heads"]:
+        raise ValueError(
+            f"hidden_size ({chosen['hidden_size']}) must be a multiple of n_heads "
+            f"({chosen['num_attention_heads']})"
+        )
+    return chosen
+
+
 def mlm_config(
     preset: str,
     vocab_size: int,
@@ -86,6 +114,10 @@ def mlm_config(
     bos_token_id: int = 0,
     pad_token_id: int = 1,
     eos_token_id: int = 2,
+    hidden_size: int | None = None,
+    n_layers: int | None = None,
+    n_heads: int | None = None,
+    intermediate_size: int | None = None,
 ) -> RobertaConfig:
     """The ``RobertaConfig`` of model preset ``preset`` for a vocabulary of ``vocab_size`` tokens.
 
@@ -96,8 +128,16 @@ def mlm_config(
             ``pad_token_id``, so the position table has ``max_length + pad_token_id + 1`` rows.
         dropout: hidden and attention dropout probability, in ``[0, 1)``.
         bos_token_id, pad_token_id, eos_token_id: special token ids, in ``[0, vocab_size)``.
+        hidden_size, n_layers, n_heads, intermediate_size: the model's width, encoder layers, attention heads
+            and FFN width; None: the preset's (:func:`model_sizes`).
     """
-    sizes = _check_preset(preset)
+    sizes = model_sizes(
+        preset,
+        hidden_size=hidden_size,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        intermediate_size=intermediate_size,
+    )
     vocab_size = check_int(vocab_size, "vocab_size", 5)
     max_length = sizes["max_length"] if max_length is None else check_int(max_length, "max_length", 2)
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
@@ -138,6 +178,10 @@ def build_mlm_model(
     bos_token_id: int = 0,
     pad_token_id: int = 1,
     eos_token_id: int = 2,
+    hidden_size: int | None = None,
+    n_layers: int | None = None,
+    n_heads: int | None = None,
+    intermediate_size: int | None = None,
     fast_training: bool = True,
 ) -> RobertaForMaskedLM:
     """A freshly initialised dense RoBERTa masked LM of model preset ``preset`` (arguments of
@@ -163,6 +207,16 @@ def build_mlm_model(
         "bos_token_id": bos_token_id,
         "pad_token_id": pad_token_id,
         "eos_token_id": eos_token_id,
+        **{
+            name: value
+            for name, value in (
+                ("hidden_size", hidden_size),
+                ("n_layers", n_layers),
+                ("n_heads", n_heads),
+                ("intermediate_size", intermediate_size),
+            )
+            if value is not None
+        },
     }
     config = mlm_config(preset, vocab_size, **kwargs)
     _transformers()

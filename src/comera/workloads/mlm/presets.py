@@ -5,9 +5,11 @@ tensorization presets they name (``mlm-paper``, ``mlm-small``, ``mlm-smoke``), r
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from comera.tensorize_config import TensorizeConfig, register_preset
+from comera.tensorize_config import TensorizeConfig, fold_modes, register_preset
 
 __all__ = ["RECIPE_PRESETS", "TENSORIZE_PRESETS"]
 
@@ -39,13 +41,51 @@ def _tensorize_config(
     )
 
 
+_RANKS = {"mlm-paper": (128, 128), "mlm-small": (32, 32), "mlm-smoke": (4, 4)}
+"""Each preset's linear and embedding rank."""
+
 TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
-    "mlm-paper": _tensorize_config((12, 8, 8), (12, 16, 16), rank=128, embedding_rank=128),
-    "mlm-small": _tensorize_config((4, 8, 8), (8, 8, 16), rank=32, embedding_rank=32),
-    "mlm-smoke": _tensorize_config((4, 8), (8, 8), rank=4, embedding_rank=4),
+    "mlm-paper": _tensorize_config((12, 8, 8), (12, 16, 16), *_RANKS["mlm-paper"]),
+    "mlm-small": _tensorize_config((4, 8, 8), (8, 8, 16), *_RANKS["mlm-small"]),
+    "mlm-smoke": _tensorize_config((4, 8), (8, 8), *_RANKS["mlm-smoke"]),
 }
+
+
+def _fit_mlm(name: str) -> Callable[[TensorizeConfig, Mapping[str, Any]], TensorizeConfig]:
+    """The ``fit`` of preset ``name``: the same layout with the foldings of the model section's
+    ``hidden_size`` and ``intermediate_size`` when they differ from the preset's
+    (:func:`comera.tt.shapes.factorize`, as many modes as the preset's; a size that has too few prime
+    factors is refused, naming it)."""
+    patterns = TENSORIZE_PRESETS[name].shape_pattern
+    width_modes, ffn_modes = patterns[_EXPAND]["in_shape"], patterns[_EXPAND]["out_shape"]
+
+    def fit(config: TensorizeConfig, model: Mapping[str, Any]) -> TensorizeConfig:
+        hidden = model.get("hidden_size", math.prod(width_modes))
+        ffn = model.get("intermediate_size", math.prod(ffn_modes))
+        if (hidden, ffn) == (math.prod(width_modes), math.prod(ffn_modes)):
+            return config
+        return _tensorize_config(
+            fold_modes(hidden, len(width_modes), "model.hidden_size"),
+            fold_modes(ffn, len(ffn_modes), "model.intermediate_size"),
+            *_RANKS[name],
+        )
+
+    return fit
+
+
 for _name, _config in TENSORIZE_PRESETS.items():
-    register_preset(_name, _config)
+    register_preset(_name, _config, fit=_fit_mlm(_name))
+
+
+def _sizes(hidden_size: int, n_layers: int, n_heads: int, intermediate_size: int) -> dict[str, int]:
+    """A recipe preset's model sizes, which a run may change (``--set model.hidden_size=128``; the
+    tensorization preset follows the widths)."""
+    return {
+        "hidden_size": hidden_size,
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "intermediate_size": intermediate_size,
+    }
 
 
 def _data_settings(vocab_size: int, seq_len: int, **changes: Any) -> dict[str, Any]:
@@ -74,7 +114,7 @@ under LTE it stays a plain linear trained with AdamW."""
 
 RECIPE_PRESETS: dict[str, dict[str, Any]] = {
     "paper": {
-        "model": {"preset": "paper", "dropout": 0.1},
+        "model": {"preset": "paper", "dropout": 0.1, **_sizes(768, 12, 12, 3072)},
         "data": _data_settings(50265, 512),
         "train": {
             "unit": "step",
@@ -92,7 +132,7 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
     # loss changes by less than 1 % over the last fifth; lr_other 5e-4 from a sweep of dense over 2.5e-4,
     # 5e-4 and 1e-3 (docs/results.md, masked-LM section).
     "small": {
-        "model": {"preset": "small", "dropout": 0.1},
+        "model": {"preset": "small", "dropout": 0.1, **_sizes(256, 4, 4, 1024)},
         "data": _data_settings(8192, 128, max_bytes=4_000_000),
         "train": {
             "unit": "step",
@@ -110,7 +150,7 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
         },
     },
     "smoke": {
-        "model": {"preset": "smoke", "dropout": 0.1},
+        "model": {"preset": "smoke", "dropout": 0.1, **_sizes(32, 2, 2, 64)},
         "data": _data_settings(300, 32, max_bytes=400_000, validation_fraction=0.3),
         "train": {
             "unit": "step",

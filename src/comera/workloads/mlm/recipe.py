@@ -26,12 +26,17 @@ from comera.data.sources import default_source_dir
 from comera.recipes.base import Recipe, RecipeData, register_recipe
 from comera.train.evaluation import Evaluator, TokenScores, perplexity
 from comera.workloads.mlm.data import build_code_data
-from comera.workloads.mlm.model import build_mlm_model
+from comera.workloads.mlm.model import SIZE_NAMES, build_mlm_model, model_sizes
 from comera.workloads.mlm.presets import RECIPE_PRESETS
 
 __all__ = ["MLMRecipe", "MaskedLMEvaluator", "masked_lm_scores"]
 
 _IGNORE = -100
+
+
+def _sizes(settings: dict[str, Any]) -> dict[str, Any]:
+    """The model sizes the ``model`` section names (:data:`comera.workloads.mlm.model.SIZE_NAMES`)."""
+    return {name: settings[name] for name in SIZE_NAMES if name in settings}
 
 
 def masked_lm_scores(model: nn.Module, batch: dict[str, torch.Tensor]):
@@ -91,8 +96,12 @@ class MLMRecipe(Recipe):
             train=code.train, evals={"validation": code.validation}, collate_fn=code.collator, info=info
         )
 
+    def check_model_settings(self, settings: dict[str, Any]) -> None:
+        """The ``model`` section's sizes (:func:`comera.workloads.mlm.model.model_sizes`)."""
+        model_sizes(settings["preset"], **_sizes(settings))
+
     def build_model(self, settings: dict[str, Any], data: RecipeData) -> nn.Module:
-        """The dense masked LM of the ``model`` section's preset, sized by the data's vocabulary and
+        """The dense masked LM of the ``model`` section's preset and sizes, with the data's vocabulary and
         ``seq_len``."""
         ids = data.info["special_ids"]
         return build_mlm_model(
@@ -103,6 +112,7 @@ class MLMRecipe(Recipe):
             bos_token_id=ids["bos"],
             pad_token_id=ids["pad"],
             eos_token_id=ids["eos"],
+            **_sizes(settings),
         )
 
     def loss_fn(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
