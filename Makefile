@@ -30,6 +30,7 @@ lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tools/import_graph.py src/comera > /dev/null
+	$(BIN)/mypy
 
 # The wheel and sdist of a release, in dist/, checked by twine.
 dist: install-dev
