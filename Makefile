@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --quiet --constraint constraints.txt
 
-.PHONY: demo test bench lint mutate install install-dev clean
+.PHONY: demo test bench lint dist check-wheel check-wheel-extras mutate install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,22 @@ lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tools/import_graph.py src/comera > /dev/null
+	$(BIN)/mypy
+
+# The wheel and sdist of a release, in dist/, checked by twine.
+dist: install-dev
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+
+# The wheel installed into a fresh virtual environment and run there (tools/check_wheel.sh, part of CI);
+# check-wheel-extras also installs each optional extra into a fresh environment of its own (a few minutes).
+CHECK_WHEEL := BUILD_PYTHON=$(BIN)/python BASE_PYTHON=$(PYTHON) tools/check_wheel.sh
+check-wheel: install-dev
+	$(CHECK_WHEEL)
+
+check-wheel-extras: install-dev
+	$(CHECK_WHEEL) --extras
 
 bench: install-dev
 	$(BIN)/comera bench layers --write docs/benchmarks.md
@@ -51,4 +67,4 @@ mutate: install-dev
 	$(BIN)/mutmut results
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

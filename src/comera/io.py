@@ -288,7 +288,7 @@ def _in_spec_order(layers: Mapping[str, dict[str, Any]]) -> list[tuple[str, dict
 def rebuild_layers(
     config: Mapping[str, Any],
     path: Path,
-    placement: Callable[[str], tuple[torch.device, torch.dtype]],
+    placement: Callable[[str], tuple[torch.device | str, torch.dtype]],
 ) -> dict[str, nn.Module]:
     """Fresh layers from the specs of a checked config, ``{name: layer}``; ``placement(name)`` gives each
     layer's device and dtype. ``ValueError`` naming ``path`` and the layer's key when a spec is invalid."""
@@ -403,7 +403,7 @@ def _materialise_meta(
             empty = nn.Parameter(empty, requires_grad=tensor.requires_grad)
         torch.utils.swap_tensors(tensor, empty)
         swapped.append((tensor, empty))
-    _compute_unsaved_buffers(root, missing, hf_init)
+    _compute_unsaved_buffers(root, missing, hf_init)  # type: ignore[arg-type]  # missing is empty without hf_init
     return swapped
 
 
@@ -420,7 +420,7 @@ def _compute_unsaved_buffers(root: nn.Module, names: list[str], init: Callable[[
             scratch = copy.deepcopy(module)
             init(scratch)
             for buffer in buffers:
-                module._buffers[buffer].copy_(scratch._buffers[buffer])
+                module._buffers[buffer].copy_(scratch._buffers[buffer])  # type: ignore[union-attr,arg-type]  # named buffers exist
 
 
 def _method_hint(directory: Path) -> str:
@@ -489,7 +489,7 @@ def load_pretrained(directory: str | os.PathLike, base_model: nn.Module | None =
     found = _recorded_modules(root, config, config_path)
     layers = rebuild_layers(config, config_path, lambda name: _placement_of(found[name], saved.dtype))
     for name, layer in layers.items():
-        mismatch = layer.dense_mismatch(found[name])
+        mismatch = layer.dense_mismatch(found[name])  # type: ignore[operator]  # a comera layer
         if mismatch is not None:
             raise ValueError(
                 f"{config_path}: key 'layers.{name}': the base model's module {name!r}: {mismatch}"

@@ -18,6 +18,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -134,14 +135,16 @@ class CompressionReport:
 
 
 def _layer_report(name: str, layer: nn.Module) -> LayerReport:
+    # layer follows the layer protocol (comera.nn.layer), whose attributes nn.Module does not declare
+    protocol: Any = layer
     return LayerReport(
         name,
-        layer.report_format,
-        layer.mode_shapes,
-        tuple(layer.max_ranks),
-        tuple(layer.ranks),
-        layer.num_parameters(),
-        layer.dense_num_parameters(),
+        protocol.report_format,
+        protocol.mode_shapes,
+        tuple(protocol.max_ranks),
+        tuple(protocol.ranks),
+        protocol.num_parameters(),
+        protocol.dense_num_parameters(),
     )
 
 
@@ -184,7 +187,7 @@ def saved_compression_report(directory: str | os.PathLike) -> CompressionReport:
     weight_keys = set()
     for name, layer in layers.items():
         _load_layer_state(saved, name, layer)
-        counted = {id(param) for param in layer.weight_parameters()}
+        counted = {id(param) for param in layer.weight_parameters()}  # type: ignore[operator]  # a comera layer
         weight_keys |= {f"{name}.{key}" for key, param in layer.named_parameters() if id(param) in counted}
     counted_stored = {saved.stored_name(key) for key in weight_keys}
     skipped = counted_stored | {saved.stored_name(key) for key in saved.config.get("buffers", [])}

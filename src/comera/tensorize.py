@@ -154,7 +154,7 @@ def _why_none(config: TensorizeConfig, linears: dict[str, nn.Module], modules: d
             for module in modules.values()
             if layer_for_dense(module, config.format) is None
             and isinstance(getattr(module, "weight", None), torch.Tensor)
-            and module.weight.dim() == 2
+            and module.weight.dim() == 2  # type: ignore[operator]  # nn.Module.__getattr__
         }
     )
     return (
@@ -303,7 +303,7 @@ def _build_for_real(
 ) -> nn.Module:
     """The layer ``built`` (from the meta ``module``) rebuilt on ``device`` from its spec, with its cores
     scaled to :func:`meta_init_std` and, in a Hugging Face model, a zero bias (as ``_init_weights`` sets)."""
-    layer = type(built).from_spec(built.spec(), device=device, dtype=module.weight.dtype)
+    layer = type(built).from_spec(built.spec(), device=device, dtype=module.weight.dtype)  # type: ignore[attr-defined,operator]  # built is a comera layer
     if isinstance(layer, GatedTrain):
         layer.scale_to_std_(meta_init_std(root, module))
     bias = getattr(layer, "bias", None)
@@ -470,7 +470,7 @@ def tensorize_(
     replacements: dict[int, tuple[nn.Module, nn.Module]] = {}
     for name in picked.values():
         module = modules[name]
-        built = _build(name, module, layer_for_dense(module, config.format), config)
+        built = _build(name, module, layer_for_dense(module, config.format), config)  # type: ignore[arg-type]  # picked only convertible modules
         if _is_meta(module):
             built = _build_for_real(root, built, module, target_device)
         replacements[id(module)] = (module, built)
@@ -478,9 +478,9 @@ def tensorize_(
         linear = next(m for m in linears.values() if id(m) == key)
         table = replacements[id(modules[table_name])][1]
         if _is_meta(linear):
-            head = TTMTiedHead(table, bias=linear.bias is not None).train(linear.training)
+            head = TTMTiedHead(table, bias=linear.bias is not None).train(linear.training)  # type: ignore[arg-type]  # table is a TTM table
         else:
-            head = TTMTiedHead.from_dense(linear, embedding=table)
+            head = TTMTiedHead.from_dense(linear, embedding=table)  # type: ignore[arg-type]  # table is a TTM table
         replacements[key] = (linear, head)
     for old, new in replacements.values():
         replace_module(root, old, new)
@@ -575,11 +575,11 @@ def materialize_(model: nn.Module, device: torch.device | str = "cpu") -> nn.Mod
         if isinstance(tensor, nn.Parameter):
             real = nn.Parameter(real, requires_grad=tensor.requires_grad)
         for module, name, is_parameter in places:
-            (module._parameters if is_parameter else module._buffers)[name] = real
+            (module._parameters if is_parameter else module._buffers)[name] = real  # type: ignore[assignment]  # a Parameter where one was
     with torch.no_grad():
         for module in fresh.values():
             if hf_init is not None:
                 hf_init(module)
             elif callable(getattr(module, "reset_parameters", None)):
-                module.reset_parameters()
+                module.reset_parameters()  # type: ignore[operator]  # checked callable above
     return model

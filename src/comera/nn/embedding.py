@@ -336,10 +336,10 @@ class _TTMTable(GatedTrain):
         ``include_last_offset``), ``sparse``, device, dtype and training mode; cores by TT-SVD of its weight
         or random at the weight's scale. ``options``: constructor keywords (shapes, rank, tau, lookup).
         ``max_norm`` and ``scale_grad_by_freq`` have no TTM equivalent and are refused."""
-        _check_source(module, cls.dense_type)
+        _check_source(module, cls.dense_type)  # type: ignore[arg-type]  # every table class sets dense_type
         if init not in _INITS:
             raise ValueError(f"init must be one of {_INITS}, got {init!r}")
-        layer = cls._like(module, **options)
+        layer = cls._like(module, **options)  # type: ignore[attr-defined]  # defined by each table class
         if init == "tt_svd":
             layer._load_table(module.weight)
         else:
@@ -351,7 +351,7 @@ class _TTMTable(GatedTrain):
         """The dense ``nn.Embedding`` / ``nn.EmbeddingBag`` with table :meth:`to_dense` and every attribute
         of this table (``padding_idx``, ``sparse``; bag: ``mode``, ``include_last_offset``)."""
         like = self.cores[0]
-        dense = self.dense_type(
+        dense = self.dense_type(  # type: ignore[misc]  # every table class sets dense_type
             self.num_embeddings,
             self.embedding_dim,
             **self._dense_keywords(),
@@ -360,7 +360,7 @@ class _TTMTable(GatedTrain):
             dtype=like.dtype,
         )
         with torch.no_grad():
-            dense.weight.copy_(self.to_dense())
+            dense.weight.copy_(self.to_dense())  # type: ignore[operator]  # nn.Module.__getattr__
         return dense.train(self.training)
 
     def dense_attributes(self) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from torch import nn
@@ -108,6 +108,12 @@ class GatedTrain(ComeraLayer, nn.Module):
     gates: nn.ParameterList
     tau: float
 
+    if TYPE_CHECKING:  # every subclass defines them
+
+        def reset_parameters(self) -> None: ...
+
+        def to_dense(self) -> torch.Tensor: ...
+
     def _build_train(
         self,
         core_shapes: Sequence[Sequence[int]],
@@ -154,13 +160,13 @@ class GatedTrain(ComeraLayer, nn.Module):
         """Parameters of the dense tensor this train stands for (without padding)."""
         raise NotImplementedError
 
-    def core_list(self) -> list[torch.Tensor]:
+    def core_list(self) -> list[nn.Parameter]:
         """The cores in order (a plain list; iterating the ``ParameterList`` costs ~1.5 us per item)."""
-        return list(self.cores._parameters.values())
+        return list(self.cores._parameters.values())  # type: ignore[arg-type]  # a ParameterList holds no None
 
-    def gate_list(self) -> list[torch.Tensor]:
+    def gate_list(self) -> list[nn.Parameter]:
         """The gate vectors in order, one per bond (a plain list)."""
-        return list(self.gates._parameters.values())
+        return list(self.gates._parameters.values())  # type: ignore[arg-type]  # a ParameterList holds no None
 
     def masked_gates(self) -> list[torch.Tensor]:
         """The gate vectors with dead entries zeroed, one per bond (differentiable, no host sync)."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -99,7 +99,7 @@ class _TrainLinear(GatedTrain):
         in_features: int,
         out_features: int,
         bias: bool,
-        core_shapes: list[tuple[int, ...]],
+        core_shapes: Sequence[Sequence[int]],
         tau: float,
         order: str,
         device: torch.device | str | None,
@@ -216,7 +216,7 @@ class _TrainLinear(GatedTrain):
         )
         known = cached_choice(key)
         if known is not None:
-            return known
+            return known  # type: ignore[return-value]  # the cache holds this layer's order names
         return tuned(
             key,
             lambda: self._candidate_orders(batch, backward),
@@ -261,8 +261,8 @@ class _TrainLinear(GatedTrain):
         self,
         x: torch.Tensor,
         order: str,
-        cores: list[torch.Tensor],
-        gates: list[torch.Tensor],
+        cores: Sequence[torch.Tensor],
+        gates: Sequence[torch.Tensor],
         bias: torch.Tensor | None,
     ) -> torch.Tensor:
         """``x @ W + bias`` by ``order`` for the 2-D ``x``, ``W`` given by ``cores`` and masked ``gates``."""
@@ -359,12 +359,12 @@ class _TrainLinear(GatedTrain):
         """A layer with the sizes, device and dtype of ``linear`` (an ``nn.Linear`` or a ``Conv1D``), its
         bias copied; cores freshly initialised. ``options``: the constructor's keyword arguments (shapes,
         rank, tau, order)."""
-        weight = linear.weight
+        weight = cast(torch.Tensor, linear.weight)
         layer = cls(**linear_sizes(linear), device=weight.device, dtype=weight.dtype, **options)
         layer.dense_kind = dense_kind_of(linear)
         if linear.bias is not None:
             with torch.no_grad():
-                layer.bias.copy_(linear.bias)
+                layer.bias.copy_(linear.bias)  # type: ignore[arg-type]  # not None, checked above
         return layer
 
     def _load_svd(self, linear: nn.Linear) -> None:

@@ -97,7 +97,7 @@ class TTMTiedHead(ComeraLayer, nn.Module):
         arguments = spec_arguments(cls, spec)
         if resolve is None:
             raise ValueError("a TTMTiedHead is tied to a module of the model: pass resolve=")
-        return cls(resolve(arguments.pop("embedding")), **arguments)
+        return cls(resolve(arguments.pop("embedding")), **arguments)  # type: ignore[arg-type]  # resolve gives the table
 
     @classmethod
     def converts(cls, module: nn.Module) -> bool:
@@ -132,7 +132,7 @@ class TTMTiedHead(ComeraLayer, nn.Module):
             device=weight.device,
             dtype=weight.dtype,
         )
-        linear.weight = weight
+        linear.weight = weight  # type: ignore[assignment]  # a Parameter
         if self.bias is not None:
             with torch.no_grad():
                 linear.bias.copy_(self.bias)

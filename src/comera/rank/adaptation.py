@@ -42,8 +42,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -225,7 +227,7 @@ class RankAdaptation:
         self.events: list[LateStageEvent] = []
         self.late_optimizer_steps = 0
         self._step_hook = check_bool(step_hook, "step_hook")
-        self._hook_remover = None
+        self._hook_remover: weakref.finalize | None = None
         self._unclaimed: _HookAction | None = None
         self._warned_capture = False
 
@@ -363,7 +365,8 @@ class RankAdaptation:
             return task_loss + self.gamma * surrogate
         smoothed = self._ema_sum / self._ema_weight
         size = total_size(self.model).to(smoothed.dtype)
-        loss_gap = (smoothed - self.target_loss) / smoothed.abs().clamp_min(torch.finfo(smoothed.dtype).tiny)
+        tiny = torch.finfo(smoothed.dtype).tiny
+        loss_gap = (smoothed - self._late_target_loss) / smoothed.abs().clamp_min(tiny)
         size_gap = (size - self.aim_size) / size.clamp_min(1.0)
         switch = (loss_gap < size_gap).to(smoothed.dtype)
         self.switch.copy_(switch)
@@ -372,8 +375,17 @@ class RankAdaptation:
         weighted = self.size_weight.to(task_loss.dtype) * surrogate
         return rho_loss * task_loss + (rho_size + switch) * weighted + (1.0 - switch) * task_loss
 
+    # The late stage's settings, set by begin_late_stage (None before it) and read only while it runs.
+    @property
+    def _late_target_size(self) -> float:
+        return cast(float, self.target_size)
+
+    @property
+    def _late_target_loss(self) -> float:
+        return cast(float, self.target_loss)
+
     def _reach_size(self) -> float:
-        return (1.0 + TARGET_TOLERANCE) * self.target_size
+        return (1.0 + TARGET_TOLERANCE) * self._late_target_size
 
     def _hold_floor(self) -> float:
         return max(2.0 * self.tau, _MIN_HOLD_FLOOR)
@@ -441,7 +453,7 @@ class RankAdaptation:
         return event
 
     def _descend_length(self) -> int:
-        return math.ceil((1.0 - self.recovery) * self.late_steps)
+        return math.ceil((1.0 - self.recovery) * cast(int, self.late_steps))
 
     def _part(self) -> int:
         """The gradual-trim part the descend phase is in (0 before the first budget or without a schedule)."""
@@ -450,13 +462,14 @@ class RankAdaptation:
         return min(self.trims - 1, self._late_count * self.trims // max(1, self._descend_length()))
 
     def _part_budget(self, part: int) -> float:
-        return self.start_size * (self.target_size / self.start_size) ** (part / self.trims)
+        start = cast(int, self.start_size)
+        return start * (self._late_target_size / start) ** (part / self.trims)
 
     def _aim(self) -> float:
         """The size the switch and the dual weight aim at now: the next part's budget, else ``S*``."""
         part = self._part()
         if self.late_steps is None or self.start_size is None or self.trims <= 1 or part + 1 >= self.trims:
-            return self.target_size
+            return self._late_target_size
         return self._part_budget(part + 1)
 
     @torch.no_grad()
@@ -512,7 +525,7 @@ class RankAdaptation:
         size = self.size()
         if size <= self._reach_size() and self.reached_at_step is None:
             self.reached_at_step = step
-        if size > (1.0 + TRIM_MARGIN) * self.target_size and not self._deadline_passed():
+        if size > (1.0 + TRIM_MARGIN) * self._late_target_size and not self._deadline_passed():
             aim = self._aim()
             self.aim_size.fill_(aim)
             if size > aim:
@@ -524,19 +537,18 @@ class RankAdaptation:
         trains = [train for _, train in named]
         if not trains:
             return None
-        choice = choose_entries(trains, self.target_size)
-        if choice.size < (1.0 - TARGET_TOLERANCE) * self.target_size:
-            above = choose_entries(trains, (1.0 + TARGET_TOLERANCE) * self.target_size)
-            if abs(above.size - self.target_size) < abs(choice.size - self.target_size):
+        target = self._late_target_size
+        choice = choose_entries(trains, target)
+        if choice.size < (1.0 - TARGET_TOLERANCE) * target:
+            above = choose_entries(trains, (1.0 + TARGET_TOLERANCE) * target)
+            if abs(above.size - target) < abs(choice.size - target):
                 choice = above
         self._keep = _masks_on_gates(named, choice)
         self._hold()
         self._phase = "recover"
         if choice.size <= self._reach_size() and self.reached_at_step is None:
             self.reached_at_step = step
-        event = LateStageEvent(
-            "trim", step, size, choice.size, self.target_size, choice.removed, choice.revived
-        )
+        event = LateStageEvent("trim", step, size, choice.size, target, choice.removed, choice.revived)
         self.events.append(event)
         return event
 
@@ -576,7 +588,10 @@ class RankAdaptation:
             )
         if not isinstance(rho, (tuple, list)) or len(rho) != 2:
             raise ValueError(f"rho must be a pair (rho_loss, rho_size) of numbers >= 0, got {rho!r}")
-        rho = tuple(check_number(value, "rho", 0.0, math.inf, open_high=True) for value in rho)
+        rho = (
+            check_number(rho[0], "rho", 0.0, math.inf, open_high=True),
+            check_number(rho[1], "rho", 0.0, math.inf, open_high=True),
+        )
         ema = check_number(ema, "ema", 0.0, 1.0, open_high=True)
         if late_steps is not None and (
             isinstance(late_steps, bool) or not isinstance(late_steps, int) or late_steps < 1

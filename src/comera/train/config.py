@@ -319,4 +319,5 @@ class TrainConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown TrainConfig keys {unknown}; valid keys: {sorted(known)}")
-        return cls(**{key: tuple(v) if isinstance(v, list) else v for key, v in values.items()})
+        fields: dict[str, Any] = {key: tuple(v) if isinstance(v, list) else v for key, v in values.items()}
+        return cls(**fields)

@@ -59,7 +59,7 @@ def _has_events(records: list[dict[str, Any]]) -> bool:
 def _events(axes, records: list[dict[str, Any]], prefix: str = "") -> None:
     shown: set[str] = set()
     for record in records:
-        style = _EVENT_STYLES.get(record.get("event"))
+        style = _EVENT_STYLES.get(record.get("event"))  # type: ignore[arg-type]  # a missing event gives None
         if record.get("kind") != "event" or style is None:
             continue
         color, label = style[0], prefix + style[1]

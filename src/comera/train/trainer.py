@@ -260,7 +260,7 @@ class Trainer:
             else None
         )
         self._window = StepWindow()
-        self._bar = None
+        self._bar: Any = None  # a tqdm progress bar while fit() runs
 
     def _default_eval(self, module: nn.Module, batch: Any) -> dict[str, Any]:
         return {"loss": self.loss_fn(module, batch)}
@@ -569,7 +569,7 @@ class Trainer:
             return
         if candidates:  # nothing resumed: the warnings said which were skipped, the log stays as it was
             self._deferred_events.clear()
-            raise NoReadableCheckpointError(self.checkpoint_dir, len(candidates))
+            raise NoReadableCheckpointError(self.checkpoint_dir, len(candidates))  # type: ignore[arg-type]  # candidates come from it
         where = "no checkpoint folder (config.run_dir and checkpoint_dir are None)"
         if self.checkpoint_dir is not None:
             where = f"no checkpoint in {self.checkpoint_dir}"
@@ -707,7 +707,7 @@ class Trainer:
         objective bound to it; on a structure this model cannot take, the objective is bound back and the
         ``ValueError`` raised."""
         old = self.module
-        fresh = fresh_copy(self._template, self._device())
+        fresh = fresh_copy(self._template, self._device())  # type: ignore[arg-type]  # set wherever a prune can rebuild
         self.objective.rebind(fresh)
         try:
             self.objective.apply_structure(structure, None)
@@ -773,7 +773,7 @@ class Trainer:
         if self.eval_data is None:
             return {}
         self.objective.before_evaluation()
-        return run_evaluation(self.model, self.module, self.eval_data.epoch(0), self.evaluator)
+        return run_evaluation(self.model, self.module, self.eval_data.epoch(0), self.evaluator)  # type: ignore[arg-type]  # set with eval_data
 
     # records
     def _log_train(self) -> None:
@@ -839,7 +839,7 @@ class Trainer:
         except ImportError:
             return
         try:
-            plot_run(self.run_dir)
+            plot_run(self.run_dir)  # type: ignore[arg-type]  # called with a run_dir
         except NoTrainingRecordError:
             warnings.warn(
                 f"{self.run_dir}: metrics.jsonl holds no training record, so no plot was drawn",
@@ -951,7 +951,7 @@ class Trainer:
             self.optimizer.load_state_dict(payload["optimizer"])
         if rewrap:
             self.model = self._ddp()
-        self.objective.load_state_dict(payload.get("objective", payload.get("rank_adaptation")))
+        self.objective.load_state_dict(payload.get("objective", payload.get("rank_adaptation")))  # type: ignore[arg-type]  # one of the two is saved
         progress = payload["progress"]
         self.step = int(progress["step"])
         self.epoch = int(progress["epoch"])
@@ -969,7 +969,7 @@ class Trainer:
         failed_at = self.step
         path = None if self.checkpoint_dir is None else latest_checkpoint(self.checkpoint_dir)
         self.guard.begin_rollback(failed_at, path is not None)
-        self._restore(load_checkpoint(path), rollback=True)
+        self._restore(load_checkpoint(path), rollback=True)  # type: ignore[arg-type]  # begin_rollback raises without one
         self.metrics.drop_after(self.step)
         self._event("rollback", failed_at=failed_at, checkpoint=str(path), nonfinite=self.guard.total)
         if self._bar is not None:
