@@ -94,6 +94,11 @@ def _command(argv: list[str]) -> int:
         add_help=False,
     )
     sub.add_parser(
+        "frontier",
+        help="the memory-perplexity frontier of dense and comera language models: comera frontier --help",
+        add_help=False,
+    )
+    sub.add_parser(
         "generate",
         help="continue a prompt with the model of a language-model run: comera generate --help",
         add_help=False,
@@ -146,6 +151,10 @@ def _command(argv: list[str]) -> int:
         from comera.commands.compare import main as compare
 
         return compare(rest)
+    if args.command == "frontier":
+        from comera.commands.frontier import main as frontier
+
+        return frontier(rest)
     if args.command == "generate":
         from comera.commands.generate import main as generate
 
