@@ -4,8 +4,10 @@
 transposed linear of GPT-2, given back as a ``Conv1D`` by ``untensorize_``) for :class:`comera.TTLinear` /
 :class:`comera.TTMLinear` (and, with ``embeddings``, ``nn.Embedding`` / ``nn.EmbeddingBag`` for their TTM
 versions), validating the whole plan before it changes anything. ``untensorize_`` rebuilds dense modules from
-the current (gated) cores. Both look through ``torch.compile`` and DDP wrappers (``_orig_mod``, ``module``);
-rebuild a DDP wrapper after converting the model inside it.
+the current (gated) cores. Both look through ``torch.compile`` wrappers (``_orig_mod``) and refuse a model
+wrapped in ``DistributedDataParallel`` or sharded by FSDP (``fully_shard`` or ``FullyShardedDataParallel``):
+those wrappers hold the parameters they were built on, which a conversion replaces, so convert the plain model
+first and wrap it after.
 
 A model that is never dense: build it on the meta device (``with torch.device("meta"): ...``, or
 accelerate's ``init_empty_weights``), call ``tensorize_`` with ``init="random"`` (its new cores are created
@@ -17,12 +19,14 @@ from __future__ import annotations
 
 import difflib
 import math
+import sys
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from comera.modules import names_of, replace_module, unwrap_model
 from comera.nn.conv1d import is_conv1d
@@ -69,6 +73,31 @@ _NAMED_AT_MOST = 4
 def tensorize_configs(model: nn.Module) -> tuple[TensorizeConfig, ...]:
     """The configs :func:`tensorize_` applied to ``model``, oldest first (empty if none)."""
     return tuple(getattr(unwrap_model(model), CONFIG_ATTRIBUTE, ()))
+
+
+def _distributed_wrapper(model: nn.Module) -> str | None:
+    """The name of a ``DistributedDataParallel`` or FSDP wrapper in ``model``'s tree (itself included), or
+    None. FSDP's classes are looked up only when ``torch.distributed.fsdp`` is imported: no module can be
+    sharded before, and importing it here would slow down every ``tensorize_`` call."""
+    kinds: list[type] = [DistributedDataParallel]
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is not None:
+        kinds += [fsdp.FSDPModule, fsdp.FullyShardedDataParallel]
+    for module in model.modules():
+        if isinstance(module, tuple(kinds)):
+            return "DistributedDataParallel" if isinstance(module, DistributedDataParallel) else "FSDP"
+    return None
+
+
+def _refuse_distributed_wrapper(model: nn.Module, call: str) -> None:
+    """``TypeError`` naming the wrapper when ``model`` is wrapped in DDP or sharded by FSDP."""
+    wrapper = _distributed_wrapper(model)
+    if wrapper is not None:
+        raise TypeError(
+            f"{call} cannot convert a model wrapped in {wrapper}: the wrapper keeps the parameters it was "
+            f"built on, which the conversion replaces; call comera.{call} on the plain model before wrapping "
+            "it (DistributedDataParallel, fully_shard), then wrap the converted model"
+        )
 
 
 def _close_names(entry: str, names: Iterable[str], limit: int = 6) -> list[str]:
@@ -400,7 +429,8 @@ def tensorize_(
     device: call :func:`materialize_` next.
 
     Args:
-        model: any ``nn.Module`` (``torch.compile`` and DDP wrappers are looked through).
+        model: any ``nn.Module`` (a ``torch.compile`` wrapper is looked through; not one wrapped in DDP or
+            sharded by FSDP).
         config: a :class:`TensorizeConfig`; None for the defaults.
         device: where the layers replacing meta-device modules are created (None: CPU); modules with real
             weights keep their own device.
@@ -415,6 +445,8 @@ def tensorize_(
             (naming it and its parent), no module is selected, or ``init="tt_svd"`` meets a module on the
             meta device; the model is unchanged.
         ValueError: ``device`` is the meta device.
+        TypeError: ``model`` is (or holds) a ``DistributedDataParallel`` or FSDP wrapper; tensorize the plain
+            model, then wrap it.
     """
     if config is None:
         config = TensorizeConfig()
@@ -426,6 +458,7 @@ def tensorize_(
     if target_device.type == "meta":
         raise ValueError("device must be a device with storage (e.g. 'cpu', 'cuda'), got 'meta'")
     root = unwrap_model(model)
+    _refuse_distributed_wrapper(model, "tensorize_")
     modules = {name: module for name, module in root.named_modules(remove_duplicate=False) if name}
     all_names = names_of(root)
     layer_types = {name: layer_for_dense(module, config.format) for name, module in modules.items()}
@@ -496,8 +529,11 @@ def untensorize_(model: nn.Module) -> nn.Module:
     ``TTLinear`` / ``TTMLinear`` become ``nn.Linear`` with ``to_dense()`` as weight; TTM embeddings become
     ``nn.Embedding`` / ``nn.EmbeddingBag`` with their ``padding_idx``, ``mode``, ``include_last_offset`` and
     ``sparse``; a tied head becomes an ``nn.Linear`` sharing the restored table's weight. Returns ``model``.
+    A model wrapped in ``DistributedDataParallel`` or sharded by FSDP raises ``TypeError`` (as in
+    :func:`tensorize_`).
     """
     root = unwrap_model(model)
+    _refuse_distributed_wrapper(model, "untensorize_")
     layers = {id(m): m for name, m in root.named_modules() if name and is_layer(m)}
     ordered = sorted(layers.values(), key=lambda layer: bool(layer.references()))
     restored: dict[int, nn.Module] = {}
@@ -543,7 +579,8 @@ def materialize_(model: nn.Module, device: torch.device | str = "cpu") -> nn.Mod
     module's ``reset_parameters()``.
 
     Args:
-        model: any ``nn.Module`` (``torch.compile`` and DDP wrappers are looked through).
+        model: any ``nn.Module`` (a ``torch.compile`` wrapper is looked through; not one wrapped in DDP or
+            sharded by FSDP).
         device: where the new tensors live.
 
     Returns:
