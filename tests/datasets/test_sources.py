@@ -174,3 +174,13 @@ def test_a_jsonl_file_with_a_utf8_byte_order_mark_reads_its_first_line(tmp_path)
     marked = tmp_path / "functions.jsonl"
     marked.write_bytes(b"\xef\xbb\xbf" + source.read_bytes())
     assert read_code(marked) == read_code(source)
+
+
+def test_a_text_file_with_a_utf8_byte_order_mark_reads_without_it(tmp_path):
+    """A source or ``.txt`` document saved with a byte-order mark (Windows Notepad) is the text after the
+    mark, as a JSON-lines file is; a mark further in is text and stays."""
+    (tmp_path / "notes.txt").write_bytes(b"\xef\xbb\xbfhello world\n")
+    (tmp_path / "inner.txt").write_bytes("a\n\ufeffb\n".encode())
+    documents, skipped = read_code(tmp_path, extensions=[".txt"])
+    assert skipped == []
+    assert {d.key: d.text for d in documents} == {"notes.txt": "hello world\n", "inner.txt": "a\n\ufeffb\n"}

@@ -9,9 +9,9 @@ Sources (:func:`read_code`):
   that is not such an object raises ``ValueError`` naming file and line, or is skipped and counted with
   ``skip_bad_lines=True``; a truncated or corrupt gzip file raises ``ValueError`` naming it and the last
   line read;
-- any folder of source files selected by extension (``.py`` by default), read as UTF-8; a file that is not
-  valid UTF-8, or that cannot be read (a symbolic link to itself, no permission), is skipped and counted. A
-  folder may also hold ``*.jsonl(.gz)`` files;
+- any folder of source files selected by extension (``.py`` by default), read as UTF-8 (a leading byte-order
+  mark dropped, as in a JSON-lines file); a file that is not valid UTF-8, or that cannot be read (a symbolic
+  link to itself, no permission), is skipped and counted. A folder may also hold ``*.jsonl(.gz)`` files;
 - nothing: the running Python's standard library (``sysconfig.get_paths()["stdlib"]``, ``*.py``, without
   ``site-packages``), which every machine has.
 
@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from comera.data.files import check_regular_file, numbered_lines, open_data
+from comera.data.files import check_regular_file, numbered_lines, open_data, without_bom
 
 __all__ = [
     "DEFAULT_EXTENSIONS",
@@ -198,7 +198,7 @@ def _read_file(file: Path, relative: str) -> CodeDocument | SkippedDocument:
     if not file.is_file():  # a pipe (reading it would wait forever), a broken or looping link
         return SkippedDocument(relative, "unreadable")
     try:
-        return CodeDocument(relative, file.read_bytes().decode("utf-8"))
+        return CodeDocument(relative, without_bom(file.read_bytes()).decode("utf-8"))
     except UnicodeDecodeError:
         return SkippedDocument(relative, "not_utf8")
     except OSError:
