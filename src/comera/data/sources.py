@@ -6,9 +6,10 @@ Sources (:func:`read_code`):
 
 - CodeSearchNet-style ``*.jsonl`` / ``*.jsonl.gz`` files, one JSON object per line whose ``code`` (else
   ``original_string``; other names with ``text_fields``, e.g. C4's ``text``) field holds the text; a line
-  that is not such an object raises ``ValueError`` naming file and line, or is skipped and counted with
-  ``skip_bad_lines=True``; a truncated or corrupt gzip file raises ``ValueError`` naming it and the last
-  line read;
+  that is not such an object, or that is longer than ``max_line_bytes`` (default :data:`MAX_LINE_BYTES`),
+  raises ``ValueError`` naming file and line, or is skipped and counted with ``skip_bad_lines=True`` (a long
+  line is never held whole in memory); a truncated or corrupt gzip file raises ``ValueError`` naming it and
+  the last line read;
 - any folder of source files selected by extension (``.py`` by default), read as UTF-8 (a leading byte-order
   mark dropped, as in a JSON-lines file); a file that is not valid UTF-8, or that cannot be read (a symbolic
   link to itself, no permission), is skipped and counted. A folder may also hold ``*.jsonl(.gz)`` files;
@@ -34,12 +35,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from comera.checks import check_int
 from comera.data.files import check_regular_file, numbered_lines, open_data, without_bom
 
 __all__ = [
     "DEFAULT_EXTENSIONS",
     "TEXT_FIELDS",
     "JSONL_SUFFIXES",
+    "MAX_LINE_BYTES",
     "SKIP_REASONS",
     "CodeDocument",
     "SkippedDocument",
@@ -55,6 +58,10 @@ DEFAULT_EXTENSIONS = (".py",)
 TEXT_FIELDS = ("code", "original_string")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 """The names of JSON-lines files (plain or gzip; gzip is found by content whatever the name)."""
+MAX_LINE_BYTES = 8 * 2**20
+"""The longest JSON line read (8 MiB, its end of line included): a document of millions of tokens is no
+training text, and one such line cost minutes and gigabytes to tokenize (a 50 MB line: about two minutes and
+9 GB); longer lines are bad lines (:func:`read_code`)."""
 _EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
 
@@ -205,25 +212,35 @@ def _read_file(file: Path, relative: str) -> CodeDocument | SkippedDocument:
         return SkippedDocument(relative, "unreadable")
 
 
+def _parse_line(raw: bytes, fields: tuple[str, ...], max_line_bytes: int) -> tuple[object, str | None]:
+    """``(record, None)`` for a JSON line holding a text field, else ``(None or the record, the problem)``."""
+    if len(raw) > max_line_bytes:
+        return None, (
+            f"longer than {max_line_bytes:,} bytes, the most one JSON line may hold (split the document, or "
+            "skip such lines with skip_bad_lines)"
+        )
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return None, f"not valid JSON ({error})"
+    if _record_text(record, fields) is None:
+        return record, f"expected a JSON object with a string field among {list(fields)}"
+    return record, None
+
+
 def _jsonl_documents(
     path: Path,
     relative: str,
     skip_bad_lines: bool,
     skipped: list[SkippedDocument],
     fields: tuple[str, ...],
+    max_line_bytes: int,
 ) -> Iterator[CodeDocument]:
     with open_data(path) as file:
-        for number, raw in numbered_lines(file, path):
+        for number, raw in numbered_lines(file, path, max_line_bytes):
             if not raw.strip():
                 continue
-            try:
-                record = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as error:
-                problem = f"not valid JSON ({error})"
-                record = None
-            else:
-                problem = f"a JSON object with a string field among {list(fields)}"
-                problem = None if _record_text(record, fields) is not None else f"expected {problem}"
+            record, problem = _parse_line(raw, fields, max_line_bytes)
             if problem is not None:
                 if not skip_bad_lines:
                     raise ValueError(f"{path}: line {number}: {problem}")
@@ -246,6 +263,7 @@ def read_code(
     max_files: int | None = None,
     max_bytes: int | None = None,
     text_fields: Sequence[str] = TEXT_FIELDS,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> tuple[list[CodeDocument], list[SkippedDocument]]:
     """Read code documents from ``path`` (module docstring); None reads the standard library.
 
@@ -257,6 +275,7 @@ def read_code(
         max_bytes: stop once the texts read hold this many UTF-8 bytes (None: no cap).
         text_fields: the fields of a JSON line that may hold its text, the first string one used
             (default :data:`TEXT_FIELDS`, CodeSearchNet's; ``("text",)`` for C4-style corpora).
+        max_line_bytes: the longest JSON line read (its end of line included); a longer one is a bad line.
 
     Returns:
         The documents read and those skipped (files not valid UTF-8 or unreadable, bad JSON lines when
@@ -272,6 +291,7 @@ def read_code(
         raise ValueError(f"text_fields must be a non-empty list of field names, got {text_fields!r}")
     fields = tuple(text_fields)
     max_files, max_bytes = _check_cap(max_files, "max_files"), _check_cap(max_bytes, "max_bytes")
+    check_int(max_line_bytes, "max_line_bytes", 1)
     root = default_source_dir() if path is None else Path(path)
     check_regular_file(root)
     if not root.exists():
@@ -282,7 +302,7 @@ def read_code(
     for file in _source_files(root, extensions)[:max_files]:
         relative = file.name if root.is_file() else file.relative_to(root).as_posix()
         if _is_jsonl(file) and file.is_file() and os.access(file, os.R_OK):
-            found = _jsonl_documents(file, relative, skip_bad_lines, skipped, fields)
+            found = _jsonl_documents(file, relative, skip_bad_lines, skipped, fields, max_line_bytes)
         else:
             document = _read_file(file, relative)
             if isinstance(document, SkippedDocument):
