@@ -16,8 +16,9 @@ Sources (:func:`read_code`):
 - nothing: the running Python's standard library (``sysconfig.get_paths()["stdlib"]``, ``*.py``, without
   ``site-packages``), which every machine has.
 
-``max_files`` / ``max_bytes`` cap what is read; files are taken in the order of a hash of their relative
-path, so a cap gives a fixed pseudo-random sample rather than the first packages alphabetically.
+``max_files`` / ``max_bytes`` cap what is read (0 or None: no cap); files are taken in the order of a hash of
+their relative path, so a cap gives a fixed pseudo-random sample rather than the first packages
+alphabetically.
 
 Split (:func:`split_of`): a document goes to validation when a SHA-256 hash of its key, as a fraction of
 ``2**64``, is below ``validation_fraction``. The key is the file's path relative to the source (for a JSON
@@ -145,6 +146,7 @@ def _caps_reached(
     ``max_files`` when ``source`` holds more files it reads (``extensions`` and JSON lines) than that, and
     ``max_bytes`` when the ``documents`` read hold at least that many UTF-8 bytes."""
     caps = []
+    max_files, max_bytes = _check_cap(max_files, "max_files"), _check_cap(max_bytes, "max_bytes")
     if max_files is not None and len(_source_files(Path(source), tuple(extensions))) > max_files:
         caps.append(f"data.max_files={max_files}")
     if max_bytes is not None and sum(len(d.text.encode("utf-8")) for d in documents) >= max_bytes:
@@ -171,10 +173,12 @@ def _check_extensions(extensions: object) -> tuple[str, ...]:
 
 
 def _check_cap(value: object, name: str) -> int | None:
-    if value is None:
+    """A read cap as :func:`read_code` applies it: an int >= 1, or None for no cap (which 0 also means, so
+    that a setting a preset caps can be lifted from the command line, ``--set data.max_bytes=0``)."""
+    if value is None or (value == 0 and type(value) is int):
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1 or None (no cap), got {value!r}")
+        raise ValueError(f"{name} must be an int >= 1, or 0 or None for no cap, got {value!r}")
     return value
 
 
@@ -271,8 +275,8 @@ def read_code(
         path: a ``*.jsonl`` / ``*.jsonl.gz`` file, or a folder of source files and JSON-lines files.
         extensions: file name endings of source files in a folder.
         skip_bad_lines: skip (and count) bad JSON lines instead of raising.
-        max_files: read at most this many files (None: all).
-        max_bytes: stop once the texts read hold this many UTF-8 bytes (None: no cap).
+        max_files: read at most this many files (0 or None: all).
+        max_bytes: stop once the texts read hold this many UTF-8 bytes (0 or None: no cap).
         text_fields: the fields of a JSON line that may hold its text, the first string one used
             (default :data:`TEXT_FIELDS`, CodeSearchNet's; ``("text",)`` for C4-style corpora).
         max_line_bytes: the longest JSON line read (its end of line included); a longer one is a bad line.

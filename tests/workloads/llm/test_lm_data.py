@@ -250,3 +250,53 @@ def test_a_saved_dataset_is_read_whole_so_an_empty_split_blames_no_read_cap(tmp_
         ValueError, match=r"1 read from .*saved, validation_fraction=0.2\); add data, change "
     ):
         _build(saved, tmp_path / "cache", max_bytes=10, max_files=1)
+
+
+def test_a_read_cap_of_zero_is_no_cap_so_a_presets_cap_can_be_lifted(corpus, tmp_path):
+    """``data.max_bytes=0`` / ``data.max_files=0`` read everything, as None does (a preset's cap cannot be
+    set back to None from the command line); an empty split then blames no cap."""
+    from comera.data.sources import require_documents
+    from comera.methods import get_method
+    from comera.recipes.settings import resolve_settings
+    from comera.workloads import load_recipe
+
+    whole, _ = read_lm_documents(corpus)
+    assert read_lm_documents(corpus, max_bytes=0, max_files=0)[0] == whole
+    assert len(read_lm_documents(corpus, max_bytes=1)[0]) == 1
+    data = _build(corpus, tmp_path / "cache", max_bytes=0, max_files=0)
+    assert data.info["train"]["read"] + data.info["validation"]["read"] == len(whole) == 39
+    with pytest.raises(ValueError, match=r"max_bytes must be an int >= 1, or 0 or None for no cap, got -1"):
+        read_lm_documents(corpus, max_bytes=-1)
+    empty = {"train": whole, "validation": []}
+    with pytest.raises(ValueError, match=r"validation_fraction=0.2\); add data, change validation_fraction$"):
+        require_documents(empty, corpus, 0.2, max_files=0, max_bytes=0, extensions=(".txt",))
+    presets = load_recipe("llm").presets
+    settings = resolve_settings(presets, "smoke", get_method("dense"), assignments=["data.max_bytes=0"])
+    assert presets["smoke"]["data"]["max_bytes"] == 100_000 and settings["data"]["max_bytes"] == 0
+
+
+def test_skip_bad_lines_skips_and_counts_bad_json_lines_or_they_are_named(corpus, tmp_path):
+    """``data.skip_bad_lines`` (as the masked LM has): a line that is not a JSON object with a ``text`` string
+    is counted as ``skipped_bad_line`` in the split its key falls in instead of stopping the run."""
+    from comera.methods import get_method
+    from comera.recipes.settings import resolve_settings
+    from comera.workloads import load_recipe
+
+    (corpus / "bad.jsonl").write_text('{"text": "fine words here"}\n{"content": "no text"}\nnot json\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl: line 2: expected a JSON object"):
+        _build(corpus, tmp_path / "cache")
+    data = _build(corpus, tmp_path / "cache", skip_bad_lines=True)
+    counted = {name: data.info[name]["skipped_bad_line"] for name in ("train", "validation")}
+    expected = {"train": 0, "validation": 0}
+    for key in ("bad.jsonl:2", "bad.jsonl:3"):
+        expected[split_of(key, 0.2)] += 1
+    assert counted == expected
+    assert data.info["train"]["read"] + data.info["validation"]["read"] == 40
+    with pytest.raises(ValueError, match="skip_bad_lines must be true or false, got 'yes'"):
+        _build(corpus, tmp_path / "cache", skip_bad_lines="yes")
+    presets = load_recipe("llm").presets
+    assert all(preset["data"]["skip_bad_lines"] is False for preset in presets.values())
+    settings = resolve_settings(
+        presets, "smoke", get_method("dense"), assignments=["data.skip_bad_lines=true"]
+    )
+    assert settings["data"]["skip_bad_lines"] is True

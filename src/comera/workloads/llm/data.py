@@ -192,14 +192,21 @@ def _read_caps(path: str | Path | None, max_files: int | None, max_bytes: int | 
 
 
 def read_lm_documents(
-    path: str | Path | None = None, *, max_files: int | None = None, max_bytes: int | None = None
+    path: str | Path | None = None,
+    *,
+    max_files: int | None = None,
+    max_bytes: int | None = None,
+    skip_bad_lines: bool = False,
 ) -> tuple[list[CodeDocument], list[SkippedDocument]]:
     """The documents of the module docstring (None: the standard library and its topics) and those skipped.
 
+    ``skip_bad_lines``: skip (and count) a JSON line that is not an object with a ``text`` string, or that is
+    too long (:data:`comera.data.sources.MAX_LINE_BYTES`), instead of raising.
+
     Raises:
         FileNotFoundError: ``path`` does not exist (named). ValueError: it holds no ``.txt`` / ``.jsonl``
-            document, or a bad JSON line (file and line named). ImportError: a saved dataset without the
-            ``datasets`` package.
+            document, or a bad JSON line (file and line named) unless skipped. ImportError: a saved dataset
+            without the ``datasets`` package.
     """
     if path is None:
         documents, skipped = read_code(None, extensions=(".py",), max_files=max_files, max_bytes=max_bytes)
@@ -211,7 +218,12 @@ def read_lm_documents(
     if _is_saved_dataset(root):
         return _saved_dataset_documents(root)
     documents, skipped = read_code(
-        root, extensions=(".txt",), max_files=max_files, max_bytes=max_bytes, text_fields=_TEXT_FIELDS
+        root,
+        extensions=(".txt",),
+        max_files=max_files,
+        max_bytes=max_bytes,
+        text_fields=_TEXT_FIELDS,
+        skip_bad_lines=skip_bad_lines,
     )
     if not documents:
         raise ValueError(
@@ -255,6 +267,7 @@ def build_lm_data(
     max_validation_blocks: int | None = None,
     max_files: int | None = None,
     max_bytes: int | None = None,
+    skip_bad_lines: bool = False,
 ) -> LMData:
     """Read, split, tokenize and pack text for causal language-model training (module docstring).
 
@@ -267,7 +280,8 @@ def build_lm_data(
         tokenizer_file: a ``tokenizer.json`` (with RoBERTa's special tokens) to use instead of training one.
         validation_fraction: share of document keys (by hash) in validation, in ``(0, 1)``.
         max_validation_blocks: keep this many validation blocks, evenly spaced over the stream (None: all).
-        max_files, max_bytes: caps of what is read (:func:`comera.data.sources.read_code`).
+        max_files, max_bytes: caps of what is read (:func:`comera.data.sources.read_code`; 0 or None: no cap).
+        skip_bad_lines: skip (and count) bad JSON lines instead of raising (:func:`read_lm_documents`).
 
     Raises:
         ValueError: a split without documents (naming the counts), or a bad argument.
@@ -279,7 +293,11 @@ def build_lm_data(
     blocks = max_validation_blocks
     if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1):
         raise ValueError(f"max_validation_blocks must be an int >= 1 or None, got {blocks!r}")
-    documents, skipped = read_lm_documents(path, max_files=max_files, max_bytes=max_bytes)
+    if not isinstance(skip_bad_lines, bool):
+        raise ValueError(f"skip_bad_lines must be true or false, got {skip_bad_lines!r}")
+    documents, skipped = read_lm_documents(
+        path, max_files=max_files, max_bytes=max_bytes, skip_bad_lines=skip_bad_lines
+    )
     splits: dict[str, list[CodeDocument]] = {"train": [], "validation": []}
     for document in sorted(documents, key=lambda document: document.key):
         splits[split_of(document.key, validation_fraction)].append(document)
