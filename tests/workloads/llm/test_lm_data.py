@@ -300,3 +300,80 @@ def test_skip_bad_lines_skips_and_counts_bad_json_lines_or_they_are_named(corpus
         presets, "smoke", get_method("dense"), assignments=["data.skip_bad_lines=true"]
     )
     assert settings["data"]["skip_bad_lines"] is True
+
+
+class _FakeDataset:
+    """What ``_saved_dataset_documents`` reads of a ``datasets.Dataset``: ``column_names`` and a column."""
+
+    def __init__(self, texts):
+        self.texts = list(texts)
+        self.column_names = ["text"]
+
+    def __getitem__(self, column):
+        assert column == "text"
+        return list(self.texts)
+
+
+def _saved(tmp_path, monkeypatch, splits):
+    """A ``save_to_disk`` folder whose loading (by a stand-in ``datasets`` module) gives ``splits``: a
+    ``DatasetDict`` of them, or the one ``Dataset`` given as ``None``'s value."""
+    import types
+
+    class DatasetDict(dict):
+        pass
+
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    (folder / "dataset_dict.json").write_text(json.dumps({"splits": list(splits)}))
+    loaded = DatasetDict({name: _FakeDataset(texts) for name, texts in splits.items()})
+    if list(splits) == [None]:
+        loaded = _FakeDataset(splits[None])
+    module = types.ModuleType("datasets")
+    module.DatasetDict = DatasetDict
+    module.load_from_disk = lambda path: loaded
+    monkeypatch.setitem(sys.modules, "datasets", module)
+    return folder
+
+
+def _validation_texts(data):
+    """The validation stream's documents, decoded (``</s>`` ends each)."""
+    ids = [token for token in data.validation.tokens.flatten().tolist() if token != data.ids.pad]
+    documents, current = [], []
+    for token in ids:
+        if token == data.ids.eos:
+            documents.append(data.tokenizer.decode(current))
+            current = []
+        else:
+            current.append(token)
+    return documents
+
+
+@pytest.mark.parametrize("held_out", ["validation", "test"])
+def test_a_dataset_dicts_own_held_out_split_is_the_validation_split(tmp_path, monkeypatch, held_out):
+    """Every document of the dict's ``validation`` (else ``test``) split, and no other, is validation; the
+    training split is the ``train`` split whole (no held-out document is trained on)."""
+    train = [_text(300 + index) for index in range(30)]
+    held = [_text(400 + index) for index in range(4)]
+    saved = _saved(tmp_path, monkeypatch, {"train": train, held_out: held})
+    data = _build(saved, tmp_path / "cache", validation_fraction=0.5)
+    assert data.info["train"]["read"] == 30 and data.info["validation"]["read"] == 4
+    keys = sorted(f"{held_out}/{index}" for index in range(4))  # the stream is in key order
+    assert _validation_texts(data) == [held[int(key.partition("/")[2])] for key in keys]
+
+
+def test_a_test_split_beside_a_validation_split_is_left_out_and_a_plain_dataset_is_split_by_hash(
+    tmp_path, monkeypatch
+):
+    train = [_text(500 + index) for index in range(20)]
+    validation = [_text(600 + index) for index in range(3)]
+    test = [_text(700 + index) for index in range(5)]
+    saved = _saved(tmp_path, monkeypatch, {"train": train, "validation": validation, "test": test})
+    data = _build(saved, tmp_path / "cache")
+    assert data.info["train"]["read"] == 20 and data.info["validation"]["read"] == 3
+    assert not set(_validation_texts(data)) & set(test)
+    (tmp_path / "single").mkdir()
+    single = _saved(tmp_path / "single", monkeypatch, {None: train})
+    data = _build(single, tmp_path / "cache")
+    in_validation = sum(split_of(f"data/{index}", 0.2) == "validation" for index in range(20))
+    assert data.info["validation"]["read"] == in_validation
+    assert data.info["train"]["read"] == 20 - in_validation
