@@ -211,3 +211,20 @@ def test_prompt_and_options_are_checked(tmp_path, capsys, tokenizer):
     assert "comera generate: --temperature must be a finite number in [0.0, inf), got -1.0" in error
     error = one_line_error(capsys, run_dir, "--prompt", PROMPT, "--temperature", "1", "--seed", "-3")
     assert "comera generate: --seed must be an int in [0, " in error
+
+
+def test_a_tiny_temperature_continues_greedily(tmp_path, capsys, tokenizer):
+    model = smoke_model("tt")
+    run_dir = write_run(tmp_path / "run", model, tokenizer)
+    arguments = [str(run_dir), "--prompt", PROMPT, "--max-new-tokens", "12", "--temperature", "1e-45"]
+    status, out, err = generate_cli(capsys, *arguments, "--seed", "3")
+    assert status == 0, err
+    assert out == reference_continuation(model, tokenizer, PROMPT, 12) + "\n"
+
+
+def test_top_k_without_temperature_is_refused_naming_both_options(tmp_path, capsys, tokenizer):
+    run_dir = str(write_run(tmp_path / "run", smoke_model("dense"), tokenizer))
+    error = one_line_error(capsys, run_dir, "--prompt", PROMPT, "--top-k", "5")
+    assert "comera generate: --top-k 5 needs sampling: give --temperature above 0 with it" in error
+    error = one_line_error(capsys, run_dir, "--prompt", PROMPT, "--top-k", "5", "--temperature", "0")
+    assert "--top-k 5 needs sampling" in error

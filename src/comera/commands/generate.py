@@ -5,8 +5,9 @@ RUN_DIR is a run folder of ``comera train llm`` (dense or compressed, pruned or 
 method's own layers rebuilt from the run's settings for CoLA and LTE) and the tokenizer from
 ``RUN_DIR/model/tokenizer.json`` (a ``tokenizers`` file). The prompt is encoded as it is (no token is
 added before it), continued by :func:`comera.workloads.llm.generate.generate` on the CPU with a key-value
-cache (greedy unless ``--temperature`` is above 0), stopped early at the end-of-sequence token ``</s>`` when
-the tokenizer has one, and only the new text is printed (special tokens left out).
+cache (greedy unless ``--temperature`` is above 0; ``--top-k`` is refused without it), stopped early at the
+end-of-sequence token ``</s>`` when the tokenizer has one, and only the new text is printed (special tokens
+left out).
 
 Errors (a missing folder, a run that has not finished, a model that is not a language model, a missing or
 mismatched tokenizer, a prompt and continuation longer than the model's context, a bad option) are printed
@@ -153,7 +154,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="K",
-        help="when sampling, draw among the K most likely tokens only",
+        help="with --temperature above 0: draw among the K most likely tokens only (refused without it)",
     )
     parser.add_argument(
         "--seed", type=int, default=None, metavar="S", help="seed of the sampling (default: a fresh one)"
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     """``comera generate``: print the continuation; exit status 0, or 2 with a one-line error."""
     args = _parser().parse_args(argv)
     try:
+        _check_sampling(args)
         model, tokenizer = load_run(args.run_dir)
         text = continue_text(
             model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed
@@ -174,6 +176,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(text)
     return 0
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    """``ValueError`` for ``--top-k`` without sampling (``--temperature`` 0, the default), naming both."""
+    if args.top_k is not None and args.temperature == 0:
+        raise ValueError(
+            f"--top-k {args.top_k} needs sampling: give --temperature above 0 with it (without --temperature "
+            "decoding is greedy, and --top-k would change nothing)"
+        )
 
 
 _OPTIONS = {
