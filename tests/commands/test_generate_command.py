@@ -228,3 +228,13 @@ def test_top_k_without_temperature_is_refused_naming_both_options(tmp_path, caps
     assert "comera generate: --top-k 5 needs sampling: give --temperature above 0 with it" in error
     error = one_line_error(capsys, run_dir, "--prompt", PROMPT, "--top-k", "5", "--temperature", "0")
     assert "--top-k 5 needs sampling" in error
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "comera_config.json"])
+def test_a_damaged_model_file_is_named_as_damaged_not_as_another_model(tmp_path, capsys, tokenizer, name):
+    run_dir = write_run(tmp_path / "run", smoke_model("tt"), tokenizer)
+    damaged = run_dir / "model" / name
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    error = one_line_error(capsys, str(run_dir), "--prompt", PROMPT)
+    assert f"comera generate: the run's saved model is damaged: {damaged}: " in error
+    assert "truncated or corrupt" in error and "not a language model" not in error

@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 
 from comera.commands.paths import path_argument
 from comera.data.bpe import SPECIAL_TOKENS
+from comera.io import DamagedFileError
 from comera.recipes.saved import load_run_model
 from comera.workloads.llm.generate import generate
 from comera.workloads.llm.model import LlamaLM
@@ -45,8 +46,8 @@ def load_run(run_dir: str | Path) -> tuple[LlamaLM, Tokenizer]:
 
     Raises:
         FileNotFoundError: ``run_dir``, its ``model/`` (an unfinished run) or ``model/tokenizer.json`` is
-            missing. ValueError: the saved model is not a :class:`LlamaLM` or is unreadable, or the
-            tokenizer is unreadable or has more tokens than the model's vocabulary.
+            missing. ValueError: a saved file is damaged (named), the saved model is not a :class:`LlamaLM`,
+            or the tokenizer is unreadable or has more tokens than the model's vocabulary.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -61,6 +62,8 @@ def load_run(run_dir: str | Path) -> tuple[LlamaLM, Tokenizer]:
         raise FileNotFoundError(f"{run_dir} holds no model/ folder; {_WHY}")
     try:
         model = load_run_model(run_dir)
+    except DamagedFileError as error:
+        raise ValueError(f"the run's saved model is damaged: {error}") from None
     except ValueError as error:
         raise ValueError(f"{model_dir}: not a language model ({error}); {_WHY}") from None
     if not isinstance(model, LlamaLM):
