@@ -230,6 +230,26 @@ def test_top_k_without_temperature_is_refused_naming_both_options(tmp_path, caps
     assert "--top-k 5 needs sampling" in error
 
 
+def test_a_swapped_tokenizer_is_refused_by_the_digest_the_run_recorded(tmp_path, capsys, tokenizer):
+    """``results.json`` records the digest of the run's tokenizer (``data.identity.tokenizer``): the file
+    itself passes, another tokenizer of no more tokens (which the size check lets through) is named."""
+    from comera.data.tokenize import tokenizer_digest
+
+    model = smoke_model("dense")
+    run_dir = write_run(tmp_path / "run", model, tokenizer)
+    results = {"data": {"identity": {"tokenizer": tokenizer_digest(tokenizer)}}}
+    (run_dir / "results.json").write_text(json.dumps(results))
+    status, out, err = generate_cli(capsys, str(run_dir), "--prompt", PROMPT, "--max-new-tokens", "6")
+    assert status == 0, err
+    assert out == reference_continuation(model, tokenizer, PROMPT, 6) + "\n"
+    other = train_tokenizer(["the lazy dog sleeps all day long\n"] * 8, VOCAB - 20)
+    assert other.get_vocab_size() <= VOCAB and tokenizer_digest(other) != tokenizer_digest(tokenizer)
+    (run_dir / "model" / "tokenizer.json").write_text(other.to_str())
+    error = one_line_error(capsys, str(run_dir), "--prompt", PROMPT)
+    assert f"{run_dir / 'model' / 'tokenizer.json'} is not the tokenizer the run trained with" in error
+    assert f"sha256 {tokenizer_digest(tokenizer)[:12]} in {run_dir / 'results.json'}" in error
+
+
 @pytest.mark.parametrize("name", ["model.safetensors", "comera_config.json"])
 def test_a_damaged_model_file_is_named_as_damaged_not_as_another_model(tmp_path, capsys, tokenizer, name):
     run_dir = write_run(tmp_path / "run", smoke_model("tt"), tokenizer)

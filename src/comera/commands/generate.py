@@ -17,6 +17,7 @@ in one line with exit status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from tokenizers import Tokenizer
 
 from comera.commands.paths import path_argument
 from comera.data.bpe import SPECIAL_TOKENS
+from comera.data.tokenize import tokenizer_digest
 from comera.io import DamagedFileError
 from comera.recipes.saved import load_run_model
 from comera.workloads.llm.generate import generate
@@ -36,6 +38,8 @@ EOS_TOKEN = SPECIAL_TOKENS[2]
 """The end-of-sequence token of comera's byte-level BPE (``</s>``): generation stops once it is produced."""
 TOKENIZER_NAME = "tokenizer.json"
 """The tokenizer's file in a run's ``model/`` folder."""
+RESULTS_NAME = "results.json"
+"""The run's results, which record the digest of its tokenizer (``data.identity.tokenizer``)."""
 DEFAULT_NEW_TOKENS = 64
 """Tokens added when ``--max-new-tokens`` is not given (fewer when the model's context ends first)."""
 _WHY = "comera generate works on the run folders of `comera train llm`"
@@ -47,7 +51,8 @@ def load_run(run_dir: str | Path) -> tuple[LlamaLM, Tokenizer]:
     Raises:
         FileNotFoundError: ``run_dir``, its ``model/`` (an unfinished run) or ``model/tokenizer.json`` is
             missing. ValueError: a saved file is damaged (named), the saved model is not a :class:`LlamaLM`,
-            or the tokenizer is unreadable or has more tokens than the model's vocabulary.
+            or the tokenizer is unreadable, has more tokens than the model's vocabulary, or is not the one
+            whose digest ``results.json`` records.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -82,7 +87,23 @@ def load_run(run_dir: str | Path) -> tuple[LlamaLM, Tokenizer]:
             f"{path} has {tokenizer.get_vocab_size()} tokens but the model's vocabulary has "
             f"{model.config.vocab_size}: the tokenizer is not the model's"
         )
+    _check_tokenizer_digest(run_dir, path, tokenizer)
     return model.eval(), tokenizer
+
+
+def _check_tokenizer_digest(run_dir: Path, path: Path, tokenizer: Tokenizer) -> None:
+    """``ValueError`` when ``RUN_DIR/results.json`` records the digest of the tokenizer the run trained with
+    (``data.identity.tokenizer``) and ``tokenizer`` is another; a run without that record passes."""
+    try:
+        recorded = json.loads((run_dir / RESULTS_NAME).read_text())["data"]["identity"]["tokenizer"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    digest = tokenizer_digest(tokenizer)
+    if recorded != digest:
+        raise ValueError(
+            f"{path} is not the tokenizer the run trained with (sha256 {str(recorded)[:12]} in "
+            f"{run_dir / RESULTS_NAME}, {digest[:12]} in the file): put the run's own tokenizer.json back"
+        )
 
 
 def continue_text(
