@@ -52,7 +52,7 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
-from comera.data.bpe import SpecialIds, load_or_train_tokenizer, special_ids
+from comera.data.bpe import SpecialIds, check_tokenizer_file, load_or_train_tokenizer, special_ids
 from comera.data.sources import (
     CodeDocument,
     SkippedDocument,
@@ -326,6 +326,7 @@ def build_lm_data(
     blocks = max_validation_blocks
     if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1):
         raise ValueError(f"max_validation_blocks must be an int >= 1 or None, got {blocks!r}")
+    check_tokenizer_file(tokenizer_file)  # before the documents are read
     if not isinstance(skip_bad_lines, bool):
         raise ValueError(f"skip_bad_lines must be true or false, got {skip_bad_lines!r}")
     documents, skipped = read_lm_documents(
