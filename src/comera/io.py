@@ -40,7 +40,7 @@ from torch import nn
 from comera.atomic import atomic_replace_folder
 from comera.modules import replace_module, state_shapes, unwrap_model
 from comera.nn.layer import is_layer, layer_type
-from comera.tensorize import CONFIG_ATTRIBUTE, hf_init_weights, tensorize_configs
+from comera.tensorize import CONFIG_ATTRIBUTE, guard_embedding_resize, hf_init_weights, tensorize_configs
 from comera.tensorize_config import TensorizeConfig
 from comera.version import __version__
 
@@ -525,6 +525,7 @@ def load_pretrained(directory: str | os.PathLike, base_model: nn.Module | None =
         for old, new in reversed(done):
             replace_module(root, new, old)
         raise
+    guard_embedding_resize(root)
     if configs:
         setattr(root, CONFIG_ATTRIBUTE, configs)
     return model

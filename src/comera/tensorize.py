@@ -18,11 +18,12 @@ stay dense real, initialised storage.
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import sys
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
@@ -44,6 +45,7 @@ __all__ = [
     "materialize_",
     "meta_init_std",
     "hf_init_weights",
+    "guard_embedding_resize",
     "tensorize_configs",
     "CONFIG_ATTRIBUTE",
 ]
@@ -518,8 +520,42 @@ def tensorize_(
     for old, new in replacements.values():
         replace_module(root, old, new)
     disable_weight_fast_paths(root)
+    guard_embedding_resize(root)
     setattr(root, CONFIG_ATTRIBUTE, (*tensorize_configs(root), config))
     return model
+
+
+_RESIZE = "resize_token_embeddings"
+
+
+def _refuse_resize(layers: str, *args: Any, **kwargs: Any) -> NoReturn:
+    raise NotImplementedError(
+        f"resize_token_embeddings cannot resize a tensorized model: its {layers} hold tensor-train cores, "
+        "not a weight matrix to grow; resize before comera.tensorize_, or call comera.untensorize_(model), "
+        "resize, and tensorize again"
+    )
+
+
+def guard_embedding_resize(model: nn.Module) -> None:
+    """Make a ``transformers`` model's ``resize_token_embeddings`` raise ``NotImplementedError`` naming the
+    call and what to do while its input or output embeddings are comera layers (it would fail deep inside on
+    their missing ``weight``), and give it back its own method when they are dense again. Other models are
+    left as they are. :func:`tensorize_`, :func:`untensorize_` and :func:`comera.load_pretrained` call it."""
+    root = unwrap_model(model)
+    if not callable(getattr(type(root), _RESIZE, None)):
+        return
+    tensorized = []
+    for kind in ("input", "output"):
+        try:
+            module = getattr(root, f"get_{kind}_embeddings")()
+        except (AttributeError, NotImplementedError):
+            continue
+        if module is not None and is_layer(module):
+            tensorized.append(f"{kind} embeddings ({type(module).__name__})")
+    if tensorized:
+        root.__dict__[_RESIZE] = functools.partial(_refuse_resize, " and ".join(tensorized))
+    else:
+        root.__dict__.pop(_RESIZE, None)
 
 
 def untensorize_(model: nn.Module) -> nn.Module:
@@ -542,6 +578,7 @@ def untensorize_(model: nn.Module) -> nn.Module:
             restored[id(layer)] = layer.to_dense_module(lambda module: restored.get(id(module)))
     for layer in ordered:
         replace_module(root, layer, restored[id(layer)])
+    guard_embedding_resize(root)
     if hasattr(root, CONFIG_ATTRIBUTE):
         delattr(root, CONFIG_ATTRIBUTE)
     return model
