@@ -353,3 +353,33 @@ def test_a_warning_is_printed_once_under_torchrun(monkeypatch, capsys, rank, pri
     _show_warning(UserWarning("resume: no checkpoint"), UserWarning, "x.py", 1)
     expected = "comera train: warning: resume: no checkpoint\n" if printed else ""
     assert capsys.readouterr().err == expected
+
+
+def test_update_section_makes_no_folder_for_its_file(tmp_path):
+    target = tmp_path / "no" / "dir" / "x.md"
+    with pytest.raises(
+        FileNotFoundError, match=re.escape(f"its folder {tmp_path / 'no' / 'dir'} does not exist")
+    ):
+        update_section(target, "layers", "body")
+    assert not (tmp_path / "no").exists()
+
+
+WRITING = ["layers", "embedding", "inference", "trainer", "transformer", "attention", "dlrm", "mlm"]
+WRITING += ["paper", "scaling", "gpu", "llm"]
+
+
+@pytest.mark.parametrize("name", WRITING)
+def test_a_write_into_a_missing_folder_is_refused_before_the_benchmark_runs(tmp_path, capsys, name):
+    """``--write /missing/dir/x.md``: argparse's one-line error naming the folder, exit status 2, and no
+    folder made (the benchmark would have made the whole path, at the file system's root for /nonexistent)."""
+    import importlib
+
+    from comera.bench import BENCHMARKS
+
+    target = tmp_path / "nonexistent" / "dir" / "x.md"
+    with pytest.raises(SystemExit) as stopped:
+        importlib.import_module(BENCHMARKS[name]).main(["--write", str(target)])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err
+    assert f"--write: {target}: its folder {target.parent} does not exist" in error
+    assert not (tmp_path / "nonexistent").exists()

@@ -40,7 +40,7 @@ from torch import nn
 from comera.atomic import atomic_replace_folder
 from comera.modules import replace_module, state_shapes, unwrap_model
 from comera.nn.layer import is_layer, layer_type
-from comera.tensorize import CONFIG_ATTRIBUTE, hf_init_weights, tensorize_configs
+from comera.tensorize import CONFIG_ATTRIBUTE, guard_embedding_resize, hf_init_weights, tensorize_configs
 from comera.tensorize_config import TensorizeConfig
 from comera.version import __version__
 
@@ -50,6 +50,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MODEL_ATTRIBUTE",
     "SavedModel",
+    "DamagedFileError",
     "register_model",
     "save_pretrained",
     "load_pretrained",
@@ -62,6 +63,14 @@ CONFIG_NAME = "comera_config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = 2
 MODEL_ATTRIBUTE = "comera_model"
+
+
+class DamagedFileError(ValueError):
+    """A file of a save that cannot be read at all (``comera_config.json`` that is not JSON, a truncated or
+    corrupt ``model.safetensors``); the message names the file. Any other ``ValueError`` of a load means the
+    files were read but do not make the model asked for."""
+
+
 _REQUIRED_KEYS = ("format_version", "library_version", "dtype", "layers", "tensorize_configs", "aliases")
 # format 1 named the kind "type" and the stored ranks "ranks", and recorded "active_ranks" beside them
 _FORMAT_1_KEYS = {"type": "kind", "ranks": "rank"}
@@ -230,7 +239,7 @@ def _read_config(path: Path) -> dict[str, Any]:
     try:
         config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
+        raise DamagedFileError(f"{path}: not valid JSON, truncated or corrupt ({error})") from None
     return _check_config(config, path)
 
 
@@ -240,7 +249,9 @@ def _read_weights(path: Path, aliases: Mapping[str, str]) -> dict[str, torch.Ten
     try:
         tensors = load_safetensors(path.read_bytes())
     except (SafetensorError, ValueError) as error:
-        raise ValueError(f"{path}: not a readable safetensors file, truncated or corrupt ({error})") from None
+        raise DamagedFileError(
+            f"{path}: not a readable safetensors file, truncated or corrupt ({error})"
+        ) from None
     for alias, source in aliases.items():
         if source not in tensors:
             raise ValueError(f"{path}: key {source!r} (aliased by {alias!r}) is missing")
@@ -271,8 +282,8 @@ def read_saved(directory: str | os.PathLike) -> SavedModel:
     """Read and check a :func:`save_pretrained` folder without building any model.
 
     Raises:
-        FileNotFoundError: a file is missing. ValueError: a file is corrupt or truncated (naming it and the
-            key).
+        FileNotFoundError: a file is missing. DamagedFileError: a file cannot be read (truncated or
+            corrupt, naming it). ValueError: the config is not a comera config (naming the file and the key).
     """
     directory = Path(directory)
     config = _read_config(directory / CONFIG_NAME)
@@ -514,6 +525,7 @@ def load_pretrained(directory: str | os.PathLike, base_model: nn.Module | None =
         for old, new in reversed(done):
             replace_module(root, new, old)
         raise
+    guard_embedding_resize(root)
     if configs:
         setattr(root, CONFIG_ATTRIBUTE, configs)
     return model

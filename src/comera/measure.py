@@ -25,6 +25,7 @@ __all__ = [
     "interleaved_medians_ms",
     "machine_description",
     "update_section",
+    "markdown_file_argument",
     "peak_rise_mib",
     "training_state_mib",
     "weights_optimizer_mib",
@@ -130,11 +131,36 @@ def machine_description() -> str:
     )
 
 
+def _missing_folder(path: str | os.PathLike) -> str | None:
+    """Why a markdown file cannot be written at ``path`` without making folders, or None."""
+    folder = Path(path).absolute().parent
+    if folder.is_dir():
+        return None
+    return (
+        f"{path}: its folder {folder} does not exist (no folder is made for it); create it or name a file in "
+        "one"
+    )
+
+
+def markdown_file_argument(value: str) -> str:
+    """A ``--write`` value (the markdown file a benchmark updates), refused with argparse's one-line error
+    before the benchmark runs when its folder does not exist: no folder is made for it (a mistyped
+    ``/nonexistent/dir/x.md`` made folders at the file system's root)."""
+    problem = _missing_folder(value) if value.strip() else "an empty path; name a markdown file"
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
 def update_section(path: str | os.PathLike, name: str, body: str) -> None:
     """Replace (or append) the section ``name`` of a markdown file, written atomically.
 
     A section runs from ``<!-- bench:NAME:start -->`` to ``<!-- bench:NAME:end -->``; other sections are kept.
+    ``FileNotFoundError`` when the file's folder does not exist (none is made).
     """
+    problem = _missing_folder(path)
+    if problem is not None:
+        raise FileNotFoundError(problem)
     path = Path(path)
     start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
     block = f"{start}\n{body.rstrip()}\n{end}"

@@ -4,8 +4,10 @@
 transposed linear of GPT-2, given back as a ``Conv1D`` by ``untensorize_``) for :class:`comera.TTLinear` /
 :class:`comera.TTMLinear` (and, with ``embeddings``, ``nn.Embedding`` / ``nn.EmbeddingBag`` for their TTM
 versions), validating the whole plan before it changes anything. ``untensorize_`` rebuilds dense modules from
-the current (gated) cores. Both look through ``torch.compile`` and DDP wrappers (``_orig_mod``, ``module``);
-rebuild a DDP wrapper after converting the model inside it.
+the current (gated) cores. Both look through ``torch.compile`` wrappers (``_orig_mod``) and refuse a model
+wrapped in ``DistributedDataParallel`` or sharded by FSDP (``fully_shard`` or ``FullyShardedDataParallel``):
+those wrappers hold the parameters they were built on, which a conversion replaces, so convert the plain model
+first and wrap it after.
 
 A model that is never dense: build it on the meta device (``with torch.device("meta"): ...``, or
 accelerate's ``init_empty_weights``), call ``tensorize_`` with ``init="random"`` (its new cores are created
@@ -16,13 +18,16 @@ stay dense real, initialised storage.
 from __future__ import annotations
 
 import difflib
+import functools
 import math
+import sys
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from comera.modules import names_of, replace_module, unwrap_model
 from comera.nn.conv1d import is_conv1d
@@ -40,6 +45,7 @@ __all__ = [
     "materialize_",
     "meta_init_std",
     "hf_init_weights",
+    "guard_embedding_resize",
     "tensorize_configs",
     "CONFIG_ATTRIBUTE",
 ]
@@ -69,6 +75,31 @@ _NAMED_AT_MOST = 4
 def tensorize_configs(model: nn.Module) -> tuple[TensorizeConfig, ...]:
     """The configs :func:`tensorize_` applied to ``model``, oldest first (empty if none)."""
     return tuple(getattr(unwrap_model(model), CONFIG_ATTRIBUTE, ()))
+
+
+def _distributed_wrapper(model: nn.Module) -> str | None:
+    """The name of a ``DistributedDataParallel`` or FSDP wrapper in ``model``'s tree (itself included), or
+    None. FSDP's classes are looked up only when ``torch.distributed.fsdp`` is imported: no module can be
+    sharded before, and importing it here would slow down every ``tensorize_`` call."""
+    kinds: list[type] = [DistributedDataParallel]
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is not None:
+        kinds += [fsdp.FSDPModule, fsdp.FullyShardedDataParallel]
+    for module in model.modules():
+        if isinstance(module, tuple(kinds)):
+            return "DistributedDataParallel" if isinstance(module, DistributedDataParallel) else "FSDP"
+    return None
+
+
+def _refuse_distributed_wrapper(model: nn.Module, call: str) -> None:
+    """``TypeError`` naming the wrapper when ``model`` is wrapped in DDP or sharded by FSDP."""
+    wrapper = _distributed_wrapper(model)
+    if wrapper is not None:
+        raise TypeError(
+            f"{call} cannot convert a model wrapped in {wrapper}: the wrapper keeps the parameters it was "
+            f"built on, which the conversion replaces; call comera.{call} on the plain model before wrapping "
+            "it (DistributedDataParallel, fully_shard), then wrap the converted model"
+        )
 
 
 def _close_names(entry: str, names: Iterable[str], limit: int = 6) -> list[str]:
@@ -400,7 +431,8 @@ def tensorize_(
     device: call :func:`materialize_` next.
 
     Args:
-        model: any ``nn.Module`` (``torch.compile`` and DDP wrappers are looked through).
+        model: any ``nn.Module`` (a ``torch.compile`` wrapper is looked through; not one wrapped in DDP or
+            sharded by FSDP).
         config: a :class:`TensorizeConfig`; None for the defaults.
         device: where the layers replacing meta-device modules are created (None: CPU); modules with real
             weights keep their own device.
@@ -415,6 +447,8 @@ def tensorize_(
             (naming it and its parent), no module is selected, or ``init="tt_svd"`` meets a module on the
             meta device; the model is unchanged.
         ValueError: ``device`` is the meta device.
+        TypeError: ``model`` is (or holds) a ``DistributedDataParallel`` or FSDP wrapper; tensorize the plain
+            model, then wrap it.
     """
     if config is None:
         config = TensorizeConfig()
@@ -426,6 +460,7 @@ def tensorize_(
     if target_device.type == "meta":
         raise ValueError("device must be a device with storage (e.g. 'cpu', 'cuda'), got 'meta'")
     root = unwrap_model(model)
+    _refuse_distributed_wrapper(model, "tensorize_")
     modules = {name: module for name, module in root.named_modules(remove_duplicate=False) if name}
     all_names = names_of(root)
     layer_types = {name: layer_for_dense(module, config.format) for name, module in modules.items()}
@@ -485,8 +520,42 @@ def tensorize_(
     for old, new in replacements.values():
         replace_module(root, old, new)
     disable_weight_fast_paths(root)
+    guard_embedding_resize(root)
     setattr(root, CONFIG_ATTRIBUTE, (*tensorize_configs(root), config))
     return model
+
+
+_RESIZE = "resize_token_embeddings"
+
+
+def _refuse_resize(layers: str, *args: Any, **kwargs: Any) -> NoReturn:
+    raise NotImplementedError(
+        f"resize_token_embeddings cannot resize a tensorized model: its {layers} hold tensor-train cores, "
+        "not a weight matrix to grow; resize before comera.tensorize_, or call comera.untensorize_(model), "
+        "resize, and tensorize again"
+    )
+
+
+def guard_embedding_resize(model: nn.Module) -> None:
+    """Make a ``transformers`` model's ``resize_token_embeddings`` raise ``NotImplementedError`` naming the
+    call and what to do while its input or output embeddings are comera layers (it would fail deep inside on
+    their missing ``weight``), and give it back its own method when they are dense again. Other models are
+    left as they are. :func:`tensorize_`, :func:`untensorize_` and :func:`comera.load_pretrained` call it."""
+    root = unwrap_model(model)
+    if not callable(getattr(type(root), _RESIZE, None)):
+        return
+    tensorized = []
+    for kind in ("input", "output"):
+        try:
+            module = getattr(root, f"get_{kind}_embeddings")()
+        except (AttributeError, NotImplementedError):
+            continue
+        if module is not None and is_layer(module):
+            tensorized.append(f"{kind} embeddings ({type(module).__name__})")
+    if tensorized:
+        root.__dict__[_RESIZE] = functools.partial(_refuse_resize, " and ".join(tensorized))
+    else:
+        root.__dict__.pop(_RESIZE, None)
 
 
 def untensorize_(model: nn.Module) -> nn.Module:
@@ -496,8 +565,11 @@ def untensorize_(model: nn.Module) -> nn.Module:
     ``TTLinear`` / ``TTMLinear`` become ``nn.Linear`` with ``to_dense()`` as weight; TTM embeddings become
     ``nn.Embedding`` / ``nn.EmbeddingBag`` with their ``padding_idx``, ``mode``, ``include_last_offset`` and
     ``sparse``; a tied head becomes an ``nn.Linear`` sharing the restored table's weight. Returns ``model``.
+    A model wrapped in ``DistributedDataParallel`` or sharded by FSDP raises ``TypeError`` (as in
+    :func:`tensorize_`).
     """
     root = unwrap_model(model)
+    _refuse_distributed_wrapper(model, "untensorize_")
     layers = {id(m): m for name, m in root.named_modules() if name and is_layer(m)}
     ordered = sorted(layers.values(), key=lambda layer: bool(layer.references()))
     restored: dict[int, nn.Module] = {}
@@ -506,6 +578,7 @@ def untensorize_(model: nn.Module) -> nn.Module:
             restored[id(layer)] = layer.to_dense_module(lambda module: restored.get(id(module)))
     for layer in ordered:
         replace_module(root, layer, restored[id(layer)])
+    guard_embedding_resize(root)
     if hasattr(root, CONFIG_ATTRIBUTE):
         delattr(root, CONFIG_ATTRIBUTE)
     return model
@@ -543,7 +616,8 @@ def materialize_(model: nn.Module, device: torch.device | str = "cpu") -> nn.Mod
     module's ``reset_parameters()``.
 
     Args:
-        model: any ``nn.Module`` (``torch.compile`` and DDP wrappers are looked through).
+        model: any ``nn.Module`` (a ``torch.compile`` wrapper is looked through; not one wrapped in DDP or
+            sharded by FSDP).
         device: where the new tensors live.
 
     Returns:

@@ -211,3 +211,50 @@ def test_prompt_and_options_are_checked(tmp_path, capsys, tokenizer):
     assert "comera generate: --temperature must be a finite number in [0.0, inf), got -1.0" in error
     error = one_line_error(capsys, run_dir, "--prompt", PROMPT, "--temperature", "1", "--seed", "-3")
     assert "comera generate: --seed must be an int in [0, " in error
+
+
+def test_a_tiny_temperature_continues_greedily(tmp_path, capsys, tokenizer):
+    model = smoke_model("tt")
+    run_dir = write_run(tmp_path / "run", model, tokenizer)
+    arguments = [str(run_dir), "--prompt", PROMPT, "--max-new-tokens", "12", "--temperature", "1e-45"]
+    status, out, err = generate_cli(capsys, *arguments, "--seed", "3")
+    assert status == 0, err
+    assert out == reference_continuation(model, tokenizer, PROMPT, 12) + "\n"
+
+
+def test_top_k_without_temperature_is_refused_naming_both_options(tmp_path, capsys, tokenizer):
+    run_dir = str(write_run(tmp_path / "run", smoke_model("dense"), tokenizer))
+    error = one_line_error(capsys, run_dir, "--prompt", PROMPT, "--top-k", "5")
+    assert "comera generate: --top-k 5 needs sampling: give --temperature above 0 with it" in error
+    error = one_line_error(capsys, run_dir, "--prompt", PROMPT, "--top-k", "5", "--temperature", "0")
+    assert "--top-k 5 needs sampling" in error
+
+
+def test_a_swapped_tokenizer_is_refused_by_the_digest_the_run_recorded(tmp_path, capsys, tokenizer):
+    """``results.json`` records the digest of the run's tokenizer (``data.identity.tokenizer``): the file
+    itself passes, another tokenizer of no more tokens (which the size check lets through) is named."""
+    from comera.data.tokenize import tokenizer_digest
+
+    model = smoke_model("dense")
+    run_dir = write_run(tmp_path / "run", model, tokenizer)
+    results = {"data": {"identity": {"tokenizer": tokenizer_digest(tokenizer)}}}
+    (run_dir / "results.json").write_text(json.dumps(results))
+    status, out, err = generate_cli(capsys, str(run_dir), "--prompt", PROMPT, "--max-new-tokens", "6")
+    assert status == 0, err
+    assert out == reference_continuation(model, tokenizer, PROMPT, 6) + "\n"
+    other = train_tokenizer(["the lazy dog sleeps all day long\n"] * 8, VOCAB - 20)
+    assert other.get_vocab_size() <= VOCAB and tokenizer_digest(other) != tokenizer_digest(tokenizer)
+    (run_dir / "model" / "tokenizer.json").write_text(other.to_str())
+    error = one_line_error(capsys, str(run_dir), "--prompt", PROMPT)
+    assert f"{run_dir / 'model' / 'tokenizer.json'} is not the tokenizer the run trained with" in error
+    assert f"sha256 {tokenizer_digest(tokenizer)[:12]} in {run_dir / 'results.json'}" in error
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "comera_config.json"])
+def test_a_damaged_model_file_is_named_as_damaged_not_as_another_model(tmp_path, capsys, tokenizer, name):
+    run_dir = write_run(tmp_path / "run", smoke_model("tt"), tokenizer)
+    damaged = run_dir / "model" / name
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    error = one_line_error(capsys, str(run_dir), "--prompt", PROMPT)
+    assert f"comera generate: the run's saved model is damaged: {damaged}: " in error
+    assert "truncated or corrupt" in error and "not a language model" not in error

@@ -1,5 +1,6 @@
 """The command layer's number formats: one behaviour for the train summary and the comparison table."""
 
+import json
 import math
 
 import pytest
@@ -100,3 +101,31 @@ def test_the_summary_says_what_the_data_reader_skipped_and_nothing_when_it_skipp
     assert "data skipped: source: 4 malformed lines" in criteo
     splits["validation"].update(skipped=0, skipped_not_utf8=0, skipped_empty=0)
     assert "skipped" not in summary(_results({"splits": splits}))
+
+
+@pytest.mark.parametrize(
+    ("steps", "note"),
+    [((2, 4, 6), "too short to judge a plateau"), ((100, 200, 300, 400, 500), "plateau")],
+    ids=["six-steps", "five-hundred-steps"],
+)
+def test_the_comparison_note_judges_a_plateau_only_on_a_long_enough_run(tmp_path, steps, note):
+    """A flat validation loss over a 6-step smoke run is "too short to judge a plateau", not "plateau"; the
+    same flat loss over five evaluations to step 500 is a plateau."""
+    from comera.commands.compare import MethodRun, format_markdown
+
+    lines = [
+        {"kind": "eval", "step": step, "split": "validation", "metrics": {"loss": 2.0}} for step in steps
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    results = {
+        "evaluation": {"validation": {"loss": 2.0}},
+        "compression": {"tensorized": None, "whole": 1.0},
+        "step_time_s": 0.01,
+        "peak_memory_mib": None,
+        "wall_time_s": 1.0,
+        "params": 10,
+    }
+    table = format_markdown([MethodRun("dense", tmp_path, "trained", results, None)], "loss")
+    header, _, line = table.splitlines()
+    row = dict(zip(header.strip("| ").split(" | "), line.strip("| ").split(" | ")))
+    assert row["note"] == note and row["last fifth"] == "+0.00%"

@@ -178,6 +178,25 @@ def test_a_symbolic_link_loop_or_a_dangling_link_is_named_with_its_reason(tmp_pa
         assert f"{option} {target}: {link} is a symbolic link that leads nowhere ({reason})" in error
 
 
+def test_a_looping_or_broken_data_link_is_named_as_such(tmp_path, capsys, no_data):
+    """``--data`` naming a symbolic link that loops or points at nothing says which, not 'no such file'."""
+    first, second, dangling = tmp_path / "loop1", tmp_path / "loop2", tmp_path / "dangling"
+    first.symlink_to(second)
+    second.symlink_to(first)
+    dangling.symlink_to(tmp_path / "nowhere")
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    error = _one_line_error(capsys, _train(out, cache, "--data", str(first)))
+    assert f"--data {first}: a symbolic link that loops (it leads back to itself)" in error
+    error = _one_line_error(capsys, _train(out, cache, "--data", str(dangling)))
+    assert (
+        f"--data {dangling}: a broken symbolic link (to {tmp_path / 'nowhere'}, which does not exist)"
+        in error
+    )
+    error = _one_line_error(capsys, _train(out, cache, "--data", str(tmp_path / "missing")))
+    assert f"--data {tmp_path / 'missing'}: no such file or folder" in error
+    assert not out.exists()
+
+
 def test_nproc_processes_get_only_the_copy_of_a_config_stream(tmp_path, monkeypatch):
     """--config naming a named pipe with --nproc: the launcher reads it once and hands the processes its
     copy alone (a process reading the pipe again would wait for a writer forever)."""
@@ -317,6 +336,14 @@ def test_a_run_refused_before_it_started_leaves_no_folder_behind(tmp_path, capsy
         ("dlrm", "data.min_frequency=-1", "data.min_frequency must be an int >= 1, got -1"),
         ("llm", "data.tokenizer_file='/no/t.json'", "data.tokenizer_file /no/t.json does not exist"),
         ("mlm", "data.tokenizer_file='/no/t.json'", "data.tokenizer_file /no/t.json does not exist"),
+        (
+            "llm",
+            "data.tokenizer_file=123",
+            "data.tokenizer_file must be the path of a tokenizer.json file (a string) or unset, got 123",
+        ),
+        ("mlm", "data.tokenizer_file=''", "data.tokenizer_file must be the path of a tokenizer.json file"),
+        ("llm", "data.tokenizer_file='/'", "data.tokenizer_file / is a folder; name the tokenizer.json file"),
+        ("mlm", "data.tokenizer_file='/'", "data.tokenizer_file / is a folder; name the tokenizer.json file"),
         ("nli", "data.tokenizer='/no/v.txt'", "data.tokenizer '/no/v.txt' is read with --data (MNLI) only"),
     ],
 )

@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from comera.data.files import open_data, utf8_text
+from comera.data.files import numbered_lines, open_data, utf8_text
 from comera.data.sources import read_code
 
 _RECORD = b'{"code": "def f(x):\\n    return x\\n"}\n'
@@ -183,3 +183,28 @@ def test_bytes_after_the_gzip_data_are_named_as_such_not_as_a_line(tmp_path):
     path.write_bytes(gzip.compress(lines) + bytes(512))
     documents, skipped = read_code(path)
     assert (len(documents), skipped) == (200, [])
+
+
+class _RecordingReader:
+    """A binary file whose ``readline`` records the length of every piece it returns."""
+
+    def __init__(self, data: bytes) -> None:
+        self.file = io.BytesIO(data)
+        self.reads: list[int] = []
+
+    def readline(self, size: int = -1) -> bytes:
+        line = self.file.readline(size)
+        self.reads.append(len(line))
+        return line
+
+
+def test_numbered_lines_holds_at_most_the_limit_of_a_long_line():
+    """A line longer than ``max_line_bytes`` comes as its first ``max_line_bytes + 1`` bytes and is never
+    read whole: every read of the file returns at most that many bytes; the following lines are intact."""
+    data = b"first\n" + b"x" * 100_000 + b"\nlast\n"
+    reader = _RecordingReader(data)
+    lines = list(numbered_lines(reader, "lines.txt", max_line_bytes=10))
+    assert lines == [(1, b"first\n"), (2, b"x" * 11), (3, b"last\n")]
+    assert max(reader.reads) == 11
+    whole = [len(raw) for _, raw in numbered_lines(io.BytesIO(data), "lines.txt")]
+    assert whole == [6, 100_001, 5]

@@ -174,3 +174,46 @@ def test_a_jsonl_file_with_a_utf8_byte_order_mark_reads_its_first_line(tmp_path)
     marked = tmp_path / "functions.jsonl"
     marked.write_bytes(b"\xef\xbb\xbf" + source.read_bytes())
     assert read_code(marked) == read_code(source)
+
+
+def test_a_text_file_with_a_utf8_byte_order_mark_reads_without_it(tmp_path):
+    """A source or ``.txt`` document saved with a byte-order mark (Windows Notepad) is the text after the
+    mark, as a JSON-lines file is; a mark further in is text and stays."""
+    (tmp_path / "notes.txt").write_bytes(b"\xef\xbb\xbfhello world\n")
+    (tmp_path / "inner.txt").write_bytes("a\n\ufeffb\n".encode())
+    documents, skipped = read_code(tmp_path, extensions=[".txt"])
+    assert skipped == []
+    assert {d.key: d.text for d in documents} == {"notes.txt": "hello world\n", "inner.txt": "a\n\ufeffb\n"}
+
+
+def test_a_json_line_longer_than_the_limit_is_named_or_skipped_without_reading_it_whole(tmp_path):
+    """The limit counts the line's bytes with its newline: a line of exactly ``max_line_bytes`` is read, one
+    byte more is a bad line (named with file and line, or skipped and counted); the lines after it are
+    read."""
+    short = json.dumps({"code": "x = 1"}) + "\n"
+    limit = 64
+    exact = json.dumps({"code": "y" * (limit - len('{"code": ""}\n'))}) + "\n"
+    assert len(exact) == limit
+    long = json.dumps({"code": "z" * 10_000}) + "\n"
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(short + exact + long + short)
+    message = r"corpus\.jsonl: line 3: longer than 64 bytes, the most one JSON line may hold"
+    with pytest.raises(ValueError, match=message):
+        read_code(path, max_line_bytes=limit)
+    documents, skipped = read_code(path, max_line_bytes=limit, skip_bad_lines=True)
+    assert [d.text for d in documents] == ["x = 1", json.loads(exact)["code"], "x = 1"]
+    assert [(s.key, s.reason) for s in skipped] == [("corpus.jsonl:3", "bad_line")]
+    assert read_code(path, max_line_bytes=len(long))[0][2].text == "z" * 10_000
+
+
+def test_the_default_line_limit_is_eight_mebibytes(tmp_path):
+    from comera.data.sources import MAX_LINE_BYTES
+
+    assert MAX_LINE_BYTES == 8 * 2**20
+    path = tmp_path / "big.jsonl"
+    overhead = len('{"text": ""}\n')
+    path.write_text('{"text": "' + "a" * (MAX_LINE_BYTES + 1 - overhead) + '"}\n')
+    with pytest.raises(ValueError, match=r"big\.jsonl: line 1: longer than 8,388,608 bytes"):
+        read_code(path, text_fields=["text"])
+    path.write_text('{"text": "' + "a" * (MAX_LINE_BYTES - overhead) + '"}\n')
+    assert len(read_code(path, text_fields=["text"])[0][0].text) == MAX_LINE_BYTES - overhead

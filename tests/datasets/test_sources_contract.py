@@ -79,15 +79,25 @@ def test_text_fields_must_be_a_non_empty_list_of_names(tmp_path, text_fields, sh
 
 @pytest.mark.parametrize("name", ["max_files", "max_bytes"])
 @pytest.mark.parametrize(
-    ("value", "shown"), [(0, "0"), (-3, "-3"), (True, "True"), (2.0, "2.0"), ("2", "'2'")]
+    ("value", "shown"),
+    [(-1, "-1"), (-3, "-3"), (True, "True"), (False, "False"), (2.0, "2.0"), (0.0, "0.0"), ("2", "'2'")],
 )
-def test_caps_must_be_positive_ints_or_none(tmp_path, name, value, shown):
-    """0 (just below the smallest cap), negatives, bools, floats and strings are refused by name."""
+def test_caps_must_be_positive_ints_or_zero_or_none(tmp_path, name, value, shown):
+    """-1 (just below 0, no cap), negatives, bools, floats and strings are refused by name."""
     (tmp_path / "a.py").write_text("x = 1\n")
     with pytest.raises(
-        ValueError, match=re.escape(f"{name} must be an int >= 1 or None (no cap), got {shown}")
+        ValueError, match=re.escape(f"{name} must be an int >= 1, or 0 or None for no cap, got {shown}")
     ):
         read_code(tmp_path, **{name: value})
+
+
+@pytest.mark.parametrize("name", ["max_files", "max_bytes"])
+def test_a_cap_of_zero_reads_everything_as_none_does(tmp_path, name):
+    for index in range(5):
+        (tmp_path / f"m{index}.py").write_text(f"x = {index}\n")
+    everything = read_code(tmp_path)
+    assert len(everything[0]) == 5
+    assert read_code(tmp_path, **{name: 0}) == everything
 
 
 def test_a_cap_of_one_is_accepted(tmp_path):

@@ -185,6 +185,21 @@ def test_unsupported_settings_are_refused_naming_them(tmp_path):
         no_early.train()
 
 
+def test_load_best_model_at_end_is_refused_before_training(tmp_path):
+    """Loading the best checkpoint at the end would copy a checkpoint saved before a prune into the pruned
+    model (other shapes); the trainer refuses the setting when it is built, naming it."""
+    args = arguments(
+        tmp_path,
+        eval_strategy="steps",
+        eval_steps=8,
+        save_strategy="steps",
+        save_steps=8,
+        load_best_model_at_end=True,
+    )
+    with pytest.raises(ValueError, match=r"args\.load_best_model_at_end=True.*comera\.load_pretrained"):
+        CoMERATrainer(tiny_llama(), args, train_dataset=RepeatingTokens(), eval_dataset=RepeatingTokens(8))
+
+
 @pytest.mark.parametrize(
     "choice",
     [(torch.optim.AdamW, {"params": [], "lr": 1e-3}), (lambda: None, {})],

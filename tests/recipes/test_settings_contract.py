@@ -202,3 +202,33 @@ def test_a_train_setting_out_of_range_is_named_with_its_section(assignment, mess
     the user wrote it in ``--set`` or the TOML file."""
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         _resolve(assignments=[assignment])
+
+
+def test_a_header_recorded_before_llm_had_skip_bad_lines_resumes_as_it_ran():
+    """An ``llm`` run recorded without ``data.skip_bad_lines`` ran with bad lines stopping it: it matches a
+    command that leaves the key False and differs, naming it, from one that sets it; a workload whose data
+    section has no such key is not given one."""
+    from comera.recipes.run import header_difference
+
+    data = {"seq_len": 32, "max_bytes": 100_000}
+    recorded = {
+        "recipe": "llm",
+        "method": "dense",
+        "data_files": None,
+        "settings": {"train": {}, "data": data},
+    }
+    now = {
+        "recipe": "llm",
+        "method": "dense",
+        "data_files": None,
+        "settings": {"train": {}, "data": {**data, "skip_bad_lines": False}},
+    }
+    upgraded = upgrade_run_header(recorded, get_method("dense"), now)
+    assert upgraded["settings"]["data"] == {**data, "skip_bad_lines": False}
+    assert header_difference(upgraded, now) is None
+    assert header_difference(recorded, now) is not None
+    skipping = {**now, "settings": {"train": {}, "data": {**data, "skip_bad_lines": True}}}
+    difference = header_difference(upgrade_run_header(recorded, get_method("dense"), skipping), skipping)
+    assert "data.skip_bad_lines: False then, True now" in difference
+    other = {**now, "settings": {"train": {}, "data": data}}
+    assert upgrade_run_header(recorded, get_method("dense"), other) == recorded

@@ -5,7 +5,15 @@ import math
 
 import pytest
 
-from comera.train.plateau import PLATEAU_TOLERANCE, at_plateau, last_fifth_change
+from comera.train.plateau import (
+    MIN_EVALUATIONS,
+    MIN_STEPS,
+    PLATEAU_TOLERANCE,
+    TOO_SHORT,
+    at_plateau,
+    last_fifth_change,
+    plateau_note,
+)
 
 
 def _evals(points, metric="loss"):
@@ -56,3 +64,22 @@ def test_a_change_of_exactly_the_tolerance_is_not_a_plateau():
     assert up == PLATEAU_TOLERANCE and down == -PLATEAU_TOLERANCE
     assert at_plateau(up) is False and at_plateau(down) is False
     assert at_plateau(math.nextafter(PLATEAU_TOLERANCE, 0.0)) is True
+
+
+def test_a_short_run_is_too_short_to_judge_whatever_its_change():
+    """A 6-step run evaluated twice with a flat loss is no plateau: fewer than five evaluations, or a last
+    evaluation before step 100, is too short; five from step 100 on are judged by the change."""
+    smoke = _evals([(3, 5.0), (6, 5.0)])
+    assert at_plateau(last_fifth_change(smoke, "loss")) is True  # the bare change would call it one
+    assert plateau_note(smoke, "loss") == TOO_SHORT == "too short to judge a plateau"
+    four = _evals([(100, 5.0), (200, 4.0), (400, 3.0), (500, 3.0)])
+    assert plateau_note(four, "loss") == TOO_SHORT
+    early = _evals([(10, 5.0), (20, 4.0), (40, 3.0), (80, 3.0), (99, 3.0)])
+    assert plateau_note(early, "loss") == TOO_SHORT
+    flat = _evals([(20, 5.0), (40, 4.0), (60, 3.0), (80, 3.0), (100, 3.0 * (1 - 0.5 * PLATEAU_TOLERANCE))])
+    assert (MIN_EVALUATIONS, MIN_STEPS) == (5, 100)
+    assert plateau_note(flat, "loss") == "plateau"
+    falling = _evals([(200, 5.0), (400, 4.0), (600, 3.0), (800, 3.0), (1000, 2.9)])
+    assert plateau_note(falling, "loss") == "not at a plateau"
+    assert plateau_note(_evals([(20, 5.0), (40, 4.0), (60, 3.0), (80, 0.0), (100, 1.0)]), "loss") is None
+    assert plateau_note([], "loss") is None

@@ -38,6 +38,7 @@ from comera.measure import (
     allocation_of,
     interleaved_medians_ms,
     machine_description,
+    markdown_file_argument,
     peak_rise_mib,
     update_section,
 )
@@ -164,7 +165,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory cases")
     add_memory_argument(parser)
-    parser.add_argument("--write", default=None, help="update the 'attention' section of this markdown file")
+    parser.add_argument(
+        "--write",
+        type=markdown_file_argument,
+        default=None,
+        help="update the 'attention' section of this markdown file",
+    )
     parser.add_argument("--json", default=None, help="also write the raw results to this JSON file")
     parser.add_argument("--memory-case", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

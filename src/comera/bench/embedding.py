@@ -51,6 +51,7 @@ from comera.measure import (
     fmt,
     interleaved_medians_ms,
     machine_description,
+    markdown_file_argument,
     median_ms,
     peak_rise_mib,
     ratio,
@@ -532,7 +533,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="10k ids only, 2 repeats")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per case (default: torch's)")
     add_memory_argument(parser)
-    parser.add_argument("--write", default=None, help="markdown file whose section (--section) is replaced")
+    parser.add_argument(
+        "--write",
+        type=markdown_file_argument,
+        default=None,
+        help="markdown file whose section (--section) is replaced",
+    )
     parser.add_argument("--section", default="embedding", help="name of the section --write replaces")
     parser.add_argument(
         "--results",

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from comera.bench.trainer import BATCH, CLASSES, SEQ, VOCAB, make_model
-from comera.measure import machine_description, update_section
+from comera.measure import machine_description, markdown_file_argument, update_section
 from comera.methods.comera import CoMERAObjective, CoMERASettings
 from comera.nn.linear import TTLinear
 from comera.train import TrainConfig, Trainer
@@ -231,7 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=BATCH, help=f"Trainer batch (sequences of {SEQ} tokens)")
     parser.add_argument("--fp8", action="store_true", help="also time TTLinear(gemm='fp8') under bf16")
     parser.add_argument("--json", metavar="PATH", help="write the measurements as JSON")
-    parser.add_argument("--write", metavar="MARKDOWN", help="update the 'gpu' section of this file")
+    parser.add_argument(
+        "--write",
+        type=markdown_file_argument,
+        metavar="MARKDOWN",
+        help="update the 'gpu' section of this file",
+    )
     args = parser.parse_args(argv)
     for name in ("repeats", "calls", "steps", "batch"):
         if getattr(args, name) < 1:

@@ -30,7 +30,13 @@ import torch
 from torch import nn
 
 from comera.bench.embedding import TABLES, build_table
-from comera.measure import interleaved_medians_ms, machine_description, peak_rise_mib, update_section
+from comera.measure import (
+    interleaved_medians_ms,
+    machine_description,
+    markdown_file_argument,
+    peak_rise_mib,
+    update_section,
+)
 from comera.nn.linear import TTLinear
 
 __all__ = ["SHAPES", "METHODS", "EMBEDDING_METHODS", "build", "main"]
@@ -160,7 +166,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--calls", type=int, default=50, help="forward calls per timed sample (>= 1)")
     parser.add_argument("--repeats", type=int, default=9, help="timed samples per method (>= 1)")
     parser.add_argument("--quick", action="store_true", help="one shape, B=1, few samples: a smoke run")
-    parser.add_argument("--write", metavar="MARKDOWN", help="update the 'inference' section of this file")
+    parser.add_argument(
+        "--write",
+        type=markdown_file_argument,
+        metavar="MARKDOWN",
+        help="update the 'inference' section of this file",
+    )
     parser.add_argument("--memory-case", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("calls", "repeats"):

@@ -39,6 +39,7 @@ from comera.measure import (
     add_memory_argument,
     interleaved_medians_ms,
     machine_description,
+    markdown_file_argument,
     update_section,
 )
 from comera.nn.linear import TTLinear, TTMLinear
@@ -286,7 +287,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="turn off the TT paths' output pool (comera.tt.configure_output_pool(max_bytes=0))",
     )
-    parser.add_argument("--write", metavar="MARKDOWN", help="update the --section section of this file")
+    parser.add_argument(
+        "--write",
+        type=markdown_file_argument,
+        metavar="MARKDOWN",
+        help="update the --section section of this file",
+    )
     parser.add_argument(
         "--section", default="layers", help="name of the section --write replaces (default: layers)"
     )

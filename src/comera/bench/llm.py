@@ -40,7 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from comera.bench.paper import ladder_ranks, run_fresh_case
-from comera.measure import add_memory_argument, machine_description, pyplot, update_section
+from comera.measure import (
+    add_memory_argument,
+    machine_description,
+    markdown_file_argument,
+    pyplot,
+    update_section,
+)
 from comera.methods import get_method
 from comera.recipes.settings import add_set_argument, resolve_settings, tensorize_config
 from comera.workloads import load_recipe
@@ -259,7 +265,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads in each case")
     add_memory_argument(parser)
     parser.add_argument("--out", default="bench-llm", help="folder for each section's JSON, markdown, PNG")
-    parser.add_argument("--write", default=None, help="update the 'llm-SECTION' sections of this file")
+    parser.add_argument(
+        "--write",
+        type=markdown_file_argument,
+        default=None,
+        help="update the 'llm-SECTION' sections of this file",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke sizes (QUICK)")
     add_set_argument(
         parser,

@@ -88,6 +88,7 @@ from comera.measure import (
     allocation_of,
     grouped_bars,
     machine_description,
+    markdown_file_argument,
     peak_rise_mib,
     status_mib,
     training_state_mib,
@@ -510,7 +511,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads in each case")
     add_memory_argument(parser)
     parser.add_argument("--out", default="bench-paper", help="folder for each section's JSON, markdown, PNGs")
-    parser.add_argument("--write", default=None, help="update the 'paper-SECTION' sections of this file")
+    parser.add_argument(
+        "--write",
+        type=markdown_file_argument,
+        default=None,
+        help="update the 'paper-SECTION' sections of this file",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke sizes for every section (QUICK)")
     parser.add_argument(
         "--import", dest="imports", action="append", default=[], help="import a module first (own recipes)"

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from comera.measure import machine_description, update_section
+from comera.measure import machine_description, markdown_file_argument, update_section
 
 __all__ = ["main", "run_case", "format_report"]
 
@@ -87,7 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", default="small")
     parser.add_argument("--method", default="comera")
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run (>= 10)")
-    parser.add_argument("--write", type=Path, help="markdown file to update (section 'scaling')")
+    parser.add_argument(
+        "--write", type=markdown_file_argument, help="markdown file to update (section 'scaling')"
+    )
     parser.add_argument("--json", type=Path, help="write the cases as JSON here")
     return parser
 

@@ -25,7 +25,7 @@ import time
 import torch
 from torch import nn
 
-from comera.measure import machine_description, update_section
+from comera.measure import machine_description, markdown_file_argument, update_section
 from comera.methods.comera import CoMERAObjective, CoMERASettings
 from comera.nn.linear import TTLinear
 from comera.rank.adaptation import RankAdaptation
@@ -185,7 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=1, help="torch threads (1 is steadiest on shared CPUs)"
     )
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile comparison")
-    parser.add_argument("--write", metavar="MARKDOWN", help="update the 'trainer' section of this file")
+    parser.add_argument(
+        "--write",
+        type=markdown_file_argument,
+        metavar="MARKDOWN",
+        help="update the 'trainer' section of this file",
+    )
     parser.add_argument("--case", choices=("eager", "compiled"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("steps", "threads"):

@@ -57,7 +57,7 @@ from comera.recipes.run import (
 from comera.recipes.settings import parse_assignment, upgrade_run_header
 from comera.startup import interrupts_raise
 from comera.train.metrics import read_metrics
-from comera.train.plateau import at_plateau, last_fifth_change
+from comera.train.plateau import last_fifth_change, plateau_note
 from comera.workloads import load_recipe, workload_names
 
 __all__ = [
@@ -373,7 +373,8 @@ def format_markdown(runs: Sequence[MethodRun], primary: str) -> str:
     Columns: the first evaluation split's metrics, the primary metric's change against dense (percent),
     compression of the tensorized layers and of the whole model, trained parameters, median step time (ms),
     dense step / method step (above 1: faster than dense), the validation loss's change over the last
-    fifth of the run (:mod:`comera.train.plateau`; "plateau" in the note when under 1 %), tokens per
+    fifth of the run (:mod:`comera.train.plateau`; "plateau" in the note when under 1 %, "too short to judge
+    a plateau" for a run of few evaluations or steps), tokens per
     second and weights plus optimizer state (MiB; both only when a run reports ``tokens_per_s`` /
     ``weights_optimizer_mib``), peak memory (MiB), wall time (s), a note.
     """
@@ -415,7 +416,8 @@ def format_markdown(runs: Sequence[MethodRun], primary: str) -> str:
                 else "-"
             )
             cells.append(change)
-        change_at_end = _last_fifth(item, primary)
+        records, metric = _evaluations(item, primary)
+        change_at_end = last_fifth_change(records, metric)
         step = results["step_time_s"]
         speed = None if dense is None or not step else dense["step_time_s"] / step
         cells += [
@@ -428,27 +430,27 @@ def format_markdown(runs: Sequence[MethodRun], primary: str) -> str:
             *(number(results.get(key)) for key, _ in _OPTIONAL_COLUMNS if key in optional),
             number(results["peak_memory_mib"]),
             f"{results['wall_time_s']:.0f}",
-            _note(item, change_at_end),
+            _note(item, plateau_note(records, metric)),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _last_fifth(item: MethodRun, primary: str) -> float | None:
-    """The run's validation loss (else primary metric) change over its last fifth, or None."""
+def _evaluations(item: MethodRun, primary: str) -> tuple[list[dict[str, Any]], str]:
+    """The run's metric records (none when unreadable) and the metric its plateau is judged on: the
+    validation loss, else the primary metric."""
     try:
         records = read_metrics(item.run_dir)
     except (FileNotFoundError, ValueError):
-        return None
+        return [], primary
     names = {name for record in records if record.get("kind") == "eval" for name in record.get("metrics", {})}
-    return last_fifth_change(records, "loss" if "loss" in names else primary)
+    return records, "loss" if "loss" in names else primary
 
 
-def _note(item: MethodRun, change_at_end: float | None) -> str:
+def _note(item: MethodRun, plateau: str | None) -> str:
     notes = ["reused"] if item.status == "reused" else []
-    plateau = at_plateau(change_at_end)
     if plateau is not None:
-        notes.append("plateau" if plateau else "not at a plateau")
+        notes.append(plateau)
     results = item.results or {}
     if "target_reached" in results:
         notes.append("size target reached" if results["target_reached"] else "size target not reached")

@@ -5,8 +5,9 @@ RUN_DIR is a run folder of ``comera train llm`` (dense or compressed, pruned or 
 method's own layers rebuilt from the run's settings for CoLA and LTE) and the tokenizer from
 ``RUN_DIR/model/tokenizer.json`` (a ``tokenizers`` file). The prompt is encoded as it is (no token is
 added before it), continued by :func:`comera.workloads.llm.generate.generate` on the CPU with a key-value
-cache (greedy unless ``--temperature`` is above 0), stopped early at the end-of-sequence token ``</s>`` when
-the tokenizer has one, and only the new text is printed (special tokens left out).
+cache (greedy unless ``--temperature`` is above 0; ``--top-k`` is refused without it), stopped early at the
+end-of-sequence token ``</s>`` when the tokenizer has one, and only the new text is printed (special tokens
+left out).
 
 Errors (a missing folder, a run that has not finished, a model that is not a language model, a missing or
 mismatched tokenizer, a prompt and continuation longer than the model's context, a bad option) are printed
@@ -16,6 +17,7 @@ in one line with exit status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -24,6 +26,8 @@ from tokenizers import Tokenizer
 
 from comera.commands.paths import path_argument
 from comera.data.bpe import SPECIAL_TOKENS
+from comera.data.tokenize import tokenizer_digest
+from comera.io import DamagedFileError
 from comera.recipes.saved import load_run_model
 from comera.workloads.llm.generate import generate
 from comera.workloads.llm.model import LlamaLM
@@ -34,6 +38,8 @@ EOS_TOKEN = SPECIAL_TOKENS[2]
 """The end-of-sequence token of comera's byte-level BPE (``</s>``): generation stops once it is produced."""
 TOKENIZER_NAME = "tokenizer.json"
 """The tokenizer's file in a run's ``model/`` folder."""
+RESULTS_NAME = "results.json"
+"""The run's results, which record the digest of its tokenizer (``data.identity.tokenizer``)."""
 DEFAULT_NEW_TOKENS = 64
 """Tokens added when ``--max-new-tokens`` is not given (fewer when the model's context ends first)."""
 _WHY = "comera generate works on the run folders of `comera train llm`"
@@ -44,8 +50,9 @@ def load_run(run_dir: str | Path) -> tuple[LlamaLM, Tokenizer]:
 
     Raises:
         FileNotFoundError: ``run_dir``, its ``model/`` (an unfinished run) or ``model/tokenizer.json`` is
-            missing. ValueError: the saved model is not a :class:`LlamaLM` or is unreadable, or the
-            tokenizer is unreadable or has more tokens than the model's vocabulary.
+            missing. ValueError: a saved file is damaged (named), the saved model is not a :class:`LlamaLM`,
+            or the tokenizer is unreadable, has more tokens than the model's vocabulary, or is not the one
+            whose digest ``results.json`` records.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -60,6 +67,8 @@ def load_run(run_dir: str | Path) -> tuple[LlamaLM, Tokenizer]:
         raise FileNotFoundError(f"{run_dir} holds no model/ folder; {_WHY}")
     try:
         model = load_run_model(run_dir)
+    except DamagedFileError as error:
+        raise ValueError(f"the run's saved model is damaged: {error}") from None
     except ValueError as error:
         raise ValueError(f"{model_dir}: not a language model ({error}); {_WHY}") from None
     if not isinstance(model, LlamaLM):
@@ -78,7 +87,23 @@ def load_run(run_dir: str | Path) -> tuple[LlamaLM, Tokenizer]:
             f"{path} has {tokenizer.get_vocab_size()} tokens but the model's vocabulary has "
             f"{model.config.vocab_size}: the tokenizer is not the model's"
         )
+    _check_tokenizer_digest(run_dir, path, tokenizer)
     return model.eval(), tokenizer
+
+
+def _check_tokenizer_digest(run_dir: Path, path: Path, tokenizer: Tokenizer) -> None:
+    """``ValueError`` when ``RUN_DIR/results.json`` records the digest of the tokenizer the run trained with
+    (``data.identity.tokenizer``) and ``tokenizer`` is another; a run without that record passes."""
+    try:
+        recorded = json.loads((run_dir / RESULTS_NAME).read_text())["data"]["identity"]["tokenizer"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    digest = tokenizer_digest(tokenizer)
+    if recorded != digest:
+        raise ValueError(
+            f"{path} is not the tokenizer the run trained with (sha256 {str(recorded)[:12]} in "
+            f"{run_dir / RESULTS_NAME}, {digest[:12]} in the file): put the run's own tokenizer.json back"
+        )
 
 
 def continue_text(
@@ -153,7 +178,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="K",
-        help="when sampling, draw among the K most likely tokens only",
+        help="with --temperature above 0: draw among the K most likely tokens only (refused without it)",
     )
     parser.add_argument(
         "--seed", type=int, default=None, metavar="S", help="seed of the sampling (default: a fresh one)"
@@ -165,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     """``comera generate``: print the continuation; exit status 0, or 2 with a one-line error."""
     args = _parser().parse_args(argv)
     try:
+        _check_sampling(args)
         model, tokenizer = load_run(args.run_dir)
         text = continue_text(
             model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed
@@ -174,6 +200,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(text)
     return 0
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    """``ValueError`` for ``--top-k`` without sampling (``--temperature`` 0, the default), naming both."""
+    if args.top_k is not None and args.temperature == 0:
+        raise ValueError(
+            f"--top-k {args.top_k} needs sampling: give --temperature above 0 with it (without --temperature "
+            "decoding is greedy, and --top-k would change nothing)"
+        )
 
 
 _OPTIONS = {

@@ -12,6 +12,7 @@ tokens).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -29,6 +30,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "MAX_PIECE_CHARS",
     "SpecialIds",
+    "check_tokenizer_file",
     "load_or_train_tokenizer",
     "special_ids",
     "train_tokenizer",
@@ -81,6 +83,32 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
+def check_tokenizer_file(tokenizer_file: object) -> Path | None:
+    """``tokenizer_file`` as a path to an existing file, or None.
+
+    Raises:
+        ValueError: it is not a path (a string or ``os.PathLike``) or None, it is empty, or it names a folder
+            or something else than a file (a broken or looping link). FileNotFoundError: nothing is there.
+    """
+    if tokenizer_file is None:
+        return None
+    if not isinstance(tokenizer_file, (str, os.PathLike)) or not str(tokenizer_file).strip():
+        raise ValueError(
+            "tokenizer_file must be the path of a tokenizer.json file (a string) or unset, got "
+            f"{tokenizer_file!r}"
+        )
+    path = Path(tokenizer_file)
+    if path.is_dir():
+        raise ValueError(f"tokenizer_file {path} is a folder; name the tokenizer.json file in it")
+    if path.is_symlink() and not path.exists():
+        raise ValueError(f"tokenizer_file {path} is a broken or looping symbolic link; name the file itself")
+    if not path.exists():
+        raise FileNotFoundError(f"tokenizer_file {path} does not exist")
+    if not path.is_file():
+        raise ValueError(f"tokenizer_file {path} is not a regular file (a pipe or a device)")
+    return path
+
+
 def load_or_train_tokenizer(
     train_documents: Sequence[CodeDocument],
     vocab_size: int,
@@ -93,10 +121,8 @@ def load_or_train_tokenizer(
     Returns:
         ``(tokenizer, path of its tokenizer.json, whether it was read rather than trained)``.
     """
-    if tokenizer_file is not None:
-        path = Path(tokenizer_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"tokenizer_file {path} does not exist")
+    path = check_tokenizer_file(tokenizer_file)
+    if path is not None:
         try:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as error:

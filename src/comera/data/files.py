@@ -129,17 +129,36 @@ def _damaged(path: str | os.PathLike, where: str, error: Exception) -> ValueErro
     return ValueError(f"{path}: the compressed data is truncated or corrupt{place}: {error}")
 
 
-def numbered_lines(file: BinaryIO, path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:
+def numbered_lines(
+    file: BinaryIO, path: str | os.PathLike, max_line_bytes: int | None = None
+) -> Iterator[tuple[int, bytes]]:
     """``(line number from 1, bytes)`` of ``file``; a truncated or corrupt gzip stream raises ``ValueError``
-    naming ``path`` and the last line read."""
+    naming ``path`` and the last line read.
+
+    With ``max_line_bytes``, a line longer than that (its end of line included) comes as its first
+    ``max_line_bytes + 1`` bytes, and the rest of it is read in pieces of that size and dropped: the caller
+    tells it by its length, and no more than that many bytes of a line are held at a time (one line of
+    gigabytes is not read into memory).
+    """
+    size = -1 if max_line_bytes is None else max_line_bytes + 1
     number = 0
     while True:
         with reading(path, f"after line {number}"):
-            raw = file.readline()
+            raw = file.readline(size)
+            if len(raw) == size and not raw.endswith(b"\n"):
+                _drop_rest_of_line(file, size)
         if not raw:
             return
         number += 1
         yield number, raw
+
+
+def _drop_rest_of_line(file: BinaryIO, size: int) -> None:
+    """Read ``file`` up to the end of the current line, ``size`` bytes at a time, keeping nothing."""
+    while True:
+        piece = file.readline(size)
+        if not piece or piece.endswith(b"\n"):
+            return
 
 
 def utf8_problem(error: UnicodeDecodeError) -> str:

@@ -6,17 +6,19 @@ Sources (:func:`read_code`):
 
 - CodeSearchNet-style ``*.jsonl`` / ``*.jsonl.gz`` files, one JSON object per line whose ``code`` (else
   ``original_string``; other names with ``text_fields``, e.g. C4's ``text``) field holds the text; a line
-  that is not such an object raises ``ValueError`` naming file and line, or is skipped and counted with
-  ``skip_bad_lines=True``; a truncated or corrupt gzip file raises ``ValueError`` naming it and the last
-  line read;
-- any folder of source files selected by extension (``.py`` by default), read as UTF-8; a file that is not
-  valid UTF-8, or that cannot be read (a symbolic link to itself, no permission), is skipped and counted. A
-  folder may also hold ``*.jsonl(.gz)`` files;
+  that is not such an object, or that is longer than ``max_line_bytes`` (default :data:`MAX_LINE_BYTES`),
+  raises ``ValueError`` naming file and line, or is skipped and counted with ``skip_bad_lines=True`` (a long
+  line is never held whole in memory); a truncated or corrupt gzip file raises ``ValueError`` naming it and
+  the last line read;
+- any folder of source files selected by extension (``.py`` by default), read as UTF-8 (a leading byte-order
+  mark dropped, as in a JSON-lines file); a file that is not valid UTF-8, or that cannot be read (a symbolic
+  link to itself, no permission), is skipped and counted. A folder may also hold ``*.jsonl(.gz)`` files;
 - nothing: the running Python's standard library (``sysconfig.get_paths()["stdlib"]``, ``*.py``, without
   ``site-packages``), which every machine has.
 
-``max_files`` / ``max_bytes`` cap what is read; files are taken in the order of a hash of their relative
-path, so a cap gives a fixed pseudo-random sample rather than the first packages alphabetically.
+``max_files`` / ``max_bytes`` cap what is read (0 or None: no cap); files are taken in the order of a hash of
+their relative path, so a cap gives a fixed pseudo-random sample rather than the first packages
+alphabetically.
 
 Split (:func:`split_of`): a document goes to validation when a SHA-256 hash of its key, as a fraction of
 ``2**64``, is below ``validation_fraction``. The key is the file's path relative to the source (for a JSON
@@ -34,12 +36,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from comera.data.files import check_regular_file, numbered_lines, open_data
+from comera.checks import check_int
+from comera.data.files import check_regular_file, numbered_lines, open_data, without_bom
 
 __all__ = [
     "DEFAULT_EXTENSIONS",
     "TEXT_FIELDS",
     "JSONL_SUFFIXES",
+    "MAX_LINE_BYTES",
     "SKIP_REASONS",
     "CodeDocument",
     "SkippedDocument",
@@ -55,6 +59,10 @@ DEFAULT_EXTENSIONS = (".py",)
 TEXT_FIELDS = ("code", "original_string")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 """The names of JSON-lines files (plain or gzip; gzip is found by content whatever the name)."""
+MAX_LINE_BYTES = 8 * 2**20
+"""The longest JSON line read (8 MiB, its end of line included): a document of millions of tokens is no
+training text, and one such line cost minutes and gigabytes to tokenize (a 50 MB line: about two minutes and
+9 GB); longer lines are bad lines (:func:`read_code`)."""
 _EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
 
@@ -138,6 +146,7 @@ def _caps_reached(
     ``max_files`` when ``source`` holds more files it reads (``extensions`` and JSON lines) than that, and
     ``max_bytes`` when the ``documents`` read hold at least that many UTF-8 bytes."""
     caps = []
+    max_files, max_bytes = _check_cap(max_files, "max_files"), _check_cap(max_bytes, "max_bytes")
     if max_files is not None and len(_source_files(Path(source), tuple(extensions))) > max_files:
         caps.append(f"data.max_files={max_files}")
     if max_bytes is not None and sum(len(d.text.encode("utf-8")) for d in documents) >= max_bytes:
@@ -164,10 +173,12 @@ def _check_extensions(extensions: object) -> tuple[str, ...]:
 
 
 def _check_cap(value: object, name: str) -> int | None:
-    if value is None:
+    """A read cap as :func:`read_code` applies it: an int >= 1, or None for no cap (which 0 also means, so
+    that a setting a preset caps can be lifted from the command line, ``--set data.max_bytes=0``)."""
+    if value is None or (value == 0 and type(value) is int):
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1 or None (no cap), got {value!r}")
+        raise ValueError(f"{name} must be an int >= 1, or 0 or None for no cap, got {value!r}")
     return value
 
 
@@ -198,11 +209,27 @@ def _read_file(file: Path, relative: str) -> CodeDocument | SkippedDocument:
     if not file.is_file():  # a pipe (reading it would wait forever), a broken or looping link
         return SkippedDocument(relative, "unreadable")
     try:
-        return CodeDocument(relative, file.read_bytes().decode("utf-8"))
+        return CodeDocument(relative, without_bom(file.read_bytes()).decode("utf-8"))
     except UnicodeDecodeError:
         return SkippedDocument(relative, "not_utf8")
     except OSError:
         return SkippedDocument(relative, "unreadable")
+
+
+def _parse_line(raw: bytes, fields: tuple[str, ...], max_line_bytes: int) -> tuple[object, str | None]:
+    """``(record, None)`` for a JSON line holding a text field, else ``(None or the record, the problem)``."""
+    if len(raw) > max_line_bytes:
+        return None, (
+            f"longer than {max_line_bytes:,} bytes, the most one JSON line may hold (split the document, or "
+            "skip such lines with skip_bad_lines)"
+        )
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return None, f"not valid JSON ({error})"
+    if _record_text(record, fields) is None:
+        return record, f"expected a JSON object with a string field among {list(fields)}"
+    return record, None
 
 
 def _jsonl_documents(
@@ -211,19 +238,13 @@ def _jsonl_documents(
     skip_bad_lines: bool,
     skipped: list[SkippedDocument],
     fields: tuple[str, ...],
+    max_line_bytes: int,
 ) -> Iterator[CodeDocument]:
     with open_data(path) as file:
-        for number, raw in numbered_lines(file, path):
+        for number, raw in numbered_lines(file, path, max_line_bytes):
             if not raw.strip():
                 continue
-            try:
-                record = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as error:
-                problem = f"not valid JSON ({error})"
-                record = None
-            else:
-                problem = f"a JSON object with a string field among {list(fields)}"
-                problem = None if _record_text(record, fields) is not None else f"expected {problem}"
+            record, problem = _parse_line(raw, fields, max_line_bytes)
             if problem is not None:
                 if not skip_bad_lines:
                     raise ValueError(f"{path}: line {number}: {problem}")
@@ -246,6 +267,7 @@ def read_code(
     max_files: int | None = None,
     max_bytes: int | None = None,
     text_fields: Sequence[str] = TEXT_FIELDS,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> tuple[list[CodeDocument], list[SkippedDocument]]:
     """Read code documents from ``path`` (module docstring); None reads the standard library.
 
@@ -253,10 +275,11 @@ def read_code(
         path: a ``*.jsonl`` / ``*.jsonl.gz`` file, or a folder of source files and JSON-lines files.
         extensions: file name endings of source files in a folder.
         skip_bad_lines: skip (and count) bad JSON lines instead of raising.
-        max_files: read at most this many files (None: all).
-        max_bytes: stop once the texts read hold this many UTF-8 bytes (None: no cap).
+        max_files: read at most this many files (0 or None: all).
+        max_bytes: stop once the texts read hold this many UTF-8 bytes (0 or None: no cap).
         text_fields: the fields of a JSON line that may hold its text, the first string one used
             (default :data:`TEXT_FIELDS`, CodeSearchNet's; ``("text",)`` for C4-style corpora).
+        max_line_bytes: the longest JSON line read (its end of line included); a longer one is a bad line.
 
     Returns:
         The documents read and those skipped (files not valid UTF-8 or unreadable, bad JSON lines when
@@ -272,6 +295,7 @@ def read_code(
         raise ValueError(f"text_fields must be a non-empty list of field names, got {text_fields!r}")
     fields = tuple(text_fields)
     max_files, max_bytes = _check_cap(max_files, "max_files"), _check_cap(max_bytes, "max_bytes")
+    check_int(max_line_bytes, "max_line_bytes", 1)
     root = default_source_dir() if path is None else Path(path)
     check_regular_file(root)
     if not root.exists():
@@ -282,7 +306,7 @@ def read_code(
     for file in _source_files(root, extensions)[:max_files]:
         relative = file.name if root.is_file() else file.relative_to(root).as_posix()
         if _is_jsonl(file) and file.is_file() and os.access(file, os.R_OK):
-            found = _jsonl_documents(file, relative, skip_bad_lines, skipped, fields)
+            found = _jsonl_documents(file, relative, skip_bad_lines, skipped, fields, max_line_bytes)
         else:
             document = _read_file(file, relative)
             if isinstance(document, SkippedDocument):

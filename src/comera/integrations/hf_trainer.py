@@ -24,7 +24,9 @@ gradient clipping, evaluation and the logging integrations, is Hugging Face's):
   ``transformers``' ``from_pretrained`` cannot load the folder (it would build dense layers).
 
 Not supported (each raises ``ValueError`` naming the setting): gradient accumulation, more than one process or
-GPU (DDP, FSDP, DeepSpeed), ``model_init``, resuming from a checkpoint.
+GPU (DDP, FSDP, DeepSpeed), ``model_init``, resuming from a checkpoint, ``load_best_model_at_end`` (a
+checkpoint saved before a prune has other shapes than the pruned model it would be loaded into; load the
+best checkpoint with :func:`comera.load_pretrained` after training instead).
 """
 
 from __future__ import annotations
@@ -57,6 +59,12 @@ def _check_arguments(args: TrainingArguments) -> None:
             f"and args.world_size and args.n_gpu at most 1 (got world_size={args.world_size}, "
             f"n_gpu={args.n_gpu}); pruning changes parameter shapes, which those wrappers do not follow"
         )
+    if args.load_best_model_at_end:
+        raise ValueError(
+            "CoMERATrainer does not support args.load_best_model_at_end=True: a checkpoint saved before a "
+            "prune has other shapes than the pruned model it would be loaded into; leave it False and load "
+            "the best checkpoint with comera.load_pretrained(folder, base_model=...) after training"
+        )
 
 
 class CoMERATrainer(Trainer):
@@ -65,7 +73,8 @@ class CoMERATrainer(Trainer):
     Args:
         model: a model with gated layers (``comera.tensorize_`` first); its forward returns the task loss
             (``output.loss``), as ``transformers``' models do when given ``labels``.
-        args: the ``TrainingArguments`` (``gradient_accumulation_steps`` 1, one process).
+        args: the ``TrainingArguments`` (``gradient_accumulation_steps`` 1, one process,
+            ``load_best_model_at_end`` False).
         settings: CoMERA's settings (default :class:`CoMERASettings`): ``gamma``, ``target_ratio``,
             ``prune_at``, ``lr_cores``, ``lr_gates`` ...
         early: length of the early stage: an int (optimizer steps) or a float in ``[0, 1]`` (that fraction of

@@ -35,6 +35,7 @@ When no checkpoint is readable, ``restart=True`` moves the folder aside and trai
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -524,8 +525,8 @@ def run_header(
     except ValueError as error:
         raise section_error("model", error, settings["model"]) from None
     data_path = None if data is None else Path(data)
-    if data_path is not None and not data_path.exists():
-        raise FileNotFoundError(f"--data {data_path}: no such file or folder")
+    if data_path is not None:
+        _check_data_path(data_path)
     return {
         "recipe": recipe_name,
         "method": method,
@@ -534,6 +535,27 @@ def run_header(
         "data_files": data_fingerprint(data_path),
         "settings": settings,
     }
+
+
+def _check_data_path(path: Path) -> None:
+    """``ValueError`` naming ``--data`` when ``path`` is a symbolic link that loops or points at nothing,
+    ``FileNotFoundError`` when nothing is there."""
+    if path.exists():
+        return
+    if not path.is_symlink():
+        raise FileNotFoundError(f"--data {path}: no such file or folder")
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise ValueError(
+                f"--data {path}: a symbolic link that loops (it leads back to itself); point it at the data "
+                "or give the data's own path"
+            ) from None
+    raise ValueError(
+        f"--data {path}: a broken symbolic link (to {os.readlink(path)}, which does not exist); point it at "
+        "the data or give the data's own path"
+    )
 
 
 @dataclass(frozen=True)

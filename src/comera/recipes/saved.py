@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torch import nn
 
-from comera.io import load_pretrained, saved_base_model
+from comera.io import DamagedFileError, load_pretrained, saved_base_model
 from comera.methods import MethodContext, get_method
 from comera.recipes.run import read_run_config
 from comera.recipes.settings import tensorize_config, upgrade_run_header
@@ -27,7 +27,8 @@ def load_run_model(run_dir: str | Path) -> nn.Module:
     """The model a finished run saved in ``RUN_DIR/model``, in eval mode, on the CPU.
 
     Raises:
-        FileNotFoundError: ``RUN_DIR/model`` or a file in it is missing. ValueError: the saved files do not
+        FileNotFoundError: ``RUN_DIR/model`` or a file in it is missing. DamagedFileError (a ``ValueError``):
+            a saved file cannot be read (truncated or corrupt; named). ValueError: the saved files do not
             make a model (the message of :func:`comera.load_pretrained`; for a method's own layers, of the
             rebuild through the run's ``config.json``).
     """
@@ -35,6 +36,8 @@ def load_run_model(run_dir: str | Path) -> nn.Module:
     model_dir = run_dir / "model"
     try:
         return load_pretrained(model_dir).eval()
+    except DamagedFileError:  # no rebuild reads a file that cannot be read
+        raise
     except ValueError as direct:
         header_path = run_dir / "config.json"
         if not header_path.is_file():

@@ -40,6 +40,7 @@ else:
 __all__ = [
     "SECTIONS",
     "ADDED_METHOD_KEYS",
+    "ADDED_DATA_KEYS",
     "resolve_settings",
     "parse_assignment",
     "add_set_argument",
@@ -274,6 +275,12 @@ recorded run without one takes the resuming command's value, so an older folder 
 method.trims=1`` continues it exactly as it was trained (one trim, the behaviour before the key existed)."""
 
 
+ADDED_DATA_KEYS: dict[str, Any] = {"skip_bad_lines": False}
+"""Data settings a workload gained after its run folders were first written, with the value that gives the
+behaviour before (``llm``'s ``skip_bad_lines``: a bad JSON line stopped the run). A recorded run without one
+takes that value where the current settings have the key, so an older folder resumes."""
+
+
 def upgrade_run_header(
     recorded: dict[str, Any], method: Method, header: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -284,13 +291,16 @@ def upgrade_run_header(
     for a ``comera`` run they move to ``settings.method`` over the method's defaults (its ``method`` section
     was empty then); for any other method they are dropped (no baseline read them). A method setting of
     :data:`ADDED_METHOD_KEYS` that the recorded run lacks takes ``header``'s value (when given, for the same
-    method). A ``model`` or ``data`` key that the run's preset defines but the run did not record (added to
-    the preset later, such as ``model.hidden_size``) takes the preset's value, which the run used. A current
-    header is returned unchanged.
+    method); a data setting of :data:`ADDED_DATA_KEYS` that it lacks and ``header`` has takes its value from
+    before the key existed. Any other ``model`` or ``data`` key that the run's preset defines but the run did
+    not record (added to the preset later, such as ``model.hidden_size``) takes the preset's value, which the
+    run used. A current header is returned unchanged.
     """
     settings = recorded.get("settings")
     if not isinstance(settings, dict) or not isinstance(settings.get("train"), dict):
         return recorded
+    recorded = _with_added_data_keys(recorded, header)
+    settings = recorded["settings"]
     recorded_keys = set(settings.get("method") or {})
     moved = {key: value for key, value in settings["train"].items() if key in MOVED_KEYS}
     if moved:
@@ -324,6 +334,18 @@ def _with_added_preset_keys(recorded: dict[str, Any]) -> dict[str, Any]:
         if isinstance(settings.get(section), dict):
             settings[section] = {**preset.get(section, {}), **settings[section]}
     return {**recorded, "settings": settings}
+
+
+def _with_added_data_keys(recorded: dict[str, Any], header: dict[str, Any] | None) -> dict[str, Any]:
+    """``recorded`` with the :data:`ADDED_DATA_KEYS` that ``header``'s data section has and its own lacks."""
+    then = recorded["settings"].get("data")
+    now = ((header or {}).get("settings") or {}).get("data")
+    if not isinstance(then, dict) or not isinstance(now, dict):
+        return recorded
+    added = {key: value for key, value in ADDED_DATA_KEYS.items() if key in now and key not in then}
+    if not added:
+        return recorded
+    return {**recorded, "settings": {**recorded["settings"], "data": {**then, **added}}}
 
 
 def tensorize_config(settings: dict[str, Any]) -> TensorizeConfig:

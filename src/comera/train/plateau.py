@@ -4,7 +4,9 @@ A comparison of training methods says little about models far from converged, so
 reports, per run, :func:`last_fifth_change` of the validation loss: ``(m_end - m_start) / |m_start|`` with
 ``m_end`` the last evaluation and ``m_start`` the last evaluation at or before 80 % of the last evaluated
 step. A run is at a plateau when that change is smaller than :data:`PLATEAU_TOLERANCE` in magnitude
-(:func:`at_plateau`).
+(:func:`at_plateau`). A run with fewer than :data:`MIN_EVALUATIONS` evaluations, or whose last evaluation
+comes before step :data:`MIN_STEPS`, is too short to judge: a few steps of a smoke run can change the loss by
+less than the tolerance without being anywhere near converged (:func:`plateau_note` says so instead).
 """
 
 from __future__ import annotations
@@ -13,12 +15,38 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["PLATEAU_TOLERANCE", "LAST_PART", "last_fifth_change", "at_plateau"]
+__all__ = [
+    "PLATEAU_TOLERANCE",
+    "LAST_PART",
+    "MIN_EVALUATIONS",
+    "MIN_STEPS",
+    "TOO_SHORT",
+    "last_fifth_change",
+    "at_plateau",
+    "plateau_note",
+]
 
 PLATEAU_TOLERANCE = 0.01
 """Largest relative change over the last fifth of a run that still counts as a plateau (1 %)."""
 LAST_PART = 0.2
 """The share of the run, by evaluated step, over which the change is measured."""
+MIN_EVALUATIONS = 5
+"""The fewest evaluations of the metric a plateau is judged on."""
+MIN_STEPS = 100
+"""The earliest step the last evaluation may come at for a plateau to be judged."""
+TOO_SHORT = "too short to judge a plateau"
+"""The note of a run below :data:`MIN_EVALUATIONS` or :data:`MIN_STEPS`."""
+
+
+def _points(records: Sequence[dict[str, Any]], metric: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of every evaluation with a finite ``metric``, in the records' order."""
+    return [
+        (record["step"], record["metrics"][metric])
+        for record in records
+        if record.get("kind") == "eval"
+        and isinstance(record.get("metrics", {}).get(metric), (int, float))
+        and math.isfinite(record["metrics"][metric])
+    ]
 
 
 def last_fifth_change(records: Sequence[dict[str, Any]], metric: str) -> float | None:
@@ -29,13 +57,7 @@ def last_fifth_change(records: Sequence[dict[str, Any]], metric: str) -> float |
         records: the run's ``metrics.jsonl`` records (:func:`comera.train.metrics.read_metrics`).
         metric: an evaluation metric's name (e.g. ``"loss"``).
     """
-    points = [
-        (record["step"], record["metrics"][metric])
-        for record in records
-        if record.get("kind") == "eval"
-        and isinstance(record.get("metrics", {}).get(metric), (int, float))
-        and math.isfinite(record["metrics"][metric])
-    ]
+    points = _points(records, metric)
     if len(points) < 2:
         return None
     last_step, last = points[-1]
@@ -48,3 +70,19 @@ def last_fifth_change(records: Sequence[dict[str, Any]], metric: str) -> float |
 def at_plateau(change: float | None) -> bool | None:
     """Whether a :func:`last_fifth_change` is a plateau (None when it could not be measured)."""
     return None if change is None else abs(change) < PLATEAU_TOLERANCE
+
+
+def plateau_note(records: Sequence[dict[str, Any]], metric: str) -> str | None:
+    """``"plateau"`` or ``"not at a plateau"`` for a run long enough to judge (module doc), :data:`TOO_SHORT`
+    for one with fewer than :data:`MIN_EVALUATIONS` finite evaluations of ``metric`` or whose last one is
+    before :data:`MIN_STEPS`, None for a run without any evaluation of it or whose change cannot be measured
+    (:func:`last_fifth_change`)."""
+    points = _points(records, metric)
+    if not points:
+        return None
+    if len(points) < MIN_EVALUATIONS or points[-1][0] < MIN_STEPS:
+        return TOO_SHORT
+    plateau = at_plateau(last_fifth_change(records, metric))
+    if plateau is None:
+        return None
+    return "plateau" if plateau else "not at a plateau"

@@ -60,8 +60,10 @@ def _replay_autocast(ctx) -> torch.autocast:
 
 def _plain_gemm(ctx, first: torch.Tensor, second: torch.Tensor) -> bool:
     """Whether ``first @ second`` must be a plain product: under autocast (whose GEMMs pick their own output
-    dtype) or for mixed dtypes."""
-    return ctx.autocast_enabled or first.dtype != second.dtype
+    dtype), for mixed dtypes, and while ``torch.compile`` or ``torch.export`` traces (a product written into
+    a buffer, ``out=``, would be recorded in the graph, and an exported program run outside ``no_grad`` then
+    fails on it: such products do not support autograd)."""
+    return ctx.autocast_enabled or first.dtype != second.dtype or torch.compiler.is_compiling()
 
 
 def _thin_product(ctx, first: torch.Tensor, second: torch.Tensor, name: str | None = None) -> torch.Tensor:
@@ -313,7 +315,7 @@ def tt_merge_linear(
 
 def _batched_product(ctx, matrix: torch.Tensor, batched: torch.Tensor) -> torch.Tensor:
     """``matrix @ batched[b]`` for every ``b``, into the workspace buffer ``"grad_inner"`` if there is one."""
-    if ctx.workspace is None or ctx.autocast_enabled or matrix.dtype != batched.dtype:
+    if ctx.workspace is None or _plain_gemm(ctx, matrix, batched):
         return torch.matmul(matrix, batched)
     shape = (batched.shape[0], matrix.shape[0], batched.shape[2])
     out = scratch(ctx.workspace, "grad_inner", shape, batched)

@@ -250,3 +250,130 @@ def test_a_saved_dataset_is_read_whole_so_an_empty_split_blames_no_read_cap(tmp_
         ValueError, match=r"1 read from .*saved, validation_fraction=0.2\); add data, change "
     ):
         _build(saved, tmp_path / "cache", max_bytes=10, max_files=1)
+
+
+def test_a_read_cap_of_zero_is_no_cap_so_a_presets_cap_can_be_lifted(corpus, tmp_path):
+    """``data.max_bytes=0`` / ``data.max_files=0`` read everything, as None does (a preset's cap cannot be
+    set back to None from the command line); an empty split then blames no cap."""
+    from comera.data.sources import require_documents
+    from comera.methods import get_method
+    from comera.recipes.settings import resolve_settings
+    from comera.workloads import load_recipe
+
+    whole, _ = read_lm_documents(corpus)
+    assert read_lm_documents(corpus, max_bytes=0, max_files=0)[0] == whole
+    assert len(read_lm_documents(corpus, max_bytes=1)[0]) == 1
+    data = _build(corpus, tmp_path / "cache", max_bytes=0, max_files=0)
+    assert data.info["train"]["read"] + data.info["validation"]["read"] == len(whole) == 39
+    with pytest.raises(ValueError, match=r"max_bytes must be an int >= 1, or 0 or None for no cap, got -1"):
+        read_lm_documents(corpus, max_bytes=-1)
+    empty = {"train": whole, "validation": []}
+    with pytest.raises(ValueError, match=r"validation_fraction=0.2\); add data, change validation_fraction$"):
+        require_documents(empty, corpus, 0.2, max_files=0, max_bytes=0, extensions=(".txt",))
+    presets = load_recipe("llm").presets
+    settings = resolve_settings(presets, "smoke", get_method("dense"), assignments=["data.max_bytes=0"])
+    assert presets["smoke"]["data"]["max_bytes"] == 100_000 and settings["data"]["max_bytes"] == 0
+
+
+def test_skip_bad_lines_skips_and_counts_bad_json_lines_or_they_are_named(corpus, tmp_path):
+    """``data.skip_bad_lines`` (as the masked LM has): a line that is not a JSON object with a ``text`` string
+    is counted as ``skipped_bad_line`` in the split its key falls in instead of stopping the run."""
+    from comera.methods import get_method
+    from comera.recipes.settings import resolve_settings
+    from comera.workloads import load_recipe
+
+    (corpus / "bad.jsonl").write_text('{"text": "fine words here"}\n{"content": "no text"}\nnot json\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl: line 2: expected a JSON object"):
+        _build(corpus, tmp_path / "cache")
+    data = _build(corpus, tmp_path / "cache", skip_bad_lines=True)
+    counted = {name: data.info[name]["skipped_bad_line"] for name in ("train", "validation")}
+    expected = {"train": 0, "validation": 0}
+    for key in ("bad.jsonl:2", "bad.jsonl:3"):
+        expected[split_of(key, 0.2)] += 1
+    assert counted == expected
+    assert data.info["train"]["read"] + data.info["validation"]["read"] == 40
+    with pytest.raises(ValueError, match="skip_bad_lines must be true or false, got 'yes'"):
+        _build(corpus, tmp_path / "cache", skip_bad_lines="yes")
+    presets = load_recipe("llm").presets
+    assert all(preset["data"]["skip_bad_lines"] is False for preset in presets.values())
+    settings = resolve_settings(
+        presets, "smoke", get_method("dense"), assignments=["data.skip_bad_lines=true"]
+    )
+    assert settings["data"]["skip_bad_lines"] is True
+
+
+class _FakeDataset:
+    """What ``_saved_dataset_documents`` reads of a ``datasets.Dataset``: ``column_names`` and a column."""
+
+    def __init__(self, texts):
+        self.texts = list(texts)
+        self.column_names = ["text"]
+
+    def __getitem__(self, column):
+        assert column == "text"
+        return list(self.texts)
+
+
+def _saved(tmp_path, monkeypatch, splits):
+    """A ``save_to_disk`` folder whose loading (by a stand-in ``datasets`` module) gives ``splits``: a
+    ``DatasetDict`` of them, or the one ``Dataset`` given as ``None``'s value."""
+    import types
+
+    class DatasetDict(dict):
+        pass
+
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    (folder / "dataset_dict.json").write_text(json.dumps({"splits": list(splits)}))
+    loaded = DatasetDict({name: _FakeDataset(texts) for name, texts in splits.items()})
+    if list(splits) == [None]:
+        loaded = _FakeDataset(splits[None])
+    module = types.ModuleType("datasets")
+    module.DatasetDict = DatasetDict
+    module.load_from_disk = lambda path: loaded
+    monkeypatch.setitem(sys.modules, "datasets", module)
+    return folder
+
+
+def _validation_texts(data):
+    """The validation stream's documents, decoded (``</s>`` ends each)."""
+    ids = [token for token in data.validation.tokens.flatten().tolist() if token != data.ids.pad]
+    documents, current = [], []
+    for token in ids:
+        if token == data.ids.eos:
+            documents.append(data.tokenizer.decode(current))
+            current = []
+        else:
+            current.append(token)
+    return documents
+
+
+@pytest.mark.parametrize("held_out", ["validation", "test"])
+def test_a_dataset_dicts_own_held_out_split_is_the_validation_split(tmp_path, monkeypatch, held_out):
+    """Every document of the dict's ``validation`` (else ``test``) split, and no other, is validation; the
+    training split is the ``train`` split whole (no held-out document is trained on)."""
+    train = [_text(300 + index) for index in range(30)]
+    held = [_text(400 + index) for index in range(4)]
+    saved = _saved(tmp_path, monkeypatch, {"train": train, held_out: held})
+    data = _build(saved, tmp_path / "cache", validation_fraction=0.5)
+    assert data.info["train"]["read"] == 30 and data.info["validation"]["read"] == 4
+    keys = sorted(f"{held_out}/{index}" for index in range(4))  # the stream is in key order
+    assert _validation_texts(data) == [held[int(key.partition("/")[2])] for key in keys]
+
+
+def test_a_test_split_beside_a_validation_split_is_left_out_and_a_plain_dataset_is_split_by_hash(
+    tmp_path, monkeypatch
+):
+    train = [_text(500 + index) for index in range(20)]
+    validation = [_text(600 + index) for index in range(3)]
+    test = [_text(700 + index) for index in range(5)]
+    saved = _saved(tmp_path, monkeypatch, {"train": train, "validation": validation, "test": test})
+    data = _build(saved, tmp_path / "cache")
+    assert data.info["train"]["read"] == 20 and data.info["validation"]["read"] == 3
+    assert not set(_validation_texts(data)) & set(test)
+    (tmp_path / "single").mkdir()
+    single = _saved(tmp_path / "single", monkeypatch, {None: train})
+    data = _build(single, tmp_path / "cache")
+    in_validation = sum(split_of(f"data/{index}", 0.2) == "validation" for index in range(20))
+    assert data.info["validation"]["read"] == in_validation
+    assert data.info["train"]["read"] == 20 - in_validation

@@ -227,3 +227,27 @@ def test_the_cache_mask_lets_each_new_position_see_the_keys_up_to_itself():
     expected = torch.tensor([[key <= 3 + row for key in range(7)] for row in range(4)])
     assert torch.equal(mask, expected)
     assert cache.causal_mask(1) is None
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-300, 5e-324, 1e-30])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("top_k", [None, 3])
+def test_a_tiny_temperature_draws_the_most_likely_token(temperature, dtype, top_k):
+    """However small the temperature (below float32's smallest number, down to the smallest double), the
+    draw is well defined and is the argmax, as the limit of the tempered softmax is."""
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(0)).to(dtype)
+    logits[:, 7] = logits.float().amax() + 1  # one clear maximum per row whatever the rounding
+    tokens = next_tokens(logits, temperature, top_k, torch.Generator().manual_seed(1))
+    assert torch.equal(tokens, torch.full((64,), 7))
+
+
+def test_a_tiny_temperature_generates_the_greedy_continuation():
+    model = build("tt-tied")
+    ids = prompts(2, 4)
+    assert torch.equal(generate(model, ids, 12, temperature=1e-45, seed=0), generate(model, ids, 12))
+
+
+def test_top_k_without_sampling_is_refused_naming_both():
+    model = build("dense")
+    with pytest.raises(ValueError, match=r"top_k=5 needs sampling: give temperature > 0 with it"):
+        generate(model, prompts(1, 4), 2, top_k=5)

@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 
 import comera
 from comera.cli import main
+from comera.data.tokenize import tokenizer_digest
 from comera.measure import weights_optimizer_mib
 from comera.recipes.run import SetupError, run
 from comera.recipes.saved import load_run_model
@@ -161,6 +162,9 @@ def test_a_cola_run_generates_and_a_wrong_method_in_its_config_is_named(tmp_path
     ]
     assert main([*command, "--set", "train.plot=false"]) == 0
     capsys.readouterr()
+    recorded = json.loads((out / "results.json").read_text())["data"]["identity"]["tokenizer"]
+    saved = Tokenizer.from_file(str(out / "model" / "tokenizer.json"))
+    assert recorded == tokenizer_digest(saved)  # what generate checks the saved tokenizer against
     assert main(["generate", str(out), "--prompt", "def ", "--max-new-tokens", "4"]) == 0
     assert capsys.readouterr().out.strip() != ""
     with pytest.raises(ValueError, match="missing key"):

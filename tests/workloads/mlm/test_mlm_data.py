@@ -39,7 +39,7 @@ def test_build_code_data_end_to_end(tmp_path):
     [
         (lambda: read_code(DATA / "missing"), "does not exist"),
         (lambda: read_code(DATA / "code_folder", extensions="py"), "extensions must be"),
-        (lambda: read_code(DATA / "code_folder", max_files=0), "max_files must be"),
+        (lambda: read_code(DATA / "code_folder", max_files=-1), "max_files must be"),
         (lambda: pack_documents([[5]], 1, IDS), "seq_len must be an int >= 2"),
         (lambda: pack_documents([[5]], 4, IDS, tail="keep"), "tail must be one of"),
         (lambda: MaskingCollator(IDS, mask_probability=1.5), r"mask_probability must be a float in \(0, 1\)"),

@@ -37,7 +37,15 @@ import numpy as np
 import torch
 from torch.nn import functional
 
-from comera.measure import fmt, machine_description, median_ms, ratio, status_kib, update_section
+from comera.measure import (
+    fmt,
+    machine_description,
+    markdown_file_argument,
+    median_ms,
+    ratio,
+    status_kib,
+    update_section,
+)
 from comera.nn.embedding import TTMEmbeddingBag
 from comera.workloads.dlrm.model import DLRM, dlrm_preset, reference_table
 from comera.workloads.dlrm.presets import TENSORIZE_PRESETS
@@ -244,7 +252,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per case")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per case (default: torch's)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--write", default=None, help="markdown file whose 'dlrm' section is replaced")
+    parser.add_argument(
+        "--write",
+        type=markdown_file_argument,
+        default=None,
+        help="markdown file whose 'dlrm' section is replaced",
+    )
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 1 or any(b < WARMUP_ROWS for b in args.batches):

@@ -10,12 +10,15 @@ Documents:
   (about 0.47 MB) are always read;
 - ``--data`` a folder (or one file) of ``.txt`` files (one document each) and ``.jsonl`` / ``.jsonl.gz``
   files (one document per line, its ``text`` field), e.g. C4's shards;
-- ``--data`` a dataset written by ``datasets.save_to_disk`` (a ``Dataset`` or a ``DatasetDict``, every split
-  read; a ``text`` column): needs the ``datasets`` package, which comera does not install.
+- ``--data`` a dataset written by ``datasets.save_to_disk`` (a ``Dataset`` or a ``DatasetDict``, a ``text``
+  column): needs the ``datasets`` package, which comera does not install.
 
 Split: by document key (:func:`comera.data.sources.split_of`): a source file, a topic, a ``.txt`` file is one
 key, so no file is in both splits; a JSON line's key is ``file:line`` (C4's records are independent
-documents); a saved dataset's record ``split/index``. The split depends on the keys only.
+documents); a saved dataset's record ``split/index``. The split depends on the keys only. A saved
+``DatasetDict`` keeps its own held-out split instead (:func:`held_out_split`): its ``validation`` split (else
+its ``test`` split) is the validation split and its other splits are trained on, but for a ``test`` split
+beside a ``validation`` one, which is left out of both (it stays held out).
 
 Tokenizer: a byte-level BPE trained on the training split (:func:`comera.data.bpe.load_or_train_tokenizer`,
 cached in the cache folder under a digest of the training documents and the vocabulary size), or a given
@@ -40,7 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +52,7 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
-from comera.data.bpe import SpecialIds, load_or_train_tokenizer, special_ids
+from comera.data.bpe import SpecialIds, check_tokenizer_file, load_or_train_tokenizer, special_ids
 from comera.data.sources import (
     CodeDocument,
     SkippedDocument,
@@ -67,6 +70,7 @@ __all__ = [
     "LMBlocks",
     "LMData",
     "build_lm_data",
+    "held_out_split",
     "pack_stream",
     "read_lm_documents",
     "topic_documents",
@@ -75,6 +79,9 @@ __all__ = [
 TOPICS_KEY = "pydoc_data/topics"
 """The key prefix of the documentation topics (and the source file that holds them, left out)."""
 _TEXT_FIELDS = ("text",)
+_HELD_OUT_SPLITS = ("validation", "test")
+"""The splits of a saved ``DatasetDict`` kept out of training, the first one present being the validation
+split."""
 _SAVED_DATASET_FILES = ("dataset_dict.json", "state.json")
 
 
@@ -182,6 +189,31 @@ def _saved_dataset_documents(path: Path) -> tuple[list[CodeDocument], list[Skipp
     return documents, skipped
 
 
+def held_out_split(path: str | Path | None, keys: Sequence[str]) -> str | None:
+    """The split of a saved ``DatasetDict`` at ``path`` that is the validation split (module docstring), from
+    the keys of its records (``split/index``, read or skipped): ``"validation"``, else ``"test"``; None when
+    ``path`` is no saved dataset or it has neither split (then the split is by hash)."""
+    if path is None or not _is_saved_dataset(Path(path)):
+        return None
+    names = {key.partition("/")[0] for key in keys}
+    return next((name for name in _HELD_OUT_SPLITS if name in names), None)
+
+
+def _split_rule(held_out: str | None, validation_fraction: float) -> Callable[[str], str | None]:
+    """``key -> "train" | "validation" | None`` (None: left out): by hash, or by a saved dataset's own
+    split when ``held_out`` names one."""
+    if held_out is None:
+        return lambda key: split_of(key, validation_fraction)
+
+    def rule(key: str) -> str | None:
+        name = key.partition("/")[0]
+        if name == held_out:
+            return "validation"
+        return None if name in _HELD_OUT_SPLITS else "train"
+
+    return rule
+
+
 def _read_caps(path: str | Path | None, max_files: int | None, max_bytes: int | None) -> dict[str, Any]:
     """The read caps :func:`read_lm_documents` applies to ``path``, and the file endings it reads there, as
     :func:`comera.data.sources.require_documents` takes them (a saved dataset is read whole)."""
@@ -192,14 +224,21 @@ def _read_caps(path: str | Path | None, max_files: int | None, max_bytes: int | 
 
 
 def read_lm_documents(
-    path: str | Path | None = None, *, max_files: int | None = None, max_bytes: int | None = None
+    path: str | Path | None = None,
+    *,
+    max_files: int | None = None,
+    max_bytes: int | None = None,
+    skip_bad_lines: bool = False,
 ) -> tuple[list[CodeDocument], list[SkippedDocument]]:
     """The documents of the module docstring (None: the standard library and its topics) and those skipped.
 
+    ``skip_bad_lines``: skip (and count) a JSON line that is not an object with a ``text`` string, or that is
+    too long (:data:`comera.data.sources.MAX_LINE_BYTES`), instead of raising.
+
     Raises:
         FileNotFoundError: ``path`` does not exist (named). ValueError: it holds no ``.txt`` / ``.jsonl``
-            document, or a bad JSON line (file and line named). ImportError: a saved dataset without the
-            ``datasets`` package.
+            document, or a bad JSON line (file and line named) unless skipped. ImportError: a saved dataset
+            without the ``datasets`` package.
     """
     if path is None:
         documents, skipped = read_code(None, extensions=(".py",), max_files=max_files, max_bytes=max_bytes)
@@ -211,7 +250,12 @@ def read_lm_documents(
     if _is_saved_dataset(root):
         return _saved_dataset_documents(root)
     documents, skipped = read_code(
-        root, extensions=(".txt",), max_files=max_files, max_bytes=max_bytes, text_fields=_TEXT_FIELDS
+        root,
+        extensions=(".txt",),
+        max_files=max_files,
+        max_bytes=max_bytes,
+        text_fields=_TEXT_FIELDS,
+        skip_bad_lines=skip_bad_lines,
     )
     if not documents:
         raise ValueError(
@@ -255,6 +299,7 @@ def build_lm_data(
     max_validation_blocks: int | None = None,
     max_files: int | None = None,
     max_bytes: int | None = None,
+    skip_bad_lines: bool = False,
 ) -> LMData:
     """Read, split, tokenize and pack text for causal language-model training (module docstring).
 
@@ -265,9 +310,11 @@ def build_lm_data(
         seq_len: tokens per block.
         vocab_size: BPE vocabulary size to train (at most; ignored with ``tokenizer_file``).
         tokenizer_file: a ``tokenizer.json`` (with RoBERTa's special tokens) to use instead of training one.
-        validation_fraction: share of document keys (by hash) in validation, in ``(0, 1)``.
+        validation_fraction: share of document keys (by hash) in validation, in ``(0, 1)`` (not used for a
+            saved ``DatasetDict`` with its own validation or test split).
         max_validation_blocks: keep this many validation blocks, evenly spaced over the stream (None: all).
-        max_files, max_bytes: caps of what is read (:func:`comera.data.sources.read_code`).
+        max_files, max_bytes: caps of what is read (:func:`comera.data.sources.read_code`; 0 or None: no cap).
+        skip_bad_lines: skip (and count) bad JSON lines instead of raising (:func:`read_lm_documents`).
 
     Raises:
         ValueError: a split without documents (naming the counts), or a bad argument.
@@ -279,10 +326,19 @@ def build_lm_data(
     blocks = max_validation_blocks
     if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1):
         raise ValueError(f"max_validation_blocks must be an int >= 1 or None, got {blocks!r}")
-    documents, skipped = read_lm_documents(path, max_files=max_files, max_bytes=max_bytes)
+    check_tokenizer_file(tokenizer_file)  # before the documents are read
+    if not isinstance(skip_bad_lines, bool):
+        raise ValueError(f"skip_bad_lines must be true or false, got {skip_bad_lines!r}")
+    documents, skipped = read_lm_documents(
+        path, max_files=max_files, max_bytes=max_bytes, skip_bad_lines=skip_bad_lines
+    )
+    held_out = held_out_split(path, [entry.key for entry in [*documents, *skipped]])
+    split_by = _split_rule(held_out, validation_fraction)
     splits: dict[str, list[CodeDocument]] = {"train": [], "validation": []}
     for document in sorted(documents, key=lambda document: document.key):
-        splits[split_of(document.key, validation_fraction)].append(document)
+        name = split_by(document.key)
+        if name is not None:
+            splits[name].append(document)
     require_documents(
         splits, path or default_source_dir(), validation_fraction, **_read_caps(path, max_files, max_bytes)
     )
@@ -299,7 +355,7 @@ def build_lm_data(
     }
     info: dict[str, Any] = {}
     for name, split in splits.items():
-        left_out = [entry for entry in skipped if split_of(entry.key, validation_fraction) == name]
+        left_out = [entry for entry in skipped if split_by(entry.key) == name]
         blocks = packed[name]
         stream = sum(len(ids) + 1 for ids in encoded[name] if ids)
         info[name] = {

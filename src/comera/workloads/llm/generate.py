@@ -37,12 +37,21 @@ def next_tokens(
     """
     if temperature == 0.0:
         return logits.argmax(dim=-1)
-    scaled = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    scaled = _tempered(logits.to(torch.promote_types(logits.dtype, torch.float32)), temperature)
     if top_k is None:
         return torch.multinomial(scaled.softmax(dim=-1), 1, generator=generator).squeeze(1)
     kept, indices = scaled.topk(top_k, dim=-1)
     choice = torch.multinomial(kept.softmax(dim=-1), 1, generator=generator)
     return indices.gather(1, choice).squeeze(1)
+
+
+def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature`` up to a shift per row (which the softmax ignores), finite or ``-inf`` for any
+    ``temperature > 0``: each row's largest logit is subtracted first and stays 0, so a temperature too small
+    for the logits' dtype (``1e-45`` rounds to 0 in float32) gives ``-inf`` to the others, not ``nan``, and
+    the draw takes a most likely token, as greedy decoding does."""
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    return torch.where(shifted < 0, shifted / temperature, torch.zeros_like(shifted))
 
 
 def _check_arguments(
@@ -70,6 +79,11 @@ def _check_arguments(
     check_int(max_new_tokens, "max_new_tokens", 1)
     check_number(temperature, "temperature", 0.0)
     check_optional_int(top_k, "top_k", 1, vocab)
+    if top_k is not None and temperature == 0:
+        raise ValueError(
+            f"top_k={top_k} needs sampling: give temperature > 0 with it, or leave top_k None (at "
+            "temperature 0 decoding is greedy and top_k would change nothing)"
+        )
     check_optional_int(seed, "seed", 0, _SEED_HIGH)
     check_optional_int(eos_id, "eos_id", 0, vocab - 1)
     length = input_ids.shape[1]
@@ -102,9 +116,10 @@ def generate(
         max_new_tokens: tokens to add, >= 1, with ``T + max_new_tokens <= max_seq_len`` (else
             ``ValueError``: the context is not slid).
         temperature: 0 for greedy decoding (the most likely token), else > 0 to sample from
-            ``softmax(logits / temperature)``.
+            ``softmax(logits / temperature)``; however small (``1e-45``), the draw stays well defined and
+            nears greedy decoding.
         top_k: when sampling, draw only among the ``top_k`` most likely tokens (``1 <= top_k <= vocab_size``;
-            ``top_k=1`` is greedy); None for all.
+            ``top_k=1`` is greedy); None for all. Refused at ``temperature`` 0 (``ValueError``).
         seed: seed of the sampling generator, in ``[0, 2**64 - 1]``; None draws a fresh seed (the result then
             varies from call to call). The global random state is never used nor changed.
         eos_id: a token that ends a sequence: once every sequence has produced it, generation stops; a

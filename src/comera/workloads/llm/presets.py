@@ -196,6 +196,7 @@ def _data(vocab_size: int, seq_len: int, **changes: Any) -> dict[str, Any]:
         "max_validation_blocks": None,
         "max_files": None,
         "max_bytes": None,
+        "skip_bad_lines": False,
     }
     settings.update(changes)
     return settings

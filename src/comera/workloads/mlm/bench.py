@@ -42,6 +42,7 @@ from comera.measure import (
     allocation_of,
     fmt,
     machine_description,
+    markdown_file_argument,
     median_ms,
     peak_rise_mib,
     ratio,
@@ -246,7 +247,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=None, help="torch threads per case (default: torch's)")
     add_memory_argument(parser)
-    parser.add_argument("--write", default=None, help="markdown file whose section (--section) is replaced")
+    parser.add_argument(
+        "--write",
+        type=markdown_file_argument,
+        default=None,
+        help="markdown file whose section (--section) is replaced",
+    )
     parser.add_argument("--section", default="mlm", help="name of the section --write replaces")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

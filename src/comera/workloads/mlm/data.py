@@ -16,7 +16,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from comera.data.bpe import SpecialIds, load_or_train_tokenizer, special_ids
+from comera.data.bpe import SpecialIds, check_tokenizer_file, load_or_train_tokenizer, special_ids
 from comera.data.sources import (
     DEFAULT_EXTENSIONS,
     CodeDocument,
@@ -91,6 +91,7 @@ def build_code_data(
     """
     if not isinstance(validation_fraction, (int, float)) or not 0 < validation_fraction < 1:
         raise ValueError(f"validation_fraction must be a float in (0, 1), got {validation_fraction!r}")
+    check_tokenizer_file(tokenizer_file)  # before the documents are read
     documents, skipped = read_code(
         path, extensions=extensions, skip_bad_lines=skip_bad_lines, max_files=max_files, max_bytes=max_bytes
     )

@@ -32,6 +32,7 @@ from comera.measure import (
     add_memory_argument,
     allocation_of,
     machine_description,
+    markdown_file_argument,
     median_ms,
     peak_rise_mib,
     status_mib,
@@ -179,7 +180,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--preset", default="paper", help="model preset (paper, small, smoke)")
     add_memory_argument(parser)
     parser.add_argument(
-        "--write", default=None, help="update the 'transformer' section of this markdown file"
+        "--write",
+        type=markdown_file_argument,
+        default=None,
+        help="update the 'transformer' section of this markdown file",
     )
     parser.add_argument("--json", default=None, help="also write the raw results to this JSON file")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
