@@ -269,7 +269,7 @@ def section_error(section: str, error: ValueError | FileNotFoundError, keys: Ite
     return kind(f"{section}.{message}")
 
 
-ADDED_METHOD_KEYS: tuple[str, ...] = ("trims", "core_rule", "zero_last")
+ADDED_METHOD_KEYS: tuple[str, ...] = ("trims", "core_rule", "zero_last", "rank_shares")
 """Method settings added after run folders were first written (``trims``: the late stage's gradual trims). A
 recorded run without one takes the resuming command's value, so an older folder resumes; ``--set
 method.trims=1`` continues it exactly as it was trained (one trim, the behaviour before the key existed)."""

@@ -10,6 +10,7 @@ from torch import nn
 from comera.methods.base import Method, MethodContext
 from comera.methods.comera.objective import CoMERAObjective
 from comera.methods.comera.settings import CoMERASettings
+from comera.rank.allocation import allocate_ranks
 from comera.rank.spectral import spectral_init_
 from comera.tensorize import tensorize_
 from comera.train.objective import Objective
@@ -40,9 +41,13 @@ class CoMERAMethod(Method):
 
     def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
         """Tensorize by ``context.tensorize``; under ``core_rule="spectral"``, redraw the linear layers'
-        cores by that rule (:func:`comera.rank.spectral.spectral_init_`)."""
-        model = tensorize_(model, context.tensorize)
+        cores by that rule (:func:`comera.rank.spectral.spectral_init_`); with ``rank_shares``, the ranks are
+        first reallocated at the tensorization's size (:func:`comera.rank.allocation.allocate_ranks`)."""
         settings = self.settings({**self.defaults, **context.settings})
+        config = context.tensorize
+        if settings.rank_shares:
+            config = allocate_ranks(model, config, settings.rank_shares)
+        model = tensorize_(model, config)
         if settings.core_rule == "spectral":
             spectral_init_(model, settings.zero_last)
         return model

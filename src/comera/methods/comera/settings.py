@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from comera.checks import check_number
 from comera.rank.adaptation import DEFAULT_RECOVERY, DEFAULT_TRIMS
+from comera.rank.allocation import checked_shares
 from comera.rank.spectral import CORE_RULES
 from comera.rank.surrogate import SURROGATES
 
@@ -65,6 +67,9 @@ class CoMERASettings:
             rate: :mod:`comera.rank.spectral`).
         zero_last: with ``core_rule="spectral"``, regular expressions naming the linear layers whose last
             core starts at zero (those writing into a residual stream, e.g. ``attention\\.o$``).
+        rank_shares: ``{pattern: share}``: uneven ranks at the size of the tensorization as given
+            (:func:`comera.rank.allocation.allocate_ranks`: each matched module gets a rank proportional to
+            its share); empty (the default) keeps the tensorization's ranks.
     """
 
     gamma: float = 0.01
@@ -81,6 +86,7 @@ class CoMERASettings:
     lr_gates: float = 1e-3
     core_rule: str = "uniform"
     zero_last: tuple[str, ...] = ()
+    rank_shares: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_number(self.gamma, "gamma", 0.0)
@@ -114,6 +120,8 @@ class CoMERASettings:
                 f"initialisation), got zero_last={list(self.zero_last)} with core_rule={self.core_rule!r}"
             )
         object.__setattr__(self, "zero_last", tuple(self.zero_last))
+        shares = checked_shares(self.rank_shares, "rank_shares") if self.rank_shares != {} else {}
+        object.__setattr__(self, "rank_shares", shares)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (lists for tuples), storable in JSON or a ``weights_only`` checkpoint."""

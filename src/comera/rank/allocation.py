@@ -1,0 +1,116 @@
+"""Uneven ranks at a fixed size: ranks per kind of layer from relative shares, with the total of the cores
+held at what a uniform rank gives.
+
+Layers differ in how much rank they need (WeLore, arXiv 2407.11239: query and key projections tolerate far
+lower ranks than value and the MLP's down projection). :func:`allocate_ranks` turns relative shares per
+module-name pattern into a ``rank_pattern``: every selected module matching a pattern gets rank
+``round(alpha * share)`` (at least 1), with one ``alpha`` chosen so that the stored core entries of the
+whole model come as close as they can to ``total`` from below (default: the entries of the config as given).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from comera.checks import check_int
+from comera.rank.size import gated_trains
+from comera.tensorize import tensorize_
+from comera.tensorize_config import TensorizeConfig
+from comera.tt.cores import num_train_parameters
+from comera.tt.shapes import resolve_ranks
+
+__all__ = ["allocate_ranks", "checked_shares", "core_entries"]
+
+
+def _converted_trains(model: nn.Module, config: TensorizeConfig) -> dict[str, tuple[int, ...]]:
+    """``{module name: bond sizes}`` of every gated train ``config`` makes of ``model`` (converted on a copy
+    on the meta device)."""
+    with torch.device("meta"):
+        copied = copy.deepcopy(model).to("meta")
+    tensorize_(copied, config)
+    return {name: tuple(layer.bond_sizes) for name, layer in gated_trains(copied)}
+
+
+def _entries(bond_sizes: tuple[int, ...], rank: int | tuple[int, ...]) -> int:
+    return num_train_parameters(bond_sizes, resolve_ranks(rank, bond_sizes))
+
+
+def core_entries(model: nn.Module, config: TensorizeConfig) -> int:
+    """Core entries of ``model`` tensorized by ``config`` at its stored ranks (``model`` is not changed; the
+    conversion runs on a copy on the meta device)."""
+    trains = _converted_trains(model, config)
+    return sum(_entries(bonds, config.rank_for(name)) for name, bonds in trains.items())
+
+
+def checked_shares(shares: Mapping[str, float], name: str = "shares") -> dict[str, float]:
+    """``shares`` as ``{pattern: float}``; ``ValueError`` naming ``name`` and a bad pattern or share."""
+    if not isinstance(shares, Mapping) or not shares:
+        raise ValueError(f"{name} must be a non-empty mapping {{pattern: share > 0}}, got {shares!r}")
+    checked = {}
+    for pattern, share in shares.items():
+        try:
+            re.compile(pattern)
+        except (re.error, TypeError) as error:
+            raise ValueError(f"{name} key {pattern!r} is not a regular expression ({error})") from None
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < math.inf:
+            raise ValueError(f"{name}[{pattern!r}] must be a number > 0, got {share!r}")
+        checked[pattern] = float(share)
+    return checked
+
+
+def allocate_ranks(
+    model: nn.Module, config: TensorizeConfig, shares: Mapping[str, float], total: int | None = None
+) -> TensorizeConfig:
+    """``config`` with a ``rank_pattern`` giving the modules each pattern of ``shares`` matches rank
+    ``round(alpha * share)`` (at least 1; clipped by each layer to what its shapes allow), ``alpha`` the
+    largest for which the model's core entries stay at most ``total``.
+
+    Args:
+        model: the dense model ``config`` will convert (any device, meta included; it is not changed).
+        config: the tensorization; its own ``rank_pattern`` entries come after the new ones, so modules the
+            shares do not match keep their rank.
+        shares: ``{pattern: share > 0}`` (``re.search`` on module names, first match wins, as
+            ``rank_pattern``'s keys), e.g. ``{r"attention\\.(q|k)$": 0.5, r"mlp\\.down$": 1.5}``.
+        total: the core entries to stay within (default: :func:`core_entries` of ``config`` as given).
+
+    Returns:
+        The new config; :func:`core_entries` of it is at most ``total`` and the largest such on the grid of
+        ``alpha``.
+
+    Raises:
+        ValueError: a bad share or pattern, ``total`` below the entries of rank 1 everywhere.
+    """
+    shares = checked_shares(shares)
+    trains = _converted_trains(model, config)
+    budget = (
+        sum(_entries(bonds, config.rank_for(name)) for name, bonds in trains.items())
+        if total is None
+        else check_int(total, "total", 1)
+    )
+
+    def at(alpha: float) -> TensorizeConfig:
+        ranks = {pattern: max(1, round(alpha * share)) for pattern, share in shares.items()}
+        return config.with_overrides(rank_pattern={**ranks, **config.rank_pattern})
+
+    def size(alpha: float) -> int:
+        chosen = at(alpha)
+        return sum(_entries(bonds, chosen.rank_for(name)) for name, bonds in trains.items())
+
+    low, high = 0.0, 1.0
+    if size(low) > budget:
+        raise ValueError(f"total ({budget}) is below the core entries of rank 1 for every matched module")
+    while size(high) <= budget and high < 2**20:
+        low, high = high, 2 * high
+    for _ in range(40):
+        middle = (low + high) / 2
+        if size(middle) <= budget:
+            low = middle
+        else:
+            high = middle
+    return at(low)
