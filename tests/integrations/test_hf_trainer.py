@@ -45,6 +45,14 @@ def train_logs(trainer):
     return [record for record in trainer.state.log_history if "comera_task_loss" in record]
 
 
+def same_details(event, reference) -> bool:
+    """The same keys, floats equal to 1e-4, everything else (steps, sizes, ranks, names) exactly."""
+    return event.keys() == reference.keys() and all(
+        event[key] == (pytest.approx(value, rel=1e-4) if isinstance(value, float) else value)
+        for key, value in reference.items()
+    )
+
+
 def test_the_loss_falls_and_every_log_holds_the_size(run):
     logs = train_logs(run)
     assert [record["step"] for record in logs] == list(range(4, STEPS + 1, 4))
@@ -143,6 +151,40 @@ def test_the_loss_the_trainer_sees_is_the_task_loss_plus_the_rank_term(tmp_path)
         )
 
 
+@pytest.mark.parametrize(
+    ("micro_batches", "accepts_loss_kwargs"), [(2, True), (4, False)], ids=["num-items", "mean-over-k"]
+)
+def test_accumulated_micro_batches_give_the_run_of_one_batch(
+    run, tmp_path, micro_batches, accepts_loss_kwargs
+):
+    """The 40-step run again in ``micro_batches`` micro-batches of ``BATCH / micro_batches`` sequences per
+    optimizer step: the same events with the same details, the same sizes and the same logged losses (the
+    objective and the task loss) as the run of one batch of ``BATCH``. Hugging Face scales the micro-batch
+    losses two ways: a model that takes ``num_items_in_batch`` divides its token sum by the step's token
+    count; otherwise the Trainer divides each micro-batch's mean by the number of micro-batches."""
+    args = arguments(
+        tmp_path,
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH // micro_batches,
+        gradient_accumulation_steps=micro_batches,
+    )
+    trainer = CoMERATrainer(
+        tiny_llama(), args, train_dataset=RepeatingTokens(), settings=SETTINGS, early=EARLY
+    )
+    trainer.model_accepts_loss_kwargs = accepts_loss_kwargs
+    trainer.train()
+    assert trainer.state.global_step == STEPS
+    ours, theirs = trainer.comera_callback.events, run.comera_callback.events
+    assert [(e["step"], e["event"]) for e in ours] == [(e["step"], e["event"]) for e in theirs]
+    for mine, reference in zip(ours, theirs):
+        assert same_details(mine, reference)
+    assert trainer.objective.size() == run.objective.size()
+    for key in ("loss", "comera_task_loss", "comera_size"):
+        assert [r[key] for r in train_logs(trainer)] == pytest.approx(
+            [r[key] for r in train_logs(run)], rel=1e-4
+        )
+
+
 def test_a_fraction_of_max_steps_starts_the_late_stage(tmp_path):
     args = arguments(tmp_path, max_steps=8)
     trainer = CoMERATrainer(
@@ -169,8 +211,6 @@ def test_a_bad_early_is_refused_naming_it(early):
 
 def test_unsupported_settings_are_refused_naming_them(tmp_path):
     data = RepeatingTokens()
-    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
-        CoMERATrainer(tiny_llama(), arguments(tmp_path, gradient_accumulation_steps=2), train_dataset=data)
     with pytest.raises(ValueError, match="model_init"):
         CoMERATrainer(tiny_llama(), arguments(tmp_path), train_dataset=data, model_init=tiny_llama)
     with pytest.raises(ValueError, match="no gated layers"):

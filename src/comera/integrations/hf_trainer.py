@@ -3,10 +3,13 @@
 What it changes in ``transformers.Trainer`` (everything else, the data loading, the learning-rate schedule,
 gradient clipping, evaluation and the logging integrations, is Hugging Face's):
 
-- **loss** (:meth:`CoMERATrainer.compute_loss`): in training, the task loss the model returns goes through
-  :meth:`CoMERAObjective.loss`: the early stage adds ``gamma`` times the size surrogate, the late stage is the
-  controller's objective. The loss the Trainer backpropagates and logs (``loss``) is that objective; the task
-  loss alone is logged as ``comera_task_loss``. Evaluation losses are the task loss.
+- **loss** (:meth:`CoMERATrainer.training_step`): the task loss the model returns is backpropagated as
+  Hugging Face does it (scaled for gradient accumulation, by ``num_items_in_batch`` or by the number of
+  micro-batches); on the micro-batch that ends an optimizer step, the step's task loss goes once through
+  :meth:`CoMERAObjective.loss` (the early stage adds ``gamma`` times the size surrogate, the late stage is the
+  controller's objective) and the gradients become the objective's (:meth:`CoMERATrainer.add_rank_term`), so
+  ``k`` micro-batches of ``B / k`` train as one batch of ``B``. The logged ``loss`` is that objective; the
+  task loss alone is logged as ``comera_task_loss``. Evaluation losses are the task loss.
 - **optimizer** (:meth:`CoMERATrainer.create_optimizer`): the optimizer ``args.optim`` names (AdamW by
   default), built on CoMERA's parameter groups: cores at ``CoMERASettings.lr_cores``, gates at
   ``CoMERASettings.lr_gates`` (never decayed), every other parameter at ``args.learning_rate``;
@@ -23,8 +26,8 @@ gradient clipping, evaluation and the logging integrations, is Hugging Face's):
   base_model=AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)))`` rebuilds it.
   ``transformers``' ``from_pretrained`` cannot load the folder (it would build dense layers).
 
-Not supported (each raises ``ValueError`` naming the setting): gradient accumulation, more than one process or
-GPU (DDP, FSDP, DeepSpeed), ``model_init``, resuming from a checkpoint.
+Not supported (each raises ``ValueError`` naming the setting): more than one process or GPU (DDP, FSDP,
+DeepSpeed), ``model_init``, resuming from a checkpoint.
 """
 
 from __future__ import annotations
@@ -46,11 +49,6 @@ __all__ = ["CoMERATrainer"]
 
 
 def _check_arguments(args: TrainingArguments) -> None:
-    if args.gradient_accumulation_steps != 1:
-        raise ValueError(
-            "CoMERATrainer does not support gradient accumulation: args.gradient_accumulation_steps must be "
-            f"1, got {args.gradient_accumulation_steps} (the rank term would be added once per micro-batch)"
-        )
     if args.deepspeed or args.fsdp or args.world_size > 1 or args.n_gpu > 1:
         raise ValueError(
             "CoMERATrainer trains in one process on one device: args.deepspeed and args.fsdp must be unset, "
@@ -65,7 +63,7 @@ class CoMERATrainer(Trainer):
     Args:
         model: a model with gated layers (``comera.tensorize_`` first); its forward returns the task loss
             (``output.loss``), as ``transformers``' models do when given ``labels``.
-        args: the ``TrainingArguments`` (``gradient_accumulation_steps`` 1, one process).
+        args: the ``TrainingArguments`` (one process).
         settings: CoMERA's settings (default :class:`CoMERASettings`): ``gamma``, ``target_ratio``,
             ``prune_at``, ``lr_cores``, ``lr_gates`` ...
         early: length of the early stage: an int (optimizer steps) or a float in ``[0, 1]`` (that fraction of
@@ -106,6 +104,7 @@ class CoMERATrainer(Trainer):
         self.add_callback(self.comera_callback)
         self._task_loss_sum: torch.Tensor | None = None
         self._task_loss_count = 0
+        self._step_task: torch.Tensor | None = None
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
         """``transformers.Trainer.train``; ``resume_from_checkpoint`` must be None or False (a pruned
@@ -144,26 +143,56 @@ class CoMERATrainer(Trainer):
             self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
         return self.optimizer
 
-    def compute_loss(
+    def training_step(
         self,
         model: nn.Module,
         inputs: dict[str, Any],
-        return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
-        """``transformers.Trainer.compute_loss``'s task loss, turned into CoMERA's objective (a 0-dim tensor)
-        when the model is in training mode; in evaluation the task loss alone."""
-        result = super().compute_loss(
-            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
-        )
-        if not model.training:
-            return result
-        task, outputs = result if return_outputs else (result, None)
-        loss = self.objective.loss(task)
-        detached = task.detach()
-        self._task_loss_sum = detached if self._task_loss_sum is None else self._task_loss_sum + detached
+    ) -> torch.Tensor:
+        """``transformers.Trainer.training_step`` (forward and backward of the task loss, as Hugging Face
+        scales it for gradient accumulation), then, on the micro-batch that ends an optimizer step, the rank
+        term once for the whole step (:meth:`add_rank_term`).
+
+        Returns:
+            The detached 0-dim loss this micro-batch adds to the step's logged loss: the scaled task loss,
+            plus, on the step's last micro-batch, the objective minus the step's task loss (so that a step's
+            micro-batches add up to the objective).
+        """
+        task = super().training_step(model, inputs, num_items_in_batch)
+        self._step_task = task if self._step_task is None else self._step_task + task
+        if not self.accelerator.sync_gradients:
+            return task
+        step_task, self._step_task = self._step_task, None
+        objective = self.add_rank_term(model, step_task)
+        self._task_loss_sum = step_task if self._task_loss_sum is None else self._task_loss_sum + step_task
         self._task_loss_count += 1
-        return (loss, outputs) if return_outputs else loss
+        return task + (objective - step_task)
+
+    def add_rank_term(self, model: nn.Module, step_task: torch.Tensor) -> torch.Tensor:
+        """Turn the accumulated task-loss gradients into the gradients of CoMERA's objective.
+
+        The gradients hold ``d T / d params`` of the step's task loss ``T`` (``step_task``: the sum of the
+        micro-batches' scaled losses, the same number a single batch of the whole step gives).
+        :meth:`CoMERAObjective.loss` is evaluated once, on ``T``, with a stand-in leaf for ``T``: its
+        derivative ``w = d objective / d T`` scales the gradients, and the backward of the objective adds the
+        size term's gradients to the gates. By the chain rule the result is the gradient of the objective of
+        the whole step, whatever the number of micro-batches.
+
+        Args:
+            model: the model being trained (its parameters' ``.grad`` hold the step's task-loss gradients).
+            step_task: 0-dim detached tensor, the step's task loss ``T``.
+
+        Returns:
+            The objective's value (0-dim, detached).
+        """
+        stand_in = step_task.detach().clone().requires_grad_(True)
+        objective = self.objective.loss(stand_in)
+        (weight,) = torch.autograd.grad(objective, stand_in, retain_graph=True)
+        grads = [param.grad for param in model.parameters() if param.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, weight)
+        self.accelerator.backward(objective)
+        return objective.detach()
 
     def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
         """``transformers.Trainer.evaluation_loop`` after :meth:`CoMERAObjective.before_evaluation` (drops the
