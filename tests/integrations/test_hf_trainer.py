@@ -152,7 +152,7 @@ def test_the_loss_the_trainer_sees_is_the_task_loss_plus_the_rank_term(tmp_path)
 
 
 @pytest.mark.parametrize(
-    ("micro_batches", "accepts_loss_kwargs"), [(2, True), (4, False)], ids=["num-items", "mean-over-k"]
+    ("micro_batches", "accepts_loss_kwargs"), [(2, True), (2, False)], ids=["num-items", "mean-over-k"]
 )
 def test_accumulated_micro_batches_give_the_run_of_one_batch(
     run, tmp_path, micro_batches, accepts_loss_kwargs
@@ -215,9 +215,6 @@ def test_unsupported_settings_are_refused_naming_them(tmp_path):
         CoMERATrainer(tiny_llama(), arguments(tmp_path), train_dataset=data, model_init=tiny_llama)
     with pytest.raises(ValueError, match="no gated layers"):
         CoMERATrainer(LlamaForCausalLM(llama_config()), arguments(tmp_path), train_dataset=data)
-    trainer = CoMERATrainer(tiny_llama(), arguments(tmp_path, max_steps=2), train_dataset=data)
-    with pytest.raises(ValueError, match="resume_from_checkpoint"):
-        trainer.train(resume_from_checkpoint=True)
     with pytest.raises(ValueError, match="early must be"):
         CoMERATrainer(tiny_llama(), arguments(tmp_path), train_dataset=data, early=2.0)
     no_early = CoMERATrainer(tiny_llama(), arguments(tmp_path, max_steps=2), train_dataset=data, early=0)

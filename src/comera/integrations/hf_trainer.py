@@ -25,27 +25,65 @@ gradient clipping, evaluation and the logging integrations, is Hugging Face's):
   ``model.safetensors``) plus the model's ``config.json``, so that ``comera.load_pretrained(folder,
   base_model=AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)))`` rebuilds it.
   ``transformers``' ``from_pretrained`` cannot load the folder (it would build dense layers).
+- **checkpoints and resuming**: every checkpoint also holds :data:`STATE_NAME`
+  (:meth:`CoMERATrainer.comera_state`: the pruned ranks, the objective's and controller's state, the
+  schedule's). ``train(resume_from_checkpoint=...)`` on a fresh, unpruned model prunes it to the recorded
+  ranks, loads the weights strictly and restores that state before Hugging Face builds the optimizer and
+  loads its state, the scheduler's, the random generators' and the ``TrainerState``; the run goes on as if
+  uninterrupted.
 
 Not supported (each raises ``ValueError`` naming the setting): more than one process or GPU (DDP, FSDP,
-DeepSpeed), ``model_init``, resuming from a checkpoint.
+DeepSpeed), ``model_init``.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import Trainer, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from comera.integrations.hf_stages import CoMERACallback
-from comera.io import save_pretrained
+from comera.atomic import atomic_write_bytes
+from comera.integrations.hf_stages import CoMERACallback, inner_optimizer
+from comera.io import read_saved, save_pretrained
 from comera.methods.comera import CoMERAObjective, CoMERASettings
 from comera.modules import unwrap_model
 from comera.report import compression_report
+from comera.version import __version__
 
-__all__ = ["CoMERATrainer"]
+__all__ = ["CoMERATrainer", "STATE_NAME", "read_state"]
+
+STATE_NAME = "comera_state.json"
+"""The file of a checkpoint folder that holds CoMERA's part of the run's state
+(:meth:`CoMERATrainer.comera_state`)."""
+STATE_FORMAT = "comera-hf-trainer-state"
+
+
+def read_state(folder: str | os.PathLike) -> dict[str, Any]:
+    """The :data:`STATE_NAME` record of a checkpoint folder (``{"format", "format_version",
+    "library_version", "structure", "objective", "schedule"}``).
+
+    Raises:
+        ValueError: the folder holds no such file, or one that is not CoMERATrainer's.
+    """
+    path = Path(folder) / STATE_NAME
+    if not path.is_file():
+        raise ValueError(
+            f"{path} is missing: the checkpoint was not written by CoMERATrainer, which records there the "
+            "pruned ranks and the controller's state that a resumed run needs"
+        )
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not readable JSON ({error})") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ValueError(f"{path}: not a CoMERATrainer state (its format is not {STATE_FORMAT!r})")
+    return state
 
 
 def _check_arguments(args: TrainingArguments) -> None:
@@ -105,16 +143,6 @@ class CoMERATrainer(Trainer):
         self._task_loss_sum: torch.Tensor | None = None
         self._task_loss_count = 0
         self._step_task: torch.Tensor | None = None
-
-    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
-        """``transformers.Trainer.train``; ``resume_from_checkpoint`` must be None or False (a pruned
-        model's shapes differ from the fresh model's)."""
-        if resume_from_checkpoint:
-            raise ValueError(
-                "CoMERATrainer does not support resume_from_checkpoint: a checkpoint of a pruned model has "
-                "other shapes than the fresh model; load it with comera.load_pretrained and train anew"
-            )
-        return super().train(**kwargs)
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         """The optimizer of ``args.optim`` (with its betas, epsilon, fused ...) on CoMERA's parameter
@@ -218,6 +246,55 @@ class CoMERATrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """``transformers.Trainer.log`` with :meth:`comera_metrics` added to ``logs``."""
         super().log({**logs, **self.comera_metrics()}, start_time)
+
+    def comera_state(self) -> dict[str, Any]:
+        """CoMERA's part of the run's state, as every checkpoint records it in :data:`STATE_NAME` (plain
+        values): the pruned structure (:meth:`CoMERAObjective.structure`: each gated layer's ranks, removed
+        layers), the objective's and controller's state (:meth:`CoMERAObjective.state_dict`) and the
+        schedule's (:meth:`CoMERACallback.state_dict`). The weights, the optimizer, the scheduler, the random
+        generators and the ``TrainerState`` are in Hugging Face's files beside it."""
+        return {
+            "format": STATE_FORMAT,
+            "format_version": 1,
+            "library_version": __version__,
+            "structure": self.objective.structure(),
+            "objective": self.objective.state_dict(),
+            "schedule": self.comera_callback.state_dict(),
+        }
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """Write :meth:`comera_state` into the checkpoint folder, then Hugging Face's checkpoint (weights
+        through :meth:`_save`, optimizer, scheduler, random generators, ``trainer_state.json``)."""
+        if self.args.should_save:
+            folder = (
+                Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            atomic_write_bytes(
+                folder / STATE_NAME, (json.dumps(self.comera_state(), indent=1) + "\n").encode()
+            )
+        super()._save_checkpoint(model, trial)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """Bring the model to the checkpoint's state before Hugging Face builds the optimizer and loads its
+        state: prune it to the recorded structure (:meth:`CoMERAObjective.apply_structure`), load the weights
+        strictly, and restore the objective's and the schedule's state (``trainer.train(resume_from_checkpoint
+        =...)`` calls it on a fresh, unpruned model).
+
+        Raises:
+            ValueError: the folder holds no :data:`STATE_NAME`, or a structure or weights this model cannot
+                take (naming the file).
+        """
+        state = read_state(resume_from_checkpoint)
+        root = unwrap_model(self.model if model is None else model)
+        self.objective.check_structure(state["structure"])
+        self.objective.apply_structure(state["structure"], inner_optimizer(self.optimizer))
+        saved = read_saved(resume_from_checkpoint)
+        try:
+            root.load_state_dict(saved.tensors, strict=True)
+        except RuntimeError as error:
+            raise ValueError(f"{saved.directory}: its weights do not fit the model ({error})") from None
+        self.objective.load_state_dict(state["objective"])
+        self.comera_callback.load_state_dict(state["schedule"])
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Write :func:`comera.save_pretrained`'s files, the model's ``config.json`` and the processing class
