@@ -31,6 +31,9 @@ gradient clipping, evaluation and the logging integrations, is Hugging Face's):
   ranks, loads the weights strictly and restores that state before Hugging Face builds the optimizer and
   loads its state, the scheduler's, the random generators' and the ``TrainerState``; the run goes on as if
   uninterrupted.
+- **precision and compilation** are Hugging Face's: ``bf16=True`` runs the model's forward under autocast
+  (the parameters, the gradients and the rank term stay fp32), ``torch_compile=True`` compiles the model
+  (a prune changes parameter shapes: the next forward recompiles). Both are tested on the CPU.
 
 Not supported (each raises ``ValueError`` naming the setting): more than one process or GPU (DDP, FSDP,
 DeepSpeed), ``model_init``.
