@@ -223,6 +223,45 @@ def test_unsupported_settings_are_refused_naming_them(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "field",
+    ["load_best_model_at_end", "auto_find_batch_size", "enable_jit_checkpoint"],
+)
+def test_a_training_argument_the_trainer_cannot_honour_is_refused_naming_it(tmp_path, field):
+    overrides = {field: True}
+    if field == "load_best_model_at_end":  # transformers wants evaluations at the checkpoints
+        overrides.update(eval_strategy="steps", save_strategy="steps")
+    with pytest.raises(ValueError, match=f"args.{field}=True"):
+        CoMERATrainer(tiny_llama(), arguments(tmp_path, **overrides), train_dataset=RepeatingTokens())
+
+
+def test_an_optimizer_whose_state_a_prune_cannot_slice_is_refused_when_the_run_prunes(tmp_path):
+    args = arguments(tmp_path, optim="adafactor")
+    with pytest.raises(ValueError, match="args.optim='adafactor'"):
+        CoMERATrainer(tiny_llama(), args, train_dataset=RepeatingTokens())
+    trainer = CoMERATrainer(
+        tiny_llama(), args, train_dataset=RepeatingTokens(), settings=CoMERASettings(prune_at=())
+    )
+    optimizer = trainer.create_optimizer()
+    assert type(optimizer).__name__ == "Adafactor"
+    assert [group["name"] for group in optimizer.param_groups] == ["cores", "gates", "other"]
+
+
+def test_optimizer_cls_and_kwargs_is_built_on_comera_groups(tmp_path):
+    trainer = CoMERATrainer(
+        tiny_llama(),
+        arguments(tmp_path),
+        train_dataset=RepeatingTokens(),
+        settings=SETTINGS,
+        optimizer_cls_and_kwargs=(torch.optim.SGD, {"momentum": 0.5}),
+    )
+    optimizer = trainer.create_optimizer()
+    assert type(optimizer) is torch.optim.SGD
+    groups = {group["name"]: group for group in optimizer.param_groups}
+    assert set(groups) == {"cores", "gates", "other"}
+    assert groups["cores"]["lr"] == SETTINGS.lr_cores and groups["other"]["momentum"] == 0.5
+
+
+@pytest.mark.parametrize(
     "choice",
     [(torch.optim.AdamW, {"params": [], "lr": 1e-3}), (lambda: None, {})],
     ids=["own-groups", "factory"],

@@ -89,12 +89,53 @@ def read_state(folder: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
+PRUNABLE_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop")
+"""The ``args.optim`` values a run that prunes may use: ``torch.optim`` optimizers whose state is per entry of
+the parameter (or a scalar), which :func:`comera.prune_` slices with the parameter."""
+
+_REFUSED_FLAGS = (
+    (
+        "load_best_model_at_end",
+        "Hugging Face would load the best checkpoint's weights with its own loader into a model that a later "
+        "prune may have shrunk",
+    ),
+    (
+        "auto_find_batch_size",
+        "a retry after running out of memory restarts at step 0 with the model already trained and pruned "
+        "and the objective in its later stage",
+    ),
+    (
+        "enable_jit_checkpoint",
+        "its checkpoint is taken before CoMERA's work at the end of the step (controller, stages, prunes), "
+        "so a resume from it would not continue the run",
+    ),
+)
+
+
 def _check_arguments(args: TrainingArguments) -> None:
-    if args.deepspeed or args.fsdp or args.world_size > 1 or args.n_gpu > 1:
+    """``ValueError`` naming the first field of ``args`` that CoMERATrainer cannot honour (see the module
+    docstring)."""
+    parallel = getattr(args, "parallelism_config", None) is not None
+    if args.deepspeed or args.fsdp or parallel or args.world_size > 1 or args.n_gpu > 1:
         raise ValueError(
-            "CoMERATrainer trains in one process on one device: args.deepspeed and args.fsdp must be unset, "
-            f"and args.world_size and args.n_gpu at most 1 (got world_size={args.world_size}, "
-            f"n_gpu={args.n_gpu}); pruning changes parameter shapes, which those wrappers do not follow"
+            "CoMERATrainer trains in one process on one device: args.deepspeed, args.fsdp and "
+            "args.parallelism_config must be unset, and args.world_size and args.n_gpu at most 1 (got "
+            f"world_size={args.world_size}, n_gpu={args.n_gpu}); pruning changes parameter shapes, which "
+            "those wrappers do not follow"
+        )
+    for name, reason in _REFUSED_FLAGS:
+        if getattr(args, name, False):
+            raise ValueError(f"CoMERATrainer does not support args.{name}=True: {reason}")
+
+
+def _check_optimizer(args: TrainingArguments, prune_at: tuple[str, ...]) -> None:
+    """``ValueError`` when the run prunes and ``args.optim`` keeps state a prune cannot slice."""
+    optim = getattr(args.optim, "value", args.optim)
+    if prune_at and optim not in PRUNABLE_OPTIMIZERS:
+        raise ValueError(
+            f"CoMERATrainer does not support args.optim={optim!r} in a run that prunes (prune_at="
+            f"{prune_at!r}): a prune slices only optimizer state shaped like the parameter; use one of "
+            f"{PRUNABLE_OPTIMIZERS} or CoMERASettings(prune_at=())"
         )
 
 
@@ -141,6 +182,7 @@ class CoMERATrainer(Trainer):
         _check_arguments(args)
         super().__init__(model=model, args=args, **kwargs)
         self.objective = CoMERAObjective(unwrap_model(self.model), settings)
+        _check_optimizer(self.args, self.objective.settings.prune_at)
         self.comera_callback = CoMERACallback(self.objective, early)
         self.add_callback(self.comera_callback)
         self._task_loss_sum: torch.Tensor | None = None
@@ -148,25 +190,30 @@ class CoMERATrainer(Trainer):
         self._step_task: torch.Tensor | None = None
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
-        """The optimizer of ``args.optim`` (with its betas, epsilon, fused ...) on CoMERA's parameter
-        groups; an optimizer passed through ``optimizers=`` is kept as it is.
+        """The optimizer on CoMERA's parameter groups: the class and keyword arguments given to the
+        constructor as ``optimizer_cls_and_kwargs``, else those of ``args.optim`` (with its betas, epsilon,
+        fused ...); an optimizer passed through ``optimizers=`` is kept as it is.
 
         Raises:
-            ValueError: ``args.optim`` names an optimizer that builds its own parameter groups (GaLore, LOMO,
-                layer-wise ...) or is not a ``torch.optim.Optimizer`` class.
+            ValueError: the optimizer builds its own parameter groups (GaLore, LOMO, layer-wise ...) or is not
+                a ``torch.optim.Optimizer`` class.
         """
         if self.optimizer is None:
-            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(
-                self.args, self.model if model is None else model
-            )
+            if getattr(self, "optimizer_cls_and_kwargs", None) is not None:
+                source = "optimizer_cls_and_kwargs"
+                optimizer_cls, optimizer_kwargs = self.optimizer_cls_and_kwargs
+            else:
+                source = f"args.optim={self.args.optim!r}"
+                optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(
+                    self.args, self.model if model is None else model
+                )
             own_groups = {"params", "model", "optimizer_dict"} & set(optimizer_kwargs)
             if own_groups or not (
                 isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)
             ):
                 raise ValueError(
-                    f"args.optim={self.args.optim!r} builds its own parameter groups or is not a "
-                    "torch.optim.Optimizer; CoMERATrainer needs one that takes CoMERA's groups (e.g. "
-                    "'adamw_torch', 'adamw_torch_fused', 'adafactor', 'sgd')"
+                    f"{source} builds its own parameter groups or is not a torch.optim.Optimizer; "
+                    f"CoMERATrainer needs one that takes CoMERA's groups (e.g. {PRUNABLE_OPTIMIZERS})"
                 )
             groups = self.objective.param_groups(
                 lr=self.args.learning_rate, weight_decay=self.args.weight_decay
