@@ -52,7 +52,7 @@ from transformers import Trainer, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from comera.atomic import atomic_write_bytes
-from comera.integrations.hf_stages import CoMERACallback, inner_optimizer
+from comera.integrations.hf_stages import CoMERACallback, early_steps_of, inner_optimizer
 from comera.io import read_saved, save_pretrained
 from comera.methods.comera import CoMERAObjective, CoMERASettings
 from comera.modules import unwrap_model
@@ -144,17 +144,21 @@ class CoMERATrainer(Trainer):
 
     Args:
         model: a model with gated layers (``comera.tensorize_`` first); its forward returns the task loss
-            (``output.loss``), as ``transformers``' models do when given ``labels``.
+            (``output.loss``), as ``transformers``' models do when given ``labels``. None with
+            ``model_init=`` (a callable returning such a model): then every ``train()`` trains a fresh model
+            from it, with a fresh objective and schedule.
         args: the ``TrainingArguments`` (one process).
         settings: CoMERA's settings (default :class:`CoMERASettings`): ``gamma``, ``target_ratio``,
             ``prune_at``, ``lr_cores``, ``lr_gates`` ...
         early: length of the early stage: an int (optimizer steps) or a float in ``[0, 1]`` (that fraction of
             the run's ``max_steps``); the late stage is the rest of the run.
         **kwargs: ``transformers.Trainer``'s other arguments (``train_dataset``, ``data_collator``,
-            ``eval_dataset``, ``callbacks``, ``optimizers`` ...), except ``model_init``.
+            ``eval_dataset``, ``callbacks``, ``optimizers``, ``optimizer_cls_and_kwargs``, ``model_init``
+            ...).
 
     Attributes:
-        objective: the run's :class:`CoMERAObjective` (its ``stage``, ``size()``, ``adaptation``).
+        objective: the run's :class:`CoMERAObjective` (its ``stage``, ``size()``, ``adaptation``), on the
+            model being trained (``trainer.model``).
         comera_callback: the :class:`CoMERACallback` running the schedule; its ``events`` list what happened
             between steps (late stage, prunes, the controller's trim).
 
@@ -164,30 +168,44 @@ class CoMERATrainer(Trainer):
 
     def __init__(
         self,
-        model: nn.Module,
-        args: TrainingArguments,
+        model: nn.Module | None = None,
+        args: TrainingArguments | None = None,
         *,
         settings: CoMERASettings | None = None,
         early: int | float = 0.5,
         **kwargs: Any,
     ) -> None:
-        if kwargs.get("model_init") is not None:
-            raise ValueError(
-                "CoMERATrainer does not support model_init: the objective is built on the model given"
-            )
-        if not isinstance(model, nn.Module):
+        if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if not isinstance(args, TrainingArguments):
             raise TypeError(f"args must be a transformers.TrainingArguments, got {type(args).__name__}")
         _check_arguments(args)
+        early_steps_of(early, 0)
+        self._settings, self._early = settings, early
+        self.objective: CoMERAObjective | None = None
         super().__init__(model=model, args=args, **kwargs)
-        self.objective = CoMERAObjective(unwrap_model(self.model), settings)
-        _check_optimizer(self.args, self.objective.settings.prune_at)
-        self.comera_callback = CoMERACallback(self.objective, early)
-        self.add_callback(self.comera_callback)
+        self._bind(self.model)
         self._task_loss_sum: torch.Tensor | None = None
         self._task_loss_count = 0
         self._step_task: torch.Tensor | None = None
+
+    def _bind(self, model: nn.Module) -> None:
+        """Build the objective on ``model`` and the callback that runs its schedule (replacing any earlier
+        one's)."""
+        self.objective = CoMERAObjective(unwrap_model(model), self._settings)
+        _check_optimizer(self.args, self.objective.settings.prune_at)
+        if getattr(self, "comera_callback", None) is not None:
+            self.remove_callback(self.comera_callback)
+        self.comera_callback = CoMERACallback(self.objective, self._early)
+        self.add_callback(self.comera_callback)
+
+    def call_model_init(self, trial: Any = None) -> nn.Module:
+        """``transformers.Trainer.call_model_init`` (the constructor's and every ``train()``'s fresh model
+        from ``model_init``), with a new objective and schedule bound to the new model."""
+        model = super().call_model_init(trial)
+        if self.objective is not None:
+            self._bind(model)
+        return model
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         """The optimizer on CoMERA's parameter groups: the class and keyword arguments given to the
