@@ -10,8 +10,9 @@ gradient clipping, evaluation and the logging integrations, is Hugging Face's):
   controller's objective) and the gradients become the objective's (:meth:`CoMERATrainer.add_rank_term`), so
   ``k`` micro-batches of ``B / k`` train as one batch of ``B``. The logged ``loss`` is that objective; the
   task loss alone is logged as ``comera_task_loss``. Evaluation losses are the task loss.
-- **optimizer** (:meth:`CoMERATrainer.create_optimizer`): the optimizer ``args.optim`` names (AdamW by
-  default), built on CoMERA's parameter groups: cores at ``CoMERASettings.lr_cores``, gates at
+- **optimizer** (:meth:`CoMERATrainer.create_optimizer`): the optimizer of the constructor's
+  ``optimizer_cls_and_kwargs``, else the one ``args.optim`` names (AdamW by default), built on CoMERA's
+  parameter groups: cores at ``CoMERASettings.lr_cores``, gates at
   ``CoMERASettings.lr_gates`` (never decayed), every other parameter at ``args.learning_rate``;
   ``args.weight_decay`` applies to cores and others. The scheduler scales every group alike.
 - **schedule**: :class:`comera.integrations.hf_stages.CoMERACallback` (added by the constructor) runs the
@@ -34,9 +35,14 @@ gradient clipping, evaluation and the logging integrations, is Hugging Face's):
 - **precision and compilation** are Hugging Face's: ``bf16=True`` runs the model's forward under autocast
   (the parameters, the gradients and the rank term stay fp32), ``torch_compile=True`` compiles the model
   (a prune changes parameter shapes: the next forward recompiles). Both are tested on the CPU.
+- **model_init**: a trainer built from ``model_init`` binds a new objective and schedule to every fresh model
+  Hugging Face builds (at construction and at every ``train()``).
 
-Not supported (each raises ``ValueError`` naming the setting): more than one process or GPU (DDP, FSDP,
-DeepSpeed), ``model_init``.
+Refused, each with a ``ValueError`` naming the setting: more than one process or GPU (``world_size``,
+``n_gpu``, ``deepspeed``, ``fsdp``, ``parallelism_config``: pruning changes parameter shapes under their
+wrappers), ``load_best_model_at_end``, ``auto_find_batch_size``, ``enable_jit_checkpoint`` (see
+``_REFUSED_FLAGS`` for why), an ``args.optim`` outside :data:`PRUNABLE_OPTIMIZERS` in a run that prunes, and
+an optimizer that builds its own parameter groups. Every other setting is Hugging Face's to honour.
 """
 
 from __future__ import annotations
