@@ -85,6 +85,16 @@ def test_resume_true_takes_the_latest_checkpoint_of_the_output_folder(uninterrup
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
 
 
+def test_a_resume_in_micro_batches_continues_the_run_of_whole_batches(uninterrupted, tmp_path):
+    """Checkpoint 24 of the run of batches of 4, resumed in 2 micro-batches of 2 per step: the same events and
+    weights to float rounding."""
+    resumed = trainer_for(tmp_path, seed=1, per_device_train_batch_size=2, gradient_accumulation_steps=2)
+    resumed.train(resume_from_checkpoint=checkpoint(uninterrupted, 24))
+    assert steps_and_names(resumed) == steps_and_names(uninterrupted)
+    for ours, theirs in zip(resumed.model.parameters(), uninterrupted.model.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
 def test_a_checkpoint_without_comera_state_is_refused_naming_the_file(uninterrupted, tmp_path):
     folder = tmp_path / "checkpoint-12"
     folder.mkdir()
