@@ -38,15 +38,23 @@ gradient clipping, evaluation and the logging integrations, is Hugging Face's):
 - **model_init**: a trainer built from ``model_init`` binds a new objective and schedule to every fresh model
   Hugging Face builds (at construction and at every ``train()``).
 
-Refused, each with a ``ValueError`` naming the setting: more than one process or GPU (``world_size``,
-``n_gpu``, ``deepspeed``, ``fsdp``, ``parallelism_config``: pruning changes parameter shapes under their
-wrappers), ``load_best_model_at_end``, ``auto_find_batch_size``, ``enable_jit_checkpoint`` (see
-``_REFUSED_FLAGS`` for why), an ``args.optim`` outside :data:`PRUNABLE_OPTIMIZERS` in a run that prunes, and
-an optimizer that builds its own parameter groups. Every other setting is Hugging Face's to honour.
+- **several processes** (``torchrun``, DDP through ``accelerate``): the step's task loss is averaged over the
+  processes before the objective sees it, so every process takes the same decisions; after a prune changed
+  parameter shapes, :meth:`CoMERATrainer.training_step` wraps the model in a new ``DistributedDataParallel``
+  (DDP's gradient buckets keep the shapes they were built with). ``P`` processes with batches of ``B`` train
+  as one process with batches of ``P * B``.
+
+Refused, each with a ``ValueError`` naming the setting: ``deepspeed``, ``fsdp``, ``parallelism_config``
+and ``n_gpu > 1`` (one process driving several GPUs): pruning changes parameter shapes, which those wrappers
+do not follow; ``torch_compile`` with more than one process; ``load_best_model_at_end``,
+``auto_find_batch_size``, ``enable_jit_checkpoint`` (see ``_REFUSED_FLAGS`` for why); an ``args.optim``
+outside :data:`PRUNABLE_OPTIMIZERS` in a run that prunes; an optimizer that builds its own parameter groups.
+Every other setting is Hugging Face's to honour.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -54,6 +62,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from transformers import Trainer, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -122,12 +131,17 @@ def _check_arguments(args: TrainingArguments) -> None:
     """``ValueError`` naming the first field of ``args`` that CoMERATrainer cannot honour (see the module
     docstring)."""
     parallel = getattr(args, "parallelism_config", None) is not None
-    if args.deepspeed or args.fsdp or parallel or args.world_size > 1 or args.n_gpu > 1:
+    if args.deepspeed or args.fsdp or parallel or args.n_gpu > 1:
         raise ValueError(
-            "CoMERATrainer trains in one process on one device: args.deepspeed, args.fsdp and "
-            "args.parallelism_config must be unset, and args.world_size and args.n_gpu at most 1 (got "
-            f"world_size={args.world_size}, n_gpu={args.n_gpu}); pruning changes parameter shapes, which "
-            "those wrappers do not follow"
+            "CoMERATrainer trains with DDP (one process per device, torchrun) or in one process: "
+            "args.deepspeed, args.fsdp and args.parallelism_config must be unset and args.n_gpu at most 1 "
+            f"(got n_gpu={args.n_gpu}); pruning changes parameter shapes, which those wrappers do not follow"
+        )
+    if args.torch_compile and args.world_size > 1:
+        raise ValueError(
+            "CoMERATrainer does not support args.torch_compile=True with more than one process "
+            f"(world_size={args.world_size}): after a prune it rebuilds DDP's wrapper, which accelerate "
+            "compiled"
         )
     for name, reason in _REFUSED_FLAGS:
         if getattr(args, name, False):
@@ -153,7 +167,7 @@ class CoMERATrainer(Trainer):
             (``output.loss``), as ``transformers``' models do when given ``labels``. None with
             ``model_init=`` (a callable returning such a model): then every ``train()`` trains a fresh model
             from it, with a fresh objective and schedule.
-        args: the ``TrainingArguments`` (one process).
+        args: the ``TrainingArguments``.
         settings: CoMERA's settings (default :class:`CoMERASettings`): ``gamma``, ``target_ratio``,
             ``prune_at``, ``lr_cores``, ``lr_gates`` ...
         early: length of the early stage: an int (optimizer steps) or a float in ``[0, 1]`` (that fraction of
@@ -194,6 +208,7 @@ class CoMERATrainer(Trainer):
         self._task_loss_sum: torch.Tensor | None = None
         self._task_loss_count = 0
         self._step_task: torch.Tensor | None = None
+        self._wrapped_shapes: list[tuple[int, ...]] | None = None
 
     def _bind(self, model: nn.Module) -> None:
         """Build the objective on ``model`` and the callback that runs its schedule (replacing any earlier
@@ -253,22 +268,50 @@ class CoMERATrainer(Trainer):
     ) -> torch.Tensor:
         """``transformers.Trainer.training_step`` (forward and backward of the task loss, as Hugging Face
         scales it for gradient accumulation), then, on the micro-batch that ends an optimizer step, the rank
-        term once for the whole step (:meth:`add_rank_term`).
+        term once for the whole step (:meth:`add_rank_term`) on the step's task loss averaged over the
+        processes. Under DDP, a prune since the last step first gets the model a new DDP wrapper.
 
         Returns:
             The detached 0-dim loss this micro-batch adds to the step's logged loss: the scaled task loss,
             plus, on the step's last micro-batch, the objective minus the step's task loss (so that a step's
             micro-batches add up to the objective).
         """
-        task = super().training_step(model, inputs, num_items_in_batch)
+        wrapper = self._wrapper_for_current_shapes(model)
+        no_sync = wrapper is not model and not self.accelerator.sync_gradients
+        with wrapper.no_sync() if no_sync else contextlib.nullcontext():
+            task = super().training_step(wrapper, inputs, num_items_in_batch)
         self._step_task = task if self._step_task is None else self._step_task + task
         if not self.accelerator.sync_gradients:
             return task
-        step_task, self._step_task = self._step_task, None
-        objective = self.add_rank_term(model, step_task)
+        local_task, self._step_task = self._step_task, None
+        step_task = self.accelerator.reduce(local_task, reduction="mean")
+        objective = self.add_rank_term(wrapper, step_task)
         self._task_loss_sum = step_task if self._task_loss_sum is None else self._task_loss_sum + step_task
         self._task_loss_count += 1
         return task + (objective - step_task)
+
+    def _wrapper_for_current_shapes(self, model: nn.Module) -> nn.Module:
+        """``model``, or under DDP after a prune changed parameter shapes a new ``DistributedDataParallel``
+        around ``self.model`` (DDP's gradient buckets keep the shapes it was built with), made with
+        ``accelerate``'s DDP settings and ``find_unused_parameters`` once a prune removed a layer; it becomes
+        ``self.model_wrapped``. Every process prunes alike (the gates are the same everywhere), so every
+        process rewraps at the same step."""
+        if not isinstance(self.model_wrapped, DistributedDataParallel):
+            return model
+        shapes = [tuple(param.shape) for param in self.model.parameters()]
+        if self._wrapped_shapes is None or shapes == self._wrapped_shapes:
+            self._wrapped_shapes = shapes
+            return self.model_wrapped
+        handler = self.accelerator.ddp_handler
+        settings = handler.to_kwargs() if handler is not None else {}
+        if self.objective.leaves_parameters_unused():
+            settings["find_unused_parameters"] = True
+        old = self.model_wrapped
+        self.model_wrapped = DistributedDataParallel(
+            self.model, device_ids=old.device_ids, output_device=old.output_device, **settings
+        )
+        self._wrapped_shapes = shapes
+        return self.model_wrapped
 
     def add_rank_term(self, model: nn.Module, step_task: torch.Tensor) -> torch.Tensor:
         """Turn the accumulated task-loss gradients into the gradients of CoMERA's objective.
