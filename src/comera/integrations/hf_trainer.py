@@ -208,7 +208,7 @@ class CoMERATrainer(Trainer):
         self._task_loss_sum: torch.Tensor | None = None
         self._task_loss_count = 0
         self._step_task: torch.Tensor | None = None
-        self._wrapped_shapes: list[tuple[int, ...]] | None = None
+        self._wrapped_shapes: tuple[nn.Module, list[tuple[int, ...]]] | None = None
 
     def _bind(self, model: nn.Module) -> None:
         """Build the objective on ``model`` and the callback that runs its schedule (replacing any earlier
@@ -299,8 +299,9 @@ class CoMERATrainer(Trainer):
         if not isinstance(self.model_wrapped, DistributedDataParallel):
             return model
         shapes = [tuple(param.shape) for param in self.model.parameters()]
-        if self._wrapped_shapes is None or shapes == self._wrapped_shapes:
-            self._wrapped_shapes = shapes
+        known = self._wrapped_shapes is not None and self._wrapped_shapes[0] is self.model_wrapped
+        if not known or shapes == self._wrapped_shapes[1]:
+            self._wrapped_shapes = (self.model_wrapped, shapes)
             return self.model_wrapped
         handler = self.accelerator.ddp_handler
         settings = handler.to_kwargs() if handler is not None else {}
@@ -310,7 +311,7 @@ class CoMERATrainer(Trainer):
         self.model_wrapped = DistributedDataParallel(
             self.model, device_ids=old.device_ids, output_device=old.output_device, **settings
         )
-        self._wrapped_shapes = shapes
+        self._wrapped_shapes = (self.model_wrapped, shapes)
         return self.model_wrapped
 
     def add_rank_term(self, model: nn.Module, step_task: torch.Tensor) -> torch.Tensor:
