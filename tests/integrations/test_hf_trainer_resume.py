@@ -13,10 +13,13 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # transformers.Trainer needs it
 
 import torch  # noqa: E402
-from hf_tiny import RepeatingTokens, arguments, tiny_llama  # noqa: E402
+from hf_tiny import RepeatingTokens, arguments, llama_config, tiny_llama  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
 
+import comera  # noqa: E402
 from comera.integrations.hf_trainer import STATE_NAME, CoMERATrainer  # noqa: E402
 from comera.methods.comera import CoMERASettings  # noqa: E402
+from comera.tensorize_config import tensorize_preset  # noqa: E402
 
 SETTINGS = CoMERASettings(lr_cores=1e-2, lr_gates=1e-2, recovery=0.6)
 EARLY, STEPS, EVERY = 16, 40, 12  # an epoch is 8 steps; checkpoints at steps 12, 24 and 36
@@ -103,6 +106,15 @@ def test_a_checkpoint_without_comera_state_is_refused_naming_the_file(uninterrup
             (folder / path.name).write_bytes(path.read_bytes())
     with pytest.raises(ValueError, match=STATE_NAME):
         trainer_for(tmp_path / "out").train(resume_from_checkpoint=str(folder))
+
+
+def test_a_checkpoint_of_a_model_with_more_rank_is_refused_naming_the_state_file(uninterrupted, tmp_path):
+    model = comera.tensorize_(LlamaForCausalLM(llama_config()), tensorize_preset("llm-hf-llama", rank=2))
+    trainer = CoMERATrainer(
+        model, arguments(tmp_path, max_steps=STEPS), train_dataset=RepeatingTokens(), settings=SETTINGS
+    )
+    with pytest.raises(ValueError, match=f"checkpoint-12/{STATE_NAME}: .*records ranks"):
+        trainer.train(resume_from_checkpoint=checkpoint(uninterrupted, 12))
 
 
 def test_a_resume_with_another_early_stage_is_refused(uninterrupted, tmp_path):

@@ -317,8 +317,9 @@ class CoMERATrainer(Trainer):
     def add_rank_term(self, model: nn.Module, step_task: torch.Tensor) -> torch.Tensor:
         """Turn the accumulated task-loss gradients into the gradients of CoMERA's objective.
 
-        The gradients hold ``d T / d params`` of the step's task loss ``T`` (``step_task``: the sum of the
-        micro-batches' scaled losses, the same number a single batch of the whole step gives).
+        The gradients hold ``d T / d params`` of the step's task loss ``T`` (``step_task``: the micro-batches'
+        scaled losses summed, averaged over the processes as DDP averages their gradients; the same number a
+        single batch of the whole step in one process gives).
         :meth:`CoMERAObjective.loss` is evaluated once, on ``T``, with a stand-in leaf for ``T``: its
         derivative ``w = d objective / d T`` scales the gradients, and the backward of the objective adds the
         size term's gradients to the gates. By the chain rule the result is the gradient of the objective of
@@ -395,8 +396,8 @@ class CoMERATrainer(Trainer):
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """Bring the model to the checkpoint's state before Hugging Face builds the optimizer and loads its
         state: prune it to the recorded structure (:meth:`CoMERAObjective.apply_structure`), load the weights
-        strictly, and restore the objective's and the schedule's state (``trainer.train(resume_from_checkpoint
-        =...)`` calls it on a fresh, unpruned model).
+        strictly, and restore the objective's and the schedule's state. ``train(resume_from_checkpoint=...)``
+        calls it, on a fresh, unpruned model.
 
         Raises:
             ValueError: the folder holds no :data:`STATE_NAME`, or a structure or weights this model cannot
@@ -404,8 +405,11 @@ class CoMERATrainer(Trainer):
         """
         state = read_state(resume_from_checkpoint)
         root = unwrap_model(self.model if model is None else model)
-        self.objective.check_structure(state["structure"])
-        self.objective.apply_structure(state["structure"], inner_optimizer(self.optimizer))
+        try:
+            self.objective.check_structure(state["structure"])
+            self.objective.apply_structure(state["structure"], inner_optimizer(self.optimizer))
+        except ValueError as error:
+            raise ValueError(f"{Path(resume_from_checkpoint) / STATE_NAME}: {error}") from None
         saved = read_saved(resume_from_checkpoint)
         try:
             root.load_state_dict(saved.tensors, strict=True)
@@ -416,8 +420,8 @@ class CoMERATrainer(Trainer):
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Write :func:`comera.save_pretrained`'s files, the model's ``config.json`` and the processing class
-        into ``output_dir`` (``transformers.Trainer.save_model`` and every checkpoint call this; in one
-        process the model's own state is saved, so ``state_dict`` is not used)."""
+        into ``output_dir`` (``transformers.Trainer.save_model`` and every checkpoint call this; the unwrapped
+        model's own state is saved, so ``state_dict`` is not used)."""
         if not self.args.should_save:
             return
         folder = Path(self.args.output_dir if output_dir is None else output_dir)
