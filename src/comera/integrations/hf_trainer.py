@@ -381,9 +381,10 @@ class CoMERATrainer(Trainer):
             "schedule": self.comera_callback.state_dict(),
         }
 
-    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+    def _save_checkpoint(self, model: nn.Module, trial: Any, *args: Any, **kwargs: Any) -> None:
         """Write :meth:`comera_state` into the checkpoint folder, then Hugging Face's checkpoint (weights
-        through :meth:`_save`, optimizer, scheduler, random generators, ``trainer_state.json``)."""
+        through :meth:`_save`, optimizer, scheduler, random generators, ``trainer_state.json``; older
+        ``transformers`` also pass ``metrics``)."""
         if self.args.should_save:
             folder = (
                 Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
@@ -391,7 +392,7 @@ class CoMERATrainer(Trainer):
             atomic_write_bytes(
                 folder / STATE_NAME, (json.dumps(self.comera_state(), indent=1) + "\n").encode()
             )
-        super()._save_checkpoint(model, trial)
+        super()._save_checkpoint(model, trial, *args, **kwargs)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """Bring the model to the checkpoint's state before Hugging Face builds the optimizer and loads its
