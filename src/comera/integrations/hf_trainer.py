@@ -338,7 +338,8 @@ class CoMERATrainer(Trainer):
         grads = [param.grad for param in model.parameters() if param.grad is not None]
         if grads:
             torch._foreach_mul_(grads, weight)
-        self.accelerator.backward(objective)
+        scaler = self.accelerator.scaler  # fp16's loss scaler scaled the task loss's gradients alike
+        (objective if scaler is None else scaler.scale(objective)).backward()
         return objective.detach()
 
     def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
