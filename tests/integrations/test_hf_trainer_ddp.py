@@ -28,7 +28,7 @@ def torchrun(output_dir: Path, batch: int) -> subprocess.CompletedProcess:
     """``hf_ddp_run.py`` in two processes, importing the comera this test imports."""
     source = Path(comera.__file__).resolve().parents[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(source), str(HERE)])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     command += [str(HERE / "hf_ddp_run.py"), str(output_dir), str(batch)]
     return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
 
