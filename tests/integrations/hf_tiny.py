@@ -1,7 +1,8 @@
-"""A tiny tensorized ``LlamaForCausalLM`` and a repeating-token dataset for the ``transformers.Trainer`` tests
-(nothing downloaded)."""
+"""For the ``transformers.Trainer`` tests (nothing downloaded): a tiny tensorized ``LlamaForCausalLM`` and a
+repeating-token dataset; a tiny tensorized MLP and a regression dataset."""
 
 import torch
+from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
 
 import comera
@@ -72,3 +73,37 @@ def arguments(output_dir, **overrides) -> TrainingArguments:
 def lm_loss(model, batch) -> torch.Tensor:
     """The task loss for :class:`comera.train.Trainer`: the model's own next-token loss."""
     return model(**batch).loss
+
+
+class TinyRegressor(nn.Module):
+    """``16 -> 32 -> 16`` tanh MLP; ``forward(inputs, labels)`` returns ``{"loss"}``, the mean squared error
+    (``inputs``, ``labels``: ``(batch, 16)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 16))
+
+    def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": nn.functional.mse_loss(self.net(inputs), labels)}
+
+
+def tiny_regressor(seed: int = 0) -> TinyRegressor:
+    """The tiny MLP with both linears tensorized (TT, rank 4)."""
+    torch.manual_seed(seed)
+    return comera.tensorize_(TinyRegressor(), rank=4)
+
+
+class Pairs(torch.utils.data.Dataset):
+    """``size`` random inputs of 16 features and their targets ``sin`` of the features rotated by one; items
+    are ``{"inputs", "labels"}``."""
+
+    def __init__(self, size: int = 16, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.inputs = torch.randn(size, 16, generator=generator)
+        self.labels = torch.sin(self.inputs.roll(1, dims=1))
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"inputs": self.inputs[index], "labels": self.labels[index]}

@@ -45,6 +45,14 @@ def train_logs(trainer):
     return [record for record in trainer.state.log_history if "comera_task_loss" in record]
 
 
+def same_details(event, reference) -> bool:
+    """The same keys, floats equal to 1e-4, everything else (steps, sizes, ranks, names) exactly."""
+    return event.keys() == reference.keys() and all(
+        event[key] == (pytest.approx(value, rel=1e-4) if isinstance(value, float) else value)
+        for key, value in reference.items()
+    )
+
+
 def test_the_loss_falls_and_every_log_holds_the_size(run):
     logs = train_logs(run)
     assert [record["step"] for record in logs] == list(range(4, STEPS + 1, 4))
@@ -143,6 +151,67 @@ def test_the_loss_the_trainer_sees_is_the_task_loss_plus_the_rank_term(tmp_path)
         )
 
 
+@pytest.mark.parametrize(
+    ("micro_batches", "accepts_loss_kwargs"), [(2, True), (2, False)], ids=["num-items", "mean-over-k"]
+)
+def test_accumulated_micro_batches_give_the_run_of_one_batch(
+    run, tmp_path, micro_batches, accepts_loss_kwargs
+):
+    """The 40-step run again in ``micro_batches`` micro-batches of ``BATCH / micro_batches`` sequences per
+    optimizer step: the same events with the same details, the same sizes and the same logged losses (the
+    objective and the task loss) as the run of one batch of ``BATCH``. Hugging Face scales the micro-batch
+    losses two ways: a model that takes ``num_items_in_batch`` divides its token sum by the step's token
+    count; otherwise the Trainer divides each micro-batch's mean by the number of micro-batches."""
+    args = arguments(
+        tmp_path,
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH // micro_batches,
+        gradient_accumulation_steps=micro_batches,
+    )
+    trainer = CoMERATrainer(
+        tiny_llama(), args, train_dataset=RepeatingTokens(), settings=SETTINGS, early=EARLY
+    )
+    trainer.model_accepts_loss_kwargs = accepts_loss_kwargs
+    trainer.train()
+    assert trainer.state.global_step == STEPS
+    ours, theirs = trainer.comera_callback.events, run.comera_callback.events
+    assert [(e["step"], e["event"]) for e in ours] == [(e["step"], e["event"]) for e in theirs]
+    for mine, reference in zip(ours, theirs):
+        assert same_details(mine, reference)
+    assert trainer.objective.size() == run.objective.size()
+    for key in ("loss", "comera_task_loss", "comera_size"):
+        assert [r[key] for r in train_logs(trainer)] == pytest.approx(
+            [r[key] for r in train_logs(run)], rel=1e-4
+        )
+
+
+def test_model_init_trains_a_fresh_model_with_its_own_objective_at_every_train(tmp_path):
+    """Two ``train()`` calls of a trainer built from ``model_init``, against a run of the model given: each
+    call trains a fresh model, with an objective and a schedule bound to it, to the same events, size and
+    weights."""
+    settings = CoMERASettings(lr_cores=1e-2, lr_gates=1e-2, recovery=0.5)
+    args = arguments(tmp_path, max_steps=12)
+    given = CoMERATrainer(tiny_llama(), args, train_dataset=RepeatingTokens(), settings=settings, early=8)
+    given.train()
+    assert ("prune" in {e["event"] for e in given.comera_callback.events}) and given.objective.ratio() < 0.9
+    trainer = CoMERATrainer(
+        args=args,
+        model_init=lambda: tiny_llama(),
+        train_dataset=RepeatingTokens(),
+        settings=settings,
+        early=8,
+    )
+    for _ in range(2):
+        trainer.train()
+        assert trainer.objective.model is trainer.model
+        assert trainer.comera_callback.events == given.comera_callback.events
+        assert [c for c in trainer.callback_handler.callbacks if type(c).__name__ == "CoMERACallback"] == [
+            trainer.comera_callback
+        ]
+        for ours, theirs in zip(trainer.model.parameters(), given.model.parameters()):
+            torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+
+
 def test_a_fraction_of_max_steps_starts_the_late_stage(tmp_path):
     args = arguments(tmp_path, max_steps=8)
     trainer = CoMERATrainer(
@@ -169,15 +238,8 @@ def test_a_bad_early_is_refused_naming_it(early):
 
 def test_unsupported_settings_are_refused_naming_them(tmp_path):
     data = RepeatingTokens()
-    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
-        CoMERATrainer(tiny_llama(), arguments(tmp_path, gradient_accumulation_steps=2), train_dataset=data)
-    with pytest.raises(ValueError, match="model_init"):
-        CoMERATrainer(tiny_llama(), arguments(tmp_path), train_dataset=data, model_init=tiny_llama)
     with pytest.raises(ValueError, match="no gated layers"):
         CoMERATrainer(LlamaForCausalLM(llama_config()), arguments(tmp_path), train_dataset=data)
-    trainer = CoMERATrainer(tiny_llama(), arguments(tmp_path, max_steps=2), train_dataset=data)
-    with pytest.raises(ValueError, match="resume_from_checkpoint"):
-        trainer.train(resume_from_checkpoint=True)
     with pytest.raises(ValueError, match="early must be"):
         CoMERATrainer(tiny_llama(), arguments(tmp_path), train_dataset=data, early=2.0)
     no_early = CoMERATrainer(tiny_llama(), arguments(tmp_path, max_steps=2), train_dataset=data, early=0)
@@ -198,6 +260,45 @@ def test_load_best_model_at_end_is_refused_before_training(tmp_path):
     )
     with pytest.raises(ValueError, match=r"args\.load_best_model_at_end=True.*comera\.load_pretrained"):
         CoMERATrainer(tiny_llama(), args, train_dataset=RepeatingTokens(), eval_dataset=RepeatingTokens(8))
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["load_best_model_at_end", "auto_find_batch_size", "enable_jit_checkpoint"],
+)
+def test_a_training_argument_the_trainer_cannot_honour_is_refused_naming_it(tmp_path, field):
+    overrides = {field: True}
+    if field == "load_best_model_at_end":  # transformers wants evaluations at the checkpoints
+        overrides.update(eval_strategy="steps", save_strategy="steps")
+    with pytest.raises(ValueError, match=f"args.{field}=True"):
+        CoMERATrainer(tiny_llama(), arguments(tmp_path, **overrides), train_dataset=RepeatingTokens())
+
+
+def test_an_optimizer_whose_state_a_prune_cannot_slice_is_refused_when_the_run_prunes(tmp_path):
+    args = arguments(tmp_path, optim="adafactor")
+    with pytest.raises(ValueError, match="args.optim='adafactor'"):
+        CoMERATrainer(tiny_llama(), args, train_dataset=RepeatingTokens())
+    trainer = CoMERATrainer(
+        tiny_llama(), args, train_dataset=RepeatingTokens(), settings=CoMERASettings(prune_at=())
+    )
+    optimizer = trainer.create_optimizer()
+    assert type(optimizer).__name__ == "Adafactor"
+    assert [group["name"] for group in optimizer.param_groups] == ["cores", "gates", "other"]
+
+
+def test_optimizer_cls_and_kwargs_is_built_on_comera_groups(tmp_path):
+    trainer = CoMERATrainer(
+        tiny_llama(),
+        arguments(tmp_path),
+        train_dataset=RepeatingTokens(),
+        settings=SETTINGS,
+        optimizer_cls_and_kwargs=(torch.optim.SGD, {"momentum": 0.5}),
+    )
+    optimizer = trainer.create_optimizer()
+    assert type(optimizer) is torch.optim.SGD
+    groups = {group["name"]: group for group in optimizer.param_groups}
+    assert set(groups) == {"cores", "gates", "other"}
+    assert groups["cores"]["lr"] == SETTINGS.lr_cores and groups["other"]["momentum"] == 0.5
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,12 @@ asking the same :class:`comera.methods.comera.CoMERAObjective` hooks:
 - after step ``early_steps`` (when the run has late steps): the ``"early_end"`` prune point, then the switch
   to the late stage, whose length is the rest of the run (``max_steps - early_steps``);
 - after the last step (``max_steps``): the ``"end"`` prune point;
-- at every epoch end (``on_epoch_end``): the ``"epoch_end"`` prune point.
+- at every epoch end: the ``"epoch_end"`` prune point (in ``on_step_end`` after the epoch's last step, so
+  that the step's checkpoint holds the pruned model; ``on_epoch_end`` for an epoch cut short).
+
+:meth:`CoMERACallback.state_dict` is what a checkpoint records of the schedule (the resolved early stage, the
+last epoch end, the events); :class:`comera.integrations.hf_trainer.CoMERATrainer` writes it and loads it
+back when a run resumes.
 
 A prune goes through :meth:`CoMERAObjective.prune` with the run's optimizer (``accelerate``'s wrapper looked
 through): :func:`comera.prune_` keeps the ``nn.Parameter`` objects and slices their optimizer state in place,
@@ -89,29 +94,36 @@ class CoMERACallback(TrainerCallback):
         self.early = early
         self.early_steps: int | None = None
         self._late_steps = 0
+        self._epoch_end_step: int | None = None
         self.events: list[dict[str, Any]] = []
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         """Resolve the stage lengths from ``state.max_steps`` and check them against the settings; a run
-        with no early stage enters the late stage now (it needs ``CoMERASettings.target_loss``)."""
-        if state.global_step != 0:
+        with no early stage enters the late stage now (it needs ``CoMERASettings.target_loss``). A resumed
+        run (``state.global_step > 0``, :meth:`load_state_dict` done) must resolve the early stage as the
+        checkpointed run did."""
+        early_steps = early_steps_of(self.early, state.max_steps)
+        if state.global_step > 0 and early_steps != self.early_steps:
             raise ValueError(
-                "resuming a CoMERA run from a transformers checkpoint is not supported (pruning changed the "
-                f"model's shapes); this run starts at step {state.global_step}"
+                f"the checkpoint's run has an early stage of {self.early_steps} steps, this one of "
+                f"{early_steps} (early={self.early!r}, max_steps={state.max_steps}); resume with the same "
+                "early and max_steps"
             )
-        self.early_steps = early_steps_of(self.early, state.max_steps)
+        self.early_steps = early_steps
         self._late_steps = state.max_steps - self.early_steps
         self.objective.check_stages(early=self.early_steps, late=self._late_steps)
-        if self.early_steps == 0 and self._late_steps > 0:
+        if state.global_step == 0 and self.early_steps == 0 and self._late_steps > 0:
             self._begin_late_stage(0)
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         """After an optimizer step: the controller, then the ``early_end`` prune and the late stage when
-        ``early_steps`` steps are done, then the ``end`` prune after the last step."""
+        ``early_steps`` steps are done, the ``end`` prune after the last step, and the ``epoch_end`` prune
+        when the step ends an epoch (``state.epoch`` a whole number). All of it happens before the step's
+        checkpoint is written."""
         step = state.global_step
         event = self.objective.after_step(step)
         if event:
@@ -122,13 +134,36 @@ class CoMERACallback(TrainerCallback):
             self._begin_late_stage(step)
         if step == state.max_steps:
             self._prune(step, "end", optimizer)
+        if state.epoch is not None and state.epoch > 0 and float(state.epoch).is_integer():
+            self._end_epoch(step, optimizer)
 
     def on_epoch_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        """The ``epoch_end`` prune point (``transformers`` also ends the last epoch of a run stopped by
-        ``max_steps`` mid-epoch; the ``end`` prune has run by then)."""
-        self._prune(state.global_step, "epoch_end", inner_optimizer(kwargs.get("optimizer")))
+        """The ``epoch_end`` prune point of an epoch :meth:`on_step_end` did not see end: ``transformers``
+        also ends the last epoch of a run stopped by ``max_steps`` mid-epoch (the ``end`` prune has run by
+        then)."""
+        self._end_epoch(state.global_step, inner_optimizer(kwargs.get("optimizer")))
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs (plain values): the resolved early stage, the step of the last epoch end
+        and the events so far."""
+        return {
+            "early_steps": self.early_steps,
+            "epoch_end_step": self._epoch_end_step,
+            "events": self.events,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (before ``on_train_begin`` of the resumed run)."""
+        self.early_steps = state["early_steps"]
+        self._epoch_end_step = state["epoch_end_step"]
+        self.events = list(state["events"])
+
+    def _end_epoch(self, step: int, optimizer: torch.optim.Optimizer | None) -> None:
+        if self._epoch_end_step != step:
+            self._epoch_end_step = step
+            self._prune(step, "epoch_end", optimizer)
 
     def _begin_late_stage(self, step: int) -> None:
         details = self.objective.begin_late_stage(late_steps=self._late_steps)

@@ -3,12 +3,16 @@
 What it changes in ``transformers.Trainer`` (everything else, the data loading, the learning-rate schedule,
 gradient clipping, evaluation and the logging integrations, is Hugging Face's):
 
-- **loss** (:meth:`CoMERATrainer.compute_loss`): in training, the task loss the model returns goes through
-  :meth:`CoMERAObjective.loss`: the early stage adds ``gamma`` times the size surrogate, the late stage is the
-  controller's objective. The loss the Trainer backpropagates and logs (``loss``) is that objective; the task
-  loss alone is logged as ``comera_task_loss``. Evaluation losses are the task loss.
-- **optimizer** (:meth:`CoMERATrainer.create_optimizer`): the optimizer ``args.optim`` names (AdamW by
-  default), built on CoMERA's parameter groups: cores at ``CoMERASettings.lr_cores``, gates at
+- **loss** (:meth:`CoMERATrainer.training_step`): the task loss the model returns is backpropagated as
+  Hugging Face does it (scaled for gradient accumulation, by ``num_items_in_batch`` or by the number of
+  micro-batches); on the micro-batch that ends an optimizer step, the step's task loss goes once through
+  :meth:`CoMERAObjective.loss` (the early stage adds ``gamma`` times the size surrogate, the late stage is the
+  controller's objective) and the gradients become the objective's (:meth:`CoMERATrainer.add_rank_term`), so
+  ``k`` micro-batches of ``B / k`` train as one batch of ``B``. The logged ``loss`` is that objective; the
+  task loss alone is logged as ``comera_task_loss``. Evaluation losses are the task loss.
+- **optimizer** (:meth:`CoMERATrainer.create_optimizer`): the optimizer of the constructor's
+  ``optimizer_cls_and_kwargs``, else the one ``args.optim`` names (AdamW by default), built on CoMERA's
+  parameter groups: cores at ``CoMERASettings.lr_cores``, gates at
   ``CoMERASettings.lr_gates`` (never decayed), every other parameter at ``args.learning_rate``;
   ``args.weight_decay`` applies to cores and others. The scheduler scales every group alike.
 - **schedule**: :class:`comera.integrations.hf_stages.CoMERACallback` (added by the constructor) runs the
@@ -22,48 +26,137 @@ gradient clipping, evaluation and the logging integrations, is Hugging Face's):
   ``model.safetensors``) plus the model's ``config.json``, so that ``comera.load_pretrained(folder,
   base_model=AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)))`` rebuilds it.
   ``transformers``' ``from_pretrained`` cannot load the folder (it would build dense layers).
+- **checkpoints and resuming**: every checkpoint also holds :data:`STATE_NAME`
+  (:meth:`CoMERATrainer.comera_state`: the pruned ranks, the objective's and controller's state, the
+  schedule's). ``train(resume_from_checkpoint=...)`` on a fresh, unpruned model prunes it to the recorded
+  ranks, loads the weights strictly and restores that state before Hugging Face builds the optimizer and
+  loads its state, the scheduler's, the random generators' and the ``TrainerState``; the run goes on as if
+  uninterrupted.
+- **precision and compilation** are Hugging Face's: ``bf16=True`` runs the model's forward under autocast
+  (the parameters, the gradients and the rank term stay fp32), ``torch_compile=True`` compiles the model
+  (a prune changes parameter shapes: the next forward recompiles). Both are tested on the CPU.
+- **model_init**: a trainer built from ``model_init`` binds a new objective and schedule to every fresh model
+  Hugging Face builds (at construction and at every ``train()``).
 
-Not supported (each raises ``ValueError`` naming the setting): gradient accumulation, more than one process or
-GPU (DDP, FSDP, DeepSpeed), ``model_init``, resuming from a checkpoint, ``load_best_model_at_end`` (a
-checkpoint saved before a prune has other shapes than the pruned model it would be loaded into; load the
-best checkpoint with :func:`comera.load_pretrained` after training instead).
+- **several processes** (``torchrun``, DDP through ``accelerate``): the step's task loss is averaged over the
+  processes before the objective sees it, so every process takes the same decisions; after a prune changed
+  parameter shapes, :meth:`CoMERATrainer.training_step` wraps the model in a new ``DistributedDataParallel``
+  (DDP's gradient buckets keep the shapes they were built with). ``P`` processes with batches of ``B`` train
+  as one process with batches of ``P * B``.
+
+Refused, each with a ``ValueError`` naming the setting: ``deepspeed``, ``fsdp``, ``parallelism_config``
+and ``n_gpu > 1`` (one process driving several GPUs): pruning changes parameter shapes, which those wrappers
+do not follow; ``torch_compile`` with more than one process; ``load_best_model_at_end``,
+``auto_find_batch_size``, ``enable_jit_checkpoint`` (see ``_REFUSED_FLAGS`` for why); an ``args.optim``
+outside :data:`PRUNABLE_OPTIMIZERS` in a run that prunes; an optimizer that builds its own parameter groups.
+Every other setting is Hugging Face's to honour.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from transformers import Trainer, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from comera.integrations.hf_stages import CoMERACallback
-from comera.io import save_pretrained
+from comera.atomic import atomic_write_bytes
+from comera.integrations.hf_stages import CoMERACallback, early_steps_of, inner_optimizer
+from comera.io import read_saved, save_pretrained
 from comera.methods.comera import CoMERAObjective, CoMERASettings
 from comera.modules import unwrap_model
 from comera.report import compression_report
+from comera.version import __version__
 
-__all__ = ["CoMERATrainer"]
+__all__ = ["CoMERATrainer", "STATE_NAME", "read_state"]
+
+STATE_NAME = "comera_state.json"
+"""The file of a checkpoint folder that holds CoMERA's part of the run's state
+(:meth:`CoMERATrainer.comera_state`)."""
+STATE_FORMAT = "comera-hf-trainer-state"
+
+
+def read_state(folder: str | os.PathLike) -> dict[str, Any]:
+    """The :data:`STATE_NAME` record of a checkpoint folder (``{"format", "format_version",
+    "library_version", "structure", "objective", "schedule"}``).
+
+    Raises:
+        ValueError: the folder holds no such file, or one that is not CoMERATrainer's.
+    """
+    path = Path(folder) / STATE_NAME
+    if not path.is_file():
+        raise ValueError(
+            f"{path} is missing: the checkpoint was not written by CoMERATrainer, which records there the "
+            "pruned ranks and the controller's state that a resumed run needs"
+        )
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not readable JSON ({error})") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ValueError(f"{path}: not a CoMERATrainer state (its format is not {STATE_FORMAT!r})")
+    return state
+
+
+PRUNABLE_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop")
+"""The ``args.optim`` values a run that prunes may use: ``torch.optim`` optimizers whose state is per entry of
+the parameter (or a scalar), which :func:`comera.prune_` slices with the parameter."""
+
+_REFUSED_FLAGS = (
+    (
+        "load_best_model_at_end",
+        "Hugging Face would load the best checkpoint's weights with its own loader into a model that a later "
+        "prune may have shrunk; leave it False and load the best checkpoint with "
+        "comera.load_pretrained(folder, base_model=...) after training",
+    ),
+    (
+        "auto_find_batch_size",
+        "a retry after running out of memory restarts at step 0 with the model already trained and pruned "
+        "and the objective in its later stage",
+    ),
+    (
+        "enable_jit_checkpoint",
+        "its checkpoint is taken before CoMERA's work at the end of the step (controller, stages, prunes), "
+        "so a resume from it would not continue the run",
+    ),
+)
 
 
 def _check_arguments(args: TrainingArguments) -> None:
-    if args.gradient_accumulation_steps != 1:
+    """``ValueError`` naming the first field of ``args`` that CoMERATrainer cannot honour (see the module
+    docstring)."""
+    parallel = getattr(args, "parallelism_config", None) is not None
+    if args.deepspeed or args.fsdp or parallel or args.n_gpu > 1:
         raise ValueError(
-            "CoMERATrainer does not support gradient accumulation: args.gradient_accumulation_steps must be "
-            f"1, got {args.gradient_accumulation_steps} (the rank term would be added once per micro-batch)"
+            "CoMERATrainer trains with DDP (one process per device, torchrun) or in one process: "
+            "args.deepspeed, args.fsdp and args.parallelism_config must be unset and args.n_gpu at most 1 "
+            f"(got n_gpu={args.n_gpu}); pruning changes parameter shapes, which those wrappers do not follow"
         )
-    if args.deepspeed or args.fsdp or args.world_size > 1 or args.n_gpu > 1:
+    if args.torch_compile and args.world_size > 1:
         raise ValueError(
-            "CoMERATrainer trains in one process on one device: args.deepspeed and args.fsdp must be unset, "
-            f"and args.world_size and args.n_gpu at most 1 (got world_size={args.world_size}, "
-            f"n_gpu={args.n_gpu}); pruning changes parameter shapes, which those wrappers do not follow"
+            "CoMERATrainer does not support args.torch_compile=True with more than one process "
+            f"(world_size={args.world_size}): after a prune it rebuilds DDP's wrapper, which accelerate "
+            "compiled"
         )
-    if args.load_best_model_at_end:
+    for name, reason in _REFUSED_FLAGS:
+        if getattr(args, name, False):
+            raise ValueError(f"CoMERATrainer does not support args.{name}=True: {reason}")
+
+
+def _check_optimizer(args: TrainingArguments, prune_at: tuple[str, ...]) -> None:
+    """``ValueError`` when the run prunes and ``args.optim`` keeps state a prune cannot slice."""
+    optim = getattr(args.optim, "value", args.optim)
+    if prune_at and optim not in PRUNABLE_OPTIMIZERS:
         raise ValueError(
-            "CoMERATrainer does not support args.load_best_model_at_end=True: a checkpoint saved before a "
-            "prune has other shapes than the pruned model it would be loaded into; leave it False and load "
-            "the best checkpoint with comera.load_pretrained(folder, base_model=...) after training"
+            f"CoMERATrainer does not support args.optim={optim!r} in a run that prunes (prune_at="
+            f"{prune_at!r}): a prune slices only optimizer state shaped like the parameter; use one of "
+            f"{PRUNABLE_OPTIMIZERS} or CoMERASettings(prune_at=())"
         )
 
 
@@ -72,18 +165,21 @@ class CoMERATrainer(Trainer):
 
     Args:
         model: a model with gated layers (``comera.tensorize_`` first); its forward returns the task loss
-            (``output.loss``), as ``transformers``' models do when given ``labels``.
-        args: the ``TrainingArguments`` (``gradient_accumulation_steps`` 1, one process,
-            ``load_best_model_at_end`` False).
+            (``output.loss``), as ``transformers``' models do when given ``labels``. None with
+            ``model_init=`` (a callable returning such a model): then every ``train()`` trains a fresh model
+            from it, with a fresh objective and schedule.
+        args: the ``TrainingArguments``.
         settings: CoMERA's settings (default :class:`CoMERASettings`): ``gamma``, ``target_ratio``,
             ``prune_at``, ``lr_cores``, ``lr_gates`` ...
         early: length of the early stage: an int (optimizer steps) or a float in ``[0, 1]`` (that fraction of
             the run's ``max_steps``); the late stage is the rest of the run.
         **kwargs: ``transformers.Trainer``'s other arguments (``train_dataset``, ``data_collator``,
-            ``eval_dataset``, ``callbacks``, ``optimizers`` ...), except ``model_init``.
+            ``eval_dataset``, ``callbacks``, ``optimizers``, ``optimizer_cls_and_kwargs``, ``model_init``
+            ...).
 
     Attributes:
-        objective: the run's :class:`CoMERAObjective` (its ``stage``, ``size()``, ``adaptation``).
+        objective: the run's :class:`CoMERAObjective` (its ``stage``, ``size()``, ``adaptation``), on the
+            model being trained (``trainer.model``).
         comera_callback: the :class:`CoMERACallback` running the schedule; its ``events`` list what happened
             between steps (late stage, prunes, the controller's trim).
 
@@ -93,59 +189,71 @@ class CoMERATrainer(Trainer):
 
     def __init__(
         self,
-        model: nn.Module,
-        args: TrainingArguments,
+        model: nn.Module | None = None,
+        args: TrainingArguments | None = None,
         *,
         settings: CoMERASettings | None = None,
         early: int | float = 0.5,
         **kwargs: Any,
     ) -> None:
-        if kwargs.get("model_init") is not None:
-            raise ValueError(
-                "CoMERATrainer does not support model_init: the objective is built on the model given"
-            )
-        if not isinstance(model, nn.Module):
+        if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if not isinstance(args, TrainingArguments):
             raise TypeError(f"args must be a transformers.TrainingArguments, got {type(args).__name__}")
         _check_arguments(args)
+        early_steps_of(early, 0)
+        self._settings, self._early = settings, early
+        self.objective: CoMERAObjective | None = None
         super().__init__(model=model, args=args, **kwargs)
-        self.objective = CoMERAObjective(unwrap_model(self.model), settings)
-        self.comera_callback = CoMERACallback(self.objective, early)
-        self.add_callback(self.comera_callback)
+        self._bind(self.model)
         self._task_loss_sum: torch.Tensor | None = None
         self._task_loss_count = 0
+        self._step_task: torch.Tensor | None = None
+        self._wrapped_shapes: tuple[nn.Module, list[tuple[int, ...]]] | None = None
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
-        """``transformers.Trainer.train``; ``resume_from_checkpoint`` must be None or False (a pruned
-        model's shapes differ from the fresh model's)."""
-        if resume_from_checkpoint:
-            raise ValueError(
-                "CoMERATrainer does not support resume_from_checkpoint: a checkpoint of a pruned model has "
-                "other shapes than the fresh model; load it with comera.load_pretrained and train anew"
-            )
-        return super().train(**kwargs)
+    def _bind(self, model: nn.Module) -> None:
+        """Build the objective on ``model`` and the callback that runs its schedule (replacing any earlier
+        one's)."""
+        self.objective = CoMERAObjective(unwrap_model(model), self._settings)
+        _check_optimizer(self.args, self.objective.settings.prune_at)
+        if getattr(self, "comera_callback", None) is not None:
+            self.remove_callback(self.comera_callback)
+        self.comera_callback = CoMERACallback(self.objective, self._early)
+        self.add_callback(self.comera_callback)
+
+    def call_model_init(self, trial: Any = None) -> nn.Module:
+        """``transformers.Trainer.call_model_init`` (the constructor's and every ``train()``'s fresh model
+        from ``model_init``), with a new objective and schedule bound to the new model."""
+        model = super().call_model_init(trial)
+        if self.objective is not None:
+            self._bind(model)
+        return model
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
-        """The optimizer of ``args.optim`` (with its betas, epsilon, fused ...) on CoMERA's parameter
-        groups; an optimizer passed through ``optimizers=`` is kept as it is.
+        """The optimizer on CoMERA's parameter groups: the class and keyword arguments given to the
+        constructor as ``optimizer_cls_and_kwargs``, else those of ``args.optim`` (with its betas, epsilon,
+        fused ...); an optimizer passed through ``optimizers=`` is kept as it is.
 
         Raises:
-            ValueError: ``args.optim`` names an optimizer that builds its own parameter groups (GaLore, LOMO,
-                layer-wise ...) or is not a ``torch.optim.Optimizer`` class.
+            ValueError: the optimizer builds its own parameter groups (GaLore, LOMO, layer-wise ...) or is not
+                a ``torch.optim.Optimizer`` class.
         """
         if self.optimizer is None:
-            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(
-                self.args, self.model if model is None else model
-            )
+            if getattr(self, "optimizer_cls_and_kwargs", None) is not None:
+                source = "optimizer_cls_and_kwargs"
+                optimizer_cls, optimizer_kwargs = self.optimizer_cls_and_kwargs
+            else:
+                source = f"args.optim={self.args.optim!r}"
+                optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(
+                    self.args, self.model if model is None else model
+                )
             own_groups = {"params", "model", "optimizer_dict"} & set(optimizer_kwargs)
             if own_groups or not (
                 isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)
             ):
                 raise ValueError(
-                    f"args.optim={self.args.optim!r} builds its own parameter groups or is not a "
-                    "torch.optim.Optimizer; CoMERATrainer needs one that takes CoMERA's groups (e.g. "
-                    "'adamw_torch', 'adamw_torch_fused', 'adafactor', 'sgd')"
+                    f"{source} builds its own parameter groups or is not a torch.optim.Optimizer; "
+                    f"CoMERATrainer needs one that takes CoMERA's groups (e.g. {PRUNABLE_OPTIMIZERS})"
                 )
             groups = self.objective.param_groups(
                 lr=self.args.learning_rate, weight_decay=self.args.weight_decay
@@ -153,26 +261,87 @@ class CoMERATrainer(Trainer):
             self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
         return self.optimizer
 
-    def compute_loss(
+    def training_step(
         self,
         model: nn.Module,
         inputs: dict[str, Any],
-        return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
-        """``transformers.Trainer.compute_loss``'s task loss, turned into CoMERA's objective (a 0-dim tensor)
-        when the model is in training mode; in evaluation the task loss alone."""
-        result = super().compute_loss(
-            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
-        )
-        if not model.training:
-            return result
-        task, outputs = result if return_outputs else (result, None)
-        loss = self.objective.loss(task)
-        detached = task.detach()
-        self._task_loss_sum = detached if self._task_loss_sum is None else self._task_loss_sum + detached
+    ) -> torch.Tensor:
+        """``transformers.Trainer.training_step`` (forward and backward of the task loss, as Hugging Face
+        scales it for gradient accumulation), then, on the micro-batch that ends an optimizer step, the rank
+        term once for the whole step (:meth:`add_rank_term`) on the step's task loss averaged over the
+        processes. Under DDP, a prune since the last step first gets the model a new DDP wrapper.
+
+        Returns:
+            The detached 0-dim loss this micro-batch adds to the step's logged loss: the scaled task loss,
+            plus, on the step's last micro-batch, the objective minus the step's task loss (so that a step's
+            micro-batches add up to the objective).
+        """
+        wrapper = self._wrapper_for_current_shapes(model)
+        no_sync = wrapper is not model and not self.accelerator.sync_gradients
+        with wrapper.no_sync() if no_sync else contextlib.nullcontext():
+            task = super().training_step(wrapper, inputs, num_items_in_batch)
+        self._step_task = task if self._step_task is None else self._step_task + task
+        if not self.accelerator.sync_gradients:
+            return task
+        local_task, self._step_task = self._step_task, None
+        step_task = self.accelerator.reduce(local_task, reduction="mean")
+        objective = self.add_rank_term(wrapper, step_task)
+        self._task_loss_sum = step_task if self._task_loss_sum is None else self._task_loss_sum + step_task
         self._task_loss_count += 1
-        return (loss, outputs) if return_outputs else loss
+        return task + (objective - step_task)
+
+    def _wrapper_for_current_shapes(self, model: nn.Module) -> nn.Module:
+        """``model``, or under DDP after a prune changed parameter shapes a new ``DistributedDataParallel``
+        around ``self.model`` (DDP's gradient buckets keep the shapes it was built with), made with
+        ``accelerate``'s DDP settings and ``find_unused_parameters`` once a prune removed a layer; it becomes
+        ``self.model_wrapped``. Every process prunes alike (the gates are the same everywhere), so every
+        process rewraps at the same step."""
+        if not isinstance(self.model_wrapped, DistributedDataParallel):
+            return model
+        shapes = [tuple(param.shape) for param in self.model.parameters()]
+        known = self._wrapped_shapes is not None and self._wrapped_shapes[0] is self.model_wrapped
+        if not known or shapes == self._wrapped_shapes[1]:
+            self._wrapped_shapes = (self.model_wrapped, shapes)
+            return self.model_wrapped
+        handler = self.accelerator.ddp_handler
+        settings = handler.to_kwargs() if handler is not None else {}
+        if self.objective.leaves_parameters_unused():
+            settings["find_unused_parameters"] = True
+        old = self.model_wrapped
+        self.model_wrapped = DistributedDataParallel(
+            self.model, device_ids=old.device_ids, output_device=old.output_device, **settings
+        )
+        self._wrapped_shapes = (self.model_wrapped, shapes)
+        return self.model_wrapped
+
+    def add_rank_term(self, model: nn.Module, step_task: torch.Tensor) -> torch.Tensor:
+        """Turn the accumulated task-loss gradients into the gradients of CoMERA's objective.
+
+        The gradients hold ``d T / d params`` of the step's task loss ``T`` (``step_task``: the micro-batches'
+        scaled losses summed, averaged over the processes as DDP averages their gradients; the same number a
+        single batch of the whole step in one process gives).
+        :meth:`CoMERAObjective.loss` is evaluated once, on ``T``, with a stand-in leaf for ``T``: its
+        derivative ``w = d objective / d T`` scales the gradients, and the backward of the objective adds the
+        size term's gradients to the gates. By the chain rule the result is the gradient of the objective of
+        the whole step, whatever the number of micro-batches.
+
+        Args:
+            model: the model being trained (its parameters' ``.grad`` hold the step's task-loss gradients).
+            step_task: 0-dim detached tensor, the step's task loss ``T``.
+
+        Returns:
+            The objective's value (0-dim, detached).
+        """
+        stand_in = step_task.detach().clone().requires_grad_(True)
+        objective = self.objective.loss(stand_in)
+        (weight,) = torch.autograd.grad(objective, stand_in, retain_graph=True)
+        grads = [param.grad for param in model.parameters() if param.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, weight)
+        scaler = self.accelerator.scaler  # fp16's loss scaler scaled the task loss's gradients alike
+        (objective if scaler is None else scaler.scale(objective)).backward()
+        return objective.detach()
 
     def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
         """``transformers.Trainer.evaluation_loop`` after :meth:`CoMERAObjective.before_evaluation` (drops the
@@ -199,10 +368,63 @@ class CoMERATrainer(Trainer):
         """``transformers.Trainer.log`` with :meth:`comera_metrics` added to ``logs``."""
         super().log({**logs, **self.comera_metrics()}, start_time)
 
+    def comera_state(self) -> dict[str, Any]:
+        """CoMERA's part of the run's state, as every checkpoint records it in :data:`STATE_NAME` (plain
+        values): the pruned structure (:meth:`CoMERAObjective.structure`: each gated layer's ranks, removed
+        layers), the objective's and controller's state (:meth:`CoMERAObjective.state_dict`) and the
+        schedule's (:meth:`CoMERACallback.state_dict`). The weights, the optimizer, the scheduler, the random
+        generators and the ``TrainerState`` are in Hugging Face's files beside it."""
+        return {
+            "format": STATE_FORMAT,
+            "format_version": 1,
+            "library_version": __version__,
+            "structure": self.objective.structure(),
+            "objective": self.objective.state_dict(),
+            "schedule": self.comera_callback.state_dict(),
+        }
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any, *args: Any, **kwargs: Any) -> None:
+        """Write :meth:`comera_state` into the checkpoint folder, then Hugging Face's checkpoint (weights
+        through :meth:`_save`, optimizer, scheduler, random generators, ``trainer_state.json``; older
+        ``transformers`` also pass ``metrics``)."""
+        if self.args.should_save:
+            folder = (
+                Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            atomic_write_bytes(
+                folder / STATE_NAME, (json.dumps(self.comera_state(), indent=1) + "\n").encode()
+            )
+        super()._save_checkpoint(model, trial, *args, **kwargs)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """Bring the model to the checkpoint's state before Hugging Face builds the optimizer and loads its
+        state: prune it to the recorded structure (:meth:`CoMERAObjective.apply_structure`), load the weights
+        strictly, and restore the objective's and the schedule's state. ``train(resume_from_checkpoint=...)``
+        calls it, on a fresh, unpruned model.
+
+        Raises:
+            ValueError: the folder holds no :data:`STATE_NAME`, or a structure or weights this model cannot
+                take (naming the file).
+        """
+        state = read_state(resume_from_checkpoint)
+        root = unwrap_model(self.model if model is None else model)
+        try:
+            self.objective.check_structure(state["structure"])
+            self.objective.apply_structure(state["structure"], inner_optimizer(self.optimizer))
+        except ValueError as error:
+            raise ValueError(f"{Path(resume_from_checkpoint) / STATE_NAME}: {error}") from None
+        saved = read_saved(resume_from_checkpoint)
+        try:
+            root.load_state_dict(saved.tensors, strict=True)
+        except RuntimeError as error:
+            raise ValueError(f"{saved.directory}: its weights do not fit the model ({error})") from None
+        self.objective.load_state_dict(state["objective"])
+        self.comera_callback.load_state_dict(state["schedule"])
+
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Write :func:`comera.save_pretrained`'s files, the model's ``config.json`` and the processing class
-        into ``output_dir`` (``transformers.Trainer.save_model`` and every checkpoint call this; in one
-        process the model's own state is saved, so ``state_dict`` is not used)."""
+        into ``output_dir`` (``transformers.Trainer.save_model`` and every checkpoint call this; the unwrapped
+        model's own state is saved, so ``state_dict`` is not used)."""
         if not self.args.should_save:
             return
         folder = Path(self.args.output_dir if output_dir is None else output_dir)
