@@ -128,3 +128,19 @@ class CacheDamage:
 def cache_damage(request) -> CacheDamage:
     """A :class:`CacheDamage` of each kind: a test using it runs once per kind."""
     return CacheDamage(request.param)
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A one-rank gloo process group (FSDP's and DDP's modules imported first), torn down after the module
+    when this fixture started it."""
+    import torch.distributed as dist
+    import torch.distributed.fsdp
+    import torch.distributed.tensor  # noqa: F401 (imported here, once, rather than in the first test)
+
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    yield
+    if started:
+        dist.destroy_process_group()

@@ -3,7 +3,6 @@ keeps the parameters it was built on) and leave it unchanged; the plain model, c
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -11,15 +10,8 @@ from comera import TTLinear, tensorize_, untensorize_
 
 
 @pytest.fixture(scope="module")
-def group():
-    import torch.distributed.fsdp  # noqa: F401 (imported once here rather than in the first test)
-
-    started = not dist.is_initialized()
-    if started:
-        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    yield
-    if started:
-        dist.destroy_process_group()
+def group(one_rank_group):
+    """The shared one-rank group (tests/conftest.py)."""
 
 
 def _model() -> nn.Sequential:

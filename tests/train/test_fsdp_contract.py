@@ -4,7 +4,6 @@ name their setting, and registered replicated layers stay outside FSDP."""
 
 import pytest
 import torch
-import torch.distributed as dist
 from tiny import make_model
 from torch import nn
 
@@ -24,16 +23,8 @@ SHARDED = ("5.weight", "5.bias")  # the dense head of the tiny model; the TT lay
 
 
 @pytest.fixture(scope="module")
-def group():
-    import torch.distributed.fsdp
-    import torch.distributed.tensor  # noqa: F401 (imported here, once, rather than in the first test)
-
-    started = not dist.is_initialized()
-    if started:
-        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    yield
-    if started:
-        dist.destroy_process_group()
+def group(one_rank_group):
+    """The shared one-rank group (tests/conftest.py)."""
 
 
 @pytest.fixture
