@@ -4,8 +4,10 @@ with a record of shards already checked so that a later start does not hash them
 Every shard's size is compared with its index entry at each start. Its SHA-256 is computed and compared
 once; the result is recorded in the cache folder (``shard-checks/<digest of the folder and its
 index>.json``: per shard its size, modification time in ns, inode and the SHA-256 found) and a shard whose
-size, modification time and inode are those recorded is not read again. Changing a shard's bytes changes
-its modification time (unless it is set back on purpose), so a damaged shard is hashed again and named.
+size, modification time and inode are those recorded is not read again (a shard modified in the last two
+seconds before its check is not recorded, so a write in the same clock tick is not missed). Changing a
+shard's bytes changes its modification time (unless it is set back on purpose), so a damaged shard is hashed
+again and named.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,9 @@ from comera.data.token_shards import INDEX_FILE, SPLITS, shard_problem
 __all__ = ["CHECKS_FOLDER", "check_shards"]
 
 CHECKS_FOLDER = "shard-checks"
+_SETTLED_NS = 2 * 10**9
+"""A shard modified less than this long before its check is not recorded (hashed again next time): a write
+within the file system's timestamp granularity of the check would otherwise keep its recorded time."""
 
 
 def _record_path(folder: Path, cache_dir: Path) -> Path:
@@ -60,7 +66,8 @@ def check_shards(folder: str | os.PathLike, index: dict[str, Any], cache_dir: st
             problem = shard_problem(folder, entry)
             if problem is not None:
                 raise _damaged(folder, index, problem)
-            record[entry["name"]] = seen
+            if time.time_ns() - stat.st_mtime_ns > _SETTLED_NS:
+                record[entry["name"]] = seen
     if hashed:
         atomic_write_bytes(path, json.dumps(record).encode())
     return hashed
