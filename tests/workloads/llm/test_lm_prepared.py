@@ -162,3 +162,22 @@ def test_prepare_then_train_end_to_end_and_a_killed_run_resumes_to_the_same_mode
     got = load_file(str(killed / "model" / "model.safetensors"))
     want = load_file(str(full / "model" / "model.safetensors"))
     assert got.keys() == want.keys() and all((got[name] == want[name]).all() for name in want)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--data", "/nonexistent/corpus"], "--data /nonexistent/corpus: no such file or folder"),
+        (["--preset", "huge"], "unknown --preset 'huge'"),
+        (["--set", "data.vocab_sise=3"], "unknown key data.vocab_sise"),
+        (["--shard-tokens", "0"], "--shard-tokens must be"),
+        (["--sample-mb", "0"], "--sample-mb must be a number > 0"),
+    ],
+)
+def test_bad_prepare_commands_fail_in_one_line_before_writing(tmp_path, capsys, extra, message):
+    source = write_corpus(tmp_path / "corpus", files=1, lines=5)
+    out = tmp_path / "prepared"
+    assert main(["prepare", "llm", "--data", str(source), "--out", str(out), *extra]) == 2
+    error = capsys.readouterr().err
+    assert message in error and error.startswith("comera prepare: ") and len(error.strip().splitlines()) == 1
+    assert not out.exists()
