@@ -1,10 +1,10 @@
-"""The ``comera`` command: ``demo``, ``train WORKLOAD``, ``compare WORKLOAD``, ``generate RUN_DIR``,
-``bench NAME``, ``report DIR``, ``plot RUN_DIR``.
+"""The ``comera`` command: ``demo``, ``prepare WORKLOAD``, ``train WORKLOAD``, ``compare WORKLOAD``,
+``generate RUN_DIR``, ``bench NAME``, ``report DIR``, ``plot RUN_DIR``.
 
 ``demo`` and ``bench`` run their job (:mod:`comera.commands.demo`, the module
 :data:`comera.bench.BENCHMARKS` names) in a fresh Python process; ``train``, ``compare`` and ``generate``
 hand over to :mod:`comera.commands.train`, :mod:`comera.commands.compare` and
-:mod:`comera.commands.generate`.
+:mod:`comera.commands.generate`; ``prepare`` to :mod:`comera.commands.prepare`.
 """
 
 from __future__ import annotations
@@ -87,6 +87,11 @@ def _command(argv: list[str]) -> int:
         help="train the sentence-pair workload dense and with comera, then time both at the paper's size",
         add_help=False,
     )
+    sub.add_parser(
+        "prepare",
+        help="tokenize a corpus once into memory-mapped token shards: comera prepare llm --help",
+        add_help=False,
+    )
     sub.add_parser("train", help="train a workload: comera train WORKLOAD --help", add_help=False)
     sub.add_parser(
         "compare",
@@ -143,6 +148,10 @@ def _command(argv: list[str]) -> int:
         except KeyboardInterrupt:
             print("comera plot: interrupted", file=sys.stderr)
             return INTERRUPTED
+    if args.command == "prepare":
+        from comera.commands.prepare import main as prepare
+
+        return prepare(rest)
     if args.command == "train":
         from comera.commands.train import main as train
 

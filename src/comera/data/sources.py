@@ -49,9 +49,11 @@ __all__ = [
     "SkippedDocument",
     "default_source_dir",
     "documents_digest",
+    "jsonl_documents",
     "read_code",
     "read_counts",
     "require_documents",
+    "source_files",
     "split_of",
 ]
 
@@ -147,7 +149,7 @@ def _caps_reached(
     ``max_bytes`` when the ``documents`` read hold at least that many UTF-8 bytes."""
     caps = []
     max_files, max_bytes = _check_cap(max_files, "max_files"), _check_cap(max_bytes, "max_bytes")
-    if max_files is not None and len(_source_files(Path(source), tuple(extensions))) > max_files:
+    if max_files is not None and len(source_files(Path(source), tuple(extensions))) > max_files:
         caps.append(f"data.max_files={max_files}")
     if max_bytes is not None and sum(len(d.text.encode("utf-8")) for d in documents) >= max_bytes:
         caps.append(f"data.max_bytes={max_bytes}")
@@ -182,10 +184,11 @@ def _check_cap(value: object, name: str) -> int | None:
     return value
 
 
-def _source_files(root: Path, extensions: tuple[str, ...]) -> list[Path]:
-    """Files under ``root`` with one of ``extensions`` or a JSON-lines suffix, in hash order of their path;
-    folders named in :data:`_EXCLUDED_DIRS` and hidden folders are not entered, and hidden files (an
-    editor's ``.#name.py`` lock, a ``._name`` resource fork) are not read."""
+def source_files(root: Path, extensions: tuple[str, ...]) -> list[Path]:
+    """``[root]`` when ``root`` is a file; else the files under ``root`` with one of ``extensions`` or a
+    JSON-lines suffix, in hash order of their path; folders named in :data:`_EXCLUDED_DIRS` and hidden
+    folders are not entered, and hidden files (an editor's ``.#name.py`` lock, a ``._name`` resource fork)
+    are not read."""
     if root.is_file():
         return [root]
     files = []
@@ -232,7 +235,7 @@ def _parse_line(raw: bytes, fields: tuple[str, ...], max_line_bytes: int) -> tup
     return record, None
 
 
-def _jsonl_documents(
+def jsonl_documents(
     path: Path,
     relative: str,
     skip_bad_lines: bool,
@@ -240,6 +243,11 @@ def _jsonl_documents(
     fields: tuple[str, ...],
     max_line_bytes: int,
 ) -> Iterator[CodeDocument]:
+    """The documents of the JSON-lines file ``path`` (``relative``: its name in the keys), one line at a
+    time: a line's text is its first string field among ``fields``; blank lines are passed over; a bad line
+    (:func:`read_code`) raises ``ValueError`` naming file and line, or with ``skip_bad_lines`` is appended to
+    ``skipped`` (key ``relative:line``, reason ``"bad_line"``). Empty texts are yielded (the caller decides).
+    """
     with open_data(path) as file:
         for number, raw in numbered_lines(file, path, max_line_bytes):
             if not raw.strip():
@@ -303,10 +311,10 @@ def read_code(
     skipped: list[SkippedDocument] = []
     documents: list[CodeDocument] = []
     size = 0
-    for file in _source_files(root, extensions)[:max_files]:
+    for file in source_files(root, extensions)[:max_files]:
         relative = file.name if root.is_file() else file.relative_to(root).as_posix()
         if _is_jsonl(file) and file.is_file() and os.access(file, os.R_OK):
-            found = _jsonl_documents(file, relative, skip_bad_lines, skipped, fields, max_line_bytes)
+            found = jsonl_documents(file, relative, skip_bad_lines, skipped, fields, max_line_bytes)
         else:
             document = _read_file(file, relative)
             if isinstance(document, SkippedDocument):

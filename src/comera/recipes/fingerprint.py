@@ -5,6 +5,11 @@ A fingerprint is ``{relative name: {"bytes": size, "sha256": hex digest}}`` (``"
 reason under ``"unreadable"`` for a file that cannot be read) over the regular files of the
 data file (one entry, under its own name) or folder (every file below it, hidden ones included, names
 relative to the folder with ``/`` separators), in name order. Hashing reads every byte once (about 1 GB/s).
+
+A prepared corpus (a folder holding an ``index.json`` that :func:`comera.data.token_shards.read_index`
+reads) is fingerprinted without reading its shards: a shard's entry is its size and the SHA-256 its index
+entry records (the index is hashed like any other file, and the data build checks every shard against it,
+:mod:`comera.data.shard_check`), so starting or resuming a run on a corpus of any size reads no shard here.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import hashlib
 import os
 from pathlib import Path
 from typing import Any
+
+from comera.data.token_shards import INDEX_FILE, SPLITS, is_prepared, read_index
 
 __all__ = ["data_fingerprint", "fingerprint_difference"]
 
@@ -37,7 +44,30 @@ def data_fingerprint(path: str | os.PathLike | None) -> dict[str, dict[str, Any]
     if path.is_file():
         return {path.name: _file_entry(path)}
     files = sorted(entry for entry in path.rglob("*") if entry.is_file())
-    return {entry.relative_to(path).as_posix(): _file_entry(entry) for entry in files}
+    recorded = _recorded_shards(path)
+    return {
+        entry.relative_to(path).as_posix(): recorded.get(entry.relative_to(path).as_posix())
+        or _file_entry(entry)
+        for entry in files
+    }
+
+
+def _recorded_shards(path: Path) -> dict[str, dict[str, Any]]:
+    """``{shard name: {"bytes": its size, "sha256": the index's}}`` of a prepared corpus at ``path`` (empty
+    when it is none, or its index cannot be read)."""
+    if not is_prepared(path):
+        return {}
+    try:
+        index = read_index(path)
+        entries = [entry for split in SPLITS for entry in index["splits"][split]["shards"]]
+    except (ValueError, KeyError, TypeError):
+        return {}
+    recorded = {}
+    for entry in entries:
+        shard = path / entry["name"]
+        if entry["name"] != INDEX_FILE and shard.is_file():
+            recorded[entry["name"]] = {"bytes": shard.stat().st_size, "sha256": entry["sha256"]}
+    return recorded
 
 
 def _describe(entry: dict[str, Any] | None) -> str:

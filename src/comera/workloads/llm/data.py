@@ -270,7 +270,8 @@ class LMData:
     """Everything :func:`build_lm_data` prepares.
 
     Attributes:
-        train, validation: the packed splits.
+        train, validation: the packed splits (:class:`LMBlocks`; for a prepared corpus
+            :class:`comera.data.token_blocks.TokenBlocks`): map-style datasets of ``(seq_len,)`` int64 blocks.
         tokenizer, tokenizer_path: the tokenizer and its ``tokenizer.json``.
         ids: its special ids and vocabulary size.
         info: per split the counts of :func:`comera.data.sources.read_counts`, ``stream_tokens`` (the
@@ -280,8 +281,8 @@ class LMData:
             tokenizer's path, whether it came from the cache, and ``identity``.
     """
 
-    train: LMBlocks
-    validation: LMBlocks
+    train: Dataset
+    validation: Dataset
     tokenizer: Tokenizer
     tokenizer_path: Path
     ids: SpecialIds

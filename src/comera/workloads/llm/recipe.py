@@ -2,7 +2,9 @@
 
 Data: :func:`comera.workloads.llm.data.build_lm_data` (``--data`` a folder of ``.txt`` / ``.jsonl`` files or a
 saved dataset; by default the running Python's standard library and its documentation topics), packed into
-blocks of ``seq_len`` tokens; the validation blocks are fixed. Model: the
+blocks of ``seq_len`` tokens; the validation blocks are fixed. ``--data`` a corpus prepared by ``comera
+prepare llm`` (a folder holding ``index.json``): blocks read from its memory-mapped token shards
+(:mod:`comera.workloads.llm.prepared`). Model: the
 :class:`~comera.workloads.llm.model.LlamaLM` of the ``model`` section's preset with the tokenizer's
 vocabulary and ``seq_len`` positions; ``comera`` tensorizes it by the ``llm-PRESET`` preset. Every preset
 trains with the peers' schedule: 10% linear warm-up, cosine decay to 10% of the peak
@@ -31,12 +33,14 @@ import torch
 from torch import nn
 
 from comera.data.sources import default_source_dir
+from comera.data.token_shards import is_prepared
 from comera.measure import weights_optimizer_mib
 from comera.modules import unwrap_model
 from comera.recipes.base import Recipe, RecipeData, register_recipe
 from comera.train.evaluation import Evaluator, TokenScores, perplexity
 from comera.workloads.llm.data import build_lm_data
 from comera.workloads.llm.model import IGNORE_INDEX, MODEL_PRESETS, LlamaLM, LMConfig, next_token_loss
+from comera.workloads.llm.prepared import build_prepared_lm_data
 from comera.workloads.llm.presets import RECIPE_PRESETS
 
 __all__ = ["LLMRecipe", "MODEL_SIZES", "NextTokenEvaluator", "TOKENIZER_FILE"]
@@ -95,8 +99,13 @@ class LLMRecipe(Recipe):
 
     def build_data(self, settings: dict[str, Any], data_path: Path | None, cache_dir: Path) -> RecipeData:
         """Read, split, tokenize, pack; ``info`` holds per-split counts, the vocabulary, the tokenizer, the
-        validation size in tokens and the special ids."""
-        lm = build_lm_data(data_path, cache_dir=cache_dir, **settings)
+        validation size in tokens and the special ids. A ``--data`` folder holding ``index.json`` (written by
+        ``comera prepare llm``) is read through its memory-mapped shards
+        (:func:`~comera.workloads.llm.prepared.build_prepared_lm_data`)."""
+        if is_prepared(data_path):
+            lm = build_prepared_lm_data(data_path, cache_dir=cache_dir, **settings)
+        else:
+            lm = build_lm_data(data_path, cache_dir=cache_dir, **settings)
         info = dict(lm.info)
         splits = {name: info.pop(name) for name in ("train", "validation")}
         info.update(

@@ -1,0 +1,125 @@
+"""``comera prepare llm --data PATH --out DIR``: tokenize a corpus once into memory-mapped token shards that
+``comera train llm --data DIR`` reads (:func:`comera.data.prepare.prepare_corpus`).
+
+The tokenizer's vocabulary size, the validation fraction, a given ``tokenizer.json`` and whether bad JSON
+lines are skipped come from the ``data`` section of the workload's settings, as ``comera train`` resolves it
+(``--preset``, ``--config``, ``--set data.vocab_size=8192``); ``data.max_files`` and ``data.max_bytes`` do
+not apply (the whole corpus is prepared). Running the command again with the same arguments continues a
+stopped preparation and encodes again any shard that no longer matches the index. Errors are one line naming
+what is wrong, with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from comera.commands.config_file import config_argument
+from comera.commands.paths import path_argument
+from comera.data.corpus_sample import DEFAULT_SAMPLE_MB
+from comera.data.prepare import DEFAULT_SHARD_TOKENS, PrepareSettings, PrepareSummary, prepare_corpus
+from comera.methods import get_method
+from comera.recipes.settings import add_set_argument, resolve_settings
+from comera.workloads import load_recipe
+
+__all__ = ["main", "summary"]
+
+WORKLOADS = ("llm",)
+"""The workloads whose corpus can be prepared."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="comera prepare",
+        description="Tokenize a corpus once into token shards and index.json, for comera train WORKLOAD "
+        "--data DIR.",
+    )
+    parser.add_argument("workload", choices=WORKLOADS, help="the workload whose tokenizer and split to use")
+    parser.add_argument(
+        "--data",
+        required=True,
+        type=path_argument,
+        help="a corpus file or folder: .txt (a document each), .jsonl / .jsonl.gz (a 'text' field a line), "
+        ".parquet (a 'text' column; needs pyarrow)",
+    )
+    parser.add_argument("--out", required=True, type=path_argument, help="the prepared corpus's folder")
+    parser.add_argument(
+        "--preset", default="small", help="the preset whose data settings apply (default: small)"
+    )
+    parser.add_argument("--config", default=None, type=config_argument, help="TOML file of settings ([data])")
+    add_set_argument(parser, "override one setting, e.g. data.vocab_size=8192 (repeatable)")
+    parser.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=DEFAULT_SHARD_TOKENS,
+        metavar="N",
+        help=f"tokens a shard reaches before it is closed (default {DEFAULT_SHARD_TOKENS:,})",
+    )
+    parser.add_argument(
+        "--sample-mb",
+        type=float,
+        default=DEFAULT_SAMPLE_MB,
+        metavar="MB",
+        help=f"MB of training text the tokenizer is trained on, drawn across all files (default "
+        f"{DEFAULT_SAMPLE_MB})",
+    )
+    return parser
+
+
+def _print_line(line: str) -> None:
+    print(f"  {line}", flush=True)
+
+
+def summary(result: PrepareSummary, out: str) -> str:
+    """A few lines about a finished preparation: per split documents, tokens and shards; skipped records;
+    the shards written, kept and redone; the time."""
+    index = result.index
+    vocabulary = index["tokenizer"]["vocab_size"]
+    lines = [f"prepared corpus: {out} ({index['dtype']} ids, vocabulary {vocabulary:,})"]
+    for split, facts in index["splits"].items():
+        lines.append(
+            f"  {split}: {facts['documents']:,} documents, {facts['tokens']:,} tokens in "
+            f"{len(facts['shards'])} shards"
+        )
+    skipped = index["skipped"]
+    if skipped["total"]:
+        by_reason = skipped["by_reason"].items()
+        reasons = ", ".join(f"{count:,} {reason.replace('_', ' ')}" for reason, count in by_reason)
+        lines.append(f"  skipped: {reasons} (the first {len(skipped['first'])} named in index.json)")
+    lines.append(
+        f"  shards written {len(result.written)}, kept {len(result.kept)}, redone {len(result.redone)}; "
+        f"{result.seconds:.1f} s"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``comera prepare``."""
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        presets = load_recipe(args.workload).presets
+        if args.preset not in presets:
+            raise ValueError(f"unknown --preset {args.preset!r}; choose one of {sorted(presets)}")
+        if args.sample_mb <= 0:
+            raise ValueError(f"--sample-mb must be a number > 0, got {args.sample_mb!r}")
+        data = resolve_settings(
+            presets, args.preset, get_method("dense"), config_file=args.config, assignments=args.assignments
+        )["data"]
+        settings = PrepareSettings(
+            vocab_size=data["vocab_size"],
+            validation_fraction=data["validation_fraction"],
+            tokenizer_file=data.get("tokenizer_file"),
+            skip_bad_lines=data.get("skip_bad_lines", False),
+            shard_tokens=args.shard_tokens,
+            sample_bytes=max(1, round(args.sample_mb * 10**6)),
+        )
+        result = prepare_corpus(args.data, args.out, settings, report=_print_line)
+    except (ValueError, FileNotFoundError, ImportError) as error:
+        print(f"comera prepare: {error}", file=sys.stderr)
+        return 2
+    print(summary(result, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

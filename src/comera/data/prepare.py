@@ -1,0 +1,457 @@
+"""Tokenize a corpus once into token shards on disk (:mod:`comera.data.token_shards`), streaming, in bounded
+memory, resumable shard by shard: :func:`prepare_corpus`, behind ``comera prepare llm``.
+
+Steps:
+
+1. The tokenizer: a given ``tokenizer.json`` (it must know :data:`comera.data.bpe.SPECIAL_TOKENS`), else a
+   byte-level BPE (:func:`comera.data.bpe.train_tokenizer`) trained on a sample of the training split
+   (:func:`comera.data.corpus_sample.sample_documents`: ``sample_bytes`` of text drawn by key hash across
+   every file), which costs one extra reading pass over the corpus. It is written to ``DIR/tokenizer.json``.
+2. The documents (:func:`comera.data.corpus.read_corpus`) are split by key
+   (:func:`comera.data.sources.split_of`), encoded ``encode_batch`` at a time (``tokenizers`` runs a batch on
+   all cores; ``RAYON_NUM_THREADS`` caps them), each followed by the end-of-document id, and appended to the
+   split's open shard. A shard is closed after the document that brings it to ``shard_tokens`` tokens (so a
+   document never spans two shards), renamed into place atomically, and recorded in ``index.json``, which
+   is rewritten (atomically) after every shard with ``"complete": false`` until the last.
+
+Memory: one batch of documents and its encodings (at most :data:`BATCH_DOCUMENTS` documents or
+:data:`BATCH_BYTES` of text, or one larger document), the tokenizer's sample while it is drawn and trained,
+and the index; never the corpus.
+
+Resume: run again with the same data and settings and the preparation continues. The recorded shards are
+checked (size and SHA-256); the documents of a shard that matches are read again (to count them and the
+skipped records) but not tokenized; a shard that is missing or does not match is encoded again from the
+documents its entry names (``first_document``, ``documents``); the shards after the last recorded one are
+written as in a first run. An index of other inputs (names and sizes of the files) or other settings is
+refused, naming the difference, and the tokenizer is never trained again over recorded shards.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from comera.atomic import atomic_write_bytes, remove_stale_temporaries
+from comera.checks import check_bool, check_int, check_number
+from comera.data.bpe import SPECIAL_TOKENS, check_tokenizer_file, special_ids, train_tokenizer
+from comera.data.corpus import SkipLog, corpus_files, corpus_inputs, read_corpus
+from comera.data.corpus_sample import sample_documents
+from comera.data.sources import CodeDocument, split_of
+from comera.data.token_shards import (
+    INDEX_FILE,
+    INDEX_FORMAT,
+    SPLITS,
+    TOKENIZER_FILE,
+    ShardWriter,
+    file_sha256,
+    shard_name,
+    shard_problem,
+    token_dtype,
+)
+from comera.data.tokenize import tokenizer_digest
+
+__all__ = [
+    "BATCH_BYTES",
+    "BATCH_DOCUMENTS",
+    "DEFAULT_SHARD_TOKENS",
+    "SPLIT_RULE",
+    "PrepareSettings",
+    "PrepareSummary",
+    "prepare_corpus",
+]
+
+DEFAULT_SHARD_TOKENS = 2**26
+"""Tokens a shard reaches before it is closed (67,108,864: 128 MiB of ``uint16``)."""
+BATCH_DOCUMENTS = 1024
+BATCH_BYTES = 16 * 2**20
+SPLIT_RULE = (
+    "a document is in validation when the first 8 bytes of SHA-256 of 'split' + '\\x1f' + its key, as a "
+    "fraction of 2**64, are below validation_fraction; the key is a .txt file's path relative to --data, a "
+    "JSON line's repo/path when it has both fields else file:line, a Parquet row's file:row (rows from 1)"
+)
+"""The split rule, as ``index.json`` states it (:func:`comera.data.sources.split_of`)."""
+
+
+@dataclass(frozen=True)
+class PrepareSettings:
+    """What a preparation depends on besides its inputs (a resume must give the same).
+
+    Attributes:
+        vocab_size: the BPE vocabulary to train (at most; not used with ``tokenizer_file``).
+        validation_fraction: share of document keys in validation, in ``(0, 1)``.
+        tokenizer_file: a ``tokenizer.json`` to use instead of training one.
+        skip_bad_lines: skip and record bad JSON lines instead of stopping at the first.
+        shard_tokens: tokens a shard reaches before it is closed (>= 1).
+        sample_bytes: UTF-8 bytes of training text the tokenizer is trained on (>= 1).
+    """
+
+    vocab_size: int
+    validation_fraction: float = 0.05
+    tokenizer_file: str | Path | None = None
+    skip_bad_lines: bool = False
+    shard_tokens: int = DEFAULT_SHARD_TOKENS
+    sample_bytes: int = 100 * 10**6
+
+    def check(self) -> None:
+        """``ValueError`` naming the first setting out of its range."""
+        check_int(self.vocab_size, "data.vocab_size", len(SPECIAL_TOKENS) + 257)
+        fraction = self.validation_fraction
+        check_number(fraction, "data.validation_fraction", 0, 1)
+        if not 0 < fraction < 1:
+            raise ValueError(f"data.validation_fraction must be a float in (0, 1), got {fraction!r}")
+        check_bool(self.skip_bad_lines, "data.skip_bad_lines")
+        check_int(self.shard_tokens, "--shard-tokens", 1)
+        check_int(self.sample_bytes, "tokenizer sample bytes (--sample-mb)", 1)
+        check_tokenizer_file(self.tokenizer_file)
+
+
+@dataclass
+class PrepareSummary:
+    """What :func:`prepare_corpus` did.
+
+    Attributes:
+        index: the complete ``index.json``.
+        written: shards written in this call (new or redone), by name.
+        kept: recorded shards that matched and were kept.
+        redone: the recorded shards that were missing or damaged, and why.
+        seconds: wall time.
+    """
+
+    index: dict[str, Any]
+    written: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    redone: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _settings_record(settings: PrepareSettings, given_digest: str | None) -> dict[str, Any]:
+    return {
+        "vocab_size": None if given_digest else settings.vocab_size,
+        "validation_fraction": settings.validation_fraction,
+        "tokenizer_file_sha256": given_digest,
+        "skip_bad_lines": settings.skip_bad_lines,
+        "shard_tokens": settings.shard_tokens,
+        "tokenizer_sample_bytes": None if given_digest else settings.sample_bytes,
+    }
+
+
+def _earlier_index(out: Path, inputs: list[dict[str, Any]], record: dict[str, Any]) -> dict[str, Any] | None:
+    """The index of an earlier preparation in ``out`` to continue: None when there is none or it cannot be
+    read (the preparation starts over); ``ValueError`` when it was made from other inputs or settings."""
+    try:
+        index = json.loads((out / INDEX_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
+        return None
+    if index.get("settings") != record:
+        then = index.get("settings", {})
+        changed = sorted(key for key in record if then.get(key) != record[key])
+        raise ValueError(
+            f"--out {out} holds a preparation made with other settings ({', '.join(changed)}); give the same "
+            "settings to continue it, or another --out"
+        )
+    recorded = {entry["name"]: entry["bytes"] for entry in index.get("source", {}).get("files", [])}
+    current = {entry["name"]: entry["bytes"] for entry in inputs}
+    if recorded != current:
+        name = next(iter(sorted(set(recorded) ^ set(current)) or sorted(recorded)))
+        if name in recorded and name in current:
+            name = next(n for n in sorted(current) if recorded.get(n) != current[n])
+        raise ValueError(
+            f"--out {out} holds a preparation of other files ({name}: {recorded.get(name, 'absent')} bytes "
+            f"then, {current.get(name, 'absent')} now); give the same --data, or another --out"
+        )
+    return index
+
+
+def _load_tokenizer(path: Path, what: str) -> Tokenizer:
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as error:
+        raise ValueError(f"{what} {path}: not a tokenizers tokenizer.json ({error})") from None
+    special_ids(tokenizer)
+    return tokenizer
+
+
+def _documents(
+    source: Path, files: list[Path], settings: PrepareSettings, skipped: SkipLog
+) -> Iterator[CodeDocument]:
+    return read_corpus(source, files, skipped, skip_bad_lines=settings.skip_bad_lines)
+
+
+def _tokenizer(
+    source: Path, files: list[Path], out: Path, settings: PrepareSettings, earlier: dict[str, Any] | None
+) -> tuple[Tokenizer, dict[str, Any], bool]:
+    """The tokenizer (module docstring), its index record, and whether the earlier shards can be kept (the
+    earlier tokenizer is still there, unchanged)."""
+    path = out / TOKENIZER_FILE
+    if earlier is not None and path.is_file() and file_sha256(path) == earlier["tokenizer"]["file_sha256"]:
+        return _load_tokenizer(path, "the prepared tokenizer"), earlier["tokenizer"], True
+    if settings.tokenizer_file is not None:
+        given = Path(settings.tokenizer_file)
+        tokenizer = _load_tokenizer(given, "data.tokenizer_file")
+        record: dict[str, Any] = {"given": str(given.resolve())}
+    else:
+        skipped = SkipLog(keep=0)
+        train = (
+            document
+            for document in _documents(source, files, settings, skipped)
+            if split_of(document.key, settings.validation_fraction) == "train"
+        )
+        sample = sample_documents(train, settings.sample_bytes)
+        if not sample:
+            raise ValueError(f"--data {source}: the training split has no documents to train a tokenizer on")
+        tokenizer = train_tokenizer((document.text for document in sample), settings.vocab_size)
+        record = {
+            "trained_on": {
+                "documents": len(sample),
+                "bytes": sum(len(document.text.encode("utf-8")) for document in sample),
+                "rule": "the training documents of lowest sample hash (SHA-256 of 'sample' + '\\x1f' + key) "
+                "whose texts hold at most tokenizer_sample_bytes bytes",
+            }
+        }
+    atomic_write_bytes(path, tokenizer.to_str().encode())
+    record.update(
+        file=TOKENIZER_FILE,
+        file_sha256=file_sha256(path),
+        sha256=tokenizer_digest(tokenizer),
+        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+    )
+    return tokenizer, record, False
+
+
+class _SplitShards:
+    """The shards of one split: the recorded ones (kept or redone) and the new ones after them."""
+
+    def __init__(
+        self, out: Path, split: str, dtype: np.dtype, shard_tokens: int, recorded: list[dict]
+    ) -> None:
+        self.out, self.split, self.dtype, self.shard_tokens = out, split, dtype, shard_tokens
+        self.entries: list[dict[str, Any]] = list(recorded)
+        self.recorded_documents = sum(entry["documents"] for entry in recorded)
+        self.bad: dict[int, str] = {}  # position in entries -> what is wrong
+        self.documents = 0
+        self._position = 0  # the recorded entry the next recorded document is in
+        self._writer: ShardWriter | None = None
+
+    def needs(self, ordinal: int) -> bool:
+        """Whether document ``ordinal`` of the split must be encoded (it is not in a matching shard)."""
+        if ordinal >= self.recorded_documents:
+            return True
+        while (
+            ordinal
+            >= self.entries[self._position]["first_document"] + self.entries[self._position]["documents"]
+        ):
+            self._position += 1
+        return self._position in self.bad
+
+    def add(self, ordinal: int, ids: np.ndarray, on_close: Callable[[int, dict], None]) -> None:
+        """Append the ids (``</s>`` included) of document ``ordinal``, which :meth:`needs` said to encode."""
+        if ordinal < self.recorded_documents:
+            position = next(
+                p
+                for p in self.bad
+                if self.entries[p]["first_document"]
+                <= ordinal
+                < self.entries[p]["first_document"] + self.entries[p]["documents"]
+            )
+            entry = self.entries[position]
+            if self._writer is None:
+                self._writer = ShardWriter(self.out, entry["name"], self.dtype, entry["first_document"])
+            self._writer.write(ids, 1)
+            if ordinal == entry["first_document"] + entry["documents"] - 1:
+                on_close(position, self._close())
+            return
+        if self._writer is None:
+            self._writer = ShardWriter(
+                self.out, shard_name(self.split, len(self.entries)), self.dtype, ordinal
+            )
+        self._writer.write(ids, 1)
+        if self._writer.tokens >= self.shard_tokens:
+            self.entries.append({})
+            on_close(len(self.entries) - 1, self._close())
+
+    def finish(self, on_close: Callable[[int, dict], None]) -> None:
+        """Close the last new shard, if it holds anything; ``ValueError`` when the split has fewer documents
+        than the recorded shards hold (the inputs changed without changing size)."""
+        if self.documents < self.recorded_documents or self.bad:
+            self.abort()
+            raise ValueError(
+                f"the {self.split} split now has {self.documents:,} documents, the recorded shards hold "
+                f"{self.recorded_documents:,}: the input files changed since the index was written; prepare "
+                "the corpus into another --out"
+            )
+        if self._writer is not None and self._writer.tokens:
+            self.entries.append({})
+            on_close(len(self.entries) - 1, self._close())
+        elif self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+
+    def abort(self) -> None:
+        """Delete the open shard's temporary file, if one is open."""
+        if self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+
+    def _close(self) -> dict[str, Any]:
+        assert self._writer is not None
+        entry = self._writer.close()
+        self._writer = None
+        return entry
+
+
+def prepare_corpus(
+    source: str | Path,
+    out: str | Path,
+    settings: PrepareSettings,
+    *,
+    report: Callable[[str], None] = lambda line: None,
+) -> PrepareSummary:
+    """Tokenize the corpus at ``source`` into token shards and ``index.json`` in ``out`` (module docstring),
+    or continue or repair an earlier preparation there.
+
+    Args:
+        source: a corpus file or folder (:mod:`comera.data.corpus`).
+        out: the prepared corpus's folder (created if missing).
+        settings: the tokenizer, split and shard settings.
+        report: called with one line per shard written, kept or redone.
+
+    Raises:
+        ValueError: a bad setting (named), a corpus without documents in a split, a bad JSON line (file and
+            line named) without ``skip_bad_lines``, an earlier preparation in ``out`` of other inputs or
+            settings. FileNotFoundError: ``source`` or the tokenizer file does not exist. ImportError: a
+            Parquet file without ``pyarrow``.
+    """
+    started = time.perf_counter()
+    settings.check()
+    source, out = Path(source), Path(out)
+    files = corpus_files(source)
+    inputs = corpus_inputs(source, files)
+    given = None if settings.tokenizer_file is None else file_sha256(settings.tokenizer_file)
+    record = _settings_record(settings, given)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; name a folder for the prepared corpus")
+    out.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out)
+    earlier = _earlier_index(out, inputs, record)
+    tokenizer, tokenizer_record, same_tokenizer = _tokenizer(source, files, out, settings, earlier)
+    if not same_tokenizer:
+        earlier = None  # shards encoded with a tokenizer that is gone are written again
+    ids = special_ids(tokenizer)
+    dtype = token_dtype(tokenizer_record["vocab_size"])
+    summary = PrepareSummary(index={})
+    splits = {}
+    for split in SPLITS:
+        recorded = [] if earlier is None else earlier["splits"][split]["shards"]
+        splits[split] = _SplitShards(out, split, dtype, settings.shard_tokens, recorded)
+        for position, entry in enumerate(recorded):
+            problem = shard_problem(out, entry)
+            if problem is None:
+                summary.kept.append(entry["name"])
+                report(f"{entry['name']}: kept ({entry['tokens']:,} tokens)")
+            else:
+                splits[split].bad[position] = problem
+                summary.redone[entry["name"]] = problem
+                report(f"{entry['name']}: {problem}; encoding it again")
+    skipped = SkipLog()
+    base = {
+        "format": INDEX_FORMAT,
+        "source": {"path": str(source.resolve()), "files": inputs},
+        "settings": record,
+        "split_rule": SPLIT_RULE,
+        "tokenizer": tokenizer_record,
+        "dtype": dtype.name,
+        "eos_id": ids.eos,
+        "pad_id": ids.pad,
+    }
+
+    def write_index(complete: bool) -> dict[str, Any]:
+        index = {**base, "complete": complete, "splits": {}}
+        for split, shards in splits.items():
+            entries = [entry for entry in shards.entries if entry]
+            index["splits"][split] = {
+                "documents": shards.documents if complete else None,
+                "tokens": sum(entry["tokens"] for entry in entries),
+                "shards": entries,
+            }
+        if complete:
+            index["skipped"] = {
+                "total": skipped.total,
+                "by_reason": dict(sorted(skipped.counts.items())),
+                "first": [{"key": entry.key, "reason": entry.reason} for entry in skipped.entries],
+            }
+        atomic_write_bytes(out / INDEX_FILE, (json.dumps(index, indent=1) + "\n").encode())
+        return index
+
+    def closed(split: str) -> Callable[[int, dict], None]:
+        def on_close(position: int, entry: dict[str, Any]) -> None:
+            shards = splits[split]
+            before = shards.entries[position]
+            shards.entries[position] = entry
+            shards.bad.pop(position, None)
+            summary.written.append(entry["name"])
+            changed = " (its tokens differ from the recorded ones)" if before and before != entry else ""
+            counts = f"{entry['tokens']:,} tokens, {entry['documents']:,} documents"
+            report(f"{entry['name']}: written ({counts}){changed}")
+            write_index(complete=False)
+
+        return on_close
+
+    on_close = {split: closed(split) for split in SPLITS}
+    batch: list[tuple[str, int, str]] = []
+    batch_bytes = 0
+
+    def encode() -> None:
+        nonlocal batch_bytes
+        if not batch:
+            return
+        encodings = tokenizer.encode_batch_fast([text for _, _, text in batch], add_special_tokens=False)
+        for (split, ordinal, _), encoding in zip(batch, encodings):
+            document = np.empty(len(encoding.ids) + 1, dtype=np.int64)
+            document[:-1] = encoding.ids
+            document[-1] = ids.eos
+            splits[split].add(ordinal, document, on_close[split])
+        batch.clear()
+        batch_bytes = 0
+
+    try:
+        for document in _documents(source, files, settings, skipped):
+            split = split_of(document.key, settings.validation_fraction)
+            shards = splits[split]
+            ordinal = shards.documents
+            shards.documents += 1
+            if not shards.needs(ordinal):
+                continue
+            batch.append((split, ordinal, document.text))
+            batch_bytes += len(document.text)
+            if len(batch) >= BATCH_DOCUMENTS or batch_bytes >= BATCH_BYTES:
+                encode()
+        encode()
+        for split, shards in splits.items():
+            shards.finish(on_close[split])
+    except BaseException:
+        for shards in splits.values():
+            shards.abort()
+        raise
+    _require_documents(source, splits)
+    summary.index = write_index(complete=True)
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _require_documents(source: Path, splits: dict[str, _SplitShards]) -> None:
+    for split, shards in splits.items():
+        if shards.documents == 0:
+            counts = ", ".join(f"{name} {each.documents}" for name, each in splits.items())
+            raise ValueError(
+                f"--data {source}: the {split} split has no documents ({counts}); add data or change "
+                "data.validation_fraction"
+            )

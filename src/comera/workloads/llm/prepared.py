@@ -1,0 +1,144 @@
+"""The language-model workload's data from a prepared corpus (``comera prepare llm``, a folder holding
+``index.json``): blocks read from the memory-mapped token shards, :func:`build_prepared_lm_data`.
+
+Train: :class:`~comera.data.token_blocks.TokenBlocks` over the training shards, block ``i`` being tokens
+``[i * seq_len, (i + 1) * seq_len)`` of their concatenation, the short tail dropped; the Trainer's seeded
+order and per-rank sharding (:class:`comera.train.data.EpochData`) pick block numbers, and only those blocks
+are read. Validation: the validation shards' stream cut the same way, its tail padded with ``<pad>``, and
+``max_validation_blocks`` of its blocks spread evenly over it (all when None), fixed by the index. Before
+anything is read, every shard is checked against the index (:func:`comera.data.shard_check.check_shards`)
+and the tokenizer against its recorded digest.
+
+Start-up reads the index, the tokenizer and the validation blocks (to count their targets and digest them,
+``info["identity"]["validation"]``); the training shards are hashed once per folder and cache, not read.
+The preparation decided the tokenizer and the split: ``data.vocab_size``, ``data.validation_fraction``,
+``data.max_files``, ``data.max_bytes`` and ``data.skip_bad_lines`` do not apply (the index records the
+values used), and ``data.tokenizer_file`` is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from comera.data.bpe import special_ids
+from comera.data.shard_check import check_shards
+from comera.data.token_blocks import TokenBlocks, spread_blocks
+from comera.data.token_shards import TOKENIZER_FILE, open_shard, read_index
+from comera.data.tokenize import tokenizer_digest
+from comera.workloads.llm.data import LMData
+
+__all__ = ["build_prepared_lm_data"]
+
+
+def _split_blocks(
+    folder: Path, index: dict[str, Any], split: str, seq_len: int, **options: Any
+) -> TokenBlocks:
+    dtype = np.dtype(index["dtype"])
+    shards = [open_shard(folder, entry, dtype) for entry in index["splits"][split]["shards"]]
+    return TokenBlocks(shards, seq_len, **options)
+
+
+def _validation_facts(blocks: TokenBlocks, pad: int) -> tuple[int, str]:
+    """The predicted tokens of ``blocks`` (positions 1.. that are not ``pad``) and the SHA-256 of their ids
+    as one ``(N, seq_len)`` int32 array (as :func:`comera.workloads.llm.data.build_lm_data` digests its
+    own)."""
+    digest = hashlib.sha256()
+    targets = 0
+    for number in range(len(blocks)):
+        block = blocks[number].numpy()
+        targets += int(np.count_nonzero(block[1:] != pad))
+        digest.update(block.astype(np.int32).tobytes())
+    return targets, digest.hexdigest()
+
+
+def build_prepared_lm_data(
+    folder: str | Path,
+    *,
+    cache_dir: str | Path,
+    seq_len: int,
+    max_validation_blocks: int | None = None,
+    tokenizer_file: str | Path | None = None,
+    **prepared_settings: Any,
+) -> LMData:
+    """The blocks of the prepared corpus in ``folder`` (module docstring).
+
+    Args:
+        folder: a folder written by ``comera prepare llm`` (``index.json``, ``tokenizer.json``, shards).
+        cache_dir: where the record of checked shards is kept (:mod:`comera.data.shard_check`).
+        seq_len: tokens per block (>= 2).
+        max_validation_blocks: validation blocks kept, spread evenly (None: all).
+        tokenizer_file: must be None (the prepared tokenizer is the one).
+        prepared_settings: the other ``data`` settings, which the preparation decided (not used).
+
+    Raises:
+        ValueError: an index that is unfinished or unreadable, a shard that does not match the index (named),
+            a tokenizer that is not the recorded one, ``tokenizer_file`` set, a bad argument.
+    """
+    folder = Path(folder)
+    if tokenizer_file is not None:
+        raise ValueError(
+            f"data.tokenizer_file does not apply to the prepared corpus {folder}: its shards were encoded "
+            f"with {folder / TOKENIZER_FILE}; unset data.tokenizer_file, or prepare the corpus with it"
+        )
+    blocks = max_validation_blocks
+    if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1):
+        raise ValueError(f"max_validation_blocks must be an int >= 1 or None, got {blocks!r}")
+    index = read_index(folder)
+    if not index.get("complete"):
+        source = index.get("source", {}).get("path", "SOURCE")
+        raise ValueError(
+            f"--data {folder}: the preparation did not finish; complete it with comera prepare llm --data "
+            f"{source} --out {folder} (the same settings)"
+        )
+    hashed = check_shards(folder, index, cache_dir)
+    tokenizer_path = folder / TOKENIZER_FILE
+    try:
+        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    except Exception as error:
+        raise ValueError(f"--data {folder}: {TOKENIZER_FILE} cannot be read ({error})") from None
+    if tokenizer_digest(tokenizer) != index["tokenizer"]["sha256"]:
+        raise ValueError(
+            f"--data {folder}: {TOKENIZER_FILE} is not the tokenizer the shards were encoded with (its "
+            "digest differs from the index's); prepare the corpus again"
+        )
+    ids = special_ids(tokenizer)
+    if (ids.eos, ids.pad) != (index["eos_id"], index["pad_id"]):
+        raise ValueError(f"--data {folder}: the tokenizer's </s> and <pad> ids differ from the index's")
+    train = _split_blocks(folder, index, "train", seq_len)
+    whole = _split_blocks(folder, index, "validation", seq_len, pad_id=ids.pad)
+    selection = spread_blocks(whole.blocks, max_validation_blocks)
+    validation = _split_blocks(folder, index, "validation", seq_len, pad_id=ids.pad, selection=selection)
+    targets, validation_digest = _validation_facts(validation, ids.pad)
+    info: dict[str, Any] = {}
+    for name, split in (("train", train), ("validation", validation)):
+        recorded = index["splits"][name]
+        info[name] = {
+            "read": recorded["documents"],
+            "stream_tokens": split.stream_tokens,
+            "tokens": min(split.stream_tokens, len(split) * seq_len),
+            "blocks": len(split),
+            "shards": len(recorded["shards"]),
+            "dropped_tokens": split.dropped_tokens,
+        }
+    info["validation"]["targets"] = targets
+    skipped = index.get("skipped", {})
+    info.update(
+        validation_tokens=targets,
+        vocab_size=ids.vocab_size,
+        tokenizer=str(tokenizer_path),
+        tokenizer_cached=True,
+        prepared={
+            "folder": str(folder.resolve()),
+            "skipped": skipped.get("total", 0),
+            **{f"skipped_{reason}": count for reason, count in skipped.get("by_reason", {}).items()},
+            "shards_hashed": hashed,
+            "settings": index.get("settings", {}),
+        },
+        identity={"tokenizer": index["tokenizer"]["sha256"], "validation": validation_digest},
+    )
+    return LMData(train, validation, tokenizer, tokenizer_path, ids, info)
