@@ -1,10 +1,10 @@
 """The ``comera`` command: ``demo``, ``prepare WORKLOAD``, ``train WORKLOAD``, ``compare WORKLOAD``,
-``generate RUN_DIR``, ``bench NAME``, ``report DIR``, ``plot RUN_DIR``.
+``frontier llm``, ``generate RUN_DIR``, ``bench NAME``, ``report DIR``, ``plot RUN_DIR``.
 
 ``demo`` and ``bench`` run their job (:mod:`comera.commands.demo`, the module
 :data:`comera.bench.BENCHMARKS` names) in a fresh Python process; ``train``, ``compare`` and ``generate``
 hand over to :mod:`comera.commands.train`, :mod:`comera.commands.compare` and
-:mod:`comera.commands.generate`; ``prepare`` to :mod:`comera.commands.prepare`.
+:mod:`comera.commands.generate`; ``prepare`` to :mod:`comera.commands.prepare`; ``frontier`` to :mod:`comera.commands.frontier`.
 """
 
 from __future__ import annotations
