@@ -506,11 +506,16 @@ class TTMEmbeddingBag(_TTMTable):
     the pooling is ``torch.nn.functional.embedding_bag`` over those rows.
 
     Args:
-        num_embeddings, embedding_dim: table size ``V x D``.
+        num_embeddings: table size ``V``.
+        embedding_dim: row size ``D``.
         mode: ``"sum"``, ``"mean"`` or ``"max"``.
         include_last_offset: as ``nn.EmbeddingBag`` (``offsets`` has ``B + 1`` entries).
         padding_idx: entries equal to it are left out of their bag (and of the mean's count).
-        row_shape, col_shape, rank, tau, lookup: as :class:`TTMEmbedding`.
+        row_shape: as :class:`TTMEmbedding`.
+        col_shape: as :class:`TTMEmbedding`.
+        rank: as :class:`TTMEmbedding`.
+        tau: as :class:`TTMEmbedding`.
+        lookup: as :class:`TTMEmbedding`.
 
     Shape:
         input ``(B, L)`` (bags of equal length, ``offsets`` None) or ``(N,)`` with ``offsets`` ``(B,)``

@@ -630,7 +630,9 @@ class TTMLinear(_TrainLinear):
     """Linear layer with a matrix tensor-train (TTM) weight: cores ``(r_{k-1}, m_k, n_k, r_k)``.
 
     Args:
-        in_features, out_features, bias: as ``nn.Linear``.
+        in_features: as ``nn.Linear``.
+        out_features: as ``nn.Linear``.
+        bias: as ``nn.Linear``.
         in_shape: row modes ``m_k`` (product ``>= in_features``, a larger product pads with zero rows);
             default balanced, padded if needed.
         out_shape: column modes ``n_k`` (product ``>= out_features``, padded outputs are sliced off); when
