@@ -411,6 +411,15 @@ class TTMEmbedding(_TTMTable):
 
     Shape:
         input: integer tensor of any shape ``(*)``, values in ``[0, V)`` -> output ``(*, D)``.
+
+    Examples:
+        >>> import torch
+        >>> import comera
+        >>> table = comera.TTMEmbedding(10000, 64, rank=16)  # in place of nn.Embedding(10000, 64)
+        >>> table(torch.tensor([[1, 2, 3], [4, 5, 6]])).shape
+        torch.Size([2, 3, 64])
+        >>> table.num_parameters() < 10000 * 64
+        True
     """
 
     dense_type = nn.Embedding
@@ -521,6 +530,14 @@ class TTMEmbeddingBag(_TTMTable):
         input ``(B, L)`` (bags of equal length, ``offsets`` None) or ``(N,)`` with ``offsets`` ``(B,)``
         (start of each bag); ``per_sample_weights`` (``mode="sum"`` only) shaped like ``input``;
         output ``(B, D)``. Empty bags give zeros.
+
+    Examples:
+        >>> import torch
+        >>> import comera
+        >>> bags = comera.TTMEmbeddingBag(1000, 32, mode="sum", rank=8)
+        >>> ids, offsets = torch.tensor([3, 1, 4, 1, 5]), torch.tensor([0, 2])  # bags [3, 1] and [4, 1, 5]
+        >>> bags(ids, offsets).shape
+        torch.Size([2, 32])
     """
 
     dense_type = nn.EmbeddingBag
