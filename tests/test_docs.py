@@ -66,3 +66,11 @@ def test_public_name_has_an_example_that_runs(name):
     for test in tests:
         runner.run(test)
     assert runner.failures == 0, f"comera.{name}'s example failed (see the output above)"
+
+
+def test_benchmark_headings_are_unique():
+    """Each heading of docs/benchmarks.md is its own anchor (a repeated one would get a numbered suffix)."""
+    text = re.sub(r"^```.*?^```", "", (DOCS / "benchmarks.md").read_text(), flags=re.M | re.S)
+    headings = re.findall(r"^#{1,6} .*$", text, flags=re.M)
+    repeated = sorted({heading for heading in headings if headings.count(heading) > 1})
+    assert not repeated, f"repeated headings in docs/benchmarks.md: {repeated}"
