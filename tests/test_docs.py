@@ -41,7 +41,7 @@ def test_mkdocs_reads_the_google_docstrings_strictly():
     text = MKDOCS.read_text()
     assert re.search(r"^strict: true$", text, flags=re.M)
     assert "docstring_style: google" in text
-    assert "make docs" in (ROOT / ".ci" / "run").read_text()
+    assert "mkdocs build --strict" in (ROOT / "Makefile").read_text()
 
 
 def _public(name: str):
