@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --quiet --constraint constraints.txt
 
-.PHONY: demo test bench lint dist check-wheel check-wheel-extras mutate install install-dev clean
+.PHONY: demo test bench lint docs dist check-wheel check-wheel-extras mutate install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ lint: install-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/python tools/import_graph.py src/comera > /dev/null
 	$(BIN)/mypy
+
+# The documentation site (mkdocs.yml: docs/*.md and the API reference from the docstrings) in site/; --strict:
+# a warning (a docstring griffe cannot parse, a broken link or anchor) fails the build. NO_MKDOCS_2_WARNING
+# quiets mkdocs-material's notice about MkDocs 2.0.
+docs: install-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The wheel and sdist of a release, in dist/, checked by twine.
 dist: install-dev
@@ -67,4 +73,4 @@ mutate: install-dev
 	$(BIN)/mutmut results
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache

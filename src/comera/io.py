@@ -86,7 +86,25 @@ _BUILTIN_MODEL_MODULES = (
 
 
 def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    """Decorator registering a model class or factory under ``name`` for :func:`load_pretrained`."""
+    """Decorator registering a model class or factory under ``name`` for :func:`load_pretrained`.
+
+    Examples:
+        >>> import tempfile
+        >>> import torch
+        >>> from torch import nn
+        >>> import comera
+        >>> @comera.register_model("example-mlp")
+        ... class MLP(nn.Sequential):
+        ...     def __init__(self, width: int = 64):
+        ...         super().__init__(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 2))
+        ...         self.comera_model = {"name": "example-mlp", "kwargs": {"width": width}}
+        >>> model = comera.tensorize_(MLP(width=32), target_modules=["0"], rank=8)
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     _ = comera.save_pretrained(model, folder)
+        ...     restored = comera.load_pretrained(folder)  # no base model: built from the registry
+        >>> type(restored).__name__, type(restored[0]).__name__, restored[0].in_features
+        ('MLP', 'TTLinear', 32)
+    """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
 
@@ -146,6 +164,16 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
     Raises:
         TypeError: the config (e.g. the model's ``comera_model`` kwargs) is not JSON-serializable. ValueError:
             a layer cannot describe itself. Either way ``directory`` is unchanged.
+
+    Examples:
+        >>> import tempfile
+        >>> from torch import nn
+        >>> import comera
+        >>> model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+        >>> _ = comera.tensorize_(model, target_modules=["0"], rank=8)
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     sorted(path.name for path in comera.save_pretrained(model, folder).iterdir())
+        ['comera_config.json', 'model.safetensors']
     """
     root = unwrap_model(model)
     directory = Path(directory)
@@ -489,6 +517,21 @@ def load_pretrained(directory: str | os.PathLike, base_model: nn.Module | None =
     Raises:
         FileNotFoundError: a file is missing. ValueError: a file is corrupt, truncated, or does not match the
             model; the message names the file and the key or module.
+
+    Examples:
+        >>> import tempfile
+        >>> import torch
+        >>> from torch import nn
+        >>> import comera
+        >>> def build():
+        ...     return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+        >>> model = comera.tensorize_(build(), target_modules=["0"], rank=8)
+        >>> x = torch.randn(3, 64)
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     _ = comera.save_pretrained(model, folder)
+        ...     restored = comera.load_pretrained(folder, base_model=build())  # converted in place
+        >>> type(restored[0]).__name__, torch.equal(restored(x), model(x))
+        ('TTLinear', True)
     """
     saved = read_saved(directory)
     config_path, weights_path = saved.directory / CONFIG_NAME, saved.directory / WEIGHTS_NAME

@@ -58,14 +58,44 @@ class TensorizeError(ValueError):
     exclusion or pattern key matches no module, a rank or shape does not fit a module, a selected module
     cannot be converted (shared weights, read by its parent as an attribute), or nothing is selected. The
     message names the config field or the module; the model is unchanged. A ``ValueError``, so code that
-    catches those still catches it."""
+    catches those still catches it.
+
+    Examples:
+        >>> from torch import nn
+        >>> import comera
+        >>> model = nn.Sequential(nn.Linear(64, 64))
+        >>> try:
+        ...     comera.tensorize_(model, target_modules=["encoder"])
+        ... except comera.TensorizeError as error:
+        ...     print("refused:", error)  # doctest: +ELLIPSIS
+        refused: target_modules entry 'encoder' matched no nn.Linear, ...
+        >>> type(model[0]).__name__  # unchanged
+        'Linear'
+    """
 
 
 class TensorizeWarning(UserWarning):
     """:func:`tensorize_` with the default selection (``target_modules="all-linear"``) left dense a part of
     the model that a reader would expect converted: linears whose parent reads their weight directly, or
     parameters of three or more dimensions that are not a convolution's (a mixture of experts' stacked
-    expert weights). The message names them; the conversion itself went ahead."""
+    expert weights). The message names them; the conversion itself went ahead.
+
+    Examples:
+        >>> import warnings
+        >>> import torch
+        >>> from torch import nn
+        >>> import comera
+        >>> class Experts(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.router = nn.Linear(64, 64)
+        ...         self.experts = nn.Parameter(torch.randn(4, 64, 64))  # stacked expert weights
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     _ = comera.tensorize_(Experts(), rank=8)
+        >>> [warning.category.__name__ for warning in caught]
+        ['TensorizeWarning']
+    """
 
 
 _CONV1D_STD = 0.02
@@ -449,6 +479,14 @@ def tensorize_(
         ValueError: ``device`` is the meta device.
         TypeError: ``model`` is (or holds) a ``DistributedDataParallel`` or FSDP wrapper; tensorize the plain
             model, then wrap it.
+
+    Examples:
+        >>> from torch import nn
+        >>> import comera
+        >>> model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 4))
+        >>> _ = comera.tensorize_(model, target_modules=["0"], rank=12, init="tt_svd")  # in place
+        >>> [type(module).__name__ for module in model]
+        ['TTLinear', 'GELU', 'Linear']
     """
     if config is None:
         config = TensorizeConfig()
@@ -567,6 +605,18 @@ def untensorize_(model: nn.Module) -> nn.Module:
     ``sparse``; a tied head becomes an ``nn.Linear`` sharing the restored table's weight. Returns ``model``.
     A model wrapped in ``DistributedDataParallel`` or sharded by FSDP raises ``TypeError`` (as in
     :func:`tensorize_`).
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> import comera
+        >>> model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+        >>> _ = comera.tensorize_(model, target_modules=["0"], rank=8)
+        >>> x = torch.randn(3, 64)
+        >>> before = model(x)
+        >>> _ = comera.untensorize_(model)
+        >>> type(model[0]).__name__, torch.allclose(model(x), before, atol=1e-5)
+        ('Linear', True)
     """
     root = unwrap_model(model)
     _refuse_distributed_wrapper(model, "untensorize_")
@@ -626,6 +676,19 @@ def materialize_(model: nn.Module, device: torch.device | str = "cpu") -> nn.Mod
     Raises:
         ValueError: outside Hugging Face models, a module holding a non-empty meta tensor has no
             ``reset_parameters()`` (named; nothing is changed).
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> import comera
+        >>> with torch.device("meta"):  # shapes only: no dense weight is allocated
+        ...     model = nn.Sequential(nn.Linear(256, 1024), nn.LayerNorm(1024), nn.GELU(), nn.Linear(1024, 4))
+        >>> _ = comera.tensorize_(model, target_modules=["0"], rank=12, init="random")  # real cores
+        >>> _ = comera.materialize_(model, device="cpu")  # the LayerNorm and the last linear, initialised
+        >>> any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+        False
+        >>> model(torch.randn(8, 256)).shape
+        torch.Size([8, 4])
     """
     root = unwrap_model(model)
     holders = _meta_holders(root)

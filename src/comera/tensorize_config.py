@@ -118,6 +118,15 @@ class TensorizeConfig:
         tau: gate threshold of the new layers.
         tie_output_head: keep a linear head that shares its weight with a converted embedding tied to it (a
             ``TTMTiedHead``); when False such a head stays dense and becomes untied.
+
+    Examples:
+        >>> from torch import nn
+        >>> import comera
+        >>> config = comera.TensorizeConfig(target_modules=("0",), format="ttm", rank=8)
+        >>> model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+        >>> _ = comera.tensorize_(model, config)
+        >>> type(model[0]).__name__, model[0].max_ranks
+        ('TTMLinear', (8,))
     """
 
     target_modules: str | tuple[str, ...] = ALL_LINEAR
@@ -256,6 +265,16 @@ def register_preset(
     (a recipe run's ``model`` section, e.g. the foldings of another ``hidden_size``), or raises ``ValueError``
     naming the setting it cannot follow; :func:`fitted_preset` calls it. Registering a name twice raises
     ``ValueError`` unless ``replace`` is True. Returns ``config``.
+
+    Examples:
+        >>> from torch import nn
+        >>> import comera
+        >>> config = comera.TensorizeConfig(format="ttm", rank=8)
+        >>> _ = comera.register_preset("mlp-ttm-8", config, replace=True)
+        >>> model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+        >>> _ = comera.tensorize_(model, comera.tensorize_preset("mlp-ttm-8", target_modules=("0",)))
+        >>> type(model[0]).__name__
+        'TTMLinear'
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"preset name must be a non-empty str, got {name!r}")
@@ -306,6 +325,12 @@ def tensorize_preset(name: str, **overrides: Any) -> TensorizeConfig:
 
     A built-in workload's preset is registered on first use. Raises ``ValueError`` naming the registered
     presets when ``name`` is unknown.
+
+    Examples:
+        >>> import comera
+        >>> config = comera.tensorize_preset("nli-small", rank=8)  # a workload's preset, rank changed
+        >>> config.format, config.rank
+        ('tt', 8)
     """
     if name not in _PRESETS:
         _register_builtin_presets()

@@ -15,6 +15,13 @@ does) registers every built-in method, so ``get_method("galore")`` works from an
 It also registers CoMERA's hooks in the generic loop: :func:`comera.methods.comera.gated_model_objective` as
 the default objective of a ``Trainer`` built without one, and the tensor-train layers' inference-cache
 invalidation before every evaluation.
+
+Examples:
+    >>> from comera import methods
+    >>> methods.method_names()  # what `comera train --method` accepts
+    ('apollo', 'cola', 'comera', 'dense', 'galore', 'lte')
+    >>> methods.get_method("galore").name
+    'galore'
 """
 
 from comera.methods.apollo import APOLLOMethod

@@ -411,6 +411,15 @@ class TTMEmbedding(_TTMTable):
 
     Shape:
         input: integer tensor of any shape ``(*)``, values in ``[0, V)`` -> output ``(*, D)``.
+
+    Examples:
+        >>> import torch
+        >>> import comera
+        >>> table = comera.TTMEmbedding(10000, 64, rank=16)  # in place of nn.Embedding(10000, 64)
+        >>> table(torch.tensor([[1, 2, 3], [4, 5, 6]])).shape
+        torch.Size([2, 3, 64])
+        >>> table.num_parameters() < 10000 * 64
+        True
     """
 
     dense_type = nn.Embedding
@@ -506,16 +515,29 @@ class TTMEmbeddingBag(_TTMTable):
     the pooling is ``torch.nn.functional.embedding_bag`` over those rows.
 
     Args:
-        num_embeddings, embedding_dim: table size ``V x D``.
+        num_embeddings: table size ``V``.
+        embedding_dim: row size ``D``.
         mode: ``"sum"``, ``"mean"`` or ``"max"``.
         include_last_offset: as ``nn.EmbeddingBag`` (``offsets`` has ``B + 1`` entries).
         padding_idx: entries equal to it are left out of their bag (and of the mean's count).
-        row_shape, col_shape, rank, tau, lookup: as :class:`TTMEmbedding`.
+        row_shape: as :class:`TTMEmbedding`.
+        col_shape: as :class:`TTMEmbedding`.
+        rank: as :class:`TTMEmbedding`.
+        tau: as :class:`TTMEmbedding`.
+        lookup: as :class:`TTMEmbedding`.
 
     Shape:
         input ``(B, L)`` (bags of equal length, ``offsets`` None) or ``(N,)`` with ``offsets`` ``(B,)``
         (start of each bag); ``per_sample_weights`` (``mode="sum"`` only) shaped like ``input``;
         output ``(B, D)``. Empty bags give zeros.
+
+    Examples:
+        >>> import torch
+        >>> import comera
+        >>> bags = comera.TTMEmbeddingBag(1000, 32, mode="sum", rank=8)
+        >>> ids, offsets = torch.tensor([3, 1, 4, 1, 5]), torch.tensor([0, 2])  # bags [3, 1] and [4, 1, 5]
+        >>> bags(ids, offsets).shape
+        torch.Size([2, 32])
     """
 
     dense_type = nn.EmbeddingBag

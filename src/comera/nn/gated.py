@@ -102,6 +102,19 @@ class GatedTrain(ComeraLayer, nn.Module):
     Subclasses set ``bond_sizes`` (the per-core factor ``c_k`` of the parameter count: ``n_k`` for TT,
     ``m_k * n_k`` for TTM) and ``dense_num_parameters()``, and follow the layer protocol
     (:mod:`comera.nn.layer`).
+
+    Examples:
+        >>> import torch
+        >>> import comera
+        >>> layer = comera.TTLinear(256, 256, rank=8)
+        >>> isinstance(layer, comera.GatedTrain), len(layer.cores), len(layer.gates)  # one gate per bond
+        (True, 4, 3)
+        >>> layer.ranks  # live entries of each gate
+        (8, 8, 8)
+        >>> with torch.no_grad():
+        ...     layer.gates[1][4:] = 0.0  # entries with |g| <= tau are dead
+        >>> layer.ranks
+        (8, 4, 8)
     """
 
     cores: nn.ParameterList

@@ -512,6 +512,17 @@ class TTLinear(_TrainLinear):
 
     Shape:
         input ``(*, in_features)`` -> output ``(*, out_features)``.
+
+    Examples:
+        >>> import torch
+        >>> import comera
+        >>> layer = comera.TTLinear(768, 3072, rank=16)  # in place of nn.Linear(768, 3072)
+        >>> layer.in_shape, layer.out_shape
+        ((8, 8, 12), (16, 16, 12))
+        >>> layer(torch.randn(4, 32, 768)).shape
+        torch.Size([4, 32, 3072])
+        >>> layer.to_dense().shape  # the weight, rebuilt for inspection: (out_features, in_features)
+        torch.Size([3072, 768])
     """
 
     format = "tt"
@@ -630,7 +641,9 @@ class TTMLinear(_TrainLinear):
     """Linear layer with a matrix tensor-train (TTM) weight: cores ``(r_{k-1}, m_k, n_k, r_k)``.
 
     Args:
-        in_features, out_features, bias: as ``nn.Linear``.
+        in_features: as ``nn.Linear``.
+        out_features: as ``nn.Linear``.
+        bias: as ``nn.Linear``.
         in_shape: row modes ``m_k`` (product ``>= in_features``, a larger product pads with zero rows);
             default balanced, padded if needed.
         out_shape: column modes ``n_k`` (product ``>= out_features``, padded outputs are sliced off); when
@@ -642,6 +655,15 @@ class TTMLinear(_TrainLinear):
 
     Shape:
         input ``(*, in_features)`` -> output ``(*, out_features)``.
+
+    Examples:
+        >>> import torch
+        >>> import comera
+        >>> layer = comera.TTMLinear(97, 53, rank=8)  # sizes that fold badly are padded inside
+        >>> layer.in_shape, layer.out_shape  # 98 = 7 x 14 rows, 54 = 9 x 6 columns
+        ((7, 14), (9, 6))
+        >>> layer(torch.randn(5, 97)).shape
+        torch.Size([5, 53])
     """
 
     format = "ttm"

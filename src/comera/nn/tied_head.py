@@ -40,6 +40,14 @@ class TTMTiedHead(ComeraLayer, nn.Module):
     Layer protocol: the spec names the embedding (``{"kind", "embedding": its name, "bias", "order"}``); the
     dense module is an ``nn.Linear`` sharing the restored table's weight; the pruned stand-in (when the
     table is removed) a :class:`RemovedLinear` holding the head's bias.
+
+    Examples:
+        >>> import torch
+        >>> import comera
+        >>> embedding = comera.TTMEmbedding(1000, 64, rank=8)
+        >>> head = comera.TTMTiedHead(embedding)  # logits against the embedding's own (compressed) table
+        >>> head(torch.randn(2, 5, 64)).shape
+        torch.Size([2, 5, 1000])
     """
 
     dense_type = nn.Linear

@@ -175,6 +175,28 @@ class RankAdaptation:
             after (the step number it gives them).
         events: every :class:`LateStageEvent` of the controller, oldest first, however it ran (the place to
             look when the step hook ran it: e.g. prune or recapture after a trim). Not in :meth:`state_dict`.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> import comera
+        >>> model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 4))
+        >>> _ = comera.tensorize_(model, target_modules=["0"], rank=8)
+        >>> adaptation = comera.RankAdaptation(model, gamma=0.01)  # loss = task loss + gamma * size surrogate
+        >>> groups = comera.param_groups(model, lr_cores=1e-3, lr_gates=1e-2, lr_other=1e-3)
+        >>> optimizer = torch.optim.AdamW(groups)
+        >>> x, y = torch.randn(32, 64), torch.randint(0, 4, (32,))
+        >>> def train(steps):
+        ...     for _ in range(steps):
+        ...         loss = adaptation.loss(nn.functional.cross_entropy(model(x), y))
+        ...         optimizer.zero_grad()
+        ...         loss.backward()
+        ...         optimizer.step()
+        >>> train(3)  # the early stage
+        >>> adaptation.begin_late_stage(target_ratio=0.5, late_steps=20)  # land on half the size, by itself
+        >>> train(20)
+        >>> adaptation.phase, adaptation.size() <= 1.05 * adaptation.target_size
+        ('recover', True)
     """
 
     def __init__(

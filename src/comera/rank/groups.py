@@ -33,6 +33,17 @@ def param_groups(
     ``lr_cores``; ``"spectral"`` gives each core of a TT or TTM linear layer ``lr_cores`` times its
     :func:`comera.rank.spectral.spectral_lr_scales` multiplier, one group per distinct rate, named ``"cores"``
     for the rate ``lr_cores`` itself and ``"cores x{multiplier}"`` otherwise, in the order the cores are met.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> import comera
+        >>> model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+        >>> _ = comera.tensorize_(model, target_modules=["0"], rank=8)
+        >>> groups = comera.param_groups(model, lr_cores=1e-3, lr_gates=1e-2, lr_other=1e-3)
+        >>> [(group["name"], group["lr"], len(group["params"])) for group in groups]
+        [('cores', 0.001, 4), ('gates', 0.01, 3), ('other', 0.001, 3)]
+        >>> optimizer = torch.optim.AdamW(groups)
     """
     rates = {
         "cores": check_number(lr_cores, "lr_cores", 0.0),

@@ -51,7 +51,21 @@ class PrunedLayer:
 
 @dataclass(frozen=True)
 class PruneResult:
-    """What :func:`prune_` changed, and stored core entries of all gated layers before and after."""
+    """What :func:`prune_` changed, and stored core entries of all gated layers before and after.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> import comera
+        >>> model = comera.tensorize_(nn.Sequential(nn.Linear(64, 64)), target_modules=["0"], rank=8)
+        >>> with torch.no_grad():
+        ...     model[0].gates[0][2:] = 0.0
+        >>> result = comera.prune_(model)
+        >>> result.stored_before, result.stored_after  # core entries
+        (1152, 720)
+        >>> result.layers
+        (PrunedLayer(name='0', ranks_before=(8, 8, 8), ranks_after=(2, 8, 8), removed=False),)
+    """
 
     layers: tuple[PrunedLayer, ...]
     stored_before: int
@@ -174,6 +188,21 @@ def prune_(
 
     Returns:
         A :class:`PruneResult` listing the layers sliced or removed.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> import comera
+        >>> model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+        >>> _ = comera.tensorize_(model, target_modules=["0"], rank=8)
+        >>> optimizer = torch.optim.AdamW(model.parameters())
+        >>> with torch.no_grad():
+        ...     model[0].gates[1][3:] = 0.0  # what the late stage's trim does: 5 of the bond's 8 entries dead
+        >>> x = torch.randn(2, 64)
+        >>> before = model(x)
+        >>> result = comera.prune_(model, optimizer)  # the optimizer's state is sliced too
+        >>> model[0].max_ranks, torch.allclose(model(x), before, atol=1e-5)
+        ((8, 3, 8), True)
     """
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")

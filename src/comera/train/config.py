@@ -167,6 +167,14 @@ class TrainConfig:
             between steps whole (CoMERA's gates); a prune point then rebuilds the sharded model on the
             pruned shapes (:mod:`comera.train.reshard`), so ``Trainer.module``, ``model`` and
             ``optimizer`` are new objects after it.
+
+    Examples:
+        >>> import comera
+        >>> config = comera.TrainConfig(early=100, late=50, unit="step", batch_size=32, lr_schedule="cosine")
+        >>> config.early + config.late, config.lr_schedule
+        (150, 'cosine')
+        >>> comera.TrainConfig.from_dict(config.to_dict()) == config
+        True
     """
 
     early: int = 1

@@ -97,6 +97,21 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     Raises:
         FileNotFoundError: no ``metrics.jsonl``. NoTrainingRecordError (a ``ValueError``): it holds no
             training record. ValueError: a record is not an object or lacks a key.
+
+    Examples:
+        >>> import tempfile
+        >>> import torch
+        >>> from torch import nn
+        >>> import comera
+        >>> model = nn.Sequential(nn.Linear(8, 2))
+        >>> data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randint(0, 2, (32,)))
+        >>> def loss_fn(model, batch):
+        ...     return nn.functional.cross_entropy(model(batch[0]), batch[1])
+        >>> with tempfile.TemporaryDirectory() as run:
+        ...     config = comera.TrainConfig(early=2, batch_size=8, run_dir=run, plot=False, progress=False)
+        ...     _ = comera.Trainer(model, loss_fn, data, config=config).fit()  # writes run/metrics.jsonl
+        ...     sorted(path.name for path in comera.plot_run(run))  # into run/plots
+        ['loss.png', 'ratio.png']
     """
     import matplotlib
 

@@ -175,6 +175,22 @@ class Trainer:
         guard: the :class:`comera.train.guard.NonFiniteGuard` with its counters.
         graph_step: the :class:`comera.train.cuda_graph.CudaGraphStep` running each step, or None (eager or
             compiled step). A callback that changes learning rates must call its ``invalidate()``.
+
+    Examples:
+        >>> import tempfile
+        >>> import torch
+        >>> from torch import nn
+        >>> import comera
+        >>> model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 2))
+        >>> _ = comera.tensorize_(model, target_modules=["0"], rank=8)
+        >>> data = torch.utils.data.TensorDataset(torch.randn(64, 32), torch.randint(0, 2, (64,)))
+        >>> def loss_fn(model, batch):
+        ...     x, y = batch
+        ...     return nn.functional.cross_entropy(model(x), y)
+        >>> config = comera.TrainConfig(early=2, late=1, unit="epoch", batch_size=16, progress=False)
+        >>> result = comera.Trainer(model, loss_fn, data, config=config).fit()  # CoMERA's objective
+        >>> result.step, result.stage  # 64 / 16 = 4 steps an epoch, 3 epochs
+        (12, 'late')
     """
 
     def __init__(

@@ -68,6 +68,13 @@ def factorize(n: int, num_modes: int) -> tuple[int, ...]:
 
     Returns:
         ``num_modes`` ascending ints whose product is ``n``, e.g. ``factorize(768, 3) == (8, 8, 12)``.
+
+    Examples:
+        >>> import comera
+        >>> comera.factorize(768, 3)
+        (8, 8, 12)
+        >>> comera.factorize(97, 2)  # a prime folds badly: see suggest_padding
+        (1, 97)
     """
     _check_positive_int(n, "n")
     _check_positive_int(num_modes, "num_modes")
@@ -85,6 +92,13 @@ def suggest_padding(n: int, num_modes: int, max_factor: int | None = None) -> in
 
     ``max_factor`` defaults to ``ceil(1.5 * n ** (1 / num_modes))``. Returns ``n`` itself when it already
     folds well; e.g. ``suggest_padding(97, 2) == 98`` (7 x 14) and ``suggest_padding(768, 3) == 768``.
+
+    Examples:
+        >>> import comera
+        >>> comera.suggest_padding(97, 2)
+        98
+        >>> comera.suggest_padding(768, 3)
+        768
     """
     _check_positive_int(n, "n")
     _check_positive_int(num_modes, "num_modes")
@@ -106,7 +120,17 @@ def auto_num_modes(n: int) -> int:
 
 
 def auto_modes(n: int, num_modes: int | None = None, descending: bool = False) -> tuple[int, ...]:
-    """Modes for dimension ``n``: padded when ``n`` folds badly, balanced, ascending (or descending)."""
+    """Modes for dimension ``n``: padded when ``n`` folds badly, balanced, ascending (or descending).
+
+    Examples:
+        >>> import comera
+        >>> comera.auto_modes(768, 3)
+        (8, 8, 12)
+        >>> comera.auto_modes(97, 2)  # 97 is prime: padded to 98 = 7 x 14
+        (7, 14)
+        >>> comera.auto_modes(768, 3, descending=True)
+        (12, 8, 8)
+    """
     num_modes = auto_num_modes(n) if num_modes is None else _check_positive_int(num_modes, "num_modes")
     modes = factorize(suggest_padding(n, num_modes), num_modes)
     return tuple(reversed(modes)) if descending else modes
