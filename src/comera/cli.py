@@ -4,7 +4,8 @@
 ``demo`` and ``bench`` run their job (:mod:`comera.commands.demo`, the module
 :data:`comera.bench.BENCHMARKS` names) in a fresh Python process; ``train``, ``compare`` and ``generate``
 hand over to :mod:`comera.commands.train`, :mod:`comera.commands.compare` and
-:mod:`comera.commands.generate`; ``prepare`` to :mod:`comera.commands.prepare`; ``frontier`` to :mod:`comera.commands.frontier`.
+:mod:`comera.commands.generate`; ``prepare`` to :mod:`comera.commands.prepare`; ``frontier`` to
+:mod:`comera.commands.frontier`.
 """
 
 from __future__ import annotations
