@@ -5,9 +5,9 @@ its code path by CPU vendor; oneDNN, also part of every official x86 wheel, pick
 instruction set. On an AMD EPYC (2 logical CPUs, AVX-512, torch 2.13 CPU build, fp32) the products of a
 rank-30 TT layer at 768 features ran about twice as fast through oneDNN as through MKL where the output is
 thin (``X L`` and ``dY R^T``, ``(4096, 768) @ (768, 30)``: 1.1 ms against 2.2-2.6 ms) and 1.2-1.4x as fast for
-the batch-summed weight gradients (docs/benchmarks.md, "Linear layers", column "TT merge, no oneDNN").
-Which kernel wins depends on the CPU and the shape, so it is never assumed: :mod:`comera.tt.blocked` measures it per call shape
-with :mod:`comera.tt.autotune`, and without measuring (autotuning off, deterministic algorithms,
+the batch-summed weight gradients (docs/benchmarks.md, "Linear layers", column "TT merge, no oneDNN"). Which
+kernel wins depends on the CPU and the shape, so it is never assumed: :mod:`comera.tt.blocked` measures it per
+call shape with :mod:`comera.tt.autotune`, and without measuring (autotuning off, deterministic algorithms,
 ``torch.compile``) ``torch.mm`` runs as before.
 
 The kernel is reached through ``torch.ops.mkldnn._linear_pointwise`` (the op ``torch.compile``'s CPU backend
