@@ -5,9 +5,11 @@ tensorization presets they name (``nli-paper``, ``nli-small``, ``nli-smoke``), r
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from comera.tensorize_config import TensorizeConfig, register_preset
+from comera.tensorize_config import TensorizeConfig, fold_modes, register_preset
 from comera.workloads.nli.model import MODEL_PRESETS
 
 __all__ = ["RECIPE_PRESETS", "TENSORIZE_PRESETS"]
@@ -74,8 +76,39 @@ TENSORIZE_PRESETS: dict[str, TensorizeConfig] = {
     ),
 }
 
+_RANKS = {"nli-paper": (30, 32), "nli-small": (8, 16), "nli-smoke": (4, 4)}
+"""Each preset's linear and word-table rank."""
+
+
+def _fit_nli(name: str) -> Callable[[TensorizeConfig, Mapping[str, Any]], TensorizeConfig]:
+    """The ``fit`` of preset ``name``: its layout with the foldings of the model section's ``d_model`` and
+    ``d_ff`` when they differ from the preset's, as many modes as the preset's (the word table's columns
+    take the width in as many modes as before, its rows fold from the vocabulary); a size with too few prime
+    factors is refused, naming it."""
+    patterns = TENSORIZE_PRESETS[name].shape_pattern
+    width_modes, ffn_modes = patterns["ffn_in"]["in_shape"], patterns["ffn_in"]["out_shape"]
+    table_modes = patterns[r"embeddings\.word"]["col_shape"]
+
+    def fit(config: TensorizeConfig, model: Mapping[str, Any]) -> TensorizeConfig:
+        width = model.get("d_model", math.prod(width_modes))
+        ffn = model.get("d_ff", math.prod(ffn_modes))
+        if (width, ffn) == (math.prod(width_modes), math.prod(ffn_modes)):
+            return config
+        modes = fold_modes(width, len(width_modes), "model.d_model")
+        linear_rank, embedding_rank = _RANKS[name]
+        return _tensorize_config(
+            linear_rank=linear_rank,
+            embedding_rank=embedding_rank,
+            attention=(modes, tuple(reversed(modes))),
+            ffn=(modes, fold_modes(ffn, len(ffn_modes), "model.d_ff")),
+            col_shape=fold_modes(width, len(table_modes), "model.d_model"),
+        )
+
+    return fit
+
+
 for _name, _config in TENSORIZE_PRESETS.items():
-    register_preset(_name, _config)
+    register_preset(_name, _config, fit=_fit_nli(_name))
 
 
 def _sizes(preset: str, exact_match: bool = False) -> dict[str, Any]:
