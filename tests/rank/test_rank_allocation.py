@@ -85,3 +85,63 @@ def test_the_comera_method_tensorizes_with_the_allocated_ranks():
     assert core_entries(_model(), CONFIG) >= sum(
         core.numel() for _, layer in gated_trains(model) for core in layer.cores
     )
+
+
+def _trained(config: comera.TensorizeConfig = CONFIG) -> nn.Module:
+    """A converted model (one bond per layer) whose gates are uneven: ``q``'s bond holds 3 nonzero entries,
+    ``down``'s 5, every other entry is live, and the entries of each bond weaken from first to last."""
+    model = comera.tensorize_(_model(), config)
+    with torch.no_grad():
+        model["q"].gates[0][3:] = 0.0
+        model["down"].gates[0][5:] = 0.0
+        for layer in model.values():
+            for gate in layer.gates:
+                gate.mul_(torch.linspace(1.0, 0.5, len(gate)))
+    return model
+
+
+def test_ranks_from_gates_at_the_live_size_keep_every_live_entry_and_a_fresh_model_starts_there():
+    trained = _trained()
+    live = {name: layer.ranks for name, layer in trained.items()}
+    assert live["q"] == (3,) and live["down"] == (5,)
+    chosen = comera.rank.ranks_from_gates(trained, CONFIG)
+    fresh = comera.tensorize_(_model(), chosen)
+    assert {name: layer.max_ranks for name, layer in fresh.items()} == live
+    size = sum(layer.num_parameters() for layer in trained.values())
+    assert core_entries(_model(), chosen) == size == _entries_by_hand(_model(), chosen)
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.5, 0.8])
+def test_ranks_from_gates_stay_within_the_total_ignore_a_layers_scale_and_drop_its_weak_entries(fraction):
+    trained = _trained()
+    total = int(fraction * sum(layer.num_parameters() for layer in trained.values()))
+
+    def chosen() -> dict[str, nn.Module]:
+        config = comera.rank.ranks_from_gates(trained, CONFIG, total=total)
+        assert core_entries(_model(), config) <= total
+        return dict(comera.tensorize_(_model(), config).items())
+
+    def chosen_ranks() -> dict[str, tuple[int, ...]]:
+        return {name: layer.max_ranks for name, layer in chosen().items()}
+
+    base = chosen()
+    with torch.no_grad():
+        trained["v"].gates[0].mul_(100.0)
+    assert chosen_ranks() == {name: layer.max_ranks for name, layer in base.items()}, "scores are relative"
+    with torch.no_grad():
+        trained["v"].gates[0][4:] *= 1e-4
+    weakened = chosen()
+    assert weakened["v"].max_ranks[0] <= min(4, base["v"].max_ranks[0])
+    others = ("q", "k", "down")
+    assert sum(weakened[name].num_parameters() for name in others) >= sum(
+        base[name].num_parameters() for name in others
+    ), "the entries v gives up go to the other layers"
+
+
+def test_ranks_from_gates_refuse_a_model_without_gates_and_a_total_below_one_rank_per_bond():
+    with pytest.raises(ValueError, match="model has no gated layer"):
+        comera.rank.ranks_from_gates(_model(), CONFIG)
+    with pytest.raises(ValueError, match=r"total \(10\) is below the core entries of one rank per bond"):
+        comera.rank.ranks_from_gates(_trained(), CONFIG, total=10)
+    with pytest.raises(ValueError, match="total must be an int >= 1"):
+        comera.rank.ranks_from_gates(_trained(), CONFIG, total=0)

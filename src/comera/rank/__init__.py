@@ -4,7 +4,7 @@ the exact trim, pruning, parameter groups, the spectral rule and uneven rank all
 
 from comera.nn.removed import RemovedEmbedding, RemovedEmbeddingBag, RemovedLayer, RemovedLinear
 from comera.rank.adaptation import LateStageEvent, RankAdaptation
-from comera.rank.allocation import allocate_ranks, core_entries
+from comera.rank.allocation import allocate_ranks, core_entries, ranks_from_gates
 from comera.rank.groups import param_groups
 from comera.rank.prune import PrunedLayer, PruneResult, prune_
 from comera.rank.size import gated_trains, live_ranks, mib, total_size, train_size
@@ -16,6 +16,7 @@ __all__ = [
     "CORE_RULES",
     "SURROGATES",
     "allocate_ranks",
+    "ranks_from_gates",
     "core_entries",
     "spectral_init_",
     "spectral_lr_scales",

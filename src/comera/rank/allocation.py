@@ -6,6 +6,8 @@ lower ranks than value and the MLP's down projection). :func:`allocate_ranks` tu
 module-name pattern into a ``rank_pattern``: every selected module matching a pattern gets rank
 ``round(alpha * share)`` (at least 1), with one ``alpha`` chosen so that the stored core entries of the
 whole model come as close as they can to ``total`` from below (default: the entries of the config as given).
+:func:`ranks_from_gates` reads the ranks off a trained model's gates instead: the entries the late stage's
+exact trim (:func:`comera.rank.trim.choose_entries`) would keep at a size, as per-bond ranks for a fresh run.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from torch import nn
 
 from comera.checks import check_int
 from comera.rank.size import gated_trains
+from comera.rank.trim import choose_entries
 from comera.tensorize import tensorize_
 from comera.tensorize_config import TensorizeConfig
 from comera.tt.cores import num_train_parameters
 from comera.tt.shapes import resolve_ranks
 
-__all__ = ["allocate_ranks", "checked_shares", "core_entries"]
+__all__ = ["allocate_ranks", "checked_shares", "core_entries", "ranks_from_gates"]
 
 
 def _converted_trains(model: nn.Module, config: TensorizeConfig) -> dict[str, tuple[int, ...]]:
@@ -114,3 +117,42 @@ def allocate_ranks(
         else:
             high = middle
     return at(low)
+
+
+def ranks_from_gates(model: nn.Module, config: TensorizeConfig, total: int | None = None) -> TensorizeConfig:
+    """``config`` with a ``rank_pattern`` giving every gated layer of ``model`` the per-bond ranks that its
+    gates support at a total of ``total`` core entries: the entries the exact trim keeps (scored by the
+    norm of their term, :func:`comera.rank.trim.entry_scores`, so layers of different scale compare fairly),
+    counted per bond. A fresh model converted by the result starts at those ranks, e.g. for a run whose
+    ranks were chosen by the early stage of an earlier one.
+
+    Args:
+        model: a model ``config`` converted and that has trained (its gates decide; it is not changed).
+        config: the tensorization that made ``model``; its own ``rank_pattern`` entries come after the new
+            ones, which name each layer exactly (``re.escape`` of its name).
+        total: the core entries to stay within (default: the live size of ``model`` now).
+
+    Returns:
+        The new config, whose :func:`core_entries` on the dense model is at most ``total``.
+
+    Raises:
+        ValueError: ``model`` has no gated layer, a layer has a dead bond (prune it first), or ``total`` is
+            below one entry per bond everywhere.
+    """
+    trains = gated_trains(model)
+    if not trains:
+        raise ValueError("model has no gated layer (TTLinear, TTMLinear, TTMEmbedding): nothing to read")
+    layers = [train for _, train in trains]
+    budget = (
+        sum(train.num_parameters() for train in layers) if total is None else check_int(total, "total", 1)
+    )
+    choice = choose_entries(layers, budget)
+    if choice.size > budget:
+        raise ValueError(
+            f"total ({budget}) is below the core entries of one rank per bond everywhere ({choice.size})"
+        )
+    ranks = {
+        re.escape(name): tuple(int(mask.sum()) for mask in masks)
+        for (name, _), masks in zip(trains, choice.keep)
+    }
+    return config.with_overrides(rank_pattern={**ranks, **config.rank_pattern})
