@@ -18,6 +18,7 @@ from comera.commands.config_file import config_argument
 from comera.commands.paths import path_argument
 from comera.data.corpus_sample import DEFAULT_SAMPLE_MB
 from comera.data.prepare import DEFAULT_SHARD_TOKENS, PrepareSettings, PrepareSummary, prepare_corpus
+from comera.data.progress import Progress
 from comera.methods import get_method
 from comera.recipes.settings import add_set_argument, resolve_settings
 from comera.workloads import load_recipe
@@ -62,6 +63,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MB",
         help=f"MB of training text the tokenizer is trained on, drawn across all files (default "
         f"{DEFAULT_SAMPLE_MB})",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokenizing processes (default: one per core; 0: tokenize in this process)",
+    )
+    parser.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        default=None,
+        help="one line per phase instead of progress bars, even on a terminal",
     )
     return parser
 
@@ -113,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
             shard_tokens=args.shard_tokens,
             sample_bytes=max(1, round(args.sample_mb * 10**6)),
         )
-        result = prepare_corpus(args.data, args.out, settings, report=_print_line)
+        if args.workers is not None and args.workers < 0:
+            raise ValueError(f"--workers must be an int >= 0, got {args.workers}")
+        progress = Progress(bar=args.progress, write=_print_line)
+        result = prepare_corpus(args.data, args.out, settings, workers=args.workers, progress=progress)
     except (ValueError, FileNotFoundError, ImportError) as error:
         print(f"comera prepare: {error}", file=sys.stderr)
         return 2

@@ -159,8 +159,8 @@ class EncodePool:
         self._workers = []
 
     def encode(self, batches: Iterable[tuple[T, list[str]]]) -> Iterator[tuple[T, list[np.ndarray]]]:
-        """``(tag, ids of each text)`` for each ``(tag, texts)`` of ``batches``, in their order; ``batches`` is
-        read lazily, at most ``2 * workers`` batches ahead of what was yielded.
+        """``(tag, ids of each text)`` for each ``(tag, texts)`` of ``batches``, in their order; ``batches``
+        is read lazily, at most ``2 * workers`` batches ahead of what was yielded.
 
         Raises:
             RuntimeError: a worker process ended, with the last line it wrote on standard error.
@@ -172,15 +172,13 @@ class EncodePool:
                 yield tag, [np.array(encoding.ids, dtype=self.dtype) for encoding in encodings]
             return
         pending: deque[tuple[_Worker, T]] = deque()
-        turn = 0
-        for tag, texts in batches:
+        for turn, (tag, texts) in enumerate(batches):
             if not texts:
                 raise ValueError("batches must hold at least one text each, got an empty batch")
             if len(pending) >= _IN_FLIGHT_PER_WORKER * len(self._workers):
                 worker, first = pending.popleft()
                 yield first, worker.answer()
             worker = self._workers[turn % len(self._workers)]
-            turn += 1
             worker.send(texts)
             pending.append((worker, tag))
         while pending:

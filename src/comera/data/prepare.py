@@ -128,7 +128,9 @@ class PrepareSettings:
                 raise ValueError(f"{name} must be a non-empty tuple of non-empty strings, got {values!r}")
         bad = [ending for ending in self.whole_files if not ending.startswith(".") or len(ending) < 2]
         if bad:
-            raise ValueError(f"whole_files must be file endings starting with '.', like '.txt', got {bad[0]!r}")
+            raise ValueError(
+                f"whole_files must be file endings starting with '.', like '.txt', got {bad[0]!r}"
+            )
         check_int(self.vocab_size, "data.vocab_size", len(SPECIAL_TOKENS) + 257)
         fraction = self.validation_fraction
         check_number(fraction, "data.validation_fraction", 0, 1)
