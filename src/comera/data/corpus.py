@@ -2,7 +2,8 @@
 
 A corpus is a file or a folder of
 
-- ``.txt`` files: one document each (read whole, so a document's size bounds the memory, not the corpus's);
+- ``.txt`` files (or the endings given as ``whole_files``, ``.py`` for the masked LM): one document each
+  (read whole, so a document's size bounds the memory, not the corpus's);
 - ``.jsonl`` / ``.jsonl.gz`` files: one document per line, its ``text`` field
   (:func:`comera.data.sources.jsonl_documents`; a bad line raises ``ValueError`` naming file and line, or is
   skipped and recorded with ``skip_bad_lines``);
@@ -130,15 +131,14 @@ def _parquet_documents(
     column = next((name for name in fields if name in columns), None)
     if column is None:
         raise ValueError(f"{file}: no {' or '.join(map(repr, fields))} column (columns: {columns})")
-    size, groups = file.stat().st_size, max(1, reader.num_row_groups)
-    rows = max(1, reader.metadata.num_rows)
+    size, rows = file.stat().st_size, max(1, reader.metadata.num_rows)
     row = 0
     for batch in reader.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[column]):
         for text in batch.column(0).to_pylist():
             row += 1
             yield CodeDocument(f"{relative}:{row}", text if isinstance(text, str) else "")
         if on_position is not None:
-            on_position(size * row // rows if groups else size)
+            on_position(size * row // rows)  # the rows read, as a share of the file's bytes
 
 
 def read_corpus(
