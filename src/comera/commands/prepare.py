@@ -1,10 +1,14 @@
-"""``comera prepare llm --data PATH --out DIR``: tokenize a corpus once into memory-mapped token shards that
-``comera train llm --data DIR`` reads (:func:`comera.data.prepare.prepare_corpus`).
+"""``comera prepare llm|mlm --data PATH --out DIR``: tokenize a corpus once into memory-mapped token shards
+that ``comera train llm|mlm --data DIR`` reads (:func:`comera.data.prepare.prepare_corpus`), on every core
+(``--workers``), with a progress bar per phase on a terminal and one line per phase otherwise
+(``--no-progress`` forces the lines).
 
 The tokenizer's vocabulary size, the validation fraction, a given ``tokenizer.json`` and whether bad JSON
 lines are skipped come from the ``data`` section of the workload's settings, as ``comera train`` resolves it
 (``--preset``, ``--config``, ``--set data.vocab_size=8192``); ``data.max_files`` and ``data.max_bytes`` do
-not apply (the whole corpus is prepared). Running the command again with the same arguments continues a
+not apply (the whole corpus is prepared). ``llm`` reads ``.txt`` files whole and C4's ``text`` field;
+``mlm`` reads the files ending in ``data.extensions`` (``.py``) whole and CodeSearchNet's ``code`` field
+(else ``original_string``, else ``text``). Running the command again with the same arguments continues a
 stopped preparation and encodes again any shard that no longer matches the index. Errors are one line naming
 what is wrong, with exit status 2.
 """
@@ -18,14 +22,18 @@ from comera.commands.config_file import config_argument
 from comera.commands.paths import path_argument
 from comera.data.corpus_sample import DEFAULT_SAMPLE_MB
 from comera.data.prepare import DEFAULT_SHARD_TOKENS, PrepareSettings, PrepareSummary, prepare_corpus
+from comera.data.progress import Progress
 from comera.methods import get_method
 from comera.recipes.settings import add_set_argument, resolve_settings
 from comera.workloads import load_recipe
 
 __all__ = ["main", "summary"]
 
-WORKLOADS = ("llm",)
+WORKLOADS = ("llm", "mlm")
 """The workloads whose corpus can be prepared."""
+MLM_TEXT_FIELDS = ("code", "original_string", "text")
+"""The JSON fields (and Parquet columns) a masked-LM corpus's text is read from, the first present: the
+workload's CodeSearchNet fields, then C4's ``text``."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,6 +71,20 @@ def _parser() -> argparse.ArgumentParser:
         help=f"MB of training text the tokenizer is trained on, drawn across all files (default "
         f"{DEFAULT_SAMPLE_MB})",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokenizing processes (default: one per core; 0: tokenize in this process)",
+    )
+    parser.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        default=None,
+        help="one line per phase instead of progress bars, even on a terminal",
+    )
     return parser
 
 
@@ -93,6 +115,14 @@ def summary(result: PrepareSummary, out: str) -> str:
     return "\n".join(lines)
 
 
+def _documents(workload: str, data: dict) -> dict[str, tuple[str, ...]]:
+    """What the workload reads as documents: ``.txt`` files and C4's ``text`` field for ``llm``; the files
+    ending in ``data.extensions`` (``.py``) and CodeSearchNet's ``code`` field (else ``text``) for ``mlm``."""
+    if workload == "mlm":
+        return {"whole_files": tuple(data.get("extensions", (".py",))), "text_fields": MLM_TEXT_FIELDS}
+    return {}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera prepare``."""
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -112,8 +142,12 @@ def main(argv: list[str] | None = None) -> int:
             skip_bad_lines=data.get("skip_bad_lines", False),
             shard_tokens=args.shard_tokens,
             sample_bytes=max(1, round(args.sample_mb * 10**6)),
+            **_documents(args.workload, data),
         )
-        result = prepare_corpus(args.data, args.out, settings, report=_print_line)
+        if args.workers is not None and args.workers < 0:
+            raise ValueError(f"--workers must be an int >= 0, got {args.workers}")
+        progress = Progress(bar=args.progress, write=_print_line)
+        result = prepare_corpus(args.data, args.out, settings, workers=args.workers, progress=progress)
     except (ValueError, FileNotFoundError, ImportError) as error:
         print(f"comera prepare: {error}", file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 
 A corpus is a file or a folder of
 
-- ``.txt`` files: one document each (read whole, so a document's size bounds the memory, not the corpus's);
+- ``.txt`` files (or the endings given as ``whole_files``, ``.py`` for the masked LM): one document each
+  (read whole, so a document's size bounds the memory, not the corpus's);
 - ``.jsonl`` / ``.jsonl.gz`` files: one document per line, its ``text`` field
   (:func:`comera.data.sources.jsonl_documents`; a bad line raises ``ValueError`` naming file and line, or is
   skipped and recorded with ``skip_bad_lines``);
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 import importlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from comera.data.files import without_bom
 from comera.data.sources import (
+    JSONL_SUFFIXES,
     MAX_LINE_BYTES,
     CodeDocument,
     SkippedDocument,
@@ -36,6 +38,7 @@ __all__ = [
     "CORPUS_EXTENSIONS",
     "PARQUET_EXTRA",
     "TEXT_FIELD",
+    "WHOLE_FILES",
     "SkipLog",
     "corpus_files",
     "corpus_inputs",
@@ -43,9 +46,11 @@ __all__ = [
 ]
 
 CORPUS_EXTENSIONS = (".txt", ".parquet")
-"""File endings read besides the JSON-lines ones (``.jsonl``, ``.jsonl.gz``)."""
+"""File endings read by default besides the JSON-lines ones (``.jsonl``, ``.jsonl.gz``)."""
+WHOLE_FILES = (".txt",)
+"""The endings of files read as one document each, by default."""
 TEXT_FIELD = "text"
-"""The JSON field and the Parquet column that hold a document's text."""
+"""The JSON field and the Parquet column that hold a document's text, by default."""
 PARQUET_EXTRA = "pip install 'comera[parquet]' (or pip install pyarrow)"
 """How to get the package that reads ``.parquet`` files."""
 _PARQUET_BATCH_ROWS = 1024
@@ -75,8 +80,9 @@ class SkipLog:
         return sum(self.counts.values())
 
 
-def corpus_files(root: str | Path) -> list[Path]:
-    """The files of the corpus at ``root`` that are read (module docstring), in reading order.
+def corpus_files(root: str | Path, whole_files: tuple[str, ...] = WHOLE_FILES) -> list[Path]:
+    """The files of the corpus at ``root`` that are read (module docstring), in reading order;
+    ``whole_files``: the endings of files read as one document each (``.txt`` by default).
 
     Raises:
         FileNotFoundError: nothing is at ``root``. ValueError: it holds no file that is read.
@@ -84,12 +90,10 @@ def corpus_files(root: str | Path) -> list[Path]:
     root = Path(root)
     if not root.exists():
         raise FileNotFoundError(f"--data {root}: no such file or folder")
-    files = source_files(root, CORPUS_EXTENSIONS)
+    files = source_files(root, (*whole_files, ".parquet"))
     if not files:
-        raise ValueError(
-            f"--data {root}: no .txt, .jsonl, .jsonl.gz or .parquet file found; give one such file or a "
-            "folder of them"
-        )
+        endings = ", ".join([*whole_files, ".jsonl", ".jsonl.gz", ".parquet"])
+        raise ValueError(f"--data {root}: no {endings} file found; give one such file or a folder of them")
     return files
 
 
@@ -113,7 +117,9 @@ def _text_file(file: Path, relative: str) -> CodeDocument | SkippedDocument:
         return SkippedDocument(relative, "unreadable")
 
 
-def _parquet_documents(file: Path, relative: str) -> Iterator[CodeDocument]:
+def _parquet_documents(
+    file: Path, relative: str, fields: tuple[str, ...], on_position: Callable[[int], None] | None
+) -> Iterator[CodeDocument]:
     try:
         parquet = importlib.import_module("pyarrow.parquet")
     except ImportError:
@@ -122,13 +128,17 @@ def _parquet_documents(file: Path, relative: str) -> Iterator[CodeDocument]:
         ) from None
     reader = parquet.ParquetFile(file)
     columns = reader.schema_arrow.names
-    if TEXT_FIELD not in columns:
-        raise ValueError(f"{file}: no {TEXT_FIELD!r} column (columns: {columns})")
+    column = next((name for name in fields if name in columns), None)
+    if column is None:
+        raise ValueError(f"{file}: no {' or '.join(map(repr, fields))} column (columns: {columns})")
+    size, rows = file.stat().st_size, max(1, reader.metadata.num_rows)
     row = 0
-    for batch in reader.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[TEXT_FIELD]):
+    for batch in reader.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[column]):
         for text in batch.column(0).to_pylist():
             row += 1
             yield CodeDocument(f"{relative}:{row}", text if isinstance(text, str) else "")
+        if on_position is not None:
+            on_position(size * row // rows)  # the rows read, as a share of the file's bytes
 
 
 def read_corpus(
@@ -138,29 +148,49 @@ def read_corpus(
     *,
     skip_bad_lines: bool = False,
     max_line_bytes: int = MAX_LINE_BYTES,
+    whole_files: tuple[str, ...] = WHOLE_FILES,
+    text_fields: tuple[str, ...] = (TEXT_FIELD,),
+    on_bytes: Callable[[int], None] | None = None,
 ) -> Iterator[CodeDocument]:
     """The documents of ``files`` (from :func:`corpus_files` of ``root``), one at a time, in reading order;
     those left out are appended to ``skipped`` (module docstring).
 
+    Args:
+        root, files: the corpus and its files (:func:`corpus_files`).
+        skipped: where records left out go.
+        skip_bad_lines: skip and record a bad JSON line instead of raising.
+        max_line_bytes: the longest JSON line read.
+        whole_files: endings of files read as one document each.
+        text_fields: the JSON fields (and Parquet columns) that may hold a text, the first present used.
+        on_bytes: called now and then with the bytes of the input files read so far (compressed bytes for a
+            gzip file), for a progress bar.
+
     Raises:
         ValueError: a bad JSON line without ``skip_bad_lines`` (file and line named), a damaged gzip file, a
-            Parquet file without a ``text`` column. ImportError: a Parquet file without ``pyarrow``.
+            Parquet file without a text column. ImportError: a Parquet file without ``pyarrow``.
     """
     root = Path(root)
+    done = 0
     for file in files:
         relative = _relative(root, file)
+        size = file.stat().st_size if on_bytes is not None else 0
+        within = None if on_bytes is None else (lambda position, done=done: on_bytes(done + position))
         if file.name.endswith(".parquet"):
-            found: Iterator[CodeDocument] = _parquet_documents(file, relative)
-        elif file.name.endswith(".txt"):
+            found: Iterator[CodeDocument] = _parquet_documents(file, relative, text_fields, within)
+        elif file.name.endswith(whole_files) and not file.name.endswith(JSONL_SUFFIXES):
             document = _text_file(file, relative)
+            found = iter([]) if isinstance(document, SkippedDocument) else iter([document])
             if isinstance(document, SkippedDocument):
                 skipped.append(document)
-                continue
-            found = iter([document])
         else:
-            found = jsonl_documents(file, relative, skip_bad_lines, skipped, (TEXT_FIELD,), max_line_bytes)
+            found = jsonl_documents(
+                file, relative, skip_bad_lines, skipped, text_fields, max_line_bytes, within
+            )
         for document in found:
             if document.text.strip():
                 yield document
             else:
                 skipped.append(SkippedDocument(document.key, "empty"))
+        done += size
+        if on_bytes is not None:
+            on_bytes(done)

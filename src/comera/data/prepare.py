@@ -41,8 +41,17 @@ from tokenizers import Tokenizer
 from comera.atomic import atomic_write_bytes, remove_stale_temporaries
 from comera.checks import check_bool, check_int, check_number
 from comera.data.bpe import SPECIAL_TOKENS, check_tokenizer_file, special_ids, train_tokenizer
-from comera.data.corpus import SkipLog, corpus_files, corpus_inputs, read_corpus
+from comera.data.corpus import (
+    TEXT_FIELD,
+    WHOLE_FILES,
+    SkipLog,
+    corpus_files,
+    corpus_inputs,
+    read_corpus,
+)
 from comera.data.corpus_sample import sample_documents
+from comera.data.encode_pool import EncodePool, available_cores
+from comera.data.progress import Progress, silent
 from comera.data.sources import CodeDocument, split_of
 from comera.data.token_shards import (
     INDEX_FILE,
@@ -61,16 +70,24 @@ __all__ = [
     "BATCH_BYTES",
     "BATCH_DOCUMENTS",
     "DEFAULT_SHARD_TOKENS",
+    "WORKER_BATCH",
+    "DocumentReader",
     "SPLIT_RULE",
     "PrepareSettings",
     "PrepareSummary",
     "prepare_corpus",
+    "prepare_documents",
 ]
 
 DEFAULT_SHARD_TOKENS = 2**26
 """Tokens a shard reaches before it is closed (67,108,864: 128 MiB of ``uint16``)."""
 BATCH_DOCUMENTS = 1024
+"""Documents encoded per ``encode_batch`` call in the preparing process (``workers=0``)."""
 BATCH_BYTES = 16 * 2**20
+"""Characters of text after which a batch is encoded even if it holds fewer documents (``workers=0``)."""
+WORKER_BATCH = (256, 2**20)
+"""Documents and characters of a batch sent to a worker process: small, as up to two per worker are in
+flight and each worker holds one batch's encodings."""
 SPLIT_RULE = (
     "a document is in validation when the first 8 bytes of SHA-256 of 'split' + '\\x1f' + its key, as a "
     "fraction of 2**64, are below validation_fraction; the key is a .txt file's path relative to --data, a "
@@ -90,6 +107,9 @@ class PrepareSettings:
         skip_bad_lines: skip and record bad JSON lines instead of stopping at the first.
         shard_tokens: tokens a shard reaches before it is closed (>= 1).
         sample_bytes: UTF-8 bytes of training text the tokenizer is trained on (>= 1).
+        whole_files: endings of the files read as one document each (``.txt``; ``.py`` for the masked LM).
+        text_fields: the JSON fields (and Parquet columns) that may hold a document's text, the first
+            present used (``text``; the masked LM also reads CodeSearchNet's ``code``).
     """
 
     vocab_size: int
@@ -98,9 +118,19 @@ class PrepareSettings:
     skip_bad_lines: bool = False
     shard_tokens: int = DEFAULT_SHARD_TOKENS
     sample_bytes: int = 100 * 10**6
+    whole_files: tuple[str, ...] = WHOLE_FILES
+    text_fields: tuple[str, ...] = (TEXT_FIELD,)
 
     def check(self) -> None:
         """``ValueError`` naming the first setting out of its range."""
+        for name, values in (("whole_files", self.whole_files), ("text_fields", self.text_fields)):
+            if isinstance(values, str) or not values or not all(isinstance(v, str) and v for v in values):
+                raise ValueError(f"{name} must be a non-empty tuple of non-empty strings, got {values!r}")
+        bad = [ending for ending in self.whole_files if not ending.startswith(".") or len(ending) < 2]
+        if bad:
+            raise ValueError(
+                f"whole_files must be file endings starting with '.', like '.txt', got {bad[0]!r}"
+            )
         check_int(self.vocab_size, "data.vocab_size", len(SPECIAL_TOKENS) + 257)
         fraction = self.validation_fraction
         check_number(fraction, "data.validation_fraction", 0, 1)
@@ -139,6 +169,8 @@ def _settings_record(settings: PrepareSettings, given_digest: str | None) -> dic
         "skip_bad_lines": settings.skip_bad_lines,
         "shard_tokens": settings.shard_tokens,
         "tokenizer_sample_bytes": None if given_digest else settings.sample_bytes,
+        "whole_files": list(settings.whole_files),
+        "text_fields": list(settings.text_fields),
     }
 
 
@@ -180,14 +212,19 @@ def _load_tokenizer(path: Path, what: str) -> Tokenizer:
     return tokenizer
 
 
-def _documents(
-    source: Path, files: list[Path], settings: PrepareSettings, skipped: SkipLog
-) -> Iterator[CodeDocument]:
-    return read_corpus(source, files, skipped, skip_bad_lines=settings.skip_bad_lines)
+DocumentReader = Callable[[SkipLog, Callable[[int], None] | None], Iterator[CodeDocument]]
+"""``read(skipped, on_bytes)``: the documents of a corpus in reading order, those left out appended to
+``skipped``, ``on_bytes`` (if not None) told how many input bytes were read; callable more than once."""
 
 
 def _tokenizer(
-    source: Path, files: list[Path], out: Path, settings: PrepareSettings, earlier: dict[str, Any] | None
+    read: DocumentReader,
+    what: str,
+    out: Path,
+    settings: PrepareSettings,
+    earlier: dict[str, Any] | None,
+    progress: Progress,
+    total_bytes: int | None,
 ) -> tuple[Tokenizer, dict[str, Any], bool]:
     """The tokenizer (module docstring), its index record, and whether the earlier shards can be kept (the
     earlier tokenizer is still there, unchanged)."""
@@ -200,23 +237,28 @@ def _tokenizer(
         record: dict[str, Any] = {"given": str(given.resolve())}
     else:
         skipped = SkipLog(keep=0)
-        train = (
-            document
-            for document in _documents(source, files, settings, skipped)
-            if split_of(document.key, settings.validation_fraction) == "train"
-        )
-        sample = sample_documents(train, settings.sample_bytes)
+        with progress.phase("reading the tokenizer's sample", total_bytes) as phase:
+            train = (
+                document
+                for document in read(skipped, phase.advance_to)
+                if split_of(document.key, settings.validation_fraction) == "train"
+            )
+            sample = sample_documents(train, settings.sample_bytes)
         if not sample:
-            raise ValueError(f"--data {source}: the training split has no documents to train a tokenizer on")
-        tokenizer = train_tokenizer((document.text for document in sample), settings.vocab_size)
+            raise ValueError(f"{what}: the training split has no documents to train a tokenizer on")
+        sample_bytes = sum(len(document.text.encode("utf-8")) for document in sample)
+        with progress.phase("training the tokenizer", sample_bytes) as phase:
+            tokenizer = train_tokenizer((document.text for document in sample), settings.vocab_size)
+            phase.advance_to(sample_bytes)
         record = {
             "trained_on": {
                 "documents": len(sample),
-                "bytes": sum(len(document.text.encode("utf-8")) for document in sample),
+                "bytes": sample_bytes,
                 "rule": "the training documents of lowest sample hash (SHA-256 of 'sample' + '\\x1f' + key) "
                 "whose texts hold at most tokenizer_sample_bytes bytes",
             }
         }
+        del sample
     atomic_write_bytes(path, tokenizer.to_str().encode())
     record.update(
         file=TOKENIZER_FILE,
@@ -313,7 +355,9 @@ def prepare_corpus(
     out: str | Path,
     settings: PrepareSettings,
     *,
-    report: Callable[[str], None] = lambda line: None,
+    report: Callable[[str], None] | None = None,
+    workers: int | None = None,
+    progress: Progress | None = None,
 ) -> PrepareSummary:
     """Tokenize the corpus at ``source`` into token shards and ``index.json`` in ``out`` (module docstring),
     or continue or repair an earlier preparation there.
@@ -322,7 +366,10 @@ def prepare_corpus(
         source: a corpus file or folder (:mod:`comera.data.corpus`).
         out: the prepared corpus's folder (created if missing).
         settings: the tokenizer, split and shard settings.
-        report: called with one line per shard written, kept or redone.
+        report: called with one line per shard written, kept or redone (default: ``progress.line``).
+        workers: tokenizing processes (>= 0; None: one per core the process may use, 0: encode in this
+            process on the ``tokenizers`` library's threads); the shards do not depend on it.
+        progress: where the phases' progress goes (:mod:`comera.data.progress`; default: nowhere).
 
     Raises:
         ValueError: a bad setting (named), a corpus without documents in a split, a bad JSON line (file and
@@ -330,11 +377,61 @@ def prepare_corpus(
             settings. FileNotFoundError: ``source`` or the tokenizer file does not exist. ImportError: a
             Parquet file without ``pyarrow``.
     """
+    settings.check()
+    source = Path(source)
+    files = corpus_files(source, settings.whole_files)
+    inputs = corpus_inputs(source, files)
+
+    def read(skipped: SkipLog, on_bytes: Callable[[int], None] | None) -> Iterator[CodeDocument]:
+        return read_corpus(
+            source,
+            files,
+            skipped,
+            skip_bad_lines=settings.skip_bad_lines,
+            whole_files=settings.whole_files,
+            text_fields=settings.text_fields,
+            on_bytes=on_bytes,
+        )
+
+    return prepare_documents(
+        read,
+        out,
+        settings,
+        source={"path": str(source.resolve()), "files": inputs},
+        report=report,
+        workers=workers,
+        progress=progress,
+    )
+
+
+def prepare_documents(
+    read: DocumentReader,
+    out: str | Path,
+    settings: PrepareSettings,
+    *,
+    source: dict[str, Any],
+    report: Callable[[str], None] | None = None,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> PrepareSummary:
+    """:func:`prepare_corpus` over the documents ``read`` gives (a :data:`DocumentReader`), in its order:
+    what the embedded corpora are prepared with (:mod:`comera.data.embedded`).
+
+    Args:
+        read: the documents, read twice when a tokenizer is trained (its sample, then the encoding).
+        out, settings, report, workers, progress: as :func:`prepare_corpus`.
+        source: ``index.json``'s ``source``: ``path`` (what ``--data`` named) and ``files``, a list of
+            ``{"name", "bytes"}`` (a resume over other files is refused).
+    """
     started = time.perf_counter()
     settings.check()
-    source, out = Path(source), Path(out)
-    files = corpus_files(source)
-    inputs = corpus_inputs(source, files)
+    progress = progress if progress is not None else silent()
+    report = report if report is not None else progress.line
+    workers = available_cores() if workers is None else check_int(workers, "workers", 0)
+    out = Path(out)
+    inputs = source["files"]
+    total_bytes = sum(int(entry["bytes"]) for entry in inputs) or None
+    what = f"--data {source['path']}"
     given = None if settings.tokenizer_file is None else file_sha256(settings.tokenizer_file)
     record = _settings_record(settings, given)
     if out.exists() and not out.is_dir():
@@ -342,10 +439,13 @@ def prepare_corpus(
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out)
     earlier = _earlier_index(out, inputs, record)
-    tokenizer, tokenizer_record, same_tokenizer = _tokenizer(source, files, out, settings, earlier)
+    tokenizer, tokenizer_record, same_tokenizer = _tokenizer(
+        read, what, out, settings, earlier, progress, total_bytes
+    )
     if not same_tokenizer:
         earlier = None  # shards encoded with a tokenizer that is gone are written again
     ids = special_ids(tokenizer)
+    del tokenizer  # the workers load their own
     dtype = token_dtype(tokenizer_record["vocab_size"])
     summary = PrepareSummary(index={})
     splits = {}
@@ -364,7 +464,7 @@ def prepare_corpus(
     skipped = SkipLog()
     base = {
         "format": INDEX_FORMAT,
-        "source": {"path": str(source.resolve()), "files": inputs},
+        "source": source,
         "settings": record,
         "split_rule": SPLIT_RULE,
         "tokenizer": tokenizer_record,
@@ -406,52 +506,55 @@ def prepare_corpus(
         return on_close
 
     on_close = {split: closed(split) for split in SPLITS}
-    batch: list[tuple[str, int, str]] = []
-    batch_bytes = 0
+    batch_documents, batch_bytes = (BATCH_DOCUMENTS, BATCH_BYTES) if workers == 0 else WORKER_BATCH
 
-    def encode() -> None:
-        nonlocal batch_bytes
-        if not batch:
-            return
-        encodings = tokenizer.encode_batch_fast([text for _, _, text in batch], add_special_tokens=False)
-        for (split, ordinal, _), encoding in zip(batch, encodings):
-            document = np.empty(len(encoding.ids) + 1, dtype=np.int64)
-            document[:-1] = encoding.ids
-            document[-1] = ids.eos
-            splits[split].add(ordinal, document, on_close[split])
-        batch.clear()
-        batch_bytes = 0
-
-    try:
-        for document in _documents(source, files, settings, skipped):
+    def batches(on_bytes: Callable[[int], None]) -> Iterator[tuple[list[tuple[str, int]], list[str]]]:
+        """The documents to encode, in batches ``([(split, ordinal)], [text])``."""
+        tags: list[tuple[str, int]] = []
+        texts: list[str] = []
+        held = 0
+        for document in read(skipped, on_bytes):
             split = split_of(document.key, settings.validation_fraction)
             shards = splits[split]
             ordinal = shards.documents
             shards.documents += 1
             if not shards.needs(ordinal):
                 continue
-            batch.append((split, ordinal, document.text))
-            batch_bytes += len(document.text)
-            if len(batch) >= BATCH_DOCUMENTS or batch_bytes >= BATCH_BYTES:
-                encode()
-        encode()
+            tags.append((split, ordinal))
+            texts.append(document.text)
+            held += len(document.text)
+            if len(texts) >= batch_documents or held >= batch_bytes:
+                yield tags, texts
+                tags, texts, held = [], [], 0
+        if texts:
+            yield tags, texts
+
+    eos = np.array([ids.eos], dtype=dtype)
+    try:
+        with (
+            EncodePool(out / TOKENIZER_FILE, dtype, workers) as pool,
+            progress.phase("encoding", total_bytes) as phase,
+        ):
+            for tags, encoded in pool.encode(batches(phase.advance_to)):
+                for (split, ordinal), document_ids in zip(tags, encoded):
+                    splits[split].add(ordinal, np.concatenate([document_ids, eos]), on_close[split])
         for split, shards in splits.items():
             shards.finish(on_close[split])
     except BaseException:
         for shards in splits.values():
             shards.abort()
         raise
-    _require_documents(source, splits)
+    _require_documents(what, splits)
     summary.index = write_index(complete=True)
     summary.seconds = time.perf_counter() - started
     return summary
 
 
-def _require_documents(source: Path, splits: dict[str, _SplitShards]) -> None:
+def _require_documents(what: str, splits: dict[str, _SplitShards]) -> None:
     for split, shards in splits.items():
         if shards.documents == 0:
             counts = ", ".join(f"{name} {each.documents}" for name, each in splits.items())
             raise ValueError(
-                f"--data {source}: the {split} split has no documents ({counts}); add data or change "
+                f"{what}: the {split} split has no documents ({counts}); add data or change "
                 "data.validation_fraction"
             )

@@ -32,7 +32,7 @@ import hashlib
 import json
 import os
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +65,7 @@ MAX_LINE_BYTES = 8 * 2**20
 """The longest JSON line read (8 MiB, its end of line included): a document of millions of tokens is no
 training text, and one such line cost minutes and gigabytes to tokenize (a 50 MB line: about two minutes and
 9 GB); longer lines are bad lines (:func:`read_code`)."""
+_POSITION_LINES = 64
 _EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
 
@@ -242,14 +243,20 @@ def jsonl_documents(
     skipped: list[SkippedDocument],
     fields: tuple[str, ...],
     max_line_bytes: int,
+    on_position: Callable[[int], None] | None = None,
 ) -> Iterator[CodeDocument]:
     """The documents of the JSON-lines file ``path`` (``relative``: its name in the keys), one line at a
     time: a line's text is its first string field among ``fields``; blank lines are passed over; a bad line
     (:func:`read_code`) raises ``ValueError`` naming file and line, or with ``skip_bad_lines`` is appended to
     ``skipped`` (key ``relative:line``, reason ``"bad_line"``). Empty texts are yielded (the caller decides).
+    ``on_position``, if given, is called every :data:`_POSITION_LINES` lines with the bytes of the file read
+    so far (of the compressed file, for gzip).
     """
     with open_data(path) as file:
+        raw_file = getattr(file, "fileobj", file)  # a gzip.GzipFile reads the compressed bytes from .fileobj
         for number, raw in numbered_lines(file, path, max_line_bytes):
+            if on_position is not None and number % _POSITION_LINES == 0:
+                on_position(raw_file.tell())
             if not raw.strip():
                 continue
             record, problem = _parse_line(raw, fields, max_line_bytes)

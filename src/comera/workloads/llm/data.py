@@ -70,6 +70,7 @@ __all__ = [
     "LMBlocks",
     "LMData",
     "build_lm_data",
+    "check_lm_data_settings",
     "held_out_split",
     "pack_stream",
     "read_lm_documents",
@@ -289,6 +290,26 @@ class LMData:
     info: dict[str, Any]
 
 
+def check_lm_data_settings(
+    validation_fraction: object,
+    max_validation_blocks: object,
+    tokenizer_file: object,
+    skip_bad_lines: object,
+) -> None:
+    """``ValueError`` naming the first of these settings out of its range (``FileNotFoundError`` for a
+    tokenizer file that is not there), checked before any document is read."""
+    if isinstance(validation_fraction, bool) or not isinstance(validation_fraction, (int, float)):
+        raise ValueError(f"validation_fraction must be a float in (0, 1), got {validation_fraction!r}")
+    if not 0 < validation_fraction < 1:
+        raise ValueError(f"validation_fraction must be a float in (0, 1), got {validation_fraction!r}")
+    blocks = max_validation_blocks
+    if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1):
+        raise ValueError(f"max_validation_blocks must be an int >= 1 or None, got {blocks!r}")
+    check_tokenizer_file(tokenizer_file)
+    if not isinstance(skip_bad_lines, bool):
+        raise ValueError(f"skip_bad_lines must be true or false, got {skip_bad_lines!r}")
+
+
 def build_lm_data(
     path: str | Path | None = None,
     *,
@@ -320,16 +341,7 @@ def build_lm_data(
     Raises:
         ValueError: a split without documents (naming the counts), or a bad argument.
     """
-    if isinstance(validation_fraction, bool) or not isinstance(validation_fraction, (int, float)):
-        raise ValueError(f"validation_fraction must be a float in (0, 1), got {validation_fraction!r}")
-    if not 0 < validation_fraction < 1:
-        raise ValueError(f"validation_fraction must be a float in (0, 1), got {validation_fraction!r}")
-    blocks = max_validation_blocks
-    if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1):
-        raise ValueError(f"max_validation_blocks must be an int >= 1 or None, got {blocks!r}")
-    check_tokenizer_file(tokenizer_file)  # before the documents are read
-    if not isinstance(skip_bad_lines, bool):
-        raise ValueError(f"skip_bad_lines must be true or false, got {skip_bad_lines!r}")
+    check_lm_data_settings(validation_fraction, max_validation_blocks, tokenizer_file, skip_bad_lines)
     documents, skipped = read_lm_documents(
         path, max_files=max_files, max_bytes=max_bytes, skip_bad_lines=skip_bad_lines
     )

@@ -19,6 +19,7 @@ values used), and ``data.tokenizer_file`` is refused.
 from __future__ import annotations
 
 import hashlib
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,15 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from comera.data.bpe import special_ids
+from comera.data.embedded import prepare_embedded
 from comera.data.shard_check import check_shards
+from comera.data.sources import CodeDocument, default_source_dir, read_counts, require_documents, split_of
 from comera.data.token_blocks import TokenBlocks, spread_blocks
 from comera.data.token_shards import TOKENIZER_FILE, open_shard, read_index
 from comera.data.tokenize import tokenizer_digest
-from comera.workloads.llm.data import LMData
+from comera.workloads.llm.data import LMData, check_lm_data_settings, read_lm_documents
 
-__all__ = ["build_prepared_lm_data"]
+__all__ = ["build_embedded_lm_data", "build_prepared_lm_data"]
 
 
 def _split_blocks(
@@ -142,3 +145,73 @@ def build_prepared_lm_data(
         identity={"tokenizer": index["tokenizer"]["sha256"], "validation": validation_digest},
     )
     return LMData(train, validation, tokenizer, tokenizer_path, ids, info)
+
+
+def build_embedded_lm_data(
+    *,
+    cache_dir: str | Path,
+    seq_len: int,
+    vocab_size: int,
+    tokenizer_file: str | Path | None = None,
+    validation_fraction: float = 0.05,
+    max_validation_blocks: int | None = None,
+    max_files: int | None = None,
+    max_bytes: int | None = None,
+    skip_bad_lines: bool = False,
+) -> LMData:
+    """The embedded corpus (the standard library and its documentation topics,
+    :func:`comera.workloads.llm.data.read_lm_documents`) prepared into token shards in the cache
+    (:func:`comera.data.embedded.prepare_embedded`) and read through their memory maps: the same blocks,
+    validation blocks, tokenizer and ``info`` as :func:`comera.workloads.llm.data.build_lm_data` makes of it
+    in memory (the documents in key order, the tokenizer trained on the whole training split), plus
+    ``info["prepared"]`` naming the cached folder.
+
+    Args:
+        cache_dir, seq_len, vocab_size, tokenizer_file, validation_fraction, max_validation_blocks,
+            max_files, max_bytes: as :func:`~comera.workloads.llm.data.build_lm_data`.
+        skip_bad_lines: checked, not used (the embedded corpus has no JSON lines).
+
+    Raises:
+        ValueError: a bad argument (named), a split without documents.
+    """
+    check_lm_data_settings(validation_fraction, max_validation_blocks, tokenizer_file, skip_bad_lines)
+    documents, skipped = read_lm_documents(None, max_files=max_files, max_bytes=max_bytes)
+    documents = sorted(documents, key=lambda document: document.key)
+    splits: dict[str, list[CodeDocument]] = {"train": [], "validation": []}
+    for document in documents:
+        splits[split_of(document.key, validation_fraction)].append(document)
+    require_documents(
+        splits, default_source_dir(), validation_fraction, max_files=max_files, max_bytes=max_bytes
+    )
+    embedded = prepare_embedded(
+        documents,
+        name=f"the standard library and documentation topics of Python {platform.python_version()}",
+        cache_dir=cache_dir,
+        prefix="lm",
+        vocab_size=vocab_size,
+        validation_fraction=validation_fraction,
+        tokenizer_file=tokenizer_file,
+    )
+    del documents
+    lm = build_prepared_lm_data(
+        embedded.folder, cache_dir=cache_dir, seq_len=seq_len, max_validation_blocks=max_validation_blocks
+    )
+    info = lm.info
+    for name, split in splits.items():
+        left_out = [entry for entry in skipped if split_of(entry.key, validation_fraction) == name]
+        facts = info[name]
+        blocks = facts["blocks"]
+        info[name] = {
+            **read_counts(split, left_out),
+            "stream_tokens": facts["stream_tokens"],
+            "tokens": facts["tokens"],
+            "blocks": blocks,
+            "targets": facts["targets"] if name == "validation" else blocks * (seq_len - 1),
+            "dropped_tokens": facts["dropped_tokens"],
+        }
+    info.update(
+        tokenizer=str(embedded.tokenizer_path),
+        tokenizer_cached=embedded.tokenizer_cached,
+        prepared={"folder": str(embedded.folder), "embedded": True, "prepared_now": embedded.prepared_now},
+    )
+    return LMData(lm.train, lm.validation, embedded.tokenizer, embedded.tokenizer_path, lm.ids, info)

@@ -40,7 +40,7 @@ from comera.recipes.base import Recipe, RecipeData, register_recipe
 from comera.train.evaluation import Evaluator, TokenScores, perplexity
 from comera.workloads.llm.data import build_lm_data
 from comera.workloads.llm.model import IGNORE_INDEX, MODEL_PRESETS, LlamaLM, LMConfig, next_token_loss
-from comera.workloads.llm.prepared import build_prepared_lm_data
+from comera.workloads.llm.prepared import build_embedded_lm_data, build_prepared_lm_data
 from comera.workloads.llm.presets import RECIPE_PRESETS
 
 __all__ = ["LLMRecipe", "MODEL_SIZES", "NextTokenEvaluator", "TOKENIZER_FILE"]
@@ -104,6 +104,8 @@ class LLMRecipe(Recipe):
         (:func:`~comera.workloads.llm.prepared.build_prepared_lm_data`)."""
         if is_prepared(data_path):
             lm = build_prepared_lm_data(data_path, cache_dir=cache_dir, **settings)
+        elif data_path is None:
+            lm = build_embedded_lm_data(cache_dir=cache_dir, **settings)
         else:
             lm = build_lm_data(data_path, cache_dir=cache_dir, **settings)
         info = dict(lm.info)

@@ -29,9 +29,9 @@ from comera.data.sources import (
 from comera.data.token_cache import encode_cached
 from comera.data.tokenize import tokenizer_digest
 from comera.workloads.mlm.masking import MaskingCollator
-from comera.workloads.mlm.packing import PackedBlocks, pack_documents
+from comera.workloads.mlm.packing import PackedBlocks, ShardBlocks, pack_documents
 
-__all__ = ["CodeData", "build_code_data"]
+__all__ = ["CodeData", "build_code_data", "check_code_data_settings"]
 
 
 @dataclass
@@ -39,7 +39,8 @@ class CodeData:
     """Everything :func:`build_code_data` prepares.
 
     Attributes:
-        train, validation: the packed splits (validation with fixed masking).
+        train, validation: the packed splits (validation with fixed masking): :class:`PackedBlocks` in
+            memory, or :class:`~comera.workloads.mlm.packing.ShardBlocks` over a prepared corpus's shards.
         collator: the masking ``collate_fn`` for both.
         tokenizer, tokenizer_path: the tokenizer and its ``tokenizer.json``.
         ids: its special ids and vocabulary size.
@@ -48,13 +49,22 @@ class CodeData:
             whether it came from the cache.
     """
 
-    train: PackedBlocks
-    validation: PackedBlocks
+    train: PackedBlocks | ShardBlocks
+    validation: PackedBlocks | ShardBlocks
     collator: MaskingCollator
     tokenizer: Tokenizer
     tokenizer_path: Path
     ids: SpecialIds
     info: dict[str, Any]
+
+
+def check_code_data_settings(validation_fraction: object, tokenizer_file: object) -> None:
+    """``ValueError`` naming the split fraction or the tokenizer file when out of range
+    (``FileNotFoundError`` for a tokenizer file that is not there), before any document is read."""
+    bad = isinstance(validation_fraction, bool) or not isinstance(validation_fraction, (int, float))
+    if bad or not 0 < validation_fraction < 1:
+        raise ValueError(f"validation_fraction must be a float in (0, 1), got {validation_fraction!r}")
+    check_tokenizer_file(tokenizer_file)
 
 
 def build_code_data(
@@ -89,9 +99,7 @@ def build_code_data(
     Raises:
         ValueError: a split has no documents (naming the counts), or a bad argument or input line.
     """
-    if not isinstance(validation_fraction, (int, float)) or not 0 < validation_fraction < 1:
-        raise ValueError(f"validation_fraction must be a float in (0, 1), got {validation_fraction!r}")
-    check_tokenizer_file(tokenizer_file)  # before the documents are read
+    check_code_data_settings(validation_fraction, tokenizer_file)
     documents, skipped = read_code(
         path, extensions=extensions, skip_bad_lines=skip_bad_lines, max_files=max_files, max_bytes=max_bytes
     )

@@ -3,7 +3,9 @@
 Packing (:func:`pack_documents`): documents are joined into one stream, each followed by ``</s>``; the
 stream is cut into blocks of ``seq_len - 1`` tokens and each block starts with ``<s>``. Every document token
 is in exactly one block, in order. The last block, when short, is padded with ``<pad>`` (``tail="pad"``,
-attention mask 0 there) or dropped (``tail="drop"``, the dropped tokens counted).
+attention mask 0 there) or dropped (``tail="drop"``, the dropped tokens counted). :class:`ShardBlocks`
+makes the same blocks of a stream held in memory-mapped token shards (a prepared corpus), reading a block
+when it is asked for.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import torch
 from torch.utils.data import Dataset
 
 from comera.data.bpe import SpecialIds
+from comera.data.token_blocks import TokenBlocks
 
-__all__ = ["TAILS", "PackedBlocks", "pack_documents"]
+__all__ = ["TAILS", "PackedBlocks", "ShardBlocks", "pack_documents"]
 
 TAILS = ("pad", "drop")
 
@@ -98,3 +101,60 @@ def pack_documents(
     if rest and tail == "pad":
         lengths[-1] = 1 + rest
     return PackedBlocks(blocks, lengths, fixed_masking, dropped)
+
+
+class ShardBlocks(Dataset):
+    """:func:`pack_documents`'s blocks of a token stream held in memory-mapped shards
+    (:class:`comera.data.token_blocks.TokenBlocks`): block ``i`` is ``<s>`` and the stream's tokens
+    ``[i * (seq_len - 1), (i + 1) * (seq_len - 1))``, the short last piece padded with ``<pad>`` or dropped,
+    read when it is asked for. Items are :class:`PackedBlocks`'s, so the same collate function masks them.
+
+    Args:
+        shards: the stream's pieces in order (``doc_1 </s> doc_2 </s> ...``), ``numpy.memmap`` arrays.
+        seq_len: tokens per block (>= 3: ``<s>`` and at least two stream tokens).
+        ids: the tokenizer's special ids (``bos`` leads each block, ``pad`` fills a padded tail).
+        tail: ``"pad"`` or ``"drop"``.
+        fixed_masking: as :class:`PackedBlocks`.
+
+    Attributes:
+        num_tokens: real tokens over all blocks, ``<s>`` included (as :attr:`PackedBlocks.num_tokens`).
+        dropped_tokens: stream tokens left out by ``tail="drop"``.
+    """
+
+    def __init__(
+        self,
+        shards: Sequence[Any],
+        seq_len: int,
+        ids: SpecialIds,
+        *,
+        tail: str = "pad",
+        fixed_masking: bool = False,
+    ) -> None:
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 3:
+            raise ValueError(f"seq_len must be an int >= 3 (<s> and two tokens), got {seq_len!r}")
+        if tail not in TAILS:
+            raise ValueError(f"tail must be one of {TAILS}, got {tail!r}")
+        self.blocks = TokenBlocks(shards, seq_len - 1, pad_id=ids.pad if tail == "pad" else None)
+        self.seq_len, self.bos, self.fixed_masking = seq_len, ids.bos, fixed_masking
+        self.dropped_tokens = self.blocks.dropped_tokens
+        self.num_tokens = min(self.blocks.stream_tokens, len(self.blocks) * (seq_len - 1)) + len(self.blocks)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} is out of range for {len(self)} blocks")
+        index %= len(self)
+        body = self.blocks.block(index)
+        start = index * (self.seq_len - 1)
+        real = min(self.seq_len - 1, self.blocks.stream_tokens - start)
+        input_ids = torch.empty(self.seq_len, dtype=torch.int64)
+        input_ids[0] = self.bos
+        input_ids[1:] = torch.from_numpy(body)
+        return {
+            "input_ids": input_ids,
+            "length": 1 + real,
+            "index": index,
+            "fixed_masking": self.fixed_masking,
+        }

@@ -23,10 +23,12 @@ import torch
 from torch import nn
 
 from comera.data.sources import default_source_dir
+from comera.data.token_shards import is_prepared
 from comera.recipes.base import Recipe, RecipeData, register_recipe
 from comera.train.evaluation import Evaluator, TokenScores, perplexity
 from comera.workloads.mlm.data import build_code_data
 from comera.workloads.mlm.model import SIZE_NAMES, build_mlm_model, model_sizes
+from comera.workloads.mlm.prepared import build_embedded_code_data, build_prepared_code_data
 from comera.workloads.mlm.presets import RECIPE_PRESETS
 
 __all__ = ["MLMRecipe", "MaskedLMEvaluator", "masked_lm_scores"]
@@ -77,8 +79,16 @@ class MLMRecipe(Recipe):
     presets = RECIPE_PRESETS
 
     def build_data(self, settings: dict[str, Any], data_path: Path | None, cache_dir: Path) -> RecipeData:
-        """Read, split, tokenize, pack; ``info`` holds per-split counts, the vocabulary and the tokenizer."""
-        code = build_code_data(data_path, cache_dir=cache_dir, **settings)
+        """Read, split, tokenize, pack; ``info`` holds per-split counts, the vocabulary and the tokenizer. The
+        embedded corpus is prepared into token shards in the cache and a ``--data`` folder holding
+        ``index.json`` (``comera prepare mlm``) is read as it is, both through memory maps
+        (:mod:`comera.workloads.mlm.prepared`); other ``--data`` is read into memory."""
+        if is_prepared(data_path):
+            code = build_prepared_code_data(data_path, cache_dir=cache_dir, **settings)
+        elif data_path is None:
+            code = build_embedded_code_data(cache_dir=cache_dir, **settings)
+        else:
+            code = build_code_data(data_path, cache_dir=cache_dir, **settings)
         info = dict(code.info)
         splits = {name: info.pop(name) for name in ("train", "validation")}
         info.update(

@@ -1,0 +1,134 @@
+"""The embedded corpora (the running Python's standard library, read when a run names no ``--data``) prepared
+into token shards like any corpus (:func:`comera.data.prepare.prepare_documents`) and cached, so that
+training reads every corpus through the same memory maps: :func:`prepare_embedded`.
+
+The caller reads the documents (a few tens of MB) in the order its stream has always had, so the blocks are
+the ones the in-memory packing made: the same token stream, the same validation blocks. The tokenizer is
+:func:`comera.data.bpe.load_or_train_tokenizer`'s, trained on the whole training split and cached under a
+digest of it as before, so a run folder started before the embedded corpus was prepared resumes over the
+same tokens when given its ``--cache`` folder.
+
+The prepared corpus is the cache entry ``{prefix}-prepared-{digest}/`` (the digest covers the documents'
+keys and texts in order, the split fraction, the tokenizer and the layout), written into a temporary folder
+and put in place in one step (:func:`comera.data.cache.building_folder`); an entry whose index cannot be
+read, is unfinished or whose shards do not match it is prepared again (with a warning).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from comera.data.bpe import load_or_train_tokenizer
+from comera.data.cache import building_folder
+from comera.data.corpus import SkipLog
+from comera.data.prepare import INDEX_FORMAT, PrepareSettings, prepare_documents
+from comera.data.shard_check import check_shards
+from comera.data.sources import CodeDocument, documents_digest, split_of
+from comera.data.token_shards import read_index
+from comera.data.tokenize import tokenizer_digest
+
+__all__ = ["EMBEDDED_LAYOUT", "EmbeddedCorpus", "prepare_embedded"]
+
+EMBEDDED_LAYOUT = 1
+"""The version of the embedded preparation, in its cache digest: a change of layout prepares again."""
+
+
+@dataclass(frozen=True)
+class EmbeddedCorpus:
+    """A prepared embedded corpus.
+
+    Attributes:
+        folder: the prepared corpus (``index.json``, ``tokenizer.json``, shards).
+        tokenizer: the tokenizer.
+        tokenizer_path: its cached ``tokenizer.json`` (or the given one).
+        tokenizer_cached: whether the tokenizer was read rather than trained.
+        prepared_now: whether the shards were written in this call.
+    """
+
+    folder: Path
+    tokenizer: Tokenizer
+    tokenizer_path: Path
+    tokenizer_cached: bool
+    prepared_now: bool
+
+
+def _usable(folder: Path, cache_dir: Path) -> str | None:
+    """None when the prepared corpus in ``folder`` is complete and its shards match its index, else why
+    not."""
+    try:
+        index = read_index(folder)
+        if not index.get("complete"):
+            return "its preparation did not finish"
+        check_shards(folder, index, cache_dir)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return str(error)
+    return None
+
+
+def prepare_embedded(
+    documents: Sequence[CodeDocument],
+    *,
+    name: str,
+    cache_dir: str | Path,
+    prefix: str,
+    vocab_size: int,
+    validation_fraction: float,
+    tokenizer_file: str | Path | None = None,
+) -> EmbeddedCorpus:
+    """The prepared corpus of ``documents`` (module docstring), from the cache or written to it.
+
+    Args:
+        documents: the documents, in the order of their split's stream.
+        name: what the index names as the source (``"the standard library of Python 3.11.7"``).
+        cache_dir: the cache folder.
+        prefix: the cache entry's name prefix (``"lm"``, ``"code"``).
+        vocab_size, tokenizer_file: of :func:`comera.data.bpe.load_or_train_tokenizer`.
+        validation_fraction: the split (:func:`comera.data.sources.split_of`).
+
+    Raises:
+        ValueError: a bad setting, or a split without documents (the caller checks that first, with its own
+            message).
+    """
+    cache_dir = Path(cache_dir)
+    train = [document for document in documents if split_of(document.key, validation_fraction) == "train"]
+    tokenizer, tokenizer_path, cached = load_or_train_tokenizer(train, vocab_size, cache_dir, tokenizer_file)
+    digest = hashlib.sha256(
+        "/".join(
+            map(
+                str,
+                (
+                    documents_digest(documents, "embedded", validation_fraction),
+                    tokenizer_digest(tokenizer),
+                    INDEX_FORMAT,
+                    EMBEDDED_LAYOUT,
+                ),
+            )
+        ).encode()
+    ).hexdigest()[:16]
+    folder = cache_dir / f"{prefix}-prepared-{digest}"
+    if folder.is_dir():
+        problem = _usable(folder, cache_dir)
+        if problem is None:
+            return EmbeddedCorpus(folder, tokenizer, tokenizer_path, cached, False)
+        warnings.warn(
+            f"cache entry {folder} is damaged and is prepared again from the data ({problem})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def read(skipped: SkipLog, on_bytes: Callable[[int], None] | None) -> Iterator[CodeDocument]:
+        return iter(documents)
+
+    settings = PrepareSettings(
+        vocab_size=vocab_size, validation_fraction=validation_fraction, tokenizer_file=tokenizer_path
+    )
+    inputs = [{"name": name, "bytes": sum(len(document.text.encode("utf-8")) for document in documents)}]
+    with building_folder(folder) as work:
+        prepare_documents(read, work, settings, source={"path": name, "files": inputs}, workers=0)
+    return EmbeddedCorpus(folder, tokenizer, tokenizer_path, cached, True)
