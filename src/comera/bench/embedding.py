@@ -90,7 +90,7 @@ DISTRIBUTIONS = ("uniform", "zipf")
 SIZES = (10_000, 20_000, 40_000)
 ZIPF_EXPONENT = 1.05
 # The paper authors' own order-4 lookup (their code) and nn.Embedding, fwd+bwd on the paper's table with
-# uniform ids, measured on the development machine in one run (issue 3); milliseconds by batch size. Shown
+# uniform ids, measured on the development machine in one run (2026-11-22); milliseconds by batch size. Shown
 # for scale beside the same-run timing of the rebuilt published order (PublishedOrderLookup).
 AUTHORS_MS = {10_000: 262.0, 20_000: 564.0, 40_000: 1163.0}
 AUTHORS_UNIQUE_MS = {10_000: 128.0, 20_000: 276.0, 40_000: 476.0}
@@ -376,8 +376,8 @@ def format_report(results: list[dict], command: str, memory: str = "reuse") -> s
         "",
         "Against the published order-4 lookup (paper table, uniform ids, same run): `published` is the",
         "paper code's pair-merge order rebuilt from its description (`comera/bench/published_lookup.py`),",
-        "`published+unique` adds its row-level unique step. For scale, the issue's timing of the authors'",
-        "own code on this machine: `authors ms` (and with their unique option).",
+        "`published+unique` adds its row-level unique step. For scale, a timing of the authors' own code on",
+        "the development machine: `authors ms` (and with their unique option).",
         "",
         "| batch | published ms | published+unique ms | auto ms | auto vs published | "
         "auto vs published+unique | authors ms | authors+unique ms |",
@@ -397,7 +397,7 @@ def format_report(results: list[dict], command: str, memory: str = "reuse") -> s
             fmt(AUTHORS_UNIQUE_MS.get(count), 0),
         ]
         lines.append(f"| {count} | " + " | ".join(cells) + " |")
-    lines += ["", "Targets (issue 3):", ""]
+    lines += ["", "Targets:", ""]
     for table in sorted({case[0] for case in cases}):
         table_cases = [case for case in cases if case[0] == table]
         speed = [_quotient(value(c, "naive", "ms"), value(c, "optimized", "ms")) for c in table_cases]
