@@ -26,14 +26,12 @@ from comera.data.progress import Progress
 from comera.methods import get_method
 from comera.recipes.settings import add_set_argument, resolve_settings
 from comera.workloads import load_recipe
+from comera.workloads.mlm.prepared import MLM_TEXT_FIELDS
 
 __all__ = ["main", "summary"]
 
 WORKLOADS = ("llm", "mlm")
 """The workloads whose corpus can be prepared."""
-MLM_TEXT_FIELDS = ("code", "original_string", "text")
-"""The JSON fields (and Parquet columns) a masked-LM corpus's text is read from, the first present: the
-workload's CodeSearchNet fields, then C4's ``text``."""
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -52,7 +52,7 @@ from comera.data.corpus import (
 from comera.data.corpus_sample import sample_documents
 from comera.data.encode_pool import EncodePool, available_cores
 from comera.data.progress import Progress, silent
-from comera.data.sources import CodeDocument, split_of
+from comera.data.sources import CodeDocument, SkippedDocument, split_of
 from comera.data.token_shards import (
     INDEX_FILE,
     INDEX_FORMAT,
@@ -72,9 +72,12 @@ __all__ = [
     "DEFAULT_SHARD_TOKENS",
     "WORKER_BATCH",
     "DocumentReader",
+    "HELD_OUT_SPLITS",
     "SPLIT_RULE",
     "PrepareSettings",
     "PrepareSummary",
+    "held_out_rule",
+    "held_out_rule_text",
     "prepare_corpus",
     "prepare_documents",
 ]
@@ -94,6 +97,36 @@ SPLIT_RULE = (
     "JSON line's repo/path when it has both fields else file:line, a Parquet row's file:row (rows from 1)"
 )
 """The split rule, as ``index.json`` states it (:func:`comera.data.sources.split_of`)."""
+HELD_OUT_SPLITS = ("validation", "test")
+"""The splits of a saved ``DatasetDict`` kept out of training, the first one present being the validation
+split."""
+
+
+def held_out_rule(held_out: str | None, validation_fraction: float) -> Callable[[str], str | None]:
+    """``key -> "train" | "validation" | None`` (None: left out): by hash
+    (:func:`comera.data.sources.split_of`), or, when ``held_out`` names a saved ``DatasetDict``'s split
+    (keys ``split/...``), that split is validation, the other one of :data:`HELD_OUT_SPLITS` is left out
+    and every other split is trained on."""
+    if held_out is None:
+        return lambda key: split_of(key, validation_fraction)
+
+    def rule(key: str) -> str | None:
+        name = key.partition("/")[0]
+        if name == held_out:
+            return "validation"
+        return None if name in HELD_OUT_SPLITS else "train"
+
+    return rule
+
+
+def held_out_rule_text(held_out: str) -> str:
+    """:func:`held_out_rule`'s rule for ``held_out``, as ``index.json`` states it."""
+    left_out = [name for name in HELD_OUT_SPLITS if name != held_out]
+    return (
+        f"the saved dataset's own {held_out!r} split is the validation split; its "
+        f"{', '.join(map(repr, left_out))} split, if any, is left out (held out); every other split is "
+        "trained on; a record's key is split/row (rows from 0)"
+    )
 
 
 @dataclass(frozen=True)
@@ -225,6 +258,7 @@ def _tokenizer(
     earlier: dict[str, Any] | None,
     progress: Progress,
     total_bytes: int | None,
+    split_by: Callable[[str], str | None],
 ) -> tuple[Tokenizer, dict[str, Any], bool]:
     """The tokenizer (module docstring), its index record, and whether the earlier shards can be kept (the
     earlier tokenizer is still there, unchanged)."""
@@ -239,9 +273,7 @@ def _tokenizer(
         skipped = SkipLog(keep=0)
         with progress.phase("reading the tokenizer's sample", total_bytes) as phase:
             train = (
-                document
-                for document in read(skipped, phase.advance_to)
-                if split_of(document.key, settings.validation_fraction) == "train"
+                document for document in read(skipped, phase.advance_to) if split_by(document.key) == "train"
             )
             sample = sample_documents(train, settings.sample_bytes)
         if not sample:
@@ -358,6 +390,8 @@ def prepare_corpus(
     report: Callable[[str], None] | None = None,
     workers: int | None = None,
     progress: Progress | None = None,
+    max_files: int | None = None,
+    max_bytes: int | None = None,
 ) -> PrepareSummary:
     """Tokenize the corpus at ``source`` into token shards and ``index.json`` in ``out`` (module docstring),
     or continue or repair an earlier preparation there.
@@ -370,6 +404,9 @@ def prepare_corpus(
         workers: tokenizing processes (>= 0; None: one per core the process may use, 0: encode in this
             process on the ``tokenizers`` library's threads); the shards do not depend on it.
         progress: where the phases' progress goes (:mod:`comera.data.progress`; default: nowhere).
+        max_files, max_bytes: read only the first ``max_files`` files in reading order, and stop after the
+            document that brings the texts read to ``max_bytes`` UTF-8 bytes (None: all; recorded in the
+            index's ``source``): the caps ``comera train`` applies to a ``--data`` it prepares itself.
 
     Raises:
         ValueError: a bad setting (named), a corpus without documents in a split, a bad JSON line (file and
@@ -378,12 +415,16 @@ def prepare_corpus(
             Parquet file without ``pyarrow``.
     """
     settings.check()
+    if max_files is not None:
+        check_int(max_files, "data.max_files", 1)
+    if max_bytes is not None:
+        check_int(max_bytes, "data.max_bytes", 1)
     source = Path(source)
-    files = corpus_files(source, settings.whole_files)
+    files = corpus_files(source, settings.whole_files)[:max_files]
     inputs = corpus_inputs(source, files)
 
     def read(skipped: SkipLog, on_bytes: Callable[[int], None] | None) -> Iterator[CodeDocument]:
-        return read_corpus(
+        documents = read_corpus(
             source,
             files,
             skipped,
@@ -392,16 +433,28 @@ def prepare_corpus(
             text_fields=settings.text_fields,
             on_bytes=on_bytes,
         )
+        return documents if max_bytes is None else _capped(documents, max_bytes)
 
+    caps = {} if max_files is None and max_bytes is None else {"max_files": max_files, "max_bytes": max_bytes}
     return prepare_documents(
         read,
         out,
         settings,
-        source={"path": str(source.resolve()), "files": inputs},
+        source={"path": str(source.resolve()), "files": inputs, **caps},
         report=report,
         workers=workers,
         progress=progress,
     )
+
+
+def _capped(documents: Iterator[CodeDocument], max_bytes: int) -> Iterator[CodeDocument]:
+    """``documents`` up to the one that brings their texts to ``max_bytes`` UTF-8 bytes."""
+    held = 0
+    for document in documents:
+        yield document
+        held += len(document.text.encode("utf-8"))
+        if held >= max_bytes:
+            return
 
 
 def prepare_documents(
@@ -413,6 +466,8 @@ def prepare_documents(
     report: Callable[[str], None] | None = None,
     workers: int | None = None,
     progress: Progress | None = None,
+    split_by: Callable[[str], str | None] | None = None,
+    split_rule: str = SPLIT_RULE,
 ) -> PrepareSummary:
     """:func:`prepare_corpus` over the documents ``read`` gives (a :data:`DocumentReader`), in its order:
     what the embedded corpora are prepared with (:mod:`comera.data.embedded`).
@@ -422,9 +477,14 @@ def prepare_documents(
         out, settings, report, workers, progress: as :func:`prepare_corpus`.
         source: ``index.json``'s ``source``: ``path`` (what ``--data`` named) and ``files``, a list of
             ``{"name", "bytes"}`` (a resume over other files is refused).
+        split_by: ``key -> "train" | "validation" | None`` (None: the document is left out); default
+            :func:`comera.data.sources.split_of` at ``settings.validation_fraction``.
+        split_rule: the rule as ``index.json`` states it.
     """
     started = time.perf_counter()
     settings.check()
+    if split_by is None:
+        split_by = held_out_rule(None, settings.validation_fraction)
     progress = progress if progress is not None else silent()
     report = report if report is not None else progress.line
     workers = available_cores() if workers is None else check_int(workers, "workers", 0)
@@ -440,7 +500,7 @@ def prepare_documents(
     remove_stale_temporaries(out)
     earlier = _earlier_index(out, inputs, record)
     tokenizer, tokenizer_record, same_tokenizer = _tokenizer(
-        read, what, out, settings, earlier, progress, total_bytes
+        read, what, out, settings, earlier, progress, total_bytes, split_by
     )
     if not same_tokenizer:
         earlier = None  # shards encoded with a tokenizer that is gone are written again
@@ -461,12 +521,12 @@ def prepare_documents(
                 splits[split].bad[position] = problem
                 summary.redone[entry["name"]] = problem
                 report(f"{entry['name']}: {problem}; encoding it again")
-    skipped = SkipLog()
+    skipped = SkipLog(split_by=split_by)
     base = {
         "format": INDEX_FORMAT,
         "source": source,
         "settings": record,
-        "split_rule": SPLIT_RULE,
+        "split_rule": split_rule,
         "tokenizer": tokenizer_record,
         "dtype": dtype.name,
         "eos_id": ids.eos,
@@ -482,6 +542,8 @@ def prepare_documents(
                 "tokens": sum(entry["tokens"] for entry in entries),
                 "shards": entries,
             }
+            if complete:
+                index["splits"][split]["skipped"] = dict(sorted(skipped.by_split.get(split, {}).items()))
         if complete:
             index["skipped"] = {
                 "total": skipped.total,
@@ -514,7 +576,10 @@ def prepare_documents(
         texts: list[str] = []
         held = 0
         for document in read(skipped, on_bytes):
-            split = split_of(document.key, settings.validation_fraction)
+            split = split_by(document.key)
+            if split is None:
+                skipped.append(SkippedDocument(document.key, "held_out"))
+                continue
             shards = splits[split]
             ordinal = shards.documents
             shards.documents += 1

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
 from comera.data.bpe import SpecialIds, check_tokenizer_file, load_or_train_tokenizer, special_ids
+from comera.data.prepare import HELD_OUT_SPLITS, held_out_rule
 from comera.data.sources import (
     CodeDocument,
     SkippedDocument,
@@ -60,7 +61,6 @@ from comera.data.sources import (
     read_code,
     read_counts,
     require_documents,
-    split_of,
 )
 from comera.data.token_cache import encode_cached
 from comera.data.tokenize import tokenizer_digest
@@ -73,6 +73,7 @@ __all__ = [
     "check_lm_data_settings",
     "held_out_split",
     "pack_stream",
+    "read_caps",
     "read_lm_documents",
     "topic_documents",
 ]
@@ -80,9 +81,6 @@ __all__ = [
 TOPICS_KEY = "pydoc_data/topics"
 """The key prefix of the documentation topics (and the source file that holds them, left out)."""
 _TEXT_FIELDS = ("text",)
-_HELD_OUT_SPLITS = ("validation", "test")
-"""The splits of a saved ``DatasetDict`` kept out of training, the first one present being the validation
-split."""
 _SAVED_DATASET_FILES = ("dataset_dict.json", "state.json")
 
 
@@ -197,25 +195,10 @@ def held_out_split(path: str | Path | None, keys: Sequence[str]) -> str | None:
     if path is None or not _is_saved_dataset(Path(path)):
         return None
     names = {key.partition("/")[0] for key in keys}
-    return next((name for name in _HELD_OUT_SPLITS if name in names), None)
+    return next((name for name in HELD_OUT_SPLITS if name in names), None)
 
 
-def _split_rule(held_out: str | None, validation_fraction: float) -> Callable[[str], str | None]:
-    """``key -> "train" | "validation" | None`` (None: left out): by hash, or by a saved dataset's own
-    split when ``held_out`` names one."""
-    if held_out is None:
-        return lambda key: split_of(key, validation_fraction)
-
-    def rule(key: str) -> str | None:
-        name = key.partition("/")[0]
-        if name == held_out:
-            return "validation"
-        return None if name in _HELD_OUT_SPLITS else "train"
-
-    return rule
-
-
-def _read_caps(path: str | Path | None, max_files: int | None, max_bytes: int | None) -> dict[str, Any]:
+def read_caps(path: str | Path | None, max_files: int | None, max_bytes: int | None) -> dict[str, Any]:
     """The read caps :func:`read_lm_documents` applies to ``path``, and the file endings it reads there, as
     :func:`comera.data.sources.require_documents` takes them (a saved dataset is read whole)."""
     if path is not None and _is_saved_dataset(Path(path)):
@@ -346,14 +329,14 @@ def build_lm_data(
         path, max_files=max_files, max_bytes=max_bytes, skip_bad_lines=skip_bad_lines
     )
     held_out = held_out_split(path, [entry.key for entry in [*documents, *skipped]])
-    split_by = _split_rule(held_out, validation_fraction)
+    split_by = held_out_rule(held_out, validation_fraction)
     splits: dict[str, list[CodeDocument]] = {"train": [], "validation": []}
     for document in sorted(documents, key=lambda document: document.key):
         name = split_by(document.key)
         if name is not None:
             splits[name].append(document)
     require_documents(
-        splits, path or default_source_dir(), validation_fraction, **_read_caps(path, max_files, max_bytes)
+        splits, path or default_source_dir(), validation_fraction, **read_caps(path, max_files, max_bytes)
     )
     tokenizer, tokenizer_path, cached = load_or_train_tokenizer(
         splits["train"], vocab_size, cache_dir, tokenizer_file
