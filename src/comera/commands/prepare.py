@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from comera.commands.config_file import config_argument
 from comera.commands.paths import path_argument
@@ -113,11 +114,15 @@ def summary(result: PrepareSummary, out: str) -> str:
     return "\n".join(lines)
 
 
-def _documents(workload: str, data: dict) -> dict[str, tuple[str, ...]]:
+def _documents(workload: str, data: dict) -> dict[str, Any]:
     """What the workload reads as documents: ``.txt`` files and C4's ``text`` field for ``llm``; the files
     ending in ``data.extensions`` (``.py``) and CodeSearchNet's ``code`` field (else ``text``) for ``mlm``."""
     if workload == "mlm":
-        return {"whole_files": tuple(data.get("extensions", (".py",))), "text_fields": MLM_TEXT_FIELDS}
+        return {
+            "whole_files": tuple(data.get("extensions", (".py",))),
+            "text_fields": MLM_TEXT_FIELDS,
+            "needs_mask": True,
+        }
     return {}
 
 

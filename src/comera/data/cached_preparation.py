@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from comera.data.corpus import corpus_files
-from comera.data.prepare import PrepareSettings, PrepareSummary, prepare_corpus
+from comera.data.prepare import PrepareSettings, PrepareSummary, input_files, prepare_corpus
 from comera.data.progress import Progress
 from comera.data.shard_check import check_shards
-from comera.data.token_shards import INDEX_FORMAT, file_sha256, read_index
+from comera.data.special_tokens import given_tokenizer_sha256
+from comera.data.token_shards import INDEX_FORMAT, read_index
 
 __all__ = [
     "CACHE_LAYOUT",
@@ -105,7 +105,7 @@ def preparation_problem(folder: Path, cache_dir: Path) -> str | None:
 def cache_key(source: Path, settings: PrepareSettings, max_files: int | None, max_bytes: int | None) -> str:
     """The digest that names the cache entry of ``source`` prepared with ``settings`` and these caps
     (module docstring): 16 hexadecimal digits."""
-    files = corpus_files(source, settings.whole_files)[:max_files]
+    files = input_files(source, settings, max_files)
     root = source.resolve()
     identity: dict[str, Any] = {
         "path": str(root),
@@ -123,7 +123,7 @@ def cache_key(source: Path, settings: PrepareSettings, max_files: int | None, ma
             "validation_fraction": settings.validation_fraction,
             "tokenizer_file_sha256": None
             if settings.tokenizer_file is None
-            else file_sha256(settings.tokenizer_file),
+            else given_tokenizer_sha256(settings.tokenizer_file),
             "skip_bad_lines": settings.skip_bad_lines,
             "sample_bytes": settings.sample_bytes,
             "shard_tokens": settings.shard_tokens,
@@ -181,7 +181,7 @@ def prepare_into_cache(
         )
     write = report if report is not None else _stderr_line
     write(f"preparing --data {source} into {folder} (once: later runs read it)")
-    total = sum(file.stat().st_size for file in corpus_files(source, settings.whole_files)[:max_files])
+    total = sum(file.stat().st_size for file in input_files(source, settings, max_files))
     summary = prepare_corpus(
         source,
         folder,

@@ -54,6 +54,7 @@ from torch.utils.data import Dataset
 
 from comera.data.bpe import SpecialIds, check_tokenizer_file, load_or_train_tokenizer, special_ids
 from comera.data.prepare import HELD_OUT_SPLITS, held_out_rule
+from comera.data.saved_dataset import is_saved_dataset
 from comera.data.sources import (
     CodeDocument,
     SkippedDocument,
@@ -81,7 +82,6 @@ __all__ = [
 TOPICS_KEY = "pydoc_data/topics"
 """The key prefix of the documentation topics (and the source file that holds them, left out)."""
 _TEXT_FIELDS = ("text",)
-_SAVED_DATASET_FILES = ("dataset_dict.json", "state.json")
 
 
 @dataclass(frozen=True)
@@ -159,10 +159,6 @@ def topic_documents() -> list[CodeDocument]:
     return [CodeDocument(f"{TOPICS_KEY}/{name}", text) for name, text in named if text.strip()]
 
 
-def _is_saved_dataset(path: Path) -> bool:
-    return path.is_dir() and any((path / name).is_file() for name in _SAVED_DATASET_FILES)
-
-
 def _saved_dataset_documents(path: Path) -> tuple[list[CodeDocument], list[SkippedDocument]]:
     try:
         datasets = importlib.import_module("datasets")
@@ -192,7 +188,7 @@ def held_out_split(path: str | Path | None, keys: Sequence[str]) -> str | None:
     """The split of a saved ``DatasetDict`` at ``path`` that is the validation split (module docstring), from
     the keys of its records (``split/index``, read or skipped): ``"validation"``, else ``"test"``; None when
     ``path`` is no saved dataset or it has neither split (then the split is by hash)."""
-    if path is None or not _is_saved_dataset(Path(path)):
+    if path is None or not is_saved_dataset(Path(path)):
         return None
     names = {key.partition("/")[0] for key in keys}
     return next((name for name in HELD_OUT_SPLITS if name in names), None)
@@ -201,7 +197,7 @@ def held_out_split(path: str | Path | None, keys: Sequence[str]) -> str | None:
 def read_caps(path: str | Path | None, max_files: int | None, max_bytes: int | None) -> dict[str, Any]:
     """The read caps :func:`read_lm_documents` applies to ``path``, and the file endings it reads there, as
     :func:`comera.data.sources.require_documents` takes them (a saved dataset is read whole)."""
-    if path is not None and _is_saved_dataset(Path(path)):
+    if path is not None and is_saved_dataset(Path(path)):
         return {}
     extensions = (".py",) if path is None else (".txt",)
     return {"max_files": max_files, "max_bytes": max_bytes, "extensions": extensions}
@@ -231,7 +227,7 @@ def read_lm_documents(
     root = Path(path)
     if not root.exists():
         raise FileNotFoundError(f"--data {root}: no such file or folder")
-    if _is_saved_dataset(root):
+    if is_saved_dataset(root):
         return _saved_dataset_documents(root)
     documents, skipped = read_code(
         root,

@@ -121,7 +121,7 @@ def build_prepared_lm_data(
             f"--data {folder}: {TOKENIZER_FILE} is not the tokenizer the shards were encoded with (its "
             "digest differs from the index's); prepare the corpus again"
         )
-    ids = special_ids(tokenizer)
+    ids = special_ids(tokenizer, index["tokenizer"].get("special_tokens"))
     if (ids.eos, ids.pad) != (index["eos_id"], index["pad_id"]):
         raise ValueError(f"--data {folder}: the tokenizer's </s> and <pad> ids differ from the index's")
     train = _split_blocks(folder, index, "train", seq_len)
@@ -337,7 +337,7 @@ def _build_whole(
             "dropped_tokens": facts["dropped_tokens"],
         }
     info.update(
-        tokenizer=str(embedded.tokenizer_path),
+        tokenizer=str(embedded.tokenizer_path if tokenizer_file is None else info["tokenizer"]),
         tokenizer_cached=embedded.tokenizer_cached,
         prepared={
             "folder": str(embedded.folder),
@@ -346,4 +346,4 @@ def _build_whole(
             "prepared_now": embedded.prepared_now,
         },
     )
-    return LMData(lm.train, lm.validation, embedded.tokenizer, embedded.tokenizer_path, lm.ids, info)
+    return LMData(lm.train, lm.validation, embedded.tokenizer, Path(info["tokenizer"]), lm.ids, info)

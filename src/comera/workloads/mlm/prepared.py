@@ -32,6 +32,7 @@ from comera.data.sources import (
     require_documents,
     split_of,
 )
+from comera.data.special_tokens import CONVENTIONAL_NAMES
 from comera.data.token_shards import TOKENIZER_FILE, open_shard, read_index, split_counts
 from comera.data.tokenize import tokenizer_digest
 from comera.workloads.mlm.data import CodeData, check_code_data_settings
@@ -67,9 +68,16 @@ def _open(
             f"--data {folder}: {TOKENIZER_FILE} is not the tokenizer the shards were encoded with (its "
             "digest differs from the index's); prepare the corpus again"
         )
-    ids = special_ids(tokenizer)
+    names = index["tokenizer"].get("special_tokens")
+    ids = special_ids(tokenizer, names)
     if (ids.eos, ids.pad) != (index["eos_id"], index["pad_id"]):
         raise ValueError(f"--data {folder}: the tokenizer's </s> and <pad> ids differ from the index's")
+    if ids.mask is None:
+        raise ValueError(
+            f"--data {folder}: the masked LM needs a mask token, and the tokenizer the corpus was prepared "
+            f"with has none (none of {list(CONVENTIONAL_NAMES['mask'])}); prepare it with a tokenizer that "
+            "has one"
+        )
     dtype = np.dtype(index["dtype"])
     splits = {
         name: ShardBlocks(
@@ -140,7 +148,7 @@ def build_prepared_code_data(
             "settings": index.get("settings", {}),
         },
     )
-    ids = special_ids(tokenizer)
+    ids = special_ids(tokenizer, index["tokenizer"].get("special_tokens"))
     return CodeData(
         splits["train"], splits["validation"], collator, tokenizer, folder / TOKENIZER_FILE, ids, info
     )
@@ -198,6 +206,7 @@ def build_raw_code_data(
         skip_bad_lines=skip_bad_lines,
         whole_files=tuple(extensions),
         text_fields=MLM_TEXT_FIELDS,
+        needs_mask=True,
     )
     cached = prepare_into_cache(
         path,
@@ -309,7 +318,7 @@ def _build_whole(
         tokenizer_file=tokenizer_file,
     )
     del documents, splits
-    blocks, collator, tokenizer, _, _ = _open(
+    blocks, collator, tokenizer, index, _ = _open(
         embedded.folder, cache_dir, seq_len, tail, mask_probability, seed
     )
     info: dict[str, Any] = {name: {**counts[name], **_facts(each)} for name, each in blocks.items()}
@@ -325,7 +334,7 @@ def _build_whole(
             "prepared_now": embedded.prepared_now,
         },
     )
-    ids = special_ids(tokenizer)
+    ids = special_ids(tokenizer, index["tokenizer"].get("special_tokens"))
     return CodeData(
         blocks["train"],
         blocks["validation"],
