@@ -8,9 +8,11 @@ lines are skipped come from the ``data`` section of the workload's settings, as 
 (``--preset``, ``--config``, ``--set data.vocab_size=8192``); ``data.max_files`` and ``data.max_bytes`` do
 not apply (the whole corpus is prepared). ``llm`` reads ``.txt`` files whole and C4's ``text`` field;
 ``mlm`` reads the files ending in ``data.extensions`` (``.py``) whole and CodeSearchNet's ``code`` field
-(else ``original_string``, else ``text``). Running the command again with the same arguments continues a
-stopped preparation and encodes again any shard that no longer matches the index. Errors are one line naming
-what is wrong, with exit status 2.
+(else ``original_string``, else ``text``); a folder written by ``datasets.save_to_disk`` is read through
+pyarrow, its own validation split kept. ``data.tokenizer_file`` may be a ``tokenizer.json`` or a
+``transformers`` ``save_pretrained`` folder (:mod:`comera.data.special_tokens`). Running the command
+again with the same arguments continues a stopped preparation and encodes again any shard that no longer
+matches the index. Errors are one line naming what is wrong, with exit status 2.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         type=path_argument,
         help="a corpus file or folder: .txt (a document each), .jsonl / .jsonl.gz (a 'text' field a line), "
-        ".parquet (a 'text' column; needs pyarrow)",
+        ".parquet (a 'text' column; needs pyarrow), or a folder written by datasets.save_to_disk (needs "
+        "pyarrow)",
     )
     parser.add_argument("--out", required=True, type=path_argument, help="the prepared corpus's folder")
     parser.add_argument(

@@ -13,16 +13,20 @@ The preparation is :func:`comera.data.prepare.prepare_corpus`, written into the 
 interrupted one is continued by the next run (the recorded shards are kept), and an entry whose index is
 unfinished or whose shards do not match it is prepared again there (damaged shards encoded again, with a
 warning). A complete entry is used as it is: its shards are checked against the index like any prepared
-corpus's (:func:`comera.data.shard_check.check_shards`, which hashes each shard once per cache).
+corpus's (:func:`comera.data.shard_check.check_shards`, which hashes each shard once per cache). While an
+entry is prepared its process holds an exclusive lock on ``{entry}.lock`` beside it, so a second run on the
+same data (another process, another rank) waits and then reads the finished entry.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,25 +174,40 @@ def prepare_into_cache(
     source, cache_dir = Path(source), Path(cache_dir)
     settings.check()
     folder = cache_dir / f"{prefix}-data-{cache_key(source, settings, max_files, max_bytes)}"
-    if folder.is_dir():
-        problem = preparation_problem(folder, cache_dir)
-        if problem is None:
+    if folder.is_dir() and preparation_problem(folder, cache_dir) is None:
+        return CachedCorpus(folder, False)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with _entry_lock(folder):  # a run preparing the same entry in another process: wait for it, then use it
+        problem = preparation_problem(folder, cache_dir) if folder.is_dir() else None
+        if folder.is_dir() and problem is None:
             return CachedCorpus(folder, False)
-        warnings.warn(
-            f"cache entry {folder} is prepared again from --data {source} ({problem})",
-            RuntimeWarning,
-            stacklevel=2,
+        if problem is not None:
+            warnings.warn(
+                f"cache entry {folder} is prepared again from --data {source} ({problem})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        write = report if report is not None else _stderr_line
+        write(f"preparing --data {source} into {folder} (once: later runs read it)")
+        total = sum(file.stat().st_size for file in input_files(source, settings, max_files))
+        summary = prepare_corpus(
+            source,
+            folder,
+            settings,
+            workers=0 if total < IN_PROCESS_BYTES else None,
+            progress=Progress(write=write),
+            max_files=max_files,
+            max_bytes=max_bytes,
         )
-    write = report if report is not None else _stderr_line
-    write(f"preparing --data {source} into {folder} (once: later runs read it)")
-    total = sum(file.stat().st_size for file in input_files(source, settings, max_files))
-    summary = prepare_corpus(
-        source,
-        folder,
-        settings,
-        workers=0 if total < IN_PROCESS_BYTES else None,
-        progress=Progress(write=write),
-        max_files=max_files,
-        max_bytes=max_bytes,
-    )
     return CachedCorpus(folder, True, summary)
+
+
+@contextmanager
+def _entry_lock(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``FOLDER.lock`` beside the cache entry, held while it is prepared."""
+    with folder.with_name(folder.name + ".lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

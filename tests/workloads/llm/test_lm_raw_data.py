@@ -2,10 +2,12 @@
 cache, reused by the next run without encoding, trained on through memory maps; a run folder from
 before (its ``--data`` read whole into memory) resumes over the same tokens."""
 
+import fcntl
 import json
 import os
 import random
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,9 @@ from tokenizers import Tokenizer
 
 from comera.cli import main
 from comera.data.bpe import special_ids
+from comera.data.cached_preparation import cache_key
 from comera.data.corpus import SkipLog, corpus_files, read_corpus
+from comera.data.prepare import PrepareSettings
 from comera.data.sources import split_of
 from comera.data.token_blocks import TokenBlocks
 from comera.workloads.llm.data import build_lm_data
@@ -95,7 +99,7 @@ def test_a_raw_folder_is_prepared_once_into_the_cache_and_trained_on_through_mem
     assert second["prepared"]["prepared_now"] is False and second["prepared"]["folder"] == str(folder)
     assert _entry_files(folder) == before  # nothing written again: no shard, no index, no tokenizer
     assert second["identity"] == first["identity"]
-    assert sorted(path.name for path in cache.glob("lm-data-*")) == [folder.name]
+    assert sorted(path.name for path in cache.glob("lm-data-*") if path.is_dir()) == [folder.name]
 
     # a file edited (its size and time change) or a setting that changes the tokens: another entry
     with (data / "part0.jsonl").open("a") as file:
@@ -181,3 +185,21 @@ def test_a_run_folder_that_read_its_data_whole_resumes_over_the_same_tokens(tmp_
     got = load_file(str(cut / "model" / "model.safetensors"))
     want = load_file(str(full / "model" / "model.safetensors"))
     assert got.keys() == want.keys() and all((got[name] == want[name]).all() for name in want)
+
+
+def test_a_second_process_waits_for_the_entry_being_prepared_then_reads_it(tmp_path):
+    data = write_corpus(tmp_path / "corpus")
+    cache = tmp_path / "cache"
+    settings = {"cache_dir": cache, "seq_len": 16, "vocab_size": 300, "validation_fraction": 0.1}
+    key = cache_key(data, PrepareSettings(vocab_size=300, validation_fraction=0.1), None, None)
+    cache.mkdir()
+    built = []
+    with (cache / f"lm-data-{key}.lock").open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a run preparing the entry holds it
+        waiting = threading.Thread(target=lambda: built.append(build_raw_lm_data(data, **settings)))
+        waiting.start()
+        waiting.join(timeout=1.0)
+        assert waiting.is_alive() and not (cache / f"lm-data-{key}").exists()
+        fcntl.flock(held, fcntl.LOCK_UN)
+    waiting.join(timeout=60)
+    assert built and built[0].info["prepared"]["folder"] == str(cache / f"lm-data-{key}")
