@@ -6,8 +6,8 @@ only, its pre-tokenised pieces cut to at most :data:`MAX_PIECE_CHARS` characters
 tokens :data:`SPECIAL_TOKENS` (ids 0..4), cached as ``code-bpe-{vocab}-{digest}.json`` in a cache folder;
 the digest covers the training documents (keys and contents) and the trainer settings, so changed data
 trains a new one; a cached file that cannot be read is trained again and replaced
-(:func:`comera.data.cache.read_entry`). A given ``tokenizer.json`` is used as it is (it must know the special
-tokens).
+(:func:`comera.data.cache.read_entry`). A given ``tokenizer.json`` (or ``save_pretrained`` folder) is used
+with its special tokens mapped to these roles (:mod:`comera.data.special_tokens`).
 """
 
 from __future__ import annotations

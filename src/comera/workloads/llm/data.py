@@ -22,8 +22,9 @@ beside a ``validation`` one, which is left out of both (it stays held out).
 
 Tokenizer: a byte-level BPE trained on the training split (:func:`comera.data.bpe.load_or_train_tokenizer`,
 cached in the cache folder under a digest of the training documents and the vocabulary size), or a given
-``tokenizer.json``. Its special tokens are RoBERTa's; ``</s>`` ends every document, ``<pad>`` fills the last
-validation block.
+``tokenizer.json`` (its special tokens mapped to RoBERTa's roles, :mod:`comera.data.special_tokens`);
+``</s>`` ends every document, ``<pad>`` fills the last validation block. Training reads these blocks from
+token shards (:mod:`comera.workloads.llm.prepared`); this in-memory build is their reference.
 
 Blocks (:func:`pack_stream`): each split's documents, in key order, become one stream ``doc_1 </s> doc_2 </s>
 ...`` cut into blocks of ``seq_len`` tokens, the concatenation of the blocks being the stream. The model reads
@@ -310,7 +311,8 @@ def build_lm_data(
         cache_dir: where the trained tokenizer and the token ids of each split are cached.
         seq_len: tokens per block.
         vocab_size: BPE vocabulary size to train (at most; ignored with ``tokenizer_file``).
-        tokenizer_file: a ``tokenizer.json`` (with RoBERTa's special tokens) to use instead of training one.
+        tokenizer_file: a ``tokenizer.json`` or ``save_pretrained`` folder to use instead of training one (its
+            special tokens mapped: :mod:`comera.data.special_tokens`).
         validation_fraction: share of document keys (by hash) in validation, in ``(0, 1)`` (not used for a
             saved ``DatasetDict`` with its own validation or test split).
         max_validation_blocks: keep this many validation blocks, evenly spaced over the stream (None: all).
