@@ -28,14 +28,8 @@ from comera.data.bpe import load_or_train_tokenizer
 from comera.data.cache import building_folder
 from comera.data.cached_preparation import preparation_problem
 from comera.data.corpus import SkipLog
-from comera.data.prepare import (
-    INDEX_FORMAT,
-    SPLIT_RULE,
-    PrepareSettings,
-    held_out_rule,
-    held_out_rule_text,
-    prepare_documents,
-)
+from comera.data.prepare import INDEX_FORMAT, SPLIT_RULE, PrepareSettings, prepare_documents
+from comera.data.saved_dataset import held_out_rule, held_out_rule_text
 from comera.data.sources import CodeDocument, documents_digest
 from comera.data.tokenize import tokenizer_digest
 
@@ -85,7 +79,7 @@ def prepare_embedded(
         vocab_size, tokenizer_file: of :func:`comera.data.bpe.load_or_train_tokenizer`.
         validation_fraction: the split (:func:`comera.data.sources.split_of`).
         held_out: a saved ``DatasetDict``'s split that is the validation split instead (keys
-            ``split/index``; :func:`held_out_rule`), or None.
+            ``split/index``; :func:`comera.data.saved_dataset.held_out_rule`), or None.
 
     Raises:
         ValueError: a bad setting, or a split without documents (the caller checks that first, with its own

@@ -54,12 +54,14 @@ from comera.data.corpus_sample import sample_documents
 from comera.data.encode_pool import EncodePool, available_cores
 from comera.data.progress import Progress, silent
 from comera.data.saved_dataset import (
+    held_out_rule,
+    held_out_rule_text,
     held_out_split_name,
     is_saved_dataset,
     saved_dataset_documents,
     saved_dataset_files,
 )
-from comera.data.sources import CodeDocument, SkippedDocument, split_of
+from comera.data.sources import CodeDocument, SkippedDocument
 from comera.data.special_tokens import (
     CONVENTIONAL_NAMES,
     given_tokenizer_sha256,
@@ -85,12 +87,9 @@ __all__ = [
     "DEFAULT_SHARD_TOKENS",
     "WORKER_BATCH",
     "DocumentReader",
-    "HELD_OUT_SPLITS",
     "SPLIT_RULE",
     "PrepareSettings",
     "PrepareSummary",
-    "held_out_rule",
-    "held_out_rule_text",
     "input_files",
     "prepare_corpus",
     "prepare_documents",
@@ -111,36 +110,6 @@ SPLIT_RULE = (
     "JSON line's repo/path when it has both fields else file:line, a Parquet row's file:row (rows from 1)"
 )
 """The split rule, as ``index.json`` states it (:func:`comera.data.sources.split_of`)."""
-HELD_OUT_SPLITS = ("validation", "test")
-"""The splits of a saved ``DatasetDict`` kept out of training, the first one present being the validation
-split."""
-
-
-def held_out_rule(held_out: str | None, validation_fraction: float) -> Callable[[str], str | None]:
-    """``key -> "train" | "validation" | None`` (None: left out): by hash
-    (:func:`comera.data.sources.split_of`), or, when ``held_out`` names a saved ``DatasetDict``'s split
-    (keys ``split/...``), that split is validation, the other one of :data:`HELD_OUT_SPLITS` is left out
-    and every other split is trained on."""
-    if held_out is None:
-        return lambda key: split_of(key, validation_fraction)
-
-    def rule(key: str) -> str | None:
-        name = key.partition("/")[0]
-        if name == held_out:
-            return "validation"
-        return None if name in HELD_OUT_SPLITS else "train"
-
-    return rule
-
-
-def held_out_rule_text(held_out: str) -> str:
-    """:func:`held_out_rule`'s rule for ``held_out``, as ``index.json`` states it."""
-    left_out = [name for name in HELD_OUT_SPLITS if name != held_out]
-    return (
-        f"the saved dataset's own {held_out!r} split is the validation split; its "
-        f"{', '.join(map(repr, left_out))} split, if any, is left out (held out); every other split is "
-        "trained on; a record's key is split/row (rows from 0)"
-    )
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ text is the first of the text fields that is a column (``text``). A blank or mis
 one batch's texts, whatever the dataset's size.
 
 The held-out split (:func:`held_out_split_name`): a ``DatasetDict``'s ``validation`` split, else its ``test``
-split, is the validation split instead of a split by hash (:func:`comera.data.prepare.held_out_rule`).
+split, is the validation split instead of a split by hash (:func:`held_out_rule`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from comera.data.corpus import PARQUET_EXTRA
-from comera.data.sources import CodeDocument, SkippedDocument
+from comera.data.sources import CodeDocument, SkippedDocument, split_of
 
 __all__ = [
     "DATASET_DICT_FILE",
     "DATASET_STATE_FILE",
-    "HELD_OUT_ORDER",
+    "HELD_OUT_SPLITS",
+    "held_out_rule",
+    "held_out_rule_text",
     "held_out_split_name",
     "is_saved_dataset",
     "saved_dataset_documents",
@@ -36,9 +38,37 @@ __all__ = [
 
 DATASET_DICT_FILE = "dataset_dict.json"
 DATASET_STATE_FILE = "state.json"
-HELD_OUT_ORDER = ("validation", "test")
-"""The splits that are taken as the validation split, the first present."""
 _PLAIN_SPLIT = "data"
+HELD_OUT_SPLITS = ("validation", "test")
+"""The splits of a saved ``DatasetDict`` kept out of training, the first one present being the validation
+split."""
+
+
+def held_out_rule(held_out: str | None, validation_fraction: float) -> Callable[[str], str | None]:
+    """``key -> "train" | "validation" | None`` (None: left out): by hash
+    (:func:`comera.data.sources.split_of`), or, when ``held_out`` names a saved ``DatasetDict``'s split
+    (keys ``split/...``), that split is validation, the other one of :data:`HELD_OUT_SPLITS` is left out
+    and every other split is trained on."""
+    if held_out is None:
+        return lambda key: split_of(key, validation_fraction)
+
+    def rule(key: str) -> str | None:
+        name = key.partition("/")[0]
+        if name == held_out:
+            return "validation"
+        return None if name in HELD_OUT_SPLITS else "train"
+
+    return rule
+
+
+def held_out_rule_text(held_out: str) -> str:
+    """:func:`held_out_rule`'s rule for ``held_out``, as ``index.json`` states it."""
+    left_out = [name for name in HELD_OUT_SPLITS if name != held_out]
+    return (
+        f"the saved dataset's own {held_out!r} split is the validation split; its "
+        f"{', '.join(map(repr, left_out))} split, if any, is left out (held out); every other split is "
+        "trained on; a record's key is split/row (rows from 0)"
+    )
 
 
 def is_saved_dataset(path: str | Path | None) -> bool:
@@ -92,7 +122,7 @@ def held_out_split_name(root: str | Path) -> str | None:
     """The split of the saved ``DatasetDict`` at ``root`` that is the validation split (``"validation"``,
     else ``"test"``), or None (a plain ``Dataset``, or neither split: the split is by hash)."""
     names = {split for split, _ in _splits(Path(root))}
-    return next((name for name in HELD_OUT_ORDER if name in names), None)
+    return next((name for name in HELD_OUT_SPLITS if name in names), None)
 
 
 def saved_dataset_documents(

@@ -54,8 +54,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
 from comera.data.bpe import SpecialIds, check_tokenizer_file, load_or_train_tokenizer, special_ids
-from comera.data.prepare import HELD_OUT_SPLITS, held_out_rule
-from comera.data.saved_dataset import is_saved_dataset
+from comera.data.saved_dataset import HELD_OUT_SPLITS, held_out_rule, is_saved_dataset
 from comera.data.sources import (
     CodeDocument,
     SkippedDocument,

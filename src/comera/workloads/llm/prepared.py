@@ -29,7 +29,8 @@ from tokenizers import Tokenizer
 from comera.data.bpe import special_ids
 from comera.data.cached_preparation import check_layout, prepare_into_cache, read_cap
 from comera.data.embedded import prepare_embedded
-from comera.data.prepare import PrepareSettings, held_out_rule
+from comera.data.prepare import PrepareSettings
+from comera.data.saved_dataset import held_out_rule
 from comera.data.shard_check import check_shards
 from comera.data.sources import CodeDocument, default_source_dir, read_counts, require_documents
 from comera.data.token_blocks import TokenBlocks, spread_blocks
