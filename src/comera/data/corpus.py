@@ -60,17 +60,23 @@ class SkipLog:
     """Records left out while reading: every one counted by reason, the first ``keep`` kept by key.
 
     Used as the ``skipped`` list of :func:`comera.data.sources.jsonl_documents` (it has ``append``), so a
-    corpus with millions of bad lines does not hold them all.
+    corpus with millions of bad lines does not hold them all. With ``split_by`` (``key -> split name`` or
+    None), every record is also counted by split and reason in :attr:`by_split`.
     """
 
-    def __init__(self, keep: int = 1000) -> None:
+    def __init__(self, keep: int = 1000, split_by: Callable[[str], str | None] | None = None) -> None:
         self.keep = keep
+        self.split_by = split_by
         self.counts: Counter[str] = Counter()
+        self.by_split: dict[str, Counter[str]] = {}
         self.entries: list[SkippedDocument] = []
 
     def append(self, entry: SkippedDocument) -> None:
         """Count ``entry``; keep it while fewer than ``keep`` are kept."""
         self.counts[entry.reason] += 1
+        split = None if self.split_by is None else self.split_by(entry.key)
+        if split is not None:
+            self.by_split.setdefault(split, Counter())[entry.reason] += 1
         if len(self.entries) < self.keep:
             self.entries.append(entry)
 

@@ -63,7 +63,13 @@ from comera.recipes.folders import (
     remove_empty_folders,
     writable_folder,
 )
-from comera.recipes.settings import resolve_settings, section_error, tensorize_config, upgrade_run_header
+from comera.recipes.settings import (
+    resolve_settings,
+    section_error,
+    tensorize_config,
+    upgrade_run_header,
+    with_run_data_keys,
+)
 from comera.report import compression_report
 from comera.tensorize import TensorizeError
 from comera.train.checkpoint import NoReadableCheckpointError
@@ -596,6 +602,17 @@ class _Setup:
     earlier_run: Path | None
 
 
+def _with_recorded_data_keys(header: dict[str, Any], out: Path, method: Method) -> dict[str, Any]:
+    """``header`` with the data settings a resumed run keeps from its folder
+    (:func:`comera.recipes.settings.with_run_data_keys`); unchanged when the folder has no readable
+    ``config.json`` (:func:`_check_folder` says what is wrong)."""
+    try:
+        recorded = read_run_config(out / "config.json")
+    except (OSError, ValueError):
+        return header
+    return with_run_data_keys(header, upgrade_run_header(recorded, method, header))
+
+
 def _check_parallel(method: Method, name: str, settings: dict[str, Any]) -> None:
     """A method that brings its own optimizer cannot run sharded (FSDP builds the optimizer after sharding
     the model): ``ValueError`` naming the setting, before any folder or data is touched."""
@@ -618,6 +635,8 @@ def _set_up(request: _Request) -> _Setup:
         config_file=request.config_file,
         assignments=request.assignments,
     )
+    if request.resume:
+        header = _with_recorded_data_keys(header, request.folder, chosen)
     settings = header["settings"]
     _check_parallel(chosen, request.method, settings)
     if settings["train"].get("device") is not None:
