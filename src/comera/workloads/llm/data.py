@@ -62,7 +62,7 @@ from comera.data.sources import (
     require_documents,
     split_of,
 )
-from comera.data.token_cache import encode_cached
+from comera.data.token_cache import encode_cached, join_documents
 from comera.data.tokenize import tokenizer_digest
 
 __all__ = [
@@ -138,8 +138,7 @@ def pack_stream(
         isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 1
     ):
         raise ValueError(f"max_blocks must be an int >= 1 or None, got {max_blocks!r}")
-    pieces = [torch.tensor([*document, ids.eos], dtype=torch.int32) for document in documents if document]
-    stream = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int32)
+    stream = torch.from_numpy(join_documents(documents, ids.eos))
     full, rest = divmod(stream.numel(), seq_len)
     dropped = 0
     if rest and tail == "drop":
@@ -370,7 +369,7 @@ def build_lm_data(
     for name, split in splits.items():
         left_out = [entry for entry in skipped if split_by(entry.key) == name]
         blocks = packed[name]
-        stream = sum(len(ids) + 1 for ids in encoded[name] if ids)
+        stream = sum(len(ids) + 1 for ids in encoded[name] if len(ids))
         info[name] = {
             **read_counts(split, left_out),
             "stream_tokens": stream,
