@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from comera.data.files import without_bom
+from comera.data.files import check_data_path, without_bom
 from comera.data.sources import (
     JSONL_SUFFIXES,
     MAX_LINE_BYTES,
@@ -85,11 +85,10 @@ def corpus_files(root: str | Path, whole_files: tuple[str, ...] = WHOLE_FILES) -
     ``whole_files``: the endings of files read as one document each (``.txt`` by default).
 
     Raises:
-        FileNotFoundError: nothing is at ``root``. ValueError: it holds no file that is read.
+        FileNotFoundError: nothing is at ``root``. ValueError: it holds no file that is read, or is a symbolic
+            link that loops or points at nothing (:func:`comera.data.files.check_data_path`).
     """
-    root = Path(root)
-    if not root.exists():
-        raise FileNotFoundError(f"--data {root}: no such file or folder")
+    root = check_data_path(root)
     files = source_files(root, (*whole_files, ".parquet"))
     if not files:
         endings = ", ".join([*whole_files, ".jsonl", ".jsonl.gz", ".parquet"])

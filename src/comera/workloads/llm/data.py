@@ -53,6 +53,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
 from comera.data.bpe import SpecialIds, check_tokenizer_file, load_or_train_tokenizer, special_ids
+from comera.data.files import check_data_path
 from comera.data.sources import (
     CodeDocument,
     SkippedDocument,
@@ -236,17 +237,15 @@ def read_lm_documents(
     too long (:data:`comera.data.sources.MAX_LINE_BYTES`), instead of raising.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist (named). ValueError: it holds no ``.txt`` / ``.jsonl``
-            document, or a bad JSON line (file and line named) unless skipped. ImportError: a saved dataset
-            without the ``datasets`` package.
+        FileNotFoundError: ``path`` does not exist (named). ValueError: it is a looping or broken link, it
+            holds no ``.txt`` / ``.jsonl`` document, or a bad JSON line (file and line named) unless skipped.
+            ImportError: a saved dataset without the ``datasets`` package.
     """
     if path is None:
         documents, skipped = read_code(None, extensions=(".py",), max_files=max_files, max_bytes=max_bytes)
         documents = [document for document in documents if document.key != f"{TOPICS_KEY}.py"]
         return documents + topic_documents(), skipped
-    root = Path(path)
-    if not root.exists():
-        raise FileNotFoundError(f"--data {root}: no such file or folder")
+    root = check_data_path(path)
     if _is_saved_dataset(root):
         return _saved_dataset_documents(root)
     documents, skipped = read_code(
