@@ -217,3 +217,34 @@ def test_the_default_line_limit_is_eight_mebibytes(tmp_path):
         read_code(path, text_fields=["text"])
     path.write_text('{"text": "' + "a" * (MAX_LINE_BYTES - overhead) + '"}\n')
     assert len(read_code(path, text_fields=["text"])[0][0].text) == MAX_LINE_BYTES - overhead
+
+
+def test_a_file_read_whole_larger_than_the_limit_is_refused_naming_it_without_reading_it(
+    tmp_path, monkeypatch
+):
+    """A ``.txt`` (or source) file is one document: one larger than ``max_line_bytes`` stops the read naming
+    the file and both sizes, in ``read_code`` and in ``comera prepare``'s ``read_corpus`` alike, before its
+    bytes are read; a file of exactly the limit is read."""
+    from comera.data.corpus import SkipLog, corpus_files, read_corpus
+
+    limit = 64
+    (tmp_path / "exact.txt").write_text("e" * limit)
+    (tmp_path / "big.txt").write_text("b" * (limit + 1))
+    read_bytes = Path.read_bytes
+
+    def guarded(path):
+        assert path.name != "big.txt", "the file larger than the limit was read"
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", guarded)
+    message = r"big\.txt: 65 bytes, longer than 64 bytes, the most one document read whole may hold"
+    with pytest.raises(ValueError, match=message):
+        read_code(tmp_path, extensions=[".txt"], max_line_bytes=limit)
+    with pytest.raises(ValueError, match=message):
+        list(read_corpus(tmp_path, corpus_files(tmp_path), SkipLog(), max_line_bytes=limit))
+    (tmp_path / "big.txt").unlink()
+    documents, skipped = read_code(tmp_path, extensions=[".txt"], max_line_bytes=limit)
+    assert ([d.text for d in documents], skipped) == (["e" * limit], [])
+    assert [
+        d.text for d in read_corpus(tmp_path, corpus_files(tmp_path), SkipLog(), max_line_bytes=limit)
+    ] == ["e" * limit]
