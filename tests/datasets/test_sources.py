@@ -186,6 +186,23 @@ def test_a_text_file_with_a_utf8_byte_order_mark_reads_without_it(tmp_path):
     assert {d.key: d.text for d in documents} == {"notes.txt": "hello world\n", "inner.txt": "a\n\ufeffb\n"}
 
 
+def test_comera_prepares_reader_drops_a_byte_order_mark_as_read_code_does(tmp_path):
+    """``comera prepare``'s reader (``read_corpus``) gives the same texts: the mark at the start of a ``.txt``
+    file and of a JSON-lines file dropped, one further in kept."""
+    from comera.data.corpus import SkipLog, corpus_files, read_corpus
+
+    (tmp_path / "notes.txt").write_bytes(b"\xef\xbb\xbfhello world\n")
+    (tmp_path / "inner.txt").write_bytes("a\n\ufeffb\n".encode())
+    (tmp_path / "lines.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "first"}\n{"text": "second"}\n')
+    documents = read_corpus(tmp_path, corpus_files(tmp_path), SkipLog())
+    assert {d.key: d.text for d in documents} == {
+        "notes.txt": "hello world\n",
+        "inner.txt": "a\n\ufeffb\n",
+        "lines.jsonl:1": "first",
+        "lines.jsonl:2": "second",
+    }
+
+
 def test_a_json_line_longer_than_the_limit_is_named_or_skipped_without_reading_it_whole(tmp_path):
     """The limit counts the line's bytes with its newline: a line of exactly ``max_line_bytes`` is read, one
     byte more is a bad line (named with file and line, or skipped and counted); the lines after it are
