@@ -158,7 +158,10 @@ class PrepareSettings:
         check_bool(self.skip_bad_lines, "data.skip_bad_lines")
         check_int(self.shard_tokens, "--shard-tokens", 1)
         check_int(self.sample_bytes, "tokenizer sample bytes (--sample-mb)", 1)
-        check_tokenizer_file(self.tokenizer_file)
+        try:
+            check_tokenizer_file(self.tokenizer_file)
+        except (ValueError, FileNotFoundError) as error:  # its messages open with the key alone
+            raise type(error)(f"data.{error}") from None
 
 
 @dataclass

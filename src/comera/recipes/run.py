@@ -35,7 +35,6 @@ When no checkpoint is readable, ``restart=True`` moves the folder aside and trai
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -50,6 +49,7 @@ import torch
 from torch import nn
 
 from comera.atomic import atomic_write_bytes
+from comera.data.files import check_data_path
 from comera.io import save_pretrained
 from comera.methods import Method, MethodContext, get_method
 from comera.methods.comera.structure import apply_structure
@@ -532,7 +532,7 @@ def run_header(
         raise section_error("model", error, settings["model"]) from None
     data_path = None if data is None else Path(data)
     if data_path is not None:
-        _check_data_path(data_path)
+        check_data_path(data_path)
     return {
         "recipe": recipe_name,
         "method": method,
@@ -541,27 +541,6 @@ def run_header(
         "data_files": data_fingerprint(data_path),
         "settings": settings,
     }
-
-
-def _check_data_path(path: Path) -> None:
-    """``ValueError`` naming ``--data`` when ``path`` is a symbolic link that loops or points at nothing,
-    ``FileNotFoundError`` when nothing is there."""
-    if path.exists():
-        return
-    if not path.is_symlink():
-        raise FileNotFoundError(f"--data {path}: no such file or folder")
-    try:
-        os.stat(path)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise ValueError(
-                f"--data {path}: a symbolic link that loops (it leads back to itself); point it at the data "
-                "or give the data's own path"
-            ) from None
-    raise ValueError(
-        f"--data {path}: a broken symbolic link (to {os.readlink(path)}, which does not exist); point it at "
-        "the data or give the data's own path"
-    )
 
 
 @dataclass(frozen=True)

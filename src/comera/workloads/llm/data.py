@@ -54,6 +54,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
 from comera.data.bpe import SpecialIds, check_tokenizer_file, load_or_train_tokenizer, special_ids
+from comera.data.files import check_data_path
 from comera.data.saved_dataset import HELD_OUT_SPLITS, held_out_rule, is_saved_dataset
 from comera.data.sources import (
     CodeDocument,
@@ -63,7 +64,7 @@ from comera.data.sources import (
     read_counts,
     require_documents,
 )
-from comera.data.token_cache import encode_cached
+from comera.data.token_cache import encode_cached, join_documents
 from comera.data.tokenize import tokenizer_digest
 
 __all__ = [
@@ -136,8 +137,7 @@ def pack_stream(
         isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 1
     ):
         raise ValueError(f"max_blocks must be an int >= 1 or None, got {max_blocks!r}")
-    pieces = [torch.tensor([*document, ids.eos], dtype=torch.int32) for document in documents if document]
-    stream = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int32)
+    stream = torch.from_numpy(join_documents(documents, ids.eos))
     full, rest = divmod(stream.numel(), seq_len)
     dropped = 0
     if rest and tail == "drop":
@@ -216,17 +216,15 @@ def read_lm_documents(
     too long (:data:`comera.data.sources.MAX_LINE_BYTES`), instead of raising.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist (named). ValueError: it holds no ``.txt`` / ``.jsonl``
-            document, or a bad JSON line (file and line named) unless skipped. ImportError: a saved dataset
-            without the ``datasets`` package.
+        FileNotFoundError: ``path`` does not exist (named). ValueError: it is a looping or broken link, it
+            holds no ``.txt`` / ``.jsonl`` document, or a bad JSON line (file and line named) unless skipped.
+            ImportError: a saved dataset without the ``datasets`` package.
     """
     if path is None:
         documents, skipped = read_code(None, extensions=(".py",), max_files=max_files, max_bytes=max_bytes)
         documents = [document for document in documents if document.key != f"{TOPICS_KEY}.py"]
         return documents + topic_documents(), skipped
-    root = Path(path)
-    if not root.exists():
-        raise FileNotFoundError(f"--data {root}: no such file or folder")
+    root = check_data_path(path)
     if is_saved_dataset(root):
         return _saved_dataset_documents(root)
     documents, skipped = read_code(
@@ -350,7 +348,7 @@ def build_lm_data(
     for name, split in splits.items():
         left_out = [entry for entry in skipped if split_by(entry.key) == name]
         blocks = packed[name]
-        stream = sum(len(ids) + 1 for ids in encoded[name] if ids)
+        stream = sum(len(ids) + 1 for ids in encoded[name] if len(ids))
         info[name] = {
             **read_counts(split, left_out),
             "stream_tokens": stream,
