@@ -27,7 +27,7 @@ def test_bench_layers_quick_writes_a_table(tmp_path):
         [
             sys.executable,
             "-m",
-            "comera.cli",
+            "comera",
             "bench",
             "layers",
             "--quick",
@@ -98,7 +98,7 @@ def test_report_and_plot_fail_cleanly_on_missing_folders(tmp_path, capsys):
 
 def _run_cli(*args):
     return subprocess.run(
-        [sys.executable, "-m", "comera.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "comera", *args], capture_output=True, text=True, timeout=120
     )
 
 

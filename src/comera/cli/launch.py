@@ -19,7 +19,7 @@ processes end without an error and adds no traceback of its own. A second Ctrl-C
 ``torchrun``, which stops them in its own way. A Ctrl-C before any process registered (while ``torchrun``
 and its processes start, a few seconds in which nothing is written) ends the launch at once: the launcher
 marks it as stopping and kills ``torchrun``; each process stops with it
-(:func:`comera.startup.join_launch`, from its first import of comera), and the launcher prints the one
+(:func:`comera.cli.startup.join_launch`, from its first import of comera), and the launcher prints the one
 line a single process prints when stopped while starting.
 """
 
@@ -33,15 +33,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from comera.child import (
+from comera.cli.child import (
     INTERRUPTED,
     INTERRUPTED_WHILE_STARTING,
     LAUNCH_INTERRUPTED,
     LAUNCH_STOPPING,
     STATUS_ENV,
-    stop_with_parent,
     wait_regardless,
 )
+from comera.process import stop_with_parent
 
 __all__ = [
     "STATUS_ENV",
@@ -149,7 +149,7 @@ def launch(nproc: int, command: list[str]) -> int:
 
 def _torchrun_stops_with_the_launcher() -> None:
     """``torchrun`` gets SIGKILL when the launcher dies (killed itself): on SIGTERM it would print a
-    traceback of its own; its processes stop with it (:func:`comera.startup.join_launch`)."""
+    traceback of its own; its processes stop with it (:func:`comera.cli.startup.join_launch`)."""
     stop_with_parent(signal.SIGKILL)
 
 
@@ -195,7 +195,7 @@ def _wait_for(process: subprocess.Popen, folder: Path) -> tuple[int, bool]:
 
 def _stop_while_starting(process: subprocess.Popen, folder: Path) -> None:
     """End a launch none of whose processes has registered: mark it as stopping (a process that starts from
-    now on ends at once, :func:`comera.startup.join_launch`), kill ``torchrun`` (the processes it started
+    now on ends at once, :func:`comera.cli.startup.join_launch`), kill ``torchrun`` (the processes it started
     get SIGTERM with its death) and say so in one line."""
     (folder / LAUNCH_STOPPING).write_text("")
     with contextlib.suppress(ProcessLookupError):

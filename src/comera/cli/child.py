@@ -9,8 +9,6 @@ is finished; the caller then reports the interruption in one line of its own.
 
 from __future__ import annotations
 
-import ctypes
-import os
 import signal
 import subprocess
 import sys
@@ -27,7 +25,6 @@ __all__ = [
     "module_command",
     "run_child",
     "interrupt_handled",
-    "stop_with_parent",
     "wait_regardless",
 ]
 
@@ -47,7 +44,7 @@ Ctrl-C on to its processes: a process whose collective call fails because anothe
 knows that the run was interrupted, and stops as an interrupted process does."""
 
 INTERRUPTED_WHILE_STARTING = "comera: interrupted while starting; nothing was written"
-"""The line a command stopped by a Ctrl-C before it did anything prints (:mod:`comera.startup`, and the
+"""The line a command stopped by a Ctrl-C before it did anything prints (:mod:`comera.cli.startup`, and the
 launcher of a ``--nproc`` run whose processes had not started their run yet)."""
 
 GRACE_S = 5.0
@@ -59,6 +56,8 @@ QUIET_START = (
     "import runpy, sys\n"
     "module = sys.argv.pop(1)\n"
     "try:\n"
+    "    from comera.cli.startup import quiet_start\n"
+    "    quiet_start()\n"
     "    runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
     "except KeyboardInterrupt:\n"
     f"    sys.exit({INTERRUPTED})\n"
@@ -106,25 +105,6 @@ def wait_regardless(process: subprocess.Popen) -> int:
             return process.wait()
         except KeyboardInterrupt:
             continue
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def stop_with_parent(number: int = signal.SIGTERM) -> None:
-    """Ask Linux to send this process the signal ``number`` (default SIGTERM) when its parent dies
-    (``prctl(PR_SET_PDEATHSIG)``): ``torchrun`` starts its processes in sessions of their own, so a
-    launcher killed with SIGKILL would otherwise leave them training, and writing the run folder, on their
-    own. Nothing happens on other systems."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, number)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before the request was made
-        os.kill(os.getpid(), number)
 
 
 def interrupt_handled() -> None:

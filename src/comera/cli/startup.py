@@ -1,23 +1,7 @@
-"""A Ctrl-C while the ``comera`` command starts ends it at once, with one line and status 130.
-
-Starting takes a second or more (torch, numpy and transformers are imported). Python's own handler raises
-``KeyboardInterrupt`` wherever the import happens to be, which can leave numpy half-imported (a later call
-then fails far from the cause), be swallowed by a library's broad ``except`` (the command then runs to the
-end as if no Ctrl-C came), or abort in C++ code. :func:`quiet_start`, which importing this module runs
-(the first import of ``comera/__init__.py``), installs a handler that writes one line and exits at once
-instead. It acts only in a process that runs the ``comera`` command (the console script, ``python -m
-comera ...``, or a child started by :func:`comera.child.module_command`), only in the main thread, and
-only over Python's default handler, so a program that imports comera as a library keeps its own. Each
-command calls :func:`interrupts_raise` where it handles ``KeyboardInterrupt`` itself (a run that writes
-files stops in its own way from there on).
-
-A process of a ``comera train --nproc N`` launch also joins its launch here (:func:`join_launch`): from
-its first moment it stops when ``torchrun`` does. And the output of every command process goes through
-:func:`comera.output.drop_output_once_unread`: a reader that leaves (``| head -3``) neither stops the work
-nor brings a traceback. A Ctrl-C that lands in a callback Python cannot raise from (a weak reference's,
-run by the garbage collector) is delivered again instead of printed as an ignored exception
-(:func:`interrupts_passed_on`).
-"""
+"""How a ``comera`` command process starts and stops: :func:`quiet_start`, which only the entry points
+call (the console script, ``python -m comera``, a child of :func:`comera.cli.child.module_command`), makes
+a Ctrl-C while torch imports end the command in one line with status 130, joins a ``--nproc`` launch and
+lets the output's reader leave; ``import comera`` runs none of it (docs/architecture.md, "Processes")."""
 
 from __future__ import annotations
 
@@ -31,22 +15,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from comera.child import (
+from comera.cli.child import (
     INTERRUPTED,
     INTERRUPTED_WHILE_STARTING,
     LAUNCH_STOPPING,
-    QUIET_START,
     STATUS_ENV,
-    stop_with_parent,
 )
-from comera.output import drop_output_once_unread
+from comera.cli.output import drop_output_once_unread
+from comera.process import stop_with_parent
 
 __all__ = [
     "quiet_start",
     "interrupts_raise",
     "interrupts_ignored",
     "join_launch",
-    "runs_the_command",
     "interrupts_passed_on",
 ]
 
@@ -59,27 +41,11 @@ def _stop_at_once(signum: int, frame: object) -> None:
     os._exit(INTERRUPTED)
 
 
-def runs_the_command(argv: list[str] | None = None) -> bool:
-    """Whether this process runs the ``comera`` command: its script is ``comera``, or Python was started
-    with ``-m comera`` (or ``-m comera.SUBMODULE``) or with :func:`comera.child.module_command`'s ``-c``
-    code. ``argv`` is the interpreter's whole command line (default ``sys.orig_argv``)."""
-    argv = list(getattr(sys, "orig_argv", sys.argv) if argv is None else argv)
-    for position in range(1, len(argv)):  # after the interpreter: its options, then what it runs
-        flag, target = argv[position], argv[position + 1] if position + 1 < len(argv) else ""
-        if flag == "-m":
-            return target == "comera" or target.startswith("comera.")
-        if flag == "-c":
-            return target == QUIET_START
-        if not flag.startswith("-"):
-            return os.path.basename(flag) == "comera"
-    return False
-
-
 def quiet_start() -> None:
     """Make a Ctrl-C end the command at once while it starts, join a ``--nproc`` launch, and let the
-    output's reader leave (module docstring); nothing in a program that only imports comera or outside the
-    main thread, and no Ctrl-C handler where one other than Python's is installed."""
-    if threading.current_thread() is not threading.main_thread() or not runs_the_command():
+    output's reader leave; nothing outside the main thread, and no Ctrl-C handler where one other than
+    Python's is installed."""
+    if threading.current_thread() is not threading.main_thread():
         return
     join_launch()
     drop_output_once_unread()
@@ -145,6 +111,3 @@ def interrupts_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-quiet_start()
