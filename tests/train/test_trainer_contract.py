@@ -555,7 +555,7 @@ def test_restore_under_ddp_rebuilds_the_wrapper_and_passes_the_optimizer(tmp_pat
     monkeypatch.setattr(trainer_module, "DistributedDataParallel", FakeDDP)
     trainer.world_size = 2
     old = trainer.model = FakeDDP(trainer.module)
-    trainer._restore(payload, rollback=False)
+    trainer.checkpoints.restore(payload, rollback=False)
     assert bare == [trainer.module] and trainer.objective.structure_optimizer is trainer.optimizer
     assert isinstance(trainer.model, FakeDDP) and trainer.model is not old
     assert trainer.model.module is trainer.module
