@@ -8,7 +8,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from comera.atomic import remove_stale_temporaries
 from comera.train.checkpoint import (
@@ -34,9 +34,6 @@ from comera.train.reshard import rebuilt_on
 from comera.train.sharded_checkpoint import load_sharded_state, save_sharded_checkpoint
 from comera.version import __version__
 
-if TYPE_CHECKING:
-    from comera.train.trainer import Trainer
-
 __all__ = ["CheckpointManager"]
 
 
@@ -44,7 +41,7 @@ class CheckpointManager:
     """Saves and restores the training state of ``trainer`` in ``folder`` (None: no checkpoints), keeping
     the newest ``config.keep_checkpoints``; under DDP and FSDP every rank calls each method."""
 
-    def __init__(self, trainer: Trainer, folder: Path | None) -> None:
+    def __init__(self, trainer: Any, folder: Path | None) -> None:  # a Trainer (which imports this module)
         self.trainer = trainer
         self.folder = folder
         self._deferred_events: list[tuple[str, dict[str, Any]]] = []
