@@ -29,20 +29,15 @@ Late stage, a controller that lands on the size target ``S*`` (docs/training.md,
 
 :meth:`RankAdaptation.loss` uses tensors only (no ``.item()``, no ``.ranks``), so a compiled or
 graph-captured training step can contain it. Host-side decisions (the dual update, the trim, the hold) are the
-controller's step, which runs after every optimizer step of the late stage: by default from an optimizer step
-post-hook that :meth:`RankAdaptation.begin_late_stage` registers (:mod:`comera.rank.step_hook`), so a
-hand-written loop cannot miss it; with ``step_hook=False`` (the :class:`comera.Trainer`, CUDA-graph replays)
-the loop calls :meth:`RankAdaptation.after_step` itself. Recapture after
+controller's step, :meth:`RankAdaptation.after_step`, which the training loop calls after every optimizer
+step (the :class:`comera.Trainer` does; a hand-written loop calls it too). Recapture after
 :meth:`RankAdaptation.begin_late_stage` and after each event (:attr:`RankAdaptation.events`); a
 ``torch.compile``'d step recompiles by itself (its guards see the phase change).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import warnings
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -50,10 +45,9 @@ from typing import cast
 import torch
 from torch import nn
 
-from comera.checks import check_bool, check_number
+from comera.checks import check_number
 from comera.nn.gated import GatedTrain, check_tau
 from comera.rank.size import gated_trains, total_size
-from comera.rank.step_hook import capturing_cuda_graph, holds_any, register_weak_step_hook
 from comera.rank.surrogate import SURROGATES, mean_gate_surrogate, size_surrogate
 from comera.rank.trim import TrimChoice, choose_entries, hold_entries
 
@@ -135,14 +129,6 @@ def _masks_on_gates(named: list[tuple[str, GatedTrain]], choice: TrimChoice) -> 
     }
 
 
-@dataclass(frozen=True)
-class _HookAction:
-    """What the step hook's controller step did, kept for the next :meth:`RankAdaptation.after_step`."""
-
-    event: LateStageEvent | None
-    reached: bool
-
-
 class RankAdaptation:
     """The CoMERA objective for a model whose tensorized layers carry rank gates.
 
@@ -152,11 +138,6 @@ class RankAdaptation:
         tau: gate threshold; written to every gated layer so that the forward mask and the size count agree.
         surrogate: ``"size"`` (size-weighted l1 of the masked gates over the initial size) or ``"mean_gate"``
             (the reference code's mean live gate value), see :mod:`comera.rank.surrogate`.
-        step_hook: run the late-stage controller from a global optimizer step post-hook, after every step of
-            an optimizer that holds the model's gates (registered by :meth:`begin_late_stage` or by loading a
-            late-stage state, held weakly).
-            False: the training loop calls :meth:`after_step` after every optimizer step itself (the
-            :class:`comera.Trainer` does; so must a loop whose optimizer step is replayed from a CUDA graph).
 
     Attributes:
         initial_size: exact active-rank size (core entries) when this object was made; normalises ``"size"``.
@@ -169,12 +150,8 @@ class RankAdaptation:
         size_weight: 0-dim tensor, the dual weight ``w`` of the size term in the descend phase (1.0 at the
             start of the late stage; updated in place by the controller step).
         reached_at_step: the step at which the size first was at most ``(1 + TARGET_TOLERANCE) * target_size``
-            in the current late stage (the ``step`` given to :meth:`after_step`, or with the step hook alone
-            the late optimizer step count), else None.
-        late_optimizer_steps: optimizer steps of the current late stage the step hook has run the controller
-            after (the step number it gives them).
-        events: every :class:`LateStageEvent` of the controller, oldest first, however it ran (the place to
-            look when the step hook ran it: e.g. prune or recapture after a trim). Not in :meth:`state_dict`.
+            in the current late stage (the ``step`` given to :meth:`after_step`), else None.
+        events: every :class:`LateStageEvent` of the controller, oldest first. Not in :meth:`state_dict`.
 
     Examples:
         >>> import torch
@@ -187,13 +164,14 @@ class RankAdaptation:
         >>> optimizer = torch.optim.AdamW(groups)
         >>> x, y = torch.randn(32, 64), torch.randint(0, 4, (32,))
         >>> def train(steps):
-        ...     for _ in range(steps):
+        ...     for step in range(steps):
         ...         loss = adaptation.loss(nn.functional.cross_entropy(model(x), y))
         ...         optimizer.zero_grad()
         ...         loss.backward()
         ...         optimizer.step()
+        ...         _ = adaptation.after_step(step)  # the late-stage controller (nothing in the early stage)
         >>> train(3)  # the early stage
-        >>> adaptation.begin_late_stage(target_ratio=0.5, late_steps=20)  # land on half the size, by itself
+        >>> adaptation.begin_late_stage(target_ratio=0.5, late_steps=20)  # land on half the size
         >>> train(20)
         >>> adaptation.phase, adaptation.size() <= 1.05 * adaptation.target_size
         ('recover', True)
@@ -206,7 +184,6 @@ class RankAdaptation:
         gamma: float = 0.01,
         tau: float = 1e-2,
         surrogate: str = "size",
-        step_hook: bool = True,
     ):
         self.gamma = check_number(gamma, "gamma", 0.0, math.inf, open_high=True)
         tau = check_tau(tau)
@@ -247,11 +224,6 @@ class RankAdaptation:
         self._late_count = 0
         self._keep: dict[str, list[torch.Tensor]] | None = None
         self.events: list[LateStageEvent] = []
-        self.late_optimizer_steps = 0
-        self._step_hook = check_bool(step_hook, "step_hook")
-        self._hook_remover: weakref.finalize | None = None
-        self._unclaimed: _HookAction | None = None
-        self._warned_capture = False
 
     def _named_trains(self):
         return [(name, train) for name, train in gated_trains(self.model) if len(train.gates)]
@@ -267,54 +239,6 @@ class RankAdaptation:
             for name, train in self._named_trains()
             if all(bool((gate.detach().abs() > train.tau).any()) for gate in train.gate_list())
         ]
-
-    @property
-    def step_hook(self) -> bool:
-        """Whether the late-stage controller runs from the optimizer step post-hook (settable; False
-        removes the hook, and :meth:`after_step` must then be called after every optimizer step)."""
-        return self._step_hook
-
-    @step_hook.setter
-    def step_hook(self, value: bool) -> None:
-        self._step_hook = check_bool(value, "step_hook")
-        self._sync_step_hook()
-
-    def _sync_step_hook(self) -> None:
-        wanted = self._step_hook and self._stage == "late"
-        if wanted and self._hook_remover is None:
-            self._hook_remover = register_weak_step_hook(self._after_optimizer_step)
-        elif not wanted and self._hook_remover is not None:
-            self._hook_remover()
-            self._hook_remover = None
-
-    def __getstate__(self) -> dict:
-        """Copies and pickles leave the step hook out: the copy registers its own (:meth:`__setstate__`)."""
-        return {**self.__dict__, "_hook_remover": None}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._sync_step_hook()
-
-    def _after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        gates = [gate for train in self._trains() for gate in train.gate_list()]
-        if not holds_any(optimizer, gates):
-            return
-        if capturing_cuda_graph():
-            if not self._warned_capture:
-                warnings.warn(
-                    "RankAdaptation: an optimizer step on the model's gates is being captured into a CUDA "
-                    "graph; replays of the graph run no Python hook, so the late-stage controller cannot run "
-                    "after them. Set step_hook=False and call adaptation.after_step(step) after every "
-                    "replay.",
-                    UserWarning,
-                    stacklevel=2,
-                )
-                self._warned_capture = True
-            return
-        self.late_optimizer_steps += 1
-        reached_before = self.reached_at_step is not None
-        event = self._control(self.late_optimizer_steps)
-        self._unclaimed = _HookAction(event, not reached_before and self.reached_at_step is not None)
 
     @property
     def stage(self) -> str:
@@ -429,14 +353,8 @@ class RankAdaptation:
         hold_entries([train for _, train in named], list(self._keep.values()), self._hold_floor())
 
     def after_step(self, step: int) -> LateStageEvent | None:
-        """The late-stage controller's step, or what the step hook's controller step did.
-
-        With the step hook (``step_hook=True``, the default), the controller already ran inside the last
-        optimizer step: this call does not run it again but returns that step's event (or None) and records
-        ``step`` as its step number (in the event and :attr:`reached_at_step`). When no optimizer step ran the
-        controller since the last call (``step_hook=False``, or no optimizer step in between), this call runs
-        it: then call it once after every optimizer step, outside any compiled or graph-captured step (the
-        gates are changed in place).
+        """The late-stage controller's step: call it once after every optimizer step, outside any compiled or
+        graph-captured step (the gates are changed in place).
 
         The controller's step:
 
@@ -463,16 +381,7 @@ class RankAdaptation:
         """
         if isinstance(step, bool) or not isinstance(step, int):
             raise ValueError(f"step must be an int, got {step!r}")
-        action, self._unclaimed = self._unclaimed, None
-        if action is None:
-            return self._control(step)
-        if action.reached:
-            self.reached_at_step = step
-        if action.event is None:
-            return None
-        event = dataclasses.replace(action.event, step=step)
-        self.events[-1] = event
-        return event
+        return self._control(step)
 
     def _descend_length(self) -> int:
         return math.ceil((1.0 - self.recovery) * cast(int, self.late_steps))
@@ -587,8 +496,7 @@ class RankAdaptation:
     ) -> None:
         """Switch to the late stage with ``S* = target_ratio * size()`` and ``L*`` = ``target_loss`` or 1.05 x
         the smoothed loss now. May be called again to set a new target from the current size (the held
-        structure of an earlier trim is released, the dual weight reset to 1). With ``step_hook`` this
-        registers the optimizer step post-hook that runs the controller from now on.
+        structure of an earlier trim is released, the dual weight reset to 1).
 
         Args:
             target_ratio: fraction of the current exact size to reach, in (0, 1].
@@ -648,9 +556,6 @@ class RankAdaptation:
         self._keep = None
         self.reached_at_step = None
         self.size_weight.fill_(1.0)
-        self.late_optimizer_steps = 0
-        self._unclaimed = None
-        self._sync_step_hook()
 
     def state_dict(self) -> dict:
         """Everything needed to resume: stage, targets, constants and the loss average (Python numbers)."""
@@ -675,7 +580,6 @@ class RankAdaptation:
             "start_size": self.start_size,
             "trim_part": self._trim_part,
             "reached_at_step": self.reached_at_step,
-            "late_optimizer_steps": self.late_optimizer_steps,
             "keep": None
             if self._keep is None
             else {name: [mask.tolist() for mask in masks] for name, masks in self._keep.items()},
@@ -721,8 +625,6 @@ class RankAdaptation:
         if self.target_size is not None:
             self.aim_size.fill_(self._aim())
         self.reached_at_step = state.get("reached_at_step")
-        self.late_optimizer_steps = int(state.get("late_optimizer_steps", 0))
-        self._unclaimed = None
         keep = state.get("keep")
         devices = {name: train.gate_list()[0].device for name, train in self._named_trains()}
         self._keep = (
@@ -733,4 +635,3 @@ class RankAdaptation:
                 for name, masks in keep.items()
             }
         )
-        self._sync_step_hook()

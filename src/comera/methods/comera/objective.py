@@ -36,9 +36,8 @@ class CoMERAObjective(Objective):
 
     Attributes:
         settings: the resolved :class:`CoMERASettings` (``tau`` None: the layers' own threshold).
-        adaptation: the wrapped :class:`comera.RankAdaptation`, built with ``step_hook=False``: the Trainer
-            runs the late-stage controller through :meth:`after_step` after every applied step, outside the
-            compiled or graph-captured step (a hook would run inside them, and skipped steps must not count).
+        adaptation: the wrapped :class:`comera.RankAdaptation`; the Trainer runs its late-stage controller
+            through :meth:`after_step` after every applied step, outside the compiled or graph-captured step.
     """
 
     name = "comera"
@@ -59,7 +58,7 @@ class CoMERAObjective(Objective):
         self.settings = dataclasses.replace(settings, **overrides)
         tau = _layers_tau(model) if self.settings.tau is None else self.settings.tau
         self.adaptation = RankAdaptation(
-            model, gamma=self.settings.gamma, tau=tau, surrogate=self.settings.surrogate, step_hook=False
+            model, gamma=self.settings.gamma, tau=tau, surrogate=self.settings.surrogate
         )
         super().__init__(model)
         self.initial_size = self.adaptation.initial_size
