@@ -13,7 +13,6 @@ from comera import RankAdaptation, TTLinear
 _KEYS = {
     "stage",
     "gamma",
-    "tau",
     "surrogate",
     "initial_size",
     "target_size",
@@ -54,10 +53,10 @@ def _model():
 
 
 def test_state_dict_holds_the_documented_keys_and_constructor_values():
-    adaptation = RankAdaptation(_model(), gamma=0.3, tau=0.05, surrogate="mean_gate")
+    adaptation = RankAdaptation(_model(), gamma=0.3, surrogate="mean_gate")
     state = adaptation.state_dict()
     assert set(state) == _KEYS
-    assert (state["gamma"], state["tau"], state["surrogate"]) == (0.3, 0.05, "mean_gate")
+    assert (state["gamma"], state["surrogate"]) == (0.3, "mean_gate")
     assert (state["stage"], state["phase"], state["initial_size"], state["keep"]) == (
         "early",
         "early",
@@ -68,7 +67,8 @@ def test_state_dict_holds_the_documented_keys_and_constructor_values():
 
 def test_recover_state_carries_the_held_structure_to_a_copy_of_the_model():
     model = _model()
-    first = RankAdaptation(model, tau=0.25)
+    model[0].tau = 0.25
+    first = RankAdaptation(model)
     first.begin_late_stage(0.5, target_loss=1.0, late_steps=1, recovery=0.0)
     event = first.after_step(1)
     assert event is not None and first.phase == "recover"
@@ -81,7 +81,7 @@ def test_recover_state_carries_the_held_structure_to_a_copy_of_the_model():
     with torch.no_grad():
         for gate in resumed_model[0].gates:
             gate.fill_(1.0)  # every entry live again: only the loaded structure can cut them
-    second = RankAdaptation(resumed_model, tau=0.25)
+    second = RankAdaptation(resumed_model)
     second.load_state_dict(state)
     assert second.after_step(2) is None
     assert resumed_model[0].ranks == model[0].ranks

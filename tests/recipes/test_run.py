@@ -58,7 +58,7 @@ def test_bad_settings_name_the_key_and_the_choices(assignment, match):
         ("auto", "train.compile=false", False),
         (False, "train.compile=auto", "auto"),
         (False, "train.compile=true", True),
-        (None, "method.tau=1", 1),
+        (None, "method.target_loss=1", 1),
         (None, "tensorize.embeddings=true", True),
         (None, "tensorize.embeddings=['table']", ["table"]),
     ],

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from comera.checks import check_number
-from comera.nn.gated import GatedTrain, check_tau
+from comera.nn.gated import GatedTrain
 from comera.rank.size import gated_trains, total_size
 from comera.rank.surrogate import SURROGATES, mean_gate_surrogate, size_surrogate
 from comera.rank.trim import TrimChoice, choose_entries, hold_entries
@@ -129,17 +129,28 @@ def _masks_on_gates(named: list[tuple[str, GatedTrain]], choice: TrimChoice) -> 
     }
 
 
+def _common_tau(trains: list[GatedTrain]) -> float:
+    """The gate threshold of the gated layers, which own it (``TensorizeConfig.tau``, a layer's ``tau``)."""
+    taus = sorted({float(train.tau) for train in trains})
+    if len(taus) > 1:
+        raise ValueError(
+            f"the model's gated layers use different gate thresholds {taus}; build them with one "
+            "(TensorizeConfig.tau, tensorize.tau) or set every layer's tau to one value"
+        )
+    return taus[0]
+
+
 class RankAdaptation:
     """The CoMERA objective for a model whose tensorized layers carry rank gates.
 
     Args:
         model: a model containing :class:`comera.GatedTrain` layers (``TTLinear``, ``TTMLinear``, ...).
         gamma: weight of the size surrogate in the early stage (>= 0).
-        tau: gate threshold; written to every gated layer so that the forward mask and the size count agree.
         surrogate: ``"size"`` (size-weighted l1 of the masked gates over the initial size) or ``"mean_gate"``
             (the reference code's mean live gate value), see :mod:`comera.rank.surrogate`.
 
     Attributes:
+        tau: the gate threshold, read from the gated layers (which own it; all must use one).
         initial_size: exact active-rank size (core entries) when this object was made; normalises ``"size"``.
         target_size, target_loss: ``S*`` and ``L*`` of the late stage (None before it).
         start_size: ``S_0``, the exact size when the late stage began (None before it).
@@ -182,11 +193,9 @@ class RankAdaptation:
         model: nn.Module,
         *,
         gamma: float = 0.01,
-        tau: float = 1e-2,
         surrogate: str = "size",
     ):
         self.gamma = check_number(gamma, "gamma", 0.0, math.inf, open_high=True)
-        tau = check_tau(tau)
         if surrogate not in SURROGATES:
             raise ValueError(f"surrogate must be one of {SURROGATES}, got {surrogate!r}")
         self.surrogate = surrogate
@@ -196,9 +205,7 @@ class RankAdaptation:
             raise ValueError(
                 "model has no gated layers (TTLinear, TTMLinear, ...); call comera.tensorize_ first"
             )
-        for train in trains:
-            train.tau = tau
-        self.tau = tau
+        self.tau = _common_tau(trains)
         self.initial_size = int(total_size(model))
         if self.initial_size == 0:
             raise ValueError("model has size 0: every gated layer has a dead bond")
@@ -562,7 +569,6 @@ class RankAdaptation:
         return {
             "stage": self._stage,
             "gamma": self.gamma,
-            "tau": self.tau,
             "surrogate": self.surrogate,
             "initial_size": self.initial_size,
             "target_size": self.target_size,
