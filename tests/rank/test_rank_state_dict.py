@@ -32,18 +32,6 @@ _KEYS = {
     "trim_part",
     "keep",
 }
-_OLD_KEYS = _KEYS - {
-    "phase",
-    "size_weight",
-    "late_steps",
-    "recovery",
-    "late_count",
-    "reached_at_step",
-    "trims",
-    "start_size",
-    "trim_part",
-    "keep",
-}
 
 
 def _model():
@@ -102,34 +90,15 @@ def test_early_state_round_trips_and_resumes_the_same_objective():
     assert float(second.loss(task).detach()) == float(first.loss(task).detach())
 
 
-def test_early_state_without_the_controller_keys_loads_as_early():
-    model = _model()
-    state = {key: value for key, value in RankAdaptation(model).state_dict().items() if key in _OLD_KEYS}
-    second = RankAdaptation(model)
-    second.load_state_dict(state)
-    assert second.stage == "early" and second.phase == "early"
-
-
-def test_late_state_without_the_controller_keys_gets_the_documented_defaults():
+def test_a_state_without_the_controller_keys_is_refused_naming_them():
+    """A state of an earlier comera (before the late-stage controller's keys) is not read with defaults."""
     model = _model()
     first = RankAdaptation(model)
     first.begin_late_stage(0.5, target_loss=1.0)
-    state = {key: value for key, value in first.state_dict().items() if key in _OLD_KEYS}
-    second = RankAdaptation(model)
-    second.load_state_dict(state)
-    defaults = {
-        "phase": "descend",
-        "size_weight": 1.0,
-        "late_steps": None,
-        "recovery": 0.3,
-        "late_count": 0,
-        "reached_at_step": None,
-        "trims": 1,
-        "start_size": None,
-        "trim_part": 0,
-        "keep": None,
-    }
-    assert second.state_dict() == {**state, **defaults}
+    state = first.state_dict()
+    del state["phase"], state["trims"]
+    with pytest.raises(KeyError, match=r"missing keys \['phase', 'trims'\] \(a state of an earlier comera"):
+        RankAdaptation(model).load_state_dict(state)
 
 
 def test_missing_keys_raise_a_key_error_listing_them():

@@ -592,21 +592,11 @@ class RankAdaptation:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned (a state without the controller's keys, from before they
-        existed, restores the descend phase for a late stage with a dual weight of 1 and one trim)."""
-        missing = {
-            "stage",
-            "initial_size",
-            "target_size",
-            "target_loss",
-            "rho",
-            "ema",
-            "ema_sum",
-            "ema_weight",
-        }
-        missing -= set(state)
+        """Restore what :meth:`state_dict` returned; a state without one of its keys (written by an earlier
+        comera) raises ``KeyError`` naming the missing keys."""
+        missing = sorted(set(self.state_dict()) - set(state))
         if missing:
-            raise KeyError(f"RankAdaptation state is missing keys {sorted(missing)}")
+            raise KeyError(f"RankAdaptation state is missing keys {missing} (a state of an earlier comera?)")
         if state["stage"] not in _STAGES:
             raise ValueError(f"state['stage'] must be one of {_STAGES}, got {state['stage']!r}")
         self._stage = state["stage"]
@@ -617,21 +607,21 @@ class RankAdaptation:
         self._ema = float(state["ema"])
         self._ema_sum.fill_(state["ema_sum"])
         self._ema_weight.fill_(state["ema_weight"])
-        phase = state.get("phase", "early" if self._stage == "early" else "descend")
+        phase = state["phase"]
         if phase not in _PHASES or (phase == "early") != (self._stage == "early"):
             raise ValueError(f"state['phase'] must be one of {_PHASES} matching the stage, got {phase!r}")
         self._phase = phase
-        self.size_weight.fill_(state.get("size_weight", 1.0))
-        self.late_steps = state.get("late_steps")
-        self.recovery = float(state.get("recovery", DEFAULT_RECOVERY))
-        self._late_count = int(state.get("late_count", 0))
-        self.trims = int(state.get("trims", 1))
-        self.start_size = state.get("start_size")
-        self._trim_part = int(state.get("trim_part", 0))
+        self.size_weight.fill_(state["size_weight"])
+        self.late_steps = state["late_steps"]
+        self.recovery = float(state["recovery"])
+        self._late_count = int(state["late_count"])
+        self.trims = int(state["trims"])
+        self.start_size = state["start_size"]
+        self._trim_part = int(state["trim_part"])
         if self.target_size is not None:
             self.aim_size.fill_(self._aim())
-        self.reached_at_step = state.get("reached_at_step")
-        keep = state.get("keep")
+        self.reached_at_step = state["reached_at_step"]
+        keep = state["keep"]
         devices = {name: train.gate_list()[0].device for name, train in self._named_trains()}
         self._keep = (
             None

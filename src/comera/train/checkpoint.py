@@ -2,8 +2,7 @@
 
 A checkpoint is a dict of tensors and plain Python values only (no pickled objects):
 ``{"format", "format_version", "library_version", "model", "structure", "optimizer", "objective",
-"progress", "guard", "window", "rng", "rng_per_rank", "config"}`` (files of earlier versions hold
-``"rank_adaptation"`` instead of ``"objective"``, and are read as such). Files are named
+"progress", "guard", "window", "rng", "rng_per_rank", "config"}``. Files are named
 ``step-XXXXXXXX.pt``; writing goes to a temporary file in the same folder, is flushed and fsynced, then
 renamed over the final name, and the folder is fsynced, so a crash leaves either the old set of checkpoints
 or the new one, never a torn file.
@@ -269,6 +268,11 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         )
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a comera training checkpoint (missing format {CHECKPOINT_FORMAT!r})")
+    if "rank_adaptation" in payload:
+        raise ValueError(
+            f"{path}: a checkpoint of an earlier comera (its objective's state under 'rank_adaptation'), "
+            "which this comera does not read: start the run again (--restart)"
+        )
     if payload.get("format_version", 0) > CHECKPOINT_VERSION:
         raise ValueError(
             f"{path}: key 'format_version' is {payload['format_version']!r}; this comera reads versions "

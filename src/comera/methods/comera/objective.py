@@ -220,7 +220,7 @@ class CoMERAObjective(Objective):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.adaptation.load_state_dict(state.get("rank_adaptation", state))
+        self.adaptation.load_state_dict(state["rank_adaptation"])
         self.initial_size = self.adaptation.initial_size
 
 
