@@ -32,7 +32,7 @@ class CoMERAObjective(Objective):
         model: a model with gated layers (``TTLinear``, ``TTMLinear``, TTM embeddings).
         settings: CoMERA's settings (default :class:`CoMERASettings`).
         **overrides: fields of :class:`CoMERASettings` replaced in ``settings``
-            (``CoMERAObjective(model, gamma=0.1)``, as before Reshape 2).
+            (``CoMERAObjective(model, gamma=0.1)``).
 
     Attributes:
         settings: the resolved :class:`CoMERASettings`.

@@ -2,8 +2,7 @@
 
 The early stage minimises the task loss plus ``gamma`` times a size surrogate; the late stage (when the run's
 ``train.late > 0``) drives the size toward ``target_ratio`` of the size reached at the end of the early stage.
-Until Reshape 2 these were :class:`comera.TrainConfig` fields; a recipe run now reads them from its ``method``
-section (``--set method.gamma=0.1``).
+A recipe run reads them from its ``method`` section (``--set method.gamma=0.1``).
 """
 
 from __future__ import annotations
