@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from comera.version import __version__
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for type checkers and the API reference; at run time __getattr__ imports them
     from comera import methods
     from comera.io import load_pretrained, register_model, save_pretrained
     from comera.nn import GatedTrain, TTLinear, TTMEmbedding, TTMEmbeddingBag, TTMLinear, TTMTiedHead
@@ -21,73 +21,20 @@ if TYPE_CHECKING:
     from comera.train import TrainConfig, Trainer, plot_run
     from comera.tt.shapes import auto_modes, factorize, suggest_padding
 
-_HOMES: dict[str, str] = {
-    "methods": "comera.methods",
-    "load_pretrained": "comera.io",
-    "register_model": "comera.io",
-    "save_pretrained": "comera.io",
-    "GatedTrain": "comera.nn",
-    "TTLinear": "comera.nn",
-    "TTMEmbedding": "comera.nn",
-    "TTMEmbeddingBag": "comera.nn",
-    "TTMLinear": "comera.nn",
-    "TTMTiedHead": "comera.nn",
-    "PruneResult": "comera.rank",
-    "RankAdaptation": "comera.rank",
-    "param_groups": "comera.rank",
-    "prune_": "comera.rank",
-    "CompressionReport": "comera.report",
-    "compression_report": "comera.report",
-    "TensorizeError": "comera.tensorize",
-    "TensorizeWarning": "comera.tensorize",
-    "materialize_": "comera.tensorize",
-    "tensorize_": "comera.tensorize",
-    "untensorize_": "comera.tensorize",
-    "TensorizeConfig": "comera.tensorize_config",
-    "register_preset": "comera.tensorize_config",
-    "tensorize_preset": "comera.tensorize_config",
-    "TrainConfig": "comera.train",
-    "Trainer": "comera.train",
-    "plot_run": "comera.train",
-    "auto_modes": "comera.tt.shapes",
-    "factorize": "comera.tt.shapes",
-    "suggest_padding": "comera.tt.shapes",
+_PUBLIC: dict[str, tuple[str, ...]] = {
+    "comera.io": ("load_pretrained", "register_model", "save_pretrained"),
+    "comera.nn": ("GatedTrain", "TTLinear", "TTMEmbedding", "TTMEmbeddingBag", "TTMLinear", "TTMTiedHead"),
+    "comera.rank": ("PruneResult", "RankAdaptation", "param_groups", "prune_"),
+    "comera.report": ("CompressionReport", "compression_report"),
+    "comera.tensorize": ("TensorizeError", "TensorizeWarning", "materialize_", "tensorize_", "untensorize_"),
+    "comera.tensorize_config": ("TensorizeConfig", "register_preset", "tensorize_preset"),
+    "comera.train": ("TrainConfig", "Trainer", "plot_run"),
+    "comera.tt.shapes": ("auto_modes", "factorize", "suggest_padding"),
 }
-"""Public name -> the module it is imported from on first use."""
+"""Module -> the public names imported from it on first use (``methods`` is the subpackage itself)."""
+_HOMES = {name: module for module, names in _PUBLIC.items() for name in names} | {"methods": "comera.methods"}
 
-__all__ = [
-    "CompressionReport",
-    "GatedTrain",
-    "PruneResult",
-    "RankAdaptation",
-    "TensorizeConfig",
-    "TensorizeError",
-    "TensorizeWarning",
-    "TrainConfig",
-    "Trainer",
-    "TTLinear",
-    "TTMEmbedding",
-    "TTMEmbeddingBag",
-    "TTMLinear",
-    "TTMTiedHead",
-    "__version__",
-    "auto_modes",
-    "compression_report",
-    "factorize",
-    "load_pretrained",
-    "materialize_",
-    "methods",
-    "param_groups",
-    "plot_run",
-    "prune_",
-    "register_model",
-    "register_preset",
-    "save_pretrained",
-    "suggest_padding",
-    "tensorize_",
-    "tensorize_preset",
-    "untensorize_",
-]
+__all__ = sorted(["__version__", *_HOMES], key=str.lower)
 
 
 def __getattr__(name: str) -> Any:

@@ -35,7 +35,6 @@ def test_a_new_controller_states_the_documented_defaults():
     assert controller.state_dict() == {
         "stage": "early",
         "gamma": 0.01,
-        "tau": 0.01,
         "surrogate": "size",
         "initial_size": 32,
         "target_size": None,

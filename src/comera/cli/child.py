@@ -1,11 +1,6 @@
-"""Run a command in a child process so that a Ctrl-C stops both as cleanly as one process stops.
-
-A Ctrl-C in a terminal sends SIGINT to every process of the foreground group: the child (``comera train``
-under ``comera compare``, ``comera demo`` under ``comera``) stops in its own way, with its one line and
-status :data:`INTERRUPTED`. :func:`run_child` waits for it instead of killing it at once (what
-``subprocess.run`` does on a ``KeyboardInterrupt``), so that line is printed and a checkpoint being written
-is finished; the caller then reports the interruption in one line of its own.
-"""
+"""Run a command in a child process so that a Ctrl-C stops both as cleanly as one process stops: the child
+stops in its own way (one line, status :data:`INTERRUPTED`) and :func:`run_child` waits for it before the
+caller reports the interruption (docs/architecture.md, "Processes")."""
 
 from __future__ import annotations
 

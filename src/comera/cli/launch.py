@@ -1,27 +1,7 @@
-"""``comera train --nproc N ...``: N processes of ``comera train ...`` on this machine, under ``torchrun``.
-
-The shortcut stands for ``torchrun --standalone --nproc-per-node N -m comera train ...`` (PyTorch's
-``torch.distributed.run`` with a rendezvous on a free local port), run with this Python. For several machines
-call ``torchrun`` itself (``--nnodes``, ``--rdzv-endpoint``; see docs/training.md, "More than one process").
-
-A process that stops on an error it has already reported in one line (a bad setting, a diverged run) would
-make ``torchrun`` print its own failure report, a traceback of several dozen lines, and exit 1. Under the
-shortcut, such a process records its exit status in a folder the launcher names (:data:`STATUS_ENV`) and
-exits 0 (:func:`worker_status`); the launcher then exits with the highest recorded status (2 for a user
-error). A process that crashes (an unexpected exception) still fails as ``torchrun`` reports it.
-
-A Ctrl-C reaches the launcher alone (``torchrun`` runs in a session of its own, and asked to stop when the
-launcher dies): the launcher passes it on to the processes, which registered their pids in that folder
-(:func:`register_worker`), and each stops as a single process does (one line, status 130). The launcher
-marks the launch as interrupted first (:func:`launch_interrupted`): a process whose collective call fails
-because another stopped before its own SIGINT arrived stops as interrupted too. ``torchrun`` then sees its
-processes end without an error and adds no traceback of its own. A second Ctrl-C goes to
-``torchrun``, which stops them in its own way. A Ctrl-C before any process registered (while ``torchrun``
-and its processes start, a few seconds in which nothing is written) ends the launch at once: the launcher
-marks it as stopping and kills ``torchrun``; each process stops with it
-(:func:`comera.cli.startup.join_launch`, from its first import of comera), and the launcher prints the one
-line a single process prints when stopped while starting.
-"""
+"""``comera train --nproc N ...``: N processes of ``comera train ...`` on this machine under ``torchrun``
+(``torchrun --standalone --nproc-per-node N -m comera train ...`` with this Python); each process records
+its exit status for the launcher, and the launcher passes a Ctrl-C on to them (docs/architecture.md,
+"Processes")."""
 
 from __future__ import annotations
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from comera.bench import BENCHMARKS
 from comera.cli.child import INTERRUPTED, interrupt_handled, module_command, run_child
-from comera.cli.startup import interrupts_raise, quiet_start
+from comera.cli.startup import interrupts_raise
 from comera.commands.paths import path_argument, run_folder_argument
 
-__all__ = ["entry", "main"]
+__all__ = ["main"]
 
 
 def _run_module(module: str, rest: list[str]) -> int:
@@ -60,13 +60,6 @@ def _plot(run_dir: str, out_dir: str | None, compare: list[str], metric: str | N
     for path in paths:
         print(path)
     return 0
-
-
-def entry() -> int:
-    """The console script ``comera`` and ``python -m comera``: the process handling of a command
-    (:func:`~comera.cli.startup.quiet_start`), then :func:`main` on ``sys.argv``."""
-    quiet_start()
-    return main()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,39 +1,8 @@
-"""Rank-adaptive multi-objective training: task loss against model size (docs/method.md section 4).
-
-Early stage (weighted sum):  ``loss = L + gamma * S_hat``.
-
-Late stage, a controller that lands on the size target ``S*`` (docs/training.md, "late stage"):
-
-1. **Descend** (achievement scalarisation toward ``z = (L*, S*)`` with a switch as in the reference code, the
-   size term scaled by a dual weight ``w``): ``lambda = 1[(L_ema - L*) / L_ema < (S - S*) / S]`` and
-   ``loss = rho_L * L + (rho_S + lambda) * w * S_hat + (1 - lambda) * L``, where ``S`` is the exact size of
-   the active-rank model, ``S_hat`` the differentiable surrogate and ``L_ema`` a bias-corrected exponential
-   moving average of the task loss. ``w`` starts at 1 (the paper's objective) and rises by dual ascent on
-   the constraint ``S <= S*`` while the size is above the target:
-   ``w <- min(MAX_SIZE_WEIGHT, w * exp(DUAL_RATE * min(1, S / S* - 1)))``.
-2. **Trim** once ``S <= (1 + TRIM_MARGIN) S*`` or at the deadline: the weakest gate entries are cut exactly
-   to the budget ``S*`` (:func:`comera.rank.trim.choose_entries`); when the closest structure at or below
-   ``S*`` is more than ``TARGET_TOLERANCE`` below it, the closest one up to ``TARGET_TOLERANCE`` above
-   ``S*`` is taken if it is nearer (small layers move in coarse size steps).
-   **Gradual trims** on the way (with a deadline and ``trims > 1``): the descend window (the late steps
-   before the deadline) is cut into ``trims`` equal parts; from part ``i`` on the size budget is
-   ``S_0 (S* / S_0)^(i / trims)`` (``S_0`` the size when the late stage began: each part asks for the same
-   fraction), and when the size is above the budget of its part, the weakest entries are cut to it once
-   (a ``"partial_trim"`` event), the dropped entries held at 0 from then on while the kept ones stay free.
-   The switch and the dual weight then aim at the next part's budget (the last part at ``S*``), held in
-   :attr:`RankAdaptation.aim_size`: while the size is at or below it the switch weighs the task loss (the
-   model recovers from the last cut), above it the size. So a model whose gates do not shrink by themselves
-   (a large model far from converged, whose task loss still falls) loses its size step by step and recovers
-   between steps, instead of in one cut at the deadline.
-3. **Recover**: ``loss = L`` with the trimmed structure held (dropped entries 0, kept ones above ``tau``).
-
-:meth:`RankAdaptation.loss` uses tensors only (no ``.item()``, no ``.ranks``), so a compiled or
-graph-captured training step can contain it. Host-side decisions (the dual update, the trim, the hold) are the
-controller's step, :meth:`RankAdaptation.after_step`, which the training loop calls after every optimizer
-step (the :class:`comera.Trainer` does; a hand-written loop calls it too). Recapture after
-:meth:`RankAdaptation.begin_late_stage` and after each event (:attr:`RankAdaptation.events`); a
-``torch.compile``'d step recompiles by itself (its guards see the phase change).
-"""
+"""``RankAdaptation``: CoMERA's objective for a model with gated layers: task loss plus ``gamma`` times a size
+surrogate in the early stage, then a late-stage controller that lands the size on a target (descend by dual
+ascent, exact trim, recover); :meth:`RankAdaptation.loss` is tensors only (it may sit inside a compiled or
+graph-captured step) and :meth:`RankAdaptation.after_step`, the controller, runs on the host after every
+optimizer step (docs/method.md section 4; docs/training.md, "Late stage")."""
 
 from __future__ import annotations
 
@@ -79,16 +48,9 @@ _PHASES = ("early", "descend", "recover")
 @dataclass(frozen=True)
 class LateStageEvent(Mapping):
     """What :meth:`RankAdaptation.after_step` did at ``step`` when it changed the gates: ``action="trim"``
-    (the cut to the target, then recovery) or ``"partial_trim"`` (a gradual trim to its part's budget,
-    given as ``target_size``; the descend phase goes on).
-
-    ``size_before`` / ``size_after`` are exact sizes around the trim, ``target_size`` the budget ``S*``,
-    ``removed`` the live entries cut and ``revived`` the dead ones brought back to fill the budget.
-
-    It also reads as a mapping (for event logs): ``action``, ``changed`` (always True: gate values and the
-    objective changed), ``size_before``, ``size_after``, ``target_size``, ``removed``, ``revived`` and
-    ``target_reached``; the step is left to the caller's record.
-    """
+    (the cut to the target ``target_size``, then recovery) or ``"partial_trim"`` (a gradual trim to its part's
+    budget), the exact sizes around it, the live entries ``removed`` and the dead ones ``revived``. It also
+    reads as a mapping for event logs (those keys, ``changed=True`` and ``target_reached``; no ``step``)."""
 
     action: str
     step: int
@@ -360,32 +322,12 @@ class RankAdaptation:
         hold_entries([train for _, train in named], list(self._keep.values()), self._hold_floor())
 
     def after_step(self, step: int) -> LateStageEvent | None:
-        """The late-stage controller's step: call it once after every optimizer step, outside any compiled or
-        graph-captured step (the gates are changed in place).
-
-        The controller's step:
-
-        - Early stage: nothing (no host sync), returns None.
-        - Descend phase: reads the exact size (one host sync), records :attr:`reached_at_step`, and either
-          raises the dual weight :attr:`size_weight` in place (returns None) or, when the size is within
-          ``TRIM_MARGIN`` of ``target_size`` or the deadline ``(1 - recovery) * late_steps`` late steps has
-          passed, trims the weakest gate entries exactly to the budget, enters the recover phase and returns a
-          :class:`LateStageEvent`.
-          Before that, with gradual trims, the first step of each part whose budget the size exceeds cuts
-          the weakest entries to that budget and returns a ``"partial_trim"`` event (the phase stays
-          ``"descend"``); entries it dropped are held at 0 on every later step.
-        - Recover phase: writes the held structure back into the gates (dropped entries 0, kept entries at
-          least ``max(2 tau, 1e-3)`` in magnitude; no host sync), returns None. After ``prune_`` the held
-          structure is re-read from the live entries.
-
-        A returned event (also appended to :attr:`events`) means the objective changed (the loss is now the
-        task loss) and gate values were rewritten: recapture a graph-captured step
-        (``CudaGraphStep.invalidate()``; a ``torch.compile``'d step recompiles by itself); a prune right after
-        it makes the cut real in memory and speed.
-
-        Args:
-            step: the caller's step counter (stored in :attr:`reached_at_step`; any int).
-        """
+        """The late-stage controller's step, once after every optimizer step, outside any compiled or
+        graph-captured step: nothing in the early stage; in the descend phase one host sync, the dual weight
+        raised or a trim; in the recover phase the held structure written back into the gates. A returned
+        :class:`LateStageEvent` (also in :attr:`events`) means gate values and the objective changed:
+        recapture a graph-captured step, prune to make the cut real. ``step``: the caller's step counter (any
+        int, recorded in :attr:`reached_at_step` and the event); docs/training.md, "Late stage"."""
         if isinstance(step, bool) or not isinstance(step, int):
             raise ValueError(f"step must be an int, got {step!r}")
         return self._control(step)
