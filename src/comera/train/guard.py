@@ -1,10 +1,6 @@
-"""The non-finite guard: a step whose objective or gradient is NaN/Inf is skipped, never applied.
-
-The trainer checks one number per step, ``objective + total gradient norm``, which is finite exactly when
-both are. A skipped step leaves parameters and optimizer state untouched. After ``max_consecutive`` skipped
-steps in a row the trainer rolls back to the last checkpoint; after ``max_rollbacks`` rollbacks (or with no
-checkpoint to return to) it raises :class:`NonFiniteError`.
-"""
+"""The non-finite guard: a step whose ``objective + total gradient norm`` is NaN/Inf is skipped, never
+applied; after ``max_consecutive`` skipped steps in a row the trainer rolls back to the last checkpoint, and
+after ``max_rollbacks`` rollbacks (or with no checkpoint) it raises :class:`NonFiniteError`."""
 
 from __future__ import annotations
 
