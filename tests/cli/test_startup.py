@@ -12,7 +12,7 @@ import pytest
 
 from comera.cli.startup import interrupts_ignored, interrupts_passed_on
 
-SRC = str(Path(__file__).parents[1] / "src")
+SRC = str(Path(__file__).parents[2] / "src")
 
 
 def _as_from_a_terminal() -> None:
