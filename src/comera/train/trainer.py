@@ -114,12 +114,12 @@ class Trainer:
         step, epoch, batch_in_epoch: progress (steps done, epochs done, batches done in this epoch).
         objective: the :class:`comera.train.objective.Objective` driving the run.
         process_rank, world_size: this process's place in a DDP process group (0 and 1 without one).
-        guard: the :class:`comera.train.guard.NonFiniteGuard` with its counters.
+        guard, checkpoints: the run's :class:`comera.train.guard.NonFiniteGuard` (with its counters) and
+            :class:`comera.train.resume.CheckpointManager`.
         graph_step: the :class:`comera.train.cuda_graph.CudaGraphStep` running each step, or None; a
             callback that changes learning rates calls its ``invalidate()``.
 
     Examples:
-        >>> import tempfile
         >>> import torch
         >>> from torch import nn
         >>> import comera
