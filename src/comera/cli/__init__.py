@@ -17,7 +17,7 @@ def entry() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """The ``comera`` command on ``argv`` (default ``sys.argv[1:]``), without the process handling of
-    :func:`entry` (:func:`comera.cli.main.main`)."""
-    from comera.cli.main import main as command
+    :func:`entry` (:func:`comera.cli.command.main`)."""
+    from comera.cli.command import main as command
 
     return command(argv)
