@@ -107,6 +107,17 @@ def test_comera_settings_are_the_method_section(tmp_path):
         resolve_settings(PRESETS, "smoke", get_method("comera"), config_file=config)
 
 
+def test_a_recorded_method_tau_that_changed_nothing_is_dropped_and_another_is_refused():
+    """``method.tau`` (None: the layers' own; or equal to the layers') of a run folder written before the
+    layers owned the threshold alone compares as absent, so the run resumes; any other value is refused."""
+    for tau in (None, 0.01):
+        recorded = {"recipe": "toy", "method": "comera", "settings": {"train": {}, "method": {"tau": tau}}}
+        assert upgrade_run_header(recorded, get_method("comera"))["settings"]["method"] == {}
+    recorded = {"recipe": "toy", "method": "comera", "settings": {"train": {}, "method": {"tau": 0.2}}}
+    with pytest.raises(ValueError, match=r"method.tau=0.2 over its layers' 0.01; .*--restart"):
+        upgrade_run_header(recorded, get_method("comera"))
+
+
 def test_a_run_header_of_an_earlier_comera_is_refused_saying_what_to_do():
     """A header with CoMERA's settings under ``train`` (an earlier comera's) is not converted: one line names
     the foreign keys and the way on."""

@@ -303,6 +303,7 @@ def upgrade_run_header(
             "an earlier comera, which kept CoMERA's settings there): it cannot be continued; start it again "
             "with --restart or choose another --out"
         )
+    recorded = _without_method_tau(recorded)
     recorded = _with_added_preset_keys(recorded)
     wanted = ((header or {}).get("settings") or {}).get("method")
     if not isinstance(wanted, dict) or header.get("method") != recorded.get("method"):
@@ -311,6 +312,22 @@ def upgrade_run_header(
     if not added:
         return recorded
     section = {**(recorded["settings"].get("method") or {}), **added}
+    return {**recorded, "settings": {**recorded["settings"], "method": section}}
+
+
+def _without_method_tau(recorded: dict[str, Any]) -> dict[str, Any]:
+    """``recorded`` without ``method.tau``, which the layers' ``tensorize.tau`` replaced, when it changed
+    nothing (None, or the layers' own threshold); a run that set another one raises ``ValueError``."""
+    method = recorded["settings"].get("method")
+    if not isinstance(method, dict) or "tau" not in method:
+        return recorded
+    layers_tau = (recorded["settings"].get("tensorize") or {}).get("tau", TensorizeConfig().tau)
+    if method["tau"] is not None and method["tau"] != layers_tau:
+        raise ValueError(
+            f"the run set method.tau={method['tau']!r} over its layers' {layers_tau!r}; the threshold is now "
+            "tensorize.tau alone, so the run cannot be continued: start it again with --restart"
+        )
+    section = {key: value for key, value in method.items() if key != "tau"}
     return {**recorded, "settings": {**recorded["settings"], "method": section}}
 
 
