@@ -103,10 +103,7 @@ def wait_regardless(process: subprocess.Popen) -> int:
 
 
 def interrupt_handled() -> None:
-    """Call where a ``KeyboardInterrupt`` has been handled, so that the process exits with its own status.
-
-    CPython 3.11 remembers a ``KeyboardInterrupt`` raised inside code run by ``exec`` (a dataclass or a
-    named tuple being created while a module imports, say) as unhandled even when it is caught, and at exit
-    kills the process with SIGINT: status -2, which ``torchrun`` reports as a failed process with a
-    traceback. Running ``exec`` once more, on code that finishes, clears that record."""
+    """Call where a ``KeyboardInterrupt`` has been handled: CPython 3.11 remembers one raised in ``exec``'d
+    code (a dataclass built during an import) as unhandled and kills the process with SIGINT at exit (status
+    -2, a failed ``torchrun`` process); running ``exec`` once more on code that finishes clears that."""
     exec("pass")

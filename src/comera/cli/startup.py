@@ -55,13 +55,9 @@ def quiet_start() -> None:
 
 
 def interrupts_passed_on(previous: Callable[[Any], object]) -> Callable[[Any], None]:
-    """A ``sys.unraisablehook`` that passes a Ctrl-C on instead of printing it: a ``KeyboardInterrupt``
-    raised where Python cannot raise it (a weak reference's callback, a ``__del__``, run by the garbage
-    collector) is printed as "Exception ignored in ..." with its traceback and then lost. This hook
-    delivers it again to the main thread (``_thread.interrupt_main``: the SIGINT handler in force runs, so
-    a command stops as its Ctrl-C handling says), from a short-lived thread a moment later: delivered from
-    the hook itself, it would land in the hook, where it cannot be raised either. Every other unraisable
-    exception goes to ``previous``."""
+    """A ``sys.unraisablehook`` that delivers a ``KeyboardInterrupt`` raised where Python cannot raise it (a
+    weak reference's callback, a ``__del__``) again to the main thread a moment later, instead of printing
+    and losing it; every other unraisable exception goes to ``previous``."""
 
     def hook(unraisable: Any) -> None:
         if not isinstance(unraisable.exc_value, KeyboardInterrupt):
@@ -76,11 +72,8 @@ def interrupts_passed_on(previous: Callable[[Any], object]) -> Callable[[Any], N
 
 
 def join_launch() -> None:
-    """In a process of a ``--nproc`` launch (:data:`STATUS_ENV` and ``torchrun``'s ``RANK`` set), called
-    first thing as comera is imported: from here on the process stops when ``torchrun`` dies, and it ends
-    at once, quietly, when the launch is already stopping (a Ctrl-C came before any process registered);
-    nothing otherwise. The request comes before the check, so a process either sees the mark or is alive
-    when ``torchrun`` is killed, and is stopped with it."""
+    """In a process of a ``--nproc`` launch (:data:`STATUS_ENV` and ``RANK`` set): stop when ``torchrun``
+    dies, and end at once, quietly, when the launch is already stopping; nothing otherwise."""
     folder = os.environ.get(STATUS_ENV)
     if not folder or "RANK" not in os.environ:
         return
@@ -99,10 +92,8 @@ def interrupts_raise() -> None:
 
 @contextlib.contextmanager
 def interrupts_ignored() -> Iterator[None]:
-    """A Ctrl-C that comes inside the block is ignored, also one that came just before it and has not been
-    raised yet: for the few lines in which a command reports that it was interrupted (under a ``--nproc``
-    launch a process may take a lost peer for the interruption before its own SIGINT arrives). The handler
-    of before is restored after the block; nothing outside the main thread."""
+    """Ignore a Ctrl-C inside the block (also one that came just before it), for the lines that report an
+    interruption; the handler of before is restored after it; nothing outside the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

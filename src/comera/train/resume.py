@@ -232,11 +232,7 @@ class CheckpointManager:
     def restore(self, payload: dict[str, Any], rollback: bool) -> None:
         """Load a checkpoint's ``payload`` into the trainer: structure (pruning the model to it), model,
         optimizer, objective, progress and RNG states; a rollback keeps the guard's counters and the time.
-
-        Raises:
-            ForeignCheckpointError: the checkpoint belongs to another model (checked before any change
-                where the file holds the whole model).
-        """
+        ``ForeignCheckpointError`` for another model's checkpoint (before any change, for a whole file)."""
         trainer = self.trainer
         self._check_fits(payload)
         rewrap = trainer.world_size > 1 and not trainer._sharded  # rebuilt on the restored structure
