@@ -105,9 +105,9 @@ def test_layer_of(file, layer):
 
 def test_the_layers_rank_the_workloads_between_the_recipe_engine_and_the_benchmarks():
     rank = _tool().layer_rank
-    assert (
-        rank("methods") < rank("recipes") < rank("workloads") < rank("bench") < rank("commands") < rank("cli")
-    )
+    assert rank("methods") < rank("recipes") < rank("workloads") < rank("bench") < rank("commands")
+    assert rank("cli") == rank("commands") < rank("__main__"), "the command line shares the commands' layer"
+    assert rank("train") < rank("cli"), "nothing of the training layer may import the command line"
 
 
 def test_every_package_folder_has_an_init_file():

@@ -39,8 +39,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("recipes", "data", "models", "metrics", "measure", "integrations"),
     ("workloads",),
     ("bench",),
-    ("commands", "launch"),
-    ("cli", "__main__"),
+    ("commands", "cli"),
+    ("__main__",),
 )
 """Layers from the bottom up; a file may import its own layer and those below."""
 SEPARATE: tuple[str, ...] = ("workloads",)

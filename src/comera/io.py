@@ -72,8 +72,6 @@ class DamagedFileError(ValueError):
 
 
 _REQUIRED_KEYS = ("format_version", "library_version", "dtype", "layers", "tensorize_configs", "aliases")
-# format 1 named the kind "type" and the stored ranks "ranks", and recorded "active_ranks" beside them
-_FORMAT_1_KEYS = {"type": "kind", "ranks": "rank"}
 
 _MODEL_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 _BUILTIN_MODEL_MODULES = (
@@ -204,17 +202,6 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
     return atomic_replace_folder(directory, {WEIGHTS_NAME: weights, CONFIG_NAME: text.encode()})
 
 
-def _upgrade_format_1(layers: dict[str, Any]) -> dict[str, Any]:
-    upgraded = {}
-    for name, spec in layers.items():
-        if isinstance(spec, dict):
-            spec = {
-                _FORMAT_1_KEYS.get(key, key): value for key, value in spec.items() if key != "active_ranks"
-            }
-        upgraded[name] = spec
-    return upgraded
-
-
 def _check_config(config: object, path: Path) -> dict[str, Any]:
     """``config`` if it is a well-formed comera config; ``ValueError`` naming ``path`` and the key if not."""
     if not isinstance(config, dict):
@@ -223,10 +210,10 @@ def _check_config(config: object, path: Path) -> dict[str, Any]:
         if key not in config:
             raise ValueError(f"{path}: missing key {key!r}")
     version = config["format_version"]
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version != FORMAT_VERSION:
         raise ValueError(
-            f"{path}: key 'format_version' is {version!r}; comera {__version__} reads versions 1 to "
-            f"{FORMAT_VERSION}"
+            f"{path}: key 'format_version' is {version!r}; comera {__version__} reads version "
+            f"{FORMAT_VERSION} only: save the model again with this comera (earlier formats are not read)"
         )
     if not isinstance(config["dtype"], str) or not isinstance(
         getattr(torch, config["dtype"], None), torch.dtype
@@ -242,8 +229,6 @@ def _check_config(config: object, path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: key 'buffers' must be a list of tensor names")
     if not isinstance(config["layers"], dict):
         raise ValueError(f"{path}: key 'layers' must be an object {{module name: layer spec}}")
-    if version == 1:
-        config = {**config, "layers": _upgrade_format_1(config["layers"])}
     for name, spec in config["layers"].items():
         if not isinstance(spec, dict) or "kind" not in spec:
             raise ValueError(f"{path}: key 'layers.{name}': a layer spec must be an object with a 'kind'")
@@ -289,7 +274,7 @@ def _read_weights(path: Path, aliases: Mapping[str, str]) -> dict[str, torch.Ten
 
 @dataclass(frozen=True)
 class SavedModel:
-    """What a :func:`save_pretrained` folder holds, read and checked: the config (format upgraded) and every
+    """What a :func:`save_pretrained` folder holds, read and checked: the config and every
     tensor by name (aliases included, sharing the stored tensor)."""
 
     directory: Path

@@ -190,7 +190,7 @@ def test_without_a_dense_row_there_are_no_ratios(finished):
 
 def test_the_command_compares_in_fresh_processes(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "comera.cli", "compare", "nli", "--preset", "smoke"]
+    command = [sys.executable, "-m", "comera", "compare", "nli", "--preset", "smoke"]
     command += ["--methods", "dense", "comera", "--out", str(tmp_path / "cmp"), "--cache", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

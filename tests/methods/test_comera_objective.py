@@ -28,7 +28,6 @@ def gated_model() -> nn.Module:
         ({"prune_at": "early_end"}, "prune_at must be a tuple"),
         ({"prune_at": ("sometimes",)}, "prune_at must be a tuple of values from"),
         ({"surrogate": "l1"}, "surrogate must be one of"),
-        ({"tau": -1.0}, "tau"),
         ({"lr_cores": -1.0}, "lr_cores"),
         ({"lr_gates": float("inf")}, "lr_gates"),
     ],
@@ -45,6 +44,11 @@ def test_settings_round_trip_and_unknown_keys():
     assert CoMERASettings.from_dict(values) == settings
     with pytest.raises(ValueError, match="unknown CoMERASettings keys \\['epochs'\\]"):
         CoMERASettings.from_dict({**values, "epochs": 3})
+
+
+def test_a_method_tau_is_refused_with_where_the_threshold_lives():
+    with pytest.raises(ValueError, match="belongs to the layers; set tensorize.tau"):
+        CoMERASettings.from_dict({"tau": 0.05})
 
 
 def test_the_method_section_is_the_settings():

@@ -35,8 +35,11 @@ def _set_ranks(model, ranks):
             gate[rank:] = 0.0
 
 
-def _late(model, ratio, **kwargs):
-    adaptation = RankAdaptation(model, **{key: kwargs.pop(key) for key in ("tau",) if key in kwargs})
+def _late(model, ratio, tau=None, **kwargs):
+    for layer in model:
+        if tau is not None and hasattr(layer, "gates"):
+            layer.tau = tau  # the layers own the threshold; the controller reads it
+    adaptation = RankAdaptation(model)
     adaptation.begin_late_stage(ratio, target_loss=1.0, **kwargs)
     return adaptation
 
@@ -104,7 +107,8 @@ def test_layer_whose_bond_sits_exactly_at_tau_is_left_out_of_the_trim():
         TTLinear(16, 16, in_shape=(4, 4), out_shape=(4, 4), rank=4, dtype=torch.float64),
         TTLinear(16, 16, in_shape=(4, 4), out_shape=(4, 4), rank=2, dtype=torch.float64),
     )
-    adaptation = RankAdaptation(model, tau=0.25)
+    model[0].tau = model[1].tau = 0.25
+    adaptation = RankAdaptation(model)
     with torch.no_grad():
         model[1].gates[0].fill_(0.25)  # |g| = tau: dead, the layer has size 0
     assert adaptation.size() == 160

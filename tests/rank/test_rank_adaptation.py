@@ -58,10 +58,13 @@ def test_size_ratio_and_initial_size_count_active_ranks():
     assert adaptation.ratio() == pytest.approx(adaptation.size() / full)
 
 
-def test_tau_is_written_to_every_gated_layer():
+def test_tau_is_read_from_the_gated_layers_which_must_agree():
     model = _model()
-    RankAdaptation(model, tau=0.2)
-    assert model[0].tau == model[2].tau == 0.2
+    model[0].tau = model[2].tau = 0.2
+    assert RankAdaptation(model).tau == 0.2
+    model[2].tau = 0.3
+    with pytest.raises(ValueError, match=r"different gate thresholds \[0.2, 0.3\]"):
+        RankAdaptation(model)
 
 
 def _late(model, target_ratio=0.5, target_loss=1.0, rho=(0.1, 0.01)):
@@ -147,7 +150,6 @@ def test_state_dict_round_trip():
     [
         ({"gamma": -1.0}, "gamma"),
         ({"gamma": float("nan")}, "gamma"),
-        ({"tau": -0.1}, "tau"),
         ({"surrogate": "l0"}, "surrogate"),
     ],
 )

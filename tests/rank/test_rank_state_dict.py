@@ -13,7 +13,6 @@ from comera import RankAdaptation, TTLinear
 _KEYS = {
     "stage",
     "gamma",
-    "tau",
     "surrogate",
     "initial_size",
     "target_size",
@@ -28,20 +27,6 @@ _KEYS = {
     "recovery",
     "late_count",
     "reached_at_step",
-    "late_optimizer_steps",
-    "trims",
-    "start_size",
-    "trim_part",
-    "keep",
-}
-_OLD_KEYS = _KEYS - {
-    "phase",
-    "size_weight",
-    "late_steps",
-    "recovery",
-    "late_count",
-    "reached_at_step",
-    "late_optimizer_steps",
     "trims",
     "start_size",
     "trim_part",
@@ -56,10 +41,10 @@ def _model():
 
 
 def test_state_dict_holds_the_documented_keys_and_constructor_values():
-    adaptation = RankAdaptation(_model(), gamma=0.3, tau=0.05, surrogate="mean_gate")
+    adaptation = RankAdaptation(_model(), gamma=0.3, surrogate="mean_gate")
     state = adaptation.state_dict()
     assert set(state) == _KEYS
-    assert (state["gamma"], state["tau"], state["surrogate"]) == (0.3, 0.05, "mean_gate")
+    assert (state["gamma"], state["surrogate"]) == (0.3, "mean_gate")
     assert (state["stage"], state["phase"], state["initial_size"], state["keep"]) == (
         "early",
         "early",
@@ -70,7 +55,8 @@ def test_state_dict_holds_the_documented_keys_and_constructor_values():
 
 def test_recover_state_carries_the_held_structure_to_a_copy_of_the_model():
     model = _model()
-    first = RankAdaptation(model, tau=0.25)
+    model[0].tau = 0.25
+    first = RankAdaptation(model)
     first.begin_late_stage(0.5, target_loss=1.0, late_steps=1, recovery=0.0)
     event = first.after_step(1)
     assert event is not None and first.phase == "recover"
@@ -83,7 +69,7 @@ def test_recover_state_carries_the_held_structure_to_a_copy_of_the_model():
     with torch.no_grad():
         for gate in resumed_model[0].gates:
             gate.fill_(1.0)  # every entry live again: only the loaded structure can cut them
-    second = RankAdaptation(resumed_model, tau=0.25)
+    second = RankAdaptation(resumed_model)
     second.load_state_dict(state)
     assert second.after_step(2) is None
     assert resumed_model[0].ranks == model[0].ranks
@@ -104,35 +90,15 @@ def test_early_state_round_trips_and_resumes_the_same_objective():
     assert float(second.loss(task).detach()) == float(first.loss(task).detach())
 
 
-def test_early_state_without_the_controller_keys_loads_as_early():
-    model = _model()
-    state = {key: value for key, value in RankAdaptation(model).state_dict().items() if key in _OLD_KEYS}
-    second = RankAdaptation(model)
-    second.load_state_dict(state)
-    assert second.stage == "early" and second.phase == "early"
-
-
-def test_late_state_without_the_controller_keys_gets_the_documented_defaults():
+def test_a_state_without_the_controller_keys_is_refused_naming_them():
+    """A state of an earlier comera (before the late-stage controller's keys) is not read with defaults."""
     model = _model()
     first = RankAdaptation(model)
     first.begin_late_stage(0.5, target_loss=1.0)
-    state = {key: value for key, value in first.state_dict().items() if key in _OLD_KEYS}
-    second = RankAdaptation(model)
-    second.load_state_dict(state)
-    defaults = {
-        "phase": "descend",
-        "size_weight": 1.0,
-        "late_steps": None,
-        "recovery": 0.3,
-        "late_count": 0,
-        "reached_at_step": None,
-        "late_optimizer_steps": 0,
-        "trims": 1,
-        "start_size": None,
-        "trim_part": 0,
-        "keep": None,
-    }
-    assert second.state_dict() == {**state, **defaults}
+    state = first.state_dict()
+    del state["phase"], state["trims"]
+    with pytest.raises(KeyError, match=r"missing keys \['phase', 'trims'\] \(a state of an earlier comera"):
+        RankAdaptation(model).load_state_dict(state)
 
 
 def test_missing_keys_raise_a_key_error_listing_them():

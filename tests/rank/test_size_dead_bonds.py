@@ -61,7 +61,7 @@ def test_four_core_train_with_a_dead_middle_bond_counts_zero():
 
 def test_total_and_adaptation_size_skip_the_dead_train():
     model = nn.Sequential(_tt3(), nn.Tanh(), nn.Linear(5, 16), _ttm4())
-    adaptation = RankAdaptation(model, tau=1e-2)
+    adaptation = RankAdaptation(model)
     assert adaptation.initial_size == 32 + 72
     _kill(model[3], 1, range(2))
     assert int(total_size(model)) == adaptation.size() == 32

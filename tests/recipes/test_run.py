@@ -38,8 +38,8 @@ def test_settings_layer_preset_method_file_and_assignments(tmp_path):
         ("tensorize.preset=nope", r"tensorize.preset 'nope' is not registered"),
         ("train.run_dir=x", r"unknown key train.run_dir"),
         ("hidden=3", r"--set expects section.key=value"),
-        ("train.gamma=0.1", r"train.gamma moved to method.gamma"),
-        ("train.prune_at=[]", r"train.prune_at moved to method.prune_at"),
+        ("train.gamma=0.1", r"unknown key train.gamma; valid keys of \[train\]"),
+        ("train.prune_at=[]", r"unknown key train.prune_at"),
         ("method.gama=0.1", r"unknown key method.gama; valid keys of \[method\]: \[.*'gamma'"),
         ("method.gamma=-1", r"gamma must be a finite number in \[0.0, inf\)"),
         ("method.prune_at='end'", r"method.prune_at must be of type tuple, got 'end'"),
@@ -58,7 +58,7 @@ def test_bad_settings_name_the_key_and_the_choices(assignment, match):
         ("auto", "train.compile=false", False),
         (False, "train.compile=auto", "auto"),
         (False, "train.compile=true", True),
-        (None, "method.tau=1", 1),
+        (None, "method.target_loss=1", 1),
         (None, "tensorize.embeddings=true", True),
         (None, "tensorize.embeddings=['table']", ["table"]),
     ],
@@ -101,20 +101,31 @@ def test_comera_settings_are_the_method_section(tmp_path):
     }
     assert "gamma" not in settings["train"]
     config.write_text("[train]\ngamma = 0.5\n")
-    with pytest.raises(ValueError, match=r"--config .*run\.toml: train.gamma moved to method.gamma"):
+    with pytest.raises(
+        ValueError, match=r"--config .*run\.toml: unknown key train.gamma; valid keys of \[train\]"
+    ):
         resolve_settings(PRESETS, "smoke", get_method("comera"), config_file=config)
 
 
-def test_an_old_run_header_is_read_with_comera_s_keys_in_the_method_section():
+def test_a_recorded_method_tau_that_changed_nothing_is_dropped_and_another_is_refused():
+    """``method.tau`` (None: the layers' own; or equal to the layers') of a run folder written before the
+    layers owned the threshold alone compares as absent, so the run resumes; any other value is refused."""
+    for tau in (None, 0.01):
+        recorded = {"recipe": "toy", "method": "comera", "settings": {"train": {}, "method": {"tau": tau}}}
+        assert upgrade_run_header(recorded, get_method("comera"))["settings"]["method"] == {}
+    recorded = {"recipe": "toy", "method": "comera", "settings": {"train": {}, "method": {"tau": 0.2}}}
+    with pytest.raises(ValueError, match=r"method.tau=0.2 over its layers' 0.01; .*--restart"):
+        upgrade_run_header(recorded, get_method("comera"))
+
+
+def test_a_run_header_of_an_earlier_comera_is_refused_saying_what_to_do():
+    """A header with CoMERA's settings under ``train`` (an earlier comera's) is not converted: one line names
+    the foreign keys and the way on."""
     train = {"early": 2, "gamma": 0.5, "lr_gates": 0.1, "lr_other": 1e-3}
     old = {"recipe": "toy", "method": "comera", "settings": {"train": train, "method": {}}}
-    upgraded = upgrade_run_header(old, get_method("comera"))
-    assert upgraded["settings"]["train"] == {"early": 2, "lr_other": 1e-3}
-    assert upgraded["settings"]["method"] == {**get_method("comera").defaults, "gamma": 0.5, "lr_gates": 0.1}
-    dense = upgrade_run_header({**old, "method": "dense"}, get_method("dense"))
-    assert dense["settings"] == {"train": {"early": 2, "lr_other": 1e-3}, "method": {}}
-    assert upgrade_run_header(upgraded, get_method("comera")) == upgraded
-    assert old["settings"]["train"]["gamma"] == 0.5, "the recorded header is not changed"
+    for method in ("comera", "dense"):
+        with pytest.raises(ValueError, match=r"train settings \['gamma', 'lr_gates'\] .*--restart"):
+            upgrade_run_header({**old, "method": method}, get_method(method))
 
 
 def test_assignment_values_are_read_as_toml():

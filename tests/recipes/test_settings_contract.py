@@ -175,16 +175,9 @@ def test_a_header_without_a_train_section_is_returned_unchanged(settings):
     assert upgrade_run_header(recorded, get_method("comera")) == recorded
 
 
-def test_an_old_header_of_another_method_keeps_its_method_section():
-    """Moved keys of a non-CoMERA run are dropped; the recorded ``method`` section stays as it was."""
-    recorded = {"method": "dense", "settings": {"train": {"gamma": 0.5, "early": 2}, "method": {"foo": 1}}}
-    upgraded = upgrade_run_header(recorded, get_method("dense"))
-    assert upgraded["settings"] == {"train": {"early": 2}, "method": {"foo": 1}}
-
-
-def test_an_old_header_with_a_recorded_trims_keeps_it():
-    """An old CoMERA header with a moved key and a recorded ``trims`` keeps its trims, not the command's."""
-    recorded = {"method": "comera", "settings": {"train": {"gamma": 0.5}, "method": {"trims": 3}}}
+def test_a_header_with_a_recorded_trims_keeps_it():
+    """A CoMERA header with a recorded ``trims`` keeps its trims, not the command's."""
+    recorded = {"method": "comera", "settings": {"train": {}, "method": {"trims": 3, "gamma": 0.5}}}
     header = {"method": "comera", "settings": {"train": {}, "method": {"trims": 8}}}
     upgraded = upgrade_run_header(recorded, get_method("comera"), header)
     assert upgraded["settings"]["method"]["trims"] == 3 and upgraded["settings"]["method"]["gamma"] == 0.5

@@ -96,6 +96,16 @@ def test_load_checkpoint_refuses_a_newer_format_version_naming_key_and_versions(
     assert load_checkpoint(path) == {"format": CHECKPOINT_FORMAT, "step": 3}
 
 
+def test_load_checkpoint_refuses_a_checkpoint_of_an_earlier_comera_saying_what_to_do(tmp_path):
+    """A checkpoint with the objective's state under the old top-level key ``rank_adaptation`` is refused
+    in one line naming the file and the way on (a fresh start), not read under the old key."""
+    path = tmp_path / "step-00000001.pt"
+    save_checkpoint(payload(rank_adaptation={"stage": "early"}), path)
+    message = f"{path}: a checkpoint of an earlier comera"
+    with pytest.raises(ValueError, match=rf"^{re.escape(message)}.*start the run again \(--restart\)$"):
+        load_checkpoint(path)
+
+
 def test_remove_checkpoint_of_a_folder_removed_meanwhile_by_another_process_is_silent(tmp_path, monkeypatch):
     """remove_checkpoint: nothing if the folder is gone, also when it goes between the check and the
     removal (another process removing the same checkpoint)."""

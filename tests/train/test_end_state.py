@@ -46,7 +46,7 @@ def test_train_time_is_carried_through_a_checkpoint_and_all_unreadable_is_its_ow
     assert payload["progress"]["train_time_s"] > 0
     payload["progress"]["train_time_s"] = 500.0
     resumed = Trainer(make_model(), loss_fn, make_data(), config=config)
-    resumed._restore(payload, rollback=False)
+    resumed.checkpoints.restore(payload, rollback=False)
     assert resumed.state_dict()["progress"]["train_time_s"] >= 500.0
     for path in (tmp_path / "checkpoints").glob("step-*.pt"):
         path.write_bytes(b"junk")

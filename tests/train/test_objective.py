@@ -121,7 +121,7 @@ def test_task_objective_counts_trainable_entries_once():
         objective.loss(torch.ones(2))
 
 
-def test_tau_belongs_to_the_layers_unless_the_settings_override_it():
+def test_tau_belongs_to_the_layers_and_the_objective_reads_it():
     model = make_model()
     for module in model.modules():
         if hasattr(module, "tau"):
@@ -129,8 +129,8 @@ def test_tau_belongs_to_the_layers_unless_the_settings_override_it():
     trainer = Trainer(model, loss_fn, make_data(), config=TrainConfig(plot=False))
     assert trainer.objective.adaptation.tau == 0.05
     assert all(m.tau == 0.05 for m in model.modules() if hasattr(m, "gates"))
-    Trainer(model, loss_fn, make_data(), objective=CoMERAObjective(model, tau=0.2))
-    assert all(m.tau == 0.2 for m in model.modules() if hasattr(m, "gates"))
+    with pytest.raises(TypeError, match="unknown CoMERAObjective arguments"):
+        CoMERAObjective(model, tau=0.2)
 
 
 def test_layers_with_different_taus_need_an_explicit_choice():

@@ -394,7 +394,7 @@ def test_a_process_that_asked_to_stop_with_its_parent_stops_when_the_parent_is_k
     pids = {}
     for asks in (True, False):
         child = (
-            "from comera.child import stop_with_parent; stop_with_parent(); " if asks else ""
+            "from comera.process import stop_with_parent; stop_with_parent(); " if asks else ""
         ) + "import time; print('ready', flush=True); time.sleep(60)"
         parent = (
             "import subprocess, sys, time; "

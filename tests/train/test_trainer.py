@@ -8,7 +8,6 @@ from torch import nn
 import comera.train.trainer as trainer_module
 from comera import RankAdaptation, prune_
 from comera.methods.comera import CoMERAObjective, CoMERASettings
-from comera.nn.gated import DEFAULT_TAU
 from comera.train import TrainConfig, Trainer, read_metrics
 
 FAST_GATES = {"gamma": 1.0, "lr_gates": 0.05, "lr_cores": 1e-3, "lr_other": 1e-3}
@@ -20,7 +19,7 @@ def reference_run(
     """CoMERA written out by hand: early epochs, prune, late stage, prune after every late epoch."""
     model = make_model()
     torch.manual_seed(config.seed)
-    rank = RankAdaptation(model, gamma=settings.gamma, tau=DEFAULT_TAU, surrogate=settings.surrogate)
+    rank = RankAdaptation(model, gamma=settings.gamma, surrogate=settings.surrogate)
     optimizer = trainer_optimizer(model, config, settings)
     step = 0
     for epoch in range(epochs_early + epochs_late):

@@ -3,7 +3,6 @@ resume and rollback bookkeeping, the non-finite guard, and the sharded/DDP wirin
 
 import math
 import random
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -307,23 +306,17 @@ def assert_same_state(got: Trainer, want: Trainer) -> None:
     assert got.step == want.step and got.epoch == want.epoch and got.batch_in_epoch == want.batch_in_epoch
 
 
-def test_legacy_checkpoint_without_newer_keys_resumes(tmp_path):
-    """A checkpoint with 'rank_adaptation' for 'objective', no rng_per_rank, no train time resumes."""
+def test_a_checkpoint_of_an_earlier_comera_is_refused_and_the_run_starts_nothing(tmp_path):
+    """A checkpoint with 'rank_adaptation' for 'objective' (an earlier comera's) is not read: resuming from
+    it raises one line naming the file and the way on, and the trainer is left at step 0."""
     _, path = fitted_checkpoint(tmp_path / "a")
     payload = load_checkpoint(path)
-    payload["rank_adaptation"] = {"name": "task", "initial_size": 999}
-    del payload["objective"], payload["rng_per_rank"], payload["progress"]["train_time_s"]
-    torch.manual_seed(123)
-    payload["rng"] = capture_rng()
-    save_checkpoint(payload, tmp_path / "legacy.pt")
-    torch.manual_seed(0)
+    payload["rank_adaptation"] = payload.pop("objective")
+    save_checkpoint(payload, tmp_path / "earlier.pt")
     trainer = task_trainer(tmp_path / "b", early=1)
-    started = time.perf_counter()
-    result = trainer.fit(resume=tmp_path / "legacy.pt")
-    elapsed = time.perf_counter() - started
-    assert result.step == STEPS_PER_EPOCH and trainer.objective.initial_size == 999
-    assert 0.0 <= result.train_time_s <= elapsed  # no earlier train time recorded: this fit's own only
-    assert torch.equal(torch.get_rng_state(), payload["rng"]["torch"])
+    with pytest.raises(ValueError, match=r"earlier\.pt: a checkpoint of an earlier comera .*--restart"):
+        trainer.fit(resume=tmp_path / "earlier.pt")
+    assert trainer.step == 0
 
 
 def test_resume_takes_this_rank_rng_from_rng_per_rank(tmp_path):
@@ -483,7 +476,7 @@ def test_sharded_save_checkpoint_writes_a_folder_that_restores_the_state(tmp_pat
     for sharded in (True, False):
         other = task_trainer(tmp_path / f"other{sharded}", early=1)
         other._sharded = sharded
-        other._restore(payload, rollback=False)
+        other.checkpoints.restore(payload, rollback=False)
         assert_same_state(other, trainer)
 
 
@@ -507,7 +500,7 @@ def test_sharded_trainer_restores_a_single_file_checkpoint(tmp_path):
     trainer, path = fitted_checkpoint(tmp_path)
     other = task_trainer(tmp_path / "other", early=1)
     other._sharded = True
-    other._restore(load_checkpoint(path), rollback=False)
+    other.checkpoints.restore(load_checkpoint(path), rollback=False)
     assert_same_state(other, trainer)
 
 
@@ -555,7 +548,7 @@ def test_restore_under_ddp_rebuilds_the_wrapper_and_passes_the_optimizer(tmp_pat
     monkeypatch.setattr(trainer_module, "DistributedDataParallel", FakeDDP)
     trainer.world_size = 2
     old = trainer.model = FakeDDP(trainer.module)
-    trainer._restore(payload, rollback=False)
+    trainer.checkpoints.restore(payload, rollback=False)
     assert bare == [trainer.module] and trainer.objective.structure_optimizer is trainer.optimizer
     assert isinstance(trainer.model, FakeDDP) and trainer.model is not old
     assert trainer.model.module is trainer.module

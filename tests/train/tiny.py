@@ -76,7 +76,7 @@ def quiet_config(tmp_path=None, **values) -> TrainConfig:
 
 def run_settings(**values) -> tuple[TrainConfig, CoMERASettings]:
     """``values`` split into a :class:`TrainConfig` (the generic keys) and :class:`CoMERASettings` (CoMERA's
-    keys, which were ``TrainConfig`` fields before Reshape 2)."""
+    keys)."""
     comera_keys = {field.name for field in dataclasses.fields(CoMERASettings)}
     config = TrainConfig(**{key: value for key, value in values.items() if key not in comera_keys})
     return config, CoMERASettings(**{key: value for key, value in values.items() if key in comera_keys})

@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from comera.atomic import atomic_write_bytes
-from comera.child import INTERRUPTED, module_command, run_child
+from comera.cli.child import INTERRUPTED, module_command, run_child
+from comera.cli.startup import interrupts_raise
 from comera.commands.numbers import number, times
 from comera.commands.paths import run_folder_argument
 from comera.commands.train import add_setting_arguments
@@ -55,7 +56,6 @@ from comera.recipes.run import (
     strict_json,
 )
 from comera.recipes.settings import parse_assignment, upgrade_run_header, with_run_data_keys
-from comera.startup import interrupts_raise
 from comera.train.metrics import read_metrics
 from comera.train.plateau import last_fifth_change, plateau_note
 from comera.workloads import load_recipe, workload_names

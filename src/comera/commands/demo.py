@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from comera.bench.paper import run_fresh_case
-from comera.child import INTERRUPTED
+from comera.cli.child import INTERRUPTED
+from comera.cli.startup import interrupts_raise
 from comera.commands.compare import compare
 from comera.commands.paths import run_folder_argument
 from comera.recipes.run import SetupError, default_cache_dir
 from comera.recipes.settings import add_set_argument
-from comera.startup import interrupts_raise
 from comera.workloads import load_recipe
 
 __all__ = ["main", "format_table", "SpeedSettings", "run_speed"]

@@ -33,13 +33,13 @@ from typing import Any
 
 import torch
 
-from comera.child import INTERRUPTED
+from comera.cli.child import INTERRUPTED
+from comera.cli.startup import interrupts_raise
 from comera.commands.compare import MethodRun, compare
 from comera.commands.frontier_report import write_frontier
 from comera.commands.paths import run_folder_argument
 from comera.commands.train import add_setting_arguments
 from comera.recipes.run import SetupError, run_header
-from comera.startup import interrupts_raise
 from comera.workloads import load_recipe
 
 __all__ = ["FrontierPoint", "dense_width_settings", "non_embedding_parameters", "frontier", "main"]

@@ -18,11 +18,8 @@ from pathlib import Path
 
 import torch
 
-from comera.child import interrupt_handled
-from comera.commands.config_file import config_argument
-from comera.commands.numbers import milliseconds, number, times
-from comera.commands.paths import path_argument, run_folder_argument
-from comera.launch import (
+from comera.cli.child import interrupt_handled
+from comera.cli.launch import (
     INTERRUPTED,
     launch,
     launch_interrupted,
@@ -32,10 +29,13 @@ from comera.launch import (
     worker_finished,
     worker_status,
 )
+from comera.cli.startup import interrupts_ignored, interrupts_raise
+from comera.commands.config_file import config_argument
+from comera.commands.numbers import milliseconds, number, times
+from comera.commands.paths import path_argument, run_folder_argument
 from comera.methods import get_method, method_names
 from comera.recipes.run import SetupError, default_run_dir, run
 from comera.recipes.settings import add_set_argument, resolve_settings
-from comera.startup import interrupts_ignored, interrupts_raise
 from comera.train.distributed import world
 from comera.train.guard import NonFiniteError
 from comera.train.parallel import RankLostError, init_from_environment, shutdown, training_device

@@ -1,48 +1,12 @@
-"""Rank-adaptive multi-objective training: task loss against model size (docs/method.md section 4).
-
-Early stage (weighted sum):  ``loss = L + gamma * S_hat``.
-
-Late stage, a controller that lands on the size target ``S*`` (docs/training.md, "late stage"):
-
-1. **Descend** (achievement scalarisation toward ``z = (L*, S*)`` with a switch as in the reference code, the
-   size term scaled by a dual weight ``w``): ``lambda = 1[(L_ema - L*) / L_ema < (S - S*) / S]`` and
-   ``loss = rho_L * L + (rho_S + lambda) * w * S_hat + (1 - lambda) * L``, where ``S`` is the exact size of
-   the active-rank model, ``S_hat`` the differentiable surrogate and ``L_ema`` a bias-corrected exponential
-   moving average of the task loss. ``w`` starts at 1 (the paper's objective) and rises by dual ascent on
-   the constraint ``S <= S*`` while the size is above the target:
-   ``w <- min(MAX_SIZE_WEIGHT, w * exp(DUAL_RATE * min(1, S / S* - 1)))``.
-2. **Trim** once ``S <= (1 + TRIM_MARGIN) S*`` or at the deadline: the weakest gate entries are cut exactly
-   to the budget ``S*`` (:func:`comera.rank.trim.choose_entries`); when the closest structure at or below
-   ``S*`` is more than ``TARGET_TOLERANCE`` below it, the closest one up to ``TARGET_TOLERANCE`` above
-   ``S*`` is taken if it is nearer (small layers move in coarse size steps).
-   **Gradual trims** on the way (with a deadline and ``trims > 1``): the descend window (the late steps
-   before the deadline) is cut into ``trims`` equal parts; from part ``i`` on the size budget is
-   ``S_0 (S* / S_0)^(i / trims)`` (``S_0`` the size when the late stage began: each part asks for the same
-   fraction), and when the size is above the budget of its part, the weakest entries are cut to it once
-   (a ``"partial_trim"`` event), the dropped entries held at 0 from then on while the kept ones stay free.
-   The switch and the dual weight then aim at the next part's budget (the last part at ``S*``), held in
-   :attr:`RankAdaptation.aim_size`: while the size is at or below it the switch weighs the task loss (the
-   model recovers from the last cut), above it the size. So a model whose gates do not shrink by themselves
-   (a large model far from converged, whose task loss still falls) loses its size step by step and recovers
-   between steps, instead of in one cut at the deadline.
-3. **Recover**: ``loss = L`` with the trimmed structure held (dropped entries 0, kept ones above ``tau``).
-
-:meth:`RankAdaptation.loss` uses tensors only (no ``.item()``, no ``.ranks``), so a compiled or
-graph-captured training step can contain it. Host-side decisions (the dual update, the trim, the hold) are the
-controller's step, which runs after every optimizer step of the late stage: by default from an optimizer step
-post-hook that :meth:`RankAdaptation.begin_late_stage` registers (:mod:`comera.rank.step_hook`), so a
-hand-written loop cannot miss it; with ``step_hook=False`` (the :class:`comera.Trainer`, CUDA-graph replays)
-the loop calls :meth:`RankAdaptation.after_step` itself. Recapture after
-:meth:`RankAdaptation.begin_late_stage` and after each event (:attr:`RankAdaptation.events`); a
-``torch.compile``'d step recompiles by itself (its guards see the phase change).
-"""
+"""``RankAdaptation``: CoMERA's objective for a model with gated layers: task loss plus ``gamma`` times a size
+surrogate in the early stage, then a late-stage controller that lands the size on a target (descend by dual
+ascent, exact trim, recover); :meth:`RankAdaptation.loss` is tensors only (it may sit inside a compiled or
+graph-captured step) and :meth:`RankAdaptation.after_step`, the controller, runs on the host after every
+optimizer step (docs/method.md section 4; docs/training.md, "Late stage")."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import warnings
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -50,10 +14,9 @@ from typing import cast
 import torch
 from torch import nn
 
-from comera.checks import check_bool, check_number
-from comera.nn.gated import GatedTrain, check_tau
+from comera.checks import check_number
+from comera.nn.gated import GatedTrain
 from comera.rank.size import gated_trains, total_size
-from comera.rank.step_hook import capturing_cuda_graph, holds_any, register_weak_step_hook
 from comera.rank.surrogate import SURROGATES, mean_gate_surrogate, size_surrogate
 from comera.rank.trim import TrimChoice, choose_entries, hold_entries
 
@@ -85,16 +48,9 @@ _PHASES = ("early", "descend", "recover")
 @dataclass(frozen=True)
 class LateStageEvent(Mapping):
     """What :meth:`RankAdaptation.after_step` did at ``step`` when it changed the gates: ``action="trim"``
-    (the cut to the target, then recovery) or ``"partial_trim"`` (a gradual trim to its part's budget,
-    given as ``target_size``; the descend phase goes on).
-
-    ``size_before`` / ``size_after`` are exact sizes around the trim, ``target_size`` the budget ``S*``,
-    ``removed`` the live entries cut and ``revived`` the dead ones brought back to fill the budget.
-
-    It also reads as a mapping (for event logs): ``action``, ``changed`` (always True: gate values and the
-    objective changed), ``size_before``, ``size_after``, ``target_size``, ``removed``, ``revived`` and
-    ``target_reached``; the step is left to the caller's record.
-    """
+    (the cut to the target ``target_size``, then recovery) or ``"partial_trim"`` (a gradual trim to its part's
+    budget), the exact sizes around it, the live entries ``removed`` and the dead ones ``revived``. It also
+    reads as a mapping for event logs (those keys, ``changed=True`` and ``target_reached``; no ``step``)."""
 
     action: str
     step: int
@@ -135,12 +91,15 @@ def _masks_on_gates(named: list[tuple[str, GatedTrain]], choice: TrimChoice) -> 
     }
 
 
-@dataclass(frozen=True)
-class _HookAction:
-    """What the step hook's controller step did, kept for the next :meth:`RankAdaptation.after_step`."""
-
-    event: LateStageEvent | None
-    reached: bool
+def _common_tau(trains: list[GatedTrain]) -> float:
+    """The gate threshold of the gated layers, which own it (``TensorizeConfig.tau``, a layer's ``tau``)."""
+    taus = sorted({float(train.tau) for train in trains})
+    if len(taus) > 1:
+        raise ValueError(
+            f"the model's gated layers use different gate thresholds {taus}; build them with one "
+            "(TensorizeConfig.tau, tensorize.tau) or set every layer's tau to one value"
+        )
+    return taus[0]
 
 
 class RankAdaptation:
@@ -149,16 +108,11 @@ class RankAdaptation:
     Args:
         model: a model containing :class:`comera.GatedTrain` layers (``TTLinear``, ``TTMLinear``, ...).
         gamma: weight of the size surrogate in the early stage (>= 0).
-        tau: gate threshold; written to every gated layer so that the forward mask and the size count agree.
         surrogate: ``"size"`` (size-weighted l1 of the masked gates over the initial size) or ``"mean_gate"``
             (the reference code's mean live gate value), see :mod:`comera.rank.surrogate`.
-        step_hook: run the late-stage controller from a global optimizer step post-hook, after every step of
-            an optimizer that holds the model's gates (registered by :meth:`begin_late_stage` or by loading a
-            late-stage state, held weakly).
-            False: the training loop calls :meth:`after_step` after every optimizer step itself (the
-            :class:`comera.Trainer` does; so must a loop whose optimizer step is replayed from a CUDA graph).
 
     Attributes:
+        tau: the gate threshold, read from the gated layers (which own it; all must use one).
         initial_size: exact active-rank size (core entries) when this object was made; normalises ``"size"``.
         target_size, target_loss: ``S*`` and ``L*`` of the late stage (None before it).
         start_size: ``S_0``, the exact size when the late stage began (None before it).
@@ -169,12 +123,8 @@ class RankAdaptation:
         size_weight: 0-dim tensor, the dual weight ``w`` of the size term in the descend phase (1.0 at the
             start of the late stage; updated in place by the controller step).
         reached_at_step: the step at which the size first was at most ``(1 + TARGET_TOLERANCE) * target_size``
-            in the current late stage (the ``step`` given to :meth:`after_step`, or with the step hook alone
-            the late optimizer step count), else None.
-        late_optimizer_steps: optimizer steps of the current late stage the step hook has run the controller
-            after (the step number it gives them).
-        events: every :class:`LateStageEvent` of the controller, oldest first, however it ran (the place to
-            look when the step hook ran it: e.g. prune or recapture after a trim). Not in :meth:`state_dict`.
+            in the current late stage (the ``step`` given to :meth:`after_step`), else None.
+        events: every :class:`LateStageEvent` of the controller, oldest first. Not in :meth:`state_dict`.
 
     Examples:
         >>> import torch
@@ -187,13 +137,14 @@ class RankAdaptation:
         >>> optimizer = torch.optim.AdamW(groups)
         >>> x, y = torch.randn(32, 64), torch.randint(0, 4, (32,))
         >>> def train(steps):
-        ...     for _ in range(steps):
+        ...     for step in range(steps):
         ...         loss = adaptation.loss(nn.functional.cross_entropy(model(x), y))
         ...         optimizer.zero_grad()
         ...         loss.backward()
         ...         optimizer.step()
+        ...         _ = adaptation.after_step(step)  # the late-stage controller (nothing in the early stage)
         >>> train(3)  # the early stage
-        >>> adaptation.begin_late_stage(target_ratio=0.5, late_steps=20)  # land on half the size, by itself
+        >>> adaptation.begin_late_stage(target_ratio=0.5, late_steps=20)  # land on half the size
         >>> train(20)
         >>> adaptation.phase, adaptation.size() <= 1.05 * adaptation.target_size
         ('recover', True)
@@ -204,12 +155,9 @@ class RankAdaptation:
         model: nn.Module,
         *,
         gamma: float = 0.01,
-        tau: float = 1e-2,
         surrogate: str = "size",
-        step_hook: bool = True,
     ):
         self.gamma = check_number(gamma, "gamma", 0.0, math.inf, open_high=True)
-        tau = check_tau(tau)
         if surrogate not in SURROGATES:
             raise ValueError(f"surrogate must be one of {SURROGATES}, got {surrogate!r}")
         self.surrogate = surrogate
@@ -219,9 +167,7 @@ class RankAdaptation:
             raise ValueError(
                 "model has no gated layers (TTLinear, TTMLinear, ...); call comera.tensorize_ first"
             )
-        for train in trains:
-            train.tau = tau
-        self.tau = tau
+        self.tau = _common_tau(trains)
         self.initial_size = int(total_size(model))
         if self.initial_size == 0:
             raise ValueError("model has size 0: every gated layer has a dead bond")
@@ -247,11 +193,6 @@ class RankAdaptation:
         self._late_count = 0
         self._keep: dict[str, list[torch.Tensor]] | None = None
         self.events: list[LateStageEvent] = []
-        self.late_optimizer_steps = 0
-        self._step_hook = check_bool(step_hook, "step_hook")
-        self._hook_remover: weakref.finalize | None = None
-        self._unclaimed: _HookAction | None = None
-        self._warned_capture = False
 
     def _named_trains(self):
         return [(name, train) for name, train in gated_trains(self.model) if len(train.gates)]
@@ -267,54 +208,6 @@ class RankAdaptation:
             for name, train in self._named_trains()
             if all(bool((gate.detach().abs() > train.tau).any()) for gate in train.gate_list())
         ]
-
-    @property
-    def step_hook(self) -> bool:
-        """Whether the late-stage controller runs from the optimizer step post-hook (settable; False
-        removes the hook, and :meth:`after_step` must then be called after every optimizer step)."""
-        return self._step_hook
-
-    @step_hook.setter
-    def step_hook(self, value: bool) -> None:
-        self._step_hook = check_bool(value, "step_hook")
-        self._sync_step_hook()
-
-    def _sync_step_hook(self) -> None:
-        wanted = self._step_hook and self._stage == "late"
-        if wanted and self._hook_remover is None:
-            self._hook_remover = register_weak_step_hook(self._after_optimizer_step)
-        elif not wanted and self._hook_remover is not None:
-            self._hook_remover()
-            self._hook_remover = None
-
-    def __getstate__(self) -> dict:
-        """Copies and pickles leave the step hook out: the copy registers its own (:meth:`__setstate__`)."""
-        return {**self.__dict__, "_hook_remover": None}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._sync_step_hook()
-
-    def _after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        gates = [gate for train in self._trains() for gate in train.gate_list()]
-        if not holds_any(optimizer, gates):
-            return
-        if capturing_cuda_graph():
-            if not self._warned_capture:
-                warnings.warn(
-                    "RankAdaptation: an optimizer step on the model's gates is being captured into a CUDA "
-                    "graph; replays of the graph run no Python hook, so the late-stage controller cannot run "
-                    "after them. Set step_hook=False and call adaptation.after_step(step) after every "
-                    "replay.",
-                    UserWarning,
-                    stacklevel=2,
-                )
-                self._warned_capture = True
-            return
-        self.late_optimizer_steps += 1
-        reached_before = self.reached_at_step is not None
-        event = self._control(self.late_optimizer_steps)
-        self._unclaimed = _HookAction(event, not reached_before and self.reached_at_step is not None)
 
     @property
     def stage(self) -> str:
@@ -429,50 +322,15 @@ class RankAdaptation:
         hold_entries([train for _, train in named], list(self._keep.values()), self._hold_floor())
 
     def after_step(self, step: int) -> LateStageEvent | None:
-        """The late-stage controller's step, or what the step hook's controller step did.
-
-        With the step hook (``step_hook=True``, the default), the controller already ran inside the last
-        optimizer step: this call does not run it again but returns that step's event (or None) and records
-        ``step`` as its step number (in the event and :attr:`reached_at_step`). When no optimizer step ran the
-        controller since the last call (``step_hook=False``, or no optimizer step in between), this call runs
-        it: then call it once after every optimizer step, outside any compiled or graph-captured step (the
-        gates are changed in place).
-
-        The controller's step:
-
-        - Early stage: nothing (no host sync), returns None.
-        - Descend phase: reads the exact size (one host sync), records :attr:`reached_at_step`, and either
-          raises the dual weight :attr:`size_weight` in place (returns None) or, when the size is within
-          ``TRIM_MARGIN`` of ``target_size`` or the deadline ``(1 - recovery) * late_steps`` late steps has
-          passed, trims the weakest gate entries exactly to the budget, enters the recover phase and returns a
-          :class:`LateStageEvent`.
-          Before that, with gradual trims, the first step of each part whose budget the size exceeds cuts
-          the weakest entries to that budget and returns a ``"partial_trim"`` event (the phase stays
-          ``"descend"``); entries it dropped are held at 0 on every later step.
-        - Recover phase: writes the held structure back into the gates (dropped entries 0, kept entries at
-          least ``max(2 tau, 1e-3)`` in magnitude; no host sync), returns None. After ``prune_`` the held
-          structure is re-read from the live entries.
-
-        A returned event (also appended to :attr:`events`) means the objective changed (the loss is now the
-        task loss) and gate values were rewritten: recapture a graph-captured step
-        (``CudaGraphStep.invalidate()``; a ``torch.compile``'d step recompiles by itself); a prune right after
-        it makes the cut real in memory and speed.
-
-        Args:
-            step: the caller's step counter (stored in :attr:`reached_at_step`; any int).
-        """
+        """The late-stage controller's step, once after every optimizer step, outside any compiled or
+        graph-captured step: nothing in the early stage; in the descend phase one host sync, the dual weight
+        raised or a trim; in the recover phase the held structure written back into the gates. A returned
+        :class:`LateStageEvent` (also in :attr:`events`) means gate values and the objective changed:
+        recapture a graph-captured step, prune to make the cut real. ``step``: the caller's step counter (any
+        int, recorded in :attr:`reached_at_step` and the event); docs/training.md, "Late stage"."""
         if isinstance(step, bool) or not isinstance(step, int):
             raise ValueError(f"step must be an int, got {step!r}")
-        action, self._unclaimed = self._unclaimed, None
-        if action is None:
-            return self._control(step)
-        if action.reached:
-            self.reached_at_step = step
-        if action.event is None:
-            return None
-        event = dataclasses.replace(action.event, step=step)
-        self.events[-1] = event
-        return event
+        return self._control(step)
 
     def _descend_length(self) -> int:
         return math.ceil((1.0 - self.recovery) * cast(int, self.late_steps))
@@ -587,8 +445,7 @@ class RankAdaptation:
     ) -> None:
         """Switch to the late stage with ``S* = target_ratio * size()`` and ``L*`` = ``target_loss`` or 1.05 x
         the smoothed loss now. May be called again to set a new target from the current size (the held
-        structure of an earlier trim is released, the dual weight reset to 1). With ``step_hook`` this
-        registers the optimizer step post-hook that runs the controller from now on.
+        structure of an earlier trim is released, the dual weight reset to 1).
 
         Args:
             target_ratio: fraction of the current exact size to reach, in (0, 1].
@@ -648,16 +505,12 @@ class RankAdaptation:
         self._keep = None
         self.reached_at_step = None
         self.size_weight.fill_(1.0)
-        self.late_optimizer_steps = 0
-        self._unclaimed = None
-        self._sync_step_hook()
 
     def state_dict(self) -> dict:
         """Everything needed to resume: stage, targets, constants and the loss average (Python numbers)."""
         return {
             "stage": self._stage,
             "gamma": self.gamma,
-            "tau": self.tau,
             "surrogate": self.surrogate,
             "initial_size": self.initial_size,
             "target_size": self.target_size,
@@ -675,28 +528,17 @@ class RankAdaptation:
             "start_size": self.start_size,
             "trim_part": self._trim_part,
             "reached_at_step": self.reached_at_step,
-            "late_optimizer_steps": self.late_optimizer_steps,
             "keep": None
             if self._keep is None
             else {name: [mask.tolist() for mask in masks] for name, masks in self._keep.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned (a state without the controller's keys, from before they
-        existed, restores the descend phase for a late stage with a dual weight of 1 and one trim)."""
-        missing = {
-            "stage",
-            "initial_size",
-            "target_size",
-            "target_loss",
-            "rho",
-            "ema",
-            "ema_sum",
-            "ema_weight",
-        }
-        missing -= set(state)
+        """Restore what :meth:`state_dict` returned; a state without one of its keys (written by an earlier
+        comera) raises ``KeyError`` naming the missing keys."""
+        missing = sorted(set(self.state_dict()) - set(state))
         if missing:
-            raise KeyError(f"RankAdaptation state is missing keys {sorted(missing)}")
+            raise KeyError(f"RankAdaptation state is missing keys {missing} (a state of an earlier comera?)")
         if state["stage"] not in _STAGES:
             raise ValueError(f"state['stage'] must be one of {_STAGES}, got {state['stage']!r}")
         self._stage = state["stage"]
@@ -707,23 +549,21 @@ class RankAdaptation:
         self._ema = float(state["ema"])
         self._ema_sum.fill_(state["ema_sum"])
         self._ema_weight.fill_(state["ema_weight"])
-        phase = state.get("phase", "early" if self._stage == "early" else "descend")
+        phase = state["phase"]
         if phase not in _PHASES or (phase == "early") != (self._stage == "early"):
             raise ValueError(f"state['phase'] must be one of {_PHASES} matching the stage, got {phase!r}")
         self._phase = phase
-        self.size_weight.fill_(state.get("size_weight", 1.0))
-        self.late_steps = state.get("late_steps")
-        self.recovery = float(state.get("recovery", DEFAULT_RECOVERY))
-        self._late_count = int(state.get("late_count", 0))
-        self.trims = int(state.get("trims", 1))
-        self.start_size = state.get("start_size")
-        self._trim_part = int(state.get("trim_part", 0))
+        self.size_weight.fill_(state["size_weight"])
+        self.late_steps = state["late_steps"]
+        self.recovery = float(state["recovery"])
+        self._late_count = int(state["late_count"])
+        self.trims = int(state["trims"])
+        self.start_size = state["start_size"]
+        self._trim_part = int(state["trim_part"])
         if self.target_size is not None:
             self.aim_size.fill_(self._aim())
-        self.reached_at_step = state.get("reached_at_step")
-        self.late_optimizer_steps = int(state.get("late_optimizer_steps", 0))
-        self._unclaimed = None
-        keep = state.get("keep")
+        self.reached_at_step = state["reached_at_step"]
+        keep = state["keep"]
         devices = {name: train.gate_list()[0].device for name, train in self._named_trains()}
         self._keep = (
             None
@@ -733,4 +573,3 @@ class RankAdaptation:
                 for name, masks in keep.items()
             }
         )
-        self._sync_step_hook()

@@ -314,10 +314,7 @@ def _check_entry_kinds(out: Path) -> None:
 def _check_folder(out: Path, header: dict[str, Any], method: Method, resume: bool) -> None:
     """Check ``out`` for a new run, or with ``resume`` for the run to continue (a restart checks nothing
     here: :func:`_set_up` moves the old run aside once the data and the model are built, so that a start
-    refused by them leaves it in place).
-
-    A ``config.json`` written before Reshape 2 (CoMERA's settings under ``train``) is compared as
-    :func:`comera.recipes.settings.upgrade_run_header` reads it, so such a run resumes."""
+    refused by them leaves it in place)."""
     _check_entry_kinds(out)
     config_path = out / "config.json"
     if resume:

@@ -2,10 +2,7 @@
 
 Every key must exist in the preset (``model``, ``data``), be a :class:`comera.TrainConfig` field (``train``),
 a :class:`comera.TensorizeConfig` field or ``preset`` (``tensorize``), or one of the method's settings
-(``method``: for ``comera`` the fields of :class:`comera.methods.comera.CoMERASettings`). A key that moved
-from ``train`` to ``method`` in Reshape 2 (``train.gamma``, ``train.prune_at`` ...) raises ``ValueError``
-naming its new key (``train.gamma moved to method.gamma``); :func:`upgrade_run_header` reads the
-``config.json`` of a run folder written before, so such a run still resumes.
+(``method``: for ``comera`` the fields of :class:`comera.methods.comera.CoMERASettings`).
 
 A ``train``, ``tensorize`` or dataclass-backed ``method`` value must have a type its field declares
 (``train.compile`` takes ``true``, ``false`` or ``"auto"``, whatever the preset set); any other value must
@@ -30,7 +27,7 @@ from comera.data.files import GZIP_MAGIC, utf8_text
 from comera.methods import Method
 from comera.recipes.base import get_recipe
 from comera.tensorize_config import TensorizeConfig, fitted_preset, preset_names
-from comera.train.config import MOVED_KEYS, TrainConfig, moved_key_message
+from comera.train.config import TrainConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -168,8 +165,6 @@ def _apply(
     where: str,
     declared_types: dict[str, dict[str, Any]],
 ):
-    if section == "train" and key in MOVED_KEYS:
-        raise ValueError(f"{where}: {moved_key_message(key)}")
     if key not in valid:
         raise ValueError(f"{where}: unknown key {section}.{key}; valid keys of [{section}]: {sorted(valid)}")
     default = settings[section].get(key, valid[key])
@@ -306,9 +301,8 @@ def upgrade_run_header(
     """A run folder's ``config.json`` (``recorded``) as the current code writes it, for comparison with the
     resuming command's ``header``.
 
-    A folder written before Reshape 2 kept CoMERA's settings in ``settings.train`` (:data:`MOVED_KEYS`):
-    for a ``comera`` run they move to ``settings.method`` over the method's defaults (its ``method`` section
-    was empty then); for any other method they are dropped (no baseline read them). A method setting of
+    A folder of an earlier comera whose ``settings.train`` holds keys that are not ``TrainConfig`` fields
+    (CoMERA's settings were kept there) raises ``ValueError``: it is not converted. A method setting of
     :data:`ADDED_METHOD_KEYS` that the recorded run lacks takes ``header``'s value (when given, for the same
     method); a data setting of :data:`ADDED_DATA_KEYS` that it lacks and ``header`` has takes its value from
     before the key existed. Any other ``model`` or ``data`` key that the run's preset defines but the run did
@@ -321,14 +315,14 @@ def upgrade_run_header(
     recorded = _with_added_data_keys(recorded, header)
     settings = recorded["settings"]
     recorded_keys = set(settings.get("method") or {})
-    moved = {key: value for key, value in settings["train"].items() if key in MOVED_KEYS}
-    if moved:
-        train = {key: value for key, value in settings["train"].items() if key not in MOVED_KEYS}
-        section = dict(settings.get("method") or {})
-        if recorded.get("method") == "comera":
-            section = {**method.defaults, **section, **moved}
-        recorded = {**recorded, "settings": {**settings, "train": train, "method": section}}
-        recorded_keys |= set(moved)
+    foreign = sorted(set(settings["train"]) - {field.name for field in dataclasses.fields(TrainConfig)})
+    if foreign:
+        raise ValueError(
+            f"the run's config.json holds train settings {foreign} that are not TrainConfig fields (a run of "
+            "an earlier comera, which kept CoMERA's settings there): it cannot be continued; start it again "
+            "with --restart or choose another --out"
+        )
+    recorded = _without_method_tau(recorded)
     recorded = _with_added_preset_keys(recorded)
     wanted = ((header or {}).get("settings") or {}).get("method")
     if not isinstance(wanted, dict) or header.get("method") != recorded.get("method"):
@@ -337,6 +331,22 @@ def upgrade_run_header(
     if not added:
         return recorded
     section = {**(recorded["settings"].get("method") or {}), **added}
+    return {**recorded, "settings": {**recorded["settings"], "method": section}}
+
+
+def _without_method_tau(recorded: dict[str, Any]) -> dict[str, Any]:
+    """``recorded`` without ``method.tau``, which the layers' ``tensorize.tau`` replaced, when it changed
+    nothing (None, or the layers' own threshold); a run that set another one raises ``ValueError``."""
+    method = recorded["settings"].get("method")
+    if not isinstance(method, dict) or "tau" not in method:
+        return recorded
+    layers_tau = (recorded["settings"].get("tensorize") or {}).get("tau", TensorizeConfig().tau)
+    if method["tau"] is not None and method["tau"] != layers_tau:
+        raise ValueError(
+            f"the run set method.tau={method['tau']!r} over its layers' {layers_tau!r}; the threshold is now "
+            "tensorize.tau alone, so the run cannot be continued: start it again with --restart"
+        )
+    section = {key: value for key, value in method.items() if key != "tau"}
     return {**recorded, "settings": {**recorded["settings"], "method": section}}
 
 

@@ -1,19 +1,8 @@
-"""Training checkpoints: atomic files that ``torch.load(weights_only=True)`` reads, and their RNG states.
-
-A checkpoint is a dict of tensors and plain Python values only (no pickled objects):
-``{"format", "format_version", "library_version", "model", "structure", "optimizer", "objective",
-"progress", "guard", "window", "rng", "rng_per_rank", "config"}`` (files of earlier versions hold
-``"rank_adaptation"`` instead of ``"objective"``, and are read as such). Files are named
-``step-XXXXXXXX.pt``; writing goes to a temporary file in the same folder, is flushed and fsynced, then
-renamed over the final name, and the folder is fsynced, so a crash leaves either the old set of checkpoints
-or the new one, never a torn file.
-
-The file holds the whole state whatever the number of processes that wrote it, so any number of processes
-resumes from it. A sharded (FSDP) run writes a folder ``step-XXXXXXXX.dcp`` instead, each rank its own
-shards (:mod:`comera.train.sharded_checkpoint`); :func:`list_checkpoints` lists both kinds and
-:func:`load_checkpoint` reads a folder's ``trainer.pt``, whose payload then names the folder under
-``"shards"`` in place of ``"model"`` and ``"optimizer"``.
-"""
+"""Training checkpoints: atomic files that ``torch.load(weights_only=True)`` reads (tensors and plain values,
+named ``step-XXXXXXXX.pt``, written to a temporary file, fsynced and renamed, so a crash leaves the old set or
+the new one), holding the whole state whatever the number of processes that wrote it; a sharded (FSDP) run
+writes a folder ``step-XXXXXXXX.dcp`` of per-rank shards instead (:mod:`comera.train.sharded_checkpoint`).
+The keys are listed in docs/training.md, "The loop"."""
 
 from __future__ import annotations
 
@@ -269,6 +258,11 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         )
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a comera training checkpoint (missing format {CHECKPOINT_FORMAT!r})")
+    if "rank_adaptation" in payload:
+        raise ValueError(
+            f"{path}: a checkpoint of an earlier comera (its objective's state under 'rank_adaptation'), "
+            "which this comera does not read: start the run again (--restart)"
+        )
     if payload.get("format_version", 0) > CHECKPOINT_VERSION:
         raise ValueError(
             f"{path}: key 'format_version' is {payload['format_version']!r}; this comera reads versions "

@@ -4,7 +4,7 @@ A run has an early stage and, when ``late > 0``, a late stage; an objective with
 docs/method.md §4) switches between them, any other runs ``early + late`` of the same objective. Stage lengths
 count epochs or optimizer steps (``unit``). A method's own settings are not here: CoMERA's (``gamma``,
 ``target_ratio``, ``prune_at``, ``lr_cores`` ...) are :class:`comera.methods.comera.CoMERASettings` (the
-``method`` section of a recipe run); :data:`MOVED_KEYS` names their new home when an old key is given.
+``method`` section of a recipe run).
 
 Intervals (``log_every``, ``eval_every``, ``checkpoint_every``) always count steps; ``None`` for eval and
 checkpoints means "at the end of every epoch". Every run also evaluates and checkpoints at its last step.
@@ -30,12 +30,10 @@ __all__ = [
     "TrainConfig",
     "AUTO_COMPILE_MIN_STEPS",
     "MAX_SEED",
-    "MOVED_KEYS",
     "PARALLEL_MODES",
     "DEVICE_NAME",
     "PRECISIONS",
     "UNITS",
-    "moved_key_message",
 ]
 
 UNITS = ("epoch", "step")
@@ -49,30 +47,6 @@ MAX_SEED = 2**63 - 2
 ``2**63 - 1``, which keeps them in the range every generator accepts."""
 AUTO_COMPILE_MIN_STEPS = 10_000
 """With ``compile="auto"``, CPU runs of at least this many steps compile the training step."""
-MOVED_KEYS = (
-    "gamma",
-    "tau",
-    "surrogate",
-    "target_ratio",
-    "target_loss",
-    "rho",
-    "ema",
-    "recovery",
-    "prune_at",
-    "lr_cores",
-    "lr_gates",
-)
-"""Keys that were ``TrainConfig`` fields before Reshape 2 and are now CoMERA's settings
-(:class:`comera.methods.comera.CoMERASettings`, the ``method`` section of a recipe run)."""
-
-
-def moved_key_message(key: str) -> str:
-    """Where the old ``TrainConfig`` field ``key`` (one of :data:`MOVED_KEYS`) lives now."""
-    return (
-        f"train.{key} moved to method.{key}: CoMERA's settings are "
-        f"comera.methods.comera.CoMERASettings({key}=...), passed as "
-        f"Trainer(..., objective=CoMERAObjective(model, settings)) or --set method.{key}=..."
-    )
 
 
 def _pad_key(key: object) -> bool:
@@ -213,13 +187,6 @@ class TrainConfig:
     parallel: str = "ddp"
     shard_cores: bool = False
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> TrainConfig:
-        """Refuse the keys that moved to CoMERA's settings, naming their new home (``TypeError``)."""
-        moved = [key for key in kwargs if key in MOVED_KEYS]
-        if moved:
-            raise TypeError(f"TrainConfig got {moved}: {moved_key_message(moved[0])}")
-        return super().__new__(cls)
-
     def __post_init__(self) -> None:
         check_int(self.early, "early", 0)
         check_int(self.late, "late", 0)
@@ -321,9 +288,6 @@ class TrainConfig:
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError``."""
         known = {field.name for field in dataclasses.fields(cls)}
-        moved = sorted(set(values) & set(MOVED_KEYS))
-        if moved:
-            raise ValueError(f"unknown TrainConfig keys {moved}: {moved_key_message(moved[0])}")
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown TrainConfig keys {unknown}; valid keys: {sorted(known)}")

@@ -1,14 +1,11 @@
-"""The non-finite guard: a step whose objective or gradient is NaN/Inf is skipped, never applied.
-
-The trainer checks one number per step, ``objective + total gradient norm``, which is finite exactly when
-both are. A skipped step leaves parameters and optimizer state untouched. After ``max_consecutive`` skipped
-steps in a row the trainer rolls back to the last checkpoint; after ``max_rollbacks`` rollbacks (or with no
-checkpoint to return to) it raises :class:`NonFiniteError`.
-"""
+"""The non-finite guard: a step whose ``objective + total gradient norm`` is NaN/Inf is skipped, never
+applied; after ``max_consecutive`` skipped steps in a row the trainer rolls back to the last checkpoint, and
+after ``max_rollbacks`` rollbacks (or with no checkpoint) it raises :class:`NonFiniteError`."""
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -73,6 +70,29 @@ class NonFiniteGuard:
             )
         self.rollbacks += 1
         self.consecutive = 0
+
+    def check_end(self, step: int, last_eval: dict[str, float]) -> None:
+        """At the end of a run (``step``, its final evaluation ``last_eval``): raise
+        :class:`NonFiniteError` when it ended in non-finite steps and its final evaluation is not finite
+        (the rollbacks it had left never got to run out); warn when it ended in non-finite steps with a
+        finite final evaluation, or none (the model is that of the last applied step)."""
+        if self.consecutive == 0:
+            return
+        count = self.consecutive
+        steps = f"{count} non-finite step{'s' if count > 1 else ''}"
+        counts = f"{self.total} in all, {self.rollbacks} rollbacks"
+        streak = f"the run ended in {steps} in a row at step {step} ({counts})"
+        broken = sorted(
+            name for name, value in last_eval.items() if isinstance(value, float) and not math.isfinite(value)
+        )
+        if broken:
+            raise NonFiniteError(f"{streak} and its final evaluation is not finite ({', '.join(broken)})")
+        checked = "nothing evaluated it" if not last_eval else "its final evaluation is finite"
+        warnings.warn(
+            f"{streak}; {checked}: the model is that of the last applied step, check it",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def state_dict(self) -> dict[str, int]:
         """Counters as plain ints."""

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from comera.child import stop_with_parent
+from comera.process import stop_with_parent
 from comera.train.distributed import backend_for, gather_objects, is_distributed, world
 
 __all__ = [

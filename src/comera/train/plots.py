@@ -13,6 +13,7 @@ ratio plots, named in their legends.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,14 @@ import numpy as np
 
 from comera.train.metrics import METRICS_NAME, carries_ranks, read_metrics, record_problem
 
-__all__ = ["COMPARISON_AXES", "NoTrainingRecordError", "plot_run", "plot_comparison", "rank_history"]
+__all__ = [
+    "COMPARISON_AXES",
+    "NoTrainingRecordError",
+    "plot_run",
+    "plot_comparison",
+    "plot_finished_run",
+    "rank_history",
+]
 
 
 class NoTrainingRecordError(ValueError):
@@ -170,6 +178,22 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     figure.colorbar(image, ax=axis, label="rank")
     written.append(_save(figure, out / "ranks.png", plt))
     return written
+
+
+def plot_finished_run(run_dir: Path) -> None:
+    """:func:`plot_run` at the end of a training run, a by-product: a log with no training record (a resume
+    at the last step of a run whose log was lost), a record the plots cannot read or a ``plots/`` path that
+    cannot be written warns instead of failing the run."""
+    try:
+        plot_run(run_dir)
+    except NoTrainingRecordError:
+        warnings.warn(
+            f"{run_dir}: metrics.jsonl holds no training record, so no plot was drawn",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    except (ValueError, OSError) as error:  # a record the plots cannot read, a plots/ path in the way
+        warnings.warn(f"not every plot was drawn: {error}", RuntimeWarning, stacklevel=4)
 
 
 def _save(figure, path: Path, plt) -> Path:

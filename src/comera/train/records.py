@@ -15,7 +15,7 @@ import torch
 from comera.train.metrics import peak_memory_mib
 from comera.train.objective import Objective
 
-__all__ = ["StepWindow", "train_record"]
+__all__ = ["StepWindow", "bar_postfix", "train_record"]
 
 
 class StepWindow:
@@ -106,3 +106,16 @@ def train_record(
         "peak_memory_mib": peak_memory_mib(device),
         "nonfinite": nonfinite,
     }
+
+
+def bar_postfix(record: dict[str, Any], skipped: int) -> dict[str, Any]:
+    """What the progress bar shows after a train ``record``: loss, size ratio, stage, and the number of
+    ``skipped`` (non-finite) steps when there are any."""
+    shown: dict[str, Any] = {
+        "loss": f"{record['loss']:.4g}",
+        "ratio": f"{record['ratio']:.3f}",
+        "stage": record["stage"],
+    }
+    if skipped:
+        shown["skipped"] = skipped
+    return shown

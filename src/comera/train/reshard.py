@@ -18,12 +18,14 @@ every sharded parameter and moment), which is what a sharded run otherwise avoid
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from comera.train.fsdp import _is_dtensor, _names_in_order
+from comera.train.objective import Objective
 
 __all__ = [
     "meta_template",
@@ -31,6 +33,8 @@ __all__ = [
     "whole_model_state",
     "whole_optimizer_state",
     "load_whole_optimizer_state",
+    "rebuilt_on",
+    "pruned_copy",
 ]
 
 
@@ -135,3 +139,44 @@ def load_whole_optimizer_state(
         for name, values in named["state"].items()
     }
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def rebuilt_on(
+    template: nn.Module, objective: Objective, structure: dict[str, Any], old: nn.Module
+) -> nn.Module:
+    """A fresh unsharded copy of ``template`` (uninitialised, on ``old``'s device) with the shapes
+    ``structure`` records, ``objective`` bound to it; on a structure the model cannot take, the objective is
+    bound back to ``old`` and the ``ValueError`` raised."""
+    first = next(iter(old.parameters()), None)
+    fresh = fresh_copy(template, torch.device("cpu") if first is None else first.device)
+    objective.rebind(fresh)
+    try:
+        objective.apply_structure(structure, None)
+    except ValueError:
+        objective.rebind(old)
+        raise
+    return fresh
+
+
+def pruned_copy(
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    template: nn.Module,
+    objective: Objective,
+    new_optimizer: Callable[[], torch.optim.Optimizer],
+) -> tuple[dict[str, Any], nn.Module, dict[str, Any]] | None:
+    """Prune a model whose cores are sharded: gather the whole state on every rank, prune an unsharded copy
+    (``objective`` bound to it) with a plain optimizer from ``new_optimizer``; ``(details, the pruned copy,
+    its whole optimizer state)``, or None (objective bound back to ``module``) when nothing changed."""
+    model_state = whole_model_state(module)
+    optimizer_state = whole_optimizer_state(module, optimizer)
+    fresh = rebuilt_on(template, objective, objective.structure(), module)
+    fresh.load_state_dict(model_state)
+    del model_state
+    staging = new_optimizer()
+    load_whole_optimizer_state(fresh, staging, optimizer_state)
+    details = objective.prune(staging)
+    if details is None:
+        objective.rebind(module)
+        return None
+    return details, fresh, whole_optimizer_state(fresh, staging)

@@ -18,6 +18,7 @@ from comera.train.objective import Objective
 from comera.train.parallel import training_device
 
 __all__ = [
+    "check_world",
     "check_arguments",
     "place_model",
     "batches_for",
@@ -181,3 +182,13 @@ def graph_step_for(
         warmup=config.graph_warmup,
         autocast_dtype=torch.bfloat16 if config.precision == "bf16" else None,
     )
+
+
+def check_world(config: TrainConfig, world_size: int) -> None:
+    """Refuse ``config.cuda_graph`` in a process group of ``world_size > 1`` ranks (the captured step has no
+    gradient all-reduce)."""
+    if config.cuda_graph and world_size > 1:
+        raise ValueError(
+            "cuda_graph=True supports single-process runs only, got a process group of "
+            f"{world_size} ranks (DDP): the captured step has no gradient all-reduce; set cuda_graph=False"
+        )

@@ -1,45 +1,14 @@
 """``Trainer``: one training loop for every method (CoMERA's two stages, or a plain task loss for the
-baselines), with checkpoints that never lose work.
-
-One step, top to bottom: ``loss_fn(model, batch)`` gives the task loss; the run's
-:class:`comera.train.objective.Objective` turns it into the optimised scalar (CoMERA: the stage's objective;
-baselines: the task loss itself); backward; the non-finite guard checks ``objective + gradient norm`` (one
-host sync, which also fetches the logged numbers); the optimizer steps or the step is skipped; the
-objective's host-side ``after_step`` runs.
-
-Between steps, in this order: a metrics record every ``log_every`` steps; at an epoch end, pruning if
-configured; at the end of the early stage, pruning (``"early_end"``) and the switch to the late stage; at the
-last step, pruning (``"end"``); evaluation and checkpoint when due; then the callbacks. A prune that changes
-the model is followed by a checkpoint (when checkpoints are on), so a rollback never has to grow a layer.
-Stages and pruning apply to objectives that have them (:class:`comera.methods.comera.CoMERAObjective`): the
-Trainer asks its objective through the hooks of :class:`comera.train.objective.Objective` and knows no method;
-with :class:`comera.train.objective.TaskObjective` a run is ``early + late`` steps of the task loss.
-
-With ``config.cuda_graph`` the whole step (guard included) is a replayed CUDA graph
-(:class:`comera.train.cuda_graph.CudaGraphStep`) that hands back its four numbers; the graphs are dropped and
-recaptured after a prune that changes the model, at the switch to the late stage and after loading a
-checkpoint.
-
-Distributed data parallel (``torchrun``; the process group must use nccl for a CUDA model, gloo for a CPU one,
-see :func:`comera.train.distributed.backend_for`): when a process group with several ranks
-is running, the model is wrapped in ``DistributedDataParallel`` (rebuilt at every prune point),
-a map-style dataset is sharded by rank, the task loss the objective reads is averaged over ranks (so the
-late-stage switch and targets agree), rank 0 alone writes metrics, plots and checkpoints (which hold every
-rank's RNG state), and evaluation sums over all ranks. With ``config.parallel == "fsdp"`` the model is
-sharded with FSDP2 instead (:mod:`comera.train.fsdp`; built once, pruning leaves the sharded parts alone).
-The non-finite guard's verdict is the AND over ranks, train records carry every rank's step time and peak
-memory, and a rank that stops makes the others raise :class:`comera.train.parallel.RankLostError`
-(:mod:`comera.train.parallel`).
-"""
+baselines) on one process or under ``torchrun`` (DDP, FSDP2); its checkpoints are kept by
+:class:`comera.train.resume.CheckpointManager`. The order of a step and of what runs between steps is in
+docs/training.md, "The loop"."""
 
 from __future__ import annotations
 
 import gc
-import math
 import random
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,35 +20,16 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from comera.atomic import remove_stale_temporaries
 from comera.cpu import reuse_freed_memory
 from comera.modules import unwrap_model
-from comera.train.checkpoint import (
-    CHECKPOINT_FORMAT,
-    CHECKPOINT_VERSION,
-    ForeignCheckpointError,
-    NoReadableCheckpointError,
-    capture_rng,
-    checkpoint_path,
-    foreign_entry,
-    latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    misplaced_entries,
-    remove_checkpoint,
-    restore_rng,
-    save_checkpoint,
-)
 from comera.train.config import AUTO_COMPILE_MIN_STEPS, TrainConfig
-from comera.train.distributed import barrier, check_backend, gather_objects, globally_averaged, world
+from comera.train.distributed import check_backend, globally_averaged, world
 from comera.train.evaluation import Evaluator, MeanEvaluator, run_evaluation
 from comera.train.fsdp import (
     check_sharding,
     clip_gradients,
-    full_state,
     gathered,
     grad_norm,
-    load_full_state,
     reduce_replicated_gradients,
     shard_model,
     unfuse_mixed_groups,
@@ -88,24 +38,23 @@ from comera.train.guard import NonFiniteError, NonFiniteGuard
 from comera.train.metrics import MetricsLog, read_metrics, reset_peak_memory
 from comera.train.objective import Objective, default_objective
 from comera.train.parallel import all_true, lost_rank, peer_failure, per_rank_values, rank_seed
-from comera.train.records import StepWindow, train_record
+from comera.train.plots import plot_finished_run
+from comera.train.records import StepWindow, bar_postfix, train_record
 from comera.train.reshard import (
-    fresh_copy,
     load_whole_optimizer_state,
     meta_template,
-    whole_model_state,
-    whole_optimizer_state,
+    pruned_copy,
 )
+from comera.train.resume import CheckpointManager
 from comera.train.schedule import apply_lr_schedule, lr_factor
 from comera.train.setup import (
     batches_for,
     check_arguments,
+    check_world,
     default_optimizer,
     graph_step_for,
     place_model,
 )
-from comera.train.sharded_checkpoint import load_sharded_state, save_sharded_checkpoint
-from comera.version import __version__
 
 __all__ = ["Trainer", "FitResult"]
 
@@ -117,9 +66,7 @@ _END = object()
 @dataclass(frozen=True)
 class FitResult:
     """What :meth:`Trainer.fit` reached: final step, stage, size ratio, last evaluation, guard counters, and
-    ``train_time_s``: seconds spent in :meth:`Trainer.fit` by this process and, for a resumed run, by the
-    earlier processes up to the checkpoint it resumed from (not compared: two equal runs take their own
-    time)."""
+    ``train_time_s`` (in fit, earlier processes of a resumed run included; not compared)."""
 
     step: int
     stage: str
@@ -150,21 +97,16 @@ class Trainer:
             (a ``DataLoader``); see :mod:`comera.train.data` for the reproducibility contract.
         config: a :class:`TrainConfig`.
         objective: what is optimised on top of the task loss; default
-            :func:`comera.train.objective.default_objective`: CoMERA's rank objective with default settings
-            (:class:`comera.methods.comera.CoMERAObjective`, registered by :mod:`comera.methods`) for a model
-            with gated layers, else the plain task loss (:class:`comera.train.objective.TaskObjective`). For
-            other CoMERA settings pass ``objective=CoMERAObjective(model, CoMERASettings(gamma=...))``.
+            :func:`comera.train.objective.default_objective` (CoMERA's for a model with gated layers, else the
+            plain task loss).
         eval_data: dataset or iterable of batches for evaluation, or None.
         eval_fn: ``eval_fn(model, batch) -> {name: number}``, averaged over batches; default
             ``{"loss": loss_fn(model, batch)}``.
         evaluator: an :class:`comera.train.evaluation.Evaluator` for metrics exact over the whole evaluation
             set (instead of ``eval_fn``).
-        optimizer: default AdamW on the objective's parameter groups (``config.lr_other`` and
-            ``config.weight_decay``; CoMERA: cores and gates at its own rates, other; ``capturable=True``
-            with ``config.cuda_graph``). A method that brings its own
-            optimizer (GaLore, APOLLO, ...) passes it here; it must hold the model's parameters, and pruning
-            slices its state in place. With ``config.cuda_graph`` it must be AdamW or Adam with
-            ``capturable=True``.
+        optimizer: default AdamW on the objective's parameter groups; a method's own optimizer (GaLore,
+            APOLLO, ...) must hold the model's parameters (pruning slices its state in place), and with
+            ``config.cuda_graph`` be AdamW or Adam with ``capturable=True``.
         collate_fn: batching of dataset samples (default ``torch.utils.data.default_collate``).
         callbacks: ``callback(trainer)`` after every step's bookkeeping.
 
@@ -172,12 +114,12 @@ class Trainer:
         step, epoch, batch_in_epoch: progress (steps done, epochs done, batches done in this epoch).
         objective: the :class:`comera.train.objective.Objective` driving the run.
         process_rank, world_size: this process's place in a DDP process group (0 and 1 without one).
-        guard: the :class:`comera.train.guard.NonFiniteGuard` with its counters.
-        graph_step: the :class:`comera.train.cuda_graph.CudaGraphStep` running each step, or None (eager or
-            compiled step). A callback that changes learning rates must call its ``invalidate()``.
+        guard, checkpoints: the run's :class:`comera.train.guard.NonFiniteGuard` (with its counters) and
+            :class:`comera.train.resume.CheckpointManager`.
+        graph_step: the :class:`comera.train.cuda_graph.CudaGraphStep` running each step, or None; a
+            callback that changes learning rates calls its ``invalidate()``.
 
     Examples:
-        >>> import tempfile
         >>> import torch
         >>> from torch import nn
         >>> import comera
@@ -216,12 +158,7 @@ class Trainer:
         self.loss_fn = loss_fn
         self.callbacks = list(callbacks)
         self.process_rank, self.world_size = world()
-        if config.cuda_graph and self.world_size > 1:
-            raise ValueError(
-                "cuda_graph=True supports single-process runs only, got a process group of "
-                f"{self.world_size} ranks (DDP): the captured step has no gradient all-reduce; "
-                "set cuda_graph=False"
-            )
+        check_world(config, self.world_size)
         if objective is not None and objective.model is not self.module:
             raise ValueError("objective must be built on the same (unwrapped) model the Trainer trains")
         self.objective = objective or default_objective(self.module)
@@ -255,13 +192,13 @@ class Trainer:
             if config.checkpoint_dir is not None
             else (None if run_dir is None else run_dir / "checkpoints")
         )
+        self.checkpoints = CheckpointManager(self, self.checkpoint_dir)
         self.metrics = MetricsLog(run_dir if self.process_rank == 0 else None)
         self.guard = NonFiniteGuard(config.max_nonfinite, config.max_rollbacks)
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0
         self.last_eval: dict[str, float] = {}
-        self._deferred_events: list[tuple[str, dict[str, Any]]] = []
         self._time_before = 0.0
         self._fit_started = time.perf_counter()
         self._bf16 = config.precision == "bf16"
@@ -363,11 +300,7 @@ class Trainer:
 
     def train_step(self, batch: Any) -> bool:
         """Forward, objective, backward and (if everything is finite) the optimizer step; True if applied.
-
-        With ``config.cuda_graph`` this is one replay of :attr:`graph_step` (a capture first when needed) on
-        the unwrapped model; gradients then stay in the graph's memory between steps instead of being set
-        to None.
-        """
+        With ``config.cuda_graph``: one replay of :attr:`graph_step` (gradients stay in its memory)."""
         start = time.perf_counter()
         if self.config.lr_schedule != "constant":
             apply_lr_schedule(self.optimizer, self.lr_factor(self.step))
@@ -384,16 +317,10 @@ class Trainer:
         """Train to ``total_steps``.
 
         Args:
-            resume: False starts fresh (seeding torch, ``random`` and numpy with ``config.seed``, on rank r
-                of a process group with :func:`comera.train.parallel.rank_seed`); True
-                continues from the newest readable checkpoint in the checkpoint folder (a corrupt newest
-                checkpoint is reported and the previous one used); without any checkpoint it warns and
-                starts fresh, dropping the ``train``/``eval`` records of the earlier attempt; a path
-                continues from that checkpoint file.
-
-        Before anything else, the temporary files that a killed process left in the run and checkpoint
-        folders are deleted, and a torn last line of ``metrics.jsonl`` is reported (a warning and a
-        ``"torn_record_dropped"`` event).
+            resume: False starts fresh (seeded with ``config.seed``, per rank with
+                :func:`comera.train.parallel.rank_seed`); True continues from the newest readable checkpoint
+                (without one it warns and starts fresh); a path continues from that checkpoint file
+                (:meth:`comera.train.resume.CheckpointManager.start`).
 
         Raises:
             NoReadableCheckpointError: ``resume=True`` and every checkpoint file is unreadable.
@@ -402,28 +329,7 @@ class Trainer:
         """
         self._fit_started = time.perf_counter()
         reset_peak_memory(self._device())  # the run's peak: training, not what the process did before
-        if self.process_rank == 0:
-            for folder in (self.run_dir, self.checkpoint_dir):
-                if folder is not None:
-                    remove_stale_temporaries(folder)
-        if self.metrics.torn_bytes:
-            warnings.warn(
-                f"{self.metrics.path}: dropped a torn last record ({self.metrics.torn_bytes} bytes without a "
-                "newline, left by a process killed mid-write)",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            self._deferred_events.append(("torn_record_dropped", {"bytes": self.metrics.torn_bytes}))
-            self.metrics.torn_bytes = 0
-        if resume is False:
-            self._seed()
-            self._write_deferred_events()
-        elif resume is True:
-            self._resume_latest()
-        else:
-            path = Path(resume)
-            self._restore(load_checkpoint(path), rollback=False)
-            self._resumed_from(path)
+        self.checkpoints.start(resume)
         total = self.total_steps
         self.model.train()
         if self.step == 0 and self._late_stage_due():
@@ -453,8 +359,7 @@ class Trainer:
         )
 
     def _train_to(self, total: int) -> None:
-        """Train from the current step to ``total``, then evaluate a resumed end, plot, and refuse an end
-        in divergence (:class:`NonFiniteError`, which :meth:`fit` logs as a ``diverged`` event)."""
+        """Train from the current step to ``total``, then evaluate a resumed end, plot, check the guard."""
         try:
             while self.step < total:
                 self._run_epoch(total)
@@ -469,8 +374,8 @@ class Trainer:
             self._bar = None
         self._evaluate_a_resumed_end()
         if self.run_dir is not None and self.config.plot and self.process_rank == 0:
-            self._plot()
-        self._refuse_a_diverged_end()
+            plot_finished_run(self.run_dir)
+        self.guard.check_end(self.step, self.last_eval)
 
     def _evaluate_a_resumed_end(self) -> None:
         """A run resumed at its last step trains nothing, so nothing evaluated it in this process: evaluate
@@ -483,119 +388,8 @@ class Trainer:
         if not any(record.get("kind") == "eval" and record.get("step") == self.step for record in records):
             self._write_eval_record()
 
-    def _refuse_a_diverged_end(self) -> None:
-        """Raise :class:`NonFiniteError` when the run ran out of steps while diverging: it ended in non-finite
-        (skipped) steps and its final evaluation is not finite, so the rollbacks it had left never got to
-        run out. With a finite final evaluation, or none, such an end warns: skipped steps leave the model
-        of the last applied step, sound after a lone loss-scale overflow, untrained after a stage of them."""
-        if self.guard.consecutive == 0:
-            return
-        count = self.guard.consecutive
-        steps = f"{count} non-finite step{'s' if count > 1 else ''}"
-        streak = (
-            f"the run ended in {steps} in a row at step {self.step} ({self.guard.total} in all, "
-            f"{self.guard.rollbacks} rollbacks)"
-        )
-        broken = sorted(
-            name
-            for name, value in self.last_eval.items()
-            if isinstance(value, float) and not math.isfinite(value)
-        )
-        if broken:
-            raise NonFiniteError(f"{streak} and its final evaluation is not finite ({', '.join(broken)})")
-        checked = "nothing evaluated it" if not self.last_eval else "its final evaluation is finite"
-        warnings.warn(
-            f"{streak}; {checked}: the model is that of the last applied step, check it",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
     def _train_time(self) -> float:
         return self._time_before + time.perf_counter() - self._fit_started
-
-    def _resumed_from(self, path: Path | None) -> None:
-        """Drop the records of steps after the resumed state (and unreadable lines); log the resume."""
-        unreadable, repeated = self.metrics.drop_after(self.step)
-        self._write_deferred_events()
-        details = {"unreadable_lines_dropped": unreadable} if unreadable else {}
-        if unreadable:
-            warnings.warn(
-                f"{self.metrics.path}: dropped {unreadable} line(s) that hold no readable record (not UTF-8, "
-                "not JSON, not an object, no integer step, or a record that lacks a key of its kind or "
-                "holds a value of the wrong type)",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-        if repeated:
-            details["repeated_records_dropped"] = repeated
-            warnings.warn(
-                f"{self.metrics.path}: dropped {repeated} repeated record(s) (a step's train or eval record, "
-                "or an event, logged more than once; the first of each was kept)",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-        details["processes"] = self.world_size  # a run may resume in another number of processes
-        self._event("resume", checkpoint=None if path is None else str(path), **details)
-        self._warn_of_lost_records()
-
-    def _warn_of_lost_records(self) -> None:
-        """Warn (and log an event) when ``metrics.jsonl`` lacks train records of steps up to the resumed one:
-        lines lost from the file (cut short, edited) are not written again, the history is incomplete."""
-        if self.metrics.path is None or not self.metrics.path.is_file() or self.step == 0:
-            return
-        every = self.config.log_every
-        logged = {
-            record.get("step") for record in read_metrics(self.metrics.path) if record.get("kind") == "train"
-        }
-        missing = [step for step in range(every, self.step + 1, every) if step not in logged]
-        if not missing:
-            return
-        warnings.warn(
-            f"{self.metrics.path}: the train records of {len(missing)} logged step(s) up to step {self.step} "
-            f"are missing (the first at step {missing[0]}): lost from the file, they are not written again",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-        self._event("records_missing", steps=len(missing), first=missing[0])
-
-    def _resume_latest(self) -> None:
-        candidates = [] if self.checkpoint_dir is None else list_checkpoints(self.checkpoint_dir)
-        for path in [] if self.checkpoint_dir is None else misplaced_entries(self.checkpoint_dir):
-            kind = "folder" if path.is_dir() else "file" if path.is_file() else "special file"
-            error = f"{path}: not a checkpoint, a {kind} with its name"
-            warnings.warn(f"skipping an unreadable checkpoint: {error}", RuntimeWarning, stacklevel=3)
-            self._deferred_events.append(("unreadable_checkpoint", {"checkpoint": str(path), "error": error}))
-        for _, path in reversed(candidates):
-            try:
-                payload = load_checkpoint(path)
-            except ValueError as error:
-                warnings.warn(f"skipping an unreadable checkpoint: {error}", RuntimeWarning, stacklevel=3)
-                self._deferred_events.append(
-                    ("unreadable_checkpoint", {"checkpoint": str(path), "error": str(error)})
-                )
-                continue
-            try:
-                self._restore(payload, rollback=False)
-            except ForeignCheckpointError as error:
-                warnings.warn(f"skipping a checkpoint of another model: {path}: {error}", RuntimeWarning, 3)
-                details = {"checkpoint": str(path), "error": str(error)}
-                self._deferred_events.append(("foreign_checkpoint", details))
-                continue
-            self._resumed_from(path)
-            return
-        if candidates:  # nothing resumed: the warnings said which were skipped, the log stays as it was
-            self._deferred_events.clear()
-            raise NoReadableCheckpointError(self.checkpoint_dir, len(candidates))  # type: ignore[arg-type]  # candidates come from it
-        where = "no checkpoint folder (config.run_dir and checkpoint_dir are None)"
-        if self.checkpoint_dir is not None:
-            where = f"no checkpoint in {self.checkpoint_dir}"
-        warnings.warn(
-            f"resume: {where}; training starts from step 0 (the records of the earlier attempt are dropped)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        self._seed()
-        self._resumed_from(None)
 
     def _late_stage_due(self) -> bool:
         return (
@@ -614,7 +408,7 @@ class Trainer:
             self.batch_in_epoch += 1
             self._bar.update(1)
             if self.guard.record(finite):
-                self._rollback()
+                self.checkpoints.rollback()
                 return
             if finite:
                 self._objective_after_step()
@@ -689,14 +483,9 @@ class Trainer:
 
     def prune(self, point: str | None = None) -> dict[str, Any] | None:
         """Prune the model (and the optimizer's state) to the objective's active ranks now, as a prune point
-        does, under DDP and FSDP too; the objective's details when shapes changed, else None. When shapes
-        changed and ``point`` is given (``"save"``: before the model is saved), a ``"prune"`` event with
-        that point and the details is logged, as at a prune point.
-
-        With ``parallel="fsdp"`` and ``shard_cores=True`` the sharded model is rebuilt
-        (:mod:`comera.train.reshard`): ``self.module``, ``self.model`` and ``self.optimizer`` are new objects
-        afterwards, and the objective is bound to the new module. Collective under DDP and FSDP.
-        """
+        does (collective under DDP and FSDP); the objective's details when shapes changed (then a ``"prune"``
+        event at ``point``, if given), else None. With ``shard_cores`` the module, model and optimizer are
+        new objects afterwards."""
         if self._template is not None:
             details = self._prune_sharded_cores()
         else:
@@ -718,20 +507,6 @@ class Trainer:
         keep = self.objective.whole_parameters() if self.config.shard_cores else ()
         return shard_model(module, self.config.shard_cores, keep_whole=keep)
 
-    def _rebuilt_on(self, structure: dict[str, Any]) -> nn.Module:
-        """A fresh unsharded copy of the model (uninitialised) with the shapes ``structure`` records, the
-        objective bound to it; on a structure this model cannot take, the objective is bound back and the
-        ``ValueError`` raised."""
-        old = self.module
-        fresh = fresh_copy(self._template, self._device())  # type: ignore[arg-type]  # set wherever a prune can rebuild
-        self.objective.rebind(fresh)
-        try:
-            self.objective.apply_structure(structure, None)
-        except ValueError:
-            self.objective.rebind(old)
-            raise
-        return fresh
-
     def _install_sharded(self, fresh: nn.Module) -> None:
         """Shard ``fresh`` and make it the trained model, with a new optimizer on its parameters."""
         self.module = fresh
@@ -741,51 +516,32 @@ class Trainer:
         gc.collect()
 
     def _prune_sharded_cores(self) -> dict[str, Any] | None:
-        """Prune a model whose cores are sharded: gather the whole state on every rank, prune an unsharded
-        copy with a plain optimizer, shard the copy and move the pruned optimizer state to a new optimizer."""
-        old_module = self.module
-        structure = self.objective.structure()
-        model_state = whole_model_state(self.module)
-        optimizer_state = whole_optimizer_state(self.module, self.optimizer)
-        fresh = self._rebuilt_on(structure)
-        fresh.load_state_dict(model_state)
-        del model_state
-        staging = default_optimizer(self.objective, self.config)
-        load_whole_optimizer_state(fresh, staging, optimizer_state)
-        details = self.objective.prune(staging)
-        if details is None:
-            self.objective.rebind(old_module)
+        """Prune a model whose cores are sharded, through an unsharded copy (:func:`pruned_copy`)."""
+        new_optimizer = lambda: default_optimizer(self.objective, self.config)  # noqa: E731
+        pruned = pruned_copy(self.module, self.optimizer, self._template, self.objective, new_optimizer)  # type: ignore[arg-type]  # set with shard_cores
+        if pruned is None:
             return None
-        pruned_state = whole_optimizer_state(fresh, staging)
-        del staging, optimizer_state
+        details, fresh, optimizer_state = pruned
         self._install_sharded(fresh)
-        load_whole_optimizer_state(self.module, self.optimizer, pruned_state)
+        load_whole_optimizer_state(self.module, self.optimizer, optimizer_state)
         unfuse_mixed_groups(self.optimizer)
         return details
 
     def _ddp(self) -> DistributedDataParallel:
-        """The module wrapped in DDP; one that may leave parameters without a gradient (a pruned model that
-        lost a layer: :meth:`~comera.train.objective.Objective.leaves_parameters_unused`) has DDP look for
-        them at each step, instead of failing on the first step that leaves one out."""
+        """The module wrapped in DDP, looking for unused parameters where a pruned model may leave some."""
         return DistributedDataParallel(
             self.module, find_unused_parameters=self.objective.leaves_parameters_unused()
         )
 
     def _drop_ddp_wrapper(self) -> None:
-        """Free the DDP wrapper before pruning: it keeps the parameters' gradient accumulators alive, and
-        those would still expect the old shapes after :func:`comera.prune_` swaps the parameters' data."""
+        """Free the DDP wrapper before pruning (its gradient accumulators expect the old shapes)."""
         self.model = self.module
         gc.collect()
 
     # evaluation
     def evaluate(self) -> dict[str, float]:
-        """The evaluator's metrics over the evaluation data (default: the mean task loss); ``{}`` without.
-
-        Runs in eval mode without gradients on the unwrapped model; the global RNG state is left as it was.
-        Under DDP each rank evaluates its shard and the metrics cover all ranks' batches. The layers'
-        objective's :meth:`~comera.train.objective.Objective.before_evaluation` runs first (it drops the
-        tensor-train layers' inference caches: steps replayed from a CUDA graph do not show in them).
-        """
+        """The evaluator's metrics over the evaluation data (default: the mean task loss; ``{}`` without), in
+        eval mode without gradients, the RNG state left as it was; under DDP over all ranks' batches."""
         if self.eval_data is None:
             return {}
         self.objective.before_evaluation()
@@ -808,14 +564,7 @@ class Trainer:
             )
         self.metrics.write(record)
         if self._bar is not None:
-            shown = {
-                "loss": f"{record['loss']:.4g}",
-                "ratio": f"{record['ratio']:.3f}",
-                "stage": record["stage"],
-            }
-            if self.guard.total:
-                shown["skipped"] = self.guard.total
-            self._bar.set_postfix(shown)
+            self._bar.set_postfix(bar_postfix(record, skipped=self.guard.total))
         self._window.clear()
 
     def _log_eval(self) -> None:
@@ -835,159 +584,17 @@ class Trainer:
     def _event(self, name: str, **details: Any) -> None:
         self.metrics.write({"kind": "event", "step": self.step, "event": name, **details})
 
-    def _write_deferred_events(self) -> None:
-        """Log the events found before the run's state was known (a torn log line, skipped checkpoints) at
-        the step the run starts from."""
-        for name, details in self._deferred_events:
-            self._event(name, **details)
-        self._deferred_events.clear()
-
     def _device(self) -> torch.device:
         first = next(iter(self.module.parameters()), None)
         return torch.device("cpu") if first is None else first.device
 
-    def _plot(self) -> None:
-        """The run's plots (a by-product: a log with no training record, as a resume at the last step of a
-        run whose log was lost leaves, a record the plots cannot read or a ``plots/`` path that cannot be
-        written warns instead of failing the run)."""
-        try:
-            from comera.train.plots import NoTrainingRecordError, plot_run
-        except ImportError:
-            return
-        try:
-            plot_run(self.run_dir)  # type: ignore[arg-type]  # called with a run_dir
-        except NoTrainingRecordError:
-            warnings.warn(
-                f"{self.run_dir}: metrics.jsonl holds no training record, so no plot was drawn",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        except (ValueError, OSError) as error:  # a record the plots cannot read, a plots/ path in the way
-            warnings.warn(f"not every plot was drawn: {error}", RuntimeWarning, stacklevel=3)
-
     # checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The full training state as tensors and plain values (what a checkpoint file holds).
-
-        Under DDP this is collective (it gathers every rank's RNG state); under FSDP it also gathers the
-        whole model and optimizer state, which only rank 0 receives (the other ranks' ``"model"`` and
-        ``"optimizer"`` are empty).
-        """
-        if self._sharded:
-            model_state, optimizer_state = full_state(self.module, self.optimizer)
-        else:
-            model_state, optimizer_state = self.module.state_dict(), self.optimizer.state_dict()
-        return {**self._trainer_state(), "model": model_state, "optimizer": optimizer_state}
-
-    def _trainer_state(self) -> dict[str, Any]:
-        """Everything of :meth:`state_dict` but the model and optimizer state; collective under DDP/FSDP."""
-        rng_per_rank = gather_objects(capture_rng())
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "format_version": CHECKPOINT_VERSION,
-            "library_version": __version__,
-            "structure": self.objective.structure(),
-            "objective": self.objective.state_dict(),
-            "progress": {
-                "step": self.step,
-                "epoch": self.epoch,
-                "batch_in_epoch": self.batch_in_epoch,
-                "train_time_s": self._train_time(),
-            },
-            "guard": self.guard.state_dict(),
-            "window": self._window.state_dict(),
-            "rng": rng_per_rank[self.process_rank],
-            "rng_per_rank": rng_per_rank,
-            "config": self.config.to_dict(),
-        }
+        """The full training state as tensors and plain values (what a checkpoint file holds); collective
+        under DDP and FSDP (:meth:`comera.train.resume.CheckpointManager.state_dict`)."""
+        return self.checkpoints.state_dict()
 
     def save_checkpoint(self) -> Path:
-        """Write the state after the current step atomically; keep the newest ``keep_checkpoints``.
-
-        Under DDP every rank calls it; rank 0 writes one file, and all ranks wait until it is in place. Under
-        FSDP every rank writes its own shards into one folder (:mod:`comera.train.sharded_checkpoint`).
-        """
-        if self.checkpoint_dir is None:
-            raise ValueError("no checkpoint folder: set config.run_dir or config.checkpoint_dir")
-        path = checkpoint_path(self.checkpoint_dir, self.step, sharded=self._sharded)
-        if (
-            self.process_rank == 0
-            and path.exists()
-            and not (path.is_dir() if self._sharded else path.is_file())
-        ):
-            remove_checkpoint(path)  # an entry of the other kind, reported unreadable at the resume
-        if self._sharded:
-            save_sharded_checkpoint(path, self.module, self.optimizer, self._trainer_state())
-        elif self.process_rank == 0:
-            save_checkpoint(self.state_dict(), path)
-        else:
-            self._trainer_state()  # its RNG states are gathered collectively
-        if self.process_rank == 0:
-            for _, old in list_checkpoints(self.checkpoint_dir)[: -self.config.keep_checkpoints]:
-                remove_checkpoint(old)
-        barrier()
-        return path
-
-    def _restore(self, payload: dict[str, Any], rollback: bool) -> None:
-        try:
-            self.objective.check_structure(payload.get("structure"))
-        except ValueError as error:
-            raise ForeignCheckpointError(str(error)) from error
-        if isinstance(payload.get("model"), Mapping):  # a single-file checkpoint: checked before any change
-            reference = self._template if self._template is not None else self.module
-            own = reference.state_dict(keep_vars=True)
-            structure = payload.get("structure") or {}
-            shapes = self.objective.structure_shapes(structure) if self._template is None else {}
-            reason = foreign_entry(payload["model"], own, structure, shapes)
-            if reason is not None:
-                raise ForeignCheckpointError(reason)
-        rewrap = self.world_size > 1 and not self._sharded  # rebuilt on the restored structure
-        if rewrap:
-            self._drop_ddp_wrapper()
-        try:
-            if self._template is not None:
-                if payload["structure"] != self.objective.structure():
-                    self._install_sharded(self._rebuilt_on(payload["structure"]))
-            else:
-                self.objective.apply_structure(payload["structure"], self.optimizer)
-        except ValueError as error:  # before any pruning; gates it set are set again by the next restore
-            raise ForeignCheckpointError(str(error)) from error
-        if "shards" in payload:
-            load_sharded_state(payload["shards"], self.module, self.optimizer)
-            if self._sharded:
-                unfuse_mixed_groups(self.optimizer)
-        elif self._sharded:
-            load_full_state(self.module, self.optimizer, payload["model"], payload["optimizer"])
-        else:
-            try:
-                self.module.load_state_dict(payload["model"])
-            except RuntimeError as error:  # what the shape check cannot see (bond sizes off the structure)
-                first = str(error).splitlines()[1].strip() if "\n" in str(error) else str(error)
-                raise ForeignCheckpointError(first.rstrip(".")) from error
-            self.optimizer.load_state_dict(payload["optimizer"])
-        if rewrap:
-            self.model = self._ddp()
-        self.objective.load_state_dict(payload.get("objective", payload.get("rank_adaptation")))  # type: ignore[arg-type]  # one of the two is saved
-        progress = payload["progress"]
-        self.step = int(progress["step"])
-        self.epoch = int(progress["epoch"])
-        self.batch_in_epoch = int(progress["batch_in_epoch"])
-        if not rollback:
-            self.guard.load_state_dict(payload["guard"])
-            self._time_before = float(progress.get("train_time_s", 0.0))
-            self._fit_started = time.perf_counter()
-        per_rank = payload.get("rng_per_rank", [])
-        restore_rng(per_rank[self.process_rank] if len(per_rank) == self.world_size else payload["rng"])
-        self._window.load_state_dict(payload.get("window"))
-        self._invalidate_graph()
-
-    def _rollback(self) -> None:
-        failed_at = self.step
-        path = None if self.checkpoint_dir is None else latest_checkpoint(self.checkpoint_dir)
-        self.guard.begin_rollback(failed_at, path is not None)
-        self._restore(load_checkpoint(path), rollback=True)  # type: ignore[arg-type]  # begin_rollback raises without one
-        self.metrics.drop_after(self.step)
-        self._event("rollback", failed_at=failed_at, checkpoint=str(path), nonfinite=self.guard.total)
-        if self._bar is not None:
-            self._bar.n = self.step
-            self._bar.refresh()
+        """Write the state after the current step atomically; keep the newest ``keep_checkpoints``; every
+        rank calls it (:meth:`comera.train.resume.CheckpointManager.save`)."""
+        return self.checkpoints.save()

@@ -32,13 +32,12 @@ class CoMERAObjective(Objective):
         model: a model with gated layers (``TTLinear``, ``TTMLinear``, TTM embeddings).
         settings: CoMERA's settings (default :class:`CoMERASettings`).
         **overrides: fields of :class:`CoMERASettings` replaced in ``settings``
-            (``CoMERAObjective(model, gamma=0.1)``, as before Reshape 2).
+            (``CoMERAObjective(model, gamma=0.1)``).
 
     Attributes:
-        settings: the resolved :class:`CoMERASettings` (``tau`` None: the layers' own threshold).
-        adaptation: the wrapped :class:`comera.RankAdaptation`, built with ``step_hook=False``: the Trainer
-            runs the late-stage controller through :meth:`after_step` after every applied step, outside the
-            compiled or graph-captured step (a hook would run inside them, and skipped steps must not count).
+        settings: the resolved :class:`CoMERASettings`.
+        adaptation: the wrapped :class:`comera.RankAdaptation`; the Trainer runs its late-stage controller
+            through :meth:`after_step` after every applied step, outside the compiled or graph-captured step.
     """
 
     name = "comera"
@@ -57,10 +56,7 @@ class CoMERAObjective(Objective):
                 f"{[field.name for field in dataclasses.fields(CoMERASettings)]}"
             )
         self.settings = dataclasses.replace(settings, **overrides)
-        tau = _layers_tau(model) if self.settings.tau is None else self.settings.tau
-        self.adaptation = RankAdaptation(
-            model, gamma=self.settings.gamma, tau=tau, surrogate=self.settings.surrogate, step_hook=False
-        )
+        self.adaptation = RankAdaptation(model, gamma=self.settings.gamma, surrogate=self.settings.surrogate)
         super().__init__(model)
         self.initial_size = self.adaptation.initial_size
 
@@ -224,23 +220,8 @@ class CoMERAObjective(Objective):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.adaptation.load_state_dict(state.get("rank_adaptation", state))
+        self.adaptation.load_state_dict(state["rank_adaptation"])
         self.initial_size = self.adaptation.initial_size
-
-
-def _layers_tau(model: nn.Module) -> float:
-    taus = {float(layer_train.tau) for _, layer_train in gated_trains(model)}
-    if len(taus) > 1:
-        raise ValueError(
-            f"the model's gated layers use different gate thresholds {sorted(taus)}; set CoMERASettings.tau "
-            "(method.tau) to use one for all"
-        )
-    if not taus:
-        raise ValueError(
-            "model has no gated layers (TTLinear, TTMLinear, ...); call comera.tensorize_ first, or train "
-            "with TaskObjective"
-        )
-    return taus.pop()
 
 
 def gated_model_objective(model: nn.Module) -> CoMERAObjective | None:

@@ -2,8 +2,7 @@
 
 The early stage minimises the task loss plus ``gamma`` times a size surrogate; the late stage (when the run's
 ``train.late > 0``) drives the size toward ``target_ratio`` of the size reached at the end of the early stage.
-Until Reshape 2 these were :class:`comera.TrainConfig` fields; a recipe run now reads them from its ``method``
-section (``--set method.gamma=0.1``).
+A recipe run reads them from its ``method`` section (``--set method.gamma=0.1``).
 """
 
 from __future__ import annotations
@@ -45,8 +44,6 @@ class CoMERASettings:
 
     Attributes:
         gamma, surrogate: early-stage size weight and size surrogate (see :class:`comera.RankAdaptation`).
-        tau: gate threshold; None (default) keeps the one the layers were built with (``TensorizeConfig.tau``
-            owns it), a number overrides every gated layer's when the objective is built.
         target_ratio: late-stage size target as a fraction of the size at the end of the early stage, (0, 1].
         target_loss: late-stage loss target ``L*``; None = 1.05 x the smoothed loss at the stage switch
             (required when the run has no early stage).
@@ -73,7 +70,6 @@ class CoMERASettings:
     """
 
     gamma: float = 0.01
-    tau: float | None = None
     surrogate: str = "size"
     target_ratio: float = 0.5
     target_loss: float | None = None
@@ -90,8 +86,6 @@ class CoMERASettings:
 
     def __post_init__(self) -> None:
         check_number(self.gamma, "gamma", 0.0)
-        if self.tau is not None:
-            check_number(self.tau, "tau", 0.0)
         if self.surrogate not in SURROGATES:
             raise ValueError(f"surrogate must be one of {SURROGATES}, got {self.surrogate!r}")
         check_number(self.target_ratio, "target_ratio", 0.0, 1.0, open_low=True)
@@ -133,6 +127,11 @@ class CoMERASettings:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> CoMERASettings:
         """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming the valid ones."""
+        if "tau" in values:
+            raise ValueError(
+                "method.tau is not a CoMERA setting: the gate threshold belongs to the layers; "
+                "set tensorize.tau"
+            )
         known = {field.name for field in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

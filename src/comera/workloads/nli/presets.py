@@ -141,7 +141,6 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
             "comera": {
                 "method": {
                     "gamma": 0.01,
-                    "tau": 1e-2,
                     "target_ratio": 0.2,
                     "target_loss": 0.8,
                     "lr_cores": 1e-4,

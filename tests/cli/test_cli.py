@@ -27,7 +27,7 @@ def test_bench_layers_quick_writes_a_table(tmp_path):
         [
             sys.executable,
             "-m",
-            "comera.cli",
+            "comera",
             "bench",
             "layers",
             "--quick",
@@ -98,7 +98,7 @@ def test_report_and_plot_fail_cleanly_on_missing_folders(tmp_path, capsys):
 
 def _run_cli(*args):
     return subprocess.run(
-        [sys.executable, "-m", "comera.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "comera", *args], capture_output=True, text=True, timeout=120
     )
 
 
@@ -383,3 +383,13 @@ def test_a_write_into_a_missing_folder_is_refused_before_the_benchmark_runs(tmp_
     error = capsys.readouterr().err
     assert f"--write: {target}: its folder {target.parent} does not exist" in error
     assert not (tmp_path / "nonexistent").exists()
+
+
+def test_the_package_s_main_is_the_command_also_after_its_module_is_imported(tmp_path, capsys):
+    """``comera.cli.main`` stays the function once the module behind it has been imported (a submodule of
+    the same name would replace it as the package's attribute)."""
+    import comera.cli
+    import comera.cli.command  # noqa: F401
+
+    assert comera.cli.main(["report", str(tmp_path)]) == 2
+    assert "neither a saved model" in capsys.readouterr().err

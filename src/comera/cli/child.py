@@ -1,16 +1,9 @@
-"""Run a command in a child process so that a Ctrl-C stops both as cleanly as one process stops.
-
-A Ctrl-C in a terminal sends SIGINT to every process of the foreground group: the child (``comera train``
-under ``comera compare``, ``comera demo`` under ``comera``) stops in its own way, with its one line and
-status :data:`INTERRUPTED`. :func:`run_child` waits for it instead of killing it at once (what
-``subprocess.run`` does on a ``KeyboardInterrupt``), so that line is printed and a checkpoint being written
-is finished; the caller then reports the interruption in one line of its own.
-"""
+"""Run a command in a child process so that a Ctrl-C stops both as cleanly as one process stops: the child
+stops in its own way (one line, status :data:`INTERRUPTED`) and :func:`run_child` waits for it before the
+caller reports the interruption (docs/architecture.md, "Processes")."""
 
 from __future__ import annotations
 
-import ctypes
-import os
 import signal
 import subprocess
 import sys
@@ -27,7 +20,6 @@ __all__ = [
     "module_command",
     "run_child",
     "interrupt_handled",
-    "stop_with_parent",
     "wait_regardless",
 ]
 
@@ -47,7 +39,7 @@ Ctrl-C on to its processes: a process whose collective call fails because anothe
 knows that the run was interrupted, and stops as an interrupted process does."""
 
 INTERRUPTED_WHILE_STARTING = "comera: interrupted while starting; nothing was written"
-"""The line a command stopped by a Ctrl-C before it did anything prints (:mod:`comera.startup`, and the
+"""The line a command stopped by a Ctrl-C before it did anything prints (:mod:`comera.cli.startup`, and the
 launcher of a ``--nproc`` run whose processes had not started their run yet)."""
 
 GRACE_S = 5.0
@@ -59,6 +51,8 @@ QUIET_START = (
     "import runpy, sys\n"
     "module = sys.argv.pop(1)\n"
     "try:\n"
+    "    from comera.cli.startup import quiet_start\n"
+    "    quiet_start()\n"
     "    runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
     "except KeyboardInterrupt:\n"
     f"    sys.exit({INTERRUPTED})\n"
@@ -108,30 +102,8 @@ def wait_regardless(process: subprocess.Popen) -> int:
             continue
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def stop_with_parent(number: int = signal.SIGTERM) -> None:
-    """Ask Linux to send this process the signal ``number`` (default SIGTERM) when its parent dies
-    (``prctl(PR_SET_PDEATHSIG)``): ``torchrun`` starts its processes in sessions of their own, so a
-    launcher killed with SIGKILL would otherwise leave them training, and writing the run folder, on their
-    own. Nothing happens on other systems."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, number)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before the request was made
-        os.kill(os.getpid(), number)
-
-
 def interrupt_handled() -> None:
-    """Call where a ``KeyboardInterrupt`` has been handled, so that the process exits with its own status.
-
-    CPython 3.11 remembers a ``KeyboardInterrupt`` raised inside code run by ``exec`` (a dataclass or a
-    named tuple being created while a module imports, say) as unhandled even when it is caught, and at exit
-    kills the process with SIGINT: status -2, which ``torchrun`` reports as a failed process with a
-    traceback. Running ``exec`` once more, on code that finishes, clears that record."""
+    """Call where a ``KeyboardInterrupt`` has been handled: CPython 3.11 remembers one raised in ``exec``'d
+    code (a dataclass built during an import) as unhandled and kills the process with SIGINT at exit (status
+    -2, a failed ``torchrun`` process); running ``exec`` once more on code that finishes clears that."""
     exec("pass")

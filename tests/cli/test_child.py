@@ -1,4 +1,5 @@
-"""``comera.child.run_child``: a Ctrl-C waits for the child to stop in its own way, then reaches the caller.
+"""``comera.cli.child.run_child``: a Ctrl-C waits for the child to stop in its own way, then reaches the
+caller.
 
 Each case runs a driver process in a process group of its own (as a terminal's foreground job) that calls
 ``run_child`` on a child which, on SIGINT, takes a moment to finish (as a run writing its checkpoint does),
@@ -26,7 +27,7 @@ print("child slept out", flush=True)
 
 DRIVER = """
 import sys
-import comera.child as child
+import comera.cli.child as child
 child.GRACE_S = float(sys.argv[2])
 try:
     child.run_child([sys.executable, "-c", sys.argv[1]])
@@ -68,10 +69,11 @@ def test_a_sigint_to_the_parent_alone_is_passed_on_after_the_grace():
     assert seconds < 30
 
 
-def test_a_ctrl_c_while_the_module_imports_ends_it_with_130_and_no_traceback(tmp_path):
+def test_a_ctrl_c_while_the_module_imports_ends_it_with_130_and_one_line(tmp_path):
     """``module_command``: a Ctrl-C before the module's own handling (an import taking a while, as torch's
-    does) ends it with status 130 and nothing on stderr; the module's arguments reach it as ``sys.argv``."""
-    from comera.child import module_command
+    does) ends it with status 130 and the one line of a command stopped while starting, no traceback; the
+    module's arguments reach it as ``sys.argv``."""
+    from comera.cli.child import INTERRUPTED_WHILE_STARTING, module_command
 
     (tmp_path / "slow_start.py").write_text(
         "import sys, time\nprint('importing', sys.argv[1:], flush=True)\ntime.sleep(60)\n"
@@ -87,7 +89,7 @@ def test_a_ctrl_c_while_the_module_imports_ends_it_with_130_and_no_traceback(tmp
     assert process.stdout.readline().strip() == "importing ['--flag', 'x']"
     os.killpg(process.pid, signal.SIGINT)
     _, errors = process.communicate(timeout=30)
-    assert process.returncode == 130 and errors == ""
+    assert process.returncode == 130 and errors == f"{INTERRUPTED_WHILE_STARTING}\n"
 
 
 def test_a_handled_interrupt_raised_in_exec_code_leaves_the_exit_status_alone(tmp_path):
@@ -99,7 +101,7 @@ def test_a_handled_interrupt_raised_in_exec_code_leaves_the_exit_status_alone(tm
 
     (tmp_path / "ends_with_seven.py").write_text(
         "import sys\n"
-        "from comera.child import interrupt_handled\n"
+        "from comera.cli.child import interrupt_handled\n"
         "try:\n"
         "    exec('raise KeyboardInterrupt')\n"
         "except KeyboardInterrupt:\n"

@@ -1,14 +1,6 @@
-"""The output of a ``comera`` command that cannot be delivered (its reader left: ``comera train ... | head
--3``; or it goes to a full disk or a broken device): what is left to print is dropped, and the command
-finishes its work and exits with its own status.
-
-Python raises ``BrokenPipeError`` (or another ``OSError``: ``No space left on device``) at the first write
-that fails, wherever it happens (a run's summary, after training; a log line of ``comera compare``, before
-the first run): a traceback, status 1, and the work after that line undone. :func:`drop_output_once_unread`
-wraps ``sys.stdout`` and ``sys.stderr`` so that such a write instead points the stream's file descriptor at
-``os.devnull`` (so that the flush at exit does not fail again) and is dropped. A reader that left is the
-normal end of a pipe and goes unsaid; any other failure of stdout is said once, in one line on stderr.
-"""
+"""The output of a ``comera`` command that cannot be delivered (its reader left, ``| head -3``; a full disk)
+is dropped, and the command finishes its work with its own status: :func:`drop_output_once_unread` wraps
+``sys.stdout`` and ``sys.stderr`` (docs/architecture.md, "Processes")."""
 
 from __future__ import annotations
 

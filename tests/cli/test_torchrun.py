@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from comera.child import LAUNCH_INTERRUPTED
-from comera.launch import split_nproc, torchrun_command
+from comera.cli.child import LAUNCH_INTERRUPTED
+from comera.cli.launch import split_nproc, torchrun_command
 from comera.train.metrics import read_metrics
 
 TIMEOUT = 180
@@ -96,9 +96,9 @@ def test_nproc_is_split_from_the_other_arguments():
 
 
 def test_a_process_count_far_beyond_the_cores_is_refused_naming_the_range(monkeypatch):
-    import comera.launch
+    import comera.cli.launch
 
-    monkeypatch.setattr(comera.launch, "usable_cores", lambda: 2)
+    monkeypatch.setattr(comera.cli.launch, "usable_cores", lambda: 2)
     assert split_nproc(["--nproc", "8"]) == (8, [])
     for bad in ("9", "100000"):
         with pytest.raises(ValueError, match=rf"--nproc must be an integer in \[1, 8\] .*got '{bad}'"):
@@ -112,7 +112,7 @@ def test_the_torchrun_command_runs_comera_in_n_processes():
 
 
 def test_without_option_drops_every_occurrence_in_both_spellings():
-    from comera.launch import without_option
+    from comera.cli.launch import without_option
 
     argv = ["nli", "--config", "a.toml", "--preset", "smoke", "--config=b.toml", "--configs", "x"]
     assert without_option(argv, "--config") == ["nli", "--preset", "smoke", "--configs", "x"]
@@ -125,7 +125,7 @@ def test_a_ctrl_c_before_the_processes_registered_kills_torchrun_and_says_nothin
     """Ctrl-C while torchrun starts and no process has registered yet: the launcher marks the launch as
     stopping before it kills torchrun's group (a process that starts later reads the mark), waits for it,
     prints the start-up line and returns 130; torchrun is sent no SIGINT (it would print a traceback)."""
-    import comera.launch as launcher
+    import comera.cli.launch as launcher
 
     killed = []
 
@@ -164,7 +164,7 @@ def test_a_ctrl_c_before_the_processes_registered_kills_torchrun_and_says_nothin
 def test_a_ctrl_c_while_torchrun_is_being_started_says_nothing_was_written(monkeypatch, capsys):
     """The Ctrl-C may land while the launcher starts torchrun (inside ``subprocess.Popen``), before it waits
     for it: the same one line and 130 (a torchrun that started dies with the launcher)."""
-    import comera.launch as launcher
+    import comera.cli.launch as launcher
 
     def starting(*args, **kwargs):
         raise KeyboardInterrupt
@@ -273,7 +273,7 @@ def test_a_process_that_does_not_stop_on_the_ctrl_c_gets_sigterm_after_the_grace
     not act on SIGINT: after ``STOP_GRACE_S`` it is sent SIGTERM, so the launch ends instead of hanging."""
     import signal
 
-    import comera.launch as launcher
+    import comera.cli.launch as launcher
 
     stuck = subprocess.Popen(
         [
@@ -319,7 +319,7 @@ def test_a_ctrl_c_is_passed_on_only_while_a_process_runs(monkeypatch, finished, 
     """The processes of a finished run still tear down their group for a few seconds after ``run folder:``
     is printed; a Ctrl-C then must not kill them (torchrun would print its failure report for a complete
     run): the launch waits them out and returns their status. While one still trains, both get it."""
-    import comera.launch as launcher
+    import comera.cli.launch as launcher
 
     signalled = []
 
@@ -337,7 +337,7 @@ def _interrupted_torchrun(ranks, finished, signalled, folders=None):
     """A stand-in for ``subprocess.Popen`` of ``torchrun`` whose processes ``ranks`` registered (pids 10000 +
     rank; ``finished`` ones finished their run) and whose first wait meets a Ctrl-C; it records the signals
     sent to it in ``signalled`` and its status folder in ``folders``."""
-    import comera.launch as launcher
+    import comera.cli.launch as launcher
 
     class Torchrun:
         def __init__(self, command, env, **options):
@@ -365,7 +365,7 @@ def _interrupted_torchrun(ranks, finished, signalled, folders=None):
 def test_the_launch_is_marked_interrupted_before_its_processes_get_the_ctrl_c(monkeypatch):
     """The processes get the Ctrl-C one after the other: the launcher marks the launch as interrupted first,
     so that a process whose collective call fails because another stopped already knows why."""
-    import comera.launch as launcher
+    import comera.cli.launch as launcher
 
     folders = []
     marked_when_signalled = []
@@ -386,8 +386,8 @@ def test_a_process_that_loses_a_peer_of_an_interrupted_launch_stops_as_interrupt
     """Rank 0 of a Ctrl-C'd launch whose collective call fails because rank 1 stopped first (its own SIGINT
     still on the way) prints the interrupted line and records 130, not "another process stopped"; without a
     Ctrl-C the lost peer is reported as such, status 1."""
+    import comera.cli.launch as launcher
     import comera.commands.train as train_command
-    import comera.launch as launcher
     from comera.train.parallel import RankLostError
 
     folder = tmp_path / "status"

@@ -1,27 +1,7 @@
-"""``comera train --nproc N ...``: N processes of ``comera train ...`` on this machine, under ``torchrun``.
-
-The shortcut stands for ``torchrun --standalone --nproc-per-node N -m comera train ...`` (PyTorch's
-``torch.distributed.run`` with a rendezvous on a free local port), run with this Python. For several machines
-call ``torchrun`` itself (``--nnodes``, ``--rdzv-endpoint``; see docs/training.md, "More than one process").
-
-A process that stops on an error it has already reported in one line (a bad setting, a diverged run) would
-make ``torchrun`` print its own failure report, a traceback of several dozen lines, and exit 1. Under the
-shortcut, such a process records its exit status in a folder the launcher names (:data:`STATUS_ENV`) and
-exits 0 (:func:`worker_status`); the launcher then exits with the highest recorded status (2 for a user
-error). A process that crashes (an unexpected exception) still fails as ``torchrun`` reports it.
-
-A Ctrl-C reaches the launcher alone (``torchrun`` runs in a session of its own, and asked to stop when the
-launcher dies): the launcher passes it on to the processes, which registered their pids in that folder
-(:func:`register_worker`), and each stops as a single process does (one line, status 130). The launcher
-marks the launch as interrupted first (:func:`launch_interrupted`): a process whose collective call fails
-because another stopped before its own SIGINT arrived stops as interrupted too. ``torchrun`` then sees its
-processes end without an error and adds no traceback of its own. A second Ctrl-C goes to
-``torchrun``, which stops them in its own way. A Ctrl-C before any process registered (while ``torchrun``
-and its processes start, a few seconds in which nothing is written) ends the launch at once: the launcher
-marks it as stopping and kills ``torchrun``; each process stops with it
-(:func:`comera.startup.join_launch`, from its first import of comera), and the launcher prints the one
-line a single process prints when stopped while starting.
-"""
+"""``comera train --nproc N ...``: N processes of ``comera train ...`` on this machine under ``torchrun``
+(``torchrun --standalone --nproc-per-node N -m comera train ...`` with this Python); each process records
+its exit status for the launcher, and the launcher passes a Ctrl-C on to them (docs/architecture.md,
+"Processes")."""
 
 from __future__ import annotations
 
@@ -33,15 +13,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from comera.child import (
+from comera.cli.child import (
     INTERRUPTED,
     INTERRUPTED_WHILE_STARTING,
     LAUNCH_INTERRUPTED,
     LAUNCH_STOPPING,
     STATUS_ENV,
-    stop_with_parent,
     wait_regardless,
 )
+from comera.process import stop_with_parent
 
 __all__ = [
     "STATUS_ENV",
@@ -149,7 +129,7 @@ def launch(nproc: int, command: list[str]) -> int:
 
 def _torchrun_stops_with_the_launcher() -> None:
     """``torchrun`` gets SIGKILL when the launcher dies (killed itself): on SIGTERM it would print a
-    traceback of its own; its processes stop with it (:func:`comera.startup.join_launch`)."""
+    traceback of its own; its processes stop with it (:func:`comera.cli.startup.join_launch`)."""
     stop_with_parent(signal.SIGKILL)
 
 
@@ -195,7 +175,7 @@ def _wait_for(process: subprocess.Popen, folder: Path) -> tuple[int, bool]:
 
 def _stop_while_starting(process: subprocess.Popen, folder: Path) -> None:
     """End a launch none of whose processes has registered: mark it as stopping (a process that starts from
-    now on ends at once, :func:`comera.startup.join_launch`), kill ``torchrun`` (the processes it started
+    now on ends at once, :func:`comera.cli.startup.join_launch`), kill ``torchrun`` (the processes it started
     get SIGTERM with its death) and say so in one line."""
     (folder / LAUNCH_STOPPING).write_text("")
     with contextlib.suppress(ProcessLookupError):

@@ -1,12 +1,6 @@
-"""The ``comera`` command: ``demo``, ``prepare WORKLOAD``, ``train WORKLOAD``, ``compare WORKLOAD``,
-``frontier llm``, ``generate RUN_DIR``, ``bench NAME``, ``report DIR``, ``plot RUN_DIR``.
-
-``demo`` and ``bench`` run their job (:mod:`comera.commands.demo`, the module
-:data:`comera.bench.BENCHMARKS` names) in a fresh Python process; ``train``, ``compare`` and ``generate``
-hand over to :mod:`comera.commands.train`, :mod:`comera.commands.compare` and
-:mod:`comera.commands.generate`; ``prepare`` to :mod:`comera.commands.prepare`; ``frontier`` to
-:mod:`comera.commands.frontier`.
-"""
+"""The ``comera`` command: ``demo``, ``prepare``, ``train``, ``compare``, ``frontier``, ``generate``,
+``bench``, ``report``, ``plot``; each hands over to its module in :mod:`comera.commands` (``demo`` and
+``bench`` in a fresh Python process)."""
 
 from __future__ import annotations
 
@@ -15,16 +9,16 @@ import sys
 from pathlib import Path
 
 from comera.bench import BENCHMARKS
-from comera.child import INTERRUPTED, interrupt_handled, module_command, run_child
+from comera.cli.child import INTERRUPTED, interrupt_handled, module_command, run_child
+from comera.cli.startup import interrupts_raise
 from comera.commands.paths import path_argument, run_folder_argument
-from comera.startup import interrupts_raise
 
 __all__ = ["main"]
 
 
 def _run_module(module: str, rest: list[str]) -> int:
     """Run ``python -m module REST`` and return its status; after a Ctrl-C, which it reports itself,
-    :data:`~comera.child.INTERRUPTED`."""
+    :data:`~comera.cli.child.INTERRUPTED`."""
     interrupts_raise()  # from here a Ctrl-C is waited out with the child, which reports it
     try:
         return run_child(module_command(module, rest))
@@ -72,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``comera`` console script (and of ``python -m comera``).
 
     Each command reports a Ctrl-C in its own line; a second Ctrl-C while it does (or while what it stopped
-    unwinds) ends the command with :data:`~comera.child.INTERRUPTED` too, without a traceback."""
+    unwinds) ends the command with :data:`~comera.cli.child.INTERRUPTED` too, without a traceback."""
     try:
         return _command(list(sys.argv[1:] if argv is None else argv))
     except KeyboardInterrupt:
@@ -172,7 +166,3 @@ def _command(argv: list[str]) -> int:
     if args.command == "demo":
         return _run_module("comera.commands.demo", rest)
     return _run_module(BENCHMARKS[args.name], rest)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

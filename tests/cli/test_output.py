@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from comera.output import UnreadStream
+from comera.cli.output import UnreadStream
 
 TIMEOUT = 180
 
