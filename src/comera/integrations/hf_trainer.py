@@ -23,8 +23,9 @@ gradient clipping, evaluation and the logging integrations, is Hugging Face's):
   model's parameters at the active ranks) and ``comera_compression`` (the tensorized layers' dense parameters
   over their active ones).
 - **saving** (``save_model`` and every checkpoint): :func:`comera.save_pretrained` (``comera_config.json`` and
-  ``model.safetensors``) plus the model's ``config.json``, so that ``comera.load_pretrained(folder,
-  base_model=AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)))`` rebuilds it.
+  ``model.safetensors``) plus the model's ``config.json`` (naming its class in ``architectures``) and
+  ``generation_config.json``, so that ``comera.from_pretrained(folder)``
+  (:func:`comera.integrations.hf_pretrained.from_pretrained`) rebuilds it in one call.
   ``transformers``' ``from_pretrained`` cannot load the folder (it would build dense layers).
 - **checkpoints and resuming**: every checkpoint also holds :data:`STATE_NAME`
   (:meth:`CoMERATrainer.comera_state`: the pruned ranks, the objective's and controller's state, the
@@ -422,9 +423,10 @@ class CoMERATrainer(Trainer):
         self.comera_callback.load_state_dict(state["schedule"])
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Write :func:`comera.save_pretrained`'s files, the model's ``config.json`` and the processing class
-        into ``output_dir`` (``transformers.Trainer.save_model`` and every checkpoint call this; the unwrapped
-        model's own state is saved, so ``state_dict`` is not used)."""
+        """Write :func:`comera.save_pretrained`'s files, the model's ``config.json`` (with ``architectures``,
+        the model's class, as ``transformers`` records it), its ``generation_config.json`` (a model that
+        generates) and the processing class into ``output_dir`` (``transformers.Trainer.save_model`` and every
+        checkpoint call this; the unwrapped model's own state is saved, so ``state_dict`` is not used)."""
         if not self.args.should_save:
             return
         folder = Path(self.args.output_dir if output_dir is None else output_dir)
@@ -432,6 +434,10 @@ class CoMERATrainer(Trainer):
         save_pretrained(model, folder)
         config = getattr(model, "config", None)
         if config is not None and hasattr(config, "save_pretrained"):
+            config.architectures = [type(model).__name__]  # what transformers' save_pretrained records
             config.save_pretrained(folder)
+        generation = getattr(model, "generation_config", None)
+        if generation is not None and hasattr(generation, "save_pretrained"):
+            generation.save_pretrained(folder)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(folder)
