@@ -27,13 +27,13 @@ between consecutive ``on_step_end`` callbacks, data loading and the Trainer's bo
 - ``activations MiB``: the tensors one training forward saves for backward (each storage once), of which
   ``logits MiB`` is the ``(batch, seq, vocab)`` fp32 logits tensor alone.
 
-``--write FILE`` replaces the section ``hf-llama`` of a markdown file (``docs/benchmarks.md``) with the table,
-the ratios and the targets (comera's training memory at least 3x below GaLore's, its step at least 2x
-faster, through the same ``Trainer``), each reported as met or missed.
+``--write FILE`` replaces the section ``hf-llama`` (``hf-llama-LABEL`` with ``--label``) of a markdown file
+(``docs/benchmarks.md``) with the table, the ratios and the targets (comera's training memory at least 3x
+below GaLore's, its step at least 2x faster, through the same ``Trainer``), each reported as met or missed.
 
 Usage: ``comera bench hf_llama [--size 60m] [--batches 1 8] [--methods adamw comera galore] [--steps 5]
-[--warmup 2] [--rounds 1] [--threads N] [--write FILE] [--note TEXT]``; ``--size tiny`` is the smoke size
-(width 32, 2 layers, 96 tokens, 32-token sequences).
+[--warmup 2] [--rounds 1] [--threads N] [--write FILE] [--label WORD] [--note TEXT]``; ``--size tiny`` is the
+smoke size (width 32, 2 layers, 96 tokens, 32-token sequences).
 """
 
 from __future__ import annotations
@@ -370,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         "--write", type=markdown_file_argument, metavar="MARKDOWN", help="update the 'hf-llama' section"
     )
     parser.add_argument("--note", default="", help="a sentence added to the written section (e.g. the load)")
+    parser.add_argument(
+        "--label", default="", help="write the section 'hf-llama-LABEL' (beside the default one) instead"
+    )
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -400,14 +403,16 @@ def main(argv: list[str] | None = None) -> int:
             f"--steps {args.steps} --warmup {args.warmup} --rounds {args.rounds} --threads {args.threads}"
         )
         cpu = machine_description().split(",")[0]
-        stamp = f"{datetime.now(timezone.utc):%Y-%m-%d}, commit {source_commit()}, {cpu}"
+        stamp = (
+            f"{datetime.now(timezone.utc):%Y-%m-%d}, commit {source_commit()}, {cpu}, {args.threads} threads"
+        )
         body = (
             f"## Hugging Face `Trainer`: LlamaForCausalLM {args.size}, AdamW, CoMERATrainer, GaLore "
             f"({stamp})\n\n"
             f"Machine: {machine_description()}. Command: `{command}`. {args.note}\n\n"
             f"{section_legend(args.size)}\n\n{text}\n"
         )
-        update_section(args.write, "hf-llama", body)
+        update_section(args.write, "hf-llama" + (f"-{args.label}" if args.label else ""), body)
     return 1 if any("error" in result for result in results.values()) else 0
 
 
