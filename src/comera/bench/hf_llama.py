@@ -145,15 +145,15 @@ class RandomTokens(torch.utils.data.Dataset):
 def _build(method: str, size: str) -> torch.nn.Module:
     from transformers import LlamaForCausalLM
 
-    import comera
+    from comera.tensorize import materialize_, tensorize_
 
     torch.manual_seed(0)
     if method != "comera":
         return LlamaForCausalLM(llama_config(size))
     with torch.device("meta"):
         model = LlamaForCausalLM(llama_config(size))
-    comera.tensorize_(model, hf_paper_config(size))
-    return comera.materialize_(model)
+    tensorize_(model, hf_paper_config(size))
+    return materialize_(model)
 
 
 def _galore_optimizer(model: torch.nn.Module, size: str) -> torch.optim.Optimizer:
