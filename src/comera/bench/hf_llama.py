@@ -382,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
     print(machine_description())
+    commit = source_commit()  # the code the cases run, before the run's hours let the checkout move on
     runs: dict[tuple[str, int], list[dict]] = {}
     order = [(method, batch) for batch in args.batches for method in args.methods]
     shuffler = random.Random(0)
@@ -403,9 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--steps {args.steps} --warmup {args.warmup} --rounds {args.rounds} --threads {args.threads}"
         )
         cpu = machine_description().split(",")[0]
-        stamp = (
-            f"{datetime.now(timezone.utc):%Y-%m-%d}, commit {source_commit()}, {cpu}, {args.threads} threads"
-        )
+        stamp = f"{datetime.now(timezone.utc):%Y-%m-%d}, commit {commit}, {cpu}, {args.threads} threads"
         body = (
             f"## Hugging Face `Trainer`: LlamaForCausalLM {args.size}, AdamW, CoMERATrainer, GaLore "
             f"({stamp})\n\n"
