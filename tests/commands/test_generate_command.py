@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch import nn
 
 import comera
 from comera.cli import main
-from comera.commands.generate import EOS_TOKEN
+from comera.commands import generate as generate_module
+from comera.commands.generate import EOS_TOKEN, end_token_id
 from comera.data.bpe import SPECIAL_TOKENS, train_tokenizer
 from comera.workloads.llm.model import LlamaLM
 from comera.workloads.llm.presets import llm_tensorize_config
@@ -258,3 +260,23 @@ def test_a_damaged_model_file_is_named_as_damaged_not_as_another_model(tmp_path,
     error = one_line_error(capsys, str(run_dir), "--prompt", PROMPT)
     assert f"comera generate: the run's saved model is damaged: {damaged}: " in error
     assert "truncated or corrupt" in error and "not a language model" not in error
+
+
+def test_generation_stops_at_the_end_token_of_a_gpt2_style_tokenizer(tmp_path, capsys, monkeypatch):
+    gpt2 = Tokenizer(models.BPE())
+    gpt2.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    gpt2.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    gpt2.train_from_iterator(LINES, trainer)
+    assert gpt2.token_to_id(EOS_TOKEN) is None and end_token_id(gpt2) == gpt2.token_to_id("<|endoftext|>")
+    assert end_token_id(train_tokenizer(LINES, VOCAB)) == 2  # comera's BPE: </s>
+    passed = []
+    monkeypatch.setattr(
+        generate_module, "generate", lambda *args, eos_id, **kwargs: passed.append(eos_id) or args[1]
+    )
+    run_dir = write_run(tmp_path / "run", smoke_model("dense"), gpt2)
+    status, _, err = generate_cli(capsys, str(run_dir), "--prompt", PROMPT, "--max-new-tokens", "4")
+    assert status == 0, err
+    assert passed == [gpt2.token_to_id("<|endoftext|>")]

@@ -342,8 +342,8 @@ def test_a_run_refused_before_it_started_leaves_no_folder_behind(tmp_path, capsy
             "data.tokenizer_file must be the path of a tokenizer.json file (a string) or unset, got 123",
         ),
         ("mlm", "data.tokenizer_file=''", "data.tokenizer_file must be the path of a tokenizer.json file"),
-        ("llm", "data.tokenizer_file='/'", "data.tokenizer_file / is a folder; name the tokenizer.json file"),
-        ("mlm", "data.tokenizer_file='/'", "data.tokenizer_file / is a folder; name the tokenizer.json file"),
+        ("llm", "data.tokenizer_file='/'", "data.tokenizer_file / is a folder without a tokenizer.json"),
+        ("mlm", "data.tokenizer_file='/'", "data.tokenizer_file / is a folder without a tokenizer.json"),
         ("nli", "data.tokenizer='/no/v.txt'", "data.tokenizer '/no/v.txt' is read with --data (MNLI) only"),
     ],
 )

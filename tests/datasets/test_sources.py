@@ -186,6 +186,23 @@ def test_a_text_file_with_a_utf8_byte_order_mark_reads_without_it(tmp_path):
     assert {d.key: d.text for d in documents} == {"notes.txt": "hello world\n", "inner.txt": "a\n\ufeffb\n"}
 
 
+def test_comera_prepares_reader_drops_a_byte_order_mark_as_read_code_does(tmp_path):
+    """``comera prepare``'s reader (``read_corpus``) gives the same texts: the mark at the start of a ``.txt``
+    file and of a JSON-lines file dropped, one further in kept."""
+    from comera.data.corpus import SkipLog, corpus_files, read_corpus
+
+    (tmp_path / "notes.txt").write_bytes(b"\xef\xbb\xbfhello world\n")
+    (tmp_path / "inner.txt").write_bytes("a\n\ufeffb\n".encode())
+    (tmp_path / "lines.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "first"}\n{"text": "second"}\n')
+    documents = read_corpus(tmp_path, corpus_files(tmp_path), SkipLog())
+    assert {d.key: d.text for d in documents} == {
+        "notes.txt": "hello world\n",
+        "inner.txt": "a\n\ufeffb\n",
+        "lines.jsonl:1": "first",
+        "lines.jsonl:2": "second",
+    }
+
+
 def test_a_json_line_longer_than_the_limit_is_named_or_skipped_without_reading_it_whole(tmp_path):
     """The limit counts the line's bytes with its newline: a line of exactly ``max_line_bytes`` is read, one
     byte more is a bad line (named with file and line, or skipped and counted); the lines after it are
@@ -217,3 +234,34 @@ def test_the_default_line_limit_is_eight_mebibytes(tmp_path):
         read_code(path, text_fields=["text"])
     path.write_text('{"text": "' + "a" * (MAX_LINE_BYTES - overhead) + '"}\n')
     assert len(read_code(path, text_fields=["text"])[0][0].text) == MAX_LINE_BYTES - overhead
+
+
+def test_a_file_read_whole_larger_than_the_limit_is_refused_naming_it_without_reading_it(
+    tmp_path, monkeypatch
+):
+    """A ``.txt`` (or source) file is one document: one larger than ``max_line_bytes`` stops the read naming
+    the file and both sizes, in ``read_code`` and in ``comera prepare``'s ``read_corpus`` alike, before its
+    bytes are read; a file of exactly the limit is read."""
+    from comera.data.corpus import SkipLog, corpus_files, read_corpus
+
+    limit = 64
+    (tmp_path / "exact.txt").write_text("e" * limit)
+    (tmp_path / "big.txt").write_text("b" * (limit + 1))
+    read_bytes = Path.read_bytes
+
+    def guarded(path):
+        assert path.name != "big.txt", "the file larger than the limit was read"
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", guarded)
+    message = r"big\.txt: 65 bytes, longer than 64 bytes, the most one document read whole may hold"
+    with pytest.raises(ValueError, match=message):
+        read_code(tmp_path, extensions=[".txt"], max_line_bytes=limit)
+    with pytest.raises(ValueError, match=message):
+        list(read_corpus(tmp_path, corpus_files(tmp_path), SkipLog(), max_line_bytes=limit))
+    (tmp_path / "big.txt").unlink()
+    documents, skipped = read_code(tmp_path, extensions=[".txt"], max_line_bytes=limit)
+    assert ([d.text for d in documents], skipped) == (["e" * limit], [])
+    assert [
+        d.text for d in read_corpus(tmp_path, corpus_files(tmp_path), SkipLog(), max_line_bytes=limit)
+    ] == ["e" * limit]

@@ -263,6 +263,20 @@ def test_load_best_model_at_end_is_refused_before_training(tmp_path):
         CoMERATrainer(tiny_llama(), args, train_dataset=RepeatingTokens(), eval_dataset=RepeatingTokens(8))
 
 
+def test_load_best_model_at_end_set_after_building_is_refused_before_any_step(tmp_path):
+    """The same refusal when the field is set on ``trainer.args`` between building and ``train()``: nothing
+    is trained and no checkpoint is written (the run would otherwise fail at its end, after a prune)."""
+    args = arguments(tmp_path, eval_strategy="steps", eval_steps=8, save_strategy="steps", save_steps=8)
+    trainer = CoMERATrainer(
+        tiny_llama(), args, train_dataset=RepeatingTokens(), eval_dataset=RepeatingTokens(8)
+    )
+    trainer.args.load_best_model_at_end = True
+    with pytest.raises(ValueError, match=r"args\.load_best_model_at_end=True.*comera\.load_pretrained"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    assert not list(tmp_path.glob("**/checkpoint-*"))
+
+
 REFUSED = {
     # transformers wants evaluations at the checkpoints for load_best_model_at_end
     "load_best_model_at_end": (

@@ -54,7 +54,7 @@ from comera.recipes.run import (
     run_header,
     strict_json,
 )
-from comera.recipes.settings import parse_assignment, upgrade_run_header
+from comera.recipes.settings import parse_assignment, upgrade_run_header, with_run_data_keys
 from comera.startup import interrupts_raise
 from comera.train.metrics import read_metrics
 from comera.train.plateau import last_fifth_change, plateau_note
@@ -116,7 +116,7 @@ def _state(run_dir: Path, header: dict[str, Any]) -> str:
         return "empty"
     wanted = _normalised(header)
     recorded = upgrade_run_header(read_run_config(config), get_method(header["method"]), wanted)
-    difference = header_difference(recorded, wanted)
+    difference = header_difference(recorded, with_run_data_keys(wanted, recorded))
     if difference is not None:
         raise ValueError(
             f"{run_dir} holds a run with other settings or data: {difference}; "

@@ -6,7 +6,8 @@ method's own layers rebuilt from the run's settings for CoLA and LTE) and the to
 ``RUN_DIR/model/tokenizer.json`` (a ``tokenizers`` file). The prompt is encoded as it is (no token is
 added before it), continued by :func:`comera.workloads.llm.generate.generate` on the CPU with a key-value
 cache (greedy unless ``--temperature`` is above 0; ``--top-k`` is refused without it), stopped early at the
-end-of-sequence token ``</s>`` when the tokenizer has one, and only the new text is printed (special tokens
+end-of-sequence token when the tokenizer has one (:func:`end_token_id`: ``</s>``, GPT-2's
+``<|endoftext|>`` ...), and only the new text is printed (special tokens
 left out).
 
 Errors (a missing folder, a run that has not finished, a model that is not a language model, a missing or
@@ -26,18 +27,37 @@ from tokenizers import Tokenizer
 
 from comera.commands.paths import path_argument
 from comera.data.bpe import SPECIAL_TOKENS
+from comera.data.special_tokens import CONVENTIONAL_NAMES
 from comera.data.tokenize import tokenizer_digest
 from comera.io import DamagedFileError
 from comera.recipes.saved import load_run_model
 from comera.workloads.llm.generate import generate
 from comera.workloads.llm.model import LlamaLM
 
-__all__ = ["DEFAULT_NEW_TOKENS", "EOS_TOKEN", "TOKENIZER_NAME", "continue_text", "load_run", "main"]
+__all__ = [
+    "DEFAULT_NEW_TOKENS",
+    "EOS_TOKEN",
+    "TOKENIZER_NAME",
+    "continue_text",
+    "end_token_id",
+    "load_run",
+    "main",
+]
 
 EOS_TOKEN = SPECIAL_TOKENS[2]
 """The end-of-sequence token of comera's byte-level BPE (``</s>``): generation stops once it is produced."""
 TOKENIZER_NAME = "tokenizer.json"
 """The tokenizer's file in a run's ``model/`` folder."""
+
+
+def end_token_id(tokenizer: Tokenizer) -> int | None:
+    """The id of ``tokenizer``'s end-of-document token, the first of
+    :data:`comera.data.special_tokens.CONVENTIONAL_NAMES` ``["eos"]`` it holds (:data:`EOS_TOKEN` for
+    comera's BPE, ``<|endoftext|>`` for GPT-2's), or None when it has none."""
+    found = (tokenizer.token_to_id(name) for name in CONVENTIONAL_NAMES["eos"])
+    return next((index for index in found if index is not None), None)
+
+
 RESULTS_NAME = "results.json"
 """The run's results, which record the digest of its tokenizer (``data.identity.tokenizer``)."""
 DEFAULT_NEW_TOKENS = 64
@@ -145,7 +165,7 @@ def continue_text(
         temperature=temperature,
         top_k=top_k,
         seed=seed,
-        eos_id=tokenizer.token_to_id(EOS_TOKEN),
+        eos_id=end_token_id(tokenizer),
     )
     return tokenizer.decode(output[0, len(ids) :].tolist(), skip_special_tokens=True)
 

@@ -8,15 +8,18 @@ lines are skipped come from the ``data`` section of the workload's settings, as 
 (``--preset``, ``--config``, ``--set data.vocab_size=8192``); ``data.max_files`` and ``data.max_bytes`` do
 not apply (the whole corpus is prepared). ``llm`` reads ``.txt`` files whole and C4's ``text`` field;
 ``mlm`` reads the files ending in ``data.extensions`` (``.py``) whole and CodeSearchNet's ``code`` field
-(else ``original_string``, else ``text``). Running the command again with the same arguments continues a
-stopped preparation and encodes again any shard that no longer matches the index. Errors are one line naming
-what is wrong, with exit status 2.
+(else ``original_string``, else ``text``); a folder written by ``datasets.save_to_disk`` is read through
+pyarrow, its own validation split kept. ``data.tokenizer_file`` may be a ``tokenizer.json`` or a
+``transformers`` ``save_pretrained`` folder (:mod:`comera.data.special_tokens`). Running the command
+again with the same arguments continues a stopped preparation and encodes again any shard that no longer
+matches the index. Errors are one line naming what is wrong, with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from comera.commands.config_file import config_argument
 from comera.commands.paths import path_argument
@@ -26,14 +29,12 @@ from comera.data.progress import Progress
 from comera.methods import get_method
 from comera.recipes.settings import add_set_argument, resolve_settings
 from comera.workloads import load_recipe
+from comera.workloads.mlm.prepared import MLM_TEXT_FIELDS
 
 __all__ = ["main", "summary"]
 
 WORKLOADS = ("llm", "mlm")
 """The workloads whose corpus can be prepared."""
-MLM_TEXT_FIELDS = ("code", "original_string", "text")
-"""The JSON fields (and Parquet columns) a masked-LM corpus's text is read from, the first present: the
-workload's CodeSearchNet fields, then C4's ``text``."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         type=path_argument,
         help="a corpus file or folder: .txt (a document each), .jsonl / .jsonl.gz (a 'text' field a line), "
-        ".parquet (a 'text' column; needs pyarrow)",
+        ".parquet (a 'text' column; needs pyarrow), or a folder written by datasets.save_to_disk (needs "
+        "pyarrow)",
     )
     parser.add_argument("--out", required=True, type=path_argument, help="the prepared corpus's folder")
     parser.add_argument(
@@ -115,11 +117,15 @@ def summary(result: PrepareSummary, out: str) -> str:
     return "\n".join(lines)
 
 
-def _documents(workload: str, data: dict) -> dict[str, tuple[str, ...]]:
+def _documents(workload: str, data: dict) -> dict[str, Any]:
     """What the workload reads as documents: ``.txt`` files and C4's ``text`` field for ``llm``; the files
     ending in ``data.extensions`` (``.py``) and CodeSearchNet's ``code`` field (else ``text``) for ``mlm``."""
     if workload == "mlm":
-        return {"whole_files": tuple(data.get("extensions", (".py",))), "text_fields": MLM_TEXT_FIELDS}
+        return {
+            "whole_files": tuple(data.get("extensions", (".py",))),
+            "text_fields": MLM_TEXT_FIELDS,
+            "needs_mask": True,
+        }
     return {}
 
 

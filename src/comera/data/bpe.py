@@ -6,14 +6,14 @@ only, its pre-tokenised pieces cut to at most :data:`MAX_PIECE_CHARS` characters
 tokens :data:`SPECIAL_TOKENS` (ids 0..4), cached as ``code-bpe-{vocab}-{digest}.json`` in a cache folder;
 the digest covers the training documents (keys and contents) and the trainer settings, so changed data
 trains a new one; a cached file that cannot be read is trained again and replaced
-(:func:`comera.data.cache.read_entry`). A given ``tokenizer.json`` is used as it is (it must know the special
-tokens).
+(:func:`comera.data.cache.read_entry`). A given ``tokenizer.json`` (or ``save_pretrained`` folder) is used
+with its special tokens mapped to these roles (:mod:`comera.data.special_tokens`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -24,6 +24,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from comera.atomic import atomic_write_bytes
 from comera.data.cache import read_entry
 from comera.data.sources import CodeDocument, documents_digest
+from comera.data.special_tokens import CONVENTIONAL_NAMES, load_given_tokenizer, special_token_names
 from comera.data.tokenize import MAX_VOCAB_SIZE
 
 __all__ = [
@@ -84,11 +85,13 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def check_tokenizer_file(tokenizer_file: object) -> Path | None:
-    """``tokenizer_file`` as a path to an existing file, or None.
+    """``tokenizer_file`` as a path to an existing file (or a ``save_pretrained`` folder holding a
+    ``tokenizer.json``), or None.
 
     Raises:
         ValueError: it is not a path (a string or ``os.PathLike``) or None, it is empty, or it names a folder
-            or something else than a file (a broken or looping link). FileNotFoundError: nothing is there.
+            without a ``tokenizer.json`` or something else than a file (a broken or looping link).
+            FileNotFoundError: nothing is there.
     """
     if tokenizer_file is None:
         return None
@@ -98,8 +101,13 @@ def check_tokenizer_file(tokenizer_file: object) -> Path | None:
             f"{tokenizer_file!r}"
         )
     path = Path(tokenizer_file)
+    if path.is_dir() and not (path / "tokenizer.json").is_file():
+        raise ValueError(
+            f"tokenizer_file {path} is a folder without a tokenizer.json; name a tokenizer.json file, or a "
+            "folder a transformers fast tokenizer was saved to (save_pretrained)"
+        )
     if path.is_dir():
-        raise ValueError(f"tokenizer_file {path} is a folder; name the tokenizer.json file in it")
+        return path
     if path.is_symlink() and not path.exists():
         raise ValueError(f"tokenizer_file {path} is a broken or looping symbolic link; name the file itself")
     if not path.exists():
@@ -115,20 +123,16 @@ def load_or_train_tokenizer(
     cache_dir: str | Path,
     tokenizer_file: str | Path | None = None,
 ) -> tuple[Tokenizer, Path, bool]:
-    """The tokenizer to use: ``tokenizer_file`` if given, else the cached one trained on the same documents
-    with the same ``vocab_size``, else a newly trained one written to ``cache_dir``.
+    """The tokenizer to use: ``tokenizer_file`` if given (its special tokens mapped, a padding token added
+    when it has none: :func:`comera.data.special_tokens.load_given_tokenizer`), else the cached one trained
+    on the same documents with the same ``vocab_size``, else a newly trained one written to ``cache_dir``.
 
     Returns:
         ``(tokenizer, path of its tokenizer.json, whether it was read rather than trained)``.
     """
     path = check_tokenizer_file(tokenizer_file)
     if path is not None:
-        try:
-            tokenizer = Tokenizer.from_file(str(path))
-        except Exception as error:
-            raise ValueError(f"tokenizer_file {path}: not a tokenizers tokenizer.json ({error})") from None
-        special_ids(tokenizer)
-        return tokenizer, path, True
+        return load_given_tokenizer(path).tokenizer, path, True
     vocab_size = _check_vocab_size(vocab_size)
     if not train_documents:
         raise ValueError("cannot train a tokenizer: the training split has no documents")
@@ -145,34 +149,46 @@ def load_or_train_tokenizer(
 
 @dataclass(frozen=True)
 class SpecialIds:
-    """Ids of the special tokens of a tokenizer, and its vocabulary size."""
+    """Ids of the special tokens of a tokenizer, and its vocabulary size (``mask`` None: it has no mask
+    token, which only the masked LM needs)."""
 
     bos: int
     pad: int
     eos: int
     unk: int
-    mask: int
+    mask: int | None
     vocab_size: int
 
     @property
     def all(self) -> tuple[int, ...]:
-        """Every special id."""
-        return (self.bos, self.pad, self.eos, self.unk, self.mask)
+        """Every special id, once each (a tokenizer may use one token for several roles)."""
+        found = (self.bos, self.pad, self.eos, self.unk, self.mask)
+        return tuple(dict.fromkeys(index for index in found if index is not None))
 
     @cached_property
     def ordinary(self) -> torch.Tensor:
-        """The ids of all other tokens, ascending: ``(vocab_size - 5,)`` int64."""
+        """The ids of all other tokens, ascending: ``(vocab_size - len(all),)`` int64."""
         keep = torch.ones(self.vocab_size, dtype=torch.bool)
         keep[list(self.all)] = False
         return keep.nonzero().flatten()
 
 
-def special_ids(tokenizer: Tokenizer) -> SpecialIds:
-    """The ids of :data:`SPECIAL_TOKENS` in ``tokenizer``; ``ValueError`` naming any that is missing."""
-    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
-    missing = [token for token, index in ids.items() if index is None]
-    if missing:
+def special_ids(tokenizer: Tokenizer, names: Mapping[str, str | None] | None = None) -> SpecialIds:
+    """The ids of ``tokenizer``'s special tokens by role: those ``names`` gives (role -> token, as a
+    prepared corpus's index records them), else found by their conventional names
+    (:func:`comera.data.special_tokens.special_token_names`: RoBERTa's :data:`SPECIAL_TOKENS` first).
+
+    Raises:
+        ValueError: no end-of-document or padding token, or a named token the vocabulary lacks (named).
+    """
+    names = special_token_names(tokenizer, names)
+    if names["pad"] is None:
         raise ValueError(
-            f"the tokenizer lacks the special token(s) {missing}; it needs all of {SPECIAL_TOKENS}"
+            "the tokenizer lacks the special token(s) for padding: none of "
+            f"{list(CONVENTIONAL_NAMES['pad'])} is in its vocabulary (a tokenizer given as "
+            "data.tokenizer_file gets <pad> added)"
         )
-    return SpecialIds(*(ids[token] for token in SPECIAL_TOKENS), vocab_size=tokenizer.get_vocab_size())
+    ids = {role: None if name is None else tokenizer.token_to_id(name) for role, name in names.items()}
+    bos, pad, eos, unk = (ids[role] for role in ("bos", "pad", "eos", "unk"))
+    assert bos is not None and pad is not None and eos is not None and unk is not None  # found above
+    return SpecialIds(bos, pad, eos, unk, ids["mask"], vocab_size=tokenizer.get_vocab_size())

@@ -3,7 +3,8 @@
 A corpus is a file or a folder of
 
 - ``.txt`` files (or the endings given as ``whole_files``, ``.py`` for the masked LM): one document each
-  (read whole, so a document's size bounds the memory, not the corpus's);
+  (read whole, so a document's size bounds the memory, not the corpus's; a file larger than
+  ``max_line_bytes`` is refused naming it, :func:`comera.data.sources.check_whole_file`);
 - ``.jsonl`` / ``.jsonl.gz`` files: one document per line, its ``text`` field
   (:func:`comera.data.sources.jsonl_documents`; a bad line raises ``ValueError`` naming file and line, or is
   skipped and recorded with ``skip_bad_lines``);
@@ -24,12 +25,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from comera.data.files import without_bom
+from comera.data.files import check_data_path, without_bom
 from comera.data.sources import (
     JSONL_SUFFIXES,
     MAX_LINE_BYTES,
     CodeDocument,
     SkippedDocument,
+    check_whole_file,
     jsonl_documents,
     source_files,
 )
@@ -60,17 +62,23 @@ class SkipLog:
     """Records left out while reading: every one counted by reason, the first ``keep`` kept by key.
 
     Used as the ``skipped`` list of :func:`comera.data.sources.jsonl_documents` (it has ``append``), so a
-    corpus with millions of bad lines does not hold them all.
+    corpus with millions of bad lines does not hold them all. With ``split_by`` (``key -> split name`` or
+    None), every record is also counted by split and reason in :attr:`by_split`.
     """
 
-    def __init__(self, keep: int = 1000) -> None:
+    def __init__(self, keep: int = 1000, split_by: Callable[[str], str | None] | None = None) -> None:
         self.keep = keep
+        self.split_by = split_by
         self.counts: Counter[str] = Counter()
+        self.by_split: dict[str, Counter[str]] = {}
         self.entries: list[SkippedDocument] = []
 
     def append(self, entry: SkippedDocument) -> None:
         """Count ``entry``; keep it while fewer than ``keep`` are kept."""
         self.counts[entry.reason] += 1
+        split = None if self.split_by is None else self.split_by(entry.key)
+        if split is not None:
+            self.by_split.setdefault(split, Counter())[entry.reason] += 1
         if len(self.entries) < self.keep:
             self.entries.append(entry)
 
@@ -85,11 +93,10 @@ def corpus_files(root: str | Path, whole_files: tuple[str, ...] = WHOLE_FILES) -
     ``whole_files``: the endings of files read as one document each (``.txt`` by default).
 
     Raises:
-        FileNotFoundError: nothing is at ``root``. ValueError: it holds no file that is read.
+        FileNotFoundError: nothing is at ``root``. ValueError: it holds no file that is read, or is a symbolic
+            link that loops or points at nothing (:func:`comera.data.files.check_data_path`).
     """
-    root = Path(root)
-    if not root.exists():
-        raise FileNotFoundError(f"--data {root}: no such file or folder")
+    root = check_data_path(root)
     files = source_files(root, (*whole_files, ".parquet"))
     if not files:
         endings = ", ".join([*whole_files, ".jsonl", ".jsonl.gz", ".parquet"])
@@ -108,7 +115,8 @@ def corpus_inputs(root: str | Path, files: list[Path]) -> list[dict[str, object]
     return [{"name": _relative(root, file), "bytes": file.stat().st_size} for file in files]
 
 
-def _text_file(file: Path, relative: str) -> CodeDocument | SkippedDocument:
+def _text_file(file: Path, relative: str, max_bytes: int) -> CodeDocument | SkippedDocument:
+    check_whole_file(file, max_bytes)
     try:
         return CodeDocument(relative, without_bom(file.read_bytes()).decode("utf-8"))
     except UnicodeDecodeError:
@@ -159,14 +167,15 @@ def read_corpus(
         root, files: the corpus and its files (:func:`corpus_files`).
         skipped: where records left out go.
         skip_bad_lines: skip and record a bad JSON line instead of raising.
-        max_line_bytes: the longest JSON line read.
+        max_line_bytes: the longest JSON line read, and the largest file read whole.
         whole_files: endings of files read as one document each.
         text_fields: the JSON fields (and Parquet columns) that may hold a text, the first present used.
         on_bytes: called now and then with the bytes of the input files read so far (compressed bytes for a
             gzip file), for a progress bar.
 
     Raises:
-        ValueError: a bad JSON line without ``skip_bad_lines`` (file and line named), a damaged gzip file, a
+        ValueError: a bad JSON line without ``skip_bad_lines`` (file and line named), a file read whole larger
+            than ``max_line_bytes`` (named), a damaged gzip file, a
             Parquet file without a text column. ImportError: a Parquet file without ``pyarrow``.
     """
     root = Path(root)
@@ -178,7 +187,7 @@ def read_corpus(
         if file.name.endswith(".parquet"):
             found: Iterator[CodeDocument] = _parquet_documents(file, relative, text_fields, within)
         elif file.name.endswith(whole_files) and not file.name.endswith(JSONL_SUFFIXES):
-            document = _text_file(file, relative)
+            document = _text_file(file, relative, max_line_bytes)
             found = iter([]) if isinstance(document, SkippedDocument) else iter([document])
             if isinstance(document, SkippedDocument):
                 skipped.append(document)

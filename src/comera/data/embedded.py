@@ -26,11 +26,11 @@ from tokenizers import Tokenizer
 
 from comera.data.bpe import load_or_train_tokenizer
 from comera.data.cache import building_folder
+from comera.data.cached_preparation import preparation_problem
 from comera.data.corpus import SkipLog
-from comera.data.prepare import INDEX_FORMAT, PrepareSettings, prepare_documents
-from comera.data.shard_check import check_shards
-from comera.data.sources import CodeDocument, documents_digest, split_of
-from comera.data.token_shards import read_index
+from comera.data.prepare import INDEX_FORMAT, SPLIT_RULE, PrepareSettings, prepare_documents
+from comera.data.saved_dataset import held_out_rule, held_out_rule_text
+from comera.data.sources import CodeDocument, documents_digest
 from comera.data.tokenize import tokenizer_digest
 
 __all__ = ["EMBEDDED_LAYOUT", "EmbeddedCorpus", "prepare_embedded"]
@@ -58,19 +58,6 @@ class EmbeddedCorpus:
     prepared_now: bool
 
 
-def _usable(folder: Path, cache_dir: Path) -> str | None:
-    """None when the prepared corpus in ``folder`` is complete and its shards match its index, else why
-    not."""
-    try:
-        index = read_index(folder)
-        if not index.get("complete"):
-            return "its preparation did not finish"
-        check_shards(folder, index, cache_dir)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        return str(error)
-    return None
-
-
 def prepare_embedded(
     documents: Sequence[CodeDocument],
     *,
@@ -80,6 +67,7 @@ def prepare_embedded(
     vocab_size: int,
     validation_fraction: float,
     tokenizer_file: str | Path | None = None,
+    held_out: str | None = None,
 ) -> EmbeddedCorpus:
     """The prepared corpus of ``documents`` (module docstring), from the cache or written to it.
 
@@ -90,13 +78,16 @@ def prepare_embedded(
         prefix: the cache entry's name prefix (``"lm"``, ``"code"``).
         vocab_size, tokenizer_file: of :func:`comera.data.bpe.load_or_train_tokenizer`.
         validation_fraction: the split (:func:`comera.data.sources.split_of`).
+        held_out: a saved ``DatasetDict``'s split that is the validation split instead (keys
+            ``split/index``; :func:`comera.data.saved_dataset.held_out_rule`), or None.
 
     Raises:
         ValueError: a bad setting, or a split without documents (the caller checks that first, with its own
             message).
     """
     cache_dir = Path(cache_dir)
-    train = [document for document in documents if split_of(document.key, validation_fraction) == "train"]
+    split_by = held_out_rule(held_out, validation_fraction)
+    train = [document for document in documents if split_by(document.key) == "train"]
     tokenizer, tokenizer_path, cached = load_or_train_tokenizer(train, vocab_size, cache_dir, tokenizer_file)
     digest = hashlib.sha256(
         "/".join(
@@ -107,13 +98,14 @@ def prepare_embedded(
                     tokenizer_digest(tokenizer),
                     INDEX_FORMAT,
                     EMBEDDED_LAYOUT,
+                    *([] if held_out is None else [f"held_out={held_out}"]),
                 ),
             )
         ).encode()
     ).hexdigest()[:16]
     folder = cache_dir / f"{prefix}-prepared-{digest}"
     if folder.is_dir():
-        problem = _usable(folder, cache_dir)
+        problem = preparation_problem(folder, cache_dir)
         if problem is None:
             return EmbeddedCorpus(folder, tokenizer, tokenizer_path, cached, False)
         warnings.warn(
@@ -130,5 +122,13 @@ def prepare_embedded(
     )
     inputs = [{"name": name, "bytes": sum(len(document.text.encode("utf-8")) for document in documents)}]
     with building_folder(folder) as work:
-        prepare_documents(read, work, settings, source={"path": name, "files": inputs}, workers=0)
+        prepare_documents(
+            read,
+            work,
+            settings,
+            source={"path": name, "files": inputs},
+            workers=0,
+            split_by=split_by,
+            split_rule=SPLIT_RULE if held_out is None else held_out_rule_text(held_out),
+        )
     return EmbeddedCorpus(folder, tokenizer, tokenizer_path, cached, True)

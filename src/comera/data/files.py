@@ -13,6 +13,7 @@ A UTF-8 byte-order mark at the start of a text (as Windows Notepad writes one) i
 from __future__ import annotations
 
 import codecs
+import errno
 import gzip
 import os
 import zlib
@@ -23,6 +24,7 @@ from typing import BinaryIO
 
 __all__ = [
     "GZIP_MAGIC",
+    "check_data_path",
     "check_regular_file",
     "open_data",
     "reading",
@@ -42,6 +44,32 @@ _UNSUPPORTED = {
 }
 _TAR_MAGIC, _TAR_MAGIC_AT = b"ustar", 257
 _BOM = codecs.BOM_UTF8
+
+
+def check_data_path(path: str | os.PathLike) -> Path:
+    """``path`` (the ``--data`` of a command) as a ``Path`` when something is there.
+
+    Raises:
+        FileNotFoundError: nothing is there (``--data PATH: no such file or folder``). ValueError: ``path`` is
+            a symbolic link that loops or points at nothing (said so, with where it points).
+    """
+    path = Path(path)
+    if path.exists():
+        return path
+    if not path.is_symlink():
+        raise FileNotFoundError(f"--data {path}: no such file or folder")
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise ValueError(
+                f"--data {path}: a symbolic link that loops (it leads back to itself); point it at the data "
+                "or give the data's own path"
+            ) from None
+    raise ValueError(
+        f"--data {path}: a broken symbolic link (to {os.readlink(path)}, which does not exist); point it at "
+        "the data or give the data's own path"
+    )
 
 
 def without_bom(data: bytes) -> bytes:

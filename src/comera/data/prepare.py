@@ -3,7 +3,8 @@ memory, resumable shard by shard: :func:`prepare_corpus`, behind ``comera prepar
 
 Steps:
 
-1. The tokenizer: a given ``tokenizer.json`` (it must know :data:`comera.data.bpe.SPECIAL_TOKENS`), else a
+1. The tokenizer: a given ``tokenizer.json`` or ``save_pretrained`` folder, its special tokens mapped to
+   roles (:mod:`comera.data.special_tokens`; the mapping is recorded in the index), else a
    byte-level BPE (:func:`comera.data.bpe.train_tokenizer`) trained on a sample of the training split
    (:func:`comera.data.corpus_sample.sample_documents`: ``sample_bytes`` of text drawn by key hash across
    every file), which costs one extra reading pass over the corpus. It is written to ``DIR/tokenizer.json``.
@@ -52,7 +53,21 @@ from comera.data.corpus import (
 from comera.data.corpus_sample import sample_documents
 from comera.data.encode_pool import EncodePool, available_cores
 from comera.data.progress import Progress, silent
-from comera.data.sources import CodeDocument, split_of
+from comera.data.saved_dataset import (
+    held_out_rule,
+    held_out_rule_text,
+    held_out_split_name,
+    is_saved_dataset,
+    saved_dataset_documents,
+    saved_dataset_files,
+)
+from comera.data.sources import CodeDocument, SkippedDocument
+from comera.data.special_tokens import (
+    CONVENTIONAL_NAMES,
+    given_tokenizer_sha256,
+    load_given_tokenizer,
+    special_token_names,
+)
 from comera.data.token_shards import (
     INDEX_FILE,
     INDEX_FORMAT,
@@ -75,6 +90,7 @@ __all__ = [
     "SPLIT_RULE",
     "PrepareSettings",
     "PrepareSummary",
+    "input_files",
     "prepare_corpus",
     "prepare_documents",
 ]
@@ -110,6 +126,8 @@ class PrepareSettings:
         whole_files: endings of the files read as one document each (``.txt``; ``.py`` for the masked LM).
         text_fields: the JSON fields (and Parquet columns) that may hold a document's text, the first
             present used (``text``; the masked LM also reads CodeSearchNet's ``code``).
+        needs_mask: refuse a tokenizer without a mask token (the masked LM's), before anything is encoded;
+            not recorded (it changes no token).
     """
 
     vocab_size: int
@@ -120,6 +138,7 @@ class PrepareSettings:
     sample_bytes: int = 100 * 10**6
     whole_files: tuple[str, ...] = WHOLE_FILES
     text_fields: tuple[str, ...] = (TEXT_FIELD,)
+    needs_mask: bool = False
 
     def check(self) -> None:
         """``ValueError`` naming the first setting out of its range."""
@@ -139,7 +158,10 @@ class PrepareSettings:
         check_bool(self.skip_bad_lines, "data.skip_bad_lines")
         check_int(self.shard_tokens, "--shard-tokens", 1)
         check_int(self.sample_bytes, "tokenizer sample bytes (--sample-mb)", 1)
-        check_tokenizer_file(self.tokenizer_file)
+        try:
+            check_tokenizer_file(self.tokenizer_file)
+        except (ValueError, FileNotFoundError) as error:  # its messages open with the key alone
+            raise type(error)(f"data.{error}") from None
 
 
 @dataclass
@@ -203,12 +225,12 @@ def _earlier_index(out: Path, inputs: list[dict[str, Any]], record: dict[str, An
     return index
 
 
-def _load_tokenizer(path: Path, what: str) -> Tokenizer:
+def _load_tokenizer(path: Path, what: str, names: dict[str, str | None] | None) -> Tokenizer:
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as error:
         raise ValueError(f"{what} {path}: not a tokenizers tokenizer.json ({error})") from None
-    special_ids(tokenizer)
+    special_ids(tokenizer, names)
     return tokenizer
 
 
@@ -225,23 +247,28 @@ def _tokenizer(
     earlier: dict[str, Any] | None,
     progress: Progress,
     total_bytes: int | None,
+    split_by: Callable[[str], str | None],
 ) -> tuple[Tokenizer, dict[str, Any], bool]:
     """The tokenizer (module docstring), its index record, and whether the earlier shards can be kept (the
     earlier tokenizer is still there, unchanged)."""
     path = out / TOKENIZER_FILE
     if earlier is not None and path.is_file() and file_sha256(path) == earlier["tokenizer"]["file_sha256"]:
-        return _load_tokenizer(path, "the prepared tokenizer"), earlier["tokenizer"], True
+        names = earlier["tokenizer"].get("special_tokens")
+        return _load_tokenizer(path, "the prepared tokenizer", names), earlier["tokenizer"], True
     if settings.tokenizer_file is not None:
-        given = Path(settings.tokenizer_file)
-        tokenizer = _load_tokenizer(given, "data.tokenizer_file")
-        record: dict[str, Any] = {"given": str(given.resolve())}
+        given = load_given_tokenizer(settings.tokenizer_file, what="data.tokenizer_file")
+        tokenizer = given.tokenizer
+        record: dict[str, Any] = {
+            "given": str(Path(settings.tokenizer_file).resolve()),
+            "given_files": [file.name for file in given.files],
+            "special_tokens": given.names,
+            "added_tokens": list(given.added),
+        }
     else:
         skipped = SkipLog(keep=0)
         with progress.phase("reading the tokenizer's sample", total_bytes) as phase:
             train = (
-                document
-                for document in read(skipped, phase.advance_to)
-                if split_of(document.key, settings.validation_fraction) == "train"
+                document for document in read(skipped, phase.advance_to) if split_by(document.key) == "train"
             )
             sample = sample_documents(train, settings.sample_bytes)
         if not sample:
@@ -259,6 +286,7 @@ def _tokenizer(
             }
         }
         del sample
+        record["special_tokens"] = special_token_names(tokenizer)
     atomic_write_bytes(path, tokenizer.to_str().encode())
     record.update(
         file=TOKENIZER_FILE,
@@ -358,18 +386,24 @@ def prepare_corpus(
     report: Callable[[str], None] | None = None,
     workers: int | None = None,
     progress: Progress | None = None,
+    max_files: int | None = None,
+    max_bytes: int | None = None,
 ) -> PrepareSummary:
     """Tokenize the corpus at ``source`` into token shards and ``index.json`` in ``out`` (module docstring),
     or continue or repair an earlier preparation there.
 
     Args:
-        source: a corpus file or folder (:mod:`comera.data.corpus`).
+        source: a corpus file or folder (:mod:`comera.data.corpus`), or a folder written by
+            ``datasets.save_to_disk`` (:mod:`comera.data.saved_dataset`; its own validation split kept).
         out: the prepared corpus's folder (created if missing).
         settings: the tokenizer, split and shard settings.
         report: called with one line per shard written, kept or redone (default: ``progress.line``).
         workers: tokenizing processes (>= 0; None: one per core the process may use, 0: encode in this
             process on the ``tokenizers`` library's threads); the shards do not depend on it.
         progress: where the phases' progress goes (:mod:`comera.data.progress`; default: nowhere).
+        max_files, max_bytes: read only the first ``max_files`` files in reading order, and stop after the
+            document that brings the texts read to ``max_bytes`` UTF-8 bytes (None: all; recorded in the
+            index's ``source``): the caps ``comera train`` applies to a ``--data`` it prepares itself.
 
     Raises:
         ValueError: a bad setting (named), a corpus without documents in a split, a bad JSON line (file and
@@ -378,12 +412,20 @@ def prepare_corpus(
             Parquet file without ``pyarrow``.
     """
     settings.check()
+    if max_files is not None:
+        check_int(max_files, "data.max_files", 1)
+    if max_bytes is not None:
+        check_int(max_bytes, "data.max_bytes", 1)
     source = Path(source)
-    files = corpus_files(source, settings.whole_files)
+    if is_saved_dataset(source):
+        return _prepare_saved_dataset(
+            source, out, settings, report=report, workers=workers, progress=progress
+        )
+    files = corpus_files(source, settings.whole_files)[:max_files]
     inputs = corpus_inputs(source, files)
 
     def read(skipped: SkipLog, on_bytes: Callable[[int], None] | None) -> Iterator[CodeDocument]:
-        return read_corpus(
+        documents = read_corpus(
             source,
             files,
             skipped,
@@ -392,16 +434,77 @@ def prepare_corpus(
             text_fields=settings.text_fields,
             on_bytes=on_bytes,
         )
+        return documents if max_bytes is None else _capped(documents, max_bytes)
 
+    caps = {} if max_files is None and max_bytes is None else {"max_files": max_files, "max_bytes": max_bytes}
     return prepare_documents(
         read,
         out,
         settings,
-        source={"path": str(source.resolve()), "files": inputs},
+        source={"path": str(source.resolve()), "files": inputs, **caps},
         report=report,
         workers=workers,
         progress=progress,
     )
+
+
+def input_files(source: str | Path, settings: PrepareSettings, max_files: int | None = None) -> list[Path]:
+    """The files :func:`prepare_corpus` reads of ``source``: a saved dataset's Arrow files (the read caps do
+    not apply to it), else the corpus's files (:func:`comera.data.corpus.corpus_files`), the first
+    ``max_files`` of them."""
+    if is_saved_dataset(source):
+        return [file for _, file in saved_dataset_files(source)]
+    return corpus_files(source, settings.whole_files)[:max_files]
+
+
+def _prepare_saved_dataset(
+    source: Path,
+    out: str | Path,
+    settings: PrepareSettings,
+    *,
+    report: Callable[[str], None] | None,
+    workers: int | None,
+    progress: Progress | None,
+) -> PrepareSummary:
+    """:func:`prepare_corpus` of a ``datasets.save_to_disk`` folder (:mod:`comera.data.saved_dataset`): its
+    own ``validation`` (else ``test``) split is the validation split, recorded in the index's ``source``
+    as ``held_out_split``; without one the split is by hash of the ``split/row`` keys."""
+    files = saved_dataset_files(source)
+    inputs = [
+        {"name": file.relative_to(source).as_posix(), "bytes": file.stat().st_size} for _, file in files
+    ]
+    held_out = held_out_split_name(source)
+
+    def read(skipped: SkipLog, on_bytes: Callable[[int], None] | None) -> Iterator[CodeDocument]:
+        return saved_dataset_documents(source, skipped, settings.text_fields, on_bytes)
+
+    rule = (
+        held_out_rule_text(held_out)
+        if held_out is not None
+        else SPLIT_RULE
+        + "; a saved dataset's record's key is split/row (rows from 0; data/row for a Dataset)"
+    )
+    return prepare_documents(
+        read,
+        out,
+        settings,
+        source={"path": str(source.resolve()), "files": inputs, "held_out_split": held_out},
+        report=report,
+        workers=workers,
+        progress=progress,
+        split_by=held_out_rule(held_out, settings.validation_fraction),
+        split_rule=rule,
+    )
+
+
+def _capped(documents: Iterator[CodeDocument], max_bytes: int) -> Iterator[CodeDocument]:
+    """``documents`` up to the one that brings their texts to ``max_bytes`` UTF-8 bytes."""
+    held = 0
+    for document in documents:
+        yield document
+        held += len(document.text.encode("utf-8"))
+        if held >= max_bytes:
+            return
 
 
 def prepare_documents(
@@ -413,6 +516,8 @@ def prepare_documents(
     report: Callable[[str], None] | None = None,
     workers: int | None = None,
     progress: Progress | None = None,
+    split_by: Callable[[str], str | None] | None = None,
+    split_rule: str = SPLIT_RULE,
 ) -> PrepareSummary:
     """:func:`prepare_corpus` over the documents ``read`` gives (a :data:`DocumentReader`), in its order:
     what the embedded corpora are prepared with (:mod:`comera.data.embedded`).
@@ -422,9 +527,14 @@ def prepare_documents(
         out, settings, report, workers, progress: as :func:`prepare_corpus`.
         source: ``index.json``'s ``source``: ``path`` (what ``--data`` named) and ``files``, a list of
             ``{"name", "bytes"}`` (a resume over other files is refused).
+        split_by: ``key -> "train" | "validation" | None`` (None: the document is left out); default
+            :func:`comera.data.sources.split_of` at ``settings.validation_fraction``.
+        split_rule: the rule as ``index.json`` states it.
     """
     started = time.perf_counter()
     settings.check()
+    if split_by is None:
+        split_by = held_out_rule(None, settings.validation_fraction)
     progress = progress if progress is not None else silent()
     report = report if report is not None else progress.line
     workers = available_cores() if workers is None else check_int(workers, "workers", 0)
@@ -432,7 +542,7 @@ def prepare_documents(
     inputs = source["files"]
     total_bytes = sum(int(entry["bytes"]) for entry in inputs) or None
     what = f"--data {source['path']}"
-    given = None if settings.tokenizer_file is None else file_sha256(settings.tokenizer_file)
+    given = None if settings.tokenizer_file is None else given_tokenizer_sha256(settings.tokenizer_file)
     record = _settings_record(settings, given)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; name a folder for the prepared corpus")
@@ -440,11 +550,17 @@ def prepare_documents(
     remove_stale_temporaries(out)
     earlier = _earlier_index(out, inputs, record)
     tokenizer, tokenizer_record, same_tokenizer = _tokenizer(
-        read, what, out, settings, earlier, progress, total_bytes
+        read, what, out, settings, earlier, progress, total_bytes, split_by
     )
     if not same_tokenizer:
         earlier = None  # shards encoded with a tokenizer that is gone are written again
-    ids = special_ids(tokenizer)
+    ids = special_ids(tokenizer, tokenizer_record.get("special_tokens"))
+    if settings.needs_mask and ids.mask is None:
+        raise ValueError(
+            f"the masked LM needs a mask token, and the tokenizer {tokenizer_record.get('given', '')} has "
+            f"none: none of {list(CONVENTIONAL_NAMES['mask'])} is in its vocabulary (a transformers "
+            "folder may name it as mask_token in special_tokens_map.json)"
+        )
     del tokenizer  # the workers load their own
     dtype = token_dtype(tokenizer_record["vocab_size"])
     summary = PrepareSummary(index={})
@@ -461,12 +577,12 @@ def prepare_documents(
                 splits[split].bad[position] = problem
                 summary.redone[entry["name"]] = problem
                 report(f"{entry['name']}: {problem}; encoding it again")
-    skipped = SkipLog()
+    skipped = SkipLog(split_by=split_by)
     base = {
         "format": INDEX_FORMAT,
         "source": source,
         "settings": record,
-        "split_rule": SPLIT_RULE,
+        "split_rule": split_rule,
         "tokenizer": tokenizer_record,
         "dtype": dtype.name,
         "eos_id": ids.eos,
@@ -482,6 +598,8 @@ def prepare_documents(
                 "tokens": sum(entry["tokens"] for entry in entries),
                 "shards": entries,
             }
+            if complete:
+                index["splits"][split]["skipped"] = dict(sorted(skipped.by_split.get(split, {}).items()))
         if complete:
             index["skipped"] = {
                 "total": skipped.total,
@@ -514,7 +632,10 @@ def prepare_documents(
         texts: list[str] = []
         held = 0
         for document in read(skipped, on_bytes):
-            split = split_of(document.key, settings.validation_fraction)
+            split = split_by(document.key)
+            if split is None:
+                skipped.append(SkippedDocument(document.key, "held_out"))
+                continue
             shards = splits[split]
             ordinal = shards.documents
             shards.documents += 1

@@ -12,7 +12,9 @@ Sources (:func:`read_code`):
   the last line read;
 - any folder of source files selected by extension (``.py`` by default), read as UTF-8 (a leading byte-order
   mark dropped, as in a JSON-lines file); a file that is not valid UTF-8, or that cannot be read (a symbolic
-  link to itself, no permission), is skipped and counted. A folder may also hold ``*.jsonl(.gz)`` files;
+  link to itself, no permission), is skipped and counted; a file larger than ``max_line_bytes`` raises
+  ``ValueError`` naming it before it is read (:func:`check_whole_file`). A folder may also hold
+  ``*.jsonl(.gz)`` files;
 - nothing: the running Python's standard library (``sysconfig.get_paths()["stdlib"]``, ``*.py``, without
   ``site-packages``), which every machine has.
 
@@ -44,6 +46,7 @@ __all__ = [
     "TEXT_FIELDS",
     "JSONL_SUFFIXES",
     "MAX_LINE_BYTES",
+    "check_whole_file",
     "SKIP_REASONS",
     "CodeDocument",
     "SkippedDocument",
@@ -62,9 +65,10 @@ TEXT_FIELDS = ("code", "original_string")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 """The names of JSON-lines files (plain or gzip; gzip is found by content whatever the name)."""
 MAX_LINE_BYTES = 8 * 2**20
-"""The longest JSON line read (8 MiB, its end of line included): a document of millions of tokens is no
-training text, and one such line cost minutes and gigabytes to tokenize (a 50 MB line: about two minutes and
-9 GB); longer lines are bad lines (:func:`read_code`)."""
+"""The longest document read (8 MiB): a JSON line (its end of line included) or a file read whole. A document
+of millions of tokens is no training text, and one such document cost minutes and gigabytes to tokenize (a
+50 MB JSON line: about two minutes and 9 GB; a 50 MB ``.txt`` file: six minutes and 10.4 GiB); longer lines
+are bad lines, longer files are refused (:func:`read_code`, :func:`check_whole_file`)."""
 _POSITION_LINES = 64
 _EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
@@ -209,9 +213,24 @@ def _record_text(record: object, fields: tuple[str, ...]) -> str | None:
     return None
 
 
-def _read_file(file: Path, relative: str) -> CodeDocument | SkippedDocument:
+def check_whole_file(file: Path, max_bytes: int) -> None:
+    """``ValueError`` naming ``file``, a document read whole, when it holds more than ``max_bytes`` bytes
+    (:data:`MAX_LINE_BYTES` by default), from its size: such a file is not read."""
+    try:
+        size = file.stat().st_size
+    except OSError:
+        return  # the reader skips and counts it as unreadable
+    if size > max_bytes:
+        raise ValueError(
+            f"{file}: {size:,} bytes, longer than {max_bytes:,} bytes, the most one document read whole may "
+            "hold; split it into smaller files (or into JSON lines)"
+        )
+
+
+def _read_file(file: Path, relative: str, max_bytes: int) -> CodeDocument | SkippedDocument:
     if not file.is_file():  # a pipe (reading it would wait forever), a broken or looping link
         return SkippedDocument(relative, "unreadable")
+    check_whole_file(file, max_bytes)
     try:
         return CodeDocument(relative, without_bom(file.read_bytes()).decode("utf-8"))
     except UnicodeDecodeError:
@@ -294,7 +313,8 @@ def read_code(
         max_bytes: stop once the texts read hold this many UTF-8 bytes (0 or None: no cap).
         text_fields: the fields of a JSON line that may hold its text, the first string one used
             (default :data:`TEXT_FIELDS`, CodeSearchNet's; ``("text",)`` for C4-style corpora).
-        max_line_bytes: the longest JSON line read (its end of line included); a longer one is a bad line.
+        max_line_bytes: the longest JSON line read (its end of line included), a longer one being a bad line,
+            and the largest file read whole, a larger one being refused.
 
     Returns:
         The documents read and those skipped (files not valid UTF-8 or unreadable, bad JSON lines when
@@ -323,7 +343,7 @@ def read_code(
         if _is_jsonl(file) and file.is_file() and os.access(file, os.R_OK):
             found = jsonl_documents(file, relative, skip_bad_lines, skipped, fields, max_line_bytes)
         else:
-            document = _read_file(file, relative)
+            document = _read_file(file, relative, max_line_bytes)
             if isinstance(document, SkippedDocument):
                 skipped.append(document)
                 continue

@@ -1,6 +1,12 @@
 """Token ids of documents, encoded with a ``tokenizers`` tokenizer and cached on disk: shared by the
 language-model workloads (the masked LM's and the causal LM's data).
 
+Each document's ids are an ``int32`` array (4 bytes a token), views into one array of the whole split. The
+documents are encoded :data:`ENCODE_BATCH_BYTES` of text at a time, so the tokenizer's own per-token records
+(several tens of bytes a token) exist for one batch only: a split of ``T`` tokens holds about ``4 * T`` bytes
+of ids besides its text (22 million tokens of 31 MB of JSON lines: 88 MB), where encoding it in one call held
+well over a gigabyte.
+
 The cache file is ``{prefix}-tokens-{digest}.npz`` in a cache folder: plain arrays (the concatenated ids and
 the offsets of each document), keyed by the tokenizer (:func:`comera.data.tokenize.tokenizer_digest`) and
 the documents (keys and contents, :func:`comera.data.sources.documents_digest`), read back without pickle.
@@ -10,49 +16,87 @@ A file that cannot be read, or whose arrays do not describe as many documents, i
 
 from __future__ import annotations
 
-import io
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from comera.atomic import atomic_write_bytes
+from comera.atomic import atomic_write
 from comera.data.cache import read_entry
 from comera.data.sources import CodeDocument, documents_digest
 from comera.data.tokenize import tokenizer_digest
 
-__all__ = ["encode_documents", "encode_cached"]
+__all__ = ["ENCODE_BATCH_BYTES", "encode_cached", "encode_documents", "join_documents"]
+
+ENCODE_BATCH_BYTES = 2**20
+"""The text (UTF-8 bytes, at least one document) handed to the tokenizer in one call by
+:func:`encode_documents`."""
 
 
-def encode_documents(tokenizer: Tokenizer, documents: Sequence[CodeDocument]) -> list[list[int]]:
-    """Each document's token ids, without special tokens."""
-    encodings = tokenizer.encode_batch_fast(
-        [document.text for document in documents], add_special_tokens=False
-    )
-    return [encoding.ids for encoding in encodings]
+def _batches(documents: Sequence[CodeDocument], limit: int) -> Iterator[list[str]]:
+    """The texts of ``documents`` in order, in runs of at most ``limit`` UTF-8 bytes (a longer text alone)."""
+    batch: list[str] = []
+    size = 0
+    for document in documents:
+        length = len(document.text.encode("utf-8"))
+        if batch and size + length > limit:
+            yield batch
+            batch, size = [], 0
+        batch.append(document.text)
+        size += length
+    if batch:
+        yield batch
+
+
+def encode_documents(
+    tokenizer: Tokenizer, documents: Sequence[CodeDocument], batch_bytes: int = ENCODE_BATCH_BYTES
+) -> list[np.ndarray]:
+    """Each document's token ids without special tokens, an ``int32`` array of shape ``(tokens,)``, encoded
+    ``batch_bytes`` of text at a time (module docstring)."""
+    encoded: list[np.ndarray] = []
+    for texts in _batches(documents, batch_bytes):
+        for encoding in tokenizer.encode_batch_fast(texts, add_special_tokens=False):
+            encoded.append(np.array(encoding.ids, dtype=np.int32))
+    return encoded
+
+
+def join_documents(documents: Sequence[Sequence[int]], eos: int) -> np.ndarray:
+    """The stream ``doc_1 eos doc_2 eos ...`` of ``documents``' token ids as one ``int32`` array of shape
+    ``(sum(len(doc) + 1),)`` over the non-empty documents (an empty one adds nothing)."""
+    kept = [np.asarray(document, dtype=np.int32) for document in documents if len(document)]
+    stream = np.empty(sum(ids.size + 1 for ids in kept), dtype=np.int32)
+    position = 0
+    for ids in kept:
+        stream[position : position + ids.size] = ids
+        stream[position + ids.size] = eos
+        position += ids.size + 1
+    return stream
+
+
+def _views(ids: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    return [ids[start:end] for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
 
 
 def encode_cached(
     tokenizer: Tokenizer, documents: Sequence[CodeDocument], cache_dir: str | Path, prefix: str = "code"
-) -> list[list[int]]:
-    """Token ids of ``documents`` (:func:`encode_documents`), read from or written to ``cache_dir`` (module
-    docstring; ``prefix`` names the file)."""
+) -> list[np.ndarray]:
+    """Token ids of ``documents`` (:func:`encode_documents`: one ``int32`` array each), read from or written
+    to ``cache_dir`` (module docstring; ``prefix`` names the file)."""
     digest = tokenizer_digest(tokenizer)
     path = Path(cache_dir) / f"{prefix}-tokens-{documents_digest(documents, 'tokens', digest)}.npz"
     cached = read_entry(path, lambda file: _read_ids(file, len(documents)))
     if cached is not None:
         return cached
     encoded = encode_documents(tokenizer, documents)
-    offsets = np.cumsum([0] + [len(ids) for ids in encoded], dtype=np.int64)
-    flat = np.fromiter((token for ids in encoded for token in ids), dtype=np.int32, count=int(offsets[-1]))
-    buffer = io.BytesIO()
-    np.savez(buffer, ids=flat, offsets=offsets)
-    atomic_write_bytes(path, buffer.getvalue())
-    return encoded
+    offsets = np.cumsum([0] + [ids.size for ids in encoded], dtype=np.int64)
+    flat = np.concatenate(encoded) if encoded else np.zeros(0, dtype=np.int32)
+    del encoded
+    atomic_write(path, lambda file: np.savez(file, ids=flat, offsets=offsets))
+    return _views(flat, offsets)
 
 
-def _read_ids(path: Path, count: int) -> list[list[int]]:
+def _read_ids(path: Path, count: int) -> list[np.ndarray]:
     """The token ids of ``count`` documents stored in ``path``; ``ValueError`` where its arrays describe
     another number of documents."""
     with np.load(path, allow_pickle=False) as stored:
@@ -60,4 +104,4 @@ def _read_ids(path: Path, count: int) -> list[list[int]]:
     bounds_ok = offsets.shape == (count + 1,) and offsets[0] == 0 and offsets[-1] == ids.size
     if ids.ndim != 1 or not bounds_ok or np.any(np.diff(offsets) < 0):
         raise ValueError(f"its arrays do not describe the token ids of {count} documents")
-    return [ids[start:end].tolist() for start, end in zip(offsets[:-1], offsets[1:])]
+    return _views(ids, offsets)

@@ -28,8 +28,10 @@ from typing import Any
 import numpy as np
 
 from comera.atomic import fsync_directory
+from comera.data.sources import SKIP_REASONS
 
 __all__ = [
+    "split_counts",
     "INDEX_FILE",
     "INDEX_FORMAT",
     "SPLITS",
@@ -90,6 +92,19 @@ def read_index(folder: str | os.PathLike) -> dict[str, Any]:
     if missing:
         raise ValueError(f"{path}: the index lacks {missing}; prepare the corpus again")
     return index
+
+
+def split_counts(index: dict[str, Any], split: str) -> dict[str, int]:
+    """``{"read": documents}`` of ``split`` in a prepared corpus's ``index``, plus ``"skipped"`` and
+    ``"skipped_<reason>"`` for each of :data:`comera.data.sources.SKIP_REASONS` where the index counts the
+    split's skipped records (indexes written since 2026-12-05)."""
+    recorded = index["splits"][split]
+    counts = {"read": recorded["documents"]}
+    if isinstance(recorded.get("skipped"), dict):
+        by_reason = recorded["skipped"]
+        counts["skipped"] = sum(by_reason.values())
+        counts.update({f"skipped_{reason}": by_reason.get(reason, 0) for reason in SKIP_REASONS})
+    return counts
 
 
 def file_sha256(path: str | os.PathLike) -> str:

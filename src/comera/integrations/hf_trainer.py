@@ -45,14 +45,14 @@ gradient clipping, evaluation and the logging integrations, is Hugging Face's):
   (DDP's gradient buckets keep the shapes they were built with). ``P`` processes with batches of ``B`` train
   as one process with batches of ``P * B``.
 
-Refused, each with a ``ValueError`` naming the setting: ``deepspeed``, ``fsdp``, ``parallelism_config``
-and ``n_gpu > 1`` (one process driving several GPUs): pruning changes parameter shapes, which those wrappers
-do not follow; ``torch_compile`` with more than one process; ``load_best_model_at_end``,
-``auto_find_batch_size``, ``enable_jit_checkpoint``, ``use_liger_kernel`` (see ``_REFUSED_FLAGS`` for why);
-``fp16`` on the CPU (``accelerate`` runs it as fp32 there); ``optim_target_modules``; an ``args.optim``
-outside :data:`PRUNABLE_OPTIMIZERS` in a run that prunes; a key of ``optim_args`` that ``transformers`` would
-drop for the optimizer ``args.optim`` names; an optimizer that builds its own parameter groups. Every other
-setting is Hugging Face's to honour.
+Refused, each with a ``ValueError`` naming the setting, when built and again when ``train()`` starts:
+``deepspeed``, ``fsdp``, ``parallelism_config`` and ``n_gpu > 1`` (one process driving several GPUs): pruning
+changes parameter shapes, which those wrappers do not follow; ``torch_compile`` with more than one process;
+``load_best_model_at_end``, ``auto_find_batch_size``, ``enable_jit_checkpoint``, ``use_liger_kernel`` (see
+``_REFUSED_FLAGS`` for why); ``fp16`` on the CPU (``accelerate`` runs it as fp32 there);
+``optim_target_modules``; an ``args.optim`` outside :data:`PRUNABLE_OPTIMIZERS` in a run that prunes; a key of
+``optim_args`` that ``transformers`` would drop for the optimizer ``args.optim`` names; an optimizer that
+builds its own parameter groups. Every other setting is Hugging Face's to honour.
 """
 
 from __future__ import annotations
@@ -271,6 +271,13 @@ class CoMERATrainer(Trainer):
             self.remove_callback(self.comera_callback)
         self.comera_callback = CoMERACallback(self.objective, self._early)
         self.add_callback(self.comera_callback)
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """``transformers.Trainer.train``, after checking ``self.args`` again as the constructor did: an
+        argument set on ``trainer.args`` after it was built (``load_best_model_at_end``, ...) is refused with
+        the same ``ValueError`` before any step."""
+        _check_arguments(self.args)
+        return super().train(*args, **kwargs)
 
     def call_model_init(self, trial: Any = None) -> nn.Module:
         """``transformers.Trainer.call_model_init`` (the constructor's and every ``train()``'s fresh model

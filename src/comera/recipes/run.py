@@ -35,7 +35,6 @@ When no checkpoint is readable, ``restart=True`` moves the folder aside and trai
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -50,6 +49,7 @@ import torch
 from torch import nn
 
 from comera.atomic import atomic_write_bytes
+from comera.data.files import check_data_path
 from comera.io import save_pretrained
 from comera.methods import Method, MethodContext, get_method
 from comera.methods.comera.structure import apply_structure
@@ -63,7 +63,13 @@ from comera.recipes.folders import (
     remove_empty_folders,
     writable_folder,
 )
-from comera.recipes.settings import resolve_settings, section_error, tensorize_config, upgrade_run_header
+from comera.recipes.settings import (
+    resolve_settings,
+    section_error,
+    tensorize_config,
+    upgrade_run_header,
+    with_run_data_keys,
+)
 from comera.report import compression_report
 from comera.tensorize import TensorizeError
 from comera.train.checkpoint import NoReadableCheckpointError
@@ -526,7 +532,7 @@ def run_header(
         raise section_error("model", error, settings["model"]) from None
     data_path = None if data is None else Path(data)
     if data_path is not None:
-        _check_data_path(data_path)
+        check_data_path(data_path)
     return {
         "recipe": recipe_name,
         "method": method,
@@ -535,27 +541,6 @@ def run_header(
         "data_files": data_fingerprint(data_path),
         "settings": settings,
     }
-
-
-def _check_data_path(path: Path) -> None:
-    """``ValueError`` naming ``--data`` when ``path`` is a symbolic link that loops or points at nothing,
-    ``FileNotFoundError`` when nothing is there."""
-    if path.exists():
-        return
-    if not path.is_symlink():
-        raise FileNotFoundError(f"--data {path}: no such file or folder")
-    try:
-        os.stat(path)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise ValueError(
-                f"--data {path}: a symbolic link that loops (it leads back to itself); point it at the data "
-                "or give the data's own path"
-            ) from None
-    raise ValueError(
-        f"--data {path}: a broken symbolic link (to {os.readlink(path)}, which does not exist); point it at "
-        "the data or give the data's own path"
-    )
 
 
 @dataclass(frozen=True)
@@ -596,6 +581,17 @@ class _Setup:
     earlier_run: Path | None
 
 
+def _with_recorded_data_keys(header: dict[str, Any], out: Path, method: Method) -> dict[str, Any]:
+    """``header`` with the data settings a resumed run keeps from its folder
+    (:func:`comera.recipes.settings.with_run_data_keys`); unchanged when the folder has no readable
+    ``config.json`` (:func:`_check_folder` says what is wrong)."""
+    try:
+        recorded = read_run_config(out / "config.json")
+    except (OSError, ValueError):
+        return header
+    return with_run_data_keys(header, upgrade_run_header(recorded, method, header))
+
+
 def _check_parallel(method: Method, name: str, settings: dict[str, Any]) -> None:
     """A method that brings its own optimizer cannot run sharded (FSDP builds the optimizer after sharding
     the model): ``ValueError`` naming the setting, before any folder or data is touched."""
@@ -618,6 +614,8 @@ def _set_up(request: _Request) -> _Setup:
         config_file=request.config_file,
         assignments=request.assignments,
     )
+    if request.resume:
+        header = _with_recorded_data_keys(header, request.folder, chosen)
     settings = header["settings"]
     _check_parallel(chosen, request.method, settings)
     if settings["train"].get("device") is not None:

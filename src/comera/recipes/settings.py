@@ -41,12 +41,14 @@ __all__ = [
     "SECTIONS",
     "ADDED_METHOD_KEYS",
     "ADDED_DATA_KEYS",
+    "RUN_DATA_KEYS",
     "resolve_settings",
     "parse_assignment",
     "add_set_argument",
     "section_error",
     "tensorize_config",
     "upgrade_run_header",
+    "with_run_data_keys",
 ]
 
 SECTIONS = ("model", "data", "train", "tensorize", "method")
@@ -275,10 +277,27 @@ recorded run without one takes the resuming command's value, so an older folder 
 method.trims=1`` continues it exactly as it was trained (one trim, the behaviour before the key existed)."""
 
 
-ADDED_DATA_KEYS: dict[str, Any] = {"skip_bad_lines": False}
+ADDED_DATA_KEYS: dict[str, Any] = {"skip_bad_lines": False, "layout": "whole"}
 """Data settings a workload gained after its run folders were first written, with the value that gives the
-behaviour before (``llm``'s ``skip_bad_lines``: a bad JSON line stopped the run). A recorded run without one
-takes that value where the current settings have the key, so an older folder resumes."""
+behaviour before (``llm``'s ``skip_bad_lines``: a bad JSON line stopped the run; ``llm`` and ``mlm``'s
+``layout``: a ``--data`` corpus was read whole into memory, in key order). A recorded run without one takes
+that value where the current settings have the key, so an older folder resumes."""
+RUN_DATA_KEYS: tuple[str, ...] = ("layout",)
+"""Data settings a resumed run takes from its own folder whatever the command says (how its ``--data`` was
+laid out into token shards, which decides the tokens it trains on): :func:`with_run_data_keys`."""
+
+
+def with_run_data_keys(header: dict[str, Any], recorded: dict[str, Any]) -> dict[str, Any]:
+    """``header`` (a resuming command's ``config.json``) with the :data:`RUN_DATA_KEYS` of ``recorded`` (the
+    run folder's, as :func:`upgrade_run_header` reads it) where both data sections have the key."""
+    then = (recorded.get("settings") or {}).get("data")
+    now = (header.get("settings") or {}).get("data")
+    if not isinstance(then, dict) or not isinstance(now, dict):
+        return header
+    kept = {key: then[key] for key in RUN_DATA_KEYS if key in then and key in now}
+    if not kept:
+        return header
+    return {**header, "settings": {**header["settings"], "data": {**now, **kept}}}
 
 
 def upgrade_run_header(

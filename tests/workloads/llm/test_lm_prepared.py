@@ -181,3 +181,33 @@ def test_bad_prepare_commands_fail_in_one_line_before_writing(tmp_path, capsys, 
     error = capsys.readouterr().err
     assert message in error and error.startswith("comera prepare: ") and len(error.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_prepare_names_a_looping_or_broken_data_link_and_a_bad_tokenizer_file_as_train_does(tmp_path, capsys):
+    """The refusals of ``comera train`` for the same inputs: a looping or dangling ``--data`` link is said to
+    be one (not 'no such file'), and ``data.tokenizer_file`` that is not a path or names a folder without a
+    tokenizer.json is named with its section, each in one line before anything is written."""
+    source = write_corpus(tmp_path / "corpus", files=1, lines=5)
+    first, second, dangling = tmp_path / "loop1", tmp_path / "loop2", tmp_path / "dangling"
+    first.symlink_to(second)
+    second.symlink_to(first)
+    dangling.symlink_to(tmp_path / "nowhere")
+    cases = [
+        ([str(first)], f"--data {first}: a symbolic link that loops (it leads back to itself)"),
+        ([str(dangling)], f"--data {dangling}: a broken symbolic link (to {tmp_path / 'nowhere'}"),
+        (
+            [str(source), "--set", "data.tokenizer_file=123"],
+            "data.tokenizer_file must be the path of a tokenizer.json file (a string) or unset, got 123",
+        ),
+        (
+            [str(source), "--set", f"data.tokenizer_file='{tmp_path}'"],
+            f"data.tokenizer_file {tmp_path} is a folder without a tokenizer.json",
+        ),
+    ]
+    out = tmp_path / "prepared"
+    for arguments, message in cases:
+        assert main(["prepare", "llm", "--out", str(out), "--data", *arguments]) == 2
+        error = capsys.readouterr().err
+        assert message in error and error.startswith("comera prepare: "), error
+        assert len(error.strip().splitlines()) == 1
+        assert not out.exists()

@@ -142,7 +142,7 @@ def test_bad_preset_method_and_data_path_give_clear_errors(tmp_path, capsys, arg
 
 def test_a_folder_without_documents_is_refused_before_training(tmp_path):
     (tmp_path / "data").mkdir()
-    with pytest.raises(SetupError, match="no document found"):
+    with pytest.raises(SetupError, match=r"data: no \.txt, \.jsonl, \.jsonl\.gz, \.parquet file found"):
         run("llm", method="dense", preset="smoke", data=tmp_path / "data", out=tmp_path / "run")
 
 

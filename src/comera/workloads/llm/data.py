@@ -22,8 +22,9 @@ beside a ``validation`` one, which is left out of both (it stays held out).
 
 Tokenizer: a byte-level BPE trained on the training split (:func:`comera.data.bpe.load_or_train_tokenizer`,
 cached in the cache folder under a digest of the training documents and the vocabulary size), or a given
-``tokenizer.json``. Its special tokens are RoBERTa's; ``</s>`` ends every document, ``<pad>`` fills the last
-validation block.
+``tokenizer.json`` (its special tokens mapped to RoBERTa's roles, :mod:`comera.data.special_tokens`);
+``</s>`` ends every document, ``<pad>`` fills the last validation block. Training reads these blocks from
+token shards (:mod:`comera.workloads.llm.prepared`); this in-memory build is their reference.
 
 Blocks (:func:`pack_stream`): each split's documents, in key order, become one stream ``doc_1 </s> doc_2 </s>
 ...`` cut into blocks of ``seq_len`` tokens, the concatenation of the blocks being the stream. The model reads
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
 from comera.data.bpe import SpecialIds, check_tokenizer_file, load_or_train_tokenizer, special_ids
+from comera.data.files import check_data_path
+from comera.data.saved_dataset import HELD_OUT_SPLITS, held_out_rule, is_saved_dataset
 from comera.data.sources import (
     CodeDocument,
     SkippedDocument,
@@ -60,9 +63,8 @@ from comera.data.sources import (
     read_code,
     read_counts,
     require_documents,
-    split_of,
 )
-from comera.data.token_cache import encode_cached
+from comera.data.token_cache import encode_cached, join_documents
 from comera.data.tokenize import tokenizer_digest
 
 __all__ = [
@@ -73,6 +75,7 @@ __all__ = [
     "check_lm_data_settings",
     "held_out_split",
     "pack_stream",
+    "read_caps",
     "read_lm_documents",
     "topic_documents",
 ]
@@ -80,10 +83,6 @@ __all__ = [
 TOPICS_KEY = "pydoc_data/topics"
 """The key prefix of the documentation topics (and the source file that holds them, left out)."""
 _TEXT_FIELDS = ("text",)
-_HELD_OUT_SPLITS = ("validation", "test")
-"""The splits of a saved ``DatasetDict`` kept out of training, the first one present being the validation
-split."""
-_SAVED_DATASET_FILES = ("dataset_dict.json", "state.json")
 
 
 @dataclass(frozen=True)
@@ -138,8 +137,7 @@ def pack_stream(
         isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 1
     ):
         raise ValueError(f"max_blocks must be an int >= 1 or None, got {max_blocks!r}")
-    pieces = [torch.tensor([*document, ids.eos], dtype=torch.int32) for document in documents if document]
-    stream = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int32)
+    stream = torch.from_numpy(join_documents(documents, ids.eos))
     full, rest = divmod(stream.numel(), seq_len)
     dropped = 0
     if rest and tail == "drop":
@@ -159,10 +157,6 @@ def topic_documents() -> list[CodeDocument]:
     topics = importlib.import_module("pydoc_data.topics").topics
     named = sorted(topics.items())
     return [CodeDocument(f"{TOPICS_KEY}/{name}", text) for name, text in named if text.strip()]
-
-
-def _is_saved_dataset(path: Path) -> bool:
-    return path.is_dir() and any((path / name).is_file() for name in _SAVED_DATASET_FILES)
 
 
 def _saved_dataset_documents(path: Path) -> tuple[list[CodeDocument], list[SkippedDocument]]:
@@ -194,31 +188,16 @@ def held_out_split(path: str | Path | None, keys: Sequence[str]) -> str | None:
     """The split of a saved ``DatasetDict`` at ``path`` that is the validation split (module docstring), from
     the keys of its records (``split/index``, read or skipped): ``"validation"``, else ``"test"``; None when
     ``path`` is no saved dataset or it has neither split (then the split is by hash)."""
-    if path is None or not _is_saved_dataset(Path(path)):
+    if path is None or not is_saved_dataset(Path(path)):
         return None
     names = {key.partition("/")[0] for key in keys}
-    return next((name for name in _HELD_OUT_SPLITS if name in names), None)
+    return next((name for name in HELD_OUT_SPLITS if name in names), None)
 
 
-def _split_rule(held_out: str | None, validation_fraction: float) -> Callable[[str], str | None]:
-    """``key -> "train" | "validation" | None`` (None: left out): by hash, or by a saved dataset's own
-    split when ``held_out`` names one."""
-    if held_out is None:
-        return lambda key: split_of(key, validation_fraction)
-
-    def rule(key: str) -> str | None:
-        name = key.partition("/")[0]
-        if name == held_out:
-            return "validation"
-        return None if name in _HELD_OUT_SPLITS else "train"
-
-    return rule
-
-
-def _read_caps(path: str | Path | None, max_files: int | None, max_bytes: int | None) -> dict[str, Any]:
+def read_caps(path: str | Path | None, max_files: int | None, max_bytes: int | None) -> dict[str, Any]:
     """The read caps :func:`read_lm_documents` applies to ``path``, and the file endings it reads there, as
     :func:`comera.data.sources.require_documents` takes them (a saved dataset is read whole)."""
-    if path is not None and _is_saved_dataset(Path(path)):
+    if path is not None and is_saved_dataset(Path(path)):
         return {}
     extensions = (".py",) if path is None else (".txt",)
     return {"max_files": max_files, "max_bytes": max_bytes, "extensions": extensions}
@@ -237,18 +216,16 @@ def read_lm_documents(
     too long (:data:`comera.data.sources.MAX_LINE_BYTES`), instead of raising.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist (named). ValueError: it holds no ``.txt`` / ``.jsonl``
-            document, or a bad JSON line (file and line named) unless skipped. ImportError: a saved dataset
-            without the ``datasets`` package.
+        FileNotFoundError: ``path`` does not exist (named). ValueError: it is a looping or broken link, it
+            holds no ``.txt`` / ``.jsonl`` document, or a bad JSON line (file and line named) unless skipped.
+            ImportError: a saved dataset without the ``datasets`` package.
     """
     if path is None:
         documents, skipped = read_code(None, extensions=(".py",), max_files=max_files, max_bytes=max_bytes)
         documents = [document for document in documents if document.key != f"{TOPICS_KEY}.py"]
         return documents + topic_documents(), skipped
-    root = Path(path)
-    if not root.exists():
-        raise FileNotFoundError(f"--data {root}: no such file or folder")
-    if _is_saved_dataset(root):
+    root = check_data_path(path)
+    if is_saved_dataset(root):
         return _saved_dataset_documents(root)
     documents, skipped = read_code(
         root,
@@ -331,7 +308,8 @@ def build_lm_data(
         cache_dir: where the trained tokenizer and the token ids of each split are cached.
         seq_len: tokens per block.
         vocab_size: BPE vocabulary size to train (at most; ignored with ``tokenizer_file``).
-        tokenizer_file: a ``tokenizer.json`` (with RoBERTa's special tokens) to use instead of training one.
+        tokenizer_file: a ``tokenizer.json`` or ``save_pretrained`` folder to use instead of training one (its
+            special tokens mapped: :mod:`comera.data.special_tokens`).
         validation_fraction: share of document keys (by hash) in validation, in ``(0, 1)`` (not used for a
             saved ``DatasetDict`` with its own validation or test split).
         max_validation_blocks: keep this many validation blocks, evenly spaced over the stream (None: all).
@@ -346,14 +324,14 @@ def build_lm_data(
         path, max_files=max_files, max_bytes=max_bytes, skip_bad_lines=skip_bad_lines
     )
     held_out = held_out_split(path, [entry.key for entry in [*documents, *skipped]])
-    split_by = _split_rule(held_out, validation_fraction)
+    split_by = held_out_rule(held_out, validation_fraction)
     splits: dict[str, list[CodeDocument]] = {"train": [], "validation": []}
     for document in sorted(documents, key=lambda document: document.key):
         name = split_by(document.key)
         if name is not None:
             splits[name].append(document)
     require_documents(
-        splits, path or default_source_dir(), validation_fraction, **_read_caps(path, max_files, max_bytes)
+        splits, path or default_source_dir(), validation_fraction, **read_caps(path, max_files, max_bytes)
     )
     tokenizer, tokenizer_path, cached = load_or_train_tokenizer(
         splits["train"], vocab_size, cache_dir, tokenizer_file
@@ -370,7 +348,7 @@ def build_lm_data(
     for name, split in splits.items():
         left_out = [entry for entry in skipped if split_by(entry.key) == name]
         blocks = packed[name]
-        stream = sum(len(ids) + 1 for ids in encoded[name] if ids)
+        stream = sum(len(ids) + 1 for ids in encoded[name] if len(ids))
         info[name] = {
             **read_counts(split, left_out),
             "stream_tokens": stream,

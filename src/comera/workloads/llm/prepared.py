@@ -27,15 +27,28 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from comera.data.bpe import special_ids
+from comera.data.cached_preparation import check_layout, prepare_into_cache, read_cap
 from comera.data.embedded import prepare_embedded
+from comera.data.prepare import PrepareSettings
+from comera.data.saved_dataset import held_out_rule
 from comera.data.shard_check import check_shards
-from comera.data.sources import CodeDocument, default_source_dir, read_counts, require_documents, split_of
+from comera.data.sources import CodeDocument, default_source_dir, read_counts, require_documents
 from comera.data.token_blocks import TokenBlocks, spread_blocks
-from comera.data.token_shards import TOKENIZER_FILE, open_shard, read_index
+from comera.data.token_shards import TOKENIZER_FILE, open_shard, read_index, split_counts
 from comera.data.tokenize import tokenizer_digest
-from comera.workloads.llm.data import LMData, check_lm_data_settings, read_lm_documents
+from comera.workloads.llm.data import (
+    LMData,
+    check_lm_data_settings,
+    held_out_split,
+    read_caps,
+    read_lm_documents,
+)
 
-__all__ = ["build_embedded_lm_data", "build_prepared_lm_data"]
+__all__ = [
+    "build_embedded_lm_data",
+    "build_prepared_lm_data",
+    "build_raw_lm_data",
+]
 
 
 def _split_blocks(
@@ -109,7 +122,7 @@ def build_prepared_lm_data(
             f"--data {folder}: {TOKENIZER_FILE} is not the tokenizer the shards were encoded with (its "
             "digest differs from the index's); prepare the corpus again"
         )
-    ids = special_ids(tokenizer)
+    ids = special_ids(tokenizer, index["tokenizer"].get("special_tokens"))
     if (ids.eos, ids.pad) != (index["eos_id"], index["pad_id"]):
         raise ValueError(f"--data {folder}: the tokenizer's </s> and <pad> ids differ from the index's")
     train = _split_blocks(folder, index, "train", seq_len)
@@ -121,7 +134,7 @@ def build_prepared_lm_data(
     for name, split in (("train", train), ("validation", validation)):
         recorded = index["splits"][name]
         info[name] = {
-            "read": recorded["documents"],
+            **split_counts(index, name),
             "stream_tokens": split.stream_tokens,
             "tokens": min(split.stream_tokens, len(split) * seq_len),
             "blocks": len(split),
@@ -147,6 +160,78 @@ def build_prepared_lm_data(
     return LMData(train, validation, tokenizer, tokenizer_path, ids, info)
 
 
+def build_raw_lm_data(
+    path: str | Path,
+    *,
+    cache_dir: str | Path,
+    seq_len: int,
+    vocab_size: int,
+    tokenizer_file: str | Path | None = None,
+    validation_fraction: float = 0.05,
+    max_validation_blocks: int | None = None,
+    max_files: int | None = None,
+    max_bytes: int | None = None,
+    skip_bad_lines: bool = False,
+    layout: str = "stream",
+) -> LMData:
+    """A ``--data`` corpus that is not prepared (text files, JSON lines, Parquet files) prepared into token
+    shards in the cache and read through their memory maps.
+
+    ``layout="stream"``: :func:`comera.data.cached_preparation.prepare_into_cache`, the preparation of
+    ``comera prepare llm`` (files in the order of a hash of their path, the tokenizer trained on a sample
+    of the training split, streaming), keyed by the data's files and these settings, so a second run reads
+    the same entry without encoding anything; ``max_files`` and ``max_bytes`` cap what is read (the first
+    files and documents in reading order). ``layout="whole"``: the documents are read into memory first and
+    prepared in key order with the tokenizer trained on the whole training split
+    (:func:`comera.data.embedded.prepare_embedded`): the blocks, validation blocks and tokenizer that
+    :func:`comera.workloads.llm.data.build_lm_data` makes of them, which runs started before ``--data`` was
+    prepared were trained on (they resume with this layout).
+
+    Args:
+        path: the corpus file or folder.
+        layout: ``"stream"`` or ``"whole"`` (above).
+        cache_dir, seq_len, vocab_size, tokenizer_file, validation_fraction, max_validation_blocks,
+            max_files, max_bytes, skip_bad_lines: as :func:`~comera.workloads.llm.data.build_lm_data`.
+
+    Raises:
+        ValueError: a bad argument (named), a split without documents, a bad JSON line (named) unless
+            skipped. FileNotFoundError: ``path`` does not exist. ImportError: a Parquet file without pyarrow.
+    """
+    check_lm_data_settings(validation_fraction, max_validation_blocks, tokenizer_file, skip_bad_lines)
+    if check_layout(layout) == "whole":
+        return _build_whole(
+            path,
+            cache_dir=cache_dir,
+            seq_len=seq_len,
+            vocab_size=vocab_size,
+            tokenizer_file=tokenizer_file,
+            validation_fraction=validation_fraction,
+            max_validation_blocks=max_validation_blocks,
+            max_files=max_files,
+            max_bytes=max_bytes,
+            skip_bad_lines=skip_bad_lines,
+        )
+    settings = PrepareSettings(
+        vocab_size=vocab_size,
+        validation_fraction=validation_fraction,
+        tokenizer_file=tokenizer_file,
+        skip_bad_lines=skip_bad_lines,
+    )
+    cached = prepare_into_cache(
+        path,
+        cache_dir,
+        "lm",
+        settings,
+        max_files=read_cap(max_files, "max_files"),
+        max_bytes=read_cap(max_bytes, "max_bytes"),
+    )
+    lm = build_prepared_lm_data(
+        cached.folder, cache_dir=cache_dir, seq_len=seq_len, max_validation_blocks=max_validation_blocks
+    )
+    lm.info["prepared"].update(from_data=str(Path(path).resolve()), prepared_now=cached.prepared_now)
+    return lm
+
+
 def build_embedded_lm_data(
     *,
     cache_dir: str | Path,
@@ -158,6 +243,7 @@ def build_embedded_lm_data(
     max_files: int | None = None,
     max_bytes: int | None = None,
     skip_bad_lines: bool = False,
+    layout: str = "stream",
 ) -> LMData:
     """The embedded corpus (the standard library and its documentation topics,
     :func:`comera.workloads.llm.data.read_lm_documents`) prepared into token shards in the cache
@@ -170,27 +256,69 @@ def build_embedded_lm_data(
         cache_dir, seq_len, vocab_size, tokenizer_file, validation_fraction, max_validation_blocks,
             max_files, max_bytes: as :func:`~comera.workloads.llm.data.build_lm_data`.
         skip_bad_lines: checked, not used (the embedded corpus has no JSON lines).
+        layout: checked, not used (the embedded corpus is always read whole).
 
     Raises:
         ValueError: a bad argument (named), a split without documents.
     """
     check_lm_data_settings(validation_fraction, max_validation_blocks, tokenizer_file, skip_bad_lines)
-    documents, skipped = read_lm_documents(None, max_files=max_files, max_bytes=max_bytes)
+    check_layout(layout)
+    return _build_whole(
+        None,
+        cache_dir=cache_dir,
+        seq_len=seq_len,
+        vocab_size=vocab_size,
+        tokenizer_file=tokenizer_file,
+        validation_fraction=validation_fraction,
+        max_validation_blocks=max_validation_blocks,
+        max_files=max_files,
+        max_bytes=max_bytes,
+        skip_bad_lines=skip_bad_lines,
+    )
+
+
+def _build_whole(
+    path: str | Path | None,
+    *,
+    cache_dir: str | Path,
+    seq_len: int,
+    vocab_size: int,
+    tokenizer_file: str | Path | None,
+    validation_fraction: float,
+    max_validation_blocks: int | None,
+    max_files: int | None,
+    max_bytes: int | None,
+    skip_bad_lines: bool,
+) -> LMData:
+    """The documents of ``path`` (None: the embedded corpus) read whole, in key order, prepared into the
+    cache (:func:`comera.data.embedded.prepare_embedded`) and read through the memory maps."""
+    documents, skipped = read_lm_documents(
+        path, max_files=max_files, max_bytes=max_bytes, skip_bad_lines=skip_bad_lines
+    )
     documents = sorted(documents, key=lambda document: document.key)
+    held_out = held_out_split(path, [entry.key for entry in [*documents, *skipped]])
+    split_by = held_out_rule(held_out, validation_fraction)
     splits: dict[str, list[CodeDocument]] = {"train": [], "validation": []}
     for document in documents:
-        splits[split_of(document.key, validation_fraction)].append(document)
+        name = split_by(document.key)
+        if name is not None:
+            splits[name].append(document)
     require_documents(
-        splits, default_source_dir(), validation_fraction, max_files=max_files, max_bytes=max_bytes
+        splits, path or default_source_dir(), validation_fraction, **read_caps(path, max_files, max_bytes)
     )
+    if path is None:
+        name = f"the standard library and documentation topics of Python {platform.python_version()}"
+    else:
+        name = f"--data {Path(path).resolve()}, read whole"
     embedded = prepare_embedded(
-        documents,
-        name=f"the standard library and documentation topics of Python {platform.python_version()}",
+        [document for document in documents if split_by(document.key) is not None],
+        name=name,
         cache_dir=cache_dir,
         prefix="lm",
         vocab_size=vocab_size,
         validation_fraction=validation_fraction,
         tokenizer_file=tokenizer_file,
+        held_out=held_out,
     )
     del documents
     lm = build_prepared_lm_data(
@@ -198,7 +326,7 @@ def build_embedded_lm_data(
     )
     info = lm.info
     for name, split in splits.items():
-        left_out = [entry for entry in skipped if split_of(entry.key, validation_fraction) == name]
+        left_out = [entry for entry in skipped if split_by(entry.key) == name]
         facts = info[name]
         blocks = facts["blocks"]
         info[name] = {
@@ -210,8 +338,13 @@ def build_embedded_lm_data(
             "dropped_tokens": facts["dropped_tokens"],
         }
     info.update(
-        tokenizer=str(embedded.tokenizer_path),
+        tokenizer=str(embedded.tokenizer_path if tokenizer_file is None else info["tokenizer"]),
         tokenizer_cached=embedded.tokenizer_cached,
-        prepared={"folder": str(embedded.folder), "embedded": True, "prepared_now": embedded.prepared_now},
+        prepared={
+            "folder": str(embedded.folder),
+            "embedded": path is None,
+            "layout": "whole",
+            "prepared_now": embedded.prepared_now,
+        },
     )
-    return LMData(lm.train, lm.validation, embedded.tokenizer, embedded.tokenizer_path, lm.ids, info)
+    return LMData(lm.train, lm.validation, embedded.tokenizer, Path(info["tokenizer"]), lm.ids, info)

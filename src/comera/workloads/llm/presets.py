@@ -197,6 +197,7 @@ def _data(vocab_size: int, seq_len: int, **changes: Any) -> dict[str, Any]:
         "max_files": None,
         "max_bytes": None,
         "skip_bad_lines": False,
+        "layout": "stream",
     }
     settings.update(changes)
     return settings

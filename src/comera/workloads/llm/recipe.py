@@ -1,10 +1,11 @@
 """Workload 4: LLaMA-style causal language-model pre-training (``comera train llm``).
 
-Data: :func:`comera.workloads.llm.data.build_lm_data` (``--data`` a folder of ``.txt`` / ``.jsonl`` files or a
-saved dataset; by default the running Python's standard library and its documentation topics), packed into
-blocks of ``seq_len`` tokens; the validation blocks are fixed. ``--data`` a corpus prepared by ``comera
-prepare llm`` (a folder holding ``index.json``): blocks read from its memory-mapped token shards
-(:mod:`comera.workloads.llm.prepared`). Model: the
+Data: blocks of ``seq_len`` tokens always read from memory-mapped token shards
+(:mod:`comera.workloads.llm.prepared`): ``--data`` a corpus prepared by ``comera prepare llm`` (a folder
+holding ``index.json``) as it is; ``--data`` a folder or file of ``.txt`` / ``.jsonl`` / ``.parquet`` files
+or a saved dataset prepared the same way into the cache on the first run and read from there
+(:func:`~comera.workloads.llm.prepared.build_raw_lm_data`); by default the running Python's standard library
+and its documentation topics, prepared into the cache too; the validation blocks are fixed. Model: the
 :class:`~comera.workloads.llm.model.LlamaLM` of the ``model`` section's preset with the tokenizer's
 vocabulary and ``seq_len`` positions; ``comera`` tensorizes it by the ``llm-PRESET`` preset. Every preset
 trains with the peers' schedule: 10% linear warm-up, cosine decay to 10% of the peak
@@ -38,9 +39,12 @@ from comera.measure import weights_optimizer_mib
 from comera.modules import unwrap_model
 from comera.recipes.base import Recipe, RecipeData, register_recipe
 from comera.train.evaluation import Evaluator, TokenScores, perplexity
-from comera.workloads.llm.data import build_lm_data
 from comera.workloads.llm.model import IGNORE_INDEX, MODEL_PRESETS, LlamaLM, LMConfig, next_token_loss
-from comera.workloads.llm.prepared import build_embedded_lm_data, build_prepared_lm_data
+from comera.workloads.llm.prepared import (
+    build_embedded_lm_data,
+    build_prepared_lm_data,
+    build_raw_lm_data,
+)
 from comera.workloads.llm.presets import RECIPE_PRESETS
 
 __all__ = ["LLMRecipe", "MODEL_SIZES", "NextTokenEvaluator", "TOKENIZER_FILE"]
@@ -98,16 +102,17 @@ class LLMRecipe(Recipe):
     presets = RECIPE_PRESETS
 
     def build_data(self, settings: dict[str, Any], data_path: Path | None, cache_dir: Path) -> RecipeData:
-        """Read, split, tokenize, pack; ``info`` holds per-split counts, the vocabulary, the tokenizer, the
-        validation size in tokens and the special ids. A ``--data`` folder holding ``index.json`` (written by
-        ``comera prepare llm``) is read through its memory-mapped shards
-        (:func:`~comera.workloads.llm.prepared.build_prepared_lm_data`)."""
+        """The blocks of the run's corpus, read through memory-mapped token shards (module docstring);
+        ``info`` holds per-split counts, the vocabulary, the tokenizer, the validation size in tokens and the
+        special ids. A ``--data`` folder holding ``index.json`` (written by ``comera prepare llm``) is read
+        as it is (:func:`~comera.workloads.llm.prepared.build_prepared_lm_data`); any other ``--data`` is
+        prepared into the cache first (:func:`~comera.workloads.llm.prepared.build_raw_lm_data`)."""
         if is_prepared(data_path):
             lm = build_prepared_lm_data(data_path, cache_dir=cache_dir, **settings)
         elif data_path is None:
             lm = build_embedded_lm_data(cache_dir=cache_dir, **settings)
         else:
-            lm = build_lm_data(data_path, cache_dir=cache_dir, **settings)
+            lm = build_raw_lm_data(data_path, cache_dir=cache_dir, **settings)
         info = dict(lm.info)
         splits = {name: info.pop(name) for name in ("train", "validation")}
         info.update(

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from comera.data.bpe import SpecialIds
 from comera.data.token_blocks import TokenBlocks
+from comera.data.token_cache import join_documents
 
 __all__ = ["TAILS", "PackedBlocks", "ShardBlocks", "pack_documents"]
 
@@ -84,10 +85,7 @@ def pack_documents(
         raise ValueError(f"seq_len must be an int >= 2 (<s> and one token), got {seq_len!r}")
     if tail not in TAILS:
         raise ValueError(f"tail must be one of {TAILS}, got {tail!r}")
-    pieces = [
-        torch.tensor(list(document) + [ids.eos], dtype=torch.int32) for document in documents if document
-    ]
-    stream = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int32)
+    stream = torch.from_numpy(join_documents(documents, ids.eos))
     body = seq_len - 1
     full, rest = divmod(stream.numel(), body)
     dropped = 0

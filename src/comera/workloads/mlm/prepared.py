@@ -19,7 +19,9 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from comera.data.bpe import special_ids
+from comera.data.cached_preparation import check_layout, prepare_into_cache, read_cap
 from comera.data.embedded import prepare_embedded
+from comera.data.prepare import PrepareSettings
 from comera.data.shard_check import check_shards
 from comera.data.sources import (
     DEFAULT_EXTENSIONS,
@@ -30,13 +32,18 @@ from comera.data.sources import (
     require_documents,
     split_of,
 )
-from comera.data.token_shards import TOKENIZER_FILE, open_shard, read_index
+from comera.data.special_tokens import CONVENTIONAL_NAMES
+from comera.data.token_shards import TOKENIZER_FILE, open_shard, read_index, split_counts
 from comera.data.tokenize import tokenizer_digest
 from comera.workloads.mlm.data import CodeData, check_code_data_settings
 from comera.workloads.mlm.masking import MaskingCollator
 from comera.workloads.mlm.packing import ShardBlocks
 
-__all__ = ["build_embedded_code_data", "build_prepared_code_data"]
+__all__ = ["MLM_TEXT_FIELDS", "build_embedded_code_data", "build_prepared_code_data", "build_raw_code_data"]
+
+MLM_TEXT_FIELDS = ("code", "original_string", "text")
+"""The JSON fields (and Parquet columns) a masked-LM corpus's text is read from when it is prepared, the
+first present: the workload's CodeSearchNet fields, then C4's ``text``."""
 
 
 def _open(
@@ -61,9 +68,16 @@ def _open(
             f"--data {folder}: {TOKENIZER_FILE} is not the tokenizer the shards were encoded with (its "
             "digest differs from the index's); prepare the corpus again"
         )
-    ids = special_ids(tokenizer)
+    names = index["tokenizer"].get("special_tokens")
+    ids = special_ids(tokenizer, names)
     if (ids.eos, ids.pad) != (index["eos_id"], index["pad_id"]):
         raise ValueError(f"--data {folder}: the tokenizer's </s> and <pad> ids differ from the index's")
+    if ids.mask is None:
+        raise ValueError(
+            f"--data {folder}: the masked LM needs a mask token, and the tokenizer the corpus was prepared "
+            f"with has none (none of {list(CONVENTIONAL_NAMES['mask'])}); prepare it with a tokenizer that "
+            "has one"
+        )
     dtype = np.dtype(index["dtype"])
     splits = {
         name: ShardBlocks(
@@ -119,8 +133,7 @@ def build_prepared_code_data(
         folder, cache_dir, seq_len, tail, mask_probability, seed
     )
     info: dict[str, Any] = {
-        name: {"read": index["splits"][name]["documents"], **_facts(blocks)}
-        for name, blocks in splits.items()
+        name: {**split_counts(index, name), **_facts(blocks)} for name, blocks in splits.items()
     }
     skipped = index.get("skipped", {})
     info.update(
@@ -135,10 +148,84 @@ def build_prepared_code_data(
             "settings": index.get("settings", {}),
         },
     )
-    ids = special_ids(tokenizer)
+    ids = special_ids(tokenizer, index["tokenizer"].get("special_tokens"))
     return CodeData(
         splits["train"], splits["validation"], collator, tokenizer, folder / TOKENIZER_FILE, ids, info
     )
+
+
+def build_raw_code_data(
+    path: str | Path,
+    *,
+    cache_dir: str | Path,
+    seq_len: int,
+    vocab_size: int,
+    tokenizer_file: str | Path | None = None,
+    extensions: tuple[str, ...] | list[str] = DEFAULT_EXTENSIONS,
+    validation_fraction: float = 0.05,
+    max_files: int | None = None,
+    max_bytes: int | None = None,
+    skip_bad_lines: bool = False,
+    layout: str = "stream",
+    tail: str = "pad",
+    mask_probability: float = 0.15,
+    seed: int = 0,
+) -> CodeData:
+    """A ``--data`` corpus that is not prepared (source files, JSON lines, Parquet files) prepared into token
+    shards in the cache and read through their memory maps.
+
+    ``layout="stream"``: :func:`comera.data.cached_preparation.prepare_into_cache` with ``comera prepare
+    mlm``'s reading (the files ending in ``extensions`` whole, a JSON line's :data:`MLM_TEXT_FIELDS`), keyed
+    by the data's files and the settings, so a second run encodes nothing; ``max_files`` and ``max_bytes``
+    cap what is read. ``layout="whole"``: the documents read by :func:`comera.data.sources.read_code` into
+    memory, prepared in its order with the tokenizer trained on the whole training split: the blocks of
+    :func:`comera.workloads.mlm.data.build_code_data`, which runs started before ``--data`` was prepared
+    were trained on (they resume with this layout). Other arguments as there.
+    """
+    check_code_data_settings(validation_fraction, tokenizer_file)
+    if check_layout(layout) == "whole":
+        return _build_whole(
+            path,
+            cache_dir=cache_dir,
+            seq_len=seq_len,
+            vocab_size=vocab_size,
+            tokenizer_file=tokenizer_file,
+            extensions=extensions,
+            validation_fraction=validation_fraction,
+            max_files=max_files,
+            max_bytes=max_bytes,
+            skip_bad_lines=skip_bad_lines,
+            tail=tail,
+            mask_probability=mask_probability,
+            seed=seed,
+        )
+    settings = PrepareSettings(
+        vocab_size=vocab_size,
+        validation_fraction=validation_fraction,
+        tokenizer_file=tokenizer_file,
+        skip_bad_lines=skip_bad_lines,
+        whole_files=tuple(extensions),
+        text_fields=MLM_TEXT_FIELDS,
+        needs_mask=True,
+    )
+    cached = prepare_into_cache(
+        path,
+        cache_dir,
+        "code",
+        settings,
+        max_files=read_cap(max_files, "max_files"),
+        max_bytes=read_cap(max_bytes, "max_bytes"),
+    )
+    code = build_prepared_code_data(
+        cached.folder,
+        cache_dir=cache_dir,
+        seq_len=seq_len,
+        tail=tail,
+        mask_probability=mask_probability,
+        seed=seed,
+    )
+    code.info["prepared"].update(from_data=str(Path(path).resolve()), prepared_now=cached.prepared_now)
+    return code
 
 
 def build_embedded_code_data(
@@ -152,6 +239,7 @@ def build_embedded_code_data(
     max_files: int | None = None,
     max_bytes: int | None = None,
     skip_bad_lines: bool = False,
+    layout: str = "stream",
     tail: str = "pad",
     mask_probability: float = 0.15,
     seed: int = 0,
@@ -160,11 +248,49 @@ def build_embedded_code_data(
     :func:`comera.data.sources.read_code` in its reading order) prepared into token shards in the cache
     (:func:`comera.data.embedded.prepare_embedded`) and read through their memory maps: the blocks, masks,
     tokenizer and ``info`` of :func:`comera.workloads.mlm.data.build_code_data` on the same documents, plus
-    ``info["prepared"]`` naming the cached folder. Arguments as there.
+    ``info["prepared"]`` naming the cached folder. Arguments as there; ``layout`` is checked, not used (the
+    embedded corpus is always read whole).
     """
     check_code_data_settings(validation_fraction, tokenizer_file)
+    check_layout(layout)
+    return _build_whole(
+        None,
+        cache_dir=cache_dir,
+        seq_len=seq_len,
+        vocab_size=vocab_size,
+        tokenizer_file=tokenizer_file,
+        extensions=extensions,
+        validation_fraction=validation_fraction,
+        max_files=max_files,
+        max_bytes=max_bytes,
+        skip_bad_lines=skip_bad_lines,
+        tail=tail,
+        mask_probability=mask_probability,
+        seed=seed,
+    )
+
+
+def _build_whole(
+    path: str | Path | None,
+    *,
+    cache_dir: str | Path,
+    seq_len: int,
+    vocab_size: int,
+    tokenizer_file: str | Path | None,
+    extensions: tuple[str, ...] | list[str],
+    validation_fraction: float,
+    max_files: int | None,
+    max_bytes: int | None,
+    skip_bad_lines: bool,
+    tail: str,
+    mask_probability: float,
+    seed: int,
+) -> CodeData:
+    """The documents of ``path`` (None: the standard library) read whole by
+    :func:`comera.data.sources.read_code`, prepared in its order into the cache
+    (:func:`comera.data.embedded.prepare_embedded`) and read through the memory maps."""
     documents, skipped = read_code(
-        None, extensions=extensions, skip_bad_lines=skip_bad_lines, max_files=max_files, max_bytes=max_bytes
+        path, extensions=extensions, skip_bad_lines=skip_bad_lines, max_files=max_files, max_bytes=max_bytes
     )
     splits: dict[str, list[CodeDocument]] = {"train": [], "validation": []}
     for document in documents:
@@ -175,10 +301,16 @@ def build_embedded_code_data(
         )
         for name, split in splits.items()
     }
-    require_documents(splits, default_source_dir(), validation_fraction, max_files, max_bytes, extensions)
+    require_documents(
+        splits, path or default_source_dir(), validation_fraction, max_files, max_bytes, extensions
+    )
+    if path is None:
+        name = f"the standard library sources ({', '.join(extensions)})"
+    else:
+        name = f"--data {Path(path).resolve()}, read whole"
     embedded = prepare_embedded(
         documents,
-        name=f"the standard library sources ({', '.join(extensions)})",
+        name=name,
         cache_dir=cache_dir,
         prefix="code",
         vocab_size=vocab_size,
@@ -186,7 +318,7 @@ def build_embedded_code_data(
         tokenizer_file=tokenizer_file,
     )
     del documents, splits
-    blocks, collator, tokenizer, _, _ = _open(
+    blocks, collator, tokenizer, index, _ = _open(
         embedded.folder, cache_dir, seq_len, tail, mask_probability, seed
     )
     info: dict[str, Any] = {name: {**counts[name], **_facts(each)} for name, each in blocks.items()}
@@ -195,9 +327,14 @@ def build_embedded_code_data(
         tokenizer=str(embedded.tokenizer_path),
         tokenizer_cached=embedded.tokenizer_cached,
         identity={"tokenizer": tokenizer_digest(embedded.tokenizer)},
-        prepared={"folder": str(embedded.folder), "embedded": True, "prepared_now": embedded.prepared_now},
+        prepared={
+            "folder": str(embedded.folder),
+            "embedded": path is None,
+            "layout": "whole",
+            "prepared_now": embedded.prepared_now,
+        },
     )
-    ids = special_ids(tokenizer)
+    ids = special_ids(tokenizer, index["tokenizer"].get("special_tokens"))
     return CodeData(
         blocks["train"],
         blocks["validation"],

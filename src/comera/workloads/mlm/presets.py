@@ -98,6 +98,7 @@ def _data_settings(vocab_size: int, seq_len: int, **changes: Any) -> dict[str, A
         "max_files": None,
         "max_bytes": None,
         "skip_bad_lines": False,
+        "layout": "stream",
         "tail": "pad",
         "mask_probability": 0.15,
         "seed": 0,

@@ -1,12 +1,14 @@
 """Workload 3: CodeBERT-style masked-LM pre-training on code (``comera train mlm``).
 
-Data: :func:`comera.workloads.mlm.data.build_code_data` (``--data`` a CodeSearchNet-style ``*.jsonl(.gz)``
-file or a folder of sources; by default the running Python's standard library), packed into blocks of
-``seq_len`` tokens and masked dynamically by the collate function; validation blocks are masked the same way
-at every evaluation. Model: the RoBERTa masked LM of :mod:`comera.workloads.mlm.model` with the tokenizer's
-vocabulary and ``seq_len`` positions; ``comera`` tensorizes it by the ``mlm-PRESET`` preset (TT linears, TTM
-word embedding, tied TTM head). Training runs the paper's two phases: the early stage, then the late stage
-driving the size to ``target_ratio`` of its early-stage end.
+Data: :mod:`comera.workloads.mlm.prepared` (``--data`` a CodeSearchNet-style ``*.jsonl(.gz)`` file or a
+folder of sources, prepared into token shards in the cache on the first run; a corpus prepared by ``comera
+prepare mlm``; by default the running Python's standard library, prepared into the cache too), read through
+memory maps in blocks of ``seq_len`` tokens and masked dynamically by the collate function; validation
+blocks are masked the same way at every evaluation. Model: the RoBERTa masked LM of
+:mod:`comera.workloads.mlm.model` with the tokenizer's vocabulary and ``seq_len`` positions; ``comera``
+tensorizes it by the ``mlm-PRESET`` preset (TT linears, TTM word embedding, tied TTM head). Training runs
+the paper's two phases: the early stage, then the late stage driving the size to ``target_ratio`` of its
+early-stage end.
 
 Loss: mean cross-entropy over the masked tokens of a batch; the LM head scores only those tokens.
 Metrics (exact over a split, summed over tokens):
@@ -26,9 +28,12 @@ from comera.data.sources import default_source_dir
 from comera.data.token_shards import is_prepared
 from comera.recipes.base import Recipe, RecipeData, register_recipe
 from comera.train.evaluation import Evaluator, TokenScores, perplexity
-from comera.workloads.mlm.data import build_code_data
 from comera.workloads.mlm.model import SIZE_NAMES, build_mlm_model, model_sizes
-from comera.workloads.mlm.prepared import build_embedded_code_data, build_prepared_code_data
+from comera.workloads.mlm.prepared import (
+    build_embedded_code_data,
+    build_prepared_code_data,
+    build_raw_code_data,
+)
 from comera.workloads.mlm.presets import RECIPE_PRESETS
 
 __all__ = ["MLMRecipe", "MaskedLMEvaluator", "masked_lm_scores"]
@@ -82,13 +87,14 @@ class MLMRecipe(Recipe):
         """Read, split, tokenize, pack; ``info`` holds per-split counts, the vocabulary and the tokenizer. The
         embedded corpus is prepared into token shards in the cache and a ``--data`` folder holding
         ``index.json`` (``comera prepare mlm``) is read as it is, both through memory maps
-        (:mod:`comera.workloads.mlm.prepared`); other ``--data`` is read into memory."""
+        (:mod:`comera.workloads.mlm.prepared`); other ``--data`` is prepared into the cache first
+        (:func:`~comera.workloads.mlm.prepared.build_raw_code_data`) and read the same way."""
         if is_prepared(data_path):
             code = build_prepared_code_data(data_path, cache_dir=cache_dir, **settings)
         elif data_path is None:
             code = build_embedded_code_data(cache_dir=cache_dir, **settings)
         else:
-            code = build_code_data(data_path, cache_dir=cache_dir, **settings)
+            code = build_raw_code_data(data_path, cache_dir=cache_dir, **settings)
         info = dict(code.info)
         splits = {name: info.pop(name) for name in ("train", "validation")}
         info.update(
