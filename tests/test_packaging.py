@@ -78,3 +78,18 @@ def test_dev_extra_builds_and_checks_distributions():
         for spec in PYPROJECT["project"]["optional-dependencies"]["dev"]
     }
     assert {"build", "twine"} <= names
+
+
+def test_every_extra_is_checked_by_check_wheel():
+    """tools/check_wheel.sh --extras installs each optional extra into a fresh environment of its own: one
+    added to pyproject.toml without a ``check_extra`` line there would never be installed from the wheel."""
+    script = (ROOT / "tools" / "check_wheel.sh").read_text()
+    checked = set(re.findall(r"^\s*check_extra (\S+) ", script, flags=re.M))
+    assert checked == set(PYPROJECT["project"]["optional-dependencies"])
+
+
+def test_make_install_dev_installs_the_extras_the_tests_need():
+    """``make test`` (CI) runs the tests of the Hugging Face integration, the baselines and the examples
+    (tests/integrations/test_hf_example.py runs examples/hf_llama_pretrain.py, which needs ``datasets``)."""
+    extras = re.search(r'-e "\.\[([a-z,]+)\]"', (ROOT / "Makefile").read_text()).group(1).split(",")
+    assert {"dev", "hf", "bench", "baselines", "examples"} <= set(extras)

@@ -6,9 +6,9 @@
 #   3. a fresh virtual environment with the wheel installed (through constraints.txt, so torch is the pinned
 #      CPU build; --no-compile: no .pyc for torch's ~15,000 files, slow to write and to delete), pip check, then `import comera`, a TT layer's forward and `comera --help`, run outside the
 #      checkout with PYTHONPATH unset, so that nothing is read from src/.
-# --extras: also, for each optional extra (hf, baselines, bench, dev), a fresh virtual environment with
-# comera[EXTRA] installed from the wheel and the modules that extra is for imported. Each one installs torch
-# again: a few minutes in all, so not part of the default check.
+# --extras: also, for each optional extra (hf, baselines, bench, parquet, examples, dev), a fresh virtual
+# environment with comera[EXTRA] installed from the wheel and the modules that extra is for imported. Each one
+# installs torch again: a few minutes in all, so not part of the default check.
 #
 # Usage: tools/check_wheel.sh [--extras] [--keep]     (--keep: leave the temporary folder and say where)
 # BUILD_PYTHON: the interpreter with build and twine (default .venv/bin/python, which `make install-dev` makes).
@@ -83,7 +83,10 @@ assert f"{info.pop()}/licenses/LICENSE" in names, "LICENSE missing from the whee
 tops = {name.split("/")[0] for name in names if ".dist-info/" not in name}
 assert tops == {"comera"}, f"the wheel installs more than the comera package: {sorted(tops)}"
 members = {name.split("/", 1)[1] for name in tarfile.open(sdist).getnames() if "/" in name}
-for needed in ("LICENSE", "CHANGELOG.md", "README.md", "constraints.txt", "tests/conftest.py", "src/comera/py.typed"):
+for needed in (
+    "LICENSE", "CHANGELOG.md", "README.md", "constraints.txt", "tests/conftest.py", "src/comera/py.typed",
+    "examples/hf_llama_pretrain.py",
+):
     assert needed in members, f"{needed} missing from the sdist"
 print(f"wheel: {len(modules)} modules and py.typed; sdist: {len(members)} entries")
 EOF
@@ -135,6 +138,8 @@ require_package('galore_torch', 'galore-torch', 'galore')
 require_package('apollo_torch', 'apollo-torch', 'apollo')"
     # Nothing in comera imports psutil yet: the bench extra is checked for installing and importing only.
     check_extra bench "import psutil, comera.bench"
+    check_extra parquet "import pyarrow.parquet, comera.data.corpus"
+    check_extra examples "import datasets, comera"
     check_extra dev "import build, hypothesis, pytest, scipy, sklearn, twine, comera
 import subprocess, sys
 subprocess.run([sys.executable, '-m', 'ruff', '--version'], check=True)"

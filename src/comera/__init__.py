@@ -1,7 +1,7 @@
 """comera: train models directly in compressed tensor-train form, with ranks learned during training.
 
 Importing the package is cheap and changes nothing in the process (no signal handler, no torch import): each
-public name is imported from its module on first use."""
+public name is imported from its module on first use (``comera.from_pretrained`` imports ``transformers``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from comera.version import __version__
 
 if TYPE_CHECKING:  # for type checkers and the API reference; at run time __getattr__ imports them
     from comera import methods
+    from comera.integrations.hf_pretrained import from_pretrained
     from comera.io import load_pretrained, register_model, save_pretrained
     from comera.nn import GatedTrain, TTLinear, TTMEmbedding, TTMEmbeddingBag, TTMLinear, TTMTiedHead
     from comera.rank import PruneResult, RankAdaptation, param_groups, prune_
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # for type checkers and the API reference; at run time __geta
     from comera.tt.shapes import auto_modes, factorize, suggest_padding
 
 _PUBLIC: dict[str, tuple[str, ...]] = {
+    "comera.integrations.hf_pretrained": ("from_pretrained",),
     "comera.io": ("load_pretrained", "register_model", "save_pretrained"),
     "comera.nn": ("GatedTrain", "TTLinear", "TTMEmbedding", "TTMEmbeddingBag", "TTMLinear", "TTMTiedHead"),
     "comera.rank": ("PruneResult", "RankAdaptation", "param_groups", "prune_"),

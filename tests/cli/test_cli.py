@@ -365,7 +365,7 @@ def test_update_section_makes_no_folder_for_its_file(tmp_path):
 
 
 WRITING = ["layers", "embedding", "inference", "trainer", "transformer", "attention", "dlrm", "mlm"]
-WRITING += ["paper", "scaling", "gpu", "llm"]
+WRITING += ["paper", "scaling", "gpu", "llm", "hf_llama"]
 
 
 @pytest.mark.parametrize("name", WRITING)

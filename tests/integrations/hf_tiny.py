@@ -107,3 +107,17 @@ class Pairs(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {"inputs": self.inputs[index], "labels": self.labels[index]}
+
+
+def tiny_tokenizer():
+    """A word-level ``PreTrainedTokenizerFast`` over the tiny LLaMA's vocabulary: ``<pad>``, ``<s>``,
+    ``</s>`` (ids 0 to 2) and the words ``w3`` ... ``w95`` (id = the number), split on whitespace."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<pad>"
+    )

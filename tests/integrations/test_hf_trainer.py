@@ -11,6 +11,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # transformers.Trainer needs it
 
 import torch  # noqa: E402
+import transformers  # noqa: E402
 from hf_tiny import BATCH, RepeatingTokens, arguments, llama_config, lm_loss, tiny_llama  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
@@ -276,16 +277,96 @@ def test_load_best_model_at_end_set_after_building_is_refused_before_any_step(tm
     assert not list(tmp_path.glob("**/checkpoint-*"))
 
 
-@pytest.mark.parametrize(
-    "field",
-    ["load_best_model_at_end", "auto_find_batch_size", "enable_jit_checkpoint"],
-)
-def test_a_training_argument_the_trainer_cannot_honour_is_refused_naming_it(tmp_path, field):
-    overrides = {field: True}
-    if field == "load_best_model_at_end":  # transformers wants evaluations at the checkpoints
-        overrides.update(eval_strategy="steps", save_strategy="steps")
-    with pytest.raises(ValueError, match=f"args.{field}=True"):
+REFUSED = {
+    # transformers wants evaluations at the checkpoints for load_best_model_at_end
+    "load_best_model_at_end": (
+        {"load_best_model_at_end": True, "eval_strategy": "steps", "save_strategy": "steps"},
+        r"args\.load_best_model_at_end=True",
+    ),
+    "auto_find_batch_size": ({"auto_find_batch_size": True}, r"args\.auto_find_batch_size=True"),
+    "enable_jit_checkpoint": ({"enable_jit_checkpoint": True}, r"args\.enable_jit_checkpoint=True"),
+    "use_liger_kernel": ({"use_liger_kernel": True}, r"args\.use_liger_kernel=True: Liger"),
+    "fp16": ({"fp16": True}, r"args\.fp16=True on the CPU"),
+    "fsdp": ({"fsdp": True}, r"args\.fsdp .*must be unset"),
+    "optim_target_modules": (
+        {"optim_target_modules": ["q_proj"]},
+        r"args\.optim_target_modules=\['q_proj'\]",
+    ),
+    "optim_args-adamw": (
+        {"optim": "adamw_torch", "optim_args": "beta1=0.8"},
+        r"'beta1' in args\.optim_args with args\.optim='adamw_torch'",
+    ),
+    "optim_args-sgd": (
+        {"optim": "sgd", "optim_args": "momentum=0.9, foo=1"},
+        r"'foo' in args\.optim_args with args\.optim='sgd'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_a_training_argument_the_trainer_cannot_honour_is_refused_naming_it(tmp_path, case):
+    overrides, message = REFUSED[case]
+    with pytest.raises(ValueError, match=message) as refusal:
         CoMERATrainer(tiny_llama(), arguments(tmp_path, **overrides), train_dataset=RepeatingTokens())
+    assert "\n" not in str(refusal.value)
+
+
+def test_optim_args_transformers_passes_on_are_taken(tmp_path):
+    args = arguments(tmp_path, optim="sgd", optim_args="momentum=0.5,nesterov=true")
+    optimizer = CoMERATrainer(tiny_llama(), args, train_dataset=RepeatingTokens()).create_optimizer()
+    assert type(optimizer) is torch.optim.SGD
+    assert optimizer.defaults["momentum"] == 0.5 and optimizer.defaults["nesterov"] is True
+
+
+def test_fp16_on_the_cpu_is_fp32_in_transformers_own_trainer(tmp_path):
+    """Why ``fp16=True`` on the CPU is refused: Hugging Face's own ``Trainer`` takes it and trains in fp32
+    (no autocast, no loss scaler), to the losses of the run without it."""
+    losses = {}
+    for fp16 in (False, True):
+        args = arguments(tmp_path, max_steps=3, logging_steps=1, fp16=fp16)
+        trainer = transformers.Trainer(tiny_llama(), args, train_dataset=RepeatingTokens())
+        trainer.train()
+        assert trainer.accelerator.scaler is None
+        losses[fp16] = [record["loss"] for record in trainer.state.log_history if "loss" in record]
+    assert losses[True] == losses[False]
+
+
+@pytest.mark.parametrize(
+    ("optim", "chosen", "foreach"),
+    [
+        ("adamw_torch", None, True),
+        ("sgd", None, True),
+        ("adamw_torch", (torch.optim.AdamW, {"foreach": False}), False),
+    ],
+    ids=["adamw", "sgd", "chosen-for-loop"],
+)
+def test_a_torch_optimizer_that_is_not_fused_steps_with_foreach_kernels(tmp_path, optim, chosen, foreach):
+    trainer = CoMERATrainer(
+        tiny_llama(),
+        arguments(tmp_path, optim=optim),
+        train_dataset=RepeatingTokens(),
+        optimizer_cls_and_kwargs=chosen,
+    )
+    assert trainer.create_optimizer().defaults["foreach"] is foreach
+
+
+def test_foreach_kernels_train_as_the_per_parameter_loop_does(tmp_path):
+    weights = []
+    for chosen in (None, (torch.optim.AdamW, {"foreach": False})):
+        args = arguments(tmp_path, max_steps=12, optim="adamw_torch")
+        trainer = CoMERATrainer(
+            tiny_llama(),
+            args,
+            train_dataset=RepeatingTokens(),
+            settings=CoMERASettings(lr_cores=1e-2, lr_gates=1e-2, recovery=0.5),
+            early=8,
+            optimizer_cls_and_kwargs=chosen,
+        )
+        trainer.train()
+        weights.append(dict(trainer.model.named_parameters()))
+    assert weights[0].keys() == weights[1].keys()
+    for name, value in weights[0].items():
+        torch.testing.assert_close(value, weights[1][name], rtol=0, atol=1e-6)
 
 
 def test_an_optimizer_whose_state_a_prune_cannot_slice_is_refused_when_the_run_prunes(tmp_path):

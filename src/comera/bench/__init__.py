@@ -19,5 +19,6 @@ BENCHMARKS: dict[str, str] = {
     "scaling": "comera.bench.scaling",
     "gpu": "comera.bench.gpu",
     "llm": "comera.bench.llm",
+    "hf_llama": "comera.bench.hf_llama",
 }
 """Benchmark name -> the module ``comera bench NAME`` runs."""

@@ -4,9 +4,11 @@
   ``transformers.Trainer`` that trains a tensorized model with CoMERA's rank objective, param groups, stages
   and prune points, logs the model size and saves with :func:`comera.save_pretrained`;
 - :mod:`comera.integrations.hf_stages`: :class:`~comera.integrations.hf_stages.CoMERACallback`, the
-  ``TrainerCallback`` that runs the host-side schedule (controller step, late stage, prune points).
+  ``TrainerCallback`` that runs the host-side schedule (controller step, late stage, prune points);
+- :mod:`comera.integrations.hf_pretrained`: :func:`~comera.integrations.hf_pretrained.from_pretrained`
+  (``comera.from_pretrained``), a saved tensorized ``transformers`` model back in one call.
 
-Both modules import ``transformers``, an optional dependency (``pip install 'comera[hf]'``, which also brings
+These modules import ``transformers``, an optional dependency (``pip install 'comera[hf]'``, which also brings
 ``accelerate``, required by ``transformers.Trainer``); this package's ``__init__`` imports neither, and
-``import comera`` imports nothing from here.
+``import comera`` imports nothing from here (``comera.from_pretrained`` imports its module on first use).
 """

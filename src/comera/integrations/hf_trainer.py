@@ -23,8 +23,9 @@ gradient clipping, evaluation and the logging integrations, is Hugging Face's):
   model's parameters at the active ranks) and ``comera_compression`` (the tensorized layers' dense parameters
   over their active ones).
 - **saving** (``save_model`` and every checkpoint): :func:`comera.save_pretrained` (``comera_config.json`` and
-  ``model.safetensors``) plus the model's ``config.json``, so that ``comera.load_pretrained(folder,
-  base_model=AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)))`` rebuilds it.
+  ``model.safetensors``) plus the model's ``config.json`` (naming its class in ``architectures``) and
+  ``generation_config.json``, so that ``comera.from_pretrained(folder)``
+  (:func:`comera.integrations.hf_pretrained.from_pretrained`) rebuilds it in one call.
   ``transformers``' ``from_pretrained`` cannot load the folder (it would build dense layers).
 - **checkpoints and resuming**: every checkpoint also holds :data:`STATE_NAME`
   (:meth:`CoMERATrainer.comera_state`: the pruned ranks, the objective's and controller's state, the
@@ -47,10 +48,11 @@ gradient clipping, evaluation and the logging integrations, is Hugging Face's):
 Refused, each with a ``ValueError`` naming the setting, when built and again when ``train()`` starts:
 ``deepspeed``, ``fsdp``, ``parallelism_config`` and ``n_gpu > 1`` (one process driving several GPUs): pruning
 changes parameter shapes, which those wrappers do not follow; ``torch_compile`` with more than one process;
-``load_best_model_at_end``, ``auto_find_batch_size``, ``enable_jit_checkpoint`` (see ``_REFUSED_FLAGS`` for
-why); an ``args.optim`` outside :data:`PRUNABLE_OPTIMIZERS` in a run that prunes; an optimizer that builds
-its own parameter groups.
-Every other setting is Hugging Face's to honour.
+``load_best_model_at_end``, ``auto_find_batch_size``, ``enable_jit_checkpoint``, ``use_liger_kernel`` (see
+``_REFUSED_FLAGS`` for why); ``fp16`` on the CPU (``accelerate`` runs it as fp32 there);
+``optim_target_modules``; an ``args.optim`` outside :data:`PRUNABLE_OPTIMIZERS` in a run that prunes; a key of
+``optim_args`` that ``transformers`` would drop for the optimizer ``args.optim`` names; an optimizer that
+builds its own parameter groups. Every other setting is Hugging Face's to honour.
 """
 
 from __future__ import annotations
@@ -126,7 +128,33 @@ _REFUSED_FLAGS = (
         "its checkpoint is taken before CoMERA's work at the end of the step (controller, stages, prunes), "
         "so a resume from it would not continue the run",
     ),
+    (
+        "use_liger_kernel",
+        "Liger's kernels replace the model's MLP and its head's loss by fused ones that read dense weights, "
+        "which the tensorized layers do not have",
+    ),
 )
+
+_IGNORED_OPTIM_ARGS = {
+    "adamw_torch": (),
+    "adamw_torch_fused": (),
+    "sgd": ("momentum", "dampening", "weight_decay", "nesterov"),
+    "adagrad": ("lr_decay", "weight_decay", "eps"),
+    "rmsprop": ("momentum", "alpha", "eps", "weight_decay"),
+}
+"""The keys of ``args.optim_args`` that ``transformers`` passes to each of :data:`PRUNABLE_OPTIMIZERS` (it
+drops any other key without a word)."""
+
+FOREACH_OPTIMIZERS = (
+    torch.optim.AdamW,
+    torch.optim.Adam,
+    torch.optim.SGD,
+    torch.optim.Adagrad,
+    torch.optim.RMSprop,
+)
+"""``torch.optim`` classes that :meth:`CoMERATrainer.create_optimizer` builds with ``foreach=True`` when they
+are not fused and the keyword arguments do not choose (torch's own default is ``foreach`` on GPUs only; on
+the CPU a per-parameter loop over CoMERA's many small cores and gates is slower)."""
 
 
 def _check_arguments(args: TrainingArguments) -> None:
@@ -148,10 +176,22 @@ def _check_arguments(args: TrainingArguments) -> None:
     for name, reason in _REFUSED_FLAGS:
         if getattr(args, name, False):
             raise ValueError(f"CoMERATrainer does not support args.{name}=True: {reason}")
+    if args.fp16 and args.device.type == "cpu":
+        raise ValueError(
+            "CoMERATrainer does not support args.fp16=True on the CPU: accelerate runs neither fp16 autocast "
+            "nor a loss scaler there, so the run would be fp32 without a word; use bf16=True (CPU autocast)"
+        )
+    if getattr(args, "optim_target_modules", None) is not None:
+        raise ValueError(
+            f"CoMERATrainer does not support args.optim_target_modules={args.optim_target_modules!r}: it "
+            "names the layers of an optimizer that builds its own parameter groups (GaLore, APOLLO ...), "
+            "and CoMERATrainer builds CoMERA's"
+        )
 
 
 def _check_optimizer(args: TrainingArguments, prune_at: tuple[str, ...]) -> None:
-    """``ValueError`` when the run prunes and ``args.optim`` keeps state a prune cannot slice."""
+    """``ValueError`` when the run prunes and ``args.optim`` keeps state a prune cannot slice, or when
+    ``args.optim_args`` holds a key that ``transformers`` would drop for a ``torch.optim`` optimizer."""
     optim = getattr(args.optim, "value", args.optim)
     if prune_at and optim not in PRUNABLE_OPTIMIZERS:
         raise ValueError(
@@ -159,6 +199,16 @@ def _check_optimizer(args: TrainingArguments, prune_at: tuple[str, ...]) -> None
             f"{prune_at!r}): a prune slices only optimizer state shaped like the parameter; use one of "
             f"{PRUNABLE_OPTIMIZERS} or CoMERASettings(prune_at=())"
         )
+    taken = _IGNORED_OPTIM_ARGS.get(optim)
+    if taken is not None and args.optim_args:
+        for pair in args.optim_args.replace(" ", "").split(","):
+            key = pair.split("=", 1)[0]
+            if key not in taken:
+                raise ValueError(
+                    f"CoMERATrainer does not support {key!r} in args.optim_args with args.optim={optim!r}: "
+                    f"transformers passes only {taken or 'no key'} to that optimizer and would drop it; set "
+                    "it through optimizer_cls_and_kwargs"
+                )
 
 
 class CoMERATrainer(Trainer):
@@ -240,7 +290,9 @@ class CoMERATrainer(Trainer):
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         """The optimizer on CoMERA's parameter groups: the class and keyword arguments given to the
         constructor as ``optimizer_cls_and_kwargs``, else those of ``args.optim`` (with its betas, epsilon,
-        fused ...); an optimizer passed through ``optimizers=`` is kept as it is.
+        fused ...); an optimizer passed through ``optimizers=`` is kept as it is. One of
+        :data:`FOREACH_OPTIMIZERS` whose keyword arguments choose neither ``fused`` nor ``foreach`` gets
+        ``foreach=True``.
 
         Raises:
             ValueError: the optimizer builds its own parameter groups (GaLore, LOMO, layer-wise ...) or is not
@@ -266,6 +318,8 @@ class CoMERATrainer(Trainer):
             groups = self.objective.param_groups(
                 lr=self.args.learning_rate, weight_decay=self.args.weight_decay
             )
+            if optimizer_cls in FOREACH_OPTIMIZERS and not {"fused", "foreach"} & set(optimizer_kwargs):
+                optimizer_kwargs = {**optimizer_kwargs, "foreach": True}
             self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
         return self.optimizer
 
@@ -430,9 +484,10 @@ class CoMERATrainer(Trainer):
         self.comera_callback.load_state_dict(state["schedule"])
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Write :func:`comera.save_pretrained`'s files, the model's ``config.json`` and the processing class
-        into ``output_dir`` (``transformers.Trainer.save_model`` and every checkpoint call this; the unwrapped
-        model's own state is saved, so ``state_dict`` is not used)."""
+        """Write :func:`comera.save_pretrained`'s files, the model's ``config.json`` (with ``architectures``,
+        the model's class, as ``transformers`` records it), its ``generation_config.json`` (a model that
+        generates) and the processing class into ``output_dir`` (``transformers.Trainer.save_model`` and every
+        checkpoint call this; the unwrapped model's own state is saved, so ``state_dict`` is not used)."""
         if not self.args.should_save:
             return
         folder = Path(self.args.output_dir if output_dir is None else output_dir)
@@ -440,6 +495,10 @@ class CoMERATrainer(Trainer):
         save_pretrained(model, folder)
         config = getattr(model, "config", None)
         if config is not None and hasattr(config, "save_pretrained"):
+            config.architectures = [type(model).__name__]  # what transformers' save_pretrained records
             config.save_pretrained(folder)
+        generation = getattr(model, "generation_config", None)
+        if generation is not None and hasattr(generation, "save_pretrained"):
+            generation.save_pretrained(folder)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(folder)

@@ -11,7 +11,7 @@ Documents:
 - ``--data`` a folder (or one file) of ``.txt`` files (one document each) and ``.jsonl`` / ``.jsonl.gz``
   files (one document per line, its ``text`` field), e.g. C4's shards;
 - ``--data`` a dataset written by ``datasets.save_to_disk`` (a ``Dataset`` or a ``DatasetDict``, a ``text``
-  column): needs the ``datasets`` package, which comera does not install.
+  column): needs the ``datasets`` package (``pip install 'comera[examples]'``).
 
 Split: by document key (:func:`comera.data.sources.split_of`): a source file, a topic, a ``.txt`` file is one
 key, so no file is in both splits; a JSON line's key is ``file:line`` (C4's records are independent
