@@ -14,7 +14,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.installed-dev: $(BIN)/python pyproject.toml constraints.txt
-	$(PIP) -e ".[dev,hf,bench,baselines,examples]"
+	$(PIP) -e ".[dev,hf,bench,baselines,examples,zstd]"
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed

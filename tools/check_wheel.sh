@@ -6,7 +6,7 @@
 #   3. a fresh virtual environment with the wheel installed (through constraints.txt, so torch is the pinned
 #      CPU build; --no-compile: no .pyc for torch's ~15,000 files, slow to write and to delete), pip check, then `import comera`, a TT layer's forward and `comera --help`, run outside the
 #      checkout with PYTHONPATH unset, so that nothing is read from src/.
-# --extras: also, for each optional extra (hf, baselines, bench, parquet, examples, dev), a fresh virtual
+# --extras: also, for each optional extra (hf, baselines, bench, parquet, examples, zstd, dev), a fresh virtual
 # environment with comera[EXTRA] installed from the wheel and the modules that extra is for imported. Each one
 # installs torch again: a few minutes in all, so not part of the default check.
 #
@@ -140,6 +140,7 @@ require_package('apollo_torch', 'apollo-torch', 'apollo')"
     check_extra bench "import psutil, comera.bench"
     check_extra parquet "import pyarrow.parquet, comera.data.corpus"
     check_extra examples "import datasets, comera"
+    check_extra zstd "import zstandard, comera.data.files"
     check_extra dev "import build, hypothesis, pytest, scipy, sklearn, twine, comera
 import subprocess, sys
 subprocess.run([sys.executable, '-m', 'ruff', '--version'], check=True)"

@@ -1,5 +1,5 @@
-"""Reading data files (comera.data.files): archives named by format, gzip errors naming the file, UTF-8 errors
-placed by line and column."""
+"""Reading data files (comera.data.files): archives named by format, gzip and zstd read by content and their
+errors naming the file, UTF-8 errors placed by line and column."""
 
 import bz2
 import gzip
@@ -11,9 +11,12 @@ import zipfile
 
 import pytest
 
+from comera.data import files
+from comera.data.corpus import SkipLog, corpus_files, read_corpus
 from comera.data.files import numbered_lines, open_data, utf8_text
 from comera.data.sources import read_code
 
+_BOM = b"\xef\xbb\xbf"
 _RECORD = b'{"code": "def f(x):\\n    return x\\n"}\n'
 
 
@@ -33,14 +36,13 @@ def _zip(member: bytes) -> bytes:
     return buffer.getvalue()
 
 
-# The zstd frame magic number is 0xFD2FB528, written little-endian (RFC 8878, section 3.1.1); the rest of a
-# frame does not matter to the check.
-_ZSTD = b"\x28\xb5\x2f\xfd" + bytes(40)
+# The zstd frame magic number is 0xFD2FB528, written little-endian (RFC 8878, section 3.1.1), followed here by
+# bytes that are no frame.
+_ZSTD_GARBAGE = b"\x28\xb5\x2f\xfd" + bytes(40)
 
 ARCHIVES = {
     "bzip2-compressed": bz2.compress(_RECORD),
     "xz-compressed": lzma.compress(_RECORD, format=lzma.FORMAT_XZ),
-    "zstd-compressed": _ZSTD,
     "a zip archive": _zip(_RECORD),
     "a tar archive": _tar(_RECORD),
 }
@@ -72,6 +74,71 @@ def test_a_file_gzipped_twice_is_named_as_such(tmp_path):
     twice.write_bytes(gzip.compress(gzip.compress(_RECORD)))
     with pytest.raises(ValueError, match=re.escape(f"{twice}: gzip-compressed inside gzip, not a text file")):
         open_data(twice)
+
+
+def _zstd_frames(data: bytes, cuts: tuple[int, ...]) -> bytes:
+    """``data`` compressed as one zstd frame per piece between the ``cuts`` (as ``zstd`` writes a file joined
+    from several, or a streaming writer flushes)."""
+    zstandard = pytest.importorskip("zstandard")
+    bounds = [0, *cuts, len(data)]
+    compressor = zstandard.ZstdCompressor()
+    return b"".join(compressor.compress(data[start:end]) for start, end in zip(bounds, bounds[1:]))
+
+
+@pytest.mark.parametrize("cuts", [(), (1,), (7, 4000, 4001)])
+def test_a_zstd_file_reads_as_the_text_it_holds_frame_after_frame(tmp_path, cuts):
+    """A zstd file of one or several frames gives the bytes compressed into it (a leading byte-order mark
+    skipped, as for a plain file), whatever its name, and the same JSON-lines documents as the plain file."""
+    text = "".join(f'{{"text": "document {i} \u00e9"}}\n' for i in range(400)).encode()
+    packed = tmp_path / "zst" / "shard.jsonl.zst"
+    packed.parent.mkdir()
+    packed.write_bytes(_zstd_frames(_BOM + text, cuts))
+    with open_data(packed) as handle:
+        assert handle.read() == text
+    misnamed = tmp_path / "misnamed.jsonl"
+    misnamed.write_bytes(packed.read_bytes())
+    with open_data(misnamed) as handle:
+        assert handle.read() == text
+    plain = tmp_path / "plain" / "shard.jsonl"
+    plain.parent.mkdir()
+    plain.write_bytes(text)
+    read = [d.text for d in read_corpus(packed.parent, corpus_files(packed.parent), SkipLog())]
+    assert read == [d.text for d in read_corpus(plain.parent, corpus_files(plain.parent), SkipLog())]
+    assert len(read) == 400
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not a frame"])
+def test_a_truncated_or_corrupt_zstd_file_is_named_not_read_short(tmp_path, damage):
+    """zstandard's own reader stops at a cut frame without a word; comera's names the file instead of
+    returning the documents before the cut."""
+    text = b'{"text": "a line of the corpus"}\n' * 2000
+    whole = _zstd_frames(text, ())
+    path = tmp_path / "cut.jsonl.zst"
+    path.write_bytes(whole[: len(whole) // 2] if damage == "truncated" else _ZSTD_GARBAGE)
+    with pytest.raises(ValueError, match=re.escape(f"{path}: the compressed data is truncated or corrupt")):
+        list(numbered_lines(open_data(path), path))
+
+
+def test_gzip_and_zstd_inside_each_other_are_named(tmp_path):
+    """A file compressed twice is named with both formats, not read as text whose first line is binary."""
+    zstd_in_gzip = tmp_path / "a.jsonl.gz"
+    zstd_in_gzip.write_bytes(gzip.compress(_zstd_frames(_RECORD, ())))
+    with pytest.raises(ValueError, match=re.escape(f"{zstd_in_gzip}: zstd-compressed inside gzip, not")):
+        open_data(zstd_in_gzip)
+    gzip_in_zstd = tmp_path / "b.jsonl.zst"
+    gzip_in_zstd.write_bytes(_zstd_frames(gzip.compress(_RECORD), ()))
+    with pytest.raises(ValueError, match=re.escape(f"{gzip_in_zstd}: gzip-compressed inside zstd, not")):
+        open_data(gzip_in_zstd)
+
+
+def test_a_zstd_file_without_zstandard_installed_is_refused_saying_how_to_install_it(tmp_path, monkeypatch):
+    path = tmp_path / "shard.jsonl.zst"
+    path.write_bytes(_zstd_frames(_RECORD, ()))
+    monkeypatch.setattr(files, "zstandard", None)
+    with pytest.raises(
+        ValueError, match=re.escape(f"{path}: zstd-compressed, and zstandard is not installed: ")
+    ):
+        open_data(path)
 
 
 def test_read_code_refuses_a_tar_file_named_jsonl(tmp_path):

@@ -5,7 +5,8 @@ A corpus is a file or a folder of
 - ``.txt`` files (or the endings given as ``whole_files``, ``.py`` for the masked LM): one document each
   (read whole, so a document's size bounds the memory, not the corpus's; a file larger than
   ``max_line_bytes`` is refused naming it, :func:`comera.data.sources.check_whole_file`);
-- ``.jsonl`` / ``.jsonl.gz`` files: one document per line, its ``text`` field
+- ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` files (zstd needs ``zstandard``: ``pip install
+  'comera[zstd]'``): one document per line, its ``text`` field
   (:func:`comera.data.sources.jsonl_documents`; a bad line raises ``ValueError`` naming file and line, or is
   skipped and recorded with ``skip_bad_lines``);
 - ``.parquet`` files: one document per row of the ``text`` column, read a row group at a time; needs
@@ -99,7 +100,7 @@ def corpus_files(root: str | Path, whole_files: tuple[str, ...] = WHOLE_FILES) -
     root = check_data_path(root)
     files = source_files(root, (*whole_files, ".parquet"))
     if not files:
-        endings = ", ".join([*whole_files, ".jsonl", ".jsonl.gz", ".parquet"])
+        endings = ", ".join([*whole_files, *JSONL_SUFFIXES, ".parquet"])
         raise ValueError(f"--data {root}: no {endings} file found; give one such file or a folder of them")
     return files
 

@@ -1,10 +1,11 @@
-"""Reading data files: gzip decompressed by content, other archives named, and errors that name the file.
+"""Reading data files: gzip and zstd decompressed by content, other archives named, errors naming the file.
 
-:func:`open_data` opens a file for reading bytes; a gzip file (recognised by its first bytes, whatever its
-name) is decompressed on the fly. A bzip2, xz, zip, zstd or tar file raises ``ValueError`` naming the format,
-instead of being parsed as text. :func:`reading` turns a truncated or corrupt compressed stream into a
-``ValueError`` naming the file (:func:`numbered_lines` reads lines so); :func:`utf8_text` and
-:func:`utf8_problem` describe bytes that are not UTF-8 by line, column and byte value.
+:func:`open_data` opens a file for reading bytes; a gzip or zstd file (recognised by its first bytes, whatever
+its name) is decompressed on the fly, zstd through the ``zstandard`` package (``pip install 'comera[zstd]'``).
+A bzip2, xz, zip or tar file raises ``ValueError`` naming the format, instead of being parsed as text.
+:func:`reading` turns a truncated or corrupt compressed stream into a ``ValueError`` naming the file
+(:func:`numbered_lines` reads lines so); :func:`utf8_text` and :func:`utf8_problem` describe bytes that are
+not UTF-8 by line, column and byte value.
 
 A UTF-8 byte-order mark at the start of a text (as Windows Notepad writes one) is not part of its first line:
 :func:`open_data` skips it and :func:`utf8_text` and :func:`without_bom` drop it.
@@ -15,15 +16,23 @@ from __future__ import annotations
 import codecs
 import errno
 import gzip
+import io
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+try:
+    import zstandard
+except ImportError:
+    zstandard = None
+
 __all__ = [
     "GZIP_MAGIC",
+    "ZSTD_EXTRA",
+    "ZSTD_MAGIC",
     "check_data_path",
     "check_regular_file",
     "open_data",
@@ -36,12 +45,18 @@ __all__ = [
 
 GZIP_MAGIC = b"\x1f\x8b"
 """The first two bytes of a gzip file."""
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+"""The first four bytes of a zstd frame."""
+ZSTD_EXTRA = "pip install 'comera[zstd]' (or pip install zstandard)"
+"""How to get the package that decompresses zstd files."""
 _UNSUPPORTED = {
     b"BZh": "bzip2-compressed",
     b"\xfd7zXZ\x00": "xz-compressed",
-    b"\x28\xb5\x2f\xfd": "zstd-compressed",
     b"PK\x03\x04": "a zip archive",
 }
+_STREAM_ERRORS: tuple[type[Exception], ...] = (EOFError, zlib.error) + (
+    (zstandard.ZstdError,) if zstandard is not None else ()
+)
 _TAR_MAGIC, _TAR_MAGIC_AT = b"ustar", 257
 _BOM = codecs.BOM_UTF8
 
@@ -100,36 +115,97 @@ def check_regular_file(path: str | os.PathLike) -> None:
 
 
 def open_data(path: str | os.PathLike) -> BinaryIO:
-    """``path`` opened for reading bytes, decompressed when it is gzip, past a leading UTF-8 byte-order mark.
+    """``path`` opened for reading bytes, decompressed when it is gzip or zstd, past a leading UTF-8
+    byte-order mark.
 
     Raises:
-        ValueError: the file (or the gzip file's content) is a bzip2, xz, zip, zstd or tar archive, the
-            message naming the format and the file; it is not a regular file (:func:`check_regular_file`);
-            or it cannot be opened (no permission), the message naming the file and the reason.
+        ValueError: the file (or the compressed file's content) is a bzip2, xz, zip or tar archive, the
+            message naming the format and the file; it is zstd and ``zstandard`` is not installed (the
+            message says how to install it); it is not a regular file (:func:`check_regular_file`); or it
+            cannot be opened (no permission), the message naming the file and the reason.
     """
     path = Path(path)
     check_regular_file(path)
     try:
         with open(path, "rb") as probe:
-            compressed = probe.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+            first = probe.read(len(ZSTD_MAGIC))
     except (PermissionError, IsADirectoryError) as error:
         raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
-    handle: BinaryIO = gzip.open(path, "rb") if compressed else open(path, "rb")  # noqa: SIM115
+    opener, compression = _decompressing_opener(path, first)
+    handle = opener()
     try:
         with reading(path):
             head = handle.read(_TAR_MAGIC_AT + len(_TAR_MAGIC))
-            handle.seek(len(_BOM) if head.startswith(_BOM) else 0)
-    except BaseException:
+    finally:
         handle.close()
-        raise
     found = _format_of(head)
-    if compressed and head.startswith(GZIP_MAGIC):
+    if compression and head.startswith(GZIP_MAGIC):
         found = "gzip-compressed"
+    elif compression and head.startswith(ZSTD_MAGIC):
+        found = "zstd-compressed"
     if found is not None:
-        handle.close()
-        inside = " inside gzip" if compressed else ""
+        inside = f" inside {compression}" if compression else ""
         raise ValueError(f"{path}: {found}{inside}, not a text file; extract or decompress it first")
+    handle = opener()
+    if head.startswith(_BOM):
+        handle.read(len(_BOM))
     return handle
+
+
+def _decompressing_opener(path: Path, first: bytes) -> tuple[Callable[[], BinaryIO], str]:
+    """A function opening ``path`` for reading its (decompressed) bytes, and the compression's name ("" for
+    none), chosen by the file's ``first`` bytes."""
+    if first.startswith(GZIP_MAGIC):
+        return (lambda: gzip.open(path, "rb")), "gzip"  # type: ignore[return-value]
+    if first.startswith(ZSTD_MAGIC):
+        if zstandard is None:
+            raise ValueError(f"{path}: zstd-compressed, and zstandard is not installed: {ZSTD_EXTRA}")
+        return (lambda: io.BufferedReader(_ZstdFrames(path))), "zstd"
+    return (lambda: open(path, "rb")), ""  # noqa: SIM115
+
+
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of the zstd file at ``path``, frame after frame; input that ends inside a frame
+    raises ``EOFError`` (``zstandard``'s own reader returns what it has and stops without a word)."""
+
+    _CHUNK = 1 << 16
+
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "rb")  # noqa: SIM115
+        self._decompressor = zstandard.ZstdDecompressor()
+        self._frame = self._decompressor.decompressobj()
+        self._inside_frame = False
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def, override]
+        while not self._pending:
+            chunk = self._file.read(self._CHUNK)
+            if not chunk:
+                if self._inside_frame:
+                    raise EOFError("the zstd data ends inside a frame")
+                return 0
+            self._pending = self._decompress(chunk)
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def _decompress(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            out.append(self._frame.decompress(data))
+            self._inside_frame = not self._frame.eof
+            data = self._frame.unused_data if self._frame.eof else b""
+            if self._frame.eof:
+                self._frame = self._decompressor.decompressobj()
+        return b"".join(out)
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
 
 
 @contextmanager
@@ -148,7 +224,7 @@ def reading(path: str | os.PathLike, where: str = "") -> Iterator[None]:
                 "warning) and pass the text file"
             ) from None
         raise _damaged(path, where, error) from None
-    except (EOFError, zlib.error) as error:
+    except _STREAM_ERRORS as error:
         raise _damaged(path, where, error) from None
 
 

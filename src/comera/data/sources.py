@@ -4,12 +4,12 @@ library, and their deterministic train/validation split: the corpus layer any la
 
 Sources (:func:`read_code`):
 
-- CodeSearchNet-style ``*.jsonl`` / ``*.jsonl.gz`` files, one JSON object per line whose ``code`` (else
-  ``original_string``; other names with ``text_fields``, e.g. C4's ``text``) field holds the text; a line
-  that is not such an object, or that is longer than ``max_line_bytes`` (default :data:`MAX_LINE_BYTES`),
-  raises ``ValueError`` naming file and line, or is skipped and counted with ``skip_bad_lines=True`` (a long
-  line is never held whole in memory); a truncated or corrupt gzip file raises ``ValueError`` naming it and
-  the last line read;
+- CodeSearchNet-style ``*.jsonl`` / ``*.jsonl.gz`` / ``*.jsonl.zst`` files, one JSON object per line whose
+  ``code`` (else ``original_string``; other names with ``text_fields``, e.g. C4's ``text``) field holds the
+  text; a line that is not such an object, or that is longer than ``max_line_bytes`` (default
+  :data:`MAX_LINE_BYTES`), raises ``ValueError`` naming file and line, or is skipped and counted with
+  ``skip_bad_lines=True`` (a long line is never held whole in memory); a truncated or corrupt gzip or zstd
+  file raises ``ValueError`` naming it and the last line read;
 - any folder of source files selected by extension (``.py`` by default), read as UTF-8 (a leading byte-order
   mark dropped, as in a JSON-lines file); a file that is not valid UTF-8, or that cannot be read (a symbolic
   link to itself, no permission), is skipped and counted; a file larger than ``max_line_bytes`` raises
@@ -62,8 +62,9 @@ __all__ = [
 
 DEFAULT_EXTENSIONS = (".py",)
 TEXT_FIELDS = ("code", "original_string")
-JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
-"""The names of JSON-lines files (plain or gzip; gzip is found by content whatever the name)."""
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+"""The names of JSON-lines files (plain, gzip or zstd; the compression is found by content whatever the
+name)."""
 MAX_LINE_BYTES = 8 * 2**20
 """The longest document read (8 MiB): a JSON line (its end of line included) or a file read whole. A document
 of millions of tokens is no training text, and one such document cost minutes and gigabytes to tokenize (a

@@ -8,8 +8,8 @@ Documents:
   topics (``pydoc_data.topics.topics``, one document per topic, key ``pydoc_data/topics/NAME``), which every
   machine has. ``max_bytes`` caps the sources read (a fixed pseudo-random sample of files); the topics
   (about 0.47 MB) are always read;
-- ``--data`` a folder (or one file) of ``.txt`` files (one document each) and ``.jsonl`` / ``.jsonl.gz``
-  files (one document per line, its ``text`` field), e.g. C4's shards;
+- ``--data`` a folder (or one file) of ``.txt`` files (one document each) and ``.jsonl`` / ``.jsonl.gz`` /
+  ``.jsonl.zst`` files (one document per line, its ``text`` field), e.g. C4's shards;
 - ``--data`` a dataset written by ``datasets.save_to_disk`` (a ``Dataset`` or a ``DatasetDict``, a ``text``
   column): needs the ``datasets`` package (``pip install 'comera[examples]'``).
 
