@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("recipes", "data", "models", "metrics", "measure", "integrations"),
     ("workloads",),
     ("bench",),
-    ("commands", "cli"),
+    ("cli",),
     ("__main__",),
 )
 """Layers from the bottom up; a file may import its own layer and those below."""

@@ -329,7 +329,7 @@ def test_plot_compare_refuses_an_unknown_axis_and_missing_inputs_naming_the_run(
 def test_a_ctrl_c_that_escapes_a_command_ends_it_with_130_and_no_traceback(monkeypatch):
     """A second Ctrl-C while a command reports the first (or while what it stopped unwinds) reaches the
     ``comera`` entry point: status 130, as for the first, instead of a traceback."""
-    import comera.commands.train as train_command
+    import comera.cli.commands.train as train_command
 
     def interrupted_twice(argv):
         raise KeyboardInterrupt
@@ -344,7 +344,7 @@ def test_a_ctrl_c_that_escapes_a_command_ends_it_with_130_and_no_traceback(monke
 
 @pytest.mark.parametrize(("rank", "printed"), [(None, True), ("0", True), ("1", False)])
 def test_a_warning_is_printed_once_under_torchrun(monkeypatch, capsys, rank, printed):
-    from comera.commands.train import _show_warning
+    from comera.cli.commands.train import _show_warning
 
     if rank is None:
         monkeypatch.delenv("RANK", raising=False)

@@ -386,8 +386,8 @@ def test_a_process_that_loses_a_peer_of_an_interrupted_launch_stops_as_interrupt
     """Rank 0 of a Ctrl-C'd launch whose collective call fails because rank 1 stopped first (its own SIGINT
     still on the way) prints the interrupted line and records 130, not "another process stopped"; without a
     Ctrl-C the lost peer is reported as such, status 1."""
+    import comera.cli.commands.train as train_command
     import comera.cli.launch as launcher
-    import comera.commands.train as train_command
     from comera.train.parallel import RankLostError
 
     folder = tmp_path / "status"

@@ -10,8 +10,8 @@ import sys
 import pytest
 import toy  # noqa: F401  (registers the toy recipe)
 
-from comera.commands import compare as compare_module
-from comera.commands.compare import compare, format_markdown, method_assignments
+from comera.cli.commands import compare as compare_module
+from comera.cli.commands.compare import compare, format_markdown, method_assignments
 from comera.recipes.run import SetupError
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from comera.commands import demo
-from comera.commands.compare import MethodRun
+from comera.cli.commands import demo
+from comera.cli.commands.compare import MethodRun
 
 SOURCE = Path(demo.__file__).parents[2]
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from comera import load_pretrained
-from comera.commands.frontier import dense_width_settings, frontier, main, non_embedding_parameters
-from comera.commands.frontier_report import lower_envelope
+from comera.cli.commands.frontier import dense_width_settings, frontier, main, non_embedding_parameters
+from comera.cli.commands.frontier_report import lower_envelope
 from comera.recipes.run import SetupError
 from comera.workloads.llm.model import LlamaLM
 

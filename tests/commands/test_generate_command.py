@@ -13,8 +13,8 @@ from torch import nn
 
 import comera
 from comera.cli import main
-from comera.commands import generate as generate_module
-from comera.commands.generate import EOS_TOKEN, end_token_id
+from comera.cli.commands import generate as generate_module
+from comera.cli.commands.generate import EOS_TOKEN, end_token_id
 from comera.data.bpe import SPECIAL_TOKENS, train_tokenizer
 from comera.workloads.llm.model import LlamaLM
 from comera.workloads.llm.presets import llm_tensorize_config

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from comera.commands.numbers import milliseconds, number, times
+from comera.cli.commands.numbers import milliseconds, number, times
 
 
 @pytest.mark.parametrize(
@@ -49,8 +49,8 @@ def test_times_writes_a_ratio_or_says_why_there_is_none(value, digits, text):
 
 
 def test_the_summary_and_the_table_write_a_nan_metric_alike(tmp_path):
-    from comera.commands.compare import MethodRun, format_markdown
-    from comera.commands.train import summary
+    from comera.cli.commands.compare import MethodRun, format_markdown
+    from comera.cli.commands.train import summary
 
     results = {
         "recipe": "toy",
@@ -89,7 +89,7 @@ def _results(data):
 
 
 def test_the_summary_says_what_the_data_reader_skipped_and_nothing_when_it_skipped_nothing():
-    from comera.commands.train import summary
+    from comera.cli.commands.train import summary
 
     splits = {
         "train": {"read": 19, "skipped": 0, "skipped_not_utf8": 0, "skipped_empty": 0},
@@ -111,7 +111,7 @@ def test_the_summary_says_what_the_data_reader_skipped_and_nothing_when_it_skipp
 def test_the_comparison_note_judges_a_plateau_only_on_a_long_enough_run(tmp_path, steps, note):
     """A flat validation loss over a 6-step smoke run is "too short to judge a plateau", not "plateau"; the
     same flat loss over five evaluations to step 500 is a plateau."""
-    from comera.commands.compare import MethodRun, format_markdown
+    from comera.cli.commands.compare import MethodRun, format_markdown
 
     lines = [
         {"kind": "eval", "step": step, "split": "validation", "metrics": {"loss": 2.0}} for step in steps

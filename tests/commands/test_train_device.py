@@ -7,7 +7,7 @@ import pytest
 import torch
 import toy
 
-from comera.commands.train import main
+from comera.cli.commands.train import main
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import toy
 
-from comera.commands.train import main
+from comera.cli.commands.train import main
 
 
 @pytest.fixture
@@ -202,7 +202,7 @@ def test_nproc_processes_get_only_the_copy_of_a_config_stream(tmp_path, monkeypa
     copy alone (a process reading the pipe again would wait for a writer forever)."""
     import threading
 
-    import comera.commands.train as train_command
+    import comera.cli.commands.train as train_command
 
     fifo = tmp_path / "settings.fifo"
     os.mkfifo(fifo)
@@ -442,7 +442,7 @@ def test_a_run_folder_path_without_room_for_its_files_is_refused_in_one_line(
 def _parse_only(command):
     """Parse ``command`` with the parser its ``comera`` command uses, without running anything (so that a
     missing check cannot start a run in ``/``)."""
-    from comera.commands import compare, demo, train
+    from comera.cli.commands import compare, demo, train
 
     name, *arguments = command
     if name == "train":

@@ -10,7 +10,7 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from comera.commands.train import main
+from comera.cli.commands.train import main
 
 SETTINGS = [
     "train.early=60",
@@ -22,7 +22,16 @@ SETTINGS = [
 
 
 def _command(out, cache, *extra):
-    command = [sys.executable, "-m", "comera.commands.train", "nli", "--preset", "smoke", "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "comera.cli.commands.train",
+        "nli",
+        "--preset",
+        "smoke",
+        "--out",
+        str(out),
+    ]
     command += ["--cache", str(cache), "--no-progress"]
     for assignment in SETTINGS:
         command += ["--set", assignment]

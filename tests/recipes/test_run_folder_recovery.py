@@ -10,7 +10,7 @@ import toy
 from safetensors.torch import load_file
 
 import comera
-from comera.commands.train import main
+from comera.cli.commands.train import main
 from comera.recipes.run import SetupError, run, strict_json
 from comera.train import read_metrics
 

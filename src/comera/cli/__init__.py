@@ -1,5 +1,6 @@
-"""The ``comera`` command and the handling of its processes (Ctrl-C, ``--nproc`` launches, output whose
-reader left); only the entry points use it, and nothing below :mod:`comera.commands` imports it."""
+"""The ``comera`` command: its subcommands (:mod:`comera.cli.commands`) and the handling of their processes
+(Ctrl-C, ``--nproc`` launches, output whose reader left); only the entry points use it, and no library module
+imports it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The ``comera`` command: ``demo``, ``prepare``, ``train``, ``compare``, ``frontier``, ``generate``,
-``bench``, ``report``, ``plot``; each hands over to its module in :mod:`comera.commands` (``demo`` and
+``bench``, ``report``, ``plot``; each hands over to its module in :mod:`comera.cli.commands` (``demo`` and
 ``bench`` in a fresh Python process)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 from comera.bench import BENCHMARKS
 from comera.cli.child import INTERRUPTED, interrupt_handled, module_command, run_child
+from comera.cli.commands.paths import path_argument, run_folder_argument
 from comera.cli.startup import interrupts_raise
-from comera.commands.paths import path_argument, run_folder_argument
 
 __all__ = ["main"]
 
@@ -144,25 +144,25 @@ def _command(argv: list[str]) -> int:
             print("comera plot: interrupted", file=sys.stderr)
             return INTERRUPTED
     if args.command == "prepare":
-        from comera.commands.prepare import main as prepare
+        from comera.cli.commands.prepare import main as prepare
 
         return prepare(rest)
     if args.command == "train":
-        from comera.commands.train import main as train
+        from comera.cli.commands.train import main as train
 
         return train(rest)
     if args.command == "compare":
-        from comera.commands.compare import main as compare
+        from comera.cli.commands.compare import main as compare
 
         return compare(rest)
     if args.command == "frontier":
-        from comera.commands.frontier import main as frontier
+        from comera.cli.commands.frontier import main as frontier
 
         return frontier(rest)
     if args.command == "generate":
-        from comera.commands.generate import main as generate
+        from comera.cli.commands.generate import main as generate
 
         return generate(rest)
     if args.command == "demo":
-        return _run_module("comera.commands.demo", rest)
+        return _run_module("comera.cli.commands.demo", rest)
     return _run_module(BENCHMARKS[args.name], rest)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from comera.commands.compare import compare
+from comera.cli.commands.compare import compare
 
 
 def _rows(markdown: str) -> dict[str, dict[str, str]]:

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from comera.commands.paths import path_argument
+from comera.cli.commands.paths import path_argument
 
 __all__ = ["MAX_STREAM_BYTES", "config_argument"]
 

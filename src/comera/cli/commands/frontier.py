@@ -1,7 +1,7 @@
 """``comera frontier llm``: the memory-perplexity frontier of dense and comera language models.
 
 Every point is one ``comera train llm`` run in a fresh process, all on the same preset, data and tokens
-(through :func:`comera.commands.compare.compare`, so finished points are reused and an interrupted one
+(through :func:`comera.cli.commands.compare.compare`, so finished points are reused and an interrupted one
 resumes):
 
 1. **The sweep.** A dense model at each width of ``--dense-widths`` (the preset's depth and heads, its MLP
@@ -34,11 +34,11 @@ from typing import Any
 import torch
 
 from comera.cli.child import INTERRUPTED
+from comera.cli.commands.compare import MethodRun, compare
+from comera.cli.commands.frontier_report import write_frontier
+from comera.cli.commands.paths import run_folder_argument
+from comera.cli.commands.train import add_setting_arguments
 from comera.cli.startup import interrupts_raise
-from comera.commands.compare import MethodRun, compare
-from comera.commands.frontier_report import write_frontier
-from comera.commands.paths import run_folder_argument
-from comera.commands.train import add_setting_arguments
 from comera.recipes.run import SetupError, run_header
 from comera.workloads import load_recipe
 

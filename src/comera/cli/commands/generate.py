@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from comera.commands.paths import path_argument
+from comera.cli.commands.paths import path_argument
 from comera.data.bpe import SPECIAL_TOKENS
 from comera.data.special_tokens import CONVENTIONAL_NAMES
 from comera.data.tokenize import tokenizer_digest

@@ -41,10 +41,10 @@ from typing import Any
 
 from comera.atomic import atomic_write_bytes
 from comera.cli.child import INTERRUPTED, module_command, run_child
+from comera.cli.commands.numbers import number, times
+from comera.cli.commands.paths import run_folder_argument
+from comera.cli.commands.train import add_setting_arguments
 from comera.cli.startup import interrupts_raise
-from comera.commands.numbers import number, times
-from comera.commands.paths import run_folder_argument
-from comera.commands.train import add_setting_arguments
 from comera.methods import get_method, method_names
 from comera.recipes.folders import missing_folders, remove_empty_folders, writable_folder
 from comera.recipes.run import (
@@ -146,7 +146,7 @@ def _check_packages(method: str) -> None:
 
 def _subprocess_runner(arguments: dict[str, Any]) -> None:
     bar = "--progress" if arguments.get("progress") else "--no-progress"
-    command = module_command("comera.commands.train", [*_command_arguments(arguments), bar])
+    command = module_command("comera.cli.commands.train", [*_command_arguments(arguments), bar])
     code = run_child(command)
     if code == INTERRUPTED:  # stopped by a Ctrl-C that reached the run alone: the comparison stops too
         raise KeyboardInterrupt

@@ -1,10 +1,10 @@
 """``comera demo``: the sentence-pair workload trained dense and with CoMERA, side by side, at two sizes.
 
 Accuracy: both runs go through ``comera compare nli --methods dense comera --rerun``
-(:mod:`comera.commands.compare`): the same recipe (``comera train nli --preset small``) and the same Trainer,
-each in a fresh process: the dense model, and the CoMERA model (tensorized by the ``nli-small`` preset,
-early stage, late stage toward a smaller size, pruned). The data is the embedded task (a docstring paired
-with a function's code from this Python's standard library: does it match?).
+(:mod:`comera.cli.commands.compare`): the same recipe (``comera train nli --preset small``) and the same
+Trainer, each in a fresh process: the dense model, and the CoMERA model (tensorized by the ``nli-small``
+preset, early stage, late stage toward a smaller size, pruned). The data is the embedded task (a docstring
+paired with a function's code from this Python's standard library: does it match?).
 
 Speed and memory: at the small size the model is too small for them to show, so they are measured on the
 paper's model (``--speed-preset``, default ``paper``: width 768, six encoders) by the transformer case of
@@ -37,9 +37,9 @@ from typing import Any
 
 from comera.bench.paper import run_fresh_case
 from comera.cli.child import INTERRUPTED
+from comera.cli.commands.compare import compare
+from comera.cli.commands.paths import run_folder_argument
 from comera.cli.startup import interrupts_raise
-from comera.commands.compare import compare
-from comera.commands.paths import run_folder_argument
 from comera.recipes.run import SetupError, default_cache_dir
 from comera.recipes.settings import add_set_argument
 from comera.workloads import load_recipe

@@ -19,6 +19,9 @@ from pathlib import Path
 import torch
 
 from comera.cli.child import interrupt_handled
+from comera.cli.commands.config_file import config_argument
+from comera.cli.commands.numbers import milliseconds, number, times
+from comera.cli.commands.paths import path_argument, run_folder_argument
 from comera.cli.launch import (
     INTERRUPTED,
     launch,
@@ -30,9 +33,6 @@ from comera.cli.launch import (
     worker_status,
 )
 from comera.cli.startup import interrupts_ignored, interrupts_raise
-from comera.commands.config_file import config_argument
-from comera.commands.numbers import milliseconds, number, times
-from comera.commands.paths import path_argument, run_folder_argument
 from comera.methods import get_method, method_names
 from comera.recipes.run import SetupError, default_run_dir, run
 from comera.recipes.settings import add_set_argument, resolve_settings

@@ -21,8 +21,8 @@ import argparse
 import sys
 from typing import Any
 
-from comera.commands.config_file import config_argument
-from comera.commands.paths import path_argument
+from comera.cli.commands.config_file import config_argument
+from comera.cli.commands.paths import path_argument
 from comera.data.corpus_sample import DEFAULT_SAMPLE_MB
 from comera.data.prepare import DEFAULT_SHARD_TOKENS, PrepareSettings, PrepareSummary, prepare_corpus
 from comera.data.progress import Progress

@@ -1,5 +1,6 @@
 """The frontier's table and plots: validation perplexity against weights + optimizer memory and against
-training time, every point drawn and each method's lower envelope joined (:mod:`comera.commands.frontier`)."""
+training time, every point drawn and each method's lower envelope joined
+(:mod:`comera.cli.commands.frontier`)."""
 
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ def _cell(values: list[float], digits: int) -> str:
 
 
 def frontier_table(points: Sequence[Any]) -> str:
-    """A markdown table of :class:`comera.commands.frontier.FrontierPoint` rows (seeds pooled: mean ± sample
-    std); a point whose runs failed stays as a row that says so."""
+    """A markdown table of :class:`comera.cli.commands.frontier.FrontierPoint` rows (seeds pooled: mean ±
+    sample std); a point whose runs failed stays as a row that says so."""
     lines = [
         "| point | method | role | settings | perplexity | params | non-embedding params "
         "| weights+optimizer MiB | training time s | runs |",
