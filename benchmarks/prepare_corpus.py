@@ -1,6 +1,6 @@
 """Preparing a corpus at scale: ``comera prepare llm`` on a C4-like ``.jsonl.gz`` corpus made on the machine,
 its peak memory and throughput against ``tokenizers``' own ``encode_batch`` ceiling, and the start of
-``comera train llm --data PREPARED`` against a run on the embedded corpus (issue 49's targets).
+``comera train llm --data PREPARED`` against a run on the embedded corpus.
 
     python benchmarks/prepare_corpus.py --gb 2 --work /tmp/corpus-bench [--write docs/benchmarks.md]
 
@@ -268,6 +268,7 @@ def main() -> int:
     parser.add_argument("--skip-train", action="store_true", help="leave out step 4")
     parser.add_argument("--write", type=Path, default=None, help="update this markdown file's section")
     args = parser.parse_args()
+    args.load_at_start = " ".join(f"{load:.2f}" for load in os.getloadavg())
     label = f"{args.gb:g}gb"
     corpus = args.work / f"corpus-{label}"
     out = args.work / f"prepared-{label}"
@@ -353,10 +354,10 @@ def report(args, facts, prepared, rates, starts, index, encode_rate, cores) -> s
             ("the same on the embedded corpus", f"{embedded['peak_rss_mib']:.0f} MiB", ""),
         ]
     lines = [
-        f"## Preparing a {args.gb:g} GB corpus: memory, throughput, training's start (issue 49)",
+        f"## Preparing a {args.gb:g} GB corpus: memory, throughput, training's start",
         "",
-        f"Machine: {_cpu_model()}, {cores} cores (shared with other jobs; the benchmark ran under `nice`). "
-        f"Date {datetime.date.today().isoformat()}, commit {commit.strip()}. Command: `nice python "
+        f"Machine: {_cpu_model()}, {cores} cores (load average {args.load_at_start} at the start). "
+        f"Date {datetime.date.today().isoformat()}, commit {commit.strip()}. Command: `python "
         f"benchmarks/prepare_corpus.py --gb {args.gb:g} --work WORK --ceiling-mb {args.ceiling_mb:g} "
         "--write docs/benchmarks.md`.",
         "",
