@@ -18,7 +18,9 @@ from tokenizers import Tokenizer
 from comera.cli import main
 from comera.data.bpe import special_ids
 from comera.data.prepare import PrepareSettings, prepare_corpus
+from comera.data.shard_check import WRITTEN_RECORD, record_written_shards
 from comera.data.sources import read_code, split_of
+from comera.data.token_shards import read_index
 from comera.workloads.llm import prepared as prepared_module
 from comera.workloads.llm.data import pack_stream
 from comera.workloads.llm.prepared import build_prepared_lm_data
@@ -90,6 +92,28 @@ def test_a_damaged_shard_is_named_and_never_read(prepared, tmp_path, monkeypatch
     with pytest.raises(ValueError, match=r"train-00002.bin holds [\d,]+ bytes, the index records"):
         build_prepared_lm_data(out, cache_dir=cache, seq_len=16)
     assert opened == []
+
+
+def test_the_first_start_after_a_preparation_hashes_no_shard_it_wrote(prepared, tmp_path):
+    """The preparation records the shards it wrote (size, time, inode, SHA-256): a start with an empty cache
+    hashes none of them, and one whose bytes changed since is still hashed and named."""
+    _, clean = prepared
+    assert json.loads((clean / WRITTEN_RECORD).read_text()) == {}  # every shard just written: none settled
+    out = tmp_path / "prepared"
+    out.mkdir()
+    for path in clean.iterdir():
+        (out / path.name).write_bytes(path.read_bytes())
+        os.utime(out / path.name, (time.time() - 60, time.time() - 60))
+    record_written_shards(out, read_index(out))
+    shards = len(list(out.glob("*.bin")))
+    assert len(json.loads((out / WRITTEN_RECORD).read_text())) == shards
+    first = build_prepared_lm_data(out, cache_dir=tmp_path / "cache", seq_len=16)
+    assert first.info["prepared"]["shards_hashed"] == 0
+    damaged = bytearray((out / "validation-00000.bin").read_bytes())
+    damaged[3] ^= 0x01
+    (out / "validation-00000.bin").write_bytes(bytes(damaged))
+    with pytest.raises(ValueError, match=r"validation-00000.bin's SHA-256 differs"):
+        build_prepared_lm_data(out, cache_dir=tmp_path / "other-cache", seq_len=16)
 
 
 def test_an_unfinished_preparation_and_a_tokenizer_file_are_refused(prepared, tmp_path):
