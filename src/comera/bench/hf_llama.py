@@ -31,9 +31,15 @@ between consecutive ``on_step_end`` callbacks, data loading and the Trainer's bo
 (``docs/benchmarks.md``) with the table, the ratios and the targets (comera's training memory at least 3x
 below GaLore's, its step at least 2x faster, through the same ``Trainer``), each reported as met or missed.
 
+``--memory-savers`` also runs every (method, batch) with Hugging Face's ``gradient_checkpointing=True`` and
+the chunked causal-LM loss (:mod:`comera.integrations.hf_loss`, ``--loss-chunk`` tokens per chunk, 256 by
+default): ``adamw`` and ``galore`` through :class:`comera.integrations.hf_loss.ChunkedLossTrainer` (the same
+``Trainer`` with the loss swapped), ``comera`` through ``CoMERATrainer(loss_chunk_size=...)``, the same
+settings for the three; those rows' ratios are against GaLore's with the savers.
+
 Usage: ``comera bench hf_llama [--size 60m] [--batches 1 8] [--methods adamw comera galore] [--steps 5]
-[--warmup 2] [--rounds 1] [--threads N] [--write FILE] [--label WORD] [--note TEXT]``; ``--size tiny`` is the
-smoke size (width 32, 2 layers, 96 tokens, 32-token sequences).
+[--warmup 2] [--rounds 1] [--threads N] [--memory-savers] [--loss-chunk N] [--write FILE] [--label WORD]
+[--note TEXT]``; ``--size tiny`` is the smoke size (width 32, 2 layers, 96 tokens, 32-token sequences).
 """
 
 from __future__ import annotations
@@ -227,12 +233,19 @@ def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
 
 
 def run_case(
-    method: str, batch: int, *, size: str, steps: int, warmup: int, savers: bool = False
+    method: str,
+    batch: int,
+    *,
+    size: str,
+    steps: int,
+    warmup: int,
+    savers: bool = False,
+    loss_chunk: int | None = None,
 ) -> dict[str, Any]:
     """One (method, batch): build, train ``warmup + steps`` optimizer steps through the ``Trainer``, measure
-    (module docstring). ``savers``: with ``gradient_checkpointing=True`` and the chunked loss
-    (``loss_chunk_size=`` :data:`comera.integrations.hf_loss.DEFAULT_CHUNK_SIZE`). Meant for a fresh process:
-    the memory figures are the process's own."""
+    (module docstring). ``savers``: with ``gradient_checkpointing=True`` and the chunked loss of
+    ``loss_chunk`` tokens per chunk (default :data:`comera.integrations.hf_loss.DEFAULT_CHUNK_SIZE`). Meant
+    for a fresh process: the memory figures are the process's own."""
     from transformers import TrainerCallback, TrainingArguments
 
     from comera.integrations.hf_loss import DEFAULT_CHUNK_SIZE, ChunkedLossTrainer
@@ -267,7 +280,7 @@ def run_case(
         gradient_checkpointing=savers,
     )
     model = _build(method, size)
-    chunk = DEFAULT_CHUNK_SIZE if savers else None
+    chunk = (loss_chunk or DEFAULT_CHUNK_SIZE) if savers else None
     common = {"train_dataset": data, "callbacks": [Stamp()], "loss_chunk_size": chunk}
     if method == "comera":
         settings = CoMERASettings(prune_at=(), lr_cores=LEARNING_RATE, lr_gates=LEARNING_RATE)
@@ -301,13 +314,22 @@ def run_case(
 
 
 def run_fresh_case(
-    method: str, batch: int, *, size: str, steps: int, warmup: int, threads: int, savers: bool = False
+    method: str,
+    batch: int,
+    *,
+    size: str,
+    steps: int,
+    warmup: int,
+    threads: int,
+    savers: bool = False,
+    loss_chunk: int | None = None,
 ) -> dict:
     """:func:`run_case` in a new interpreter (its memory its own), with a progress line; a failed case comes
     back as ``{"method", "batch", "savers", "error"}`` (the last line of its stderr)."""
     case = f"{method}:{batch}" + (":savers" if savers else "")
     command = [sys.executable, "-m", "comera.bench.hf_llama", "--case", case, "--size", size]
     command += ["--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads)]
+    command += [] if loss_chunk is None else ["--loss-chunk", str(loss_chunk)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     label = f"{method}{' +savers' if savers else ''}"
     if done.returncode == 0:
@@ -435,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also run every case with gradient_checkpointing=True and the chunked loss",
     )
+    parser.add_argument(
+        "--loss-chunk", type=_positive, help="tokens per chunk of the chunked loss (default 256)"
+    )
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -442,7 +467,13 @@ def main(argv: list[str] | None = None) -> int:
         method, batch, *rest = args.case.split(":")
         savers = rest == ["savers"]
         result = run_case(
-            method, int(batch), size=args.size, steps=args.steps, warmup=args.warmup, savers=savers
+            method,
+            int(batch),
+            size=args.size,
+            steps=args.steps,
+            warmup=args.warmup,
+            savers=savers,
+            loss_chunk=args.loss_chunk,
         )
         print(json.dumps(result))
         return 0
@@ -465,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
                 warmup=args.warmup,
                 threads=args.threads,
                 savers=savers,
+                loss_chunk=args.loss_chunk,
             )
             runs.setdefault((method, batch, savers), []).append(result)
     results = {key: summarise(value) for key, value in runs.items()}
@@ -481,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
             f"comera bench hf_llama --size {args.size} --batches {' '.join(map(str, args.batches))} "
             f"--steps {args.steps} --warmup {args.warmup} --rounds {args.rounds} --threads {args.threads}"
             + (" --memory-savers" if args.memory_savers else "")
+            + (f" --loss-chunk {args.loss_chunk}" if args.loss_chunk else "")
         )
         cpu = machine_description().split(",")[0]
         stamp = f"{datetime.now(timezone.utc):%Y-%m-%d}, commit {commit}, {cpu}, {args.threads} threads"
@@ -488,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             f"## Hugging Face `Trainer`: LlamaForCausalLM {args.size}, AdamW, CoMERATrainer, GaLore "
             f"({stamp})\n\n"
             f"Machine: {machine_description()}. Command: `{command}`. {args.note}\n\n"
-            f"{section_legend(args.size, args.memory_savers)}\n\n{text}\n"
+            f"{section_legend(args.size, args.memory_savers, args.loss_chunk)}\n\n{text}\n"
         )
         update_section(args.write, "hf-llama" + (f"-{args.label}" if args.label else ""), body)
     return 1 if any("error" in result for result in results.values()) else 0
@@ -502,9 +535,11 @@ def source_commit() -> str:
     return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
 
 
-def section_legend(size: str, savers: bool = False) -> str:
+def section_legend(size: str, savers: bool = False, loss_chunk: int | None = None) -> str:
     """What the section's columns mean (the module docstring, shortened)."""
     from comera.integrations.hf_loss import DEFAULT_CHUNK_SIZE
+
+    chunk = loss_chunk or DEFAULT_CHUNK_SIZE
 
     sizes = SIZES[size]
     return (
@@ -526,7 +561,7 @@ def section_legend(size: str, savers: bool = False) -> str:
         "is faster or smaller)."
         + (
             " `memory savers` yes: the same run with `gradient_checkpointing=True` and the chunked causal-LM "
-            f"loss (`loss_chunk_size={DEFAULT_CHUNK_SIZE}`, `comera.integrations.hf_loss`; adamw and galore "
+            f"loss (`loss_chunk_size={chunk}`, `comera.integrations.hf_loss`; adamw and galore "
             "through `ChunkedLossTrainer`, comera through `CoMERATrainer`), the same settings for all three; "
             "activations then count the checkpointed layers' inputs."
             if savers

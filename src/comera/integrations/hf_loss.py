@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -196,8 +196,8 @@ class ChunkedLossMixin:
                 model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
             )
         inner = self.accelerator.unwrap_model(model)  # type: ignore[attr-defined]
-        check_chunkable(inner)
-        with chunked_forward(inner, self.loss_chunk_size, self.accelerator.autocast):  # type: ignore[attr-defined]
+        chunk: int = self.loss_chunk_size  # type: ignore[assignment]  # not None: checked above
+        with chunked_forward(inner, chunk, self.accelerator.autocast):  # type: ignore[attr-defined]
             return super().compute_loss(  # type: ignore[misc]
                 model, inputs, return_outputs=False, num_items_in_batch=num_items_in_batch
             )
@@ -229,6 +229,7 @@ def chunked_forward(
     """
     chunk_size = check_chunk_size(chunk_size)
     check_chunkable(model)
+    base, head = cast(nn.Module, model.base_model), cast(nn.Module, model.lm_head)
 
     def forward(**kwargs: Any) -> CausalLMOutputWithPast:
         labels = kwargs.pop("labels", None)
@@ -236,11 +237,10 @@ def chunked_forward(
         items = kwargs.pop("num_items_in_batch", None)
         kwargs.pop("logits_to_keep", None)
         with autocast():
-            outputs = model.base_model(**kwargs)
-            hidden = outputs[0]
+            hidden = base(**kwargs)[0]
             loss = chunked_causal_lm_loss(
                 hidden,
-                model.lm_head,
+                head,
                 labels,
                 chunk_size=chunk_size,
                 num_items_in_batch=items,
@@ -248,16 +248,16 @@ def chunked_forward(
             )
         return CausalLMOutputWithPast(loss=loss, logits=None)
 
-    had_own = "forward" in vars(model)
-    previous = vars(model).get("forward")
-    model.forward = forward  # type: ignore[method-assign]
+    own = vars(model)  # the instance's attributes: accelerate's autocast wrapper, if any, is "forward" here
+    had_own, previous = "forward" in own, own.get("forward")
+    own["forward"] = forward
     try:
         yield
     finally:
         if had_own:
-            model.forward = previous  # type: ignore[method-assign]
+            own["forward"] = previous
         else:
-            del model.forward
+            del own["forward"]
 
 
 class ChunkedLossTrainer(ChunkedLossMixin, Trainer):
