@@ -40,6 +40,8 @@ __all__ = [
     "ADDED_DATA_KEYS",
     "RUN_DATA_KEYS",
     "resolve_settings",
+    "layered_settings",
+    "typed_settings",
     "parse_assignment",
     "add_set_argument",
     "section_error",
@@ -189,7 +191,24 @@ def resolve_settings(
     config_file: str | Path | None = None,
     assignments: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """The checked settings of a run: sections ``model``, ``data``, ``train``, ``tensorize``, ``method``.
+    """The checked settings of a run: sections ``model``, ``data``, ``train``, ``tensorize``, ``method``
+    (:func:`layered_settings`, each section then checked by :func:`typed_settings`). A run resolves them
+    with :func:`comera.recipes.spec.run_spec`, which keeps the typed sections."""
+    settings = layered_settings(presets, preset, method, config_file=config_file, assignments=assignments)
+    typed_settings(settings, method)
+    return settings
+
+
+def layered_settings(
+    presets: Mapping[str, dict[str, Any]],
+    preset: str,
+    method: Method,
+    *,
+    config_file: str | Path | None = None,
+    assignments: Iterable[str] = (),
+) -> dict[str, Any]:
+    """A run's settings by section, layered: the preset, then the TOML file, then the assignments; every
+    key known and of its declared type (the values' ranges are checked by :func:`typed_settings`).
 
     Args:
         presets: the recipe's presets.
@@ -238,8 +257,18 @@ def resolve_settings(
         raise ValueError(
             f"tensorize.preset {name!r} is not registered; registered presets: {list(preset_names())}"
         )
+    return settings
+
+
+def typed_settings(
+    settings: Mapping[str, dict[str, Any]], method: Method, **run_owned: Any
+) -> tuple[TrainConfig, Any, TensorizeConfig]:
+    """The ``train``, ``method`` and ``tensorize`` sections of layered ``settings`` built into the objects
+    that read them (:class:`comera.TrainConfig` with the ``run_owned`` fields such as ``run_dir``, the
+    method's settings, :func:`tensorize_config`); the constructors' ``ValueError`` is given the section's
+    name (``train.lr_other must be ...``)."""
     try:
-        TrainConfig.from_dict(settings["train"])
+        train = TrainConfig.from_dict({**settings["train"], **run_owned})
     except ValueError as error:  # its messages name the field alone: say which section it is in
         raise ValueError(f"train.{error}") from None
     try:
@@ -247,10 +276,11 @@ def resolve_settings(
     except ValueError as error:
         raise section_error("method", error, settings["method"]) from None
     try:
-        tensorize_config(settings)
+        tensorize = tensorize_config(settings)
     except ValueError as error:
-        raise section_error("tensorize", error, valid["tensorize"]) from None
-    return settings
+        keys = ["preset", *(field.name for field in dataclasses.fields(TensorizeConfig))]
+        raise section_error("tensorize", error, keys) from None
+    return train, dict(settings["method"]), tensorize
 
 
 def section_error(section: str, error: ValueError | FileNotFoundError, keys: Iterable[str]) -> Exception:
