@@ -73,16 +73,34 @@ def test_a_case_measures_what_the_shapes_say(method):
     assert result["ms"] > 0 and result["training_mib"] > 0 and result["peak_mib"] > result["training_mib"]
 
 
+@pytest.mark.parametrize("method", ["adamw", "comera"])
+def test_a_case_with_the_memory_savers_holds_a_chunk_of_logits_at_a_time(method):
+    """Gradient checkpointing and the chunked loss of 16 tokens: the head returns 16 rows at most (the plain
+    case's whole logits are 2 x 32 rows), the training's gradient checkpointing is on."""
+    result = run_case(method, 2, size="tiny", steps=1, warmup=1, savers=True, loss_chunk=16)
+    assert result["savers"] is True
+    assert result["logits_mib"] * 2**20 == 16 * TINY["vocab"] * 4
+    assert result["activations_mib"] > 0 and result["training_mib"] > 0
+
+
 def test_the_targets_are_met_or_missed_by_the_ratios():
     results = {
-        ("comera", 1): {"ms": 100.0, "training_mib": 300.0},
-        ("galore", 1): {"ms": 250.0, "training_mib": 1200.0},
-        ("comera", 8): {"ms": 100.0, "training_mib": 900.0},
-        ("galore", 8): {"ms": 150.0, "training_mib": 1800.0},
+        ("comera", 1, False): {"ms": 100.0, "training_mib": 300.0},
+        ("galore", 1, False): {"ms": 250.0, "training_mib": 1200.0},
+        ("comera", 8, False): {"ms": 100.0, "training_mib": 900.0},
+        ("galore", 8, False): {"ms": 150.0, "training_mib": 1800.0},
+        ("comera", 8, True): {"ms": 100.0, "training_mib": 400.0},
+        ("galore", 8, True): {"ms": 150.0, "training_mib": 1600.0},
     }
     lines = targets(results, [1, 8])
     assert [line.rsplit(", ", 1)[1] for line in lines] == ["met", "met", "missed", "missed"]
     assert "4.00x (300 vs 1200 MiB)" in lines[0] and "1.50x (100 vs 150 ms)" in lines[3]
+    savers = targets(results, [8], (False, True))
+    assert [line.rsplit(", ", 1)[1] for line in savers] == ["missed", "missed", "met", "missed"]
+    assert (
+        savers[2].startswith("- batch 8, both with the memory savers,")
+        and "4.00x (400 vs 1600 MiB)" in savers[2]
+    )
 
 
 def test_the_section_is_written_with_a_row_per_case(tmp_path, capsys):
@@ -94,3 +112,14 @@ def test_the_section_is_written_with_a_row_per_case(tmp_path, capsys):
     assert "<!-- bench:hf-llama-smoke:start -->" in text and "<!-- bench:hf-llama-smoke:end -->" in text
     assert "1 threads)" in text.splitlines()[3]
     assert [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| 1 |")] == ["comera"]
+
+
+def test_the_memory_savers_add_a_row_per_case_beside_the_plain_one(tmp_path):
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n")
+    argv = ["--size", "tiny", "--methods", "adamw", "--batches", "1", "--steps", "1", "--warmup", "1"]
+    assert main([*argv, "--threads", "1", "--memory-savers", "--write", str(page)]) == 0
+    text = page.read_text()
+    rows = [line.split(" | ")[1:3] for line in text.splitlines() if line.startswith("| 1 |")]
+    assert rows == [["adamw", "no"], ["adamw", "yes"]]
+    assert "--memory-savers" in text and "`loss_chunk_size=256`" in text

@@ -1,5 +1,6 @@
 """A CoMERATrainer run of the tiny LLaMA that ``test_hf_trainer_ddp.py`` launches under ``torchrun`` (and runs
-in one process for the reference): ``python hf_ddp_run.py OUTPUT_DIR PER_PROCESS_BATCH``.
+in one process for the reference): ``python hf_ddp_run.py OUTPUT_DIR PER_PROCESS_BATCH [LOSS_CHUNK_SIZE]``
+(the last: ``CoMERATrainer(loss_chunk_size=...)``, the chunked loss).
 
 16 sequences read in order (``train_sampling_strategy="sequential"``, so that two processes with batches of
 ``B`` see together what one process sees with ``2B``), 16 steps: early 8, late 8; the trim comes by step 12
@@ -21,13 +22,18 @@ SETTINGS = CoMERASettings(lr_cores=1e-2, lr_gates=1e-2, recovery=0.6)
 STEPS, EARLY, SEQUENCES = 16, 8, 16
 
 
-def train(output_dir: str, batch: int) -> CoMERATrainer:
-    """The run with ``batch`` sequences per process and step."""
+def train(output_dir: str, batch: int, loss_chunk_size: int | None = None) -> CoMERATrainer:
+    """The run with ``batch`` sequences per process and step, on the chunked loss with ``loss_chunk_size``."""
     args = arguments(
         output_dir, max_steps=STEPS, per_device_train_batch_size=batch, train_sampling_strategy="sequential"
     )
     trainer = CoMERATrainer(
-        tiny_llama(), args, train_dataset=RepeatingTokens(size=SEQUENCES), settings=SETTINGS, early=EARLY
+        tiny_llama(),
+        args,
+        train_dataset=RepeatingTokens(size=SEQUENCES),
+        settings=SETTINGS,
+        early=EARLY,
+        loss_chunk_size=loss_chunk_size,
     )
     trainer.train()
     return trainer
@@ -46,4 +52,5 @@ def write(trainer: CoMERATrainer, output_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    write(train(sys.argv[1], int(sys.argv[2])), sys.argv[1])
+    chunk = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    write(train(sys.argv[1], int(sys.argv[2]), chunk), sys.argv[1])

@@ -1,7 +1,7 @@
-"""``CoMERATrainer`` under ``torchrun`` on the CPU (gloo): two processes with batches of 2 train the tiny
-LLaMA as one process with batches of 4 (``hf_ddp_run.py``): the same events (the late stage, the trim, a
-prune after which DDP's wrapper is rebuilt for the new shapes), the same losses and the same weights, to
-float rounding."""
+"""``CoMERATrainer`` under ``torchrun`` on the CPU (gloo): two processes with batches of 2 (on the model's own
+loss, and on the chunked loss) train the tiny LLaMA as one process with batches of 4 (``hf_ddp_run.py``): the
+same events (the late stage, the trim, a prune after which DDP's wrapper is rebuilt for the new shapes), the
+same losses and the same weights, to float rounding."""
 
 import json
 import os
@@ -24,18 +24,22 @@ HERE = Path(__file__).resolve().parent
 TIMEOUT = 300
 
 
-def torchrun(output_dir: Path, batch: int) -> subprocess.CompletedProcess:
+def torchrun(output_dir: Path, batch: int, *extra: str) -> subprocess.CompletedProcess:
     """``hf_ddp_run.py`` in two processes, importing the comera this test imports."""
     source = Path(comera.__file__).resolve().parents[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(source), str(HERE)])}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    command += [str(HERE / "hf_ddp_run.py"), str(output_dir), str(batch)]
+    command += [str(HERE / "hf_ddp_run.py"), str(output_dir), str(batch), *extra]
     return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
 
 
-def test_two_processes_with_half_the_batch_train_as_one(tmp_path):
+@pytest.mark.parametrize("chunked", [False, True], ids=["own-loss", "chunked-loss"])
+def test_two_processes_with_half_the_batch_train_as_one(tmp_path, chunked):
+    """With ``chunked``, the two processes train on the chunked loss of 5 tokens
+    (``CoMERATrainer(loss_chunk_size=5)``: the loss computed inside DDP's forward, before and after the prune
+    rebuilt DDP's wrapper) and the one process on the model's own loss."""
     (tmp_path / "two").mkdir()
-    launched = torchrun(tmp_path / "two", 2)
+    launched = torchrun(tmp_path / "two", 2, *(["5"] if chunked else []))
     assert launched.returncode == 0, launched.stderr[-3000:]
     one = hf_ddp_run.train(str(tmp_path / "one"), 4)
     hf_ddp_run.write(one, str(tmp_path / "one"))

@@ -293,7 +293,7 @@ def _cuda_parts(seed=0, dead_gate=False):
 
 
 def _eager_step(model, optimizer, rank, batch, loss, grad_clip=None):
-    saved = (rank.adaptation._ema_sum.clone(), rank.adaptation._ema_weight.clone())
+    saved = rank.adaptation.loss_average_state()
     task = loss(model, batch)
     objective = rank.loss(task)
     objective.backward()
@@ -305,8 +305,7 @@ def _eager_step(model, optimizer, rank, batch, loss, grad_clip=None):
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
     else:
-        rank.adaptation._ema_sum.copy_(saved[0])
-        rank.adaptation._ema_weight.copy_(saved[1])
+        rank.adaptation.restore_loss_average(saved)
     optimizer.zero_grad(set_to_none=True)
     return [float(task), float(objective), float(norm), float(applied)]
 
@@ -334,7 +333,7 @@ def _assert_same_state(graph_parts, eager_parts):
     for got, expected in zip(g_opt.state.values(), e_opt.state.values()):
         assert float(got["step"]) == float(expected["step"])
         torch.testing.assert_close(got["exp_avg"], expected["exp_avg"], rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(g_rank.adaptation._ema_sum, e_rank.adaptation._ema_sum)
+    torch.testing.assert_close(g_rank.adaptation.loss_average_state(), e_rank.adaptation.loss_average_state())
 
 
 @needs_cuda

@@ -55,12 +55,12 @@ def test_is_sharded_is_true_only_after_shard_model_for_the_model_and_its_parents
 
 
 def test_only_the_dense_parameters_become_dtensors_and_mixed_groups_are_unfused(sharded):
-    """_is_dtensor tells the sharded head's DTensors from the replicated TT parameters; unfuse_mixed_groups
+    """is_dtensor tells the sharded head's DTensors from the replicated TT parameters; unfuse_mixed_groups
     turns foreach off for a group mixing both and leaves a plain-only group as it was."""
     for name, param in sharded.named_parameters():
-        assert fsdp._is_dtensor(param) == (name in SHARDED), name
-        assert fsdp._is_dtensor(param.grad) == (name in SHARDED), name
-    assert not fsdp._is_dtensor(torch.zeros(2)) and not fsdp._is_dtensor(None)
+        assert fsdp.is_dtensor(param) == (name in SHARDED), name
+        assert fsdp.is_dtensor(param.grad) == (name in SHARDED), name
+    assert not fsdp.is_dtensor(torch.zeros(2)) and not fsdp.is_dtensor(None)
     params = dict(sharded.named_parameters())
     mixed = [params["0.bias"], params["5.weight"]]
     plain = [params["3.bias"]]

@@ -174,6 +174,22 @@ def test_equal_shards_cut_the_order_before_a_partial_batch(tmp_path):
     assert [[batch[0].tolist() for batch in shard.epoch(0)] for shard in shards] == [[[0, 2]], [[1, 3]]]
 
 
+@pytest.mark.parametrize(("count", "world_size"), [(1, 1), (7, 2), (300_001, 2)])
+def test_a_shuffled_epoch_is_the_int64_permutation_of_its_seed_held_in_int32(count, world_size):
+    """The order of a shuffled epoch (held as int32 below 2**31 samples, half of int64's memory) is
+    ``torch.randperm`` of the epoch's seed in int64, the order a run written with int64 resumes to; each
+    rank takes every world_size-th entry of it."""
+    data = torch.utils.data.TensorDataset(torch.arange(count))
+    generator = torch.Generator().manual_seed(epoch_seed(11, 2))
+    kept = torch.randperm(count, generator=generator, dtype=torch.int64)[: count - count % world_size]
+    for rank in range(world_size):
+        shard = EpochData(
+            data, batch_size=64, shuffle=True, drop_last=False, seed=11, rank=rank, world_size=world_size
+        )
+        order = torch.cat([batch[0] for batch in shard.epoch(2)])
+        assert torch.equal(order, kept[rank::world_size])
+
+
 @pytest.mark.parametrize(
     ("line", "why"),
     [

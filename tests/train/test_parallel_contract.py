@@ -361,16 +361,11 @@ def test_training_device_rejects_a_gpu_the_machine_lacks(two_gpus, monkeypatch, 
 @pytest.mark.parametrize("seed, rank", [(2**32, 0), (2**32 - 1, 1), (2**40 + 5, 4300)])
 def test_every_seed_the_config_accepts_seeds_numpy_on_every_rank(seed, rank):
     """``TrainConfig`` takes any seed >= 0 and ranks add to it; NumPy's legacy seed takes ``[0, 2**32)``:
-    the Trainer seeds NumPy with the rank's seed modulo ``2**32`` instead of failing (rank 1 of a run whose
+    seed_process seeds NumPy with the rank's seed modulo ``2**32`` instead of failing (rank 1 of a run whose
     rank 0 works included)."""
     import numpy as np
 
-    from comera.train.trainer import Trainer
-
-    trainer = Trainer.__new__(Trainer)
-    trainer.config = type("Config", (), {"seed": seed})()
-    trainer.process_rank = rank
-    trainer._seed()
+    parallel.seed_process(seed, rank)
     drawn = np.random.random_sample(3)
     np.random.seed(parallel.rank_seed(seed, rank) % 2**32)
     assert np.array_equal(drawn, np.random.random_sample(3))

@@ -318,4 +318,4 @@ def test_an_evaluation_forks_the_generators_of_the_cuda_devices_its_model_is_on(
     assert forked == [[]]
     assert torch.equal(torch.random.get_rng_state(), before)
     meta = torch.nn.Linear(2, 1, device="meta")
-    assert evaluation._cuda_devices(meta) == []
+    assert evaluation.cuda_devices_of(meta) == []

@@ -24,7 +24,7 @@ from comera.train.checkpoint import (
     save_checkpoint,
 )
 from comera.train.data import epoch_seed
-from comera.train.evaluation import Evaluator, _cuda_devices
+from comera.train.evaluation import Evaluator, cuda_devices_of
 from comera.train.guard import NonFiniteError
 from comera.train.objective import Objective, TaskObjective
 
@@ -120,12 +120,12 @@ def test_objective_state_dict_names_objective_and_initial_size():
 
 
 def test_cuda_devices_lists_each_cuda_index_once():
-    """_cuda_devices: the sorted CUDA indices of the parameters, bare 'cuda' as 0, CPU ignored."""
+    """cuda_devices_of: the sorted CUDA indices of the parameters, bare 'cuda' as 0, CPU ignored."""
     params = [torch.device("cuda", 1), torch.device("cuda"), torch.device("cuda", 1), torch.device("cpu")]
     fake = SimpleNamespace(parameters=lambda: [SimpleNamespace(device=d) for d in params])
-    assert _cuda_devices(fake) == [0, 1]
+    assert cuda_devices_of(fake) == [0, 1]
     only_zero = SimpleNamespace(parameters=lambda: [SimpleNamespace(device=torch.device("cuda", 0))])
-    assert _cuda_devices(only_zero) == [0]
+    assert cuda_devices_of(only_zero) == [0]
 
 
 # ---------------------------------------------------------------- one step
@@ -516,7 +516,8 @@ def test_sharded_step_reduces_the_replicated_gradients(monkeypatch):
     trainer._sharded = True
     assert trainer.train_step(next(iter(trainer.train_data.epoch(0))))
     (call,) = seen
-    assert [p for p, _ in call] == trainer._parameters() and all(has for _, has in call)
+    trained = [param for group in trainer.optimizer.param_groups for param in group["params"]]
+    assert [p for p, _ in call] == trained and all(has for _, has in call)
 
 
 class FakeDDP:

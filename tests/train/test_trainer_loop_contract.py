@@ -246,14 +246,15 @@ def test_after_step_events_are_logged_and_drop_the_graph_unless_unchanged(tmp_pa
 
 def test_train_records_under_a_process_group_carry_per_rank_values(tmp_path):
     """With several ranks a train record holds step_time_per_rank and peak_memory_mib_per_rank: every
-    rank's value in rank order (here, one process: its own values)."""
-    trainer = task_trainer(tmp_path)
-    trainer.train_step(next(iter(trainer.train_data.epoch(0))))
+    rank's value in rank order (here a world size of 2 without a process group: the one process's values)."""
+    trainer = task_trainer(tmp_path, unit="step", early=2, log_every=1)
     trainer.world_size = 2
-    trainer._log_train()
-    (record,) = records(tmp_path, "train")
-    assert record["step_time_per_rank"] == [record["step_time"]]
-    assert record["peak_memory_mib_per_rank"] == [record["peak_memory_mib"]]
+    trainer.fit()
+    logged = records(tmp_path, "train")
+    assert [record["step"] for record in logged] == [1, 2]
+    for record in logged:
+        assert record["step_time_per_rank"] == [record["step_time"]]
+        assert record["peak_memory_mib_per_rank"] == [record["peak_memory_mib"]]
 
 
 def test_train_records_of_one_process_have_no_per_rank_values(tmp_path):
@@ -262,24 +263,12 @@ def test_train_records_of_one_process_have_no_per_rank_values(tmp_path):
     assert all("step_time_per_rank" not in r for r in records(tmp_path, "train"))
 
 
-class Bar:
-    """Keeps what the trainer shows next to its progress bar."""
-
-    def __init__(self):
-        self.shown = []
-
-    def set_postfix(self, values):
-        self.shown.append(values)
-
-
-def test_progress_bar_shows_loss_ratio_and_stage(tmp_path):
+def test_progress_bar_shows_loss_ratio_and_stage(tmp_path, capsys):
     """At each record the bar shows the window's loss (4 digits), size ratio (3 decimals) and stage."""
-    trainer = task_trainer(tmp_path)
-    trainer.train_step(next(iter(trainer.train_data.epoch(0))))
-    trainer._bar = Bar()
-    trainer._log_train()
-    (record,) = records(tmp_path, "train")
-    assert trainer._bar.shown == [{"loss": f"{record['loss']:.4g}", "ratio": "1.000", "stage": "train"}]
+    task_trainer(tmp_path, unit="step", early=2, log_every=1, progress=True).fit()
+    shown = capsys.readouterr().err
+    for record in records(tmp_path, "train"):
+        assert f"loss={record['loss']:.4g}, ratio=1.000, stage=train" in shown, record["step"]
 
 
 # ---------------------------------------------------------------- fit

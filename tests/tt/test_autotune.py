@@ -315,3 +315,24 @@ def test_tt_candidates_add_factors_beside_merge():
     candidates = layer._candidate_orders(4096, True)
     assert "merge" in candidates and candidates[-1] == "factors"
     assert "factors" not in TTMLinear(768, 768, rank=30)._candidate_orders(4096, True)
+
+
+def test_a_measurement_inside_a_checkpointed_region_leaves_its_recomputation_matching(tuning, fake_clock):
+    """The timed runs save tensors for a backward of their own; under ``torch.utils.checkpoint`` (what Hugging
+    Face's ``gradient_checkpointing`` runs) they must not reach the checkpoint's hooks, or the recomputation,
+    which finds the choice cached and measures nothing, saves fewer tensors than the forward did."""
+    clock = fake_clock({"a": 2.0, "b": 1.0})
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+
+    def timed(candidate):
+        clock.run(candidate)
+        copy = x.detach().requires_grad_(True)
+        torch.autograd.grad((copy * 3).exp().sum(), copy)
+
+    def region(inputs):
+        chosen = tuned("checkpointed", lambda: ("a", "b"), "a", timed, torch.device("cpu"))
+        return inputs.sin() * (2.0 if chosen == "b" else 1.0)
+
+    torch.utils.checkpoint.checkpoint(region, x, use_reentrant=False).sum().backward()
+    torch.testing.assert_close(x.grad, 2.0 * x.detach().cos())
+    assert autotune_cache()["checkpointed"] == "b"

@@ -31,14 +31,21 @@ between consecutive ``on_step_end`` callbacks, data loading and the Trainer's bo
 (``docs/benchmarks.md``) with the table, the ratios and the targets (comera's training memory at least 3x
 below GaLore's, its step at least 2x faster, through the same ``Trainer``), each reported as met or missed.
 
+``--memory-savers`` also runs every (method, batch) with Hugging Face's ``gradient_checkpointing=True`` and
+the chunked causal-LM loss (:mod:`comera.integrations.hf_loss`, ``--loss-chunk`` tokens per chunk, 256 by
+default): ``adamw`` and ``galore`` through :class:`comera.integrations.hf_loss.ChunkedLossTrainer` (the same
+``Trainer`` with the loss swapped), ``comera`` through ``CoMERATrainer(loss_chunk_size=...)``, the same
+settings for the three; those rows' ratios are against GaLore's with the savers.
+
 Usage: ``comera bench hf_llama [--size 60m] [--batches 1 8] [--methods adamw comera galore] [--steps 5]
-[--warmup 2] [--rounds 1] [--threads N] [--write FILE] [--label WORD] [--note TEXT]``; ``--size tiny`` is the
-smoke size (width 32, 2 layers, 96 tokens, 32-token sequences).
+[--warmup 2] [--rounds 1] [--threads N] [--memory-savers] [--loss-chunk N] [--write FILE] [--label WORD]
+[--note TEXT]``; ``--size tiny`` is the smoke size (width 32, 2 layers, 96 tokens, 32-token sequences).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import resource
@@ -174,11 +181,20 @@ def _galore_optimizer(model: torch.nn.Module, size: str) -> torch.optim.Optimize
     return galore_torch.GaLoreAdamW(groups, lr=LEARNING_RATE, no_deprecation_warning=True)
 
 
-def _saved_for_backward_mib(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float, float]:
-    """MiB of the tensors one training forward of ``batch`` saves for backward (each storage once, the
-    parameters left out) and of the logits it returns."""
+def _saved_for_backward_mib(
+    model: Any, batch: dict[str, torch.Tensor], loss_chunk_size: int | None
+) -> tuple[float, float]:
+    """MiB of the tensors one training forward of ``batch`` keeps for backward (each storage once, the
+    parameters left out) and of the largest logits tensor the head returns in it. Kept for backward: what
+    autograd's saved-tensor hooks see, plus every decoder layer's input and the base model's output, which
+    checkpointed regions (``gradient_checkpointing``, the chunked loss) hold outside those hooks. With
+    ``loss_chunk_size``, the forward is the chunked loss's
+    (:func:`comera.integrations.hf_loss.chunked_forward`)."""
+    from comera.integrations.hf_loss import chunked_forward
+
     storages: dict[int, int] = {}
     parameters = {param.untyped_storage().data_ptr() for param in model.parameters()}
+    logits = [0]
 
     def keep(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
@@ -186,10 +202,27 @@ def _saved_for_backward_mib(model: torch.nn.Module, batch: dict[str, torch.Tenso
             storages[storage.data_ptr()] = storage.nbytes()
         return tensor
 
+    def keep_input(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        keep(args[0] if args else kwargs["hidden_states"])
+
+    def keep_output(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        keep(output[0])
+
+    def head_output(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
+        logits[0] = max(logits[0], output.nbytes)
+
+    hooks = [layer.register_forward_pre_hook(keep_input, with_kwargs=True) for layer in model.model.layers]
+    hooks.append(model.model.register_forward_hook(keep_output, with_kwargs=True))
+    hooks.append(model.lm_head.register_forward_hook(head_output))
     model.train()
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
-        output = model(**batch)
-    return sum(storages.values()) / 2**20, output.logits.nbytes / 2**20
+    chunked = contextlib.nullcontext() if loss_chunk_size is None else chunked_forward(model, loss_chunk_size)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor), chunked:
+            model(**batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return sum(storages.values()) / 2**20, logits[0] / 2**20
 
 
 def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
@@ -199,11 +232,23 @@ def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
     return f"{kind.__module__.split('.')[0]}.{kind.__name__}{mode}"
 
 
-def run_case(method: str, batch: int, *, size: str, steps: int, warmup: int) -> dict[str, Any]:
+def run_case(
+    method: str,
+    batch: int,
+    *,
+    size: str,
+    steps: int,
+    warmup: int,
+    savers: bool = False,
+    loss_chunk: int | None = None,
+) -> dict[str, Any]:
     """One (method, batch): build, train ``warmup + steps`` optimizer steps through the ``Trainer``, measure
-    (module docstring). Meant for a fresh process: the memory figures are the process's own."""
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    (module docstring). ``savers``: with ``gradient_checkpointing=True`` and the chunked loss of
+    ``loss_chunk`` tokens per chunk (default :data:`comera.integrations.hf_loss.DEFAULT_CHUNK_SIZE`). Meant
+    for a fresh process: the memory figures are the process's own."""
+    from transformers import TrainerCallback, TrainingArguments
 
+    from comera.integrations.hf_loss import DEFAULT_CHUNK_SIZE, ChunkedLossTrainer
     from comera.integrations.hf_stages import inner_optimizer
     from comera.integrations.hf_trainer import CoMERATrainer
     from comera.measure import weights_optimizer_mib
@@ -232,26 +277,30 @@ def run_case(method: str, batch: int, *, size: str, steps: int, warmup: int) -> 
         use_cpu=True,
         disable_tqdm=True,
         seed=0,
+        gradient_checkpointing=savers,
     )
     model = _build(method, size)
-    common = {"train_dataset": data, "callbacks": [Stamp()]}
+    chunk = (loss_chunk or DEFAULT_CHUNK_SIZE) if savers else None
+    common = {"train_dataset": data, "callbacks": [Stamp()], "loss_chunk_size": chunk}
     if method == "comera":
         settings = CoMERASettings(prune_at=(), lr_cores=LEARNING_RATE, lr_gates=LEARNING_RATE)
         trainer: Any = CoMERATrainer(model, args, settings=settings, early=1.0, **common)
     elif method == "galore":
-        trainer = Trainer(model, args, optimizers=(_galore_optimizer(model, size), None), **common)
+        optimizers = (_galore_optimizer(model, size), None)
+        trainer = ChunkedLossTrainer(model, args, optimizers=optimizers, **common)
     else:
-        trainer = Trainer(model, args, **common)
+        trainer = ChunkedLossTrainer(model, args, **common)
     reset_peak_resident()
     trainer.train()
     training_kib = (status_kib("VmHWM") or 0) - baseline_kib
     intervals = [later - earlier for earlier, later in zip(stamps[warmup - 1 :], stamps[warmup:])]
     optimizer = inner_optimizer(trainer.optimizer)
     first = {"input_ids": data.ids[:batch], "labels": data.ids[:batch]}
-    activations, logits = _saved_for_backward_mib(trainer.model, first)
+    activations, logits = _saved_for_backward_mib(trainer.model, first, chunk)
     return {
         "method": method,
         "batch": batch,
+        "savers": savers,
         "size": size,
         "optimizer": optimizer_name(optimizer),
         "ms": 1e3 * statistics.median(intervals),
@@ -264,22 +313,35 @@ def run_case(method: str, batch: int, *, size: str, steps: int, warmup: int) -> 
     }
 
 
-def run_fresh_case(method: str, batch: int, *, size: str, steps: int, warmup: int, threads: int) -> dict:
+def run_fresh_case(
+    method: str,
+    batch: int,
+    *,
+    size: str,
+    steps: int,
+    warmup: int,
+    threads: int,
+    savers: bool = False,
+    loss_chunk: int | None = None,
+) -> dict:
     """:func:`run_case` in a new interpreter (its memory its own), with a progress line; a failed case comes
-    back as ``{"method", "batch", "error"}`` (the last line of its stderr)."""
-    command = [sys.executable, "-m", "comera.bench.hf_llama", "--case", f"{method}:{batch}", "--size", size]
+    back as ``{"method", "batch", "savers", "error"}`` (the last line of its stderr)."""
+    case = f"{method}:{batch}" + (":savers" if savers else "")
+    command = [sys.executable, "-m", "comera.bench.hf_llama", "--case", case, "--size", size]
     command += ["--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads)]
+    command += [] if loss_chunk is None else ["--loss-chunk", str(loss_chunk)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
+    label = f"{method}{' +savers' if savers else ''}"
     if done.returncode == 0:
         result = json.loads(done.stdout.strip().splitlines()[-1])
         print(
-            f"{method:7s} batch {batch:3d} {result['ms']:10.1f} ms {result['training_mib']:9.1f} MiB",
+            f"{label:14s} batch {batch:3d} {result['ms']:10.1f} ms {result['training_mib']:9.1f} MiB",
             flush=True,
         )
         return result
     error = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}, nothing on stderr"]
-    print(f"{method:7s} batch {batch:3d} failed: {' '.join(error)}", flush=True)
-    return {"method": method, "batch": batch, "error": " ".join(error)}
+    print(f"{label:14s} batch {batch:3d} failed: {' '.join(error)}", flush=True)
+    return {"method": method, "batch": batch, "savers": savers, "error": " ".join(error)}
 
 
 _MEDIANS = ("ms", "training_mib", "peak_mib", "weights_opt_mib", "activations_mib", "logits_mib")
@@ -302,49 +364,66 @@ def _ratio(numerator: float, denominator: float) -> str:
     return f"{numerator / denominator:.2f}x"
 
 
-def table(results: dict[tuple[str, int], dict], methods: list[str], batches: list[int]) -> list[str]:
-    """The markdown table: one row per (batch, method); ratios against GaLore's row of the same batch."""
+Key = tuple[str, int, bool]
+"""A case: (method, batch, memory savers on)."""
+
+
+def table(
+    results: dict[Key, dict], methods: list[str], batches: list[int], variants: tuple[bool, ...] = (False,)
+) -> list[str]:
+    """The markdown table: one row per (batch, savers, method); ratios against GaLore's row of the same batch
+    and savers."""
     lines = [
-        "| batch | method | optimizer | ms / step | vs galore | training MiB | vs galore | peak RSS MiB | "
-        "weights+opt MiB | activations MiB | logits MiB | parameters |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| batch | method | memory savers | optimizer | ms / step | vs galore | training MiB | vs galore | "
+        "peak RSS MiB | weights+opt MiB | activations MiB | logits MiB | parameters |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for batch in batches:
-        galore = results.get(("galore", batch), {})
-        for method in methods:
-            row = results[(method, batch)]
-            if "error" in row:
-                lines.append(f"| {batch} | {method} | failed: {row['error']} |" + " |" * 9)
-                continue
-            speed = _ratio(galore["ms"], row["ms"]) if "ms" in galore else "n/a"
-            memory = (
-                _ratio(galore["training_mib"], row["training_mib"]) if "training_mib" in galore else "n/a"
-            )
-            lines.append(
-                f"| {batch} | {method} | {row['optimizer']} | {row['ms']:.0f} | {speed} | "
-                f"{row['training_mib']:.0f} | {memory} | {row['peak_mib']:.0f} | "
-                f"{row['weights_opt_mib']:.1f} | {row['activations_mib']:.0f} | {row['logits_mib']:.0f} | "
-                f"{row['params']:,} |"
-            )
+        for savers in variants:
+            galore = results.get(("galore", batch, savers), {})
+            for method in methods:
+                row = results[(method, batch, savers)]
+                lines.append(_row(row, galore, batch, method, savers))
     return lines
 
 
-def targets(results: dict[tuple[str, int], dict], batches: list[int]) -> list[str]:
-    """comera against GaLore at every batch: the memory and speed targets, met or missed."""
+def _row(row: dict, galore: dict, batch: int, method: str, savers: bool) -> str:
+    if "error" in row:
+        return f"| {batch} | {method} | {'yes' if savers else 'no'} | failed: {row['error']} |" + " |" * 9
+    speed = _ratio(galore["ms"], row["ms"]) if "ms" in galore else "n/a"
+    memory = _ratio(galore["training_mib"], row["training_mib"]) if "training_mib" in galore else "n/a"
+    return (
+        f"| {batch} | {method} | {'yes' if savers else 'no'} | {row['optimizer']} | {row['ms']:.0f} | "
+        f"{speed} | "
+        f"{row['training_mib']:.0f} | {memory} | {row['peak_mib']:.0f} | "
+        f"{row['weights_opt_mib']:.1f} | {row['activations_mib']:.0f} | {row['logits_mib']:.0f} | "
+        f"{row['params']:,} |"
+    )
+
+
+def targets(results: dict[Key, dict], batches: list[int], variants: tuple[bool, ...] = (False,)) -> list[str]:
+    """comera against GaLore at every batch (and, with the memory savers, both with them): the memory and
+    speed targets, met or missed."""
     lines = []
     for batch in batches:
-        ours, theirs = results.get(("comera", batch), {}), results.get(("galore", batch), {})
-        if "ms" not in ours or "ms" not in theirs:
-            continue
-        memory = theirs["training_mib"] / ours["training_mib"]
-        speed = theirs["ms"] / ours["ms"]
-        lines += [
-            f"- batch {batch}, training memory >= {TARGET_MEMORY_RATIO:g}x below GaLore's: {memory:.2f}x "
-            f"({ours['training_mib']:.0f} vs {theirs['training_mib']:.0f} MiB), "
-            f"{'met' if memory >= TARGET_MEMORY_RATIO else 'missed'}",
-            f"- batch {batch}, step >= {TARGET_SPEEDUP:g}x faster than GaLore's: {speed:.2f}x "
-            f"({ours['ms']:.0f} vs {theirs['ms']:.0f} ms), {'met' if speed >= TARGET_SPEEDUP else 'missed'}",
-        ]
+        for savers in variants:
+            ours, theirs = (
+                results.get(("comera", batch, savers), {}),
+                results.get(("galore", batch, savers), {}),
+            )
+            if "ms" not in ours or "ms" not in theirs:
+                continue
+            memory = theirs["training_mib"] / ours["training_mib"]
+            speed = theirs["ms"] / ours["ms"]
+            speed_met = "met" if speed >= TARGET_SPEEDUP else "missed"
+            case = f"batch {batch}{', both with the memory savers' if savers else ''}"
+            lines += [
+                f"- {case}, training memory >= {TARGET_MEMORY_RATIO:g}x below GaLore's: {memory:.2f}x "
+                f"({ours['training_mib']:.0f} vs {theirs['training_mib']:.0f} MiB), "
+                f"{'met' if memory >= TARGET_MEMORY_RATIO else 'missed'}",
+                f"- {case}, step >= {TARGET_SPEEDUP:g}x faster than GaLore's: {speed:.2f}x "
+                f"({ours['ms']:.0f} vs {theirs['ms']:.0f} ms), {speed_met}",
+            ]
     return lines
 
 
@@ -373,35 +452,68 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--label", default="", help="write the section 'hf-llama-LABEL' (beside the default one) instead"
     )
+    parser.add_argument(
+        "--memory-savers",
+        action="store_true",
+        help="also run every case with gradient_checkpointing=True and the chunked loss",
+    )
+    parser.add_argument(
+        "--loss-chunk", type=_positive, help="tokens per chunk of the chunked loss (default 256)"
+    )
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.case is not None:
-        method, batch = args.case.split(":")
-        result = run_case(method, int(batch), size=args.size, steps=args.steps, warmup=args.warmup)
+        method, batch, *rest = args.case.split(":")
+        savers = rest == ["savers"]
+        result = run_case(
+            method,
+            int(batch),
+            size=args.size,
+            steps=args.steps,
+            warmup=args.warmup,
+            savers=savers,
+            loss_chunk=args.loss_chunk,
+        )
         print(json.dumps(result))
         return 0
+    variants = (False, True) if args.memory_savers else (False,)
     print(machine_description())
     commit = source_commit()  # the code the cases run, before the run's hours let the checkout move on
-    runs: dict[tuple[str, int], list[dict]] = {}
-    order = [(method, batch) for batch in args.batches for method in args.methods]
+    runs: dict[Key, list[dict]] = {}
+    order = [
+        (method, batch, savers) for batch in args.batches for savers in variants for method in args.methods
+    ]
     shuffler = random.Random(0)
     for _ in range(args.rounds):
         shuffler.shuffle(order)
-        for method, batch in order:
+        for method, batch, savers in order:
             result = run_fresh_case(
-                method, batch, size=args.size, steps=args.steps, warmup=args.warmup, threads=args.threads
+                method,
+                batch,
+                size=args.size,
+                steps=args.steps,
+                warmup=args.warmup,
+                threads=args.threads,
+                savers=savers,
+                loss_chunk=args.loss_chunk,
             )
-            runs.setdefault((method, batch), []).append(result)
+            runs.setdefault((method, batch, savers), []).append(result)
     results = {key: summarise(value) for key, value in runs.items()}
-    lines = table(results, args.methods, args.batches) + ["", "Targets (measured, not asserted):", ""]
-    lines += targets(results, args.batches)
+    lines = table(results, args.methods, args.batches, variants) + [
+        "",
+        "Targets (measured, not asserted):",
+        "",
+    ]
+    lines += targets(results, args.batches, variants)
     text = "\n".join(lines)
     print(text)
     if args.write:
         command = (
             f"comera bench hf_llama --size {args.size} --batches {' '.join(map(str, args.batches))} "
             f"--steps {args.steps} --warmup {args.warmup} --rounds {args.rounds} --threads {args.threads}"
+            + (" --memory-savers" if args.memory_savers else "")
+            + (f" --loss-chunk {args.loss_chunk}" if args.loss_chunk else "")
         )
         cpu = machine_description().split(",")[0]
         stamp = f"{datetime.now(timezone.utc):%Y-%m-%d}, commit {commit}, {cpu}, {args.threads} threads"
@@ -409,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             f"## Hugging Face `Trainer`: LlamaForCausalLM {args.size}, AdamW, CoMERATrainer, GaLore "
             f"({stamp})\n\n"
             f"Machine: {machine_description()}. Command: `{command}`. {args.note}\n\n"
-            f"{section_legend(args.size)}\n\n{text}\n"
+            f"{section_legend(args.size, args.memory_savers, args.loss_chunk)}\n\n{text}\n"
         )
         update_section(args.write, "hf-llama" + (f"-{args.label}" if args.label else ""), body)
     return 1 if any("error" in result for result in results.values()) else 0
@@ -423,8 +535,12 @@ def source_commit() -> str:
     return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
 
 
-def section_legend(size: str) -> str:
+def section_legend(size: str, savers: bool = False, loss_chunk: int | None = None) -> str:
     """What the section's columns mean (the module docstring, shortened)."""
+    from comera.integrations.hf_loss import DEFAULT_CHUNK_SIZE
+
+    chunk = loss_chunk or DEFAULT_CHUNK_SIZE
+
     sizes = SIZES[size]
     return (
         f"`LlamaForCausalLM` from a `LlamaConfig` (width {sizes['hidden']}, SwiGLU "
@@ -439,9 +555,18 @@ def section_legend(size: str) -> str:
         "consecutive steps after the warm-up. `training MiB`: the resident set's peak during "
         "`trainer.train()` less the resident set after the imports (model, gradients, optimizer, "
         "activations). `peak RSS MiB`: the process's whole-life peak. `weights+opt MiB`: parameters plus "
-        "optimizer state. `activations MiB`: what one training forward saves for backward; `logits MiB`: "
-        "its `(batch, seq, vocab)` fp32 logits alone. Ratios: GaLore's over the row's (above 1: the row "
+        "optimizer state. `activations MiB`: what one training forward keeps for backward; `logits MiB`: "
+        "the largest logits tensor the head returns in it (the whole `(batch, seq, vocab)` fp32 logits, or "
+        "one chunk's). Ratios: GaLore's over the row's of the same batch and memory savers (above 1: the row "
         "is faster or smaller)."
+        + (
+            " `memory savers` yes: the same run with `gradient_checkpointing=True` and the chunked causal-LM "
+            f"loss (`loss_chunk_size={chunk}`, `comera.integrations.hf_loss`; adamw and galore "
+            "through `ChunkedLossTrainer`, comera through `CoMERATrainer`), the same settings for all three; "
+            "activations then count the checkpointed layers' inputs."
+            if savers
+            else ""
+        )
     )
 
 

@@ -61,6 +61,7 @@ from comera.data.saved_dataset import (
     saved_dataset_documents,
     saved_dataset_files,
 )
+from comera.data.shard_check import record_written_shards
 from comera.data.sources import CodeDocument, SkippedDocument
 from comera.data.special_tokens import (
     CONVENTIONAL_NAMES,
@@ -667,6 +668,7 @@ def prepare_documents(
         raise
     _require_documents(what, splits)
     summary.index = write_index(complete=True)
+    record_written_shards(out, summary.index)
     summary.seconds = time.perf_counter() - started
     return summary
 

@@ -5,9 +5,11 @@ Every shard's size is compared with its index entry at each start. Its SHA-256 i
 once; the result is recorded in the cache folder (``shard-checks/<digest of the folder and its
 index>.json``: per shard its size, modification time in ns, inode and the SHA-256 found) and a shard whose
 size, modification time and inode are those recorded is not read again (a shard modified in the last two
-seconds before its check is not recorded, so a write in the same clock tick is not missed). Changing a
-shard's bytes changes its modification time (unless it is set back on purpose), so a damaged shard is hashed
-again and named.
+seconds before its check is not recorded, so a write in the same clock tick is not missed). The preparation
+writes the same record for the shards it has just written and hashed (:func:`record_written_shards`,
+``shard-checks.json`` beside the index), so the first start after ``comera prepare`` hashes none of them:
+its time does not grow with the corpus. Changing a shard's bytes changes its modification time (unless it
+is set back on purpose), so a damaged shard is hashed again and named.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from typing import Any
 from comera.atomic import atomic_write_bytes
 from comera.data.token_shards import INDEX_FILE, SPLITS, shard_problem
 
-__all__ = ["CHECKS_FOLDER", "check_shards"]
+__all__ = ["CHECKS_FOLDER", "WRITTEN_RECORD", "check_shards", "record_written_shards"]
 
 CHECKS_FOLDER = "shard-checks"
+WRITTEN_RECORD = "shard-checks.json"
+"""The preparation's record of the shards it wrote, in the prepared folder (module docstring)."""
 _SETTLED_NS = 2 * 10**9
 """A shard modified less than this long before its check is not recorded (hashed again next time): a write
 within the file system's timestamp granularity of the check would otherwise keep its recorded time."""
@@ -43,6 +47,33 @@ def _read_record(path: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
+def _shards(index: dict[str, Any]) -> list[dict[str, Any]]:
+    return [entry for split in SPLITS for entry in index["splits"][split]["shards"]]
+
+
+def _seen(folder: Path, entry: dict[str, Any]) -> list[Any]:
+    stat = (folder / entry["name"]).stat()
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ino, entry["sha256"]]
+
+
+def _settled(seen: list[Any]) -> bool:
+    return time.time_ns() - seen[1] > _SETTLED_NS
+
+
+def record_written_shards(folder: str | os.PathLike, index: dict[str, Any]) -> None:
+    """Write ``WRITTEN_RECORD`` in ``folder``: every shard of the complete ``index`` that its preparation has
+    just written, with the SHA-256 the preparation computed while writing it, as :func:`check_shards` records
+    a shard it hashed (a shard written in the last two seconds is left out, to be hashed at the first start).
+    """
+    folder = Path(folder)
+    record = {}
+    for entry in _shards(index):
+        seen = _seen(folder, entry)
+        if _settled(seen):
+            record[entry["name"]] = seen
+    atomic_write_bytes(folder / WRITTEN_RECORD, json.dumps(record).encode())
+
+
 def check_shards(folder: str | os.PathLike, index: dict[str, Any], cache_dir: str | os.PathLike) -> int:
     """``ValueError`` naming the first shard of ``index`` (read from ``folder``) that is missing or whose size
     or SHA-256 differs from its entry (module docstring); returns the number of shards hashed in this call.
@@ -52,22 +83,21 @@ def check_shards(folder: str | os.PathLike, index: dict[str, Any], cache_dir: st
     folder, cache_dir = Path(folder), Path(cache_dir)
     path = _record_path(folder, cache_dir)
     record = _read_record(path)
+    written = _read_record(folder / WRITTEN_RECORD)
     hashed = 0
-    for split in SPLITS:
-        for entry in index["splits"][split]["shards"]:
-            problem = shard_problem(folder, entry, hash_bytes=False)
-            if problem is not None:
-                raise _damaged(folder, index, problem)
-            stat = (folder / entry["name"]).stat()
-            seen = [stat.st_size, stat.st_mtime_ns, stat.st_ino, entry["sha256"]]
-            if record.get(entry["name"]) == seen:
-                continue
-            hashed += 1
-            problem = shard_problem(folder, entry)
-            if problem is not None:
-                raise _damaged(folder, index, problem)
-            if time.time_ns() - stat.st_mtime_ns > _SETTLED_NS:
-                record[entry["name"]] = seen
+    for entry in _shards(index):
+        problem = shard_problem(folder, entry, hash_bytes=False)
+        if problem is not None:
+            raise _damaged(folder, index, problem)
+        seen = _seen(folder, entry)
+        if seen in (record.get(entry["name"]), written.get(entry["name"])):
+            continue
+        hashed += 1
+        problem = shard_problem(folder, entry)
+        if problem is not None:
+            raise _damaged(folder, index, problem)
+        if _settled(seen):
+            record[entry["name"]] = seen
     if hashed:
         atomic_write_bytes(path, json.dumps(record).encode())
     return hashed

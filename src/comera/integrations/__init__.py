@@ -5,6 +5,9 @@
   and prune points, logs the model size and saves with :func:`comera.save_pretrained`;
 - :mod:`comera.integrations.hf_stages`: :class:`~comera.integrations.hf_stages.CoMERACallback`, the
   ``TrainerCallback`` that runs the host-side schedule (controller step, late stage, prune points);
+- :mod:`comera.integrations.hf_loss`: :func:`~comera.integrations.hf_loss.chunked_causal_lm_loss`, a causal
+  LM's loss in chunks of tokens without the whole logits, and
+  :class:`~comera.integrations.hf_loss.ChunkedLossTrainer`, a ``transformers.Trainer`` that trains with it;
 - :mod:`comera.integrations.hf_pretrained`: :func:`~comera.integrations.hf_pretrained.from_pretrained`
   (``comera.from_pretrained``), a saved tensorized ``transformers`` model back in one call.
 

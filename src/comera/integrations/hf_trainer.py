@@ -36,6 +36,10 @@ gradient clipping, evaluation and the logging integrations, is Hugging Face's):
 - **precision and compilation** are Hugging Face's: ``bf16=True`` runs the model's forward under autocast
   (the parameters, the gradients and the rank term stay fp32), ``torch_compile=True`` compiles the model
   (a prune changes parameter shapes: the next forward recompiles). Both are tested on the CPU.
+- **memory**: ``loss_chunk_size=N`` computes the training loss of a causal LM ``N`` tokens at a time without
+  the whole ``(batch, seq, vocab)`` logits (:class:`comera.integrations.hf_loss.ChunkedLossMixin`, which plain
+  ``transformers.Trainer`` users get as :class:`comera.integrations.hf_loss.ChunkedLossTrainer`);
+  ``args.gradient_checkpointing=True`` is Hugging Face's.
 - **model_init**: a trainer built from ``model_init`` binds a new objective and schedule to every fresh model
   Hugging Face builds (at construction and at every ``train()``).
 
@@ -70,6 +74,7 @@ from transformers import Trainer, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from comera.atomic import atomic_write_bytes
+from comera.integrations.hf_loss import ChunkedLossMixin
 from comera.integrations.hf_stages import CoMERACallback, early_steps_of, inner_optimizer
 from comera.io import read_saved, save_pretrained
 from comera.methods.comera import CoMERAObjective, CoMERASettings
@@ -211,7 +216,7 @@ def _check_optimizer(args: TrainingArguments, prune_at: tuple[str, ...]) -> None
                 )
 
 
-class CoMERATrainer(Trainer):
+class CoMERATrainer(ChunkedLossMixin, Trainer):
     """``transformers.Trainer`` with CoMERA's rank objective, parameter groups, stages and prune points.
 
     Args:
@@ -224,6 +229,9 @@ class CoMERATrainer(Trainer):
             ``prune_at``, ``lr_cores``, ``lr_gates`` ...
         early: length of the early stage: an int (optimizer steps) or a float in ``[0, 1]`` (that fraction of
             the run's ``max_steps``); the late stage is the rest of the run.
+        loss_chunk_size: None (the model's own loss), or tokens per chunk of the memory-efficient causal-LM
+            loss (:class:`comera.integrations.hf_loss.ChunkedLossMixin`: the base model's hidden states and
+            the loss on ``model.lm_head`` a chunk at a time, never the whole logits).
         **kwargs: ``transformers.Trainer``'s other arguments (``train_dataset``, ``data_collator``,
             ``eval_dataset``, ``callbacks``, ``optimizers``, ``optimizer_cls_and_kwargs``, ``model_init``
             ...).
@@ -245,6 +253,7 @@ class CoMERATrainer(Trainer):
         *,
         settings: CoMERASettings | None = None,
         early: int | float = 0.5,
+        loss_chunk_size: int | None = None,
         **kwargs: Any,
     ) -> None:
         if model is not None and not isinstance(model, nn.Module):
@@ -255,7 +264,7 @@ class CoMERATrainer(Trainer):
         early_steps_of(early, 0)
         self._settings, self._early = settings, early
         self.objective: CoMERAObjective | None = None
-        super().__init__(model=model, args=args, **kwargs)
+        super().__init__(model=model, args=args, loss_chunk_size=loss_chunk_size, **kwargs)
         self._bind(self.model)
         self._task_loss_sum: torch.Tensor | None = None
         self._task_loss_count = 0

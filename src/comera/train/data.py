@@ -113,13 +113,15 @@ class EpochData:
 
     def _dataset_epoch(self, epoch: int, start: int) -> Iterator[Any]:
         count = len(self.data)
-        # the order stays an int64 tensor (8 bytes a sample, not a Python list's ~36): a corpus of millions of
-        # blocks is ordered without growing the heap by a list of that size
+        # the order stays a tensor of int32 (4 bytes a sample, not a Python list's ~36; int64 from 2**31
+        # samples): a corpus of millions of blocks is ordered without growing the heap by a list of that size,
+        # and randperm draws the same permutation in either dtype
+        dtype = torch.int32 if count < 2**31 else torch.int64
         if self.shuffle:
             generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
-            order = torch.randperm(count, generator=generator)
+            order = torch.randperm(count, generator=generator, dtype=dtype)
         else:
-            order = torch.arange(count)
+            order = torch.arange(count, dtype=dtype)
         if self.equal_shards:
             order = order[: count - count % self.world_size]
         order = order[self.rank :: self.world_size]

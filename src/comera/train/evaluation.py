@@ -19,7 +19,7 @@ from torch import nn
 from comera.train.distributed import gather_objects
 from comera.train.fsdp import gathered
 
-__all__ = ["Evaluator", "MeanEvaluator", "TokenScores", "perplexity", "run_evaluation"]
+__all__ = ["Evaluator", "MeanEvaluator", "TokenScores", "cuda_devices_of", "perplexity", "run_evaluation"]
 
 
 class Evaluator:
@@ -136,7 +136,7 @@ class MeanEvaluator(Evaluator):
         return {name: total / max(self.batches, 1) for name, total in self.sums.items()}
 
 
-def _cuda_devices(module: nn.Module) -> list[int]:
+def cuda_devices_of(module: nn.Module) -> list[int]:
     """The CUDA devices holding ``module``'s parameters, whose generators an evaluation forks with the CPU's
     (empty on a CPU run; written for GPUs, not yet run on one)."""
     return sorted({param.device.index or 0 for param in module.parameters() if param.device.type == "cuda"})
@@ -155,7 +155,7 @@ def run_evaluation(
     model.eval()
     evaluator.reset()
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices(module)), gathered(module):
+        with torch.no_grad(), torch.random.fork_rng(devices=cuda_devices_of(module)), gathered(module):
             for batch in batches:
                 evaluator.update(module, batch)
     finally:

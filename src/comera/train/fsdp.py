@@ -48,10 +48,12 @@ __all__ = [
     "full_model_state",
     "unfuse_mixed_groups",
     "whole_copy",
+    "is_dtensor",
+    "names_in_order",
 ]
 
 
-def _is_dtensor(value: object) -> bool:
+def is_dtensor(value: object) -> bool:
     """Whether ``value`` is a ``DTensor``. While ``torch.distributed.tensor`` is not imported none can
     exist, and it is not imported here: that import takes about a second, which ``import comera`` and every
     one-process run would otherwise pay (the FSDP functions below import it when they shard)."""
@@ -61,7 +63,7 @@ def _is_dtensor(value: object) -> bool:
 
 def _fsdp_units(module: nn.Module) -> list[nn.Module]:
     """The submodules of ``module`` (itself included) sharded by ``fully_shard``; none while
-    ``torch.distributed.fsdp`` is not imported (see :func:`_is_dtensor`)."""
+    ``torch.distributed.fsdp`` is not imported (see :func:`is_dtensor`)."""
     package = sys.modules.get("torch.distributed.fsdp")
     if package is None:
         return []
@@ -136,7 +138,7 @@ def check_sharding(optimizer_given: bool) -> None:
 
 def reduce_replicated_gradients(parameters: Iterable[torch.Tensor]) -> None:
     """Average over ranks the gradients that FSDP does not reduce (those that are not ``DTensor`` s)."""
-    grads = [param.grad for param in parameters if param.grad is not None and not _is_dtensor(param.grad)]
+    grads = [param.grad for param in parameters if param.grad is not None and not is_dtensor(param.grad)]
     if not grads:
         return
     flat = torch.cat([grad.reshape(-1) for grad in grads])
@@ -154,10 +156,10 @@ def grad_norm(parameters: list[torch.Tensor]) -> torch.Tensor:
     Without ``DTensor`` gradients this is :func:`comera.train.guard.total_grad_norm`; with them, the squares
     of each rank's shards are summed over ranks and added to those of the replicated gradients.
     """
-    sharded = [param.grad for param in parameters if _is_dtensor(param.grad)]
+    sharded = [param.grad for param in parameters if is_dtensor(param.grad)]
     if not sharded:
         return total_grad_norm(parameters)
-    plain = [param for param in parameters if param.grad is not None and not _is_dtensor(param.grad)]
+    plain = [param for param in parameters if param.grad is not None and not is_dtensor(param.grad)]
     squares = torch.stack([grad.to_local().float().pow(2).sum() for grad in sharded]).sum()
     dist.all_reduce(squares)
     replicated = total_grad_norm(plain).float().to(squares.device)
@@ -168,7 +170,7 @@ def clip_gradients(parameters: list[torch.Tensor], max_norm: float, norm: torch.
     """Scale the gradients so that their total ``norm`` is at most ``max_norm`` (as
     ``torch.nn.utils.clip_grads_with_norm_``, which cannot mix ``DTensor`` and plain gradients)."""
     grads = [param.grad for param in parameters if param.grad is not None]
-    if not any(_is_dtensor(grad) for grad in grads):
+    if not any(is_dtensor(grad) for grad in grads):
         torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
         return
     coefficient = min(max_norm / (float(norm) + 1e-6), 1.0)
@@ -180,7 +182,7 @@ def unfuse_mixed_groups(optimizer: torch.optim.Optimizer) -> None:
     """Step every param group that mixes ``DTensor`` and plain parameters one tensor at a time: the fused and
     foreach kernels refuse the mix (a group keeps its flags otherwise)."""
     for group in optimizer.param_groups:
-        kinds = {_is_dtensor(param) for param in group["params"]}
+        kinds = {is_dtensor(param) for param in group["params"]}
         if len(kinds) > 1:
             group["fused"], group["foreach"] = None, False
 
@@ -202,7 +204,7 @@ def gathered(module: nn.Module) -> Iterator[nn.Module]:
 
 
 def _state_dict_api():
-    """``torch.distributed.checkpoint.state_dict``, imported on first use (see :func:`_is_dtensor`)."""
+    """``torch.distributed.checkpoint.state_dict``, imported on first use (see :func:`is_dtensor`)."""
     from torch.distributed.checkpoint import state_dict
 
     return state_dict
@@ -213,7 +215,7 @@ def _whole_on_cpu():
     return _state_dict_api().StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def _names_in_order(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+def names_in_order(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
     """The name of every parameter the optimizer holds, in its param groups' order."""
     names = {id(param): name for name, param in module.named_parameters()}
     return [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
@@ -226,7 +228,7 @@ def full_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dic
     model_state, named = _state_dict_api().get_state_dict(module, optimizer, options=_whole_on_cpu())
     if not named:
         return model_state, named
-    position = {name: index for index, name in enumerate(_names_in_order(module, optimizer))}
+    position = {name: index for index, name in enumerate(names_in_order(module, optimizer))}
     optimizer_state = {
         "state": {position[name]: value for name, value in named["state"].items()},
         "param_groups": [
@@ -243,7 +245,7 @@ def load_full_state(
     """Load a whole model and optimizer state (every rank passes the same, e.g. read from one checkpoint
     file) into a sharded ``module`` and its ``optimizer``; inverse of :func:`full_state`. The optimizer's
     groups are then unfused where needed (:func:`unfuse_mixed_groups`)."""
-    names = _names_in_order(module, optimizer)
+    names = names_in_order(module, optimizer)
     named = {
         "state": {names[index]: value for index, value in optimizer_state["state"].items()},
         "param_groups": [

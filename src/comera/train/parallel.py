@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -49,6 +51,7 @@ __all__ = [
     "rank_zero_first",
     "per_rank_values",
     "rank_seed",
+    "seed_process",
 ]
 
 T = TypeVar("T")
@@ -260,6 +263,16 @@ def rank_seed(seed: int, rank: int) -> int:
     """The seed of the global RNGs (dropout, masking) on ``rank``: ``seed`` itself on rank 0, a different
     one on every other rank, so that ranks do not draw the same random numbers for different examples."""
     return (seed + rank * 1_000_033) % (2**63 - 1)
+
+
+def seed_process(seed: int, rank: int) -> None:
+    """Seed torch's, Python's and NumPy's global generators with :func:`rank_seed` of ``seed`` on ``rank``
+    (NumPy's legacy seed takes ``[0, 2**32)``: it gets that seed modulo ``2**32``, since config seeds and
+    ranks go beyond)."""
+    seeded = rank_seed(seed, rank)
+    torch.manual_seed(seeded)
+    random.seed(seeded)
+    np.random.seed(seeded % 2**32)
 
 
 def per_rank_values(**values: float) -> dict[str, list[Any]]:

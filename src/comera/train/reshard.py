@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from comera.train.fsdp import _is_dtensor, _names_in_order
+from comera.train.fsdp import is_dtensor, names_in_order
 from comera.train.objective import Objective
 
 __all__ = [
@@ -74,14 +74,14 @@ def whole_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _whole(value: Any) -> Any:
-    return value.full_tensor() if _is_dtensor(value) else value
+    return value.full_tensor() if is_dtensor(value) else value
 
 
 def whole_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """``optimizer.state_dict()`` with parameter names in place of positions and every sharded state tensor
     whole (on every rank; collective when some are sharded). The param groups keep all their entries (rates,
     the schedule's ``initial_lr``, kernel flags)."""
-    names = _names_in_order(module, optimizer)
+    names = names_in_order(module, optimizer)
     state = optimizer.state_dict()
     return {
         "state": {
@@ -100,7 +100,7 @@ def _like(param: torch.Tensor, value: Any) -> Any:
     a sharded parameter (the loaded optimizer never shares a tensor with the dictionary it was given)."""
     if not isinstance(value, torch.Tensor):
         return value
-    if not (_is_dtensor(param) and value.shape == param.shape):
+    if not (is_dtensor(param) and value.shape == param.shape):
         return value.clone()
     from torch.distributed.tensor import distribute_tensor
 
@@ -117,7 +117,7 @@ def load_whole_optimizer_state(
     Raises:
         ValueError: the saved groups are not the optimizer's (their number, or a group's parameters).
     """
-    names = _names_in_order(module, optimizer)
+    names = names_in_order(module, optimizer)
     position = {name: index for index, name in enumerate(names)}
     params = [param for group in optimizer.param_groups for param in group["params"]]
     if len(named["param_groups"]) != len(optimizer.param_groups):

@@ -30,6 +30,7 @@ from comera.train.checkpoint import (
 from comera.train.distributed import barrier, gather_objects
 from comera.train.fsdp import full_state, load_full_state, unfuse_mixed_groups
 from comera.train.metrics import read_metrics
+from comera.train.parallel import seed_process
 from comera.train.reshard import rebuilt_on
 from comera.train.sharded_checkpoint import load_sharded_state, save_sharded_checkpoint
 from comera.version import __version__
@@ -125,7 +126,7 @@ class CheckpointManager:
             self._deferred_events.append(("torn_record_dropped", {"bytes": metrics.torn_bytes}))
             metrics.torn_bytes = 0
         if resume is False:
-            trainer._seed()
+            seed_process(trainer.config.seed, trainer.process_rank)
             self._write_deferred_events()
         elif resume is True:
             self._resume_latest()
@@ -179,7 +180,7 @@ class CheckpointManager:
             RuntimeWarning,
             stacklevel=4,
         )
-        self.trainer._seed()
+        seed_process(self.trainer.config.seed, self.trainer.process_rank)
         self._resumed_from(None)
 
     def _resumed_from(self, path: Path | None) -> None:

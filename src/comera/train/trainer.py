@@ -6,7 +6,6 @@ docs/training.md, "The loop"."""
 from __future__ import annotations
 
 import gc
-import random
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -14,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -37,7 +35,7 @@ from comera.train.fsdp import (
 from comera.train.guard import NonFiniteError, NonFiniteGuard
 from comera.train.metrics import MetricsLog, read_metrics, reset_peak_memory
 from comera.train.objective import Objective, default_objective
-from comera.train.parallel import all_true, lost_rank, peer_failure, per_rank_values, rank_seed
+from comera.train.parallel import all_true, lost_rank, peer_failure, per_rank_values
 from comera.train.plots import plot_finished_run
 from comera.train.records import StepWindow, bar_postfix, train_record
 from comera.train.reshard import (
@@ -458,12 +456,6 @@ class Trainer:
 
     def _due(self, every: int | None, epoch_end: bool, last_step: bool) -> bool:
         return last_step or (epoch_end if every is None else self.step % every == 0)
-
-    def _seed(self) -> None:
-        seed = rank_seed(self.config.seed, self.process_rank)
-        torch.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed % 2**32)  # NumPy's legacy seed takes [0, 2**32); config seeds and ranks go beyond
 
     def _begin_late_stage(self) -> None:
         if self.step > 0 and self.guard.total >= self.step and self.guard.rollbacks == 0:

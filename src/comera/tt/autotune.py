@@ -14,7 +14,10 @@ What autotuning never does:
 - measure when ``torch.use_deterministic_algorithms(True)`` is set, or after :func:`set_autotune` ``(False)``
   or with the environment variable ``COMERA_AUTOTUNE=0``: the estimate decides, so two processes make the
   same choices and give the same bits;
-- draw random numbers (the global RNG state is untouched) or touch a parameter's ``.grad``.
+- draw random numbers (the global RNG state is untouched) or touch a parameter's ``.grad``;
+- let the runs it times reach the saved-tensor hooks of the call (``torch.utils.checkpoint``, Hugging Face's
+  ``gradient_checkpointing``, offloading): they run under identity hooks, so a checkpointed region saves the
+  same tensors whether its first call measured or not, and its recomputation matches it.
 
 Every alternative computes the same product; they differ in rounding only. A process that measures can
 therefore pick another alternative than a process that does not, or than one on a busier machine, and its
@@ -168,6 +171,11 @@ def _fastest(times: dict[Choice, list[float]], default: Choice) -> Choice:
     return best if runs[len(runs) - 1 - len(runs) // 4] < statistics.median(times[default]) else default
 
 
+def _kept(tensor: torch.Tensor) -> torch.Tensor:
+    """The identity, as the saved-tensor hooks of the timed runs."""
+    return tensor
+
+
 def tuned(
     key: Hashable,
     candidates: Callable[[], Sequence[Choice]],
@@ -199,6 +207,7 @@ def tuned(
     if len(candidates) < 2:
         _cache[key] = default
         return default
-    best = _fastest(_timed_seconds(candidates, run, device), default)
+    with torch.autograd.graph.saved_tensors_hooks(_kept, _kept):  # out of reach of enclosing hooks
+        best = _fastest(_timed_seconds(candidates, run, device), default)
     _cache[key] = best
     return best

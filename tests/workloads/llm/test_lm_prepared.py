@@ -5,7 +5,6 @@ work end to end (a run killed mid-way resumes to the same model)."""
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -19,27 +18,16 @@ from tokenizers import Tokenizer
 from comera.cli import main
 from comera.data.bpe import special_ids
 from comera.data.prepare import PrepareSettings, prepare_corpus
+from comera.data.shard_check import WRITTEN_RECORD, record_written_shards
 from comera.data.sources import read_code, split_of
+from comera.data.token_shards import read_index
 from comera.workloads.llm import prepared as prepared_module
 from comera.workloads.llm.data import pack_stream
 from comera.workloads.llm.prepared import build_prepared_lm_data
 
-WORDS = ["def", "return", "class", "self", "import", "for", "in", "if", "else", "x", "y", "(", ")", ":"]
-
-
-def write_corpus(root, files=3, lines=150, seed=0):
-    rng = random.Random(seed)
-    root.mkdir(parents=True)
-    for number in range(files):
-        with (root / f"part{number}.jsonl").open("w") as file:
-            for _ in range(lines):
-                text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 50)))
-                file.write(json.dumps({"text": text}) + "\n")
-    return root
-
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
+def prepared(tmp_path_factory, write_corpus):
     """A corpus and its preparation with shards of about 800 tokens."""
     root = tmp_path_factory.mktemp("lm-prepared")
     source = write_corpus(root / "corpus")
@@ -106,6 +94,28 @@ def test_a_damaged_shard_is_named_and_never_read(prepared, tmp_path, monkeypatch
     assert opened == []
 
 
+def test_the_first_start_after_a_preparation_hashes_no_shard_it_wrote(prepared, tmp_path):
+    """The preparation records the shards it wrote (size, time, inode, SHA-256): a start with an empty cache
+    hashes none of them, and one whose bytes changed since is still hashed and named."""
+    _, clean = prepared
+    assert json.loads((clean / WRITTEN_RECORD).read_text()) == {}  # every shard just written: none settled
+    out = tmp_path / "prepared"
+    out.mkdir()
+    for path in clean.iterdir():
+        (out / path.name).write_bytes(path.read_bytes())
+        os.utime(out / path.name, (time.time() - 60, time.time() - 60))
+    record_written_shards(out, read_index(out))
+    shards = len(list(out.glob("*.bin")))
+    assert len(json.loads((out / WRITTEN_RECORD).read_text())) == shards
+    first = build_prepared_lm_data(out, cache_dir=tmp_path / "cache", seq_len=16)
+    assert first.info["prepared"]["shards_hashed"] == 0
+    damaged = bytearray((out / "validation-00000.bin").read_bytes())
+    damaged[3] ^= 0x01
+    (out / "validation-00000.bin").write_bytes(bytes(damaged))
+    with pytest.raises(ValueError, match=r"validation-00000.bin's SHA-256 differs"):
+        build_prepared_lm_data(out, cache_dir=tmp_path / "other-cache", seq_len=16)
+
+
 def test_an_unfinished_preparation_and_a_tokenizer_file_are_refused(prepared, tmp_path):
     _, clean = prepared
     out = tmp_path / "prepared"
@@ -131,7 +141,9 @@ def _train(out_dir, data, cache, *extra):
     return command + list(extra)
 
 
-def test_prepare_then_train_end_to_end_and_a_killed_run_resumes_to_the_same_model(tmp_path, capsys):
+def test_prepare_then_train_end_to_end_and_a_killed_run_resumes_to_the_same_model(
+    tmp_path, capsys, write_corpus
+):
     source = write_corpus(tmp_path / "corpus", lines=300)
     data = tmp_path / "prepared"
     arguments = ["prepare", "llm", "--data", str(source), "--out", str(data), "--preset", "smoke"]
@@ -174,7 +186,7 @@ def test_prepare_then_train_end_to_end_and_a_killed_run_resumes_to_the_same_mode
         (["--sample-mb", "0"], "--sample-mb must be a number > 0"),
     ],
 )
-def test_bad_prepare_commands_fail_in_one_line_before_writing(tmp_path, capsys, extra, message):
+def test_bad_prepare_commands_fail_in_one_line_before_writing(tmp_path, capsys, extra, message, write_corpus):
     source = write_corpus(tmp_path / "corpus", files=1, lines=5)
     out = tmp_path / "prepared"
     assert main(["prepare", "llm", "--data", str(source), "--out", str(out), *extra]) == 2
@@ -183,7 +195,9 @@ def test_bad_prepare_commands_fail_in_one_line_before_writing(tmp_path, capsys, 
     assert not out.exists()
 
 
-def test_prepare_names_a_looping_or_broken_data_link_and_a_bad_tokenizer_file_as_train_does(tmp_path, capsys):
+def test_prepare_names_a_looping_or_broken_data_link_and_a_bad_tokenizer_file_as_train_does(
+    tmp_path, capsys, write_corpus
+):
     """The refusals of ``comera train`` for the same inputs: a looping or dangling ``--data`` link is said to
     be one (not 'no such file'), and ``data.tokenizer_file`` that is not a path or names a folder without a
     tokenizer.json is named with its section, each in one line before anything is written."""

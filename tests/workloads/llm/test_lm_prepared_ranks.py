@@ -4,7 +4,6 @@ reads the blocks of the masked LM's packing from the shards."""
 
 import json
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -17,20 +16,6 @@ from comera.data.token_shards import read_index
 from comera.train.data import epoch_seed
 from comera.workloads.mlm.packing import pack_documents
 from comera.workloads.mlm.prepared import build_prepared_code_data
-
-WORDS = ["def", "return", "class", "self", "import", "for", "in", "if", "else", "x", "y", "(", ")", ":"]
-
-
-def write_corpus(root, files, lines, seed=0):
-    rng = random.Random(seed)
-    root.mkdir(parents=True)
-    for number in range(files):
-        with (root / f"part{number}.jsonl").open("w") as file:
-            for _ in range(lines):
-                text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 50)))
-                file.write(json.dumps({"text": text}) + "\n")
-    return root
-
 
 RECORDING = textwrap.dedent(
     """
@@ -58,7 +43,7 @@ RECORDING = textwrap.dedent(
 )
 
 
-def test_two_ranks_read_disjoint_blocks_and_together_every_block_once(tmp_path):
+def test_two_ranks_read_disjoint_blocks_and_together_every_block_once(tmp_path, write_corpus):
     source = write_corpus(tmp_path / "corpus", files=2, lines=200)
     data = tmp_path / "prepared"
     arguments = ["prepare", "llm", "--data", str(source), "--out", str(data), "--preset", "smoke"]

@@ -5,7 +5,6 @@ before (its ``--data`` read whole into memory) resumes over the same tokens."""
 import fcntl
 import json
 import os
-import random
 import shutil
 import threading
 from pathlib import Path
@@ -26,21 +25,6 @@ from comera.workloads.llm.data import build_lm_data
 from comera.workloads.llm.prepared import build_raw_lm_data
 from comera.workloads.llm.recipe import LLMRecipe
 
-WORDS = ["def", "return", "class", "self", "import", "for", "in", "if", "else", "x", "y", "(", ")", ":"]
-
-
-def write_corpus(root, files=3, lines=150, seed=0):
-    """JSON-lines files and one ``.txt`` file of pseudo-code."""
-    rng = random.Random(seed)
-    root.mkdir(parents=True)
-    for number in range(files):
-        with (root / f"part{number}.jsonl").open("w") as file:
-            for _ in range(lines):
-                text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 50)))
-                file.write(json.dumps({"text": text}) + "\n")
-    (root / "notes.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(400)))
-    return root
-
 
 def _train(data, out, cache, *extra, resume=False):
     arguments = ["train", "llm", "--method", "dense", "--preset", "smoke", "--data", str(data)]
@@ -55,9 +39,9 @@ def _entry_files(folder):
 
 
 def test_a_raw_folder_is_prepared_once_into_the_cache_and_trained_on_through_memory_maps(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, write_corpus
 ):
-    data = write_corpus(tmp_path / "corpus")
+    data = write_corpus(tmp_path / "corpus", notes=True)
     cache = tmp_path / "cache"
     built, reads = [], []
     build_data, block = LLMRecipe.build_data, TokenBlocks.block
@@ -109,8 +93,8 @@ def test_a_raw_folder_is_prepared_once_into_the_cache_and_trained_on_through_mem
     assert third["prepared"]["prepared_now"] is True and third["prepared"]["folder"] != str(folder)
 
 
-def test_a_damaged_or_unfinished_cache_entry_is_prepared_again_to_the_same_shards(tmp_path):
-    data = write_corpus(tmp_path / "corpus")
+def test_a_damaged_or_unfinished_cache_entry_is_prepared_again_to_the_same_shards(tmp_path, write_corpus):
+    data = write_corpus(tmp_path / "corpus", notes=True)
     settings = {"cache_dir": tmp_path / "cache", "seq_len": 16, "vocab_size": 300, "validation_fraction": 0.1}
     clean = build_raw_lm_data(data, **settings)
     folder = Path(clean.info["prepared"]["folder"])
@@ -130,8 +114,8 @@ def test_a_damaged_or_unfinished_cache_entry_is_prepared_again_to_the_same_shard
     assert finished.info["identity"] == clean.info["identity"]
 
 
-def test_the_read_caps_apply_to_a_raw_corpus(tmp_path):
-    data = write_corpus(tmp_path / "corpus", files=4)
+def test_the_read_caps_apply_to_a_raw_corpus(tmp_path, write_corpus):
+    data = write_corpus(tmp_path / "corpus", files=4, notes=True)
     settings = {"cache_dir": tmp_path / "cache", "seq_len": 16, "vocab_size": 300, "validation_fraction": 0.1}
     whole = build_raw_lm_data(data, **settings)
     capped = build_raw_lm_data(data, max_files=2, **settings)
@@ -147,8 +131,8 @@ def test_the_read_caps_apply_to_a_raw_corpus(tmp_path):
         build_raw_lm_data(data, layout="lines", **settings)
 
 
-def test_the_whole_layout_gives_the_in_memory_blocks(tmp_path):
-    data = write_corpus(tmp_path / "corpus")
+def test_the_whole_layout_gives_the_in_memory_blocks(tmp_path, write_corpus):
+    data = write_corpus(tmp_path / "corpus", notes=True)
     cache = tmp_path / "cache"
     settings = {"seq_len": 16, "vocab_size": 300, "validation_fraction": 0.1, "max_validation_blocks": 7}
     memory = build_lm_data(data, cache_dir=cache, **settings)
@@ -160,10 +144,10 @@ def test_the_whole_layout_gives_the_in_memory_blocks(tmp_path):
         assert mapped.info[split] == memory.info[split]
 
 
-def test_a_run_folder_that_read_its_data_whole_resumes_over_the_same_tokens(tmp_path):
+def test_a_run_folder_that_read_its_data_whole_resumes_over_the_same_tokens(tmp_path, write_corpus):
     """A run started before ``--data`` was prepared (its ``config.json`` has no ``data.layout``, its data
     identity is the in-memory build's) resumes: the resume takes the folder's layout (``whole``)."""
-    data = write_corpus(tmp_path / "corpus")
+    data = write_corpus(tmp_path / "corpus", notes=True)
     cache = tmp_path / "cache"
     full, cut = tmp_path / "full", tmp_path / "cut"
     settings = ["train.checkpoint_every=4", "data.layout=whole"]
@@ -187,8 +171,8 @@ def test_a_run_folder_that_read_its_data_whole_resumes_over_the_same_tokens(tmp_
     assert got.keys() == want.keys() and all((got[name] == want[name]).all() for name in want)
 
 
-def test_a_second_process_waits_for_the_entry_being_prepared_then_reads_it(tmp_path):
-    data = write_corpus(tmp_path / "corpus")
+def test_a_second_process_waits_for_the_entry_being_prepared_then_reads_it(tmp_path, write_corpus):
+    data = write_corpus(tmp_path / "corpus", notes=True)
     cache = tmp_path / "cache"
     settings = {"cache_dir": cache, "seq_len": 16, "vocab_size": 300, "validation_fraction": 0.1}
     key = cache_key(data, PrepareSettings(vocab_size=300, validation_fraction=0.1), None, None)
