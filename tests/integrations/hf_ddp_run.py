@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+import torch
 from hf_tiny import RepeatingTokens, arguments, tiny_llama
 from safetensors.torch import save_file
 
@@ -54,3 +55,7 @@ def write(trainer: CoMERATrainer, output_dir: str) -> None:
 if __name__ == "__main__":
     chunk = int(sys.argv[3]) if len(sys.argv) > 3 else None
     write(train(sys.argv[1], int(sys.argv[2]), chunk), sys.argv[1])
+    if torch.distributed.is_initialized():
+        # gloo's threads can abort a process that exits with its group alive ("terminate called without an
+        # active exception"): the group is closed first, as torch's own examples do
+        torch.distributed.destroy_process_group()

@@ -6,8 +6,16 @@ import torch
 from torch import nn
 
 from comera import TTLinear, param_groups
-from comera.methods import CoMERAMethod, get_method
+from comera.methods import (
+    CoMERAMethod,
+    get_method,
+    method_for,
+    method_settings,
+    settings_type,
+    settings_values,
+)
 from comera.methods.comera import PRUNE_POINTS, CoMERAObjective, CoMERASettings
+from comera.recipes.settings import resolve_settings
 
 
 def gated_model() -> nn.Module:
@@ -38,25 +46,32 @@ def test_bad_settings_name_the_field(overrides, message):
 
 
 def test_settings_round_trip_and_unknown_keys():
+    """The method section (plain values, lists for tuples) reads back into the same settings; an unknown key
+    is refused naming it."""
     settings = CoMERASettings(rho=[0.2, 0.03], prune_at=["end"], target_loss=0.7)
-    values = settings.to_dict()
+    values = settings_values(settings)
     assert values["rho"] == [0.2, 0.03] and values["prune_at"] == ["end"]
-    assert CoMERASettings.from_dict(values) == settings
+    assert method_settings("comera", values) == settings
     with pytest.raises(ValueError, match="unknown CoMERASettings keys \\['epochs'\\]"):
-        CoMERASettings.from_dict({**values, "epochs": 3})
+        method_settings("comera", {**values, "epochs": 3})
 
 
 def test_a_method_tau_is_refused_with_where_the_threshold_lives():
-    with pytest.raises(ValueError, match="belongs to the layers; set tensorize.tau"):
-        CoMERASettings.from_dict({"tau": 0.05})
+    with pytest.raises(
+        ValueError, match="unknown key method.tau; .*; tau is a \\[tensorize\\] setting: set tensorize.tau"
+    ):
+        resolve_settings({"smoke": {}}, "smoke", get_method("comera"), assignments=["method.tau=0.05"])
 
 
-def test_the_method_section_is_the_settings():
+def test_the_method_is_registered_by_its_settings_type():
+    """``comera`` is registered with :class:`CoMERASettings`: the registry gives the method for its settings
+    and the settings type for its name; the section's defaults are the dataclass's."""
     method = get_method("comera")
-    assert isinstance(method, CoMERAMethod) and method.defaults == CoMERASettings().to_dict()
-    method.check_settings({**method.defaults, "gamma": 0.5})
+    assert isinstance(method, CoMERAMethod) and method_for(CoMERASettings(gamma=0.5)) is method
+    assert settings_type("comera") is CoMERASettings
+    assert method_settings("comera", {}) == CoMERASettings()
     with pytest.raises(ValueError, match="gamma must be"):
-        method.check_settings({**method.defaults, "gamma": -1.0})
+        method_settings("comera", {"gamma": -1.0})
 
 
 def test_keyword_overrides_replace_fields_of_the_settings():

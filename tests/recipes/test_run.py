@@ -7,7 +7,7 @@ import pytest
 import toy  # noqa: F401  (registers the toy recipe)
 from sklearn.metrics import accuracy_score
 
-from comera.methods import get_method
+from comera.methods import CoMERASettings, get_method, settings_values
 from comera.recipes.run import SetupError, run
 from comera.recipes.settings import parse_assignment, resolve_settings, upgrade_run_header
 from comera.train import read_metrics
@@ -94,7 +94,7 @@ def test_comera_settings_are_the_method_section(tmp_path):
         PRESETS, "smoke", get_method("comera"), config_file=config, assignments=["method.lr_cores=3e-3"]
     )
     assert settings["method"] == {
-        **get_method("comera").defaults,
+        **settings_values(CoMERASettings()),
         "gamma": 0.5,
         "prune_at": ["end"],
         "lr_cores": 3e-3,
@@ -205,7 +205,7 @@ def test_an_existing_run_is_not_overwritten_and_resume_needs_the_same_settings(t
 
 
 def test_a_method_setting_added_since_the_run_started_takes_the_resuming_command_s_value():
-    defaults = get_method("comera").defaults
+    defaults = settings_values(CoMERASettings())
     before = {key: value for key, value in defaults.items() if key != "trims"}
     recorded = {"recipe": "toy", "method": "comera", "settings": {"train": {"early": 2}, "method": before}}
     for trims in (1, 8):

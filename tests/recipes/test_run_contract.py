@@ -14,6 +14,7 @@ from torch.utils.data import TensorDataset
 
 from comera.methods import get_method
 from comera.recipes import run as run_module
+from comera.recipes import spec as spec_module
 from comera.recipes.base import RecipeData, register_recipe
 from comera.recipes.run import (
     SetupError,
@@ -172,8 +173,8 @@ def test_a_config_json_not_shaped_as_a_run_writes_it_is_named(tmp_path, text, pr
 
 def test_a_config_json_shaped_as_a_run_writes_it_is_read():
     """Null sections (as a method without settings writes) and missing settings are accepted shapes."""
-    assert run_module._shape_problem({"settings": {"method": None, "train": {"seed": 0}}}) is None
-    assert run_module._shape_problem({"recipe": "toy"}) is None
+    assert spec_module._shape_problem({"settings": {"method": None, "train": {"seed": 0}}}) is None
+    assert spec_module._shape_problem({"recipe": "toy"}) is None
 
 
 def test_a_header_without_data_files_matches_any_fingerprint():

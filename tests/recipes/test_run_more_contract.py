@@ -8,6 +8,7 @@ import itertools
 import json
 import re
 import time
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +18,7 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 import comera
-from comera.methods import Method
+from comera.methods import Method, get_method
 from comera.methods.base import register_method
 from comera.recipes import run as run_module
 from comera.recipes.base import Recipe, RecipeData, register_recipe
@@ -202,6 +203,12 @@ class CountingSGD(torch.optim.SGD):
         return super().step(closure)
 
 
+@dataclass(frozen=True)
+class RecordingSettings:
+    """The recording method has no settings of its own."""
+
+
+@register_method(RecordingSettings)
 class RecordingMethod(Method):
     """Trains with its own optimizer and callback, recording the model and context each hook gets."""
 
@@ -226,7 +233,7 @@ class RecordingMethod(Method):
         return [lambda trainer: LOG.append(("callback", trainer.step, trainer.optimizer is self.made))]
 
 
-METHOD = register_method(RecordingMethod())
+METHOD = get_method("recording_contract")
 
 
 @pytest.fixture(scope="module")

@@ -96,6 +96,7 @@ from comera.measure import (
     weights_optimizer_mib,
 )
 from comera.methods import MethodContext, get_method
+from comera.methods.lte import LTESettings
 from comera.recipes.settings import add_set_argument, resolve_settings, tensorize_config
 from comera.report import compression_report
 from comera.train.config import TrainConfig
@@ -153,7 +154,7 @@ def lte_heads(batch: int, default: int) -> int:
 def _assignments(method: str, batch: int) -> list[str]:
     assignments = [f"train.batch_size={batch}"]
     if method == "lte":
-        default = get_method("lte").defaults["heads"]
+        default = LTESettings().heads
         if batch % default:
             assignments.append(f"method.heads={lte_heads(batch, default)}")
     return assignments

@@ -1,7 +1,8 @@
 """Training methods, one module or folder each, and their registry (PEFT-style).
 
 :mod:`comera.methods.base` holds the interface (:class:`Method`, :class:`MethodContext`) and the registry
-(:func:`register_method`, :func:`get_method`, :func:`method_names`). Importing this package (``import comera``
+(:func:`register_method`, keyed by each method's settings dataclass; :func:`get_method`, :func:`method_for`,
+:func:`method_names`). Importing this package (``import comera``
 does) registers every built-in method, so ``get_method("galore")`` works from any entry point:
 
 - ``dense`` (:mod:`comera.methods.dense`): the model as built, AdamW on every parameter;
@@ -24,13 +25,23 @@ Examples:
     'galore'
 """
 
-from comera.methods.apollo import APOLLOMethod
-from comera.methods.base import Method, MethodContext, get_method, method_names, register_method
-from comera.methods.cola import CoLAMethod
+from comera.methods.apollo import APOLLOMethod, APOLLOSettings
+from comera.methods.base import (
+    Method,
+    MethodContext,
+    get_method,
+    method_for,
+    method_names,
+    method_settings,
+    register_method,
+    settings_type,
+    settings_values,
+)
+from comera.methods.cola import CoLAMethod, CoLASettings
 from comera.methods.comera import CoMERAMethod, CoMERAObjective, CoMERASettings, gated_model_objective
-from comera.methods.dense import DenseMethod
-from comera.methods.galore import GaLoreMethod
-from comera.methods.lte import LTEMethod
+from comera.methods.dense import DenseMethod, DenseSettings
+from comera.methods.galore import GaLoreMethod, GaLoreSettings
+from comera.methods.lte import LTEMethod, LTESettings
 from comera.nn.gated import invalidate_inference_caches
 from comera.nn.layer import is_layer
 from comera.train.fsdp import register_replicated_layer
@@ -38,22 +49,29 @@ from comera.train.objective import register_default_objective, register_evaluati
 
 __all__ = [
     "APOLLOMethod",
+    "APOLLOSettings",
     "CoLAMethod",
+    "CoLASettings",
     "CoMERAMethod",
     "CoMERAObjective",
     "CoMERASettings",
     "DenseMethod",
+    "DenseSettings",
     "GaLoreMethod",
+    "GaLoreSettings",
     "LTEMethod",
+    "LTESettings",
     "Method",
     "MethodContext",
     "get_method",
+    "method_for",
     "method_names",
+    "method_settings",
     "register_method",
+    "settings_type",
+    "settings_values",
 ]
 
-for _method in (DenseMethod(), CoMERAMethod(), GaLoreMethod(), APOLLOMethod(), LTEMethod(), CoLAMethod()):
-    register_method(_method)
 register_default_objective(gated_model_objective)
 register_evaluation_hook(invalidate_inference_caches)
 register_replicated_layer(is_layer)

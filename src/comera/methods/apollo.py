@@ -22,54 +22,68 @@ The learning rate and weight decay are the run's ``train.lr_other`` and ``train.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from comera.checks import check_bool, check_choice, check_number
-from comera.methods.base import MethodContext
-from comera.methods.projected import ProjectedMethod, portable_projectors, require_package
+from comera.methods.base import MethodContext, register_method
+from comera.methods.projected import (
+    ProjectedMethod,
+    check_projection,
+    portable_projectors,
+    require_package,
+)
 
-__all__ = ["APOLLOMethod", "SCALE_TYPES", "PROJECTIONS", "PROJ_TYPES"]
+__all__ = ["APOLLOMethod", "APOLLOSettings", "SCALE_TYPES", "PROJECTIONS", "PROJ_TYPES"]
 
 SCALE_TYPES = ("channel", "tensor")
 PROJECTIONS = ("random", "svd")
 PROJ_TYPES = ("std", "reverse_std", "left", "right")
 
 
+@dataclass(frozen=True)
+class APOLLOSettings:
+    """APOLLO's settings (the module's notes give where the defaults come from); checked on construction:
+    ``scale_type``, ``proj`` and ``proj_type`` among their choices, ``scale`` > 0, ``scale_front`` a bool,
+    the rest by :func:`comera.methods.projected.check_projection`."""
+
+    rank: int = 256
+    rank_fraction: float = 0.25
+    scale_type: str = "channel"
+    scale: float = 1.0
+    proj: str = "random"
+    proj_type: str = "std"
+    update_proj_gap: int = 200
+    scale_front: bool = False
+
+    def __post_init__(self) -> None:
+        check_projection(self)
+        check_choice(self.scale_type, "method.scale_type", SCALE_TYPES)
+        check_number(self.scale, "method.scale", 0.0, open_low=True)
+        check_choice(self.proj, "method.proj", PROJECTIONS)
+        check_choice(self.proj_type, "method.proj_type", PROJ_TYPES)
+        check_bool(self.scale_front, "method.scale_front")
+
+
+@register_method(APOLLOSettings)
 class APOLLOMethod(ProjectedMethod):
     """APOLLO: dense model, ``apollo_torch.APOLLOAdamW`` with APOLLO groups for the targeted 2-D weights."""
 
     name = "apollo"
-    defaults = {
-        "rank": 256,
-        "rank_fraction": 0.25,
-        "scale_type": "channel",
-        "scale": 1.0,
-        "proj": "random",
-        "proj_type": "std",
-        "update_proj_gap": 200,
-        "scale_front": False,
-    }
     projection_keys = ("scale_type", "scale", "proj", "proj_type", "update_proj_gap")
 
     def package(self):
         return require_package("apollo_torch", "apollo-torch", "apollo")
-
-    def check(self, settings: dict[str, Any]) -> None:
-        check_choice(settings["scale_type"], "method.scale_type", SCALE_TYPES)
-        check_number(settings["scale"], "method.scale", 0.0, open_low=True)
-        check_choice(settings["proj"], "method.proj", PROJECTIONS)
-        check_choice(settings["proj_type"], "method.proj_type", PROJ_TYPES)
-        check_bool(settings["scale_front"], "method.scale_front")
 
     def optimizer(self, model: nn.Module, context: MethodContext) -> torch.optim.Optimizer:
         """``APOLLOAdamW`` on :func:`comera.methods.projected.low_rank_groups`, checkpoint-safe."""
         apollo = self.package()
         settings = self.settings(context)
         groups = self.groups(model, context, settings)
-        optimizer = apollo.APOLLOAdamW(groups, lr=context.train.lr_other, scale_front=settings["scale_front"])
+        optimizer = apollo.APOLLOAdamW(groups, lr=context.train.lr_other, scale_front=settings.scale_front)
 
         def build(group: dict[str, Any], state: dict[str, Any]):
             options = {key: group[key] for key in ("update_proj_gap", "scale", "proj_type")}

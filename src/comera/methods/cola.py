@@ -23,17 +23,17 @@ Glorot-normal dense weight; the bias is the dense layer's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from comera.checks import check_choice, check_int, check_number
-from comera.methods.base import Method, MethodContext
+from comera.methods.base import Method, MethodContext, register_method
 from comera.methods.targets import replace_targets
 
-__all__ = ["CoLALinear", "CoLAMethod", "ACTIVATIONS", "cola_rank"]
+__all__ = ["CoLALinear", "CoLAMethod", "CoLASettings", "ACTIVATIONS", "cola_rank"]
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -129,27 +129,37 @@ class CoLALinear(nn.Module):
         )
 
 
+@dataclass(frozen=True)
+class CoLASettings:
+    """CoLA's settings (the module's notes give where the defaults come from); checked on construction.
+
+    Attributes:
+        rank_fraction: the bottleneck's rank as a fraction of ``min(in, out)``, in (0, 1].
+        rank: a fixed rank, an int >= 0 (0: use ``rank_fraction``).
+        activation: the bottleneck's nonlinearity, one of :data:`ACTIVATIONS`.
+    """
+
+    rank_fraction: float = 0.25
+    rank: int = 0
+    activation: str = "silu"
+
+    def __post_init__(self) -> None:
+        check_number(self.rank_fraction, "method.rank_fraction", 0.0, 1.0, open_low=True)
+        check_int(self.rank, "method.rank", low=0)
+        check_choice(self.activation, "method.activation", tuple(ACTIVATIONS))
+
+
+@register_method(CoLASettings)
 class CoLAMethod(Method):
     """CoLA: every targeted linear becomes a :class:`CoLALinear`; the Trainer's AdamW trains the model."""
 
     name = "cola"
-    defaults = {"rank_fraction": 0.25, "rank": 0, "activation": "silu"}
-
-    @staticmethod
-    def _settings(context: MethodContext) -> dict[str, Any]:
-        settings = {**CoLAMethod.defaults, **context.settings}
-        check_number(settings["rank_fraction"], "method.rank_fraction", 0.0, 1.0, open_low=True)
-        check_int(settings["rank"], "method.rank", low=0)
-        check_choice(settings["activation"], "method.activation", tuple(ACTIVATIONS))
-        return settings
 
     def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
-        settings = self._settings(context)
+        settings = self.settings(context)
 
         def build(linear: nn.Linear) -> CoLALinear:
-            rank = cola_rank(
-                linear.in_features, linear.out_features, settings["rank"], settings["rank_fraction"]
-            )
-            return CoLALinear.from_linear(linear, rank, settings["activation"])
+            rank = cola_rank(linear.in_features, linear.out_features, settings.rank, settings.rank_fraction)
+            return CoLALinear.from_linear(linear, rank, settings.activation)
 
         return replace_targets(model, context.tensorize, build)

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from comera.methods.base import Method
+from dataclasses import dataclass
 
-__all__ = ["DenseMethod"]
+from comera.methods.base import Method, register_method
+
+__all__ = ["DenseMethod", "DenseSettings"]
 
 
+@dataclass(frozen=True)
+class DenseSettings:
+    """The dense method has no settings of its own (its ``method`` section is empty)."""
+
+
+@register_method(DenseSettings)
 class DenseMethod(Method):
     """The recipe's model as built, dense, trained with AdamW on every parameter at ``train.lr_other``."""
 

@@ -23,20 +23,45 @@ optimizer's other constants (``betas``, ``eps`` = 1e-6) are the package's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from comera.checks import check_choice, check_number
-from comera.methods.base import MethodContext
-from comera.methods.projected import ProjectedMethod, portable_projectors, require_package
+from comera.methods.base import MethodContext, register_method
+from comera.methods.projected import (
+    ProjectedMethod,
+    check_projection,
+    portable_projectors,
+    require_package,
+)
 
-__all__ = ["GaLoreMethod", "PROJ_TYPES"]
+__all__ = ["GaLoreMethod", "GaLoreSettings", "PROJ_TYPES"]
 
 PROJ_TYPES = ("std", "reverse_std", "left", "right", "full")
 
 
+@dataclass(frozen=True)
+class GaLoreSettings:
+    """GaLore's settings (the module's notes give where the defaults come from); checked on construction:
+    ``scale`` > 0, ``proj_type`` one of :data:`PROJ_TYPES`, the rest by
+    :func:`comera.methods.projected.check_projection`."""
+
+    rank: int = 128
+    rank_fraction: float = 0.25
+    update_proj_gap: int = 200
+    scale: float = 0.25
+    proj_type: str = "std"
+
+    def __post_init__(self) -> None:
+        check_projection(self)
+        check_number(self.scale, "method.scale", 0.0, open_low=True)
+        check_choice(self.proj_type, "method.proj_type", PROJ_TYPES)
+
+
+@register_method(GaLoreSettings)
 class GaLoreMethod(ProjectedMethod):
     """GaLore: dense model, ``galore_torch.GaLoreAdamW`` with GaLore groups for the targeted 2-D weights.
 
@@ -45,15 +70,10 @@ class GaLoreMethod(ProjectedMethod):
     """
 
     name = "galore"
-    defaults = {"rank": 128, "rank_fraction": 0.25, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"}
     projection_keys = ("update_proj_gap", "scale", "proj_type")
 
     def package(self):
         return require_package("galore_torch", "galore-torch", "galore")
-
-    def check(self, settings: dict[str, Any]) -> None:
-        check_number(settings["scale"], "method.scale", 0.0, open_low=True)
-        check_choice(settings["proj_type"], "method.proj_type", PROJ_TYPES)
 
     def optimizer(self, model: nn.Module, context: MethodContext) -> torch.optim.Optimizer:
         """``GaLoreAdamW`` on :func:`comera.methods.projected.low_rank_groups`, checkpoint-safe."""

@@ -35,6 +35,7 @@ batch); in eval mode a layer computes with ``W + (s/N) sum_n B_n A_n``, the weig
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,11 +43,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from comera.checks import check_int, check_number
-from comera.methods.base import Method, MethodContext
+from comera.methods.base import Method, MethodContext, register_method
 from comera.methods.targets import replace_targets
 from comera.modules import trainable_parameters
 
-__all__ = ["LTELinear", "LTEMethod", "lte_layers", "merge_heads", "merge_every"]
+__all__ = ["LTELinear", "LTEMethod", "LTESettings", "lte_layers", "merge_heads", "merge_every"]
 
 
 class LTELinear(nn.Module):
@@ -205,26 +206,40 @@ def merge_every(
     return optimizer
 
 
+@dataclass(frozen=True)
+class LTESettings:
+    """LTE's settings (the module's notes give where the defaults come from); checked on construction.
+
+    Attributes:
+        heads: parallel LoRA heads ``N``, an int >= 1 (``train.batch_size`` must divide by it).
+        rank: each head's rank ``r``, an int >= 1; scale: the heads' factor ``s`` > 0.
+        merge_every: optimizer steps ``T`` between merges, an int >= 1; lr: the heads' AdamW rate > 0.
+    """
+
+    heads: int = 4
+    rank: int = 32
+    scale: float = 128.0
+    merge_every: int = 10
+    lr: float = 1e-4
+
+    def __post_init__(self) -> None:
+        check_int(self.heads, "method.heads", low=1)
+        check_int(self.rank, "method.rank", low=1)
+        check_number(self.scale, "method.scale", 0.0, open_low=True)
+        check_int(self.merge_every, "method.merge_every", low=1)
+        check_number(self.lr, "method.lr", 0.0, open_low=True)
+
+
+@register_method(LTESettings)
 class LTEMethod(Method):
     """LTE: targeted linears become :class:`LTELinear`; AdamW on the heads (``method.lr``) and on every other
     trainable parameter (``train.lr_other``); heads merge every ``method.merge_every`` steps."""
 
     name = "lte"
-    defaults = {"heads": 4, "rank": 32, "scale": 128.0, "merge_every": 10, "lr": 1e-4}
-
-    @staticmethod
-    def _settings(context: MethodContext) -> dict[str, Any]:
-        settings = {**LTEMethod.defaults, **context.settings}
-        check_int(settings["heads"], "method.heads", low=1)
-        check_int(settings["rank"], "method.rank", low=1)
-        check_number(settings["scale"], "method.scale", 0.0, open_low=True)
-        check_int(settings["merge_every"], "method.merge_every", low=1)
-        check_number(settings["lr"], "method.lr", 0.0, open_low=True)
-        return settings
 
     def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
-        settings = self._settings(context)
-        heads, batch_size = settings["heads"], context.train.batch_size
+        settings = self.settings(context)
+        heads, batch_size = settings.heads, context.train.batch_size
         if batch_size % heads:
             raise ValueError(
                 f"LTE splits each batch across its heads: train.batch_size={batch_size} must be a multiple "
@@ -234,14 +249,14 @@ class LTEMethod(Method):
             raise ValueError("LTE merges its heads on the host between steps; set train.cuda_graph=false")
 
         def build(linear: nn.Linear) -> LTELinear:
-            return LTELinear.from_linear(linear, heads=heads, rank=settings["rank"], scale=settings["scale"])
+            return LTELinear.from_linear(linear, heads=heads, rank=settings.rank, scale=settings.scale)
 
         return replace_targets(model, context.tensorize, build)
 
     def optimizer(self, model: nn.Module, context: MethodContext) -> torch.optim.Optimizer:
         """AdamW: group ``"other"`` at ``train.lr_other`` with ``train.weight_decay``, group ``"lte_heads"``
         at ``method.lr`` without decay; the merge hook registered (:func:`merge_every`)."""
-        settings = self._settings(context)
+        settings = self.settings(context)
         layers = lte_layers(model)
         heads = [param for layer in layers for param in (layer.lora_A, layer.lora_B)]
         others = trainable_parameters(model.parameters(), seen={id(param) for param in heads})
@@ -251,6 +266,6 @@ class LTEMethod(Method):
             if others
             else []
         )
-        groups.append({"name": "lte_heads", "params": heads, "lr": settings["lr"], "weight_decay": 0.0})
-        optimizer = torch.optim.AdamW(groups, lr=settings["lr"])
-        return merge_every(optimizer, layers, settings["merge_every"])
+        groups.append({"name": "lte_heads", "params": heads, "lr": settings.lr, "weight_decay": 0.0})
+        optimizer = torch.optim.AdamW(groups, lr=settings.lr)
+        return merge_every(optimizer, layers, settings.merge_every)

@@ -28,6 +28,7 @@ __all__ = [
     "BASELINES_EXTRA",
     "QUIET_LOGGERS",
     "require_package",
+    "check_projection",
     "projection_rank",
     "low_rank_groups",
     "portable_projectors",
@@ -166,15 +167,23 @@ def portable_projectors(
     return optimizer
 
 
+def check_projection(settings: Any) -> None:
+    """Check the settings every projected method has: ``rank`` (an int >= 1), ``rank_fraction`` (in
+    (0, 1]) and ``update_proj_gap`` (an int >= 1); ``ValueError`` naming the setting."""
+    check_int(settings.rank, "method.rank", low=1)
+    check_number(settings.rank_fraction, "method.rank_fraction", 0.0, 1.0, open_low=True)
+    check_int(settings.update_proj_gap, "method.update_proj_gap", low=1)
+
+
 class ProjectedMethod(Method):
     """A dense model trained by an optimizer that projects the targeted 2-D weights' gradients (GaLore,
     APOLLO): ``prepare`` checks the settings and the package and leaves the model as built; the objective is
     the task loss; the optimizer's groups come from :func:`low_rank_groups` with the settings named in
     :attr:`projection_keys`.
 
-    Subclasses set :attr:`defaults` (with ``rank``, ``rank_fraction``, ``update_proj_gap``),
-    :attr:`projection_keys`, and implement :meth:`package`, :meth:`check` (their own settings) and
-    ``optimizer``.
+    Subclasses are registered with a settings dataclass that has ``rank``, ``rank_fraction`` and
+    ``update_proj_gap`` (checked by :func:`check_projection`), set :attr:`projection_keys`, and implement
+    :meth:`package` and ``optimizer``.
     """
 
     projection_keys: ClassVar[tuple[str, ...]] = ()
@@ -183,31 +192,19 @@ class ProjectedMethod(Method):
         """The imported optimizer package (``ImportError`` naming the extra to install)."""
         raise NotImplementedError
 
-    def check(self, settings: dict[str, Any]) -> None:
-        """Check the method's own settings beyond the shared ones (``ValueError`` naming the setting)."""
-
-    def settings(self, context: MethodContext) -> dict[str, Any]:
-        """The run's method settings over :attr:`defaults`, checked."""
-        settings = {**self.defaults, **context.settings}
-        check_int(settings["rank"], "method.rank", low=1)
-        check_number(settings["rank_fraction"], "method.rank_fraction", 0.0, 1.0, open_low=True)
-        check_int(settings["update_proj_gap"], "method.update_proj_gap", low=1)
-        self.check(settings)
-        return settings
-
     def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
         self.settings(context)
         self.package()
         return model
 
-    def groups(self, model: nn.Module, context: MethodContext, settings: dict[str, Any]) -> list[dict]:
+    def groups(self, model: nn.Module, context: MethodContext, settings: Any) -> list[dict]:
         """:func:`low_rank_groups` of ``model`` at the run's learning rate and weight decay."""
         return low_rank_groups(
             model,
             context.tensorize,
-            rank=settings["rank"],
-            rank_fraction=settings["rank_fraction"],
+            rank=settings.rank,
+            rank_fraction=settings.rank_fraction,
             lr=context.train.lr_other,
             weight_decay=context.train.weight_decay,
-            projection={key: settings[key] for key in self.projection_keys},
+            projection={key: getattr(settings, key) for key in self.projection_keys},
         )

@@ -41,7 +41,7 @@ import os
 import statistics
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +49,11 @@ import torch
 from torch import nn
 
 from comera.atomic import atomic_write_bytes
-from comera.data.files import check_data_path
 from comera.io import save_pretrained
 from comera.methods import Method, MethodContext, get_method
 from comera.methods.comera.structure import apply_structure
 from comera.recipes.base import Recipe, RecipeData, get_recipe
-from comera.recipes.fingerprint import data_fingerprint, fingerprint_difference
+from comera.recipes.fingerprint import fingerprint_difference
 from comera.recipes.folders import (
     drop_if_only_locked,
     lock_run_folder,
@@ -63,13 +62,8 @@ from comera.recipes.folders import (
     remove_empty_folders,
     writable_folder,
 )
-from comera.recipes.settings import (
-    resolve_settings,
-    section_error,
-    tensorize_config,
-    upgrade_run_header,
-    with_run_data_keys,
-)
+from comera.recipes.settings import section_error, upgrade_run_header
+from comera.recipes.spec import RunSpec, default_cache_dir, default_run_dir, read_run_config, run_spec
 from comera.report import compression_report
 from comera.tensorize import TensorizeError
 from comera.train.checkpoint import NoReadableCheckpointError
@@ -92,6 +86,7 @@ from comera.version import __version__
 
 __all__ = [
     "run",
+    "run_spec_folder",
     "run_header",
     "KEEPING_SETTINGS",
     "header_difference",
@@ -116,57 +111,12 @@ class SetupError(ValueError):
     Raised before any training step; the message names the setting, file or folder."""
 
 
+_REFUSALS = (ValueError, FileNotFoundError, FileExistsError, TypeError, ImportError, RankError)
+"""What a refused start raises before :class:`SetupError` says it in one line."""
+
+
 def _write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
-
-
-def default_cache_dir() -> Path:
-    """``$COMERA_CACHE``, else ``~/.cache/comera``: vocabularies and binary data caches kept between runs."""
-    return Path(os.environ.get("COMERA_CACHE") or Path.home() / ".cache" / "comera")
-
-
-def default_run_dir(recipe: str, preset: str, method: str) -> Path:
-    """``runs/RECIPE-PRESET-METHOD`` under the current folder."""
-    return Path("runs") / f"{recipe}-{preset}-{method}"
-
-
-def _json_type(value: Any) -> str:
-    """The JSON name of ``value``'s type (``"array"`` for a list, ``"null"`` for None, ...)."""
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
-    return "null" if value is None else names.get(type(value), type(value).__name__)
-
-
-def _shape_problem(recorded: Any) -> str | None:
-    """What makes ``recorded`` unlike the ``config.json`` a run writes (an object whose ``settings`` is an
-    object of objects), or None."""
-    if not isinstance(recorded, dict):
-        return f"holds a JSON {_json_type(recorded)}, not the object a run writes"
-    settings = recorded.get("settings")
-    if settings is not None and not isinstance(settings, dict):
-        return f"holds a JSON {_json_type(settings)} under 'settings', where a run writes an object"
-    for section, values in (settings or {}).items():
-        if values is not None and not isinstance(values, dict):
-            return (
-                f"holds a JSON {_json_type(values)} under 'settings.{section}', where a run writes an object"
-            )
-    return None
-
-
-def read_run_config(config_path: Path) -> dict[str, Any]:
-    """A run folder's ``config.json``; ``ValueError`` naming the file (and the key) when it is not valid JSON
-    or not shaped as a run writes it."""
-    try:
-        recorded = json.loads(config_path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        problem = f"is not valid JSON ({error})"
-    else:
-        problem = _shape_problem(recorded)
-        if problem is None:
-            return recorded
-    raise ValueError(
-        f"{config_path} {problem}, so the run in its folder cannot be checked against this command; repair "
-        "the file, or use another --out"
-    ) from None
 
 
 KEEPING_SETTINGS = {"train": frozenset({"checkpoint_every", "keep_checkpoints"})}
@@ -452,6 +402,7 @@ def run(
     progress: bool | None = None,
 ) -> dict[str, Any]:
     """Train ``recipe_name`` with ``method`` at ``preset`` and write the run folder; returns ``results.json``.
+    The arguments are resolved by :func:`comera.recipes.spec.run_spec`, then :func:`run_spec_folder` trains.
 
     Args:
         recipe_name: a registered recipe (``"nli"``, ``"dlrm"``, ``"mlm"``).
@@ -472,36 +423,44 @@ def run(
             checkpoint (the message names which).
     """
     started = time.perf_counter()
-    if resume and restart:
-        raise SetupError("--resume and --restart exclude each other: continue the run, or start it again")
     try:
-        request = _Request(
-            recipe_name=recipe_name,
-            method=method,
-            preset=preset,
+        spec = run_spec(
+            recipe_name,
+            method,
+            preset,
             data=data,
             config_file=config_file,
-            assignments=tuple(assignments),
+            assignments=assignments,
             out=out,
             resume=resume,
             restart=restart,
             cache_dir=cache_dir,
             progress=progress,
         )
-        folder = request.folder
-        made = missing_folders(folder)  # removed again, with the lock file, if the start is refused
+    except _REFUSALS as error:
+        raise SetupError(str(error)) from error
+    return run_spec_folder(spec, started)
+
+
+def run_spec_folder(spec: RunSpec, started: float | None = None) -> dict[str, Any]:
+    """Train the run ``spec`` resolves and write its folder (``spec.out``); returns ``results.json``.
+    ``started``: the ``time.perf_counter()`` the run's wall time counts from (default: now). ``SetupError``
+    as :func:`run` raises it."""
+    started = time.perf_counter() if started is None else started
+    try:
+        made = missing_folders(spec.out)  # removed again, with the lock file, if the start is refused
         try:
-            setup = _set_up(request)
+            setup = _set_up(spec)
         except BaseException:
             release_run_folder()
             if made:
-                drop_if_only_locked(folder)
+                drop_if_only_locked(spec.out)
                 remove_empty_folders(made[1:])
             raise
-    except (ValueError, FileNotFoundError, FileExistsError, TypeError, ImportError, RankError) as error:
+    except _REFUSALS as error:
         raise SetupError(str(error)) from error
     try:
-        return _train(setup, resume, started)
+        return _train(setup, spec.resume, started)
     finally:
         release_run_folder()
 
@@ -515,84 +474,30 @@ def run_header(
     config_file: str | Path | None = None,
     assignments: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """The ``config.json`` a run with these arguments writes: recipe, method, preset, data path and the
-    resolved settings, and ``data_files``: the data's fingerprint (:mod:`comera.recipes.fingerprint`; it
-    reads the data files once). Checks them without building anything: ``ValueError`` for an unknown
-    recipe, method, preset or setting, ``FileNotFoundError`` for a missing data path or TOML file."""
-    recipe = get_recipe(recipe_name)
-    settings = resolve_settings(
-        recipe.presets, preset, get_method(method), config_file=config_file, assignments=assignments
-    )
-    try:
-        recipe.check_model_settings(settings["model"])
-    except ValueError as error:
-        raise section_error("model", error, settings["model"]) from None
-    data_path = None if data is None else Path(data)
-    if data_path is not None:
-        check_data_path(data_path)
-    return {
-        "recipe": recipe_name,
-        "method": method,
-        "preset": preset,
-        "data": None if data_path is None else str(data_path.resolve()),
-        "data_files": data_fingerprint(data_path),
-        "settings": settings,
-    }
-
-
-@dataclass(frozen=True)
-class _Request:
-    """The arguments of :func:`run` that :func:`_set_up` reads."""
-
-    recipe_name: str
-    method: str
-    preset: str
-    data: str | Path | None
-    config_file: str | Path | None
-    assignments: tuple[str, ...]
-    out: str | Path | None
-    resume: bool
-    restart: bool
-    cache_dir: str | Path | None
-    progress: bool | None
-
-    @property
-    def folder(self) -> Path:
-        """The run folder: ``out``, or :func:`default_run_dir`."""
-        if self.out is not None:
-            return Path(self.out)
-        return default_run_dir(self.recipe_name, self.preset, self.method)
+    """The ``config.json`` a run with these arguments writes (:meth:`comera.recipes.spec.RunSpec.header`):
+    recipe, method, preset, data path and the resolved settings, and ``data_files``: the data's fingerprint.
+    ``ValueError`` or ``FileNotFoundError`` as :func:`comera.recipes.spec.run_spec` raises them."""
+    spec = run_spec(recipe_name, method, preset, data=data, config_file=config_file, assignments=assignments)
+    return spec.header()
 
 
 @dataclass
 class _Setup:
     recipe: Recipe
     method: Method
-    settings: dict[str, Any]
-    out: Path
+    spec: RunSpec
+    context: MethodContext
     data: RecipeData
-    model: nn.Module
     header: dict[str, Any]
     dense_params: int
     trainer: Trainer
     earlier_run: Path | None
 
 
-def _with_recorded_data_keys(header: dict[str, Any], out: Path, method: Method) -> dict[str, Any]:
-    """``header`` with the data settings a resumed run keeps from its folder
-    (:func:`comera.recipes.settings.with_run_data_keys`); unchanged when the folder has no readable
-    ``config.json`` (:func:`_check_folder` says what is wrong)."""
-    try:
-        recorded = read_run_config(out / "config.json")
-    except (OSError, ValueError):
-        return header
-    return with_run_data_keys(header, upgrade_run_header(recorded, method, header))
-
-
-def _check_parallel(method: Method, name: str, settings: dict[str, Any]) -> None:
+def _check_parallel(method: Method, name: str, train: TrainConfig) -> None:
     """A method that brings its own optimizer cannot run sharded (FSDP builds the optimizer after sharding
     the model): ``ValueError`` naming the setting, before any folder or data is touched."""
-    sharded = settings["train"].get("parallel") == "fsdp" and world()[1] > 1
+    sharded = train.parallel == "fsdp" and world()[1] > 1
     if sharded and type(method).optimizer is not Method.optimizer:
         raise ValueError(
             f"--method {name} brings its own optimizer, which train.parallel=fsdp cannot shard (it builds "
@@ -600,70 +505,54 @@ def _check_parallel(method: Method, name: str, settings: dict[str, Any]) -> None
         )
 
 
-def _set_up(request: _Request) -> _Setup:
-    recipe = get_recipe(request.recipe_name)
-    chosen = get_method(request.method)
-    header = run_header(
-        request.recipe_name,
-        request.method,
-        request.preset,
-        request.data,
-        config_file=request.config_file,
-        assignments=request.assignments,
-    )
-    if request.resume:
-        header = _with_recorded_data_keys(header, request.folder, chosen)
-    settings = header["settings"]
-    _check_parallel(chosen, request.method, settings)
-    if settings["train"].get("device") is not None:
-        training_device(settings["train"]["device"])  # a GPU this machine lacks, before the data is read
-    out = request.folder
-    data_path = None if request.data is None else Path(request.data)
-    cache = Path(request.cache_dir) if request.cache_dir is not None else default_cache_dir()
+def _set_up(spec: RunSpec) -> _Setup:
+    recipe = get_recipe(spec.recipe)
+    chosen = get_method(spec.method)
+    header = spec.header()
+    settings = spec.settings
+    _check_parallel(chosen, spec.method, spec.train)
+    if spec.train.device is not None:
+        training_device(spec.train.device)  # a GPU this machine lacks, before the data is read
+    out, cache = spec.out, spec.cache_dir
 
     def check_folders() -> None:
         if out.is_dir():
             lock_run_folder(out)
-        if not request.restart:  # a restart moves the old run aside only once nothing can refuse the start
-            _check_folder(out, header, chosen, request.resume)
+        if not spec.restart:  # a restart moves the old run aside only once nothing can refuse the start
+            _check_folder(out, header, chosen, spec.resume)
         writable_folder(out, "--out")
         lock_run_folder(out)
         writable_folder(cache, "--cache")
 
     on_rank_zero(check_folders)  # the run folder is rank 0's under torchrun
     try:
-        recipe_data = rank_zero_first(lambda: recipe.build_data(settings["data"], data_path, cache))
+        recipe_data = rank_zero_first(lambda: recipe.build_data(settings["data"], spec.data, cache))
     except (ValueError, FileNotFoundError) as error:  # the builders' argument checks name the key alone
         raise section_error("data", error, settings["data"]) from None
-    _check_splits(recipe_data, data_path)
+    _check_splits(recipe_data, spec.data)
     header["data_identity"] = recipe_data.info.get("identity")
-    if request.resume:
+    if spec.resume:
         on_rank_zero(lambda: _check_identity(out, header["data_identity"], cache))
-    torch.manual_seed(settings["train"].get("seed", 0))
+    torch.manual_seed(spec.train.seed)
     try:
         model = recipe.build_model(settings["model"], recipe_data)
     except ValueError as error:  # the models' argument checks name the key alone
         raise section_error("model", error, settings["model"]) from None
     dense_params = compression_report(model).model_dense_params
-    batch_size = per_process_batch(settings["train"].get("batch_size", TrainConfig.batch_size), world()[1])
-    run_config = TrainConfig.from_dict(
-        {**settings["train"], "batch_size": batch_size, "run_dir": str(out), "progress": request.progress}
-    )
-    context = MethodContext(
-        tensorize=tensorize_config(settings), settings=settings["method"], train=run_config
-    )
+    train = replace(spec.train, batch_size=per_process_batch(spec.train.batch_size, world()[1]))
+    context = MethodContext(tensorize=spec.tensorize, settings=spec.method_settings, train=train)
     try:
         model = chosen.prepare(model, context)
     except TensorizeError as error:  # the converter names the module or field, not the section
         raise ValueError(f"the [tensorize] settings do not fit the model: {error}") from None
-    place_model(model, run_config.device, None)  # before the objective and optimizer take its parameters
+    place_model(model, train.device, None)  # before the objective and optimizer take its parameters
     first_eval = next(iter(recipe_data.evals.values()), None)
-    earlier_run = on_rank_zero(lambda: _move_run_aside(out)) if request.restart else None
+    earlier_run = on_rank_zero(lambda: _move_run_aside(out)) if spec.restart else None
     trainer = Trainer(
         model,
         recipe.loss_fn,
         recipe_data.train,
-        config=run_config,
+        config=train,
         objective=chosen.objective(model, context),
         optimizer=chosen.optimizer(model, context),
         eval_data=first_eval,
@@ -671,16 +560,14 @@ def _set_up(request: _Request) -> _Setup:
         collate_fn=recipe_data.collate_fn,
         callbacks=chosen.callbacks(model, context),
     )
-    return _Setup(
-        recipe, chosen, settings, out, recipe_data, model, header, dense_params, trainer, earlier_run
-    )
+    return _Setup(recipe, chosen, spec, context, recipe_data, header, dense_params, trainer, earlier_run)
 
 
 def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
     recipe, settings, out, data, trainer = (
         setup.recipe,
-        setup.settings,
-        setup.out,
+        setup.spec.settings,
+        setup.spec.out,
         setup.data,
         setup.trainer,
     )
@@ -710,10 +597,7 @@ def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
 def _whole_model(setup: _Setup) -> nn.Module | None:
     """The trained model of a sharded (FSDP) run, whole, on rank 0 (None elsewhere): built again from the
     recipe and method (:func:`comera.train.fsdp.whole_copy`)."""
-    settings = setup.settings
-    context = MethodContext(
-        tensorize=tensorize_config(settings), settings=settings["method"], train=setup.trainer.config
-    )
+    settings, context = setup.spec.settings, replace(setup.context, train=setup.trainer.config)
     structure = setup.trainer.objective.structure()
 
     def build() -> nn.Module:
@@ -732,7 +616,7 @@ def _write_outputs(
 
     ``started``: the ``time.perf_counter()`` the run's wall time counts from (earlier processes' time
     included)."""
-    method, out, data, trainer = setup.method, setup.out, setup.data, setup.trainer
+    method, out, data, trainer = setup.method, setup.spec.out, setup.data, setup.trainer
     save_pretrained(model, out / "model")
     setup.recipe.save_model_files(out / "model", data)
     report = compression_report(model)

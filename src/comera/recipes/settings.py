@@ -2,13 +2,13 @@
 
 Every key must exist in the preset (``model``, ``data``), be a :class:`comera.TrainConfig` field (``train``),
 a :class:`comera.TensorizeConfig` field or ``preset`` (``tensorize``), or one of the method's settings
-(``method``: for ``comera`` the fields of :class:`comera.methods.comera.CoMERASettings`).
+(``method``: the fields of the settings dataclass the method is registered with, for ``comera``
+:class:`comera.methods.comera.CoMERASettings`).
 
-A ``train``, ``tensorize`` or dataclass-backed ``method`` value must have a type its field declares
-(``train.compile`` takes ``true``, ``false`` or ``"auto"``, whatever the preset set); any other value must
-have its default's type. An
-int is accepted for a float, a list for a tuple. Anything else raises ``ValueError`` naming the key and the
-valid choices, before any data is read or model built.
+A ``train``, ``tensorize`` or ``method`` value must have a type its field declares (``train.compile`` takes
+``true``, ``false`` or ``"auto"``, whatever the preset set); a ``model`` or ``data`` value must have its
+default's type. An int is accepted for a float, a list for a tuple. Anything else raises ``ValueError``
+naming the key and the valid choices, before any data is read or model built.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from comera.data.files import GZIP_MAGIC, utf8_text
-from comera.methods import Method
+from comera.methods import Method, method_settings, settings_type, settings_values
 from comera.recipes.base import get_recipe
 from comera.tensorize_config import TensorizeConfig, fitted_preset, preset_names
 from comera.train.config import TrainConfig
@@ -40,6 +40,8 @@ __all__ = [
     "ADDED_DATA_KEYS",
     "RUN_DATA_KEYS",
     "resolve_settings",
+    "layered_settings",
+    "typed_settings",
     "parse_assignment",
     "add_set_argument",
     "section_error",
@@ -140,7 +142,7 @@ def _valid_keys(section: str, defaults: Mapping[str, Any], method: Method) -> di
     if section == "tensorize":
         return {"preset": "", **{f.name: None for f in dataclasses.fields(TensorizeConfig)}}
     if section == "method":
-        return dict(method.defaults)
+        return settings_values(settings_type(method.name)())
     return dict(defaults)
 
 
@@ -166,7 +168,11 @@ def _apply(
     declared_types: dict[str, dict[str, Any]],
 ):
     if key not in valid:
-        raise ValueError(f"{where}: unknown key {section}.{key}; valid keys of [{section}]: {sorted(valid)}")
+        owners = [other for other, types in declared_types.items() if other != section and key in types]
+        hint = "".join(f"; {key} is a [{other}] setting: set {other}.{key}" for other in owners)
+        raise ValueError(
+            f"{where}: unknown key {section}.{key}; valid keys of [{section}]: {sorted(valid)}{hint}"
+        )
     default = settings[section].get(key, valid[key])
     declared = declared_types.get(section, {}).get(key)
     if declared is not None and not _fits(value, declared):
@@ -189,13 +195,30 @@ def resolve_settings(
     config_file: str | Path | None = None,
     assignments: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """The checked settings of a run: sections ``model``, ``data``, ``train``, ``tensorize``, ``method``.
+    """The checked settings of a run: sections ``model``, ``data``, ``train``, ``tensorize``, ``method``
+    (:func:`layered_settings`, each section then checked by :func:`typed_settings`). A run resolves them
+    with :func:`comera.recipes.spec.run_spec`, which keeps the typed sections."""
+    settings = layered_settings(presets, preset, method, config_file=config_file, assignments=assignments)
+    typed_settings(settings, method)
+    return settings
+
+
+def layered_settings(
+    presets: Mapping[str, dict[str, Any]],
+    preset: str,
+    method: Method,
+    *,
+    config_file: str | Path | None = None,
+    assignments: Iterable[str] = (),
+) -> dict[str, Any]:
+    """A run's settings by section, layered: the preset, then the TOML file, then the assignments; every
+    key known and of its declared type (the values' ranges are checked by :func:`typed_settings`).
 
     Args:
         presets: the recipe's presets.
         preset: the chosen preset's name.
-        method: the run's method (its per-method overrides from the preset are applied; its ``defaults``
-            are the valid ``method`` keys).
+        method: the run's method (its per-method overrides from the preset are applied; the fields of its
+            settings dataclass are the valid ``method`` keys, their defaults the section's start).
         config_file: a TOML file with ``[model]``, ``[data]``, ``[train]``, ``[tensorize]``, ``[method]``
             tables, applied over the preset.
         assignments: ``"section.key=value"`` strings applied last.
@@ -205,12 +228,10 @@ def resolve_settings(
     base = copy.deepcopy(dict(presets[preset]))
     per_method = base.pop("method", {}) or {}
     settings: dict[str, Any] = {section: dict(base.get(section, {})) for section in SECTIONS}
-    settings["method"] = dict(method.defaults)
+    settings["method"] = settings_values(settings_type(method.name)())
     defaults = {section: dict(settings[section]) for section in SECTIONS}
     valid = {section: _valid_keys(section, defaults[section], method) for section in SECTIONS}
-    declared = {**_DECLARED, "method": {}}
-    if method.settings_type is not None:
-        declared["method"] = _declared_types(method.settings_type)
+    declared = {**_DECLARED, "method": _declared_types(settings_type(method.name))}
     for section, values in (per_method.get(method.name) or {}).items():
         for key, value in values.items():
             _apply(settings, section, key, value, valid[section], f"preset {preset!r}", declared)
@@ -238,19 +259,30 @@ def resolve_settings(
         raise ValueError(
             f"tensorize.preset {name!r} is not registered; registered presets: {list(preset_names())}"
         )
+    return settings
+
+
+def typed_settings(
+    settings: Mapping[str, dict[str, Any]], method: Method, **run_owned: Any
+) -> tuple[TrainConfig, Any, TensorizeConfig]:
+    """The ``train``, ``method`` and ``tensorize`` sections of layered ``settings`` built into the objects
+    that read them (:class:`comera.TrainConfig` with the ``run_owned`` fields such as ``run_dir``, the
+    method's settings, :func:`tensorize_config`); the constructors' ``ValueError`` is given the section's
+    name (``train.lr_other must be ...``)."""
     try:
-        TrainConfig.from_dict(settings["train"])
+        train = TrainConfig.from_dict({**settings["train"], **run_owned})
     except ValueError as error:  # its messages name the field alone: say which section it is in
         raise ValueError(f"train.{error}") from None
     try:
-        method.check_settings(settings["method"])
+        chosen = method_settings(method.name, settings["method"])
     except ValueError as error:
         raise section_error("method", error, settings["method"]) from None
     try:
-        tensorize_config(settings)
+        tensorize = tensorize_config(settings)
     except ValueError as error:
-        raise section_error("tensorize", error, valid["tensorize"]) from None
-    return settings
+        keys = ["preset", *(field.name for field in dataclasses.fields(TensorizeConfig))]
+        raise section_error("tensorize", error, keys) from None
+    return train, chosen, tensorize
 
 
 def section_error(section: str, error: ValueError | FileNotFoundError, keys: Iterable[str]) -> Exception:

@@ -29,6 +29,7 @@ still run; the exit status is then 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -45,7 +46,7 @@ from comera.cli.commands.numbers import number, times
 from comera.cli.commands.paths import run_folder_argument
 from comera.cli.commands.train import add_setting_arguments
 from comera.cli.startup import interrupts_raise
-from comera.methods import get_method, method_names
+from comera.methods import get_method, method_names, settings_type
 from comera.recipes.folders import missing_folders, remove_empty_folders, writable_folder
 from comera.recipes.run import (
     SetupError,
@@ -183,10 +184,14 @@ def _command_arguments(arguments: dict[str, Any]) -> list[str]:
     return words
 
 
+def _has_setting(method: str, key: str) -> bool:
+    return key in {item.name for item in dataclasses.fields(settings_type(method))}
+
+
 def method_assignments(methods: Sequence[str], assignments: Sequence[str]) -> dict[str, list[str]]:
     """The ``--set`` assignments each method's run gets: every one outside the ``method`` section, and a
-    ``method.KEY=...`` one only for the methods that have the setting ``KEY`` (:attr:`Method.defaults`), so
-    ``--set method.gamma=0.1`` changes CoMERA's run and leaves dense's alone.
+    ``method.KEY=...`` one only for the methods that have the setting ``KEY`` (a field of their settings
+    dataclass), so ``--set method.gamma=0.1`` changes CoMERA's run and leaves dense's alone.
 
     Raises:
         ValueError: a ``method.KEY`` that none of ``methods`` has, naming the methods that have it.
@@ -197,9 +202,9 @@ def method_assignments(methods: Sequence[str], assignments: Sequence[str]) -> di
         if section != "method":
             takers = list(methods)
         else:
-            takers = [method for method in methods if key in get_method(method).defaults]
+            takers = [method for method in methods if _has_setting(method, key)]
             if not takers:
-                owners = [name for name in method_names() if key in get_method(name).defaults]
+                owners = [name for name in method_names() if _has_setting(name, key)]
                 raise ValueError(
                     f"--set method.{key}: none of the compared methods {list(methods)} has this setting"
                     + (f"; it belongs to {owners}" if owners else "")

@@ -33,9 +33,10 @@ from comera.cli.launch import (
     worker_status,
 )
 from comera.cli.startup import interrupts_ignored, interrupts_raise
-from comera.methods import get_method, method_names
-from comera.recipes.run import SetupError, default_run_dir, run
-from comera.recipes.settings import add_set_argument, resolve_settings
+from comera.methods import method_names
+from comera.recipes.run import SetupError, run_spec_folder
+from comera.recipes.settings import add_set_argument
+from comera.recipes.spec import RunSpec, default_run_dir, run_spec
 from comera.train.distributed import world
 from comera.train.guard import NonFiniteError
 from comera.train.parallel import RankLostError, init_from_environment, shutdown, training_device
@@ -230,31 +231,47 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"comera train: warning: {message}", file=sys.stderr if file is None else file)
 
 
-def _run_device(args: argparse.Namespace) -> torch.device:
+def _spec(args: argparse.Namespace, out: str | Path) -> RunSpec | SetupError:
+    """The run the command line names, resolved once (:func:`comera.recipes.spec.run_spec`), or the
+    :class:`SetupError` saying why it cannot start."""
+    try:
+        return run_spec(
+            args.workload,
+            args.method,
+            args.preset,
+            data=args.data,
+            config_file=args.config,
+            assignments=args.assignments,
+            out=out,
+            resume=args.resume,
+            restart=args.restart,
+            cache_dir=args.cache,
+            progress=args.progress,
+        )
+    except (ValueError, FileNotFoundError, TypeError) as error:
+        return SetupError(str(error))
+
+
+def _run_device(spec: RunSpec | SetupError) -> torch.device:
     """The device the run's settings name (``train.device``), for the process group's backend; the CPU when
     they name none, or when they cannot be read or name a device this machine lacks (the run then reports
     what is wrong)."""
+    if isinstance(spec, SetupError) or spec.train.device is None:
+        return torch.device("cpu")
     try:
-        settings = resolve_settings(
-            load_recipe(args.workload).presets,
-            args.preset,
-            get_method(args.method),
-            config_file=args.config,
-            assignments=args.assignments,
-        )
-        name = settings["train"].get("device")
-        return torch.device("cpu") if name is None else training_device(name)
-    except (ValueError, FileNotFoundError, TypeError):
+        return training_device(spec.train.device)
+    except ValueError:
         return torch.device("cpu")
 
 
 def _train(args: argparse.Namespace, out) -> int:
     """Train in this process, or as one rank of a ``torchrun`` job (only rank 0 prints). The process group's
     backend is the one for the run's device (``train.device``): nccl for a GPU, gloo for the CPU."""
-    init_from_environment(_run_device(args))
+    spec = _spec(args, out)
+    init_from_environment(_run_device(spec))
     every_rank_answers = False
     try:
-        code = _train_here(args, out, world()[0] == 0)
+        code = _train_here(spec, out, world()[0] == 0)
         every_rank_answers = True
         worker_finished()
         return code
@@ -267,21 +284,11 @@ def _train(args: argparse.Namespace, out) -> int:
         shutdown(wait=every_rank_answers)
 
 
-def _train_here(args: argparse.Namespace, out, speaks: bool) -> int:
+def _train_here(spec: RunSpec | SetupError, out, speaks: bool) -> int:
     try:
-        results = run(
-            args.workload,
-            method=args.method,
-            preset=args.preset,
-            data=args.data,
-            config_file=args.config,
-            assignments=args.assignments,
-            out=out,
-            resume=args.resume,
-            restart=args.restart,
-            cache_dir=args.cache,
-            progress=args.progress,
-        )
+        if isinstance(spec, SetupError):
+            raise spec
+        results = run_spec_folder(spec)
     except SetupError as error:
         if speaks:
             print(f"comera train: {error}", file=sys.stderr)

@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
-from comera.methods.base import Method, MethodContext
+from comera.methods.base import Method, MethodContext, register_method
 from comera.methods.comera.objective import CoMERAObjective
 from comera.methods.comera.settings import CoMERASettings
 from comera.rank.allocation import allocate_ranks
@@ -18,6 +16,7 @@ from comera.train.objective import Objective
 __all__ = ["CoMERAMethod"]
 
 
+@register_method(CoMERASettings)
 class CoMERAMethod(Method):
     """CoMERA: tensorize by the recipe's preset, then the rank-adaptive early and late stages with pruning.
 
@@ -27,23 +26,12 @@ class CoMERAMethod(Method):
 
     name = "comera"
     staged = True
-    defaults = CoMERASettings().to_dict()
-    settings_type = CoMERASettings
-
-    def check_settings(self, settings: dict[str, Any]) -> None:
-        """:class:`CoMERASettings` built from ``settings`` (``ValueError`` naming the field)."""
-        self.settings(settings)
-
-    @staticmethod
-    def settings(settings: dict[str, Any]) -> CoMERASettings:
-        """The run's ``method`` section as :class:`CoMERASettings`."""
-        return CoMERASettings.from_dict(settings)
 
     def prepare(self, model: nn.Module, context: MethodContext) -> nn.Module:
         """Tensorize by ``context.tensorize``; under ``core_rule="spectral"``, redraw the linear layers'
         cores by that rule (:func:`comera.rank.spectral.spectral_init_`); with ``rank_shares``, the ranks are
         first reallocated at the tensorization's size (:func:`comera.rank.allocation.allocate_ranks`)."""
-        settings = self.settings({**self.defaults, **context.settings})
+        settings = self.settings(context)
         config = context.tensorize
         if settings.rank_shares:
             config = allocate_ranks(model, config, settings.rank_shares)
@@ -53,4 +41,4 @@ class CoMERAMethod(Method):
         return model
 
     def objective(self, model: nn.Module, context: MethodContext) -> Objective:
-        return CoMERAObjective(model, self.settings({**self.defaults, **context.settings}))
+        return CoMERAObjective(model, self.settings(context))

@@ -55,7 +55,7 @@ class CoMERAObjective(Objective):
                 f"unknown CoMERAObjective arguments {unknown}; CoMERASettings fields: "
                 f"{[field.name for field in dataclasses.fields(CoMERASettings)]}"
             )
-        self.settings = dataclasses.replace(settings, **overrides)
+        self.settings = dataclasses.replace(settings, **overrides) if overrides else settings
         self.adaptation = RankAdaptation(model, gamma=self.settings.gamma, surrogate=self.settings.surrogate)
         super().__init__(model)
         self.initial_size = self.adaptation.initial_size

@@ -11,7 +11,6 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from comera.checks import check_number
 from comera.rank.adaptation import DEFAULT_RECOVERY, DEFAULT_TRIMS
@@ -116,24 +115,3 @@ class CoMERASettings:
         object.__setattr__(self, "zero_last", tuple(self.zero_last))
         shares = checked_shares(self.rank_shares, "rank_shares") if self.rank_shares != {} else {}
         object.__setattr__(self, "rank_shares", shares)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-Python form (lists for tuples), storable in JSON or a ``weights_only`` checkpoint."""
-        return {
-            key: list(value) if isinstance(value, tuple) else value
-            for key, value in dataclasses.asdict(self).items()
-        }
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> CoMERASettings:
-        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming the valid ones."""
-        if "tau" in values:
-            raise ValueError(
-                "method.tau is not a CoMERA setting: the gate threshold belongs to the layers; "
-                "set tensorize.tau"
-            )
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown CoMERASettings keys {unknown}; valid keys: {sorted(known)}")
-        return cls(**{key: tuple(v) if isinstance(v, list) else v for key, v in values.items()})
