@@ -24,8 +24,8 @@ from comera.recipes.run import (
     read_run_config,
     run,
     run_header,
-    strict_json,
 )
+from comera.recipes.run_records import median_step_time, peak_memory, per_rank_summary, strict_json
 
 
 def _train(step_time=None, peak=None, **extra):
@@ -49,26 +49,26 @@ def test_step_time_is_the_median_after_the_first_window():
         _train(2.0),
         _train(3.0),
     ]
-    assert run_module._step_time(records) == 2.0
+    assert median_step_time(records) == 2.0
 
 
 @pytest.mark.parametrize(("times", "expected"), [([5.0], 5.0), ([10.0, 1.0], 1.0), ([9.0, 1.0, 3.0], 2.0)])
 def test_step_time_keeps_a_single_window_and_drops_only_the_first(times, expected):
     """One window is kept as it is; with two or more only the first is dropped."""
-    assert run_module._step_time([_train(t) for t in times]) == expected
+    assert median_step_time([_train(t) for t in times]) == expected
 
 
 def test_step_time_and_peak_memory_are_nan_without_train_records():
     """No measured train step: both numbers are NaN (written as null)."""
     records = [{"kind": "eval", "metrics": {}}, _train()]
-    assert math.isnan(run_module._step_time(records))
-    assert math.isnan(run_module._peak_memory(records))
+    assert math.isnan(median_step_time(records))
+    assert math.isnan(peak_memory(records))
 
 
 def test_peak_memory_is_the_largest_of_the_train_records():
     """The peak over train records only (an eval record's number does not count)."""
     records = [_train(1.0, 30.0), {"kind": "eval", "peak_memory_mib": 999.0}, _train(1.0, 50.0), _train(1.0)]
-    assert run_module._peak_memory(records) == 50.0
+    assert peak_memory(records) == 50.0
 
 
 def test_per_rank_numbers_are_per_rank_medians_and_peaks():
@@ -79,7 +79,7 @@ def test_per_rank_numbers_are_per_rank_medians_and_peaks():
         _train(step_time_per_rank=[1.0, 2.0], peak_memory_mib_per_rank=[9.0, 6.0]),
         _train(step_time_per_rank=[3.0, 4.0], peak_memory_mib_per_rank=[8.0, 1.0]),
     ]
-    assert run_module._per_rank(records, 2) == {
+    assert per_rank_summary(records, 2) == {
         "step_time_s_per_rank": [2.0, 3.0],
         "peak_memory_mib_per_rank": [9.0, 7.0],
     }
@@ -88,16 +88,16 @@ def test_per_rank_numbers_are_per_rank_medians_and_peaks():
 def test_per_rank_of_a_single_window_and_of_a_single_process():
     """One window per rank is kept as it is; records without per-rank numbers give no keys."""
     records = [_train(step_time_per_rank=[4.0, 6.0, 8.0], peak_memory_mib_per_rank=[1.0, 2.0, 3.0])]
-    assert run_module._per_rank(records, 3) == {
+    assert per_rank_summary(records, 3) == {
         "step_time_s_per_rank": [4.0, 6.0, 8.0],
         "peak_memory_mib_per_rank": [1.0, 2.0, 3.0],
     }
-    assert run_module._per_rank([_train(1.0, 2.0)], 1) == {}
+    assert per_rank_summary([_train(1.0, 2.0)], 1) == {}
     two = [
         _train(step_time_per_rank=[10.0, 20.0], peak_memory_mib_per_rank=[1.0, 2.0]),
         _train(step_time_per_rank=[1.0, 2.0], peak_memory_mib_per_rank=[1.0, 2.0]),
     ]
-    assert run_module._per_rank(two, 2)["step_time_s_per_rank"] == [1.0, 2.0], "of two windows the second"
+    assert per_rank_summary(two, 2)["step_time_s_per_rank"] == [1.0, 2.0], "of two windows the second"
 
 
 def test_per_rank_numbers_come_from_the_records_of_the_final_process_count():
@@ -108,9 +108,9 @@ def test_per_rank_numbers_come_from_the_records_of_the_final_process_count():
         _train(step_time_per_rank=[11.0, 21.0], peak_memory_mib_per_rank=[5.0, 7.0]),
         _train(1.0, 2.0),
     ]
-    assert run_module._per_rank(records, 1) == {}
+    assert per_rank_summary(records, 1) == {}
     three = [_train(step_time_per_rank=[1.0, 2.0, 3.0], peak_memory_mib_per_rank=[4.0, 5.0, 6.0])]
-    assert run_module._per_rank(records + three, 3) == {
+    assert per_rank_summary(records + three, 3) == {
         "step_time_s_per_rank": [1.0, 2.0, 3.0],
         "peak_memory_mib_per_rank": [4.0, 5.0, 6.0],
     }

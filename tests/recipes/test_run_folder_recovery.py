@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 import comera
 from comera.cli.commands.train import main
-from comera.recipes.run import SetupError, run, strict_json
+from comera.recipes.run import SetupError, run
+from comera.recipes.run_records import strict_json
 from comera.train import read_metrics
 
 LATE_STAGE_MID_EPOCH = ['train.unit="step"', "train.early=4", "train.late=3", "method.target_ratio=0.3"]

@@ -36,9 +36,7 @@ When no checkpoint is readable, ``restart=True`` moves the folder aside and trai
 from __future__ import annotations
 
 import json
-import math
 import os
-import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
@@ -61,6 +59,13 @@ from comera.recipes.folders import (
     release_run_folder,
     remove_empty_folders,
     writable_folder,
+)
+from comera.recipes.run_records import (
+    finite_or_none,
+    median_step_time,
+    peak_memory,
+    per_rank_summary,
+    strict_json,
 )
 from comera.recipes.settings import section_error, upgrade_run_header
 from comera.recipes.spec import RunSpec, default_cache_dir, default_run_dir, read_run_config, run_spec
@@ -91,7 +96,6 @@ __all__ = [
     "KEEPING_SETTINGS",
     "header_difference",
     "read_run_config",
-    "strict_json",
     "SetupError",
     "default_cache_dir",
     "default_run_dir",
@@ -293,27 +297,6 @@ def _check_folder(out: Path, header: dict[str, Any], method: Method, resume: boo
     return None
 
 
-def _finite_or_none(value: float) -> float | None:
-    """JSON has no infinity: a ratio without tensorized layers is reported as null."""
-    return value if math.isfinite(value) else None
-
-
-def _finite_values(value: Any) -> Any:
-    if isinstance(value, float):
-        return _finite_or_none(value)
-    if isinstance(value, dict):
-        return {key: _finite_values(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_values(item) for item in value]
-    return value
-
-
-def strict_json(value: Any) -> str:
-    """``value`` (dicts, lists, numbers, strings) as strict JSON text, indented with a final newline: NaN
-    and infinities become null."""
-    return json.dumps(_finite_values(value), indent=2, allow_nan=False) + "\n"
-
-
 def _check_splits(data: RecipeData, data_path: Path | None) -> None:
     """Every split must hold examples: an evaluation of none has no value (``ValueError`` naming it)."""
     source = "the embedded data" if data_path is None else f"--data {data_path}"
@@ -326,37 +309,6 @@ def _check_splits(data: RecipeData, data_path: Path | None) -> None:
                 else f" ({counts.get('read', 0)} read, {counts.get('skipped', 0)} skipped)"
             )
             raise ValueError(f"{source}: the {split} split has no examples{read}; give data with some")
-
-
-def _step_time(records: list[dict[str, Any]]) -> float:
-    times = [r["step_time"] for r in records if r.get("kind") == "train" and r.get("step_time", 0) > 0]
-    times = times[1:] if len(times) > 1 else times
-    return statistics.median(times) if times else float("nan")
-
-
-def _peak_memory(records: list[dict[str, Any]]) -> float:
-    peaks = [r["peak_memory_mib"] for r in records if r.get("kind") == "train" and "peak_memory_mib" in r]
-    return max(peaks) if peaks else float("nan")
-
-
-def _per_rank(records: list[dict[str, Any]], processes: int) -> dict[str, list[float]]:
-    """Per rank of a run that ends in ``processes`` processes: the median step time and the peak memory
-    over the train records written by that many (a run resumed with another ``--nproc`` has records of
-    other counts); ``{}`` for a run that ends in one process."""
-    rows = [
-        r
-        for r in records
-        if r.get("kind") == "train" and len(r.get("step_time_per_rank") or ()) == processes > 1
-    ]
-    if not rows:
-        return {}
-    ranks = range(processes)
-    times = [[row["step_time_per_rank"][rank] for row in rows] for rank in ranks]
-    peaks = [[row["peak_memory_mib_per_rank"][rank] for row in rows] for rank in ranks]
-    return {
-        "step_time_s_per_rank": [statistics.median(each[1:] if len(each) > 1 else each) for each in times],
-        "peak_memory_mib_per_rank": [max(each) for each in peaks],
-    }
 
 
 def _evaluate_splits(trainer: Trainer, recipe: Recipe, data: RecipeData, settings) -> dict[str, dict]:
@@ -632,18 +584,18 @@ def _write_outputs(
         "params": report.model_params,
         "dense_params": setup.dense_params,
         "compression": {
-            "tensorized": _finite_or_none(report.tensorized_ratio),
+            "tensorized": finite_or_none(report.tensorized_ratio),
             "whole": setup.dense_params / max(report.model_params, 1),
         },
-        "step_time_s": _step_time(records),
-        "peak_memory_mib": _peak_memory(records),
+        "step_time_s": median_step_time(records),
+        "peak_memory_mib": peak_memory(records),
         "wall_time_s": time.perf_counter() - started,
         "steps": fit.step,
         "stage": fit.stage,
         "size_ratio": fit.ratio,
         "nonfinite_steps": fit.nonfinite,
         "processes": trainer.world_size,
-        **_per_rank(records, trainer.world_size),
+        **per_rank_summary(records, trainer.world_size),
     }
     results.update(setup.recipe.extra_results(results, data, trainer))
     adaptation = getattr(trainer.objective, "adaptation", None)

@@ -54,8 +54,8 @@ from comera.recipes.run import (
     read_run_config,
     run,
     run_header,
-    strict_json,
 )
+from comera.recipes.run_records import strict_json
 from comera.recipes.settings import parse_assignment, upgrade_run_header, with_run_data_keys
 from comera.train.metrics import read_metrics
 from comera.train.plateau import last_fifth_change, plateau_note
