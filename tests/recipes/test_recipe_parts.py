@@ -290,7 +290,7 @@ def test_a_run_resumes_on_its_data_by_content_wherever_the_data_lies_now(tmp_pat
     """header_difference: the same data (by fingerprint) under another path (a link, a renamed copy or
     folder) is the same run; other content is named with both names; a folder written before fingerprints
     still compares paths."""
-    from comera.recipes.run import header_difference
+    from comera.recipes.run_folder import header_difference
 
     data = tmp_path / "crit.txt"
     data.write_bytes(b"1\t2\n")

@@ -13,18 +13,17 @@ import toy
 from torch.utils.data import TensorDataset
 
 from comera.methods import get_method
-from comera.recipes import run as run_module
-from comera.recipes import spec as spec_module
+from comera.recipes import run_folder
 from comera.recipes.base import RecipeData, register_recipe
 from comera.recipes.run import (
     SetupError,
     default_cache_dir,
     default_run_dir,
-    header_difference,
     read_run_config,
     run,
     run_header,
 )
+from comera.recipes.run_folder import header_difference
 from comera.recipes.run_records import median_step_time, peak_memory, per_rank_summary, strict_json
 
 
@@ -171,10 +170,14 @@ def test_a_config_json_not_shaped_as_a_run_writes_it_is_named(tmp_path, text, pr
         read_run_config(path)
 
 
-def test_a_config_json_shaped_as_a_run_writes_it_is_read():
+@pytest.mark.parametrize(
+    "recorded", [{"settings": {"method": None, "train": {"seed": 0}}}, {"recipe": "toy"}]
+)
+def test_a_config_json_shaped_as_a_run_writes_it_is_read(tmp_path, recorded):
     """Null sections (as a method without settings writes) and missing settings are accepted shapes."""
-    assert spec_module._shape_problem({"settings": {"method": None, "train": {"seed": 0}}}) is None
-    assert spec_module._shape_problem({"recipe": "toy"}) is None
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(recorded))
+    assert read_run_config(path) == recorded
 
 
 def test_a_header_without_data_files_matches_any_fingerprint():
@@ -210,8 +213,8 @@ def test_a_resume_with_other_built_data_names_the_entry_and_both_digests(tmp_pat
         f"{cache}), or start it again with --restart"
     )
     with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
-        run_module._check_identity(tmp_path, now, cache)
-    run_module._check_identity(tmp_path, then, cache)  # the same build: no error
+        run_folder.check_data_identity(tmp_path, now, cache)
+    run_folder.check_data_identity(tmp_path, then, cache)  # the same build: no error
 
 
 @pytest.mark.parametrize(
@@ -222,21 +225,21 @@ def test_a_resume_where_one_side_has_no_identity_shows_none(tmp_path, then, now,
     """A missing identity on either side is shown as ``None``."""
     _recorded_identity(tmp_path, then)
     with pytest.raises(ValueError, match=rf"another v than the run's \(sha256 {shown};"):
-        run_module._check_identity(tmp_path, now, tmp_path)
+        run_folder.check_data_identity(tmp_path, now, tmp_path)
 
 
 def test_a_folder_without_a_recorded_identity_resumes(tmp_path):
     """A ``config.json`` written before identities were recorded passes any identity."""
     (tmp_path / "config.json").write_text(json.dumps({"recipe": "toy"}))
-    run_module._check_identity(tmp_path, {"v": "ab"}, tmp_path)
+    run_folder.check_data_identity(tmp_path, {"v": "ab"}, tmp_path)
 
 
 def test_the_aside_folder_is_the_first_free_number(tmp_path):
     """``OUT.old-N``: N is the first number not taken."""
     out = tmp_path / "run"
-    assert run_module._aside_name(out) == tmp_path / "run.old-1"
+    assert run_folder.aside_name(out) == tmp_path / "run.old-1"
     (tmp_path / "run.old-1").mkdir()
-    assert run_module._aside_name(out) == tmp_path / "run.old-2"
+    assert run_folder.aside_name(out) == tmp_path / "run.old-2"
 
 
 def _header(seed):
@@ -260,8 +263,8 @@ def test_a_refused_resume_names_the_difference_and_the_ways_out(tmp_path):
         "run with another --out"
     )
     with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
-        run_module._check_folder(tmp_path, _header(3), get_method("dense"), True)
-    assert run_module._check_folder(tmp_path, _header(0), get_method("dense"), True) is None
+        run_folder.check_run_folder(tmp_path, _header(3), get_method("dense"), True)
+    assert run_folder.check_run_folder(tmp_path, _header(0), get_method("dense"), True) is None
 
 
 def test_a_folder_holding_a_run_is_refused_with_the_ways_out(tmp_path):
@@ -272,7 +275,7 @@ def test_a_folder_holding_a_run_is_refused_with_the_ways_out(tmp_path):
         "files are moved aside), or choose another --out"
     )
     with pytest.raises(FileExistsError, match=f"^{re.escape(expected)}$"):
-        run_module._check_folder(tmp_path, _header(0), get_method("dense"), False)
+        run_folder.check_run_folder(tmp_path, _header(0), get_method("dense"), False)
 
 
 def _data(train, evals, info):
@@ -293,7 +296,7 @@ def test_an_empty_split_is_named_with_its_counts(tmp_path, counts, shown):
     data = _data(_examples(3), {"test": _examples(0)}, info)
     expected = f"--data {tmp_path}: the test split has no examples{shown}; give data with some"
     with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
-        run_module._check_splits(data, tmp_path)
+        run_folder.check_splits(data, tmp_path)
 
 
 def test_an_empty_train_split_of_the_embedded_data_is_named():
@@ -301,7 +304,7 @@ def test_an_empty_train_split_of_the_embedded_data_is_named():
     data = _data(_examples(0), {"test": _examples(2)}, {"splits": {"train": {"read": 0, "skipped": 4}}})
     expected = "the embedded data: the train split has no examples (0 read, 4 skipped); give data with some"
     with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
-        run_module._check_splits(data, None)
+        run_folder.check_splits(data, None)
 
 
 def test_default_folders(monkeypatch, tmp_path):

@@ -201,7 +201,7 @@ def test_a_header_recorded_before_llm_had_skip_bad_lines_resumes_as_it_ran():
     """An ``llm`` run recorded without ``data.skip_bad_lines`` ran with bad lines stopping it: it matches a
     command that leaves the key False and differs, naming it, from one that sets it; a workload whose data
     section has no such key is not given one."""
-    from comera.recipes.run import header_difference
+    from comera.recipes.run_folder import header_difference
 
     data = {"seq_len": 32, "max_bytes": 100_000}
     recorded = {

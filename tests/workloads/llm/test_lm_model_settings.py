@@ -11,7 +11,8 @@ from torch import nn
 import comera
 from comera.methods import get_method
 from comera.recipes.base import RecipeData, get_recipe
-from comera.recipes.run import header_difference, run_header
+from comera.recipes.run import run_header
+from comera.recipes.run_folder import header_difference
 from comera.recipes.settings import tensorize_config, upgrade_run_header
 from comera.workloads import load_recipe
 

@@ -50,11 +50,11 @@ from comera.methods import get_method, method_names, settings_type
 from comera.recipes.folders import missing_folders, remove_empty_folders, writable_folder
 from comera.recipes.run import (
     SetupError,
-    header_difference,
     read_run_config,
     run,
     run_header,
 )
+from comera.recipes.run_folder import header_difference
 from comera.recipes.run_records import strict_json
 from comera.recipes.settings import parse_assignment, upgrade_run_header, with_run_data_keys
 from comera.train.metrics import read_metrics
