@@ -62,6 +62,15 @@ def test_without_a_dense_or_comera_case_the_targets_are_not_measured():
     assert "| comera | 40.0 | 25600 | - |" in llm.format_steps(results, "c")
 
 
+def test_the_title_names_the_settings_that_changed_the_preset():
+    """Sections of the same table at other ``--set`` settings (``--label``) get titles of their own."""
+    results = [_row("dense", 100.0, 600.0, 1200.0), _row("comera", 40.0, 100.0, 300.0)]
+    plain = llm.format_steps(results, "c").splitlines()[0]
+    wide = llm.format_steps(results, "c", ["model.hidden_size=256", "model.intermediate_size=704"])
+    assert plain == "## Language model (LLaMA-style): one training step per method"
+    assert wide.splitlines()[0] == (f"{plain} (`model.hidden_size=256`, `model.intermediate_size=704`)")
+
+
 def test_the_ladder_table_has_dense_first_then_each_rank():
     results = [_row("dense", 100.0, 600.0, 1200.0), _row("comera", 20.0, 50.0, 200.0, rank=8)]
     results.append({"method": "comera", "rank": 4, "error": ["boom"]})

@@ -133,14 +133,21 @@ def step_targets(results: list[dict[str, Any]]) -> list[str]:
 
 
 def _table_head(
-    results: list[dict[str, Any]], command: str, title: str, what: str, columns: str
+    results: list[dict[str, Any]],
+    command: str,
+    title: str,
+    what: str,
+    columns: str,
+    assignments: Sequence[str] = (),
 ) -> list[str]:
-    """The section's title, the paragraph saying how it was measured, and the table's header rows
+    """The section's title (with the ``--set`` ``assignments`` that changed the preset, so that sections of
+    other settings have other titles), the paragraph saying how it was measured, and the table's header rows
     (``columns``: comma-separated names)."""
     first = next((r for r in results if "error" not in r), {})
     names = [name.strip() for name in columns.split(",")]
+    changed = f" ({', '.join(f'`{each}`' for each in assignments)})" if assignments else ""
     return [
-        f"## Language model (LLaMA-style): {title}",
+        f"## Language model (LLaMA-style): {title}{changed}",
         "",
         f"Machine: {machine_description()}. Command: `{command}`. {what} Each case in a fresh process; "
         f"median of the timed steps after warm-up; {first.get('tokens', '?')} tokens a step; "
@@ -154,8 +161,9 @@ def _table_head(
     ]
 
 
-def format_steps(results: list[dict[str, Any]], command: str) -> str:
-    """Markdown of the ``steps`` section: a row per method (failed ones included) and the targets."""
+def format_steps(results: list[dict[str, Any]], command: str, assignments: Sequence[str] = ()) -> str:
+    """Markdown of the ``steps`` section: a row per method (failed ones included) and the targets; the title
+    names the ``--set`` ``assignments``."""
     dense = _ok(results, "dense")
     columns = "method, ms, tokens/s, speed vs dense, weights+opt MiB, vs dense, training MiB, vs dense, "
     columns += "peak MiB, trained params, compression"
@@ -165,6 +173,7 @@ def format_steps(results: list[dict[str, Any]], command: str) -> str:
         "one training step per method",
         "The `llm` workload's model and data, one fixed batch.",
         columns,
+        assignments,
     )
     for row in results:
         if "error" in row:
@@ -188,8 +197,9 @@ def format_steps(results: list[dict[str, Any]], command: str) -> str:
     return "\n".join([*lines, "", "Targets (measured, not asserted):", "", *step_targets(results)])
 
 
-def format_ladder(results: list[dict[str, Any]], command: str) -> str:
-    """Markdown of the ``ladder`` section: dense, then a row per rank with its compression and speed."""
+def format_ladder(results: list[dict[str, Any]], command: str, assignments: Sequence[str] = ()) -> str:
+    """Markdown of the ``ladder`` section: dense, then a row per rank with its compression and speed; the
+    title names the ``--set`` ``assignments``."""
     dense = _ok(results, "dense")
     lines = _table_head(
         results,
@@ -198,6 +208,7 @@ def format_ladder(results: list[dict[str, Any]], command: str) -> str:
         "comera's model cut to each rank and pruned, against dense.",
         "rank, tensorized compression, model compression, ms, tokens/s, speed vs dense, training MiB, "
         "vs dense",
+        assignments,
     )
     for row in results:
         name = "dense" if "rank" not in row else str(row["rank"])
@@ -357,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.sections:
         print(f"== {name}", flush=True)
         results = _run(name, args, cache)
-        report = (format_steps if name == "steps" else format_ladder)(results, command)
+        report = (format_steps if name == "steps" else format_ladder)(results, command, args.assignments)
         record = {"section": name, "command": command, "machine": machine_description(), "results": results}
         (out / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
         (out / f"{name}.md").write_text(report + "\n")
