@@ -325,7 +325,7 @@ def start_only(args, corpus: Path, out: Path, label: str) -> int:
         raise SystemExit(f"--start-only: no preparation in {out}; run without it first")
     again = prepare(corpus, out, args.workers)
     starts = training_starts(args.work, out)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+    commit = _commit()
     embedded, ours = starts["embedded"], starts["prepared"]
     rows = [
         ("`comera prepare` again over the complete preparation", f"{again['seconds']:.0f} s", ""),
@@ -339,7 +339,7 @@ def start_only(args, corpus: Path, out: Path, label: str) -> int:
         "",
         f"Machine: {_cpu_model()}, {len(os.sched_getaffinity(0))} cores (load average "
         f"{args.load_at_start} at the start). Date {datetime.date.today().isoformat()}, commit "
-        f"{commit.strip()}. Command: `python benchmarks/prepare_corpus.py --gb {args.gb:g} --work WORK "
+        f"{commit}. Command: `python benchmarks/prepare_corpus.py --gb {args.gb:g} --work WORK "
         f"--start-only --write docs/benchmarks.md`, over the preparation of the section above "
         f"(`{out.name}`).",
         "",
@@ -349,6 +349,12 @@ def start_only(args, corpus: Path, out: Path, label: str) -> int:
     ]
     write(args, f"{SECTION}-{label}-start", "\n".join(lines))
     return 0
+
+
+def _commit() -> str:
+    """The checked-out commit's short hash."""
+    command = ["git", "rev-parse", "--short", "HEAD"]
+    return subprocess.run(command, capture_output=True, text=True).stdout.strip()
 
 
 def _cpu_model() -> str:
@@ -361,7 +367,7 @@ def _cpu_model() -> str:
 
 def report(args, facts, prepared, rates, starts, index, encode_rate, cores) -> str:
     """The markdown section."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+    commit = _commit()
     tokens = sum(index["splits"][split]["tokens"] for split in ("train", "validation"))
     phases = prepared["phases"]
     whole_rate = facts["text_bytes"] / prepared["seconds"] / 1e6
@@ -407,7 +413,7 @@ def report(args, facts, prepared, rates, starts, index, encode_rate, cores) -> s
         f"## Preparing a {args.gb:g} GB corpus: memory, throughput, training's start",
         "",
         f"Machine: {_cpu_model()}, {cores} cores (load average {args.load_at_start} at the start). "
-        f"Date {datetime.date.today().isoformat()}, commit {commit.strip()}. Command: `python "
+        f"Date {datetime.date.today().isoformat()}, commit {commit}. Command: `python "
         f"benchmarks/prepare_corpus.py --gb {args.gb:g} --work WORK --ceiling-mb {args.ceiling_mb:g} "
         "--write docs/benchmarks.md`.",
         "",
