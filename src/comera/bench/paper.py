@@ -82,6 +82,7 @@ from comera.bench.ladder import (
     preset_rank,
     truncate_ranks_,
 )
+from comera.bench.op_profile import profile_steps
 from comera.cpu import reuse_freed_memory
 from comera.measure import (
     add_memory_argument,
@@ -172,6 +173,7 @@ def run_case(
     rank: int | None = None,
     memory: str = "reuse",
     assignments: Sequence[str] = (),
+    profile: int = 0,
 ) -> dict[str, Any]:
     """Time and memory of training steps of one method at one batch size, in this process (module doc).
 
@@ -182,7 +184,9 @@ def run_case(
     With ``rank``, the prepared model is first cut to that rank (:func:`comera.bench.ladder.truncate_ranks_`)
     and the case also reports ``rank``, the number of layers sliced (``pruned_layers``) and the model's
     compression (``tensorized_ratio``, ``model_ratio``, ``max_rank``). ``assignments`` (``SECTION.KEY=VALUE``,
-    as ``comera train --set`` takes them) change the preset's settings; the batch size is ``batch``."""
+    as ``comera train --set`` takes them) change the preset's settings; the batch size is ``batch``. With
+    ``profile`` > 0, that many more steps run under ``torch.profiler`` and the case also reports ``profile``
+    (:func:`comera.bench.op_profile.profile_steps`)."""
     recipe, method = load_recipe(workload), get_method(method_name)
     assignments = [*assignments, *_assignments(method_name, batch)]
     settings = resolve_settings(recipe.presets, preset, method, assignments=assignments)
@@ -244,6 +248,7 @@ def run_case(
         "threads": torch.get_num_threads(),
         "memory": memory,
         **ladder,
+        **({"profile": profile_steps(step, profile)} if profile else {}),
     }
 
 
@@ -261,6 +266,7 @@ def run_fresh_case(
     imports: Sequence[str] = (),
     rank: int | None = None,
     assignments: Sequence[str] = (),
+    profile: int = 0,
 ) -> dict[str, Any]:
     """:func:`run_case` in a new interpreter (so its peak memory is its own), with a progress line on stdout;
     the arguments are :func:`run_case`'s, plus ``threads`` (torch threads in the case; None: torch's default)
@@ -276,6 +282,8 @@ def run_fresh_case(
         command += ["--import", module]
     if threads is not None:
         command += ["--threads", str(threads)]
+    if profile:
+        command += ["--profile", str(profile)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode == 0:
         result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -524,6 +532,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--cache", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--profile", type=int, default=0, help=argparse.SUPPRESS)
     add_set_argument(parser, argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -580,6 +589,7 @@ def _run_one_case(args: argparse.Namespace) -> int:
         rank=int(rank[0]) if rank else None,
         memory=args.memory,
         assignments=args.assignments,
+        profile=args.profile,
     )
     print(json.dumps(result))
     return 0

@@ -1,0 +1,131 @@
+"""Where the language model's training step spends its time, dense against comera, at several widths.
+
+    python benchmarks/profile_llm_step.py [--widths 128 1024] [--threads 1] [--write docs/benchmarks.md]
+
+Each case (method x width) runs in a fresh process through :func:`comera.bench.paper.run_fresh_case`, the
+same step ``comera bench llm --sections steps`` times (the ``llm`` recipe at ``--preset``, the width set by
+``model.hidden_size`` and the MLP width scaled with it as ``comera frontier`` does, one fixed batch of
+``--batch`` blocks): ``--warmup`` steps, ``--repeats`` timed steps (their median is the step time), then
+``--steps`` steps under ``torch.profiler``, whose operators' self times are summed per category
+(:data:`comera.bench.op_profile.CATEGORIES`) and divided by the steps. The table gives, per width, each
+category's milliseconds per step for dense and comera and the operator calls per step; ``--write`` replaces
+the section ``llm-step-profile`` of a markdown file; ``--out`` holds every case's result as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from comera.bench.op_profile import CATEGORIES
+from comera.bench.paper import run_fresh_case
+from comera.cli.commands.frontier import dense_width_settings
+from comera.measure import machine_description, update_section
+from comera.workloads import load_recipe
+
+METHODS = ("dense", "comera")
+SECTION = "llm-step-profile"
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--widths", type=int, nargs="+", default=[128, 1024], help="model widths")
+    parser.add_argument("--preset", default="small", help="the llm preset (depth, heads, tokens per block)")
+    parser.add_argument("--batch", type=int, default=8, help="blocks per step (default 8)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in each case (default 1)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps (default 5)")
+    parser.add_argument("--steps", type=int, default=3, help="profiled steps (default 3)")
+    parser.add_argument("--cache", type=Path, default=None, help="data cache (default: a temporary folder)")
+    parser.add_argument("--out", type=Path, default=Path("bench-profile"), help="folder for profile.json")
+    parser.add_argument("--write", default=None, help="markdown file to update (section llm-step-profile)")
+    args = parser.parse_args(argv)
+    for name, least in (("batch", 1), ("threads", 1), ("repeats", 5), ("warmup", 1), ("steps", 1)):
+        if getattr(args, name) < least:
+            parser.error(f"--{name} must be >= {least}, got {getattr(args, name)}")
+    return args
+
+
+def _commit() -> str:
+    command = ["git", "rev-parse", "--short", "HEAD"]
+    return subprocess.run(command, capture_output=True, text=True, check=False).stdout.strip() or "unknown"
+
+
+def _case(args: argparse.Namespace, method: str, width: int, cache: Path) -> dict[str, Any]:
+    model = load_recipe("llm").presets[args.preset]["model"]
+    return run_fresh_case(
+        "llm",
+        args.preset,
+        method,
+        args.batch,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        cache_dir=cache,
+        threads=args.threads,
+        assignments=dense_width_settings(width, model),
+        profile=args.steps,
+    )
+
+
+def _cell(result: dict[str, Any], category: str) -> float:
+    return result["profile"]["categories"].get(category, {}).get("ms", 0.0)
+
+
+def format_table(results: dict[int, dict[str, dict[str, Any]]], command: str) -> str:
+    """The markdown section: one table per width, a row per category, dense and comera side by side."""
+    lines = [
+        f"### Where the training step's time goes, dense against comera "
+        f"({datetime.date.today()}, {_commit()})",
+        "",
+        f"Machine: {machine_description()}. Command: `{command}`.",
+        "",
+    ]
+    for width, cases in results.items():
+        failed = [method for method in METHODS if "error" in cases[method]]
+        if failed:
+            lines += [f"Width {width}: failed ({', '.join(failed)}): {cases[failed[0]]['error']}", ""]
+            continue
+        dense, comera = cases["dense"], cases["comera"]
+        lines += [
+            f"Width {width}: step {dense['ms']:.0f} ms dense, {comera['ms']:.0f} ms comera "
+            f"({dense['ms'] / comera['ms']:.2f}x dense's speed); operator calls per step "
+            f"{dense['profile']['operators']:.0f} dense, {comera['profile']['operators']:.0f} comera.",
+            "",
+            "| category | dense ms/step | comera ms/step | comera - dense |",
+            "|---|---|---|---|",
+        ]
+        for category in [name for name, _ in CATEGORIES] + ["other"]:
+            left, right = _cell(dense, category), _cell(comera, category)
+            lines.append(f"| {category} | {left:.1f} | {right:.1f} | {right - left:+.1f} |")
+        total_left, total_right = dense["profile"]["ms"], comera["profile"]["ms"]
+        change = total_right - total_left
+        lines += [f"| all (profiled) | {total_left:.1f} | {total_right:.1f} | {change:+.1f} |", ""]
+        top = ", ".join(f"`{entry['op']}` {entry['ms']:.0f} ms" for entry in comera["profile"]["top"][:5])
+        lines += [f"comera's top operators: {top}.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Profile every case, print the table (and write it with ``--write``); 1 when a case failed."""
+    args = _parse(argv)
+    command = "python benchmarks/profile_llm_step.py " + " ".join(argv if argv is not None else [])
+    cache = args.cache or Path(tempfile.mkdtemp(prefix="comera-profile-"))
+    results = {width: {m: _case(args, m, width, cache) for m in METHODS} for width in args.widths}
+    table = format_table(results, command.strip())
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "profile.json").write_text(json.dumps(results) + "\n")
+    if args.write:
+        update_section(args.write, SECTION, table)
+    return 1 if any("error" in case for cases in results.values() for case in cases.values()) else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
