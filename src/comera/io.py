@@ -1,23 +1,6 @@
-"""Save and load tensorized models: ``comera_config.json`` plus ``model.safetensors``, never pickle.
-
-The JSON records the library version, the tensorize configs applied, the dtype, and every comera layer's
-spec (:mod:`comera.nn.layer`: its kind and constructor attributes, with the *current* stored ranks; after
-:func:`comera.prune_` these are the pruned ranks), so loading rebuilds each layer with exactly the shapes of
-the saved tensors. Loading re-applies those layers to ``base_model`` (the untensorized model, e.g. a Hugging
-Face model built from its config), or builds the comera model the config names (models register
-themselves with :func:`register_model` and carry their constructor arguments in a ``comera_model``
-attribute ``{"name": ..., "kwargs": {...}}``; the built-in models of :mod:`comera.workloads` are registered
-on first use, so ``import comera`` is enough to load a model that ``comera train`` saved).
-
-Transactions. A save encodes and checks everything first, writes both files into a new folder beside the
-target and swaps it in (:func:`comera.atomic.atomic_replace_folder`): the folder holds the complete old save
-or the complete new one, whatever fails. A load reads and checks the config, every weight's key and shape,
-and every recorded module of the base model before it changes the base model; on any error the base model
-is left as it was. A base model built on the ``meta`` device (no memory, the natural start for a large
-model) is materialised on the CPU from the saved weights.
-
-Shared tensors (a tied head and its embedding) are stored once and listed under ``"aliases"``; the keys of
-persistent buffers are listed under ``"buffers"`` (so that reports can count parameters from the files).
+"""Save and load tensorized models: ``comera_config.json`` (every comera layer with its current ranks) plus
+``model.safetensors``, never pickle; a save replaces the folder's old save at once, a load checks
+everything before it changes the base model. Details: docs/guide.md, 'Conversion rules'.
 """
 
 from __future__ import annotations
@@ -153,11 +136,9 @@ def _layer_specs(root: nn.Module) -> dict[str, dict[str, Any]]:
 
 
 def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
-    """Write ``comera_config.json`` and ``model.safetensors`` for ``model`` into ``directory``.
-
-    One transaction: the config and weights are encoded and checked before anything is written, then both
-    files replace the folder's old save at once (other files in the folder are kept). Returns the directory
-    as a ``Path``. The model is not modified.
+    """Write ``comera_config.json`` and ``model.safetensors`` for ``model`` into ``directory``, in one
+    transaction (encoded and checked first; other files in the folder kept); the model is not modified.
+    Returns the directory as a ``Path``.
 
     Raises:
         TypeError: the config (e.g. the model's ``comera_model`` kwargs) is not JSON-serializable. ValueError:
@@ -397,14 +378,10 @@ def _placement_of(module: nn.Module, default: torch.dtype) -> tuple[torch.device
 def _materialise_meta(
     root: nn.Module, saved_keys: set[str], path: Path
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Give every meta parameter and buffer of ``root`` empty CPU storage (in place: shared tensors stay
-    shared), to be filled from the saved weights; returns the swapped pairs, which a second
-    ``torch.utils.swap_tensors`` of each undoes.
-
-    A meta buffer that the save does not hold (a non-persistent one, such as the rotary frequencies of a
-    Hugging Face LLaMA) is computed by the model's own ``_init_weights`` (on a copy of the module holding
-    it), in a Hugging Face model (:func:`comera.tensorize.hf_init_weights`); in any other model it is
-    refused with ``ValueError``, before anything is changed.
+    """Give every meta parameter and buffer of ``root`` empty CPU storage (in place, shared tensors kept
+    shared) to be filled from the saved weights, a meta buffer the save lacks computed by a Hugging Face
+    model's ``_init_weights`` (``ValueError`` in any other model, before anything changes); returns the
+    swapped pairs, which a second ``torch.utils.swap_tensors`` of each undoes.
     """
     named = [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]
     on_meta = [(name, tensor) for name, tensor in named if tensor.is_meta]
@@ -481,15 +458,9 @@ def _check_state(
 
 
 def load_pretrained(directory: str | os.PathLike, base_model: nn.Module | None = None) -> nn.Module:
-    """Rebuild a model saved by :func:`save_pretrained` and load its weights.
-
-    Everything is checked before ``base_model`` is changed: the config, every weight's key and shape, and
-    the base model's module at every recorded name (it must exist and be the dense module the recorded
-    layer stands for, e.g. an ``nn.Linear`` of the recorded sizes, or a layer of the recorded kind). On any
-    error ``base_model`` is left as it was. A module reachable under several names is replaced under all.
-    Parameters and saved buffers of ``base_model`` on the ``meta`` device are materialised on the CPU with
-    the saved values (shared ones stay shared); a meta buffer that the save does not hold (non-persistent)
-    is computed by a Hugging Face model's ``_init_weights`` and refused in any other model.
+    """Rebuild a model saved by :func:`save_pretrained` and load its weights, everything checked before
+    ``base_model`` is changed (left as it was on any error); meta-device parameters and saved buffers are
+    materialised on the CPU from the saved values.
 
     Args:
         directory: the folder holding ``comera_config.json`` and ``model.safetensors``.

@@ -1,18 +1,7 @@
-"""In-place conversion of a model's dense layers to gated tensor-train layers, and back.
-
-``tensorize_(model, config)`` swaps the selected ``nn.Linear`` modules (and ``transformers``' ``Conv1D``, the
-transposed linear of GPT-2, given back as a ``Conv1D`` by ``untensorize_``) for :class:`comera.TTLinear` /
-:class:`comera.TTMLinear` (and, with ``embeddings``, ``nn.Embedding`` / ``nn.EmbeddingBag`` for their TTM
-versions), validating the whole plan before it changes anything. ``untensorize_`` rebuilds dense modules from
-the current (gated) cores. Both look through ``torch.compile`` wrappers (``_orig_mod``) and refuse a model
-wrapped in ``DistributedDataParallel`` or sharded by FSDP (``fully_shard`` or ``FullyShardedDataParallel``):
-those wrappers hold the parameters they were built on, which a conversion replaces, so convert the plain model
-first and wrap it after.
-
-A model that is never dense: build it on the meta device (``with torch.device("meta"): ...``, or
-accelerate's ``init_empty_weights``), call ``tensorize_`` with ``init="random"`` (its new cores are created
-for real, at the scale of the model's own initialisation), then ``materialize_`` to give the modules that
-stay dense real, initialised storage.
+"""In-place conversion of a model's dense layers (``nn.Linear``, ``transformers``' ``Conv1D``, and with
+``embeddings`` ``nn.Embedding`` / ``nn.EmbeddingBag``) to gated tensor-train layers and back, the whole
+plan validated first, and the materialisation of a model built on the meta device. Details: docs/guide.md,
+'Converting a model and learning its ranks' and 'Conversion rules'.
 """
 
 from __future__ import annotations
@@ -325,12 +314,9 @@ def _hf_initializer_range(root: nn.Module) -> float | None:
 
 
 def meta_init_std(model: nn.Module, module: nn.Module) -> float:
-    """The standard deviation the initialisation of ``model`` gives the weight of its dense ``module``.
-
-    A Hugging Face model (``_init_weights`` and ``config.initializer_range``) draws linear and embedding
-    weights from ``N(0, initializer_range)``. Otherwise the layer's PyTorch default: ``nn.Linear`` draws
-    ``U(-1/sqrt(in), 1/sqrt(in))``, whose std is ``1/sqrt(3 * in_features)``; ``transformers``' ``Conv1D``
-    draws ``N(0, 0.02)``; ``nn.Embedding`` and ``nn.EmbeddingBag`` draw ``N(0, 1)``.
+    """The standard deviation the initialisation of ``model`` gives the weight of its dense ``module``:
+    ``config.initializer_range`` in a Hugging Face model, else the layer's PyTorch default (``1/sqrt(3 *
+    in_features)`` for ``nn.Linear``, 0.02 for ``Conv1D``, 1 for embeddings).
     """
     hf_range = _hf_initializer_range(unwrap_model(model))
     if hf_range is not None:
@@ -438,27 +424,11 @@ def tensorize_(
     device: torch.device | str | None = None,
     **overrides: Any,
 ) -> nn.Module:
-    """Convert the modules of ``model`` selected by ``config`` into gated TT/TTM layers, in place.
-
-    Sharing rules: a module reachable under several names (``model.b = model.a``) becomes one layer placed
-    under every name (selecting any of its names selects it; excluding one name while selecting another is
-    an error). A weight ``Parameter`` shared by different modules is kept shared only in one case: linears
-    whose weight is a converted embedding's table become :class:`TTMTiedHead` s of that table
-    (``tie_output_head=True``; with ``False`` they stay dense and keep the old table as their own weight).
-    Any other converted module whose weight another module also holds is refused with an error naming both.
-
-    Modules read by attribute: a module its parent reads the weight of and never calls (as
-    ``nn.MultiheadAttention`` reads ``out_proj.weight``; the rule is in :mod:`comera.weight_reads`) is left
-    out of ``"all-linear"`` and ``embeddings=True``, and refused when a target selects it. The eval-mode fast
-    path of ``nn.TransformerEncoderLayer`` / ``nn.TransformerEncoder``, which reads ``linear1.weight`` and
-    ``linear2.weight``, is turned off where those linears are converted.
-
-    Meta device: a selected module whose weight is on the meta device (the model was built under
-    ``torch.device("meta")``) gets real cores on ``device``, drawn at random and scaled so the reconstructed
-    weight has the std of the model's own initialisation (:func:`meta_init_std`); its bias is
-    initialised as that initialisation would (zero in a Hugging Face model, ``nn.Linear``'s otherwise), and a
-    tied head's bias is zero. ``init="tt_svd"`` is refused there. The modules left dense stay on the meta
-    device: call :func:`materialize_` next.
+    """Convert the modules of ``model`` selected by ``config`` into gated TT/TTM layers, in place: a module
+    under several names becomes one layer under all of them, a linear sharing a converted embedding's table
+    a :class:`TTMTiedHead`, and a module on the meta device gets random cores on ``device`` at the std of
+    the model's own initialisation (the rest stays on meta: call :func:`materialize_` next). The sharing
+    rules are in docs/guide.md, 'Conversion rules'.
 
     Args:
         model: any ``nn.Module`` (a ``torch.compile`` wrapper is looked through; not one wrapped in DDP or
@@ -598,13 +568,11 @@ def guard_embedding_resize(model: nn.Module) -> None:
 
 def untensorize_(model: nn.Module) -> nn.Module:
     """Replace every comera layer of ``model`` (removed-layer stand-ins included) by the dense module it
-    stands for (:meth:`~comera.nn.layer.ComeraLayer.to_dense_module`), in place, under every name it has.
+    stands for (:meth:`~comera.nn.layer.ComeraLayer.to_dense_module`), in place, under every name it has;
+    returns ``model``.
 
-    ``TTLinear`` / ``TTMLinear`` become ``nn.Linear`` with ``to_dense()`` as weight; TTM embeddings become
-    ``nn.Embedding`` / ``nn.EmbeddingBag`` with their ``padding_idx``, ``mode``, ``include_last_offset`` and
-    ``sparse``; a tied head becomes an ``nn.Linear`` sharing the restored table's weight. Returns ``model``.
-    A model wrapped in ``DistributedDataParallel`` or sharded by FSDP raises ``TypeError`` (as in
-    :func:`tensorize_`).
+    Raises:
+        TypeError: ``model`` is wrapped in ``DistributedDataParallel`` or sharded by FSDP.
 
     Examples:
         >>> import torch
@@ -656,14 +624,10 @@ def hf_init_weights(model: nn.Module) -> Callable[[nn.Module], None] | None:
 
 
 def materialize_(model: nn.Module, device: torch.device | str = "cpu") -> nn.Module:
-    """Give every parameter and buffer of ``model`` still on the meta device real storage on ``device`` and
-    initialise it, in place; tensors already real (the cores :func:`tensorize_` created) are not touched.
-
-    Each meta tensor gets one new tensor (``torch.empty_like`` on ``device``, the same dtype and
-    ``requires_grad``) placed in every module holding it, so tied weights stay tied. The modules that held
-    one are then initialised: a Hugging Face model (one with ``_init_weights`` and a ``config``) through
-    ``model._init_weights(module)``, as its own ``init_weights`` would; any other model through each
-    module's ``reset_parameters()``.
+    """Give every parameter and buffer of ``model`` still on the meta device real storage on ``device`` (one
+    new tensor per meta tensor, so tied weights stay tied) and initialise the modules holding them
+    (``model._init_weights`` in a Hugging Face model, else ``reset_parameters()``), in place; real tensors
+    are not touched.
 
     Args:
         model: any ``nn.Module`` (a ``torch.compile`` wrapper is looked through; not one wrapped in DDP or

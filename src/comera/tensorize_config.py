@@ -1,19 +1,7 @@
-"""``TensorizeConfig``: which modules of a model :func:`comera.tensorize_` converts, and how.
-
-Target grammar (as in PEFT):
-
-- a string is a regular expression that must match a module's full dotted name (``re.fullmatch``);
-  ``"all-linear"`` means every ``nn.Linear`` except an output head (a head tied to an embedding, or the one a
-  Hugging Face model reports from ``get_output_embeddings()``) and a linear its parent reads by attribute
-  instead of calling (``nn.MultiheadAttention``'s ``out_proj``, :mod:`comera.weight_reads`);
-- a list of strings matches a module whose name equals an entry or ends with ``"." + entry``.
-
-``rank_pattern`` and ``shape_pattern`` keys match a module when the key, as a regular expression, matches the
-full name or a dotted suffix of it; the first matching key wins.
-
-Presets: :func:`register_preset` names a config for :func:`tensorize_preset` and the CLI's
-``tensorize.preset``. The built-in workloads' presets (``nli-small``, ``dlrm-smoke``, ...) are registered on
-first use, so a preset name read from a run folder resolves after ``import comera`` alone.
+"""``TensorizeConfig``: which modules of a model :func:`comera.tensorize_` converts (PEFT's target grammar),
+and how; and the registry of named presets (:func:`register_preset`, :func:`tensorize_preset`), the
+built-in workloads' registered on first use. Details: docs/guide.md, 'Conversion rules' and 'Named
+tensorization presets'.
 """
 
 from __future__ import annotations
@@ -259,12 +247,12 @@ def register_preset(
     replace: bool = False,
     fit: Callable[[TensorizeConfig, Mapping[str, Any]], TensorizeConfig] | None = None,
 ) -> TensorizeConfig:
-    """Register ``config`` under ``name`` for :func:`tensorize_preset` and the CLI's ``tensorize.preset``.
+    """Register ``config`` under ``name`` for :func:`tensorize_preset` and the CLI's ``tensorize.preset``;
+    ``fit(config, model_settings)``, optional, adapts it to a model of other sizes (or raises
+    ``ValueError`` naming the setting). Returns ``config``.
 
-    ``fit``, optional: ``fit(config, model_settings)`` returns the preset adapted to a model of other sizes
-    (a recipe run's ``model`` section, e.g. the foldings of another ``hidden_size``), or raises ``ValueError``
-    naming the setting it cannot follow; :func:`fitted_preset` calls it. Registering a name twice raises
-    ``ValueError`` unless ``replace`` is True. Returns ``config``.
+    Raises:
+        ValueError: ``name`` is registered already and ``replace`` is False.
 
     Examples:
         >>> from torch import nn
@@ -321,10 +309,11 @@ def preset_names() -> tuple[str, ...]:
 
 
 def tensorize_preset(name: str, **overrides: Any) -> TensorizeConfig:
-    """The registered preset ``name`` with ``overrides`` applied (:meth:`TensorizeConfig.with_overrides`).
+    """The registered preset ``name`` with ``overrides`` applied (:meth:`TensorizeConfig.with_overrides`); a
+    built-in workload's preset is registered on first use.
 
-    A built-in workload's preset is registered on first use. Raises ``ValueError`` naming the registered
-    presets when ``name`` is unknown.
+    Raises:
+        ValueError: ``name`` is unknown (naming the registered presets).
 
     Examples:
         >>> import comera

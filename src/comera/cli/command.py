@@ -63,10 +63,10 @@ def _plot(run_dir: str, out_dir: str | None, compare: list[str], metric: str | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``comera`` console script (and of ``python -m comera``).
-
-    Each command reports a Ctrl-C in its own line; a second Ctrl-C while it does (or while what it stopped
-    unwinds) ends the command with :data:`~comera.cli.child.INTERRUPTED` too, without a traceback."""
+    """Entry point of the ``comera`` console script (and of ``python -m comera``); a Ctrl-C is reported in one
+    line, and a second one while it is ends the command with :data:`~comera.cli.child.INTERRUPTED`, without
+    a traceback.
+    """
     try:
         return _command(list(sys.argv[1:] if argv is None else argv))
     except KeyboardInterrupt:

@@ -1,13 +1,6 @@
 """A byte-level BPE tokenizer trained on the machine from local documents (``tokenizers``), with RoBERTa's
-special tokens, cached by a digest of what it was trained on; shared by the language-model workloads.
-
-Tokenizer (:func:`load_or_train_tokenizer`): byte-level BPE trained with ``tokenizers`` on the training split
-only, its pre-tokenised pieces cut to at most :data:`MAX_PIECE_CHARS` characters, with the RoBERTa special
-tokens :data:`SPECIAL_TOKENS` (ids 0..4), cached as ``code-bpe-{vocab}-{digest}.json`` in a cache folder;
-the digest covers the training documents (keys and contents) and the trainer settings, so changed data
-trains a new one; a cached file that cannot be read is trained again and replaced
-(:func:`comera.data.cache.read_entry`). A given ``tokenizer.json`` (or ``save_pretrained`` folder) is used
-with its special tokens mapped to these roles (:mod:`comera.data.special_tokens`).
+special tokens, cached by a digest of what it was trained on (or a given ``tokenizer.json`` with its
+special tokens mapped); shared by the language-model workloads. Details: docs/llm.md, 'Bringing a corpus'.
 """
 
 from __future__ import annotations
@@ -58,11 +51,9 @@ def _check_vocab_size(vocab_size: object) -> int:
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
-    """A byte-level BPE tokenizer with :data:`SPECIAL_TOKENS` (ids 0..4) trained on ``texts``.
-
-    Its pre-tokeniser is GPT-2's byte-level one, with pieces longer than :data:`MAX_PIECE_CHARS` cut into
-    pieces of at most that length (in training and in encoding alike). Its vocabulary has at most
-    ``vocab_size`` tokens (fewer when the texts support fewer merges).
+    """A byte-level BPE tokenizer with :data:`SPECIAL_TOKENS` (ids 0..4) trained on ``texts``: GPT-2's
+    byte-level pre-tokeniser with pieces cut to at most :data:`MAX_PIECE_CHARS` characters, at most
+    ``vocab_size`` tokens.
     """
     vocab_size = _check_vocab_size(vocab_size)
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -174,8 +165,8 @@ class SpecialIds:
 
 
 def special_ids(tokenizer: Tokenizer, names: Mapping[str, str | None] | None = None) -> SpecialIds:
-    """The ids of ``tokenizer``'s special tokens by role: those ``names`` gives (role -> token, as a
-    prepared corpus's index records them), else found by their conventional names
+    """The ids of ``tokenizer``'s special tokens by role: those ``names`` gives (role -> token, as a prepared
+    corpus's index records them), else found by their conventional names
     (:func:`comera.data.special_tokens.special_token_names`: RoBERTa's :data:`SPECIAL_TOKENS` first).
 
     Raises:

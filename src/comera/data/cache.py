@@ -1,13 +1,6 @@
-"""Entries of the cache folder (``--cache``): files and folders of data derived from a run's data (a trained
-tokenizer, token ids, parsed arrays), each named by a digest of what it was derived from and written
-atomically (a file by :func:`comera.atomic.atomic_write`, a folder by :func:`building_folder`), so a reader
-sees a complete entry or none.
-
-An entry that cannot be read (cut short, overwritten with other bytes, emptied, a file of a folder missing)
-is a cache miss: :func:`read_entry` warns (a ``RuntimeWarning`` naming the entry and what is wrong) and
-returns None, and the caller builds the entry again from the data and writes it in place of the damaged one,
-atomically as always. An entry of the wrong kind (a folder where a file belongs, or the reverse) is not
-replaced: ``ValueError`` naming it, to be deleted.
+"""Entries of the cache folder (``--cache``): files and folders derived from a run's data, named by a digest
+of what they came from and written atomically; an entry that cannot be read is a cache miss (a
+``RuntimeWarning``, then rebuilt in place). Details: docs/recipes.md, 'Resuming and restarting a run'.
 """
 
 from __future__ import annotations
@@ -30,10 +23,8 @@ T = TypeVar("T")
 
 def read_entry(path: Path, read: Callable[[Path], T], *, folder: bool = False) -> T | None:
     """``read(path)`` of the cache entry ``path`` (a folder if ``folder``, else a file); None where there is
-    none, or where ``read`` fails: the entry is damaged, a warning names it and the caller rebuilds it.
-
-    ``read`` must only read and parse: any failure counts as damage, so a check of the caller's settings
-    (a ``max_length``, a shape) belongs after it, or a bad setting would replace a healthy entry.
+    none or where ``read`` fails (damaged: a warning names it and the caller rebuilds it), so ``read`` must
+    only read and parse, the caller's setting checks coming after it.
 
     Raises:
         ValueError: ``path`` is a folder where a file belongs, or the reverse (it is not replaced).

@@ -1,21 +1,7 @@
-"""A corpus given to ``comera train llm|mlm --data PATH`` as it is (text files, not a ``comera prepare``
-folder) prepared into token shards in the cache folder the first time a run reads it, and found there by
-the next run: :func:`prepare_into_cache`.
-
-The cache entry is ``{prefix}-data-{key}/``, ``key`` a digest of the data's identity: its resolved path,
-each file read (relative name, size in bytes, modification time in ns), the settings that change the
-tokens (vocabulary size, split fraction, the given tokenizer file's SHA-256, skipping bad lines, the files
-read whole, the text fields, the tokenizer's sample size, the read caps), the index format and the layout
-version. Editing, adding or removing a file, or changing such a setting, prepares a new entry; the old one
-stays until the cache is cleared.
-
-The preparation is :func:`comera.data.prepare.prepare_corpus`, written into the entry itself: an
-interrupted one is continued by the next run (the recorded shards are kept), and an entry whose index is
-unfinished or whose shards do not match it is prepared again there (damaged shards encoded again, with a
-warning). A complete entry is used as it is: its shards are checked against the index like any prepared
-corpus's (:func:`comera.data.shard_check.check_shards`, which hashes each shard once per cache). While an
-entry is prepared its process holds an exclusive lock on ``{entry}.lock`` beside it, so a second run on the
-same data (another process, another rank) waits and then reads the finished entry.
+"""A corpus given to ``comera train llm|mlm --data PATH`` as text files prepared into token shards in the
+cache folder the first time a run reads it (entry ``{prefix}-data-{key}/``, keyed by the files and the
+settings that change the tokens; continued, repaired and locked as it is prepared), and found there by the
+next run: :func:`prepare_into_cache`. Details: docs/llm.md, 'Bringing a corpus'.
 """
 
 from __future__ import annotations
@@ -156,8 +142,8 @@ def prepare_into_cache(
     max_bytes: int | None = None,
     report: Callable[[str], None] | None = None,
 ) -> CachedCorpus:
-    """The prepared corpus of ``source`` in ``cache_dir`` (module docstring): used when complete, else
-    prepared (or continued) there.
+    """The prepared corpus of ``source`` in ``cache_dir``: used when complete, else prepared (or continued)
+    there.
 
     Args:
         source: a corpus file or folder (:mod:`comera.data.corpus`).
@@ -165,8 +151,7 @@ def prepare_into_cache(
         prefix: the entry's name prefix (``"lm"``, ``"code"``).
         settings: the preparation's settings.
         max_files, max_bytes: the read caps (:func:`comera.data.prepare.prepare_corpus`; None: all).
-        report: where the preparation's lines go (default: standard error, as ``comera prepare`` prints
-            them).
+        report: where the preparation's lines go (default: standard error).
 
     Raises:
         as :func:`comera.data.prepare.prepare_corpus`.

@@ -1,22 +1,6 @@
-"""The documents of a corpus on disk, read one at a time: what ``comera prepare`` tokenizes.
-
-A corpus is a file or a folder of
-
-- ``.txt`` files (or the endings given as ``whole_files``, ``.py`` for the masked LM): one document each
-  (read whole, so a document's size bounds the memory, not the corpus's; a file larger than
-  ``max_line_bytes`` is refused naming it, :func:`comera.data.sources.check_whole_file`);
-- ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` files (zstd needs ``zstandard``: ``pip install
-  'comera[zstd]'``): one document per line, its ``text`` field
-  (:func:`comera.data.sources.jsonl_documents`; a bad line raises ``ValueError`` naming file and line, or is
-  skipped and recorded with ``skip_bad_lines``);
-- ``.parquet`` files: one document per row of the ``text`` column, read a row group at a time; needs
-  ``pyarrow`` (``pip install 'comera[parquet]'``).
-
-Files are read in the order of a hash of their relative path (:func:`comera.data.sources.source_files`),
-lines and rows in file order. Keys (which decide the split, :func:`comera.data.sources.split_of`): a ``.txt``
-file's relative path, a JSON line's ``repo/path`` when both fields are there else ``file:line``, a Parquet
-row's ``file:row`` (rows from 1). A document whose text is blank is skipped (reason ``"empty"``), as is a
-``.txt`` file that is not UTF-8 (``"not_utf8"``) or cannot be read (``"unreadable"``).
+"""The documents of a corpus on disk (``.txt`` files read whole, ``.jsonl(.gz|.zst)`` lines, ``.parquet``
+rows), read one at a time in the order of a hash of their relative path, with their keys and the records
+left out: what ``comera prepare`` tokenizes. Details: docs/llm.md, 'Bringing a corpus' ('What is read').
 """
 
 from __future__ import annotations
@@ -60,11 +44,8 @@ _PARQUET_BATCH_ROWS = 1024
 
 
 class SkipLog:
-    """Records left out while reading: every one counted by reason, the first ``keep`` kept by key.
-
-    Used as the ``skipped`` list of :func:`comera.data.sources.jsonl_documents` (it has ``append``), so a
-    corpus with millions of bad lines does not hold them all. With ``split_by`` (``key -> split name`` or
-    None), every record is also counted by split and reason in :attr:`by_split`.
+    """Records left out while reading: every one counted by reason (and by split with ``split_by``), the first
+    ``keep`` kept by key; usable as the ``skipped`` list of :func:`comera.data.sources.jsonl_documents`.
     """
 
     def __init__(self, keep: int = 1000, split_by: Callable[[str], str | None] | None = None) -> None:
@@ -90,8 +71,8 @@ class SkipLog:
 
 
 def corpus_files(root: str | Path, whole_files: tuple[str, ...] = WHOLE_FILES) -> list[Path]:
-    """The files of the corpus at ``root`` that are read (module docstring), in reading order;
-    ``whole_files``: the endings of files read as one document each (``.txt`` by default).
+    """The files of the corpus at ``root`` that are read, in reading order; ``whole_files``: the endings of
+    files read as one document each (``.txt`` by default).
 
     Raises:
         FileNotFoundError: nothing is at ``root``. ValueError: it holds no file that is read, or is a symbolic
@@ -162,7 +143,7 @@ def read_corpus(
     on_bytes: Callable[[int], None] | None = None,
 ) -> Iterator[CodeDocument]:
     """The documents of ``files`` (from :func:`corpus_files` of ``root``), one at a time, in reading order;
-    those left out are appended to ``skipped`` (module docstring).
+    those left out are appended to ``skipped``.
 
     Args:
         root, files: the corpus and its files (:func:`corpus_files`).
@@ -171,13 +152,12 @@ def read_corpus(
         max_line_bytes: the longest JSON line read, and the largest file read whole.
         whole_files: endings of files read as one document each.
         text_fields: the JSON fields (and Parquet columns) that may hold a text, the first present used.
-        on_bytes: called now and then with the bytes of the input files read so far (compressed bytes for a
-            gzip file), for a progress bar.
+        on_bytes: called now and then with the bytes of the input files read so far, for a progress bar.
 
     Raises:
         ValueError: a bad JSON line without ``skip_bad_lines`` (file and line named), a file read whole larger
-            than ``max_line_bytes`` (named), a damaged gzip file, a
-            Parquet file without a text column. ImportError: a Parquet file without ``pyarrow``.
+            than ``max_line_bytes`` (named), a damaged gzip file, a Parquet file without a text column.
+            ImportError: a Parquet file without ``pyarrow``.
     """
     root = Path(root)
     done = 0

@@ -1,11 +1,6 @@
-"""A bounded, deterministic sample of documents drawn across a whole corpus, read once: what the tokenizer
-of a prepared corpus is trained on.
-
-Each document gets a sample hash (SHA-256 of its key, as a fraction of ``2**64``); the sample is the
-documents of lowest hash whose texts together hold at most ``budget_bytes`` UTF-8 bytes (the longest such
-prefix of the hash order). It depends on the keys and texts only, not on the reading order, and draws from
-every file in proportion to its documents. At most ``budget_bytes`` of text (plus the document being read)
-is held at a time.
+"""A bounded, deterministic sample of documents drawn across a whole corpus, read once: the documents of
+lowest key hash whose texts hold at most ``budget_bytes``, what a prepared corpus's tokenizer is trained
+on. Details: docs/llm.md, 'Bringing a corpus' ('The tokenizer').
 """
 
 from __future__ import annotations
@@ -29,8 +24,8 @@ def sample_hash(key: str) -> int:
 
 
 def sample_documents(documents: Iterable[CodeDocument], budget_bytes: int) -> list[CodeDocument]:
-    """The documents of lowest :func:`sample_hash` whose texts hold at most ``budget_bytes`` bytes together
-    (module docstring), in hash order.
+    """The documents of lowest :func:`sample_hash` whose texts hold at most ``budget_bytes`` bytes together,
+    in hash order.
 
     Args:
         documents: read once, in any order.

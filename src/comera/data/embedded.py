@@ -1,17 +1,7 @@
 """The embedded corpora (the running Python's standard library, read when a run names no ``--data``) prepared
-into token shards like any corpus (:func:`comera.data.prepare.prepare_documents`) and cached, so that
-training reads every corpus through the same memory maps: :func:`prepare_embedded`.
-
-The caller reads the documents (a few tens of MB) in the order its stream has always had, so the blocks are
-the ones the in-memory packing made: the same token stream, the same validation blocks. The tokenizer is
-:func:`comera.data.bpe.load_or_train_tokenizer`'s, trained on the whole training split and cached under a
-digest of it as before, so a run folder started before the embedded corpus was prepared resumes over the
-same tokens when given its ``--cache`` folder.
-
-The prepared corpus is the cache entry ``{prefix}-prepared-{digest}/`` (the digest covers the documents'
-keys and texts in order, the split fraction, the tokenizer and the layout), written into a temporary folder
-and put in place in one step (:func:`comera.data.cache.building_folder`); an entry whose index cannot be
-read, is unfinished or whose shards do not match it is prepared again (with a warning).
+into token shards like any corpus and cached as ``{prefix}-prepared-{digest}/``, in the order and with the
+tokenizer of the in-memory build: :func:`prepare_embedded`. Details: docs/llm.md, 'Bringing a corpus' ('The
+embedded corpus').
 """
 
 from __future__ import annotations
@@ -69,7 +59,7 @@ def prepare_embedded(
     tokenizer_file: str | Path | None = None,
     held_out: str | None = None,
 ) -> EmbeddedCorpus:
-    """The prepared corpus of ``documents`` (module docstring), from the cache or written to it.
+    """The prepared corpus of ``documents``, from the cache or written to it.
 
     Args:
         documents: the documents, in the order of their split's stream.
@@ -78,12 +68,10 @@ def prepare_embedded(
         prefix: the cache entry's name prefix (``"lm"``, ``"code"``).
         vocab_size, tokenizer_file: of :func:`comera.data.bpe.load_or_train_tokenizer`.
         validation_fraction: the split (:func:`comera.data.sources.split_of`).
-        held_out: a saved ``DatasetDict``'s split that is the validation split instead (keys
-            ``split/index``; :func:`comera.data.saved_dataset.held_out_rule`), or None.
+        held_out: a saved ``DatasetDict``'s split that is the validation split instead, or None.
 
     Raises:
-        ValueError: a bad setting, or a split without documents (the caller checks that first, with its own
-            message).
+        ValueError: a bad setting, or a split without documents.
     """
     cache_dir = Path(cache_dir)
     split_by = held_out_rule(held_out, validation_fraction)

@@ -1,13 +1,6 @@
-"""Tokenizing on every core: batches of texts encoded by worker processes, answered in submission order
-(:class:`EncodePool`), what ``comera prepare`` encodes a corpus with.
-
-Each worker is a small process (:mod:`comera.data.encode_worker`, run by its path so that it does not
-import torch) holding the tokenizer and encoding one batch at a time on one thread, so ``workers`` processes
-use ``workers`` cores. The caller reads the documents and hands over batches (:meth:`EncodePool.encode`);
-each batch goes to the next worker in turn, and at most ``2 * workers`` batches are in flight, so the memory
-held is a few batches, whatever the corpus. A reader thread per worker drains its answers, so a worker never
-waits on a full pipe. ``workers=0`` encodes in the calling process (``encode_batch_fast``, on the
-``tokenizers`` library's own threads).
+"""Tokenizing on every core: batches of texts encoded by worker processes (one core each, at most ``2 *
+workers`` batches in flight), answered in submission order (:class:`EncodePool`), what ``comera prepare``
+encodes a corpus with. Details: docs/llm.md, 'Bringing a corpus' ('Encoding').
 """
 
 from __future__ import annotations
@@ -122,8 +115,8 @@ class _Worker:
 
 
 class EncodePool:
-    """Worker processes encoding batches of texts with the tokenizer in ``tokenizer_file`` (module
-    docstring); a context manager that ends them.
+    """Worker processes encoding batches of texts with the tokenizer in ``tokenizer_file`` (``workers=0``:
+    in this process); a context manager that ends them.
 
     Args:
         tokenizer_file: a ``tokenizer.json``.

@@ -1,17 +1,7 @@
-"""A tokenizing worker process of :class:`comera.data.encode_pool.EncodePool`, run as a script by its path
-(``python .../encode_worker.py TOKENIZER_JSON DTYPE``) so that it imports ``tokenizers`` and ``numpy`` only,
-never the ``comera`` package (and torch): a worker costs about 30 MB besides its tokenizer.
-
-It reads requests from its standard input and answers each on its standard output, in order:
-
-- a request is ``n`` (little-endian uint64; 0 ends the worker), ``n`` uint64 byte lengths, then the ``n``
-  UTF-8 texts one after the other;
-- an answer is ``n``, ``n`` uint64 token counts, then every text's token ids one after the other, as the
-  ``DTYPE`` array (``<u2`` or ``<u4``) the shards hold.
-
-Texts are encoded with ``Tokenizer.encode_batch_fast`` without special tokens, on one thread
-(``RAYON_NUM_THREADS=1``: the pool runs one worker per core). An error ends the worker with its traceback on
-standard error, which the pool reports.
+"""A tokenizing worker process of :class:`comera.data.encode_pool.EncodePool`, run as a script by its path so
+that it imports ``tokenizers`` and ``numpy`` only: it reads requests (``n``, ``n`` uint64 byte lengths, the
+UTF-8 texts; ``n = 0`` ends it) on standard input and answers each (``n``, ``n`` uint64 token counts, the
+ids as the ``DTYPE`` array) on standard output, in order, on one thread.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Reading data files: gzip and zstd decompressed by content, other archives named, errors naming the file.
-
-:func:`open_data` opens a file for reading bytes; a gzip or zstd file (recognised by its first bytes, whatever
-its name) is decompressed on the fly, zstd through the ``zstandard`` package (``pip install 'comera[zstd]'``).
-A bzip2, xz, zip or tar file raises ``ValueError`` naming the format, instead of being parsed as text.
-:func:`reading` turns a truncated or corrupt compressed stream into a ``ValueError`` naming the file
-(:func:`numbered_lines` reads lines so); :func:`utf8_text` and :func:`utf8_problem` describe bytes that are
-not UTF-8 by line, column and byte value.
-
-A UTF-8 byte-order mark at the start of a text (as Windows Notepad writes one) is not part of its first line:
-:func:`open_data` skips it and :func:`utf8_text` and :func:`without_bom` drop it.
+"""Reading data files: gzip and zstd decompressed by content, other archives (bzip2, xz, zip, tar) refused by
+name, a leading UTF-8 byte-order mark skipped, and truncated streams or bytes that are not UTF-8 reported
+naming the file. Details: docs/recipes.md, 'Errors'.
 """
 
 from __future__ import annotations
@@ -236,13 +228,12 @@ def _damaged(path: str | os.PathLike, where: str, error: Exception) -> ValueErro
 def numbered_lines(
     file: BinaryIO, path: str | os.PathLike, max_line_bytes: int | None = None
 ) -> Iterator[tuple[int, bytes]]:
-    """``(line number from 1, bytes)`` of ``file``; a truncated or corrupt gzip stream raises ``ValueError``
-    naming ``path`` and the last line read.
+    """``(line number from 1, bytes)`` of ``file``; a line longer than ``max_line_bytes`` comes as its first
+    ``max_line_bytes + 1`` bytes (the rest read in pieces and dropped), so one huge line is never held
+    whole.
 
-    With ``max_line_bytes``, a line longer than that (its end of line included) comes as its first
-    ``max_line_bytes + 1`` bytes, and the rest of it is read in pieces of that size and dropped: the caller
-    tells it by its length, and no more than that many bytes of a line are held at a time (one line of
-    gigabytes is not read into memory).
+    Raises:
+        ValueError: a truncated or corrupt gzip stream, naming ``path`` and the last line read.
     """
     size = -1 if max_line_bytes is None else max_line_bytes + 1
     number = 0

@@ -1,30 +1,6 @@
 """Tokenize a corpus once into token shards on disk (:mod:`comera.data.token_shards`), streaming, in bounded
-memory, resumable shard by shard: :func:`prepare_corpus`, behind ``comera prepare llm``.
-
-Steps:
-
-1. The tokenizer: a given ``tokenizer.json`` or ``save_pretrained`` folder, its special tokens mapped to
-   roles (:mod:`comera.data.special_tokens`; the mapping is recorded in the index), else a
-   byte-level BPE (:func:`comera.data.bpe.train_tokenizer`) trained on a sample of the training split
-   (:func:`comera.data.corpus_sample.sample_documents`: ``sample_bytes`` of text drawn by key hash across
-   every file), which costs one extra reading pass over the corpus. It is written to ``DIR/tokenizer.json``.
-2. The documents (:func:`comera.data.corpus.read_corpus`) are split by key
-   (:func:`comera.data.sources.split_of`), encoded ``encode_batch`` at a time (``tokenizers`` runs a batch on
-   all cores; ``RAYON_NUM_THREADS`` caps them), each followed by the end-of-document id, and appended to the
-   split's open shard. A shard is closed after the document that brings it to ``shard_tokens`` tokens (so a
-   document never spans two shards), renamed into place atomically, and recorded in ``index.json``, which
-   is rewritten (atomically) after every shard with ``"complete": false`` until the last.
-
-Memory: one batch of documents and its encodings (at most :data:`BATCH_DOCUMENTS` documents or
-:data:`BATCH_BYTES` of text, or one larger document), the tokenizer's sample while it is drawn and trained,
-and the index; never the corpus.
-
-Resume: run again with the same data and settings and the preparation continues. The recorded shards are
-checked (size and SHA-256); the documents of a shard that matches are read again (to count them and the
-skipped records) but not tokenized; a shard that is missing or does not match is encoded again from the
-documents its entry names (``first_document``, ``documents``); the shards after the last recorded one are
-written as in a first run. An index of other inputs (names and sizes of the files) or other settings is
-refused, naming the difference, and the tokenizer is never trained again over recorded shards.
+memory, resumable shard by shard: :func:`prepare_corpus`, behind ``comera prepare llm``. Details:
+docs/llm.md, 'Bringing a corpus'.
 """
 
 from __future__ import annotations
@@ -390,21 +366,20 @@ def prepare_corpus(
     max_files: int | None = None,
     max_bytes: int | None = None,
 ) -> PrepareSummary:
-    """Tokenize the corpus at ``source`` into token shards and ``index.json`` in ``out`` (module docstring),
-    or continue or repair an earlier preparation there.
+    """Tokenize the corpus at ``source`` into token shards and ``index.json`` in ``out``, or continue or
+    repair an earlier preparation there.
 
     Args:
         source: a corpus file or folder (:mod:`comera.data.corpus`), or a folder written by
-            ``datasets.save_to_disk`` (:mod:`comera.data.saved_dataset`; its own validation split kept).
+            ``datasets.save_to_disk`` (:mod:`comera.data.saved_dataset`).
         out: the prepared corpus's folder (created if missing).
         settings: the tokenizer, split and shard settings.
         report: called with one line per shard written, kept or redone (default: ``progress.line``).
-        workers: tokenizing processes (>= 0; None: one per core the process may use, 0: encode in this
-            process on the ``tokenizers`` library's threads); the shards do not depend on it.
+        workers: tokenizing processes (>= 0; None: one per usable core, 0: in this process); the shards do
+            not depend on it.
         progress: where the phases' progress goes (:mod:`comera.data.progress`; default: nowhere).
-        max_files, max_bytes: read only the first ``max_files`` files in reading order, and stop after the
-            document that brings the texts read to ``max_bytes`` UTF-8 bytes (None: all; recorded in the
-            index's ``source``): the caps ``comera train`` applies to a ``--data`` it prepares itself.
+        max_files, max_bytes: read only the first ``max_files`` files, and stop after the document that
+            brings the text read to ``max_bytes`` UTF-8 bytes (None: all).
 
     Raises:
         ValueError: a bad setting (named), a corpus without documents in a split, a bad JSON line (file and
@@ -520,8 +495,8 @@ def prepare_documents(
     split_by: Callable[[str], str | None] | None = None,
     split_rule: str = SPLIT_RULE,
 ) -> PrepareSummary:
-    """:func:`prepare_corpus` over the documents ``read`` gives (a :data:`DocumentReader`), in its order:
-    what the embedded corpora are prepared with (:mod:`comera.data.embedded`).
+    """:func:`prepare_corpus` over the documents ``read`` gives (a :data:`DocumentReader`), in its order: what
+    the embedded corpora are prepared with (:mod:`comera.data.embedded`).
 
     Args:
         read: the documents, read twice when a tokenizer is trained (its sample, then the encoding).

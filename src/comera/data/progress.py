@@ -1,12 +1,6 @@
-"""Progress of the phases of a long data job (``comera prepare``: reading the tokenizer's sample, training the
-tokenizer, encoding): a bar with bytes/s and the time left on a terminal, one line per phase otherwise.
-
-:class:`Progress` is handed to the job; :meth:`Progress.phase` opens one phase with its total (bytes of
-input, or None when unknown) and returns a :class:`Phase` whose :meth:`Phase.advance_to` sets how far it
-got. On a terminal (``bar=True``) the phase is a ``tqdm`` bar on standard error (the rate in bytes/s and
-the time left); otherwise nothing is printed while it runs and one line when it ends, e.g.
-``encoding: 2.00 GB in 312.4 s (6.4 MB/s)``. :meth:`Progress.line` prints a line of the job's own (a shard
-written) without breaking a bar.
+"""Progress of the phases of a long data job (``comera prepare``): a ``tqdm`` bar with bytes/s and the time
+left on a terminal, one line per phase otherwise (``encoding: 2.00 GB in 312.4 s (6.4 MB/s)``). Details:
+docs/llm.md, 'Bringing a corpus' ('Progress').
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""A dataset written by ``datasets.save_to_disk`` read one document at a time through ``pyarrow``'s memory
-maps, without the ``datasets`` package: :func:`saved_dataset_documents`.
-
-Layout (``datasets``' own): a ``Dataset`` folder holds ``state.json``, whose ``_data_files`` list its Arrow
-files (Arrow IPC streams, ``data-00000-of-00001.arrow`` ...) in order; a ``DatasetDict`` folder holds
-``dataset_dict.json``, whose ``splits`` name its subfolders, each a ``Dataset`` folder. A record's key is
-``split/row`` (rows from 0 within the split, across its files), ``data/row`` for a plain ``Dataset``; its
-text is the first of the text fields that is a column (``text``). A blank or missing text is skipped
-(reason ``"empty"``). The files are memory-mapped and read a record batch at a time, so the memory held is
-one batch's texts, whatever the dataset's size.
-
-The held-out split (:func:`held_out_split_name`): a ``DatasetDict``'s ``validation`` split, else its ``test``
-split, is the validation split instead of a split by hash (:func:`held_out_rule`).
+"""A dataset written by ``datasets.save_to_disk`` (``Dataset`` or ``DatasetDict``) read one document at a time
+through ``pyarrow``'s memory maps, without the ``datasets`` package, its ``validation`` (else ``test``)
+split held out: :func:`saved_dataset_documents`. Details: docs/llm.md, 'Bringing a corpus' ('What is
+read').
 """
 
 from __future__ import annotations
@@ -131,8 +122,8 @@ def saved_dataset_documents(
     text_fields: tuple[str, ...],
     on_bytes: Callable[[int], None] | None = None,
 ) -> Iterator[CodeDocument]:
-    """The records of the saved dataset at ``root`` as documents (module docstring), one at a time;
-    blank or missing texts are appended to ``skipped`` (a list or :class:`comera.data.corpus.SkipLog`).
+    """The records of the saved dataset at ``root`` as documents (module docstring), one at a time; blank or
+    missing texts are appended to ``skipped`` (a list or :class:`comera.data.corpus.SkipLog`).
 
     Raises:
         ImportError: ``pyarrow`` is not installed. ValueError: a split without a text column (named).

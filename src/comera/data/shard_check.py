@@ -1,15 +1,6 @@
-"""The check that a prepared corpus's shards are the ones its index describes, before training reads any,
-with a record of shards already checked so that a later start does not hash them again.
-
-Every shard's size is compared with its index entry at each start. Its SHA-256 is computed and compared
-once; the result is recorded in the cache folder (``shard-checks/<digest of the folder and its
-index>.json``: per shard its size, modification time in ns, inode and the SHA-256 found) and a shard whose
-size, modification time and inode are those recorded is not read again (a shard modified in the last two
-seconds before its check is not recorded, so a write in the same clock tick is not missed). The preparation
-writes the same record for the shards it has just written and hashed (:func:`record_written_shards`,
-``shard-checks.json`` beside the index), so the first start after ``comera prepare`` hashes none of them:
-its time does not grow with the corpus. Changing a shard's bytes changes its modification time (unless it
-is set back on purpose), so a damaged shard is hashed again and named.
+"""The check that a prepared corpus's shards are the ones its index describes (size at each start, SHA-256
+once, recorded by size, modification time and inode in the cache folder), before training reads any.
+Details: docs/llm.md, 'Bringing a corpus' ('Training').
 """
 
 from __future__ import annotations
@@ -76,9 +67,8 @@ def record_written_shards(folder: str | os.PathLike, index: dict[str, Any]) -> N
 
 def check_shards(folder: str | os.PathLike, index: dict[str, Any], cache_dir: str | os.PathLike) -> int:
     """``ValueError`` naming the first shard of ``index`` (read from ``folder``) that is missing or whose size
-    or SHA-256 differs from its entry (module docstring); returns the number of shards hashed in this call.
-
-    A damaged shard is named with what differs and how to redo it (``comera prepare`` again).
+    or SHA-256 differs from its entry, with how to redo it (``comera prepare`` again); returns the number
+    of shards hashed in this call.
     """
     folder, cache_dir = Path(folder), Path(cache_dir)
     path = _record_path(folder, cache_dir)

@@ -1,31 +1,6 @@
 """Text documents read from source files, JSON-lines corpora or, by default, the running Python's standard
-library, and their deterministic train/validation split: the corpus layer any language-model workload reads
-(the masked LM's :mod:`comera.workloads.mlm.data`).
-
-Sources (:func:`read_code`):
-
-- CodeSearchNet-style ``*.jsonl`` / ``*.jsonl.gz`` / ``*.jsonl.zst`` files, one JSON object per line whose
-  ``code`` (else ``original_string``; other names with ``text_fields``, e.g. C4's ``text``) field holds the
-  text; a line that is not such an object, or that is longer than ``max_line_bytes`` (default
-  :data:`MAX_LINE_BYTES`), raises ``ValueError`` naming file and line, or is skipped and counted with
-  ``skip_bad_lines=True`` (a long line is never held whole in memory); a truncated or corrupt gzip or zstd
-  file raises ``ValueError`` naming it and the last line read;
-- any folder of source files selected by extension (``.py`` by default), read as UTF-8 (a leading byte-order
-  mark dropped, as in a JSON-lines file); a file that is not valid UTF-8, or that cannot be read (a symbolic
-  link to itself, no permission), is skipped and counted; a file larger than ``max_line_bytes`` raises
-  ``ValueError`` naming it before it is read (:func:`check_whole_file`). A folder may also hold
-  ``*.jsonl(.gz)`` files;
-- nothing: the running Python's standard library (``sysconfig.get_paths()["stdlib"]``, ``*.py``, without
-  ``site-packages``), which every machine has.
-
-``max_files`` / ``max_bytes`` cap what is read (0 or None: no cap); files are taken in the order of a hash of
-their relative path, so a cap gives a fixed pseudo-random sample rather than the first packages
-alphabetically.
-
-Split (:func:`split_of`): a document goes to validation when a SHA-256 hash of its key, as a fraction of
-``2**64``, is below ``validation_fraction``. The key is the file's path relative to the source (for a JSON
-record: ``repo/path`` when both fields are there, so one source file's functions stay together, else
-``file:line``). The split depends on nothing else: not on the order of reading, the caps or the platform.
+library, with read caps, and their deterministic train/validation split by a hash of each document's key
+(:func:`split_of`). Details: docs/llm.md, 'Data' and 'Bringing a corpus'.
 """
 
 from __future__ import annotations

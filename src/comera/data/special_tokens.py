@@ -1,22 +1,6 @@
-"""The special tokens of a tokenizer a user brings, mapped to the roles the language-model workloads use:
-:func:`special_token_names`, :func:`load_given_tokenizer`.
-
-Roles (:data:`ROLES`): ``bos`` (begins a masked-LM block), ``pad`` (fills a padded block; its targets are
-skipped), ``eos`` (ends every document), ``unk`` and ``mask`` (the masked LM's mask). Each is found by name:
-
-- a ``transformers`` tokenizer folder written by ``save_pretrained`` names them in
-  ``special_tokens_map.json`` (else ``tokenizer_config.json``) as ``bos_token``, ``eos_token``,
-  ``pad_token``, ``unk_token``, ``mask_token`` (a string or ``{"content": ...}``); those names are used;
-- otherwise, and for a role the folder does not name, the first of :data:`CONVENTIONAL_NAMES` that the
-  vocabulary holds: RoBERTa's (and comera's own BPE's) ``<s>`` ``<pad>`` ``</s>`` ``<unk>`` ``<mask>``,
-  GPT-2's ``<|endoftext|>``, LLaMA 3's ``<|begin_of_text|>`` / ``<|end_of_text|>``, BERT's ``[CLS]``
-  ``[SEP]`` ``[PAD]`` ``[UNK]`` ``[MASK]``; LLaMA (1, 2) and T5 use RoBERTa's names for what they have.
-
-A tokenizer without an end-of-document token is refused, naming the names looked for. ``bos`` and ``unk``
-default to the end-of-document token (GPT-2 uses ``<|endoftext|>`` for all three). A tokenizer without a
-padding token (GPT-2, LLaMA) gets :data:`ADDED_PAD` added as a special token at the end of its vocabulary
-(the ids of its own tokens do not change), so that padding is never mistaken for a real token. ``mask``
-stays None when there is none; the masked LM refuses such a tokenizer, naming the role.
+"""The special tokens of a tokenizer a user brings (``bos``, ``pad``, ``eos``, ``unk``, ``mask``), found by a
+``save_pretrained`` folder's names or by conventional names, a padding token added where there is none:
+:func:`special_token_names`, :func:`load_given_tokenizer`. Details: docs/llm.md, 'Bringing a corpus'.
 """
 
 from __future__ import annotations

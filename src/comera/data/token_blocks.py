@@ -1,11 +1,6 @@
 """Fixed-length blocks of a token stream held in memory-mapped shards (:mod:`comera.data.token_shards`): a
-map-style dataset whose size on the heap does not grow with the corpus.
-
-The stream is the split's shards concatenated in index order; block ``b`` is its tokens
-``[b * seq_len, (b + 1) * seq_len)``, read through ``numpy.memmap`` when it is asked for (the operating
-system pages the bytes in and may drop them again), so opening a dataset of any size costs one small array
-of shard offsets. A block across a shard boundary is joined from both. The stream's short tail is dropped, or
-padded with ``pad_id``; ``selection`` keeps chosen blocks only (the evaluation split's evenly spaced ones).
+map-style dataset whose size on the heap does not grow with the corpus. Details: docs/llm.md, 'Bringing a
+corpus' ('Training').
 """
 
 from __future__ import annotations
@@ -31,16 +26,15 @@ def spread_blocks(count: int, keep: int | None) -> np.ndarray | None:
 
 
 class TokenBlocks(Dataset):
-    """Blocks of ``seq_len`` tokens of memory-mapped shards (module docstring).
+    """Blocks of ``seq_len`` tokens of memory-mapped shards: block ``b`` is the stream's tokens ``[b *
+    seq_len, (b + 1) * seq_len)``, one ``(seq_len,)`` int64 tensor per item (collated to ``(B, seq_len)``).
 
     Args:
         shards: the stream's pieces in order: ``(n_i,)`` integer arrays, ``numpy.memmap`` for a corpus on
-            disk; they are kept as given, never copied.
+            disk; kept as given, never copied.
         seq_len: tokens per block (>= 2).
         pad_id: None drops the stream's short tail; an id pads it into one last block.
         selection: the block numbers to serve, in order (None: every block).
-
-    Items are ``(seq_len,)`` int64 tensors; the default collate stacks them into ``(B, seq_len)``.
 
     Attributes:
         stream_tokens: tokens of the stream.

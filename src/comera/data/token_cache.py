@@ -1,17 +1,6 @@
-"""Token ids of documents, encoded with a ``tokenizers`` tokenizer and cached on disk: shared by the
-language-model workloads (the masked LM's and the causal LM's data).
-
-Each document's ids are an ``int32`` array (4 bytes a token), views into one array of the whole split. The
-documents are encoded :data:`ENCODE_BATCH_BYTES` of text at a time, so the tokenizer's own per-token records
-(several tens of bytes a token) exist for one batch only: a split of ``T`` tokens holds about ``4 * T`` bytes
-of ids besides its text (22 million tokens of 31 MB of JSON lines: 88 MB), where encoding it in one call held
-well over a gigabyte.
-
-The cache file is ``{prefix}-tokens-{digest}.npz`` in a cache folder: plain arrays (the concatenated ids and
-the offsets of each document), keyed by the tokenizer (:func:`comera.data.tokenize.tokenizer_digest`) and
-the documents (keys and contents, :func:`comera.data.sources.documents_digest`), read back without pickle.
-A file that cannot be read, or whose arrays do not describe as many documents, is encoded again and replaced
-(:func:`comera.data.cache.read_entry`).
+"""Token ids of documents, encoded with a ``tokenizers`` tokenizer a batch of text at a time (about 4 bytes a
+token held) and cached as ``{prefix}-tokens-{digest}.npz`` keyed by the tokenizer and the documents; shared
+by the language-model workloads. Details: docs/llm.md, 'Data'.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
-"""A prepared corpus on disk: token shards, flat arrays of token ids, and the ``index.json`` that describes
-them (written by :mod:`comera.data.prepare`, read by :mod:`comera.data.token_blocks`).
-
-Folder layout::
-
-    DIR/index.json              what follows, the split rule, the tokenizer's digest, skipped records
-    DIR/tokenizer.json          the tokenizer the shards were encoded with
-    DIR/train-00000.bin ...     the training split's token stream, cut at document ends
-    DIR/validation-00000.bin    the validation split's
-
-A shard is the raw bytes of a little-endian ``uint16`` array (``uint32`` when a token id exceeds 65535:
-:func:`token_dtype`), read with ``numpy.memmap``; each document's ids are followed by the end-of-document id
-(``eos_id``), so a split's shards concatenated in order are ``doc_1 </s> doc_2 </s> ...``. A shard entry of
-the index records its ``name``, ``tokens``, ``documents``, ``first_document`` (the split's documents before
-it), ``bytes`` and ``sha256``; a shard whose size or SHA-256 differs from its entry is damaged
-(:func:`shard_problem`) and is never read.
+"""A prepared corpus on disk: ``index.json``, ``tokenizer.json`` and token shards (flat little-endian
+``uint16`` or ``uint32`` arrays, each document followed by the end-of-document id); a shard whose size or
+SHA-256 differs from its entry is never read. Details: docs/llm.md, 'Bringing a corpus' ('The folder').
 """
 
 from __future__ import annotations
@@ -137,9 +124,8 @@ def open_shard(folder: str | os.PathLike, entry: dict[str, Any], dtype: np.dtype
 
 
 class ShardWriter:
-    """One shard written atomically: the ids go to a hidden temporary file in the folder (the name
-    :func:`comera.atomic.remove_stale_temporaries` deletes), hashed as they are written; :meth:`close` syncs
-    it and renames it into place, :meth:`abort` deletes it.
+    """One shard written atomically: the ids go to a hidden temporary file, hashed as they are written;
+    :meth:`close` syncs it and renames it into place, :meth:`abort` deletes it.
 
     Args:
         folder: the prepared corpus's folder.

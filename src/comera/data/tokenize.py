@@ -1,15 +1,7 @@
-"""Sentence-pair tokenisation with the ``tokenizers`` library, from local files only (never a hub).
-
-:class:`PairTokenizer` encodes ``"[CLS] a [SEP] b [SEP]"`` with token types 0 (through the first [SEP]) and 1
-(the rest), truncated longest-first to ``max_length`` tokens, the special tokens included. It is built from
-
-- a WordPiece ``vocab.txt`` (one token a line, BERT's format), with BERT's normaliser (lower-casing unless
-  ``lowercase=False``) and pre-tokeniser, or
-- a ``tokenizer.json``: its model, normaliser and pre-tokeniser are used, but its padding and truncation are
-  replaced (some files fix padding to 128, which would pad every pair) and its post-processor is replaced by
-  the pair template above.
-
-Transformers' ``BertTokenizerFast(vocab_file=...)`` is not used: in transformers 5 it ignores the file.
+"""Sentence-pair tokenisation with the ``tokenizers`` library, from local files only: :class:`PairTokenizer`
+encodes ``"[CLS] a [SEP] b [SEP]"`` with token types, truncated longest-first, from a WordPiece
+``vocab.txt`` or a ``tokenizer.json`` (its padding, truncation and post-processor replaced). Details:
+docs/recipes.md, 'Workloads (recipes)'.
 """
 
 from __future__ import annotations
@@ -53,12 +45,8 @@ TOKENIZER_FILE = "tokenizer.json"
 
 
 def tokenizer_digest(tokenizer: Tokenizer) -> str:
-    """SHA-256 (hex) of ``tokenizer``'s serialised form: vocabulary, merges, normaliser and pre-tokeniser.
-
-    ``tokenizers``' trainers break ties between equally frequent pieces in an order that changes from
-    process to process, so a tokenizer trained again from the same texts may number (or even choose) its
-    pieces differently; a run records this digest of the tokenizer it trained with, and a resume refuses
-    another one by name.
+    """SHA-256 (hex) of ``tokenizer``'s serialised form (vocabulary, merges, normaliser, pre-tokeniser): what
+    a run records, since a tokenizer trained again from the same texts may number its pieces differently.
     """
     return hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
 
@@ -74,12 +62,9 @@ def bert_wordpiece(vocab: dict[str, int] | None = None, *, lowercase: bool = Tru
 
 
 def train_wordpiece(texts: Iterable[str], vocab_size: int, *, lowercase: bool = True) -> Tokenizer:
-    """A BERT-style WordPiece tokenizer whose vocabulary (at most ``vocab_size``, with the special tokens
-    first, so [PAD] is 0) is trained on ``texts``; pieces seen fewer than twice are left out.
-
-    Words longer than the model's ``max_input_chars_per_word`` (100) are left out of training: they encode
-    as [UNK] anyway, and training time grows with the square of a word's length (a one-megabyte word would
-    take hours).
+    """A BERT-style WordPiece tokenizer whose vocabulary (at most ``vocab_size``, special tokens first, so
+    [PAD] is 0) is trained on ``texts``; pieces seen fewer than twice, and words longer than 100 characters
+    (which encode as [UNK] and train in quadratic time), are left out.
     """
     tokenizer = bert_wordpiece(lowercase=lowercase)
     longest = tokenizer.model.max_input_chars_per_word
@@ -184,10 +169,8 @@ class PairTokenizer:
 def load_tokenizer(
     path: str | os.PathLike, *, max_length: int = 128, lowercase: bool = True
 ) -> PairTokenizer:
-    """A :class:`PairTokenizer` from a local ``vocab.txt``, ``tokenizer.json``, or a folder holding one.
-
-    ``lowercase`` applies to ``vocab.txt`` (an uncased vocabulary needs it); a ``tokenizer.json`` keeps its
-    own normaliser. A folder with both uses ``tokenizer.json``.
+    """A :class:`PairTokenizer` from a local ``vocab.txt``, ``tokenizer.json``, or a folder holding one
+    (``tokenizer.json`` first); ``lowercase`` applies to ``vocab.txt`` only.
     """
     file = _locate(Path(path))
     if file.suffix == ".json":

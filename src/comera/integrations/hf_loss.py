@@ -1,22 +1,7 @@
-"""A causal language model's next-token loss computed in chunks of tokens, never holding the whole
-``(batch, seq, vocab)`` logits, and the ``transformers.Trainer`` mixin that trains with it.
-
-- :func:`chunked_causal_lm_loss`: Hugging Face's ``ForCausalLMLoss`` (labels shifted inside, ``-100``
-  ignored, the mean over the counted tokens or the sum over ``num_items_in_batch``) of
-  ``head(hidden_states)``, computed ``chunk_size`` tokens at a time. Each chunk runs under
-  ``torch.utils.checkpoint`` (non-reentrant): the forward keeps the chunk's loss only, the backward
-  recomputes the chunk's logits, takes their gradient and frees them before the next chunk. The head is
-  any module (a dense ``nn.Linear``, a tensorized ``TTLinear``): autograd gives its parameters their
-  gradients.
-- :class:`ChunkedLossMixin` (before ``transformers.Trainer`` in the bases) and :class:`ChunkedLossTrainer`
-  (``transformers.Trainer`` with it): with ``loss_chunk_size=N``, a training loss is the base model's hidden
-  states (``model.base_model``) and :func:`chunked_causal_lm_loss` on ``model.lm_head``; the rest of
-  ``Trainer.compute_loss`` (``num_items_in_batch``, gradient accumulation, DDP, autocast) is Hugging Face's.
-  :class:`comera.integrations.hf_trainer.CoMERATrainer` takes the same keyword.
-
-What it saves: the logits, their fp32 copy, the log-softmax saved for backward and the logits' gradient,
-each ``batch * seq * vocab`` floats (250 MiB apiece for 8 sequences of 256 tokens over 32000 tokens), become
-those of one chunk; the price is the head's forward done twice.
+"""A causal language model's next-token loss computed ``chunk_size`` tokens at a time, never holding the whole
+``(batch, seq, vocab)`` logits (each chunk checkpointed, its logits recomputed in the backward), and the
+``transformers.Trainer`` mixin that trains with it. Details: docs/training.md, 'The chunked causal-LM
+loss'.
 """
 
 from __future__ import annotations
@@ -79,15 +64,9 @@ def chunked_causal_lm_loss(
     num_items_in_batch: torch.Tensor | int | None = None,
     shift_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Hugging Face's causal-LM loss of ``head(hidden_states)``, ``chunk_size`` tokens at a time.
-
-    The same number as ``transformers``' ``ForCausalLMLoss(head(hidden_states), labels, vocab)``:
-    position ``t`` predicts ``labels[..., t + 1]`` (the last position predicts nothing), targets equal to
-    ``ignore_index`` count for nothing, the result is the mean over the counted targets, or their sum
-    divided by ``num_items_in_batch`` when given (gradient accumulation). Logits below fp32 are upcast to
-    fp32 per chunk (float64 stays float64, where Hugging Face would round it to fp32). No more than
-    ``chunk_size`` rows of logits exist at a time, in the forward and in the backward (which recomputes
-    them); the gradients of ``hidden_states`` and of the head's parameters are autograd's.
+    """Hugging Face's causal-LM loss (``ForCausalLMLoss``: labels shifted, ``ignore_index`` skipped, the mean
+    or the sum over ``num_items_in_batch``) of ``head(hidden_states)``, ``chunk_size`` tokens at a time;
+    logits below fp32 are upcast per chunk.
 
     Args:
         hidden_states: ``(..., seq, width)``, the base model's last hidden states.
@@ -96,8 +75,7 @@ def chunked_causal_lm_loss(
         chunk_size: tokens per chunk, an integer >= 1 (larger than the token count: one chunk).
         ignore_index: the target id that counts for nothing.
         num_items_in_batch: divide the summed loss by this instead of taking the mean.
-        shift_labels: ``(..., seq)`` targets already shifted (``labels`` then unused), as Hugging Face
-            accepts them.
+        shift_labels: ``(..., seq)`` targets already shifted (``labels`` then unused).
 
     Returns:
         The 0-dim loss, fp32 (float64 for a float64 head).
@@ -156,14 +134,10 @@ def check_chunkable(model: nn.Module) -> None:
 
 
 class ChunkedLossMixin:
-    """A ``transformers.Trainer`` mixin (put it before ``Trainer`` in the bases) whose training loss never
-    holds the whole logits: with ``loss_chunk_size=N`` (tokens per chunk, an integer >= 1; ``None``, the
-    default, leaves ``Trainer`` as it is), :meth:`compute_loss` of a batch with ``labels`` runs the model with
-    its forward replaced, for that call, by the base model's forward and :func:`chunked_causal_lm_loss` on
-    ``model.lm_head``; the output's ``loss`` is Hugging Face's loss and its ``logits`` are None. The call
-    still goes through the wrapped model (DDP's hooks), under ``accelerate``'s autocast, and Hugging Face's
-    ``compute_loss`` still passes ``num_items_in_batch`` and scales the loss. Calls that return the outputs
-    (evaluation, prediction), a label smoother and a ``compute_loss_func`` keep the full logits.
+    """A ``transformers.Trainer`` mixin (before ``Trainer`` in the bases) whose training loss, with
+    ``loss_chunk_size=N`` (None: ``Trainer`` unchanged), is the base model's hidden states and
+    :func:`chunked_causal_lm_loss` on ``model.lm_head`` (the output's ``logits`` None); evaluation,
+    prediction, a label smoother and a ``compute_loss_func`` keep the full logits.
 
     Raises:
         ValueError: a bad ``loss_chunk_size``, or a model :func:`check_chunkable` refuses (at construction
@@ -218,11 +192,10 @@ def chunked_forward(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> Iterator[None]:
-    """Inside, ``model(**inputs)`` of a Hugging Face causal LM (:func:`check_chunkable`) runs the base model
-    and :func:`chunked_causal_lm_loss` on ``model.lm_head`` (``labels``, ``shift_labels`` and
-    ``num_items_in_batch`` go to the loss, the rest to the base model, all under ``autocast()``) and returns a
-    ``CausalLMOutputWithPast`` whose ``loss`` is set and ``logits`` None. It replaces the instance attribute
-    ``model.forward`` (which ``accelerate`` may have set) and puts it back on the way out.
+    """Inside, ``model(**inputs)`` of a Hugging Face causal LM runs the base model and
+    :func:`chunked_causal_lm_loss` on ``model.lm_head`` under ``autocast()``, returning a
+    ``CausalLMOutputWithPast`` with ``loss`` set and ``logits`` None; ``model.forward`` is put back on the
+    way out.
 
     Raises:
         ValueError: a bad ``chunk_size`` or a model :func:`check_chunkable` refuses.

@@ -1,16 +1,6 @@
-"""``comera.from_pretrained``: a saved tensorized Hugging Face model back in one call.
-
-A folder written by :class:`comera.integrations.hf_trainer.CoMERATrainer` (``save_model`` or a checkpoint)
-holds :func:`comera.save_pretrained`'s files (``comera_config.json``: every comera layer with its stored ranks
-as saved, pruned ones included; ``model.safetensors``) and the model's Hugging Face ``config.json`` (whose
-``architectures`` names the ``transformers`` class), with ``generation_config.json`` for a model that
-generates. :func:`from_pretrained` builds that class from the config on the ``meta`` device (no memory, no
-initialisation), puts comera's layers in at the saved ranks and loads the weights through
-:func:`comera.load_pretrained`, which materialises everything on the CPU from the saved tensors.
-
-``transformers``' own ``AutoModelForCausalLM.from_pretrained(folder)`` does not load such a folder: it
-builds dense layers, reports the cores and gates as unexpected keys and the dense weights as missing, and
-initialises those at random.
+"""``comera.from_pretrained``: a tensorized Hugging Face model saved by ``CoMERATrainer`` (comera's files plus
+``config.json``) back in one call; ``transformers``' own ``from_pretrained`` cannot load such a folder.
+Details: docs/training.md, 'Loading: comera.from_pretrained(folder)'.
 """
 
 from __future__ import annotations
@@ -99,19 +89,16 @@ def from_pretrained(
     **config_overrides: Any,
 ) -> PreTrainedModel:
     """Load a tensorized Hugging Face model saved by ``CoMERATrainer`` (or by :func:`comera.save_pretrained`
-    with the model's ``config.json`` beside it), ready for ``model.generate`` and ``transformers.pipeline``.
-
-    The class that ``config.json``'s ``architectures`` names (e.g. ``LlamaForCausalLM``) is built from the
-    config on the ``meta`` device, its recorded layers become comera's layers at the saved ranks, and the
-    saved weights are loaded strictly (every key, every shape). ``generation_config.json``, when present,
-    becomes ``model.generation_config``.
+    with the model's ``config.json`` beside it): the class ``config.json``'s ``architectures`` names, built
+    on the ``meta`` device with comera's layers at the saved ranks, its weights loaded strictly, ready for
+    ``model.generate`` and ``transformers.pipeline``.
 
     Args:
         folder: the saved folder (``comera_config.json``, ``model.safetensors``, ``config.json``).
         dtype: the parameters' dtype; None keeps the saved one.
         device: where the model goes after loading; None keeps it on the CPU.
-        **config_overrides: attributes of the model's config to set before the model is built (as
-            ``transformers``' ``from_pretrained`` takes them, e.g. ``use_cache=False``).
+        **config_overrides: attributes of the model's config to set before the model is built (e.g.
+            ``use_cache=False``).
 
     Returns:
         The model, in eval mode.

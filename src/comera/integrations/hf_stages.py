@@ -1,25 +1,8 @@
-"""``CoMERACallback``: CoMERA's host-side schedule inside a ``transformers.Trainer`` run.
-
-It does between optimizer steps what :class:`comera.train.Trainer` does (docs/training.md, "Objectives"), by
-asking the same :class:`comera.methods.comera.CoMERAObjective` hooks:
-
-- after every optimizer step (``on_step_end``): the late-stage controller (``objective.after_step``);
-- after step ``early_steps`` (when the run has late steps): the ``"early_end"`` prune point, then the switch
-  to the late stage, whose length is the rest of the run (``max_steps - early_steps``);
-- after the last step (``max_steps``): the ``"end"`` prune point;
-- at every epoch end: the ``"epoch_end"`` prune point (in ``on_step_end`` after the epoch's last step, so
-  that the step's checkpoint holds the pruned model; ``on_epoch_end`` for an epoch cut short).
-
-:meth:`CoMERACallback.state_dict` is what a checkpoint records of the schedule (the resolved early stage, the
-last epoch end, the events); :class:`comera.integrations.hf_trainer.CoMERATrainer` writes it and loads it
-back when a run resumes.
-
-A prune goes through :meth:`CoMERAObjective.prune` with the run's optimizer (``accelerate``'s wrapper looked
-through): :func:`comera.prune_` keeps the ``nn.Parameter`` objects and slices their optimizer state in place,
-so the optimizer and its learning-rate scheduler carry on.
-
-The loss term and the optimizer's parameter groups are not a callback's to change: use
-:class:`comera.integrations.hf_trainer.CoMERATrainer`, which adds this callback itself.
+"""``CoMERACallback``: CoMERA's host-side schedule inside a ``transformers.Trainer`` run (the controller after
+every optimizer step, the late stage after ``early`` steps, the prune points), through the same
+:class:`comera.methods.comera.CoMERAObjective` hooks as :class:`comera.train.Trainer`; the loss term and
+the parameter groups are :class:`comera.integrations.hf_trainer.CoMERATrainer`'s, which adds this callback.
+Details: docs/training.md, 'Training with Hugging Face's Trainer'.
 """
 
 from __future__ import annotations

@@ -1,62 +1,8 @@
-"""``CoMERATrainer``: a ``transformers.Trainer`` that trains a tensorized model the CoMERA way.
-
-What it changes in ``transformers.Trainer`` (everything else, the data loading, the learning-rate schedule,
-gradient clipping, evaluation and the logging integrations, is Hugging Face's):
-
-- **loss** (:meth:`CoMERATrainer.training_step`): the task loss the model returns is backpropagated as
-  Hugging Face does it (scaled for gradient accumulation, by ``num_items_in_batch`` or by the number of
-  micro-batches); on the micro-batch that ends an optimizer step, the step's task loss goes once through
-  :meth:`CoMERAObjective.loss` (the early stage adds ``gamma`` times the size surrogate, the late stage is the
-  controller's objective) and the gradients become the objective's (:meth:`CoMERATrainer.add_rank_term`), so
-  ``k`` micro-batches of ``B / k`` train as one batch of ``B``. The logged ``loss`` is that objective; the
-  task loss alone is logged as ``comera_task_loss``. Evaluation losses are the task loss.
-- **optimizer** (:meth:`CoMERATrainer.create_optimizer`): the optimizer of the constructor's
-  ``optimizer_cls_and_kwargs``, else the one ``args.optim`` names (AdamW by default), built on CoMERA's
-  parameter groups: cores at ``CoMERASettings.lr_cores``, gates at
-  ``CoMERASettings.lr_gates`` (never decayed), every other parameter at ``args.learning_rate``;
-  ``args.weight_decay`` applies to cores and others. The scheduler scales every group alike.
-- **schedule**: :class:`comera.integrations.hf_stages.CoMERACallback` (added by the constructor) runs the
-  controller after every optimizer step, the switch to the late stage after ``early`` steps, and the prune
-  points of ``CoMERASettings.prune_at``.
-- **logs** (:meth:`CoMERATrainer.log`): every record also holds ``comera_size`` (active-rank core entries, the
-  objective's size), ``comera_size_ratio`` (that over the size at the start), ``comera_params`` (the whole
-  model's parameters at the active ranks) and ``comera_compression`` (the tensorized layers' dense parameters
-  over their active ones).
-- **saving** (``save_model`` and every checkpoint): :func:`comera.save_pretrained` (``comera_config.json`` and
-  ``model.safetensors``) plus the model's ``config.json`` (naming its class in ``architectures``) and
-  ``generation_config.json``, so that ``comera.from_pretrained(folder)``
-  (:func:`comera.integrations.hf_pretrained.from_pretrained`) rebuilds it in one call.
-  ``transformers``' ``from_pretrained`` cannot load the folder (it would build dense layers).
-- **checkpoints and resuming**: every checkpoint also holds :data:`STATE_NAME`
-  (:meth:`CoMERATrainer.comera_state`: the pruned ranks, the objective's and controller's state, the
-  schedule's). ``train(resume_from_checkpoint=...)`` on a fresh, unpruned model prunes it to the recorded
-  ranks, loads the weights strictly and restores that state before Hugging Face builds the optimizer and
-  loads its state, the scheduler's, the random generators' and the ``TrainerState``; the run goes on as if
-  uninterrupted.
-- **precision and compilation** are Hugging Face's: ``bf16=True`` runs the model's forward under autocast
-  (the parameters, the gradients and the rank term stay fp32), ``torch_compile=True`` compiles the model
-  (a prune changes parameter shapes: the next forward recompiles). Both are tested on the CPU.
-- **memory**: ``loss_chunk_size=N`` computes the training loss of a causal LM ``N`` tokens at a time without
-  the whole ``(batch, seq, vocab)`` logits (:class:`comera.integrations.hf_loss.ChunkedLossMixin`, which plain
-  ``transformers.Trainer`` users get as :class:`comera.integrations.hf_loss.ChunkedLossTrainer`);
-  ``args.gradient_checkpointing=True`` is Hugging Face's.
-- **model_init**: a trainer built from ``model_init`` binds a new objective and schedule to every fresh model
-  Hugging Face builds (at construction and at every ``train()``).
-
-- **several processes** (``torchrun``, DDP through ``accelerate``): the step's task loss is averaged over the
-  processes before the objective sees it, so every process takes the same decisions; after a prune changed
-  parameter shapes, :meth:`CoMERATrainer.training_step` wraps the model in a new ``DistributedDataParallel``
-  (DDP's gradient buckets keep the shapes they were built with). ``P`` processes with batches of ``B`` train
-  as one process with batches of ``P * B``.
-
-Refused, each with a ``ValueError`` naming the setting, when built and again when ``train()`` starts:
-``deepspeed``, ``fsdp``, ``parallelism_config`` and ``n_gpu > 1`` (one process driving several GPUs): pruning
-changes parameter shapes, which those wrappers do not follow; ``torch_compile`` with more than one process;
-``load_best_model_at_end``, ``auto_find_batch_size``, ``enable_jit_checkpoint``, ``use_liger_kernel`` (see
-``_REFUSED_FLAGS`` for why); ``fp16`` on the CPU (``accelerate`` runs it as fp32 there);
-``optim_target_modules``; an ``args.optim`` outside :data:`PRUNABLE_OPTIMIZERS` in a run that prunes; a key of
-``optim_args`` that ``transformers`` would drop for the optimizer ``args.optim`` names; an optimizer that
-builds its own parameter groups. Every other setting is Hugging Face's to honour.
+"""``CoMERATrainer``: a ``transformers.Trainer`` that trains a tensorized model the CoMERA way (the rank
+objective once per optimizer step, CoMERA's parameter groups, stages and prune points, size logs, saving
+with :func:`comera.save_pretrained` and resuming with CoMERA's state); everything else is Hugging Face's,
+and settings it cannot honour are refused. Details, with the list of refused settings and why:
+docs/training.md, 'Training with Hugging Face's Trainer'.
 """
 
 from __future__ import annotations
@@ -220,30 +166,23 @@ class CoMERATrainer(ChunkedLossMixin, Trainer):
     """``transformers.Trainer`` with CoMERA's rank objective, parameter groups, stages and prune points.
 
     Args:
-        model: a model with gated layers (``comera.tensorize_`` first); its forward returns the task loss
-            (``output.loss``), as ``transformers``' models do when given ``labels``. None with
-            ``model_init=`` (a callable returning such a model): then every ``train()`` trains a fresh model
-            from it, with a fresh objective and schedule.
+        model: a model with gated layers (``comera.tensorize_`` first) whose forward returns the task loss
+            (``output.loss``); None with ``model_init=``, then every ``train()`` trains a fresh model.
         args: the ``TrainingArguments``.
-        settings: CoMERA's settings (default :class:`CoMERASettings`): ``gamma``, ``target_ratio``,
-            ``prune_at``, ``lr_cores``, ``lr_gates`` ...
+        settings: CoMERA's settings (default :class:`CoMERASettings`).
         early: length of the early stage: an int (optimizer steps) or a float in ``[0, 1]`` (that fraction of
             the run's ``max_steps``); the late stage is the rest of the run.
-        loss_chunk_size: None (the model's own loss), or tokens per chunk of the memory-efficient causal-LM
-            loss (:class:`comera.integrations.hf_loss.ChunkedLossMixin`: the base model's hidden states and
-            the loss on ``model.lm_head`` a chunk at a time, never the whole logits).
-        **kwargs: ``transformers.Trainer``'s other arguments (``train_dataset``, ``data_collator``,
-            ``eval_dataset``, ``callbacks``, ``optimizers``, ``optimizer_cls_and_kwargs``, ``model_init``
-            ...).
+        loss_chunk_size: None (the model's own loss), or tokens per chunk of the causal-LM loss
+            (:class:`comera.integrations.hf_loss.ChunkedLossMixin`).
+        **kwargs: ``transformers.Trainer``'s other arguments (``train_dataset``, ``model_init`` ...).
 
     Attributes:
-        objective: the run's :class:`CoMERAObjective` (its ``stage``, ``size()``, ``adaptation``), on the
-            model being trained (``trainer.model``).
+        objective: the run's :class:`CoMERAObjective`, on the model being trained (``trainer.model``).
         comera_callback: the :class:`CoMERACallback` running the schedule; its ``events`` list what happened
-            between steps (late stage, prunes, the controller's trim).
+            between steps.
 
     Raises:
-        ValueError: an unsupported setting (see the module docstring), or a model without gated layers.
+        ValueError: an unsupported setting (docs/training.md lists them), or a model without gated layers.
     """
 
     def __init__(
@@ -297,10 +236,9 @@ class CoMERATrainer(ChunkedLossMixin, Trainer):
         return model
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
-        """The optimizer on CoMERA's parameter groups: the class and keyword arguments given to the
-        constructor as ``optimizer_cls_and_kwargs``, else those of ``args.optim`` (with its betas, epsilon,
-        fused ...); an optimizer passed through ``optimizers=`` is kept as it is. One of
-        :data:`FOREACH_OPTIMIZERS` whose keyword arguments choose neither ``fused`` nor ``foreach`` gets
+        """The optimizer on CoMERA's parameter groups: ``optimizer_cls_and_kwargs`` if given, else
+        ``args.optim``'s (with its betas, epsilon, fused ...); one passed through ``optimizers=`` is kept,
+        and one of :data:`FOREACH_OPTIMIZERS` choosing neither ``fused`` nor ``foreach`` gets
         ``foreach=True``.
 
         Raises:
@@ -338,14 +276,12 @@ class CoMERATrainer(ChunkedLossMixin, Trainer):
         inputs: dict[str, Any],
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor:
-        """``transformers.Trainer.training_step`` (forward and backward of the task loss, as Hugging Face
-        scales it for gradient accumulation), then, on the micro-batch that ends an optimizer step, the rank
-        term once for the whole step (:meth:`add_rank_term`) on the step's task loss averaged over the
-        processes. Under DDP, a prune since the last step first gets the model a new DDP wrapper.
+        """``transformers.Trainer.training_step``, then, on the micro-batch that ends an optimizer step, the
+        rank term once for the whole step (:meth:`add_rank_term`) on the step's task loss averaged over the
+        processes; under DDP, a prune since the last step first gets the model a new DDP wrapper.
 
         Returns:
-            The detached 0-dim loss this micro-batch adds to the step's logged loss: the scaled task loss,
-            plus, on the step's last micro-batch, the objective minus the step's task loss (so that a step's
+            The detached 0-dim loss this micro-batch adds to the step's logged loss (a step's
             micro-batches add up to the objective).
         """
         wrapper = self._wrapper_for_current_shapes(model)
@@ -387,15 +323,10 @@ class CoMERATrainer(ChunkedLossMixin, Trainer):
         return self.model_wrapped
 
     def add_rank_term(self, model: nn.Module, step_task: torch.Tensor) -> torch.Tensor:
-        """Turn the accumulated task-loss gradients into the gradients of CoMERA's objective.
-
-        The gradients hold ``d T / d params`` of the step's task loss ``T`` (``step_task``: the micro-batches'
-        scaled losses summed, averaged over the processes as DDP averages their gradients; the same number a
-        single batch of the whole step in one process gives).
-        :meth:`CoMERAObjective.loss` is evaluated once, on ``T``, with a stand-in leaf for ``T``: its
-        derivative ``w = d objective / d T`` scales the gradients, and the backward of the objective adds the
-        size term's gradients to the gates. By the chain rule the result is the gradient of the objective of
-        the whole step, whatever the number of micro-batches.
+        """Turn the accumulated task-loss gradients ``d T / d params`` into the gradients of CoMERA's
+        objective of the whole step: :meth:`CoMERAObjective.loss` is evaluated once on a stand-in leaf for
+        ``T``, its derivative ``d objective / d T`` scales the gradients and its backward adds the size
+        term's gradients.
 
         Args:
             model: the model being trained (its parameters' ``.grad`` hold the step's task-loss gradients).
@@ -421,7 +352,7 @@ class CoMERATrainer(ChunkedLossMixin, Trainer):
         return super().evaluation_loop(*args, **kwargs)
 
     def comera_metrics(self) -> dict[str, float]:
-        """The size entries added to every log record (see the module docstring; syncs with the device)."""
+        """The size entries added to every log record (docs/training.md; syncs with the device)."""
         size = self.objective.size()
         report = compression_report(self.objective.model)
         metrics = {
@@ -468,10 +399,9 @@ class CoMERATrainer(ChunkedLossMixin, Trainer):
         super()._save_checkpoint(model, trial, *args, **kwargs)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
-        """Bring the model to the checkpoint's state before Hugging Face builds the optimizer and loads its
-        state: prune it to the recorded structure (:meth:`CoMERAObjective.apply_structure`), load the weights
-        strictly, and restore the objective's and the schedule's state. ``train(resume_from_checkpoint=...)``
-        calls it, on a fresh, unpruned model.
+        """Prune a fresh, unpruned model to the checkpoint's recorded structure, load its weights strictly and
+        restore the objective's and the schedule's state, before Hugging Face builds the optimizer and
+        loads its state (``train(resume_from_checkpoint=...)`` calls it).
 
         Raises:
             ValueError: the folder holds no :data:`STATE_NAME`, or a structure or weights this model cannot

@@ -1,19 +1,7 @@
-"""What a workload recipe is: model + data + loss + evaluation + tensorization + training settings, by preset.
-
-A recipe is a subclass of :class:`Recipe` registered with :func:`register_recipe`; ``comera train NAME`` runs
-it (:mod:`comera.recipes.run`). Its :attr:`Recipe.presets` map a preset name (``"paper"``, ``"small"``,
-``"smoke"``) to a settings dict with five sections:
-
-- ``"model"``: keyword arguments of :meth:`Recipe.build_model`'s model;
-- ``"data"``: keyword arguments of :meth:`Recipe.build_data`;
-- ``"train"``: :class:`comera.TrainConfig` fields (``run_dir`` is the run folder's, not a setting);
-- ``"tensorize"``: ``{"preset": NAME, ...}``, a registered tensorization preset
-  (:func:`comera.tensorize_preset`) and overrides of its :class:`comera.TensorizeConfig` fields;
-- ``"method"`` (optional): per-method settings, ``{METHOD: {section: {key: value}}}``, applied over the
-  other sections when that method runs (e.g. the dense baseline's learning rate).
-
-A run's settings are the preset's, then a TOML file's, then ``--set section.key=value`` entries; a key that
-the preset does not define is refused, naming the valid keys (:mod:`comera.recipes.settings`).
+"""What a workload recipe is: model, data, loss, evaluation, tensorization and training settings, by preset
+(sections ``model``, ``data``, ``train``, ``tensorize`` and optional per-method ``method`` overrides);
+:func:`register_recipe` makes it ``comera train NAME``. Details: docs/recipes.md, 'Workloads (recipes)' and
+'Settings'.
 """
 
 from __future__ import annotations
@@ -38,16 +26,12 @@ class RecipeData:
 
     Attributes:
         train: the training dataset (map-style; the Trainer batches it with ``train.batch_size``).
-        evals: evaluation datasets by split name; the first one is evaluated during training. Each is
-            batched as ``train`` is (:class:`comera.train.data.EpochData`): a map-style dataset in order,
-            rank ``r`` of ``N`` processes taking every ``N``-th sample; any other iterable is read as
-            batches, and under several processes must shard itself.
+        evals: evaluation datasets by split name, batched as ``train`` is; the first one is evaluated during
+            training.
         collate_fn: turns a list of samples into a batch (None: ``torch.utils.data.default_collate``).
-        info: facts to report: ``{"splits": {split: {"read": n, "skipped": k, ...}}, ...}`` plus anything
-            the recipe wants in ``results.json`` under ``"data"`` (vocabulary size, majority-class accuracy,
-            where the data came from). ``info["identity"]``, optional: ``{name: hex digest}`` of what the data
-            build made that its inputs do not fix (a tokenizer trained on the machine); a run records it in
-            ``config.json`` and a resume refuses data built differently, naming the entry.
+        info: facts for ``results.json``'s ``"data"`` (``{"splits": {split: {"read": n, "skipped": k}}}``
+            ...); ``info["identity"]``, optional: ``{name: hex digest}`` of what the build made that its
+            inputs do not fix (a trained tokenizer), which a resume must find unchanged.
     """
 
     train: Dataset
@@ -57,17 +41,17 @@ class RecipeData:
 
 
 class Recipe:
-    """A workload: how to build its data and model, its task loss and its evaluation. See the module doc.
+    """A workload: how to build its data and model, its task loss and its evaluation.
 
     Attributes:
         name: the workload's name on the command line (``comera train NAME``).
         description: one line for ``--help``.
         presets: preset name -> settings (sections ``model``, ``data``, ``train``, ``tensorize``,
             optional ``method``).
-        primary_metric: the evaluation metric a comparison of methods leads with and plots
-            (``comera compare``); empty: the evaluator's first metric.
-        comparison_axes: what ``comera compare`` plots the primary metric against, one figure each, from
-            :data:`comera.train.plots.COMPARISON_AXES` (``"tokens"`` needs ``tokens_seen`` in the results).
+        primary_metric: the evaluation metric ``comera compare`` leads with and plots; empty: the
+            evaluator's first metric.
+        comparison_axes: what ``comera compare`` plots the primary metric against, from
+            :data:`comera.train.plots.COMPARISON_AXES`.
     """
 
     name: ClassVar[str] = ""

@@ -1,15 +1,7 @@
-"""What identifies a run's ``--data``: every file's size and SHA-256, so that a resume can tell edited data
-from the data the run started with (the path alone cannot).
-
-A fingerprint is ``{relative name: {"bytes": size, "sha256": hex digest}}`` (``"sha256": None`` and the
-reason under ``"unreadable"`` for a file that cannot be read) over the regular files of the
-data file (one entry, under its own name) or folder (every file below it, hidden ones included, names
-relative to the folder with ``/`` separators), in name order. Hashing reads every byte once (about 1 GB/s).
-
-A prepared corpus (a folder holding an ``index.json`` that :func:`comera.data.token_shards.read_index`
-reads) is fingerprinted without reading its shards: a shard's entry is its size and the SHA-256 its index
-entry records (the index is hashed like any other file, and the data build checks every shard against it,
-:mod:`comera.data.shard_check`), so starting or resuming a run on a corpus of any size reads no shard here.
+"""What identifies a run's ``--data``: ``{relative name: {"bytes": size, "sha256": hex digest}}`` over every
+regular file of the data file or folder, so that a resume can tell edited data from the data the run
+started with; a prepared corpus's shards take the SHA-256 its index records, unread. Details:
+docs/recipes.md, 'Resuming and restarting a run'.
 """
 
 from __future__ import annotations

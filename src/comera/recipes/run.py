@@ -1,36 +1,7 @@
-"""Run a recipe with a method and write the run folder; ``comera train WORKLOAD`` calls :func:`run`.
-
-The run folder::
-
-    config.json        recipe, method, preset, data path, the data's fingerprint and the resolved settings
-    metrics.jsonl      train / eval / event records (comera.train.metrics)
-    plots/*.png        loss and evaluation, size ratio, ranks (rank-adaptive runs)
-    checkpoints/       the Trainer's checkpoints (resume with resume=True / --resume)
-    model/             the trained model (comera.save_pretrained), pruned to its active ranks
-    report.txt         comera.compression_report of the trained model
-    results.json       the run's results (keys below)
-
-``results.json``: ``recipe``, ``method``, ``preset``; ``evaluation`` (split -> the recipe's metrics);
-``data`` (split -> examples ``read`` and ``skipped``, plus the recipe's facts); ``params`` (trained
-entries of the saved model), ``dense_params`` (the untensorized model's), ``compression`` (``tensorized``:
-dense / compressed entries of the tensorized layers, ``whole``: of the whole model); ``step_time_s`` (median
-seconds per training step after the first logged window), ``peak_memory_mib`` (peak resident memory of the
-process, or CUDA allocator peak), ``wall_time_s`` (this process's, plus the training time of earlier
-processes up to the checkpoint a resume continued from), ``steps``, ``stage``, ``size_ratio``, for CoMERA
-``target_reached``, and after a restart ``earlier_run`` (where the replaced run's files were moved). It is
-strict JSON: a number that is not finite (a metric undefined on the data, a time never measured) is null.
-``processes`` is the number of processes that trained; a multi-process run adds ``step_time_s_per_rank`` and
-``peak_memory_mib_per_rank``. A recipe adds its own keys (:meth:`comera.recipes.base.Recipe.extra_results`;
-the language model's perplexity and tokens per second) and files in ``model/`` (its tokenizer).
-
-Under ``torchrun`` (:mod:`comera.train.parallel`) every process runs :func:`run`: ``train.batch_size`` is the
-global batch (each of N processes takes ``batch_size / N``), rank 0 alone checks and writes the run folder,
-and every process returns rank 0's results.
-
-A run killed at any moment resumes (``resume=True``): from the newest readable checkpoint, or from step 0
-when there is none (the earlier records are dropped); a torn last metrics record and stale temporary files
-are cleaned up. A resume is refused, naming the difference, when a setting or the data's content changed.
-When no checkpoint is readable, ``restart=True`` moves the folder aside and trains again.
+"""Run a recipe with a method and write the run folder (``config.json``, ``metrics.jsonl``, ``plots/``,
+``checkpoints/``, ``model/``, ``report.txt``, ``results.json``); ``comera train WORKLOAD`` calls
+:func:`run`, every process of a ``torchrun`` job too. Details: docs/recipes.md, 'The run folder' and
+'Resuming and restarting a run'.
 """
 
 from __future__ import annotations
@@ -161,10 +132,11 @@ def run(
     progress: bool | None = None,
 ) -> dict[str, Any]:
     """Train ``recipe_name`` with ``method`` at ``preset`` and write the run folder; returns ``results.json``.
-    The arguments are resolved by :func:`comera.recipes.spec.run_spec`, then :func:`run_spec_folder` trains.
+    The arguments are resolved by :func:`comera.recipes.spec.run_spec`, then :func:`run_spec_folder`
+    trains.
 
     Args:
-        recipe_name: a registered recipe (``"nli"``, ``"dlrm"``, ``"mlm"``).
+        recipe_name: a registered recipe (``"nli"``, ``"dlrm"``, ``"mlm"``, ``"llm"``).
         method: a registered method (``"comera"``, ``"dense"``, baselines).
         preset: the recipe's preset (``"paper"``, ``"small"``, ``"smoke"``).
         data: the recipe's data file or folder; None for its embedded default data.
@@ -172,8 +144,7 @@ def run(
         out: the run folder; default :func:`default_run_dir`.
         resume: continue the run in ``out`` from its newest readable checkpoint, or from step 0 if there is
             none (the settings and the data's content must be the same).
-        restart: move the files in ``out`` aside (to ``OUT.old-N``, the first free N) and train from step
-            0; for a run that cannot resume (every checkpoint corrupt, changed settings or data).
+        restart: move the files in ``out`` aside (to ``OUT.old-N``) and train from step 0.
         cache_dir: default :func:`default_cache_dir`.
         progress: show a progress bar (None: when stderr is a terminal).
 
@@ -371,10 +342,9 @@ def _write_outputs(
     setup: _Setup, model: nn.Module, fit, evaluation: dict[str, dict], started: float
 ) -> dict[str, Any]:
     """Write ``model/`` (``model``: the trained model, whole), ``report.txt`` and ``results.json`` (rank 0's
-    job); returns the results.
-
-    ``started``: the ``time.perf_counter()`` the run's wall time counts from (earlier processes' time
-    included)."""
+    job) and return the results; ``started`` is the ``time.perf_counter()`` the run's wall time counts
+    from.
+    """
     method, out, data, trainer = setup.method, setup.spec.out, setup.data, setup.trainer
     save_pretrained(model, out / "model")
     setup.recipe.save_model_files(out / "model", data)

@@ -1,11 +1,6 @@
-"""The trained model of a run folder, for use after the run: :func:`load_run_model`.
-
-A run saves its model with :func:`comera.save_pretrained`, which :func:`comera.load_pretrained` rebuilds
-alone when the model is the registered base model with comera layers in it (dense, comera, GaLore, APOLLO).
-Methods that put layers of their own into the model (CoLA's low-rank factors, LTE's heads) save weights that
-only the method's own layers hold; for those the model is rebuilt the way the run built it: the base model
-the save names, then the method's ``prepare`` with the run's settings (``RUN_DIR/config.json``), then the
-saved weights, checked key by key and shape by shape.
+"""The trained model of a run folder, for use after the run: :func:`load_run_model`, which rebuilds through
+the method's ``prepare`` and the run's ``config.json`` the models whose layers only the method holds (CoLA,
+LTE). Details: docs/recipes.md, 'The run folder'.
 """
 
 from __future__ import annotations

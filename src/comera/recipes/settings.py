@@ -1,14 +1,6 @@
-"""A run's settings: a recipe preset, then a TOML file, then ``--set section.key=value`` entries, checked.
-
-Every key must exist in the preset (``model``, ``data``), be a :class:`comera.TrainConfig` field (``train``),
-a :class:`comera.TensorizeConfig` field or ``preset`` (``tensorize``), or one of the method's settings
-(``method``: the fields of the settings dataclass the method is registered with, for ``comera``
-:class:`comera.methods.comera.CoMERASettings`).
-
-A ``train``, ``tensorize`` or ``method`` value must have a type its field declares (``train.compile`` takes
-``true``, ``false`` or ``"auto"``, whatever the preset set); a ``model`` or ``data`` value must have its
-default's type. An int is accepted for a float, a list for a tuple. Anything else raises ``ValueError``
-naming the key and the valid choices, before any data is read or model built.
+"""A run's settings: a recipe preset, then a TOML file, then ``--set section.key=value`` entries, each key
+known and of a type its field declares, checked before any data is read. Details: docs/recipes.md,
+'Settings'.
 """
 
 from __future__ import annotations
@@ -211,8 +203,8 @@ def layered_settings(
     config_file: str | Path | None = None,
     assignments: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """A run's settings by section, layered: the preset, then the TOML file, then the assignments; every
-    key known and of its declared type (the values' ranges are checked by :func:`typed_settings`).
+    """A run's settings by section, layered: the preset, then the TOML file, then the assignments; every key
+    known and of its declared type (the values' ranges are checked by :func:`typed_settings`).
 
     Args:
         presets: the recipe's presets.
@@ -331,15 +323,12 @@ def upgrade_run_header(
     recorded: dict[str, Any], method: Method, header: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """A run folder's ``config.json`` (``recorded``) as the current code writes it, for comparison with the
-    resuming command's ``header``.
+    resuming command's ``header``: keys added since the run was written take ``header``'s value
+    (:data:`ADDED_METHOD_KEYS`, :data:`ADDED_DATA_KEYS`) or the preset's (other ``model`` and ``data``
+    keys); a current header is returned unchanged.
 
-    A folder of an earlier comera whose ``settings.train`` holds keys that are not ``TrainConfig`` fields
-    (CoMERA's settings were kept there) raises ``ValueError``: it is not converted. A method setting of
-    :data:`ADDED_METHOD_KEYS` that the recorded run lacks takes ``header``'s value (when given, for the same
-    method); a data setting of :data:`ADDED_DATA_KEYS` that it lacks and ``header`` has takes its value from
-    before the key existed. Any other ``model`` or ``data`` key that the run's preset defines but the run did
-    not record (added to the preset later, such as ``model.hidden_size``) takes the preset's value, which the
-    run used. A current header is returned unchanged.
+    Raises:
+        ValueError: ``settings.train`` holds keys that are not ``TrainConfig`` fields.
     """
     settings = recorded.get("settings")
     if not isinstance(settings, dict) or not isinstance(settings.get("train"), dict):

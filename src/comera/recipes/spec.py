@@ -1,12 +1,6 @@
-"""``RunSpec``: one run resolved once, at the command's edge, into typed objects.
-
-:func:`run_spec` turns what a command names (recipe, method, preset, data path, a TOML file, ``--set``
-assignments, the run folder and its flags) into a frozen :class:`RunSpec`: the recipe preset, then the TOML
-file, then the assignments are layered and checked (:mod:`comera.recipes.settings`), and each section is
-built into the object that reads it (``train`` -> :class:`comera.TrainConfig`, ``tensorize`` ->
-:class:`comera.TensorizeConfig`, ``method`` -> the method's settings) whose constructor validates it. Every
-later step (:func:`comera.recipes.run.run`, the command's choice of a process-group backend) reads the spec;
-the run folder's ``config.json`` is :meth:`RunSpec.header`.
+"""``RunSpec``: one run resolved once, at the command's edge, into typed objects (``TrainConfig``,
+``TensorizeConfig``, the method's settings) by :func:`run_spec`; every later step reads it, and its
+:meth:`RunSpec.header` is the run folder's ``config.json``. Details: docs/recipes.md, 'Settings'.
 """
 
 from __future__ import annotations

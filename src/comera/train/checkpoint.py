@@ -82,18 +82,11 @@ def foreign_entry(
     structure: Mapping[str, Any],
     shapes: Mapping[int, tuple[int, ...] | None] | None = None,
 ) -> str | None:
-    """Why a checkpoint's model ``state`` cannot be this model's, or None. ``own`` is the model's
-    ``state_dict(keep_vars=True)`` (tied parameters are one object under several names); ``shapes`` the
-    shape each parameter would have after the checkpoint's ``structure`` is applied, by parameter ``id``
-    (``Objective.structure_shapes``; None: the parameter is gone, its layer removed).
-
-    A parameter in ``shapes`` must have exactly that shape (under every name it has: a head tied to an
-    embedding's cores shrinks with them). Without ``shapes``, pruning may only remove the layers that
-    ``structure`` marks removed and shrink the bond sizes (a tensor's first and last dimension; a gate's
-    length) of the layers it names and of the layers tied to them. Every other entry must be the model's,
-    with its shape and dtype, and every entry of the model must be there but for removed layers. Checked
-    before the structure is applied, so that a checkpoint of another model (another width, another method)
-    or an edited one is refused without changing this one.
+    """Why a checkpoint's model ``state`` cannot be this model's (another model, another width, an edited
+    file), or None; checked before the checkpoint's structure is applied. Every entry must be the model's
+    with its shape and dtype, but for the shapes ``shapes`` gives (by parameter ``id``, after the
+    structure; None: the layer is removed) or, without ``shapes``, the removed layers and shrunk bonds of
+    the layers the structure names; ``own`` is the model's ``state_dict(keep_vars=True)``.
     """
     shapes = shapes or {}
     layers = tuple(structure)

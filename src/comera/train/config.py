@@ -1,13 +1,6 @@
-"""``TrainConfig``: the generic settings of a training run (any method), checked on construction.
-
-A run has an early stage and, when ``late > 0``, a late stage; an objective with stages (CoMERA's:
-docs/method.md §4) switches between them, any other runs ``early + late`` of the same objective. Stage lengths
-count epochs or optimizer steps (``unit``). A method's own settings are not here: CoMERA's (``gamma``,
-``target_ratio``, ``prune_at``, ``lr_cores`` ...) are :class:`comera.methods.comera.CoMERASettings` (the
-``method`` section of a recipe run).
-
-Intervals (``log_every``, ``eval_every``, ``checkpoint_every``) always count steps; ``None`` for eval and
-checkpoints means "at the end of every epoch". Every run also evaluates and checkpoints at its last step.
+"""``TrainConfig``: the generic settings of a training run (any method), checked on construction; a method's
+own settings (CoMERA's: :class:`comera.methods.comera.CoMERASettings`) are not here. Details:
+docs/training.md, 'The loop'.
 """
 
 from __future__ import annotations
@@ -63,30 +56,26 @@ _DEFAULT_BACKEND = "inductor"
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Settings of :class:`comera.train.Trainer`; paper values where the paper gives them.
+    """Settings of :class:`comera.train.Trainer`; paper values where the paper gives them. Intervals count
+    steps; a run also evaluates and checkpoints at its last step.
 
-    Stages:
-        early: length of the early stage (>= 0) in ``unit``s. Paper: 20 epochs.
-        late: length of the late stage (>= 0); 0 skips it. Paper: 10 epochs.
+    Attributes:
+        early: length of the early stage (>= 0) in ``unit`` s. Paper: 20 epochs.
+        late: length of the late stage (>= 0); 0 skips it (an objective without stages runs ``early + late``).
+            Paper: 10 epochs.
         unit: ``"epoch"`` or ``"step"``.
-
-    Optimisation (default optimizer: AdamW on the objective's ``param_groups``):
-        lr_other, weight_decay: the learning rate of the parameters the objective gives no rate of its own
-            (every parameter for a task-loss objective; CoMERA's cores and gates have theirs), and the decay.
+        lr_other: learning rate of the parameters the objective gives no rate of its own (default AdamW on the
+            objective's ``param_groups``).
+        weight_decay: AdamW's decay.
         grad_clip: clip the total gradient norm to this value (> 0); None = no clipping.
-        lr_schedule: ``"constant"`` (every group keeps its rate; the default) or ``"cosine"``: a linear
-            warm-up over the first ``warmup`` fraction of the run's steps (early + late), then a half cosine
-            down to ``min_lr_ratio`` of each param group's own peak rate (:mod:`comera.train.schedule`).
-            A pure function of the step, so a resume continues it exactly. Under ``cuda_graph`` the rates
-            are device tensors written in place, so the captured step follows the schedule; under
-            ``compile`` the optimizer step stays eager (a changed rate would recompile it).
-        warmup: fraction of the run's steps that warm up (in ``[0, 1)``; the schedule's only).
+        lr_schedule: ``"constant"`` or ``"cosine"`` (linear warm-up, then a half cosine down to
+            ``min_lr_ratio`` of each group's peak; :mod:`comera.train.schedule`).
+        warmup: fraction of the run's steps that warm up (in ``[0, 1)``).
         min_lr_ratio: the rate the cosine ends at, as a fraction of each group's peak (in ``[0, 1]``).
-
-    Data (used when the training data is a map-style dataset; iterables bring their own batching):
-        batch_size, shuffle, drop_last: as ``torch.utils.data.DataLoader``.
-
-    Bookkeeping:
+        batch_size: as ``torch.utils.data.DataLoader`` (map-style data only; the global batch under
+            ``torchrun``).
+        shuffle: as ``torch.utils.data.DataLoader`` (map-style data only).
+        drop_last: as ``torch.utils.data.DataLoader`` (map-style data only).
         seed: seeds torch, ``random`` and numpy at the start of a fresh run, and the data order.
         log_every: steps between metric records and progress-bar updates.
         eval_every: steps between evaluations; None = every epoch end.
@@ -98,49 +87,26 @@ class TrainConfig:
         max_rollbacks: rollbacks allowed before giving up with ``NonFiniteError``.
         progress: show a tqdm progress bar; None = only when stderr is a terminal.
         plot: write the PNG plots into ``run_dir`` at the end of :meth:`Trainer.fit`.
-        compile: wrap the training step (forward, objective, backward; optimizer step) in ``torch.compile``:
-            True, False, or ``"auto"``: on CPU when the run has at least :data:`AUTO_COMPILE_MIN_STEPS`
-            steps. Measured on a small comera transformer (``comera bench trainer``, 2 threads), the
-            compiled step took 0.60x the eager time, but compiling took about 3 minutes: the whole run is
-            faster compiled only after about 6000 steps, and every prune that changes shapes compiles again,
-            hence the threshold. ``compile_backend`` picks the backend.
-        precision: ``"fp32"``, or ``"bf16"``: forward and objective under ``torch.autocast`` with bfloat16
-            (parameters, gradients and optimizer state stay fp32). On CPUs without native bf16 matrix units
-            this is far slower than fp32. ``"fp8"``: every ``TTLinear`` runs the batch-sized GEMMs of its
-            merge order in FP8 (``gemm="fp8"``: E4M3 operands, E5M2 gradients, per-tensor scales); the rest
-            of the model stays fp32. Measured 3.4x slower than fp32 on a 2-core AVX2 CPU; meant for GPUs with
-            FP8 units (not run on one yet).
-        device: where the model trains: None (default) = wherever it already is; ``"cpu"``, ``"cuda"``
-            (under ``torchrun`` GPU ``LOCAL_RANK``, else the current GPU) or ``"cuda:N"``. The Trainer moves
-            the model there (in place: parameters keep their identity) before it wraps it or builds an
-            optimizer; an optimizer passed in must not have stepped yet. CUDA must be available
-            (:func:`comera.train.parallel.training_device` checks it when the Trainer is built).
-        reuse_cpu_memory: on CPU, call :func:`comera.cpu.reuse_freed_memory` when the Trainer is built, so
-            freed activation-sized blocks are reused instead of faulted in again every step (faster
-            layers and embedding lookups on a 2-core CPU: docs/benchmarks.md, allocation sections). It is
-            a process-wide glibc setting; memory freed after a peak stays mapped. No effect on CUDA models
-            or where the C library is not glibc.
-
-    CUDA graph (:class:`comera.train.cuda_graph.CudaGraphStep`; tested on one H200, not in CI):
-        cuda_graph: capture the whole step (forward, objective, backward, on-device non-finite guard, AdamW
-            step) as a CUDA graph and replay it. Needs a CUDA model, a single process, ``compile`` not True,
-            and AdamW/Adam with ``capturable=True`` (the default optimizer is then built so).
+        compile: ``torch.compile`` the training step: True, False, or ``"auto"`` (on CPU when the run has at
+            least :data:`AUTO_COMPILE_MIN_STEPS` steps).
+        compile_backend: ``torch.compile``'s backend.
+        precision: ``"fp32"``, ``"bf16"`` (forward and objective under bfloat16 autocast; parameters,
+            gradients and optimizer state fp32) or ``"fp8"`` (every ``TTLinear``'s batch-sized GEMMs in FP8).
+        device: None (where the model is), ``"cpu"``, ``"cuda"`` (GPU ``LOCAL_RANK`` under ``torchrun``) or
+            ``"cuda:N"``; the model is moved there in place before wrapping or building an optimizer.
+        reuse_cpu_memory: on CPU, call :func:`comera.cpu.reuse_freed_memory` (a process-wide glibc setting)
+            when the Trainer is built.
+        cuda_graph: replay the whole step as a CUDA graph (:class:`comera.train.cuda_graph.CudaGraphStep`);
+            needs a CUDA model, one process, ``compile`` not True and capturable AdamW/Adam.
         graph_buckets: sequence lengths to pad batches to (strictly increasing), one graph each; None for
-            fixed-shape batches (then every batch must have the same shapes: use ``drop_last=True``).
+            fixed-shape batches.
         graph_pad: with ``graph_buckets``, ``{batch key or tuple index: pad value}`` of the entries to pad.
         graph_length_dim: the dimension padded (>= 0; default 1, ``(batch, length, ...)``).
         graph_warmup: warm-up steps before each capture (>= 1); their effects are undone.
-
-    Several processes (``torchrun``; used when a process group with more than one rank is running, see
-    :mod:`comera.train.parallel`):
-        parallel: ``"ddp"`` (``DistributedDataParallel``: every rank holds the whole model and optimizer
-            state) or ``"fsdp"`` (FSDP2: the dense parts and their optimizer state are sharded over ranks;
-            :mod:`comera.train.fsdp`).
-        shard_cores: with ``"fsdp"``, shard the tensorized layers' parameters too (default False: they are
-            replicated, and pruning works as in one process). True keeps only what the objective reads
-            between steps whole (CoMERA's gates); a prune point then rebuilds the sharded model on the
-            pruned shapes (:mod:`comera.train.reshard`), so ``Trainer.module``, ``model`` and
-            ``optimizer`` are new objects after it.
+        parallel: under ``torchrun``, ``"ddp"`` (every rank holds the whole model) or ``"fsdp"`` (FSDP2 shards
+            the dense parts; :mod:`comera.train.fsdp`).
+        shard_cores: with ``"fsdp"``, shard the tensorized layers' parameters too (a prune point then rebuilds
+            the model: :mod:`comera.train.reshard`).
 
     Examples:
         >>> import comera

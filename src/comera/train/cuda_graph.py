@@ -1,47 +1,6 @@
-"""Whole-step CUDA Graph: forward, CoMERA objective, backward and AdamW step replayed as one graph
-(docs/method.md section 7).
-
-:class:`CudaGraphStep` captures one training step into a ``torch.cuda.CUDAGraph`` and replays it for every
-later batch, so the many small kernels of a tensorized model cost one launch. What a graph needs, and how this
-module provides it:
-
-- **Static inputs.** The graph reads its batch from fixed device buffers. Each batch is copied into them
-  (host-to-device copies are issued asynchronously). Batches whose sequence length varies are padded along
-  ``length_dim`` to the smallest of a few ``buckets`` (one graph per bucket); the entries named in ``pad``
-  are padded with their value (e.g. ``{"input_ids": 0, "attention_mask": 0, "labels": -100}``), every
-  other entry must keep the shape it had at capture (use ``drop_last=True`` batching). The loss must ignore
-  the padded positions (attention mask, ``ignore_index``); this module only pads.
-- **No host syncs inside.** The captured step is ``loss_fn``, the objective's ``loss``, backward,
-  the gradient norm, optional clipping and ``optimizer.step()``, all device-side. The non-finite guard runs
-  on the device too: the step's update is applied only when ``objective + grad_norm`` is finite; otherwise
-  parameters, optimizer state and the objective's device state are put back from copies taken at the start
-  of the step (``torch.where``), so a bad batch leaves no trace, as in the eager trainer. The host reads the
-  step's four numbers (task loss, objective, gradient norm, applied flag) after the replay: one sync a step.
-- **Capturable AdamW.** The optimizer must be ``torch.optim.AdamW`` or ``Adam`` with ``capturable=True`` in
-  every group (step counters live on the device). At each capture every group's learning rate becomes a
-  0-dim device tensor (:func:`comera.train.schedule.rates_as_tensors`) that the captured step reads, so a
-  rate written into it in place (:func:`comera.train.schedule.apply_lr_schedule`, the Trainer's
-  ``lr_schedule``) takes effect at the next replay; a rate replaced by a Python float needs
-  :meth:`CudaGraphStep.invalidate`.
-- **Warm-up whose effects are undone.** Before each capture, ``warmup`` steps run on a side stream (this
-  creates the optimizer state and lets kernels pick their algorithms). Model tensors, optimizer state, the
-  loss average and the RNG states are snapshotted in memory first and written back in place afterwards;
-  optimizer state that the warm-up created is zeroed, which is exactly AdamW's fresh state. Writing in place
-  keeps every tensor's address, which the graph relies on.
-- **Recapture.** A graph holds raw addresses and baked constants. Call :meth:`CudaGraphStep.invalidate`
-  after :func:`comera.prune_` (it reallocates parameters and optimizer state), after
-  the switch to the late stage (the objective changes), after loading a checkpoint into the
-  optimizer, and after replacing a learning rate (rather than writing into its tensor); the next
-  :meth:`CudaGraphStep.step` recaptures.
-
-Each bucket's graph has its own memory pool, so memory grows with the number of buckets. Gradients live in
-the graph's pool: between steps ``param.grad`` holds the last replay's gradients; do not set them to None
-while the graph is in use. Autocast (``autocast_dtype``) runs with its weight cache disabled, as graph
-capture requires. Single process only (no DDP).
-
-Run on a GPU once (2026-11-26): its CUDA tests passed on one NVIDIA H200 with torch 2.11.0+cu130, and the
-whole step replayed 4.2x faster than the eager step on the small transformer of ``comera bench gpu``. The
-CUDA tests are skipped on machines without CUDA, which is where CI runs.
+"""Whole-step CUDA Graph: forward, objective, backward, on-device non-finite guard and capturable AdamW step
+captured once per length bucket and replayed for every later batch, one host sync a step. Details:
+docs/training.md, 'Whole-step CUDA Graph'.
 """
 
 from __future__ import annotations
@@ -89,25 +48,23 @@ class _Captured:
 
 
 class CudaGraphStep:
-    """One CoMERA training step as a replayed CUDA graph, one graph per length bucket.
+    """One CoMERA training step as a replayed CUDA graph, one graph per length bucket; :meth:`step` takes one
+    tensor or a dict, list or tuple of tensors and non-tensor values, whose unpadded entries keep the
+    shapes and values seen at capture.
 
     Args:
         model: the model on one CUDA device (unwrapped, no DDP).
-        loss_fn: ``loss_fn(model, batch) -> 0-dim task loss``; it receives the static device buffers (a
-            ``.to(device)`` inside is a no-op) and must not sync with the host.
+        loss_fn: ``loss_fn(model, batch) -> 0-dim task loss``; it receives the static device buffers and must
+            not sync with the host.
         optimizer: ``torch.optim.AdamW`` or ``Adam`` built with ``capturable=True``.
-        objective: the run's :class:`comera.train.objective.Objective` (captured with the stage it has at
-            capture time; its ``device_state`` is guarded and undone like the parameters).
+        objective: the run's :class:`comera.train.objective.Objective` (captured at its current stage; its
+            ``device_state`` is undone like the parameters).
         buckets: sequence lengths to pad to (strictly increasing), or None for fixed-shape batches.
         pad: with ``buckets``, the batch entries (dict keys or tuple indices) to pad and their pad values.
         length_dim: the dimension padded (default 1: ``(batch, length, ...)``).
         grad_clip: clip the total gradient norm to this (> 0), or None.
         warmup: warm-up steps before each capture (>= 1); their effects are undone.
         autocast_dtype: run forward and objective under ``torch.autocast("cuda", dtype=...)``, or None.
-
-    The batch given to :meth:`step` is one tensor, or a dict, list or tuple of tensors (on any device) and
-    non-tensor values; non-tensor values and the shapes of the unpadded entries must equal those seen at
-    capture.
     """
 
     def __init__(

@@ -1,18 +1,7 @@
-"""Batches of one epoch in a reproducible order, starting at any position (for exact resume).
-
-Two kinds of training data are accepted:
-
-- a map-style dataset (``__len__`` and ``__getitem__``, e.g. ``TensorDataset``): batched here, shuffled with a
-  generator seeded from ``(seed, epoch)``; resuming at batch ``b`` slices the index order, loading nothing.
-  With ``world_size > 1`` rank ``r`` takes every ``world_size``-th sample of the epoch's order from ``r``;
-  for training the order is first cut to a multiple of ``world_size`` so every rank has as many batches.
-- any other re-iterable of batches (a ``DataLoader``, a list): iterated once per epoch with the global torch
-  RNG temporarily seeded from ``(seed, epoch)`` while the iterator starts, so a shuffling ``DataLoader``
-  gives the same order on every run; resuming at batch ``b`` skips ``b`` batches. Under DDP such data must
-  shard itself (e.g. a ``DistributedSampler``), with the same number of batches on every rank.
-
-Data loading must not draw from the global RNG after that (augmentation should use its own generator),
-or a resumed run draws different numbers than an uninterrupted one.
+"""Batches of one epoch in a reproducible order, starting at any position (for exact resume): a map-style
+dataset is batched and shuffled here from ``(seed, epoch)`` and sharded by rank, any other re-iterable of
+batches is iterated with the global RNG seeded from ``(seed, epoch)`` while its iterator starts. Details:
+docs/training.md, 'The loop'.
 """
 
 from __future__ import annotations
@@ -44,7 +33,7 @@ def _is_map_dataset(data: object) -> bool:
 
 
 class EpochData:
-    """Yields the batches of an epoch from position ``start``; see the module docstring.
+    """Yields the batches of an epoch from position ``start``.
 
     Args:
         data: a map-style dataset or a re-iterable of batches.

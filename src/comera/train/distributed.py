@@ -1,14 +1,6 @@
-"""Data-parallel helpers: rank and world size, a loss value averaged over ranks, gathers, barriers.
-
-Under DDP every rank computes the gradient of its own shard and DDP averages them, so parameters (gates
-included) stay identical across ranks. The rank objective also *reads* the task loss (its moving average
-drives the late-stage switch and the loss target), so :func:`globally_averaged` gives the loss the value of
-the mean over ranks while keeping the local gradient: masks, sizes, the switch and pruning decisions are then
-the same on every rank.
-
-The process group is the caller's to create (``torchrun`` sets the environment): with
-``torch.distributed.init_process_group(backend_for(device))`` it uses nccl for a CUDA model and gloo for a CPU
-one; on CUDA each process also selects its own GPU first (``torch.cuda.set_device(local_rank)``).
+"""Data-parallel helpers: rank and world size, a loss value averaged over ranks (so every rank takes the same
+decisions), gathers, barriers, and the backend for a device (nccl for CUDA, gloo for the CPU). Details:
+docs/training.md, 'More than one process'.
 """
 
 from __future__ import annotations
@@ -48,11 +40,9 @@ def backend_for(device: torch.device | str) -> str:
 
 
 def check_backend(device: torch.device, backend: str | None = None) -> None:
-    """Check ``backend`` (default: the running process group's) against the model's ``device``.
-
-    A CPU model needs gloo: any other backend raises ``ValueError``. A CUDA model should use nccl; gloo also
-    moves CUDA tensors, only slowly, so it gets a ``UserWarning``. A mixed backend such as
-    ``"cpu:gloo,cuda:nccl"`` passes.
+    """Check ``backend`` (default: the running process group's) against the model's ``device``: a CPU model
+    needs gloo (``ValueError`` otherwise), a CUDA model on gloo gets a ``UserWarning``, a mixed backend
+    such as ``"cpu:gloo,cuda:nccl"`` passes.
     """
     backend = str(dist.get_backend() if backend is None else backend).lower()
     needed = backend_for(device)

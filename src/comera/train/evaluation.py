@@ -1,9 +1,6 @@
-"""Evaluation: metrics accumulated over a whole evaluation set, exact, and merged across DDP ranks.
-
-An :class:`Evaluator` sees every evaluation batch through :meth:`Evaluator.update` (under ``torch.no_grad``,
-model in eval mode) and reports its metrics once with :meth:`Evaluator.compute`. Metrics that are not means
-of per-batch values (ROC AUC, normalized entropy, perplexity from summed token losses) are exact this way.
-:class:`MeanEvaluator` is the simple case: the mean over batches of a function's per-batch values.
+"""Evaluation: metrics accumulated over a whole evaluation set, exact (ROC AUC, perplexity from summed token
+losses), and merged across DDP ranks; :class:`MeanEvaluator` averages a per-batch function. Details:
+docs/training.md, 'The loop'.
 """
 
 from __future__ import annotations
@@ -23,10 +20,9 @@ __all__ = ["Evaluator", "MeanEvaluator", "TokenScores", "cuda_devices_of", "perp
 
 
 class Evaluator:
-    """Accumulates metrics over evaluation batches. Subclass it and implement the four methods.
-
-    The Trainer calls :meth:`reset`, then :meth:`update` for each batch of its shard, then (under DDP) gathers
-    every rank's :meth:`state` and :meth:`merge` s them into rank 0's evaluator's view, then :meth:`compute`.
+    """Accumulates metrics over evaluation batches; subclasses implement :meth:`reset`, :meth:`update` (each
+    batch of the rank's shard), :meth:`state` / :meth:`merge` (gathered onto rank 0 under DDP) and
+    :meth:`compute`.
     """
 
     def reset(self) -> None:
@@ -64,11 +60,9 @@ def perplexity(loss: float) -> float:
 
 
 class TokenScores(Evaluator):
-    """Exact token-level scores over a split: summed cross entropy (in float64), right argmax predictions
-    and the number of scored tokens, merged across ranks by summing.
-
-    Subclasses pick the scored positions of a batch in :meth:`update`, hand their logits ``(N, V)`` and
-    targets ``(N,)`` to :meth:`add`, and name the metrics in :meth:`compute` from :meth:`mean_scores`.
+    """Exact token-level scores over a split: summed cross entropy (in float64), right argmax predictions and
+    the number of scored tokens, merged across ranks by summing; subclasses hand logits ``(N, V)`` and
+    targets ``(N,)`` to :meth:`add`.
     """
 
     def reset(self) -> None:
@@ -145,11 +139,9 @@ def cuda_devices_of(module: nn.Module) -> list[int]:
 def run_evaluation(
     model: nn.Module, module: nn.Module, batches: Any, evaluator: Evaluator
 ) -> dict[str, float]:
-    """Evaluate ``module`` (the unwrapped model) on ``batches`` with ``evaluator``; merged over DDP ranks.
-
-    ``model`` (the possibly wrapped model) is put in eval mode for the duration and restored; gradients are
-    off and the global RNG state is left as it was. A model sharded with FSDP is gathered whole for the
-    duration (:func:`comera.train.fsdp.gathered`), so ranks may evaluate different numbers of batches.
+    """Evaluate ``module`` (the unwrapped model) on ``batches`` with ``evaluator``, merged over DDP ranks:
+    ``model`` in eval mode for the duration, gradients off, the global RNG state left as it was, an FSDP
+    model gathered whole (:func:`comera.train.fsdp.gathered`).
     """
     was_training = model.training
     model.eval()

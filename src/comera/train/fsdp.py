@@ -1,23 +1,7 @@
 """FSDP2 (``torch.distributed.fsdp.fully_shard``) for a comera model: dense parts sharded, TT layers
-replicated or sharded, and the full state for checkpoints that any number of processes reads.
-
-:func:`shard_model` shards every parameter outside comera's tensorized layers (embedding tables that stay
-dense, heads, norms, dense projections): each rank keeps ``1/N`` of them and of their optimizer state, and
-FSDP gathers them for the forward and backward passes and reduce-scatters their gradients. The tensorized
-layers' parameters (TT cores, gates, biases) are small; by default they stay whole on every rank, outside
-FSDP, and :func:`reduce_replicated_gradients` averages their gradients over ranks (as DDP would). Pruning then
-works as in one process: it only changes those replicated parameters, so nothing FSDP manages changes shape.
-With ``shard_cores=True`` they are sharded too, but for what the objective reads between steps
-(``Objective.whole_parameters``: CoMERA's gates), which stays whole; FSDP2 cannot change the shape of what it
-shards, so the Trainer prunes such a model by rebuilding it (:mod:`comera.train.reshard`).
-
-Gradients of sharded parameters are ``DTensor`` s: :func:`grad_norm` and :func:`clip_gradients` take the
-global norm over both kinds. :func:`gathered` unshards the model for evaluation, so ranks may evaluate a
-different number of batches without collective calls. :func:`full_state` and :func:`load_full_state` move the
-whole model and optimizer state through :mod:`torch.distributed.checkpoint.state_dict` in the layout of a
-single process (optimizer state keyed by parameter position): ``Trainer.state_dict()`` and single-file
-checkpoints of one-process or DDP runs loaded into a sharded run. A sharded run's own checkpoints are
-folders of per-rank shards (:mod:`comera.train.sharded_checkpoint`).
+replicated (their gradients averaged) or sharded, global gradient norms, and the whole state for
+checkpoints that any number of processes reads. Details: docs/training.md, 'FSDP2: sharding the dense
+parts'.
 """
 
 from __future__ import annotations
@@ -151,10 +135,8 @@ def reduce_replicated_gradients(parameters: Iterable[torch.Tensor]) -> None:
 
 
 def grad_norm(parameters: list[torch.Tensor]) -> torch.Tensor:
-    """The 2-norm of all gradients together, the same on every rank (0-dim tensor; NaN/Inf if any is).
-
-    Without ``DTensor`` gradients this is :func:`comera.train.guard.total_grad_norm`; with them, the squares
-    of each rank's shards are summed over ranks and added to those of the replicated gradients.
+    """The 2-norm of all gradients together, sharded ``DTensor`` ones and replicated ones, the same on every
+    rank (0-dim tensor; NaN/Inf if any is).
     """
     sharded = [param.grad for param in parameters if is_dtensor(param.grad)]
     if not sharded:
@@ -267,13 +249,9 @@ def full_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def whole_copy(module: nn.Module, build: Callable[[], nn.Module]) -> nn.Module | None:
-    """An unsharded copy of the sharded ``module`` on rank 0 (None on the others); collective.
-
-    ``build()`` makes a fresh model of the same kind and the same parameter shapes, pruned as ``module`` is
-    (the caller applies the objective's structure, e.g. with
-    :func:`comera.methods.comera.structure.apply_structure`; the Trainer cannot unshard a model in place);
-    it is loaded with the gathered state. ``comera.save_pretrained`` of the copy writes what a one-process
-    run writes.
+    """An unsharded copy of the sharded ``module`` on rank 0 (None on the others); collective. ``build()``
+    makes a fresh model of the same kind, pruned as ``module`` is by the caller; the copy is loaded with
+    the gathered state.
     """
     state = full_model_state(module)
     if dist.get_rank() != 0:

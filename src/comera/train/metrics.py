@@ -1,22 +1,6 @@
-"""``metrics.jsonl``: one JSON object per line, appended as training goes.
-
-Each record has ``"kind"``:
-
-- ``"train"``: ``step, epoch, stage, loss`` (mean task loss since the last record), ``objective``, ``size``,
-  ``ratio``, ``ranks`` (``{layer: [active rank per bond]}``), ``lr`` (``{group: lr}``), ``step_time`` (mean
-  seconds per step), ``steps_per_second``, ``peak_memory_mib`` (since :meth:`Trainer.fit` began),
-  ``nonfinite`` (steps skipped so far).
-- ``"eval"``: ``step, epoch, stage``, ``train_time_s`` (the run's training time so far, resumes included)
-  and the evaluation metrics under ``"metrics"``.
-- ``"event"``: ``step`` and ``"event"`` (``"late_stage"``, ``"prune"``, ``"rollback"``, ``"resume"``,
-  ``"diverged"``: the run stopped with :class:`~comera.train.guard.NonFiniteError`, its ``reason``) with
-  details.
-
-A process killed mid-write leaves a torn last line (no final newline): :func:`read_metrics` ignores it, and a
-:class:`MetricsLog` cuts it off before it appends anything (:attr:`MetricsLog.torn_bytes` says how much), so
-later records never follow a torn one. On resume or rollback, the records of steps after the checkpoint are
-dropped (they will be recomputed), except the events of :data:`HISTORY_EVENTS`, which tell what happened to
-the run; so are lines that are not valid JSON (a torn record that an older version appended to).
+"""``metrics.jsonl``: one JSON object per line (``"kind"``: ``"train"``, ``"eval"`` or ``"event"``), appended
+as training goes; a torn last line is ignored when read and cut off before appending. Details:
+docs/recipes.md, 'The run folder'.
 """
 
 from __future__ import annotations
@@ -199,10 +183,8 @@ def _repeat_key(record: dict[str, Any]) -> str | None:
 
 
 class MetricsLog:
-    """Appends records to ``directory/metrics.jsonl`` (or keeps nothing when ``directory`` is None).
-
-    An existing file's torn last line (a process killed mid-write) is cut off when the log is opened;
-    :attr:`torn_bytes` is the number of bytes cut (0 when the file was whole).
+    """Appends records to ``directory/metrics.jsonl`` (or keeps nothing when ``directory`` is None); an
+    existing file's torn last line is cut off when the log is opened (:attr:`torn_bytes`: bytes cut).
 
     Raises:
         ValueError: something other than a regular file (a folder, a pipe) is ``directory/metrics.jsonl``.

@@ -1,28 +1,7 @@
 """What the training loop optimises on top of the task loss, and the hooks through which a method steers the
-loop: :class:`Objective` (the protocol, also the plain task loss) and the default-objective registry.
-
-The :class:`comera.train.Trainer` asks its objective, and nothing else, about stages, sizes and pruning; it
-knows no method. The hooks, in the order a run meets them:
-
-- :meth:`Objective.check_stages` and :meth:`Objective.set_precision` when the Trainer is built;
-- :meth:`Objective.param_groups`: the default AdamW's groups and learning rates;
-- :meth:`Objective.loss` turns the task loss into the optimised scalar inside the (compiled or graph-captured)
-  step: tensors only, no host sync; :meth:`Objective.device_state` lists the device tensors ``loss`` mutates,
-  so a skipped step or a CUDA-graph warm-up can be undone (:meth:`Objective.snapshot` /
-  :meth:`Objective.restore`);
-- :meth:`Objective.after_step`, :meth:`Objective.begin_late_stage` (a staged objective, at ``config.early``),
-  :meth:`Objective.prunes_at` and :meth:`Objective.prune` (at an epoch end, the end of the early stage, the
-  end of training) are the host-side decisions between steps; a prune that changes shapes makes the Trainer
-  rebuild its DDP wrapper, drop its CUDA graphs and checkpoint;
-- :meth:`Objective.before_evaluation` before every evaluation;
-- :meth:`Objective.size` / :attr:`Objective.initial_size` / :meth:`Objective.record` give the logged numbers,
-  :meth:`Objective.state_dict` and :meth:`Objective.structure` what a checkpoint stores,
-  :meth:`Objective.apply_structure` re-applies that structure to a freshly built model on resume.
-
-Methods register what this layer cannot import: :func:`register_default_objective` (the objective a
-``Trainer(model, ...)`` without ``objective=`` gets: :mod:`comera.methods` registers CoMERA's for models
-with gated layers) and :func:`register_evaluation_hook` (e.g. dropping the tensor-train layers' inference
-caches, which steps replayed from a CUDA graph do not invalidate).
+loop: :class:`Objective` (the protocol, also the plain task loss) and the registries of the default
+objective and of evaluation hooks. Details: docs/training.md, 'Objectives: what the Trainer asks, and
+CoMERA's answers'.
 """
 
 from __future__ import annotations
@@ -204,18 +183,14 @@ class Objective:
 
 
 class TaskObjective(Objective):
-    """The task loss alone: the objective of every baseline (dense, GaLore, LTE, APOLLO, CoLA).
-
-    ``size()`` counts trainable parameter entries; no stages, no pruning; one parameter group.
+    """The task loss alone: the objective of every baseline (dense, GaLore, LTE, APOLLO, CoLA); its
+    ``size()`` counts trainable parameter entries, with no stages, no pruning and one parameter group.
     """
 
 
 def register_default_objective(factory: DefaultObjectiveFactory) -> DefaultObjectiveFactory:
-    """Let ``factory(model) -> Objective | None`` pick the objective of a Trainer built without one.
-
-    :func:`default_objective` asks the factories newest first; the first that returns an objective wins.
-    Registering the same function again does nothing. :mod:`comera.methods` registers CoMERA's (a
-    :class:`comera.methods.comera.CoMERAObjective` with default settings for a model with gated layers).
+    """Let ``factory(model) -> Objective | None`` pick the objective of a Trainer built without one (newest
+    factory first; registering the same function again does nothing).
     """
     if not callable(factory):
         raise TypeError(f"factory must be callable as factory(model), got {type(factory).__name__}")

@@ -1,10 +1,6 @@
-"""Batches of one shape for a captured step: length buckets, padding, and copying into static buffers.
-
-A captured CUDA graph (:mod:`comera.train.cuda_graph`) reads its batch from fixed device buffers. Batches
-whose sequence length varies are padded along ``length_dim`` to the smallest of a few ``buckets``; the
-entries named in ``pad`` are padded with their value (e.g. ``{"input_ids": 0, "attention_mask": 0,
-"labels": -100}``), every other entry must keep the shape it had at capture. A batch is a dict, list or tuple
-of tensors and non-tensor values, or one tensor (an entry with index 0, as in a one-entry tuple).
+"""Batches of one shape for a captured step: length buckets, padding of the named entries along
+``length_dim``, and copying into static buffers; a batch is a dict, list or tuple of tensors and non-tensor
+values, or one tensor. Details: docs/training.md, 'Whole-step CUDA Graph'.
 """
 
 from __future__ import annotations
@@ -120,11 +116,12 @@ def pad_batch(batch: Any, pad: Mapping[Hashable, float], size: int, length_dim: 
 def fill_static(
     static: Any, batch: Any, pad: Mapping[Hashable, float] | None = None, length_dim: int = 1
 ) -> None:
-    """Copy ``batch`` into the same-structured buffers ``static`` in place (asynchronously across devices).
+    """Copy ``batch`` into the same-structured buffers ``static`` in place (asynchronously across devices),
+    filling the rest of a ``pad`` entry's buffer with its pad value.
 
-    Entries named in ``pad`` may be shorter than their buffer along ``length_dim``: the rest of the buffer is
-    filled with the pad value. Every other tensor must have its buffer's exact shape, and non-tensor entries
-    must equal the buffer's. Raises ``ValueError`` naming the entry otherwise.
+    Raises:
+        ValueError: an unpadded tensor without its buffer's exact shape, or a non-tensor entry unequal to the
+            buffer's (naming the entry).
     """
     static_keys = [key for key, _ in entries(static)]
     batch_keys = [key for key, _ in entries(batch)]

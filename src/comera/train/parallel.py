@@ -1,22 +1,6 @@
 """Running one training job as several processes (``torchrun``): the process group from the environment, the
-global batch split over ranks, decisions and records that every rank agrees on.
-
-``torchrun`` (``python -m torch.distributed.run``) starts the processes and sets ``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` in each. :func:`init_from_environment` reads them and
-creates the process group with the backend for the device (:func:`comera.train.distributed.backend_for`:
-nccl for CUDA, gloo for CPU); on CUDA each process first selects GPU ``LOCAL_RANK``. Without ``WORLD_SIZE``
-(or with ``WORLD_SIZE=1``) it does nothing and the run is an ordinary single-process one.
-
-A run's ``batch_size`` setting is the *global* batch under the command line (:func:`per_process_batch`): each
-of N processes takes ``batch_size / N`` examples per step, so the same settings give the same optimisation
-with any number of processes and a run may resume with another number than it was written with.
-
-Everything that decides what happens next must be the same on every rank, or the ranks diverge and hang in
-their next collective call. The task loss the objective reads is averaged over ranks
-(:func:`comera.train.distributed.globally_averaged`) and evaluations merge every rank's
-:class:`comera.train.evaluation.Evaluator` state; :func:`all_true` makes the non-finite guard's verdict (and
-so its rollbacks) a global one; :func:`on_rank_zero` runs a job that touches shared files on rank 0 alone and
-re-raises its error on every rank.
+global batch split over ranks, decisions and records that every rank agrees on, and jobs run on rank 0
+alone. Details: docs/training.md, 'More than one process'.
 """
 
 from __future__ import annotations
@@ -133,11 +117,11 @@ def environment_device() -> torch.device:
 
 
 def training_device(name: str) -> torch.device:
-    """The device a :attr:`comera.TrainConfig.device` name means in this process, checked on this machine.
+    """The device a :attr:`comera.TrainConfig.device` name means in this process (``"cuda"``: GPU
+    ``LOCAL_RANK`` under ``torchrun``, else the current GPU), checked on this machine.
 
-    ``"cpu"`` is the CPU; ``"cuda"`` is GPU ``LOCAL_RANK`` under ``torchrun``, else the current GPU;
-    ``"cuda:N"`` is GPU N. Raises ``ValueError`` naming the setting when CUDA is not available or N is not
-    below the number of GPUs.
+    Raises:
+        ValueError: CUDA is not available, or N of ``"cuda:N"`` is not below the number of GPUs.
     """
     device = torch.device(name)
     if device.type != "cuda":
@@ -161,13 +145,9 @@ def training_device(name: str) -> torch.device:
 
 
 def init_from_environment(device: torch.device | None = None) -> bool:
-    """Create the process group ``torchrun`` describes in the environment; True if this call created it.
-
-    Does nothing (returns False) outside ``torchrun`` (``WORLD_SIZE`` unset or 1) or when a process group
-    already exists. The backend is the one for ``device`` (default :func:`environment_device`): nccl on
-    CUDA, after ``torch.cuda.set_device(device)``; gloo on the CPU. Collective calls time out after
-    ``COMERA_DIST_TIMEOUT`` seconds (default :data:`DEFAULT_TIMEOUT_S`), so a rank left waiting for a dead
-    one fails instead of hanging.
+    """Create the process group ``torchrun`` describes in the environment (nccl on CUDA after selecting the
+    device, gloo on the CPU; collectives time out after ``COMERA_DIST_TIMEOUT`` seconds); True if this call
+    created it, False outside ``torchrun`` or when a group exists.
     """
     if environment_world_size() == 1 or (dist.is_available() and dist.is_initialized()):
         return False
@@ -181,16 +161,8 @@ def init_from_environment(device: torch.device | None = None) -> bool:
 
 
 def shutdown(wait: bool = True) -> None:
-    """Destroy the process group, if one exists (the counterpart of :func:`init_from_environment`).
-
-    With ``wait`` (every rank is known to reach this call) the ranks first meet at a barrier, which also
-    waits for the group's outstanding collective work (FSDP2 issues some asynchronously): a rank that
-    destroyed its group while the other still exchanged with it could abort the run at its very end.
-    Pass ``wait=False`` after a rank was lost, when nobody would come to the barrier.
-
-    Wrappers that hold the group (a ``DistributedDataParallel`` reducer, FSDP state) and sit in reference
-    cycles are collected first, while the interpreter is fully alive: left to the interpreter's
-    finalisation, their release of the group's worker threads can abort the process after a finished run.
+    """Destroy the process group, if one exists, after collecting the wrappers that hold it; with ``wait`` the
+    ranks first meet at a barrier (pass ``wait=False`` after a rank was lost).
     """
     if dist.is_available() and dist.is_initialized():
         if wait:
@@ -226,10 +198,8 @@ def all_true(flag: bool) -> bool:
 
 
 def on_rank_zero(job: Callable[[], T]) -> T | None:
-    """Run ``job`` on rank 0 only and wait for it on every rank; its result on rank 0, None elsewhere.
-
-    An exception in ``job`` is raised on rank 0 as it was and, as :class:`RankError` with the same message,
-    on every other rank, so no rank is left waiting in a collective call that rank 0 never reaches.
+    """Run ``job`` on rank 0 only and wait for it on every rank; its result on rank 0, None elsewhere. An
+    exception is raised on rank 0 as it was and as :class:`RankError` on the other ranks.
     """
     rank, _ = world()
     failure: tuple[str, str] | None = None

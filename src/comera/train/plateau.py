@@ -1,12 +1,6 @@
-"""Whether a run ended at a plateau: the relative change of an evaluation metric over the last fifth of it.
-
-A comparison of training methods says little about models far from converged, so ``comera compare``
-reports, per run, :func:`last_fifth_change` of the validation loss: ``(m_end - m_start) / |m_start|`` with
-``m_end`` the last evaluation and ``m_start`` the last evaluation at or before 80 % of the last evaluated
-step. A run is at a plateau when that change is smaller than :data:`PLATEAU_TOLERANCE` in magnitude
-(:func:`at_plateau`). A run with fewer than :data:`MIN_EVALUATIONS` evaluations, or whose last evaluation
-comes before step :data:`MIN_STEPS`, is too short to judge: a few steps of a smoke run can change the loss by
-less than the tolerance without being anywhere near converged (:func:`plateau_note` says so instead).
+"""Whether a run ended at a plateau: the relative change ``(m_end - m_start) / |m_start|`` of an evaluation
+metric over the last fifth of the run, against :data:`PLATEAU_TOLERANCE`; runs too short to judge say so.
+Details: docs/recipes.md, 'Comparing methods: comera compare'.
 """
 
 from __future__ import annotations
@@ -50,8 +44,8 @@ def _points(records: Sequence[dict[str, Any]], metric: str) -> list[tuple[int, f
 
 
 def last_fifth_change(records: Sequence[dict[str, Any]], metric: str) -> float | None:
-    """Relative change of ``metric`` over the last fifth of the run's evaluations (module doc), or None when
-    fewer than two finite evaluations of it exist or none is at or before 80 % of the last one's step.
+    """Relative change of ``metric`` between the last evaluation and the last one at or before 80 % of its
+    step, or None when fewer than two finite evaluations exist or none is at or before 80 %.
 
     Args:
         records: the run's ``metrics.jsonl`` records (:func:`comera.train.metrics.read_metrics`).

@@ -1,13 +1,6 @@
-"""PNG plots of a run folder's ``metrics.jsonl`` (needs matplotlib, the ``bench`` extra; Agg backend).
-
-:func:`plot_run` writes into ``RUN_DIR/plots``:
-
-- ``loss.png``: training loss, and each evaluation metric, against the step;
-- ``ratio.png``: compression ratio (active size over initial size) against the step;
-- ``ranks.png``: heat map of every layer's bond ranks (rows) over the logged steps (columns).
-
-Stage switches and prunes from the event records are drawn as vertical lines on the loss, evaluation and
-ratio plots, named in their legends.
+"""PNG plots of a run folder's ``metrics.jsonl`` (``loss.png``, ``ratio.png``, ``ranks.png``, with stage
+switches and prunes marked; needs matplotlib, the ``bench`` extra). Details: docs/recipes.md, 'The run
+folder'.
 """
 
 from __future__ import annotations
@@ -36,9 +29,8 @@ class NoTrainingRecordError(ValueError):
 
 
 def rank_history(records: list[dict[str, Any]]) -> tuple[list[str], list[int], np.ndarray]:
-    """Rows ``"layer[bond]"``, the logged steps, and the ``(rows, steps)`` matrix of active ranks.
-
-    A layer or bond missing from a record (a removed layer) counts as rank 0 there.
+    """Rows ``"layer[bond]"``, the logged steps, and the ``(rows, steps)`` matrix of active ranks (0 where a
+    layer or bond is missing from a record).
     """
     train = [record for record in records if record.get("kind") == "train"]
     labels: list[str] = []
@@ -94,9 +86,8 @@ def _checked_records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
-    """Write ``loss.png``, ``ratio.png`` and ``ranks.png`` for the run in ``run_dir``; returns their paths.
-
-    ``ranks.png`` is written only for runs whose records carry ranks (a rank-adaptive objective).
+    """Write ``loss.png``, ``ratio.png`` and ``ranks.png`` (runs whose records carry ranks) for the run in
+    ``run_dir``; returns their paths.
 
     Args:
         run_dir: folder holding ``metrics.jsonl``.
@@ -233,7 +224,8 @@ def plot_comparison(
     x: str = "step",
     tokens_per_step: dict[str, float] | None = None,
 ) -> Path:
-    """One figure of the evaluation ``metric`` of several runs (e.g. dense and comera) against ``x``.
+    """One figure of the evaluation ``metric`` of several runs against ``x``, with the first run's events
+    against the step, or each run's final value when every run was evaluated once.
 
     Args:
         run_dirs: the run folders; each is labelled by its folder name.
@@ -242,10 +234,6 @@ def plot_comparison(
         x: ``"step"``, ``"tokens"`` (step times the run's ``tokens_per_step``) or ``"time"`` (the eval
             records' ``train_time_s``).
         tokens_per_step: ``{folder name: tokens per step}``, required for ``x="tokens"``.
-
-    Against the step, the events (stage switch, prunes) of the first run that has any are drawn, with that
-    run's name in their legend labels. When every run was evaluated once, the figure shows that final value
-    per run instead (a curve of one point says nothing).
 
     Raises:
         ValueError: an unknown ``x``; a run without an evaluation record with ``metric``, without

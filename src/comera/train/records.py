@@ -1,8 +1,6 @@
-"""What a training run writes to ``metrics.jsonl`` between logs: the window of steps since the last record.
-
-A train record holds the window's mean task loss and objective (applied steps only), the objective's size and
-ratio and its extra entries (ranks of every gated layer for CoMERA), the learning rate of every group, the
-mean step time and the device's peak memory. See :mod:`comera.train.metrics` for the file itself.
+"""What a training run writes to ``metrics.jsonl`` between logs: the window of steps since the last record
+(mean task loss and objective of the applied steps, size, ratio, ranks, rates, step time, peak memory).
+Details: docs/recipes.md, 'The run folder'.
 """
 
 from __future__ import annotations

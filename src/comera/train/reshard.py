@@ -1,18 +1,6 @@
-"""A sharded model given new shapes: the path for pruning (and restoring pruned checkpoints) when FSDP shards
-the tensor-train layers too (``TrainConfig.shard_cores=True``).
-
-FSDP2 cannot change the shape of a parameter it shards, so a model whose cores are sharded is not pruned in
-place. It is rebuilt instead: :func:`meta_template` keeps, before sharding, a copy of the model whose
-parameters live on the meta device (no storage); :func:`fresh_copy` materialises it (parameter values are
-garbage until a state is loaded; buffers keep the values they had when the template was taken), the objective
-gives it the shapes it needs (``apply_structure``), and the Trainer shards it and builds its optimizer again.
-:func:`whole_model_state`, :func:`whole_optimizer_state` and :func:`load_whole_optimizer_state` move the
-model and optimizer state between the sharded model and the whole copy, keyed by parameter name, with every
-entry of the param groups (rates, the schedule's ``initial_lr``).
-
-Cost: a prune point gathers the whole model and optimizer state on every rank for a moment (all-gathers of
-every sharded parameter and moment), which is what a sharded run otherwise avoids; prune points are rare
-(the early stage's end, the late stage's epochs, the end).
+"""A sharded model given new shapes (``TrainConfig.shard_cores=True``): FSDP2 cannot change a sharded
+parameter's shape, so a prune rebuilds the model from a meta-device template and moves the model and
+optimizer state over by parameter name. Details: docs/training.md, 'FSDP2: sharding the dense parts'.
 """
 
 from __future__ import annotations
@@ -111,8 +99,7 @@ def load_whole_optimizer_state(
     module: nn.Module, optimizer: torch.optim.Optimizer, named: dict[str, Any]
 ) -> None:
     """Load :func:`whole_optimizer_state`'s ``named`` into ``optimizer`` of ``module`` (sharded or not; every
-    rank passes the same), by parameter name: each group takes the entries of the saved group in the same
-    place, which must hold the same parameters (in any order).
+    rank passes the same) by parameter name, group by group.
 
     Raises:
         ValueError: the saved groups are not the optimizer's (their number, or a group's parameters).

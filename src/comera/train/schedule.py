@@ -1,22 +1,6 @@
-"""Learning-rate schedules of the Trainer (``TrainConfig.lr_schedule``): a factor of the step alone.
-
-Every param group keeps its own peak rate (``group["initial_lr"]``, recorded the first time the schedule
-runs; it travels in the optimizer's state dict, so a resumed run scales the same peaks). Before optimizer step
-``s`` (0-based: the step that brings the count from ``s`` to ``s + 1``) of a run of ``total`` steps, every
-group's rate is ``initial_lr * lr_factor(s, ...)``:
-
-- ``"constant"``: 1 (the default; the Trainer then touches no rate at all);
-- ``"cosine"``: with ``w = floor(warmup * total)`` warm-up steps, ``(s + 1) / w`` for ``s < w`` (a linear
-  ramp whose first step is not wasted at rate 0, reaching the peak at step ``w - 1``), then a half cosine
-  from the peak down to ``min_lr_ratio`` of it: ``m + (1 - m) * (1 + cos(pi * p)) / 2`` with
-  ``p = (s - w) / (total - w)``, so the last step (``s = total - 1``) is just above ``m`` and the rate
-  would be exactly ``m`` at ``s = total``.
-
-This is the schedule of GaLore, APOLLO, Fira and CoLA's LLaMA runs (10% warm-up, cosine to 10% of the peak).
-``total`` counts the whole run, both CoMERA stages (early + late steps). The factor depends on nothing but
-``s`` and the settings, so a resumed run sets the rates an uninterrupted run set. Under ``cuda_graph=True``
-the rates are device tensors (:func:`rates_as_tensors`) written in place each step, so one captured graph
-follows the schedule.
+"""Learning-rate schedules of the Trainer (``TrainConfig.lr_schedule``): every group's rate is its peak
+``initial_lr`` times a factor of the step alone (``"constant"``, or ``"cosine"`` with linear warm-up), so a
+resumed run sets the rates an uninterrupted run set. Details: docs/training.md, 'Learning-rate schedule'.
 """
 
 from __future__ import annotations

@@ -60,12 +60,11 @@ def check_arguments(model, loss_fn, config, optimizer, objective, eval_fn, evalu
 
 
 def place_model(module: nn.Module, device_name: str | None, optimizer: torch.optim.Optimizer | None) -> None:
-    """Move ``module`` in place to the device ``device_name`` names (:attr:`TrainConfig.device`, resolved by
-    :func:`comera.train.parallel.training_device`); nothing for None or a module already there.
+    """Move ``module`` in place to the device ``device_name`` names (:attr:`TrainConfig.device`); nothing for
+    None or a module already there; parameters keep their identity.
 
-    Between CPU and CUDA the parameters keep their identity, so an ``optimizer`` built before the move still
-    holds them. ``ValueError`` naming the setting if that optimizer already holds state (it would stay on the
-    old device), or if the move replaced the parameters it holds.
+    Raises:
+        ValueError: ``optimizer`` already holds state, or the move replaced the parameters it holds.
     """
     if device_name is None:
         return

@@ -1,24 +1,6 @@
-"""Checkpoints of a sharded (FSDP2) run as ``torch.distributed.checkpoint`` folders: every rank writes its own
-shards, and any number of processes, sharded or not, reads them back.
-
-A sharded checkpoint is a folder ``step-XXXXXXXX.dcp`` holding
-
-- the model and optimizer state saved with ``torch.distributed.checkpoint.save`` (DCP): each rank writes the
-  shards it owns (``__R_0.distcp``), rank 0 the index (``.metadata``); keys are parameter names for both
-  (the optimizer state as ``torch.distributed.checkpoint.state_dict.get_state_dict`` names it), so the
-  layout does not depend on the number of processes;
-- ``trainer.pt``, everything else (structure of the pruned ranks, objective, progress, guard, RNG states,
-  config), written by rank 0 with ``torch.save`` in the format of :mod:`comera.train.checkpoint` with no
-  ``"model"`` and ``"optimizer"`` entries.
-
-Atomic as a single file: all ranks write into a hidden staging folder beside the target (``.NAME.<hex>.tmp``,
-the pattern :func:`comera.atomic.remove_stale_temporaries` cleans up), rank 0 adds ``trainer.pt`` and puts the
-folder in place (:func:`comera.atomic.install_folder`) once every rank has finished, so a resume sees a
-complete checkpoint or none. Loading (:func:`load_sharded_state`) runs after the model has been given the
-checkpoint's pruned shapes: it asks the model and optimizer for their own state dict (sharded ``DTensor`` s
-under FSDP, plain tensors otherwise), lets DCP fill it from whatever shards the folder holds (resharding from
-N processes to M), and loads it back. Not used for one-process or DDP runs, whose checkpoints stay single
-files; those are read by sharded runs too (:func:`comera.train.fsdp.load_full_state`).
+"""Checkpoints of a sharded (FSDP2) run as ``torch.distributed.checkpoint`` folders ``step-XXXXXXXX.dcp``
+(every rank writes its shards, rank 0 ``trainer.pt``; installed atomically), read back by any number of
+processes, sharded or not. Details: docs/training.md, 'Checkpoints across process counts'.
 """
 
 from __future__ import annotations
@@ -63,11 +45,9 @@ def save_sharded_checkpoint(
     optimizer: torch.optim.Optimizer,
     trainer_state: dict[str, Any],
 ) -> Path:
-    """Write the checkpoint folder ``path``: the model and optimizer state by DCP, ``trainer_state`` (read
-    on rank 0 only) as ``trainer.pt``; collective, every rank calls it. Returns ``path``.
-
-    A folder already at ``path`` (the same step saved again) is replaced in one step
-    (:func:`comera.atomic.install_folder`).
+    """Write the checkpoint folder ``path`` (replacing one already there in one step): the model and optimizer
+    state by DCP, ``trainer_state`` (read on rank 0 only) as ``trainer.pt``; collective, every rank calls
+    it. Returns ``path``.
     """
     dcp, state_dict = _dcp()
     path = Path(path)

@@ -1,9 +1,6 @@
-"""The built-in workloads, one folder each (``nli``, ``dlrm``, ``mlm``, ``llm``): model, data, recipe,
-presets and benchmark side by side.
-
-A workload's modules are imported only when it is asked for by name (:func:`load_recipe`), so that
-``comera train nli`` does not import the masked LM's ``transformers`` side. A recipe registered with
-:func:`comera.recipes.base.register_recipe` from anywhere else (a user's module, a test) is found too.
+"""The built-in workloads, one folder each (``nli``, ``dlrm``, ``mlm``, ``llm``): model, data, recipe, presets
+and benchmark side by side, imported only when asked for by name (:func:`load_recipe`, which also finds
+recipes registered elsewhere). Details: docs/recipes.md, 'Workloads (recipes)'.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def test_paper_layouts_refactor_1376_exactly_and_keep_the_named_ranks():
     assert max(model.embed.max_ranks) == 32
 
 
-def test_the_docstring_table_of_1376_layouts_is_what_tt_linear_builds():
+def test_the_llm_md_table_of_1376_layouts_is_what_tt_linear_builds():
     def cores(out_shape):
         layer = comera.TTLinear(512, 1376, bias=False, in_shape=(8, 8, 8), out_shape=out_shape, rank=32)
         return sum(core.numel() for core in layer.cores), layer.max_ranks[-1]

@@ -1,29 +1,7 @@
-"""``comera compare WORKLOAD``: several training methods on one workload, side by side, in one command.
-
-Each method is one ``comera train WORKLOAD --method M`` run with the same preset, data and settings, in its
-own run folder ``OUT/M``; a variant (``--variant NAME METHOD SECTION.KEY=VALUE ...``, e.g. a rung of a rank
-ladder) is one more run of a method with settings of its own, in ``OUT/NAME``; each runs, by default, in
-a fresh Python process (so that each peak memory is its own).
-Then one table compares the workload's evaluation metrics, the compression (tensorized layers and whole
-model), the trained parameters, the median step time and its ratio to dense, the peak memory and the wall
-time (and, where the workload reports them, tokens per second and the peers' weights-plus-optimizer-state
-estimate), and one plot per axis of :attr:`comera.recipes.base.Recipe.comparison_axes` draws the workload's
-primary metric (:attr:`comera.recipes.base.Recipe.primary_metric`) of every run against the step, the tokens
-trained on or the training time.
-
-The comparison folder::
-
-    OUT/METHOD/            each method's run folder (see comera.recipes.run)
-    OUT/comparison.json    the arguments, the machine, and per method its status and results.json
-    OUT/comparison.md      the commands, the machine and the table (markdown)
-    OUT/compare-METRIC.png the primary metric of every finished run against the step
-    OUT/compare-METRIC-by-AXIS.png  ... against the tokens (AXIS=tokens) or the training time (AXIS=time)
-
-Nothing is lost and nothing is repeated: a method whose folder already holds a finished run with the same
-settings is reused (``--rerun`` trains it again), an unfinished one is resumed from its checkpoint, and a
-folder that holds a run with other settings is an error before anything trains. Every method's settings
-are checked before the first run starts. A method whose run fails is reported in the table and the others
-still run; the exit status is then 1.
+"""``comera compare WORKLOAD``: several training methods (and ``--variant`` runs) on one workload, each a
+``comera train`` run in its own folder ``OUT/NAME`` and fresh process, finished runs reused and unfinished
+ones resumed, then one table and one plot per comparison axis. Details: docs/recipes.md, 'Comparing
+methods: comera compare'.
 """
 
 from __future__ import annotations
@@ -189,9 +167,8 @@ def _has_setting(method: str, key: str) -> bool:
 
 
 def method_assignments(methods: Sequence[str], assignments: Sequence[str]) -> dict[str, list[str]]:
-    """The ``--set`` assignments each method's run gets: every one outside the ``method`` section, and a
-    ``method.KEY=...`` one only for the methods that have the setting ``KEY`` (a field of their settings
-    dataclass), so ``--set method.gamma=0.1`` changes CoMERA's run and leaves dense's alone.
+    """The ``--set`` assignments each method's run gets: every one outside the ``method`` section, and
+    ``method.KEY=...`` only for the methods whose settings have ``KEY``.
 
     Raises:
         ValueError: a ``method.KEY`` that none of ``methods`` has, naming the methods that have it.
@@ -231,26 +208,23 @@ def compare(
     variants: Mapping[str, tuple[str, Sequence[str]]] | None = None,
     progress: bool = False,
 ) -> list[MethodRun]:
-    """Train ``workload`` with each of ``methods`` and write the comparison folder (see the module doc).
+    """Train ``workload`` with each of ``methods`` (and ``variants``) and write the comparison folder.
 
     Args:
-        workload: a registered recipe (``"nli"``, ``"dlrm"``, ``"mlm"``).
+        workload: a registered recipe (``"nli"``, ``"dlrm"``, ``"mlm"``, ``"llm"``).
         methods: registered methods, each at most once, in table order (the dense row, when present, is
             the reference of the ratios).
         preset, data, config_file, assignments, cache_dir: as for :func:`comera.recipes.run.run`, the same
-            for every method (a setting a method does not have is an error naming it).
+            for every method.
         out: the comparison folder (default ``runs/compare-WORKLOAD-PRESET``).
         rerun: train every method again, replacing finished runs in ``out``.
-        fresh_process: run each method in a new Python process (False: in this one, whose peak memory
-            then covers every run; registered recipes and methods that are not built in need this).
+        fresh_process: run each method in a new Python process (False: in this one).
         metric: the evaluation metric to plot (default: the recipe's primary metric).
         log: where progress lines go.
-        variants: more rows after ``methods``, ``{NAME: (METHOD, assignments)}``: a registered method with
-            ``SECTION.KEY=VALUE`` settings of its own on top of the common ones (e.g.
-            ``{"comera-r32": ("comera", ["tensorize.rank=32"])}``, a rung of a rank ladder), trained in
-            ``out/NAME``. A name is letters, digits, ``.``, ``_`` and ``-``, not a method's name, each once.
-        progress: show each run's progress bar (off by default: the runs' summaries and the table stay
-            readable in a log).
+        variants: more rows, ``{NAME: (METHOD, assignments)}`` (e.g.
+            ``{"comera-r32": ("comera", ["tensorize.rank=32"])}``), trained in ``out/NAME``; a name is
+            letters, digits, ``.``, ``_`` and ``-``, not a method's name, each once.
+        progress: show each run's progress bar (off by default).
 
     Returns:
         One :class:`MethodRun` per method and variant, in order (``method`` holds the variant's name).
@@ -373,15 +347,8 @@ def _leading_metric(runs: list[MethodRun], primary: str) -> str:
 
 
 def format_markdown(runs: Sequence[MethodRun], primary: str) -> str:
-    """The comparison table in markdown: one row per method; ratios against the ``dense`` row if present.
-
-    Columns: the first evaluation split's metrics, the primary metric's change against dense (percent),
-    compression of the tensorized layers and of the whole model, trained parameters, median step time (ms),
-    dense step / method step (above 1: faster than dense), the validation loss's change over the last
-    fifth of the run (:mod:`comera.train.plateau`; "plateau" in the note when under 1 %, "too short to judge
-    a plateau" for a run of few evaluations or steps), tokens per
-    second and weights plus optimizer state (MiB; both only when a run reports ``tokens_per_s`` /
-    ``weights_optimizer_mib``), peak memory (MiB), wall time (s), a note.
+    """The comparison table in markdown: one row per method (the columns of docs/recipes.md, 'Comparing
+    methods'); ratios against the ``dense`` row if present.
     """
     runs = list(runs)
     names = _metric_names(runs)

@@ -1,10 +1,6 @@
-"""``--config`` given as a stream (bash's ``<(...)``, a named pipe): read once, kept as a file.
-
-A run reads its TOML settings more than once (the parent process to pick the device, the run itself, the
-processes of ``--nproc`` or the fresh processes of ``comera compare``), and a stream can be read only once:
-the second reader would find it empty and train silently without the settings. :func:`config_argument`, the
-``type`` of the ``--config`` option, copies a stream into a private file when the command line is parsed and
-gives that file's path to every later reader; the file is deleted when the process exits.
+"""``--config`` given as a stream (bash's ``<(...)``, a named pipe): copied once into a private file (deleted
+at exit) when the command line is parsed, so that every later reader (the run, its processes, ``comera
+compare``'s fresh processes) reads the same settings. Details: docs/recipes.md, 'Settings'.
 """
 
 from __future__ import annotations

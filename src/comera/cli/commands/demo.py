@@ -1,28 +1,6 @@
 """``comera demo``: the sentence-pair workload trained dense and with CoMERA, side by side, at two sizes.
-
-Accuracy: both runs go through ``comera compare nli --methods dense comera --rerun``
-(:mod:`comera.cli.commands.compare`): the same recipe (``comera train nli --preset small``) and the same
-Trainer, each in a fresh process: the dense model, and the CoMERA model (tensorized by the ``nli-small``
-preset, early stage, late stage toward a smaller size, pruned). The data is the embedded task (a docstring
-paired with a function's code from this Python's standard library: does it match?).
-
-Speed and memory: at the small size the model is too small for them to show, so they are measured on the
-paper's model (``--speed-preset``, default ``paper``: width 768, six encoders) by the transformer case of
-``comera bench paper`` (:func:`comera.bench.paper.run_fresh_case`), dense and comera, each in a fresh
-process: one fixed batch of ``--speed-batch`` pairs (default 32, the preset's training batch), trained for
-``--speed-warmup`` untimed steps, one step whose memory rise is measured and one more, then
-``--speed-steps`` timed steps (their median is the step time). Training memory is what training keeps
-between steps (parameters, gradients, optimizer state, counted tensor by tensor) plus that rise
-(activations and temporaries).
-
-At the end one table compares accuracy, parameters and compression (small size) with step time and training
-memory (paper size), each with its ratio to dense, and names the run folders; ``OUT/speed.json`` keeps the
-two speed cases. With ``--preset smoke`` (a quick check) the speed comparison runs at the ``smoke`` size
-too, unless ``--speed-preset`` says otherwise; ``--no-speed`` leaves it out.
-
-Usage: ``comera demo [--out runs/demo] [--preset small] [--set section.key=value ...] [--no-speed]
-[--speed-preset paper] [--speed-batch 32] [--speed-steps 7] [--speed-warmup 1]``. ``--set`` changes a
-setting of the two accuracy runs only.
+Accuracy comes from ``comera compare nli`` at ``--preset small``, step time and training memory from the
+paper's model, in one table. Details: docs/guide.md, 'What make demo does'.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
-"""``comera frontier llm``: the memory-perplexity frontier of dense and comera language models.
-
-Every point is one ``comera train llm`` run in a fresh process, all on the same preset, data and tokens
-(through :func:`comera.cli.commands.compare.compare`, so finished points are reused and an interrupted one
-resumes):
-
-1. **The sweep.** A dense model at each width of ``--dense-widths`` (the preset's depth and heads, its MLP
-   width scaled with the width) and each comera configuration of ``--comera NAME [SECTION.KEY=VALUE ...]``
-   (default: the preset's comera), each at every peak learning rate ``--lr-factors`` times the preset's
-   (``train.lr_other`` for dense, ``method.lr_cores`` for comera), seed 0. Point ``dense-w96-lr1``,
-   ``comera-lr0.5`` ...
-2. **The seeds.** The best rate of every width and configuration again with each of ``--seeds`` beyond 0.
-3. **The controls.** For the best comera configuration: the dense model whose non-embedding parameters equal
-   comera's at its end (*iso-parameter*), and the one whose weights plus AdamW state equal comera's
-   (*iso-memory*: whole-model parameters), each at the dense rate that won nearest its width, every seed.
-
-Then ``OUT/frontier.md`` (one row per point: validation perplexity, parameters, non-embedding parameters,
-weights + optimizer MiB, training time; the rows of each point's seeds pooled as mean and spread), and
-``OUT/frontier-memory.png`` and ``OUT/frontier-time.png``: perplexity against weights + optimizer MiB and
-against training time (median step time x steps), every point drawn, each method's lower envelope joined.
+"""``comera frontier llm``: the memory-perplexity frontier of dense and comera language models (a sweep of
+widths, configurations and learning rates, the best points again with more seeds, and iso-parameter and
+iso-memory dense controls), written as ``OUT/frontier.md`` and two plots. Details: docs/llm.md, 'The
+model's shape, the spectral rule and the frontier'.
 """
 
 from __future__ import annotations
@@ -206,7 +190,7 @@ def frontier(
     fresh_process: bool = True,
     log: Callable[[str], None] = print,
 ) -> list[FrontierPoint]:
-    """Run the frontier (module docstring) and write ``OUT/frontier.md`` and its two plots.
+    """Run the frontier and write ``OUT/frontier.md`` and its two plots.
 
     Args:
         preset: the llm preset every point trains with.

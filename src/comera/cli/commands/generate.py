@@ -1,18 +1,6 @@
-"""``comera generate RUN_DIR --prompt TEXT``: print a continuation of a prompt by a trained language model.
-
-RUN_DIR is a run folder of ``comera train llm`` (dense or compressed, pruned or not): the model is read from
-``RUN_DIR/model`` (:func:`comera.recipes.saved.load_run_model`: :func:`comera.load_pretrained`, or the
-method's own layers rebuilt from the run's settings for CoLA and LTE) and the tokenizer from
-``RUN_DIR/model/tokenizer.json`` (a ``tokenizers`` file). The prompt is encoded as it is (no token is
-added before it), continued by :func:`comera.workloads.llm.generate.generate` on the CPU with a key-value
-cache (greedy unless ``--temperature`` is above 0; ``--top-k`` is refused without it), stopped early at the
-end-of-sequence token when the tokenizer has one (:func:`end_token_id`: ``</s>``, GPT-2's
-``<|endoftext|>`` ...), and only the new text is printed (special tokens
-left out).
-
-Errors (a missing folder, a run that has not finished, a model that is not a language model, a missing or
-mismatched tokenizer, a prompt and continuation longer than the model's context, a bad option) are printed
-in one line with exit status 2.
+"""``comera generate RUN_DIR --prompt TEXT``: print a continuation of a prompt by the trained language model
+of a ``comera train llm`` run folder (greedy unless ``--temperature``, stopped at the end-of-sequence
+token); errors are one line with exit status 2. Details: docs/llm.md, 'Generation'.
 """
 
 from __future__ import annotations
@@ -139,8 +127,9 @@ def continue_text(
     ``max_new_tokens`` tokens at most, by default :data:`DEFAULT_NEW_TOKENS` or as many as the model's
     context leaves after the prompt if that is fewer.
 
-    Raises ValueError naming the option for an empty prompt, a prompt and continuation longer than the
-    model's context, or a bad setting (see :func:`~comera.workloads.llm.generate.generate`).
+    Raises:
+        ValueError: an empty prompt, a prompt and continuation longer than the model's context, or a bad
+            setting (naming the option).
     """
     ids = tokenizer.encode(prompt).ids
     if not ids:

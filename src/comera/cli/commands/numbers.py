@@ -1,9 +1,5 @@
-"""How the command layer writes numbers into its tables and summaries (``comera train``'s summary,
-``comera compare``'s table), in one place so that both say the same thing about the same value.
-
-A missing value (None: not measured, not applicable) is ``"-"``; a value that is not a number (NaN: an
-evaluation over nothing, a diverged loss) is ``"nan"``, never ``"-"``, so that a broken run does not read as
-one that had nothing to report.
+"""How the command layer writes numbers into its tables and summaries, in one place: a missing value (None) is
+``"-"``, a value that is not a number (NaN: a diverged loss) is ``"nan"``, never ``"-"``.
 """
 
 from __future__ import annotations

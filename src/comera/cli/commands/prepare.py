@@ -1,18 +1,7 @@
 """``comera prepare llm|mlm --data PATH --out DIR``: tokenize a corpus once into memory-mapped token shards
-that ``comera train llm|mlm --data DIR`` reads (:func:`comera.data.prepare.prepare_corpus`), on every core
-(``--workers``), with a progress bar per phase on a terminal and one line per phase otherwise
-(``--no-progress`` forces the lines).
-
-The tokenizer's vocabulary size, the validation fraction, a given ``tokenizer.json`` and whether bad JSON
-lines are skipped come from the ``data`` section of the workload's settings, as ``comera train`` resolves it
-(``--preset``, ``--config``, ``--set data.vocab_size=8192``); ``data.max_files`` and ``data.max_bytes`` do
-not apply (the whole corpus is prepared). ``llm`` reads ``.txt`` files whole and C4's ``text`` field;
-``mlm`` reads the files ending in ``data.extensions`` (``.py``) whole and CodeSearchNet's ``code`` field
-(else ``original_string``, else ``text``); a folder written by ``datasets.save_to_disk`` is read through
-pyarrow, its own validation split kept. ``data.tokenizer_file`` may be a ``tokenizer.json`` or a
-``transformers`` ``save_pretrained`` folder (:mod:`comera.data.special_tokens`). Running the command
-again with the same arguments continues a stopped preparation and encodes again any shard that no longer
-matches the index. Errors are one line naming what is wrong, with exit status 2.
+that ``comera train llm|mlm --data DIR`` reads (:func:`comera.data.prepare.prepare_corpus`), on every core,
+with the ``data`` settings ``comera train`` resolves; run again, it continues a stopped preparation.
+Details: docs/llm.md, 'Bringing a corpus'.
 """
 
 from __future__ import annotations

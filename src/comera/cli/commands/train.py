@@ -1,10 +1,6 @@
-"""``comera train WORKLOAD``: run a recipe from the command line and print where its results are.
-
-Errors in the command (an unknown workload, method, preset or setting, a missing data file, a run folder that
-exists, a resume that cannot continue) are reported in one line naming what is wrong, with exit status 2,
-before anything is trained. A run that diverges (:class:`comera.train.guard.NonFiniteError`) is reported in
-one line with exit status 1. Warnings (a resume without a checkpoint, a dropped torn record) are printed as
-one line each.
+"""``comera train WORKLOAD``: run a recipe from the command line and print where its results are; errors in
+the command are one line with exit status 2 before anything trains, a diverged run one line with exit
+status 1. Details: docs/recipes.md, 'Errors'.
 """
 
 from __future__ import annotations

@@ -1,26 +1,8 @@
 """DLRM training-step benchmark: time and peak memory of dense and CoMERA DLRM at batch 10k, 20k and 40k.
-
-Run as ``comera bench dlrm`` (or ``python -m comera.workloads.dlrm.bench``). The paper's Fig. 8 comparison:
-one training step (forward, binary cross-entropy, backward, AdamW update) of the DLRM Criteo Kaggle model
-(:mod:`comera.workloads.dlrm.model`, ``--size paper`` = the full 33.8M-row tables) with
-
-- ``dense``: every table an ``nn.EmbeddingBag``;
-- ``comera``: the tables the ``dlrm-SIZE`` tensorization preset selects as ``TTMEmbeddingBag`` with the
-  default lookup (``auto``: the split two-half lookup, deduplicated when the batch repeats ids);
-- ``comera-split``: the split lookup without deduplication;
-- ``comera-naive``: the unoptimized lookup (each id's chain of core slices).
-
-The TTM tables are built directly (the dense tables they replace are never allocated). Batches come from
-the synthetic Criteo generator (power-law ids) at the model's table sizes.
-
-Every case runs in a fresh process: it makes the batch, runs one step of a tiny DLRM (loading code and
-thread pools), records the resident size (the baseline), builds the model and the optimizer, runs a step
-on 64 samples (allocating gradients and AdamW state), then one full step whose peak is measured:
-``peak_mb`` is the process's peak resident size during that step (kernel high-water mark reset through
-``/proc/self/clear_refs``) minus the baseline, i.e. parameters, gradients, optimizer state and the step's
-activations; on CUDA it is ``torch.cuda.max_memory_allocated``. The time is the median of ``--repeats``
-more steps. ``--write FILE`` replaces the ``dlrm`` section of a
-markdown file (``docs/benchmarks.md``).
+Run as ``comera bench dlrm``: one step (forward, binary cross-entropy, backward, AdamW) of the Criteo Kaggle
+DLRM with dense bags and with TTM bags (``comera``, ``comera-split``, ``comera-naive`` lookups), each case in
+a fresh process, on synthetic batches; ``--write FILE`` replaces the ``dlrm`` section of a markdown file.
+Details: docs/benchmarks.md, 'DLRM training step'.
 """
 
 from __future__ import annotations

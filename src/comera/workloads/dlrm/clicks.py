@@ -1,14 +1,6 @@
-"""Click logs as arrays, and whole batches gathered from them at once.
-
-A :class:`ClickData` holds ``N`` samples of a Criteo-style click log as three arrays (in memory or numpy
-memmaps): ``dense`` ``(N, 13)`` float32 (already transformed), ``ids`` ``(N, 26)`` integer category ids and
-``labels`` ``(N,)`` 0/1. Batches are :class:`ClickBatch` tuples ``(dense (B, 13) float32, ids (26, B) int64,
-labels (B,) float32)``, the layout :class:`comera.workloads.dlrm.model.DLRM` takes.
-
-Batches are gathered with one numpy fancy index per array, never sample by sample: indexing a
-``ClickData`` returns a cheap ``(data, row)`` handle and :func:`collate_clicks` turns a list of handles into
-a batch, so the trainer's sampler (shuffling, sharding, exact resume) works unchanged, while
-:meth:`ClickData.batches` serves fixed-order or shuffled batches directly from index ranges.
+"""Click logs as arrays (``dense`` ``(N, 13)`` float32, ``ids`` ``(N, 26)``, ``labels`` ``(N,)``), and whole
+batches ``(dense (B, 13), ids (26, B) int64, labels (B,))`` gathered from them with one numpy fancy index
+per array. Details: docs/recipes.md, 'Workload data'.
 """
 
 from __future__ import annotations
@@ -39,15 +31,13 @@ class ClickBatch(NamedTuple):
 
 
 class ClickData(Dataset):
-    """``N`` click-log samples held as arrays; see the module docstring.
+    """``N`` click-log samples held as arrays; indexing returns ``(self, row)`` for :func:`collate_clicks`,
+    :meth:`rows` gives a view of a slice of rows.
 
     Args:
         dense: ``(N, F_dense)`` float32 features.
         ids: ``(N, F_sparse)`` non-negative integer ids (any integer dtype).
         labels: ``(N,)`` 0/1 labels (any numeric dtype).
-
-    Indexing returns ``(self, row)`` for :func:`collate_clicks`; slicing rows gives a view with
-    :meth:`rows`.
     """
 
     def __init__(self, dense: np.ndarray, ids: np.ndarray, labels: np.ndarray) -> None:

@@ -1,35 +1,6 @@
-"""Criteo click logs (Kaggle ``train.txt``, Terabyte ``day_N``): streamed parsing, id maps, a memmap cache.
-
-Format: one sample per line, 40 tab-separated fields: the label (``0``/``1``), 13 integer features
-``I1..I13`` and 26 categorical features ``C1..C26`` written as hexadecimal numbers; any feature may be empty.
-``\\r\\n`` line ends are accepted. A blank line (empty, or only spaces, tabs, ``\\r``, ``\\v`` or ``\\f``) is
-passed over, neither read nor skipped, as in the GLUE and JSON lines readers; it still counts in the line
-numbers of messages. A UTF-8 byte-order mark at the start is skipped. A gzip file (Criteo Terabyte's
-``day_N.gz``) is read as it is, while a tar archive (Criteo Kaggle's ``dac.tar.gz``) or another compression
-is refused, naming it. Processing follows the DLRM reference:
-
-- integers: empty reads as 0, negatives are clamped to 0, then ``log(1 + x)`` (float32);
-- categories: per column, a map from the values seen to ids ``1..K`` (ascending value order), built in one
-  streaming pass; values seen fewer than ``min_frequency`` times and empty fields share id 0 (table rows
-  ``K + 1``). With ``hash_size`` the ids are then taken modulo ``hash_size`` and the tables have
-  ``min(K + 1, hash_size)`` rows, as the reference's ``max_ind_range`` does;
-- the split by line order: the file is cut into 7 equal "days" (``np.array_split``); the first 6 are
-  ``train``; the 7th is halved, its first half ``test`` and its second half ``validation``
-  (``test, val = np.array_split(day_7, 2)`` in the reference).
-
-The text is read in blocks of ``chunk_bytes`` and each block is parsed by vectorised numpy over its bytes
-(no per-field Python work), so a 45M-line file is never held as Python objects. The first run writes the
-parsed arrays under ``cache_dir`` (``dense.f32``, ``ids.i32``, ``labels.u8``, ``meta.json``), keyed by the
-file's path, size and modification time and the options; later runs open them as memmaps in seconds. A
-cache folder that cannot be read (``meta.json`` not the description of a parse, an array file of another
-size) is parsed again and replaced in one step (:mod:`comera.data.cache`).
-While the cache is built, the raw category values (8 bytes each) wait in a temporary file next to it until
-the maps are known, and the distinct values of each column are counted in memory (16 bytes per distinct
-value: about 540 MB for Criteo Kaggle's 33.8M).
-
-A malformed line (wrong field count, a label other than 0/1, a non-integer in ``I*``, a non-hexadecimal or
-over-long value in ``C*``) raises :class:`MalformedLineError` naming the file and line, or with
-``skip_malformed`` is left out and counted.
+"""Criteo click logs (Kaggle ``train.txt``, Terabyte ``day_N``, plain or gzip): streamed vectorised parsing as
+the DLRM reference processes them, id maps, the reference's split by line order, and a memmap cache.
+Details: docs/recipes.md, 'Workload data'.
 """
 
 from __future__ import annotations

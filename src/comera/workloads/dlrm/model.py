@@ -1,22 +1,6 @@
-"""DLRM for click-through prediction on Criteo-format data (the public DLRM reference for Criteo Kaggle).
-
-Naumov et al., "Deep Learning Recommendation Model for Personalization and Recommendation Systems", 2019.
-One step, top to bottom:
-
-1. the 13 dense features go through the bottom MLP ``13-512-256-64-16`` (ReLU after every layer) to one
-   vector of the embedding size ``D = 16``;
-2. each of the 26 categorical fields looks up its own table (``nn.EmbeddingBag``, ``mode="sum"``; Criteo
-   has one id per field and sample, but bags are accepted) giving 26 more vectors of size ``D``;
-3. the dot interaction takes the 27 vectors, forms every pairwise dot product ``<v_i, v_j>`` with
-   ``i < j`` (27 * 26 / 2 = 351 numbers) and concatenates them after the bottom MLP's output (16 + 351 =
-   367 features);
-4. the top MLP ``367-512-256-1`` (ReLU between layers, none after the last) gives one logit per sample,
-   trained with binary cross-entropy on logits.
-
-The tables are named ``tables.0`` ... ``tables.25``. CoMERA stores the large ones as
-:class:`comera.TTMEmbeddingBag` through the tensorization presets of :mod:`comera.workloads.dlrm.presets`
-(``"dlrm-paper"``, ``"dlrm-small"``, ``"dlrm-smoke"``; ``dlrm_tensorize_config`` there for other
-cardinalities); small tables and the MLPs stay dense.
+"""DLRM for click-through prediction on Criteo-format data (Naumov et al., 2019, the public DLRM reference for
+Criteo Kaggle): bottom MLP, one embedding bag per categorical field (``tables.0`` ... ``tables.25``), dot
+interaction, top MLP. Details: docs/method.md, 'Experiments and workloads'.
 """
 
 from __future__ import annotations
@@ -117,10 +101,9 @@ class DotInteraction(nn.Module):
 
 
 def _mlp(sizes: Sequence[int], last_activation: bool) -> nn.Sequential:
-    """Linear layers ``sizes[0] -> ... -> sizes[-1]`` with ReLU between them (and after the last if asked).
-
-    Initialised as the DLRM reference: weights ``N(0, 2 / (fan_in + fan_out))``, biases ``N(0, 1 /
-    fan_out)``.
+    """Linear layers ``sizes[0] -> ... -> sizes[-1]`` with ReLU between them (and after the last if asked),
+    initialised as the DLRM reference (weights ``N(0, 2 / (fan_in + fan_out))``, biases ``N(0, 1 /
+    fan_out)``).
     """
     layers: list[nn.Module] = []
     for index, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):

@@ -29,12 +29,8 @@ _TABLE_SETTINGS: dict[str, dict[str, int]] = {
 def dlrm_tensorize_config(
     cardinalities: Sequence[int], embedding_dim: int, *, min_rows: int, rank: int, order: int = 4
 ) -> TensorizeConfig:
-    """TTM bags for the tables of more than ``min_rows`` rows; everything else stays dense.
-
-    The tables are selected by index (``tables.I``). Column modes are the balanced factorisation of
-    ``embedding_dim`` into ``order`` modes; row modes are left to :class:`comera.TTMEmbeddingBag`, which
-    folds the actual row count into as many modes (:func:`comera.auto_modes`), so the config also fits data
-    whose tables are somewhat smaller or larger than ``cardinalities``.
+    """TTM bags for the tables (``tables.I``) of more than ``min_rows`` rows, columns folded into ``order``
+    balanced modes and rows left to :class:`comera.TTMEmbeddingBag`; everything else stays dense.
 
     Raises:
         ValueError: no table has more than ``min_rows`` rows.

@@ -1,20 +1,6 @@
-"""The DLRM workload: click-through prediction on Criteo-format data (``comera train dlrm``).
-
-Data: with ``--data PATH``, a Criteo Kaggle ``train.txt`` or Terabyte day file
-(:func:`comera.workloads.dlrm.criteo.load_criteo`: id maps or hashing, a memmap cache under the cache folder);
-without it, the synthetic click log of :func:`comera.workloads.dlrm.synthetic.synthetic_criteo` (Criteo's
-schema, power-law ids, a planted click model), also kept in the cache folder. Both are split by line order as
-the DLRM reference does: the first 6/7 train, the last 1/7 halved into test and validation. Model:
-:class:`comera.workloads.dlrm.model.DLRM` with the table sizes the data gives; ``comera`` turns the large
-tables into TTM bags by the ``dlrm-PRESET`` tensorization preset. The low-rank baselines (``galore``,
-``apollo``, ``lte``, ``cola``) act on the linears of the bottom and top MLPs
-(``tensorize.target_modules="all-linear"``), the tables staying dense.
-Evaluation: accuracy, ROC AUC, log loss and normalized entropy, exact over each whole split
-(:class:`comera.metrics.BinaryMetrics`).
-
-Presets, each one pass over its training split (early stage ~70% of the steps, late stage the rest):
-``paper`` (the full Kaggle table sizes and row count, batch 10,000), ``small`` (tables capped at 200,000
-rows, 600,000 samples, batch 2048: a CPU demo of a few minutes), ``smoke`` (tiny, for tests).
+"""The DLRM workload (``comera train dlrm``): click-through prediction on a Criteo file or the synthetic click
+log, split by line order, with accuracy, ROC AUC, log loss and normalized entropy exact over each split.
+Details: docs/recipes.md, 'Workload data'.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
-"""A seeded synthetic click log with Criteo's schema and a planted click model.
-
-Each sample has 13 dense features (log-transformed counts, as the Criteo loader gives them) and 26
-categorical ids drawn from tables of the Criteo Kaggle sizes (optionally capped). Ids follow a power law
-(bounded Zipf: the ``k``-th most frequent id of a table has probability proportional to ``k**-s``), ranked
-ids being scattered over the table by a fixed affine bijection. Clicks come from a hidden low-rank
-logistic model:
-
-    logit = c + <w, x> + sum_f beta_f(id_f) + sum_{i < j} <v_i, v_j>
-
-over the standardised dense features ``x``, a per-id bias ``beta_f`` and 27 latent vectors of size
-``latent_dim``: ``v_0 = x P`` and ``v_f = u_f(id_f)``, the same pairwise-dot structure DLRM's interaction
-models. Per-id values are hashed from ``(seed, field, id)`` (splitmix64), so no table of the full 10M-row
-sizes is ever stored. The signal is scaled so the logit's spread is ``signal`` and ``c`` is set so the mean
-click probability is ``click_rate``; labels are Bernoulli draws of ``sigmoid(logit)``. The planted logits
-are returned too, an oracle for checking metrics.
-
-The data depend only on ``seed`` and the settings, not on how many rows are asked for: row ``i`` is the same
-in a run of 1,000 rows and of 1,000,000 (rows are generated in fixed blocks of 8,192 with their own seeds).
-With ``cache_dir`` the arrays are written block by block into ``.npy`` files and later calls with the same
-settings open them as memmaps (the paper-size log, 45.8M samples, takes 7.4 GB); a cache folder that cannot be
-read (an array file cut short, overwritten or of another shape) is generated again and replaced in one step
-(:mod:`comera.data.cache`).
+"""A seeded synthetic click log with Criteo's schema (power-law ids) and a planted low-rank logistic click
+model, row ``i`` the same whatever the number of rows, optionally cached as memmaps. Details:
+docs/recipes.md, 'Workload data'.
 """
 
 from __future__ import annotations
@@ -206,7 +186,7 @@ def synthetic_criteo(
     click_rate: float = 0.25,
     cache_dir: str | os.PathLike | None = None,
 ) -> SyntheticCriteo:
-    """Generate ``rows`` samples (module docstring).
+    """Generate ``rows`` samples.
 
     Args:
         rows: number of samples.
@@ -217,8 +197,7 @@ def synthetic_criteo(
         signal: standard deviation of the planted logit (larger: clicks easier to predict).
         click_rate: mean click probability.
         cache_dir: keep the arrays as ``.npy`` files in a sub-folder named by the settings, written block
-            by block (the samples are never all in memory) and opened as memmaps by later calls; None:
-            generate in memory.
+            by block and opened as memmaps by later calls; None: generate in memory.
     """
     _check(rows, "rows", 1, 2**31 - 1, int)
     _check(seed, "seed", 0, 2**63 - 1, int)

@@ -1,11 +1,6 @@
-"""The key-value cache of a :class:`~comera.workloads.llm.model.LlamaLM`: what generation keeps between steps.
-
-A decoder's position ``t`` attends to the keys and values of positions ``<= t``, and those of earlier
-positions never change once computed (causal attention). The cache stores them, per layer, after the
-rotary turn, so that each generated token costs one position of the model instead of the whole prefix.
-Buffers are allocated once for the longest sequence asked for; :attr:`KVCache.length` says how many
-positions are filled. The model writes a step's keys and values into every layer, then advances the length
-(:meth:`KVCache.advance`), so a step that fails half-way leaves the cache as it was.
+"""The key-value cache of a :class:`~comera.workloads.llm.model.LlamaLM`: each layer's keys and values after
+the rotary turn, so that each generated token costs one position; a step writes every layer, then advances
+the length. Details: docs/llm.md, 'Generation'.
 """
 
 from __future__ import annotations
@@ -18,11 +13,9 @@ __all__ = ["KVCache"]
 
 
 class KVCache:
-    """Keys and values of the positions a model has seen, per layer (make one with
-    :meth:`LlamaLM.new_cache <comera.workloads.llm.model.LlamaLM.new_cache>`).
-
-    Shapes: :attr:`keys` and :attr:`values` hold one ``(B, H, max_length, head_dim)`` tensor per layer, of
-    which positions ``[0, length)`` are filled.
+    """Keys and values of the positions a model has seen, per layer (make one with :meth:`LlamaLM.new_cache
+    <comera.workloads.llm.model.LlamaLM.new_cache>`): :attr:`keys` and :attr:`values` hold one ``(B, H,
+    max_length, head_dim)`` tensor per layer, of which positions ``[0, length)`` are filled.
 
     Args:
         n_layers: decoder blocks (one key and one value buffer each).

@@ -1,43 +1,6 @@
-"""The language-model workload's data: documents read and split by file, a local byte-level BPE, token ids
-joined with ``</s>`` between documents and cut into fixed blocks: :func:`build_lm_data`.
-
-Documents:
-
-- nothing given (the default, downloaded from nowhere): the running Python's standard library sources
-  (``*.py``, :func:`comera.data.sources.read_code`; ``pydoc_data/topics.py`` left out) and its documentation
-  topics (``pydoc_data.topics.topics``, one document per topic, key ``pydoc_data/topics/NAME``), which every
-  machine has. ``max_bytes`` caps the sources read (a fixed pseudo-random sample of files); the topics
-  (about 0.47 MB) are always read;
-- ``--data`` a folder (or one file) of ``.txt`` files (one document each) and ``.jsonl`` / ``.jsonl.gz`` /
-  ``.jsonl.zst`` files (one document per line, its ``text`` field), e.g. C4's shards;
-- ``--data`` a dataset written by ``datasets.save_to_disk`` (a ``Dataset`` or a ``DatasetDict``, a ``text``
-  column): needs the ``datasets`` package (``pip install 'comera[examples]'``).
-
-Split: by document key (:func:`comera.data.sources.split_of`): a source file, a topic, a ``.txt`` file is one
-key, so no file is in both splits; a JSON line's key is ``file:line`` (C4's records are independent
-documents); a saved dataset's record ``split/index``. The split depends on the keys only. A saved
-``DatasetDict`` keeps its own held-out split instead (:func:`held_out_split`): its ``validation`` split (else
-its ``test`` split) is the validation split and its other splits are trained on, but for a ``test`` split
-beside a ``validation`` one, which is left out of both (it stays held out).
-
-Tokenizer: a byte-level BPE trained on the training split (:func:`comera.data.bpe.load_or_train_tokenizer`,
-cached in the cache folder under a digest of the training documents and the vocabulary size), or a given
-``tokenizer.json`` (its special tokens mapped to RoBERTa's roles, :mod:`comera.data.special_tokens`);
-``</s>`` ends every document, ``<pad>`` fills the last validation block. Training reads these blocks from
-token shards (:mod:`comera.workloads.llm.prepared`); this in-memory build is their reference.
-
-Blocks (:func:`pack_stream`): each split's documents, in key order, become one stream ``doc_1 </s> doc_2 </s>
-...`` cut into blocks of ``seq_len`` tokens, the concatenation of the blocks being the stream. The model reads
-a block and predicts its tokens ``1..seq_len-1`` from the ones before (labels are the input ids,
-:func:`comera.workloads.llm.model.next_token_loss` shifts them). The training stream's short tail is dropped
-(counted); the validation stream's is padded with ``<pad>``, whose targets the loss skips. The validation
-blocks are ``max_validation_blocks`` blocks spread evenly over that stream (all when None), so they sample
-many documents: the first blocks of a stream in key order come from a handful of files (on Python 3.11's
-library, half of the first 64 blocks were one generated table of build settings, ``_sysconfigdata*.py``,
-which a model that copies from its context predicts far better than code). They are the same tokens whatever
-the training seed, in every process that reads the same tokenizer (a tokenizer trained again may number its
-pieces differently: its digest is ``info["identity"]["tokenizer"]``; ``info["identity"]["validation"]`` is a
-digest of the validation blocks, so a run resumed over other validation tokens is refused).
+"""The language-model workload's data built in memory (the reference of the token-shard path): documents read
+and split by key, a local byte-level BPE, token ids joined with ``</s>`` and cut into fixed blocks, evenly
+spaced validation blocks: :func:`build_lm_data`. Details: docs/llm.md, 'Data'.
 """
 
 from __future__ import annotations
@@ -87,14 +50,13 @@ _TEXT_FIELDS = ("text",)
 
 @dataclass(frozen=True)
 class LMBlocks(Dataset):
-    """Fixed-length token blocks of one split (a map-style dataset).
+    """Fixed-length token blocks of one split (a map-style dataset of ``(seq_len,)`` int64 items, collated to
+    ``(B, seq_len)``).
 
     Attributes:
         tokens: ``(N, seq_len)`` int32 token ids.
         targets: predicted tokens over all blocks (positions 1.. of each block that are not ``<pad>``).
         dropped_tokens: stream tokens left out (the training stream's short tail).
-
-    Items are ``(seq_len,)`` int64 blocks; the default collate stacks them into ``(B, seq_len)``.
     """
 
     tokens: torch.Tensor
@@ -210,10 +172,8 @@ def read_lm_documents(
     max_bytes: int | None = None,
     skip_bad_lines: bool = False,
 ) -> tuple[list[CodeDocument], list[SkippedDocument]]:
-    """The documents of the module docstring (None: the standard library and its topics) and those skipped.
-
-    ``skip_bad_lines``: skip (and count) a JSON line that is not an object with a ``text`` string, or that is
-    too long (:data:`comera.data.sources.MAX_LINE_BYTES`), instead of raising.
+    """The documents of ``path`` (None: the standard library and its topics) and those skipped;
+    ``skip_bad_lines`` skips (and counts) a bad or too long JSON line instead of raising.
 
     Raises:
         FileNotFoundError: ``path`` does not exist (named). ValueError: it is a looping or broken link, it

@@ -1,15 +1,6 @@
-"""Text generation with a :class:`~comera.workloads.llm.model.LlamaLM` and its key-value cache.
-
-:func:`generate` runs the prompt through the model once, filling a
-:class:`~comera.workloads.llm.cache.KVCache`, then feeds each chosen token back as one new position:
-``T + N - 1`` positions in all for a prompt of ``T`` tokens and ``N`` new ones, where re-running the whole
-prefix would compute ``T + (T + 1) + ... + (T + N - 1)`` positions.
-The next token is the most likely one (``temperature=0``, greedy) or drawn from the softmax of the logits
-divided by the temperature, restricted to the ``top_k`` most likely tokens if asked, with a
-``torch.Generator`` seeded by ``seed`` (the same seed, model and prompt give the same tokens).
-
-The context is never slid: a prompt and continuation longer than the model's ``max_seq_len`` are refused
-before anything runs (a rotary model has no position beyond it that training taught).
+"""Text generation with a :class:`~comera.workloads.llm.model.LlamaLM` and its key-value cache (``T + N - 1``
+positions for ``N`` new tokens after a prompt of ``T``): greedy, or sampled with temperature and ``top_k``
+from a seeded generator; the context is never slid. Details: docs/llm.md, 'Generation'.
 """
 
 from __future__ import annotations
@@ -30,10 +21,9 @@ def next_tokens(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """The next token of each sequence from its last logits: ``argmax`` when ``temperature`` is 0, else a
-    draw from ``softmax(logits / temperature)`` over the ``top_k`` largest logits (all when None).
-
-    Shapes: ``logits`` ``(B, V)`` -> ``(B,)`` int64. The arguments are checked by :func:`generate`.
+    """The next token of each sequence from its last logits ``(B, V)`` -> ``(B,)`` int64: ``argmax`` when
+    ``temperature`` is 0, else a draw from ``softmax(logits / temperature)`` over the ``top_k`` largest
+    logits (all when None); the arguments are checked by :func:`generate`.
     """
     if temperature == 0.0:
         return logits.argmax(dim=-1)
@@ -105,25 +95,21 @@ def generate(
     seed: int | None = None,
     eos_id: int | None = None,
 ) -> torch.Tensor:
-    """Continue each prompt of ``input_ids`` by up to ``max_new_tokens`` tokens, one position per token.
-
-    The model's mode is left as it is (call ``model.eval()`` first, as for any inference: a tensorized
-    layer then reuses its merged cores between steps).
+    """Continue each prompt of ``input_ids`` by up to ``max_new_tokens`` tokens, one position per token; the
+    model's mode is left as it is (call ``model.eval()`` first).
 
     Args:
         model: the decoder, dense or tensorized, before or after :func:`comera.prune_`.
         input_ids: the prompts, ``(B, T)`` int64 ids in ``[0, vocab_size)``, ``T >= 1``.
         max_new_tokens: tokens to add, >= 1, with ``T + max_new_tokens <= max_seq_len`` (else
             ``ValueError``: the context is not slid).
-        temperature: 0 for greedy decoding (the most likely token), else > 0 to sample from
-            ``softmax(logits / temperature)``; however small (``1e-45``), the draw stays well defined and
-            nears greedy decoding.
-        top_k: when sampling, draw only among the ``top_k`` most likely tokens (``1 <= top_k <= vocab_size``;
-            ``top_k=1`` is greedy); None for all. Refused at ``temperature`` 0 (``ValueError``).
-        seed: seed of the sampling generator, in ``[0, 2**64 - 1]``; None draws a fresh seed (the result then
-            varies from call to call). The global random state is never used nor changed.
-        eos_id: a token that ends a sequence: once every sequence has produced it, generation stops; a
-            sequence that ended earlier is filled with it. None: always ``max_new_tokens`` tokens.
+        temperature: 0 for greedy decoding, else > 0 to sample from ``softmax(logits / temperature)``.
+        top_k: when sampling, draw only among the ``top_k`` most likely tokens (``1 <= top_k <= vocab_size``);
+            None for all. Refused at ``temperature`` 0 (``ValueError``).
+        seed: seed of the sampling generator, in ``[0, 2**64 - 1]``; None draws a fresh seed. The global
+            random state is never used nor changed.
+        eos_id: a token that ends a sequence (generation stops once every sequence has produced it, an ended
+            sequence is filled with it); None: always ``max_new_tokens`` tokens.
 
     Returns:
         ``(B, T + N)`` int64: the prompts followed by ``N <= max_new_tokens`` new tokens each.

@@ -1,33 +1,7 @@
-"""A LLaMA-style decoder for causal language-model pre-training (workload 4), in one file.
-
-The layout is LLaMA's, as GaLore, APOLLO, Fira and CoLA pre-train it:
-
-    x = embed(input_ids)                                   (B, T) -> (B, T, D)
-    block (x n_layers)  x = x + o(attention(rotary(q(h)), rotary(k(h)), v(h)))   with h = norm(x)
-                        x = x + down(silu(gate(h)) * up(h))                       with h = norm(x)
-    logits = lm_head(norm(x))                              (B, T, D) -> (B, T, V)
-
-with RMSNorm before each sublayer and at the end, causal attention through
-``F.scaled_dot_product_attention(is_causal=True)``, rotary positions on queries and keys (Hugging Face's
-"rotate half" pairing: feature ``i`` turns with feature ``i + head_dim / 2``), a SwiGLU MLP, no biases, and
-an LM head that is its own matrix or tied to the embedding (``tie_embeddings``). Every projection is its own
-``nn.Linear`` (``attention.q/k/v/o``, ``mlp.gate/up/down``, ``lm_head``) so a :class:`comera.TensorizeConfig`
-targets each one; the tensorization presets live in :mod:`comera.workloads.llm.presets` (registered when
-this module is imported).
-
-Initialisation follows Hugging Face's LLaMA: linear and embedding weights from ``N(0, initializer_range)``,
-norm weights 1. The model follows Hugging Face's protocol for it (a ``config`` with ``initializer_range`` and
-an ``_init_weights(module)`` method), so a model built on the meta device and passed through
-:func:`comera.tensorize_` and :func:`comera.materialize_` is initialised as one built for real.
-
-The loss (:func:`next_token_loss`) is the mean cross entropy of predicting token ``t + 1`` from positions
-``<= t``, skipping targets equal to ``-100`` or to the padding id. Padding goes at the end of a sequence (a
-causal model never lets a later pad change an earlier position), so no attention mask is needed.
-
-Generation runs the model with a key-value cache (:class:`comera.workloads.llm.cache.KVCache`, made by
-:meth:`LlamaLM.new_cache`): ``model(new_ids, cache)`` computes only the new positions, their attention
-reads the cached keys and values of the earlier ones, and their rotary angles are those of their absolute
-positions; :func:`comera.workloads.llm.generate.generate` decodes with it.
+"""A LLaMA-style decoder for causal language-model pre-training, in one file: RMSNorm pre-norm blocks, causal
+attention with rotary positions, a SwiGLU MLP, no biases, an LM head tied or not, every projection its own
+``nn.Linear``, Hugging Face LLaMA's initialisation, and a key-value cache for generation. Details:
+docs/llm.md, 'What exists'.
 """
 
 from __future__ import annotations
@@ -179,11 +153,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    """Causal multi-head self-attention with rotary positions and bias-free ``q``/``k``/``v``/``o``.
-
-    Shapes: ``x`` ``(B, T, D)``, ``cos``/``sin`` ``(T, head_dim / 2)`` -> ``(B, T, D)``. With a ``cache``
-    holding ``S`` earlier positions, ``x`` holds the ``T`` new ones: their keys and values are stored in the
-    cache's layer ``layer``, and new position ``i`` attends to the ``S + i + 1`` keys up to itself.
+    """Causal multi-head self-attention with rotary positions and bias-free ``q``/``k``/``v``/``o``: ``x``
+    ``(B, T, D)``, ``cos``/``sin`` ``(T, head_dim / 2)`` -> ``(B, T, D)``; with a ``cache`` holding ``S``
+    earlier positions, ``x`` holds the ``T`` new ones, stored in the cache's layer ``layer``.
     """
 
     def __init__(self, config: LMConfig) -> None:
@@ -234,10 +206,8 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm decoder block: ``x + attention(norm(x))``, then ``x + mlp(norm(x))``.
-
-    Shapes: ``x`` ``(B, T, D)``, ``cos``/``sin`` ``(T, head_dim / 2)`` -> ``(B, T, D)``; with a ``cache``,
-    as :class:`Attention`.
+    """Pre-norm decoder block, ``x + attention(norm(x))`` then ``x + mlp(norm(x))``: ``x`` ``(B, T, D)``,
+    ``cos``/``sin`` ``(T, head_dim / 2)`` -> ``(B, T, D)``; with a ``cache``, as :class:`Attention`.
     """
 
     def __init__(self, config: LMConfig) -> None:
@@ -262,10 +232,8 @@ class Block(nn.Module):
 def next_token_loss(
     logits: torch.Tensor, labels: torch.Tensor, pad_token_id: int | None = None
 ) -> torch.Tensor:
-    """Mean cross entropy of ``logits[:, t]`` against ``labels[:, t + 1]`` over the targets that are neither
-    ``-100`` nor ``pad_token_id``; 0 when no target is left.
-
-    Shapes: ``logits`` ``(B, T, V)``, ``labels`` ``(B, T)`` int64 (usually the input ids) -> a scalar.
+    """Mean cross entropy of ``logits[:, t]`` ``(B, T, V)`` against ``labels[:, t + 1]`` ``(B, T)`` over the
+    targets that are neither ``-100`` nor ``pad_token_id`` (a scalar; 0 when no target is left).
     """
     if logits.dim() != 3 or labels.shape != logits.shape[:2]:
         raise ValueError(
@@ -290,16 +258,11 @@ def _not_a_view(logits: torch.Tensor) -> torch.Tensor:
 
 @register_model(MODEL_NAME)
 class LlamaLM(nn.Module):
-    """The LLaMA-style decoder (module docstring for the layout).
-
-    Build with keyword sizes (the fields of :class:`LMConfig`), a ``config=``, or :meth:`from_preset`.
-    ``comera_model`` records the sizes so :func:`comera.load_pretrained` rebuilds it by name.
-
-    Forward shapes: ``input_ids`` ``(B, T)`` int64 with ``1 <= T <= max_seq_len`` -> logits ``(B, T, V)``;
-    position ``t`` sees the tokens ``<= t`` only. With a ``cache`` (:meth:`new_cache`) holding ``S``
-    positions, ``input_ids`` are the ``T`` tokens at positions ``S .. S + T - 1`` (``S + T <=
-    max_seq_len``): only they are computed, their logits equal those of the full sequence's last ``T``
-    positions, and the cache then holds ``S + T`` positions.
+    """The LLaMA-style decoder, built with keyword sizes (the fields of :class:`LMConfig`), a ``config=`` or
+    :meth:`from_preset` (``comera_model`` records them for :func:`comera.load_pretrained`): ``input_ids``
+    ``(B, T)`` int64, ``1 <= T <= max_seq_len``, -> logits ``(B, T, V)``, position ``t`` seeing tokens ``<=
+    t``; with a ``cache`` holding ``S`` positions, only the ``T`` new positions are computed (``S + T <=
+    max_seq_len``) and the cache then holds ``S + T``.
     """
 
     def __init__(self, config: LMConfig | None = None, **sizes: Any) -> None:

@@ -1,19 +1,6 @@
-"""The language-model workload's data from a prepared corpus (``comera prepare llm``, a folder holding
-``index.json``): blocks read from the memory-mapped token shards, :func:`build_prepared_lm_data`.
-
-Train: :class:`~comera.data.token_blocks.TokenBlocks` over the training shards, block ``i`` being tokens
-``[i * seq_len, (i + 1) * seq_len)`` of their concatenation, the short tail dropped; the Trainer's seeded
-order and per-rank sharding (:class:`comera.train.data.EpochData`) pick block numbers, and only those blocks
-are read. Validation: the validation shards' stream cut the same way, its tail padded with ``<pad>``, and
-``max_validation_blocks`` of its blocks spread evenly over it (all when None), fixed by the index. Before
-anything is read, every shard is checked against the index (:func:`comera.data.shard_check.check_shards`)
-and the tokenizer against its recorded digest.
-
-Start-up reads the index, the tokenizer and the validation blocks (to count their targets and digest them,
-``info["identity"]["validation"]``); the training shards are hashed once per folder and cache, not read.
-The preparation decided the tokenizer and the split: ``data.vocab_size``, ``data.validation_fraction``,
-``data.max_files``, ``data.max_bytes`` and ``data.skip_bad_lines`` do not apply (the index records the
-values used), and ``data.tokenizer_file`` is refused.
+"""The language-model workload's data from token shards: a corpus prepared by ``comera prepare llm``, a raw
+``--data`` corpus or the embedded one prepared into the cache, read as blocks through memory maps, every
+shard checked against the index first. Details: docs/llm.md, 'Bringing a corpus' ('Training').
 """
 
 from __future__ import annotations
@@ -81,7 +68,7 @@ def build_prepared_lm_data(
     tokenizer_file: str | Path | None = None,
     **prepared_settings: Any,
 ) -> LMData:
-    """The blocks of the prepared corpus in ``folder`` (module docstring).
+    """The blocks of the prepared corpus in ``folder``.
 
     Args:
         folder: a folder written by ``comera prepare llm`` (``index.json``, ``tokenizer.json``, shards).
@@ -175,21 +162,13 @@ def build_raw_lm_data(
     layout: str = "stream",
 ) -> LMData:
     """A ``--data`` corpus that is not prepared (text files, JSON lines, Parquet files) prepared into token
-    shards in the cache and read through their memory maps.
-
-    ``layout="stream"``: :func:`comera.data.cached_preparation.prepare_into_cache`, the preparation of
-    ``comera prepare llm`` (files in the order of a hash of their path, the tokenizer trained on a sample
-    of the training split, streaming), keyed by the data's files and these settings, so a second run reads
-    the same entry without encoding anything; ``max_files`` and ``max_bytes`` cap what is read (the first
-    files and documents in reading order). ``layout="whole"``: the documents are read into memory first and
-    prepared in key order with the tokenizer trained on the whole training split
-    (:func:`comera.data.embedded.prepare_embedded`): the blocks, validation blocks and tokenizer that
-    :func:`comera.workloads.llm.data.build_lm_data` makes of them, which runs started before ``--data`` was
-    prepared were trained on (they resume with this layout).
+    shards in the cache and read through their memory maps: ``layout="stream"`` as ``comera prepare llm``
+    does, ``layout="whole"`` as :func:`comera.workloads.llm.data.build_lm_data` does in memory (what older
+    run folders resume with).
 
     Args:
         path: the corpus file or folder.
-        layout: ``"stream"`` or ``"whole"`` (above).
+        layout: ``"stream"`` or ``"whole"``.
         cache_dir, seq_len, vocab_size, tokenizer_file, validation_fraction, max_validation_blocks,
             max_files, max_bytes, skip_bad_lines: as :func:`~comera.workloads.llm.data.build_lm_data`.
 
@@ -245,12 +224,9 @@ def build_embedded_lm_data(
     skip_bad_lines: bool = False,
     layout: str = "stream",
 ) -> LMData:
-    """The embedded corpus (the standard library and its documentation topics,
-    :func:`comera.workloads.llm.data.read_lm_documents`) prepared into token shards in the cache
-    (:func:`comera.data.embedded.prepare_embedded`) and read through their memory maps: the same blocks,
-    validation blocks, tokenizer and ``info`` as :func:`comera.workloads.llm.data.build_lm_data` makes of it
-    in memory (the documents in key order, the tokenizer trained on the whole training split), plus
-    ``info["prepared"]`` naming the cached folder.
+    """The embedded corpus (the standard library and its documentation topics) prepared into token shards in
+    the cache and read through their memory maps: the blocks, tokenizer and ``info`` of
+    :func:`comera.workloads.llm.data.build_lm_data`, plus ``info["prepared"]``.
 
     Args:
         cache_dir, seq_len, vocab_size, tokenizer_file, validation_fraction, max_validation_blocks,

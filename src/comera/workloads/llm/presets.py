@@ -1,52 +1,6 @@
-"""Presets of the language-model workload: the recipe presets (``comera train llm --preset NAME``,
-:data:`RECIPE_PRESETS`) and the tensorization presets they name, registered with
-:func:`comera.tensorize_config.register_preset` on import.
-
-``llm-paper``, ``llm-small``, ``llm-smoke`` fit the :class:`~comera.workloads.llm.model.LlamaLM`
-presets of the same names: the attention projections ``q``/``k``/``v``/``o`` and the MLP's
-``gate``/``up``/``down`` become :class:`comera.TTLinear`, the token embedding a
-:class:`comera.TTMEmbedding`. The LM head follows the embedding: a tied head (``tie_embeddings=True``)
-becomes a :class:`comera.TTMTiedHead` on the embedding's cores; an untied one a ``TTLinear`` with the
-linear rank and automatic shapes.
-
-The MLP width. 1376 = 2^5 x 43 (and the ``small`` preset's 688 = 2^4 x 43) has the prime 43, so no
-balanced three-mode folding exists. It is refactored, not padded: the output modes of ``gate``/``up`` are
-``(4, 8, 43)`` with the 43 on the train's last core (and ``down`` takes ``(43, 8, 4)`` on its first), where a
-core holds ``r x 43`` entries instead of ``r x 43 x r``. At rank 32, with the input modes ``(8, 8, 8)``:
-
-=====================  ========  =======  ===========================
-output modes           size      cores    largest rank of the last bond
-=====================  ========  =======  ===========================
-(4, 8, 43) (chosen)    1376      23,968   32
-(8, 11, 16)            1408      24,384   16
-(16, 11, 8)            1408      29,568   8
-(17, 9, 9) (automatic) 1377      30,385   9
-=====================  ========  =======  ===========================
-
-The refactored layout has the fewest parameters, every inner bond can reach rank 32, and no padded row or
-column is computed; padding to 1408 or 1440 (:func:`comera.suggest_padding`, or a padded ``shape_pattern``)
-costs 2-27% more cores, 2.3-4.7% wasted outputs, and caps the last bond at the size of the last mode.
-
-Ranks: ``paper`` 32 for linears and the embedding (the reference CoMERA code's 30/32 rounded to the
-modes); ``smoke`` 4 and 4. The vocabulary's modes are ``(40, 20, 40)`` (32000), padded when a tokenizer
-reaches fewer tokens; ``smoke`` chooses them for the model's vocabulary (``(8, 12)`` for 96 tokens, ``(15,
-20)`` for the recipe's 300-token BPE).
-
-``small`` (width 128) tensorizes the projections only, as ``TTMLinear`` at rank 16 (4.0x smaller at the
-start; the late stage's target 0.8 takes them to 5.0x), and keeps the embedding and the untied LM head
-dense. Full 4800-step runs on the EPYC (validation perplexity; dense 20.35, docs/llm.md): TT projections
-at rank 32 with a TTM embedding and a dense head 93.0, the same projections at 5.3x with a dense embedding
-83.8, TTM projections at rank 16 (this preset) 43.0. A TT matrix whose input modes all come before its output
-modes has matrix rank at most the rank of the bond between them (32 of the width 128 here), a low-rank
-factorisation in effect; a TTM core carries an input and an output mode, so no bond caps the rank. A TT
-head is capped the same way (every logit vector in a 32-dimensional space: 800-step probes 520 against
-176 for a dense head).
-
-``llm-hf-llama`` and ``llm-hf-gpt2`` target Hugging Face's ``LlamaForCausalLM`` (``q_proj``, ``k_proj``,
-``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``, ``embed_tokens``) and
-``GPT2LMHeadModel`` (the ``Conv1D`` layers ``c_attn``, ``c_proj``, ``c_fc`` and ``wte``; GPT-2's ``lm_head``
-is tied to ``wte`` and becomes a ``TTMTiedHead``) with rank 16 and automatic shapes; override the rank with
-``tensorize_preset(name, rank=...)``. The learned positions of GPT-2 (``wpe``) stay dense.
+"""Presets of the language-model workload: the recipe presets (:data:`RECIPE_PRESETS`) and the tensorization
+presets they name (``llm-paper``, ``llm-small``, ``llm-smoke``, and ``llm-hf-llama`` / ``llm-hf-gpt2`` for
+Hugging Face's models), registered on import. Details: docs/llm.md, 'What exists'.
 """
 
 from __future__ import annotations

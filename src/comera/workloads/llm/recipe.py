@@ -1,26 +1,7 @@
-"""Workload 4: LLaMA-style causal language-model pre-training (``comera train llm``).
-
-Data: blocks of ``seq_len`` tokens always read from memory-mapped token shards
-(:mod:`comera.workloads.llm.prepared`): ``--data`` a corpus prepared by ``comera prepare llm`` (a folder
-holding ``index.json``) as it is; ``--data`` a folder or file of ``.txt`` / ``.jsonl`` / ``.parquet`` files
-or a saved dataset prepared the same way into the cache on the first run and read from there
-(:func:`~comera.workloads.llm.prepared.build_raw_lm_data`); by default the running Python's standard library
-and its documentation topics, prepared into the cache too; the validation blocks are fixed. Model: the
-:class:`~comera.workloads.llm.model.LlamaLM` of the ``model`` section's preset with the tokenizer's
-vocabulary and ``seq_len`` positions; ``comera`` tensorizes it by the ``llm-PRESET`` preset. Every preset
-trains with the peers' schedule: 10% linear warm-up, cosine decay to 10% of the peak
-(``TrainConfig.lr_schedule``).
-
-Loss: :func:`~comera.workloads.llm.model.next_token_loss`, the mean cross entropy of each block's tokens
-``1..T-1`` (``<pad>`` targets skipped). Metrics (exact over a split, summed over predicted tokens):
-``loss`` (mean token cross entropy), ``perplexity`` = ``exp(loss)``, ``accuracy`` (share of tokens
-predicted right by the argmax).
-
-``results.json`` adds to every run's keys: ``loss`` and ``perplexity`` (the validation split's),
-``validation_tokens`` (the tokens that perplexity averages over), ``tokens_seen`` (steps x global batch x
-``seq_len``), ``tokens_per_s`` (global batch x ``seq_len`` / median step time) and ``weights_optimizer_mib``
-(the peers' memory estimate, :func:`comera.measure.weights_optimizer_mib`, at the end of the run) beside
-the measured ``peak_memory_mib``. ``model/tokenizer.json`` is the tokenizer.
+"""Workload 4: LLaMA-style causal language-model pre-training (``comera train llm``): blocks read from token
+shards, the :class:`~comera.workloads.llm.model.LlamaLM` of the preset, the peers' cosine schedule, and
+``loss``, ``perplexity`` and ``accuracy`` exact over a split. Details: docs/llm.md, 'The recipe: comera
+train llm'.
 """
 
 from __future__ import annotations

@@ -1,27 +1,7 @@
 """Masked-LM pre-training step benchmark: time and memory of one step, dense against comera.
-
-Run as ``comera bench mlm`` or ``python -m comera.workloads.mlm.bench``. The model is the RoBERTa masked LM of
-:mod:`comera.workloads.mlm.model` (``--preset``, default ``paper``: RoBERTa-base with a ``--vocab``-token
-vocabulary, default 50265 as RoBERTa/CodeBERT), dense or tensorized by the ``mlm-PRESET`` preset. A step is
-what training does: forward of ``--batch`` blocks of ``--seq-len`` tokens masked as in pre-training
-(:class:`comera.workloads.mlm.masking.MaskingCollator` on random token blocks), the masked-LM loss with the LM
-head on the masked positions only, as ``comera train mlm`` computes it (for comera plus the rank objective's
-size term, :class:`comera.RankAdaptation`), backward, and an AdamW step (PyTorch's fused kernel, as the
-``Trainer``'s default; comera: the paper's three parameter groups). Both methods use the same model class,
-dropout and attention (:func:`comera.workloads.mlm.model.build_mlm_model`).
-
-Every method runs in a fresh process (``--case``): it builds the model, the optimizer and a batch, runs a
-step on a 16-token batch (so that code pages, threads and the optimizer state exist), then one full step
-whose memory is the rise of the process's peak resident set size over its resident size just before it
-(:func:`comera.measure.peak_rise_mib`; glibc's allocation setting, so that memory freed while building
-the case shows up as a rise), then ``--repeats`` timed steps after one more warm-up step; time is their
-median. Before the timed steps ``--memory reuse`` (the default, what the ``Trainer`` does on CPU) calls
-:func:`comera.cpu.reuse_freed_memory`; ``--memory default`` keeps glibc's setting. The process's peak
-resident size at the end (model, gradients, optimizer state and the step's peak together) is reported too.
-``--ranks R ...`` adds comera cases with the tensorized linears' max rank set to each ``R`` (the
-embedding keeps the preset's), a ladder that shows what the step costs apart from those linears.
-``--threads`` sets torch's thread count; ``--write`` replaces a section (``--section``, default ``mlm``) of
-a markdown file with the table.
+Run as ``comera bench mlm``: forward, masked-LM loss on the masked positions, backward and AdamW of the
+RoBERTa masked LM of ``--preset``, each method (and each ``--ranks`` rung) in a fresh process; ``--write``
+replaces a section of a markdown file. Details: docs/benchmarks.md, 'Masked-LM pre-training step'.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The masked-LM workload's data: source code read and split (:mod:`comera.data.sources`), a local BPE
-tokenizer (:mod:`comera.data.bpe`), token ids cached per split, packed into blocks
-(:mod:`comera.workloads.mlm.packing`) and masked dynamically by the collate function
-(:mod:`comera.workloads.mlm.masking`): :func:`build_code_data`.
-
-The token ids of each split are cached next to the tokenizer (``code-tokens-{digest}.npz``, keyed by the
-tokenizer and the documents: :func:`comera.data.token_cache.encode_cached`).
+"""The masked-LM workload's data built in memory: source code read and split, a local BPE tokenizer, token ids
+cached per split, packed into blocks and masked by the collate function: :func:`build_code_data`. Details:
+docs/recipes.md, 'Workload data'.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""The Hugging Face side of the masked-LM workload: its model class and its attention implementation.
-
-Imported by :func:`comera.workloads.mlm.model.build_mlm_model` when a model is built (it needs
-``transformers``, the optional ``hf`` extra). Three things make a pre-training step cheaper without changing
-what is computed:
-
-- :class:`CodeMaskedLM` scores only the masked positions when asked (``masked_only=True``): the LM head's
-  ``(tokens, vocabulary)`` product, its softmax and their backward shrink to the ~15% of tokens that carry
-  a label. The loss is the same mean cross-entropy over the masked tokens.
-- The ``"comera"`` attention implementation (:data:`ATTENTION`, registered with ``transformers``'
-  ``AttentionInterface`` and, with SDPA's boolean masks, ``AttentionMaskInterface``) runs
-  :func:`comera.models.attention.attention_context`: SDPA, except on CPU in training, where the attention
-  probabilities are dropped with cheap random draws.
-- :func:`use_fast_dropout` swaps every ``nn.Dropout`` for :class:`comera.models.dropout.FastDropout`
-  (``p`` quantised to 1/256: 0.1 becomes 0.1016).
+"""The Hugging Face side of the masked-LM workload (needs ``transformers``): :class:`CodeMaskedLM`, which can
+score only the masked positions, the ``"comera"`` attention implementation (cheap dropout draws on CPU) and
+:func:`use_fast_dropout`, each making a step cheaper without changing what is computed.
 """
 
 from __future__ import annotations
@@ -46,10 +34,9 @@ def comera_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """``transformers``' attention-function signature over :func:`attention_context`.
-
-    Shapes: ``query`` ``(B, H, Tq, d)``, ``key``/``value`` ``(B, H, Tk, d)``, ``attention_mask`` None or
-    SDPA's boolean ``(B, 1, Tq, Tk)`` -> ``((B, Tq, H, d), None)`` (no attention weights are returned).
+    """``transformers``' attention-function signature over :func:`attention_context`: ``query`` ``(B, H, Tq,
+    d)``, ``key``/``value`` ``(B, H, Tk, d)``, ``attention_mask`` None or SDPA's boolean ``(B, 1, Tq, Tk)``
+    -> ``((B, Tq, H, d), None)``.
     """
     context = attention_context(query, key, value, attention_mask, dropout, scaling)
     return context.transpose(1, 2).contiguous(), None
@@ -70,16 +57,10 @@ def use_fast_dropout(model: nn.Module) -> nn.Module:
 
 
 class CodeMaskedLM(RobertaForMaskedLM):
-    """``RobertaForMaskedLM`` whose forward can score only the positions that carry a label.
-
-    ``forward(input_ids, attention_mask, labels=labels, masked_only=True)``: the encoder runs on the whole
-    ``(B, T)`` batch, the LM head only on the ``N`` positions with ``labels != -100``. The output's ``logits``
-    are ``(N, vocab_size)`` (those positions in row-major order, so ``labels[labels != -100]`` are their
-    targets) and ``loss`` is their mean cross-entropy, 0 when ``N == 0``. While a CUDA graph is being
-    captured (where a data-dependent selection cannot run) the head scores every position and ``logits``
-    are ``(B, T, vocab_size)``; the loss is the same. Without ``masked_only`` (the default) the forward is
-    ``RobertaForMaskedLM``'s, positional arguments included; with ``masked_only``, everything after
-    ``attention_mask`` goes by keyword.
+    """``RobertaForMaskedLM`` whose ``forward(..., masked_only=True)`` runs the LM head only on the ``N``
+    positions with ``labels != -100``: ``logits`` ``(N, vocab_size)`` (``(B, T, vocab_size)`` while a CUDA
+    graph is captured), ``loss`` their mean cross-entropy (0 when ``N == 0``); arguments after
+    ``attention_mask`` go by keyword.
     """
 
     def forward(

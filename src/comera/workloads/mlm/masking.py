@@ -1,13 +1,6 @@
-"""Dynamic masking of packed blocks for masked-LM pre-training, in the collate function.
-
-Masking (:class:`MaskingCollator`, the ``collate_fn``): as BERT/RoBERTa, each maskable token (not a special
-token) is chosen with probability 0.15; of the chosen, 80% become ``<mask>``, 10% a random ordinary token,
-10% stay. Labels hold the original token at chosen positions and -100 elsewhere. Every sample is masked with
-its own ``torch.Generator``: for evaluation splits (``fixed_masking=True``) seeded from ``(seed, index)``, so
-evaluation sees the same masks every time, whatever the batch size or sharding; for training seeded from
-``(seed, epoch, the batch's sample indices, index)``, so masks change whenever batches are drawn differently
-(each shuffled epoch; :meth:`MaskingCollator.set_epoch` adds the epoch), and a run, resumed or not, draws the
-same masks for the same batches.
+"""Dynamic BERT masking of packed blocks in the collate function, each sample with its own seeded generator:
+fixed masks for evaluation, masks that change with the batches drawn for training (the same on resume).
+Details: docs/recipes.md, 'Workload data'.
 """
 
 from __future__ import annotations
@@ -35,7 +28,8 @@ def mask_tokens(
     *,
     mask_probability: float = 0.15,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """BERT masking of ``input_ids`` where ``maskable`` is True (module docstring).
+    """BERT masking of ``input_ids`` where ``maskable`` is True: each token chosen with ``mask_probability``,
+    80% of those become ``<mask>``, 10% a random ordinary token, 10% stay.
 
     Args:
         input_ids: ``(*)`` int64 token ids.
@@ -63,16 +57,14 @@ def _seed(*parts: int) -> int:
 
 @dataclass
 class MaskingCollator:
-    """``collate_fn`` turning :class:`PackedBlocks` items into a masked-LM batch (module docstring).
+    """``collate_fn`` turning a list of :class:`PackedBlocks` items into a masked-LM batch
+    ``{"input_ids", "attention_mask", "labels"}``, each ``(B, seq_len)`` int64.
 
     Args:
         ids: the tokenizer's special ids.
         mask_probability: chance of choosing each maskable token, in ``(0, 1)``.
         seed: base seed of all masks.
         epoch: mixed into the seeds of training masks (:meth:`set_epoch`); evaluation masks ignore it.
-
-    Returns (on call with a list of items):
-        ``{"input_ids", "attention_mask", "labels"}``, each ``(B, seq_len)`` int64.
     """
 
     ids: SpecialIds

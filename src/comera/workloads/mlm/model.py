@@ -1,17 +1,7 @@
-"""RoBERTa-architecture masked-language model for CodeBERT-style pre-training on code (workload 3).
-
-The model is Hugging Face's ``RobertaForMaskedLM`` built from a ``RobertaConfig`` (never downloaded). Its LM
-head's decoder shares its weight with the word embedding, so :func:`comera.tensorize_` with the presets of
-:mod:`comera.workloads.mlm.presets` turns the embedding into a :class:`comera.TTMEmbedding` and the decoder
-into a :class:`comera.TTMTiedHead` on the same cores; every other linear (attention, feed-forward, the head's
-transform) becomes a :class:`comera.TTLinear`.
-
-Model presets (:data:`MODEL_PRESETS`): ``paper`` is RoBERTa-base (12 layers, width 768, 12 heads, FFN 3072,
-512 tokens); ``small`` fits a CPU run of a few minutes; ``smoke`` is for tests. The vocabulary size comes from
-the tokenizer. Tensorization presets ``mlm-paper``, ``mlm-small`` and ``mlm-smoke`` live beside the recipe, in
-:mod:`comera.workloads.mlm.presets`.
-
-Special token ids follow RoBERTa: ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2 (``<unk>`` 3, ``<mask>`` 4).
+"""RoBERTa-architecture masked-language model for CodeBERT-style pre-training on code: Hugging Face's
+``RobertaForMaskedLM`` built from a ``RobertaConfig`` (never downloaded) at the ``paper`` (RoBERTa-base),
+``small`` or ``smoke`` preset, its decoder tied to the word embedding. Details: docs/method.md,
+'Experiments and workloads'.
 """
 
 from __future__ import annotations
@@ -185,15 +175,10 @@ def build_mlm_model(
     fast_training: bool = True,
 ) -> RobertaForMaskedLM:
     """A freshly initialised dense RoBERTa masked LM of model preset ``preset`` (arguments of
-    :func:`mlm_config`), with its decoder tied to the word embedding.
-
-    The model is a :class:`comera.workloads.mlm.hf_model.CodeMaskedLM` (a ``RobertaForMaskedLM`` whose forward
-    can score only the masked positions, ``masked_only=True``). With ``fast_training`` (the default) its
-    dropouts are :class:`comera.models.dropout.FastDropout` (``p`` quantised to 1/256) and its attention is
-    the ``"comera"`` implementation (cheap dropout draws on the attention probabilities on CPU); without it,
-    ``nn.Dropout`` and SDPA as ``transformers`` builds them. Evaluation-mode outputs are the same either way.
-    The model records its constructor arguments in ``comera_model``, so :func:`comera.load_pretrained`
-    rebuilds it without ``base_model``.
+    :func:`mlm_config`): a :class:`comera.workloads.mlm.hf_model.CodeMaskedLM` with its decoder tied to the
+    word embedding, with ``fast_training`` :class:`comera.models.dropout.FastDropout` and the ``"comera"``
+    attention (the same evaluation outputs); ``comera_model`` records its arguments for
+    :func:`comera.load_pretrained`.
 
     Shape:
         ``model(input_ids=(B, T), attention_mask=(B, T), labels=(B, T))`` with ``T <= max_length``;

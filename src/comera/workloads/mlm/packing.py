@@ -1,11 +1,6 @@
-"""Token ids packed into the masked LM's fixed-length blocks.
-
-Packing (:func:`pack_documents`): documents are joined into one stream, each followed by ``</s>``; the
-stream is cut into blocks of ``seq_len - 1`` tokens and each block starts with ``<s>``. Every document token
-is in exactly one block, in order. The last block, when short, is padded with ``<pad>`` (``tail="pad"``,
-attention mask 0 there) or dropped (``tail="drop"``, the dropped tokens counted). :class:`ShardBlocks`
-makes the same blocks of a stream held in memory-mapped token shards (a prepared corpus), reading a block
-when it is asked for.
+"""Token ids packed into the masked LM's fixed-length blocks ``<s>`` + ``seq_len - 1`` tokens of the stream
+``doc_1 </s> doc_2 </s> ...``, the short last block padded or dropped, in memory (:func:`pack_documents`)
+or over memory-mapped shards (:class:`ShardBlocks`).
 """
 
 from __future__ import annotations
@@ -28,15 +23,14 @@ TAILS = ("pad", "drop")
 
 @dataclass(frozen=True)
 class PackedBlocks(Dataset):
-    """Fixed-length token blocks of one split (a map-style dataset).
+    """Fixed-length token blocks of one split (a map-style dataset of ``{"input_ids": (seq_len,) int64,
+    "length": int, "index": int, "fixed_masking": bool}`` items).
 
     Attributes:
         tokens: ``(N, seq_len)`` int32 token ids, ``<pad>`` after ``lengths``.
         lengths: ``(N,)`` int64 number of real tokens per block.
         fixed_masking: mask each block the same way every time (evaluation) or anew per batch (training).
         dropped_tokens: document tokens left out by ``tail="drop"``.
-
-    Items are ``{"input_ids": (seq_len,) int64, "length": int, "index": int, "fixed_masking": bool}``.
     """
 
     tokens: torch.Tensor
@@ -72,11 +66,8 @@ def pack_documents(
     tail: str = "pad",
     fixed_masking: bool = False,
 ) -> PackedBlocks:
-    """Pack token-id lists into blocks ``<s> doc_1 </s> doc_2 </s> ...`` of ``seq_len`` tokens.
-
-    Each document's tokens, then ``</s>``, enter one stream, cut into pieces of ``seq_len - 1`` tokens, each
-    behind a ``<s>``. A short last piece is padded with ``<pad>`` (``tail="pad"``) or dropped
-    (``tail="drop"``); empty documents add nothing.
+    """Pack token-id lists into blocks ``<s> doc_1 </s> doc_2 </s> ...`` of ``seq_len`` tokens, the short last
+    piece padded with ``<pad>`` (``tail="pad"``) or dropped (``tail="drop"``).
 
     Returns:
         :class:`PackedBlocks` of shape ``(N, seq_len)``.
@@ -103,9 +94,9 @@ def pack_documents(
 
 class ShardBlocks(Dataset):
     """:func:`pack_documents`'s blocks of a token stream held in memory-mapped shards
-    (:class:`comera.data.token_blocks.TokenBlocks`): block ``i`` is ``<s>`` and the stream's tokens
-    ``[i * (seq_len - 1), (i + 1) * (seq_len - 1))``, the short last piece padded with ``<pad>`` or dropped,
-    read when it is asked for. Items are :class:`PackedBlocks`'s, so the same collate function masks them.
+    (:class:`comera.data.token_blocks.TokenBlocks`): block ``i`` is ``<s>`` and the stream's tokens ``[i *
+    (seq_len - 1), (i + 1) * (seq_len - 1))``, the short last piece padded with ``<pad>`` or dropped, read
+    when it is asked for. Items are :class:`PackedBlocks`'s, so the same collate function masks them.
 
     Args:
         shards: the stream's pieces in order (``doc_1 </s> doc_2 </s> ...``), ``numpy.memmap`` arrays.

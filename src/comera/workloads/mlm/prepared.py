@@ -1,13 +1,6 @@
-"""The masked-LM workload's data read from token shards: a corpus prepared by ``comera prepare mlm`` (a folder
-holding ``index.json``, :func:`build_prepared_code_data`) or the embedded corpus prepared into the cache
-(:func:`build_embedded_code_data`). Blocks are :class:`~comera.workloads.mlm.packing.ShardBlocks` over the
-memory-mapped shards, read when the Trainer's order asks for them, and masked on the fly by the same
-:class:`~comera.workloads.mlm.masking.MaskingCollator` as in memory.
-
-A prepared folder decided the tokenizer and the split: ``data.vocab_size``, ``data.validation_fraction``,
-``data.extensions``, ``data.max_files``, ``data.max_bytes`` and ``data.skip_bad_lines`` do not apply, and
-``data.tokenizer_file`` is refused. Before anything is read every shard is checked against the index
-(:func:`comera.data.shard_check.check_shards`): a damaged one is named and none is read.
+"""The masked-LM workload's data read from token shards (a ``comera prepare mlm`` folder, a raw ``--data``
+corpus or the embedded corpus prepared into the cache) as :class:`ShardBlocks`, masked on the fly by the
+same collate function as in memory. Details: docs/llm.md, 'Bringing a corpus' ('The masked LM').
 """
 
 from __future__ import annotations
@@ -172,15 +165,10 @@ def build_raw_code_data(
     seed: int = 0,
 ) -> CodeData:
     """A ``--data`` corpus that is not prepared (source files, JSON lines, Parquet files) prepared into token
-    shards in the cache and read through their memory maps.
-
-    ``layout="stream"``: :func:`comera.data.cached_preparation.prepare_into_cache` with ``comera prepare
-    mlm``'s reading (the files ending in ``extensions`` whole, a JSON line's :data:`MLM_TEXT_FIELDS`), keyed
-    by the data's files and the settings, so a second run encodes nothing; ``max_files`` and ``max_bytes``
-    cap what is read. ``layout="whole"``: the documents read by :func:`comera.data.sources.read_code` into
-    memory, prepared in its order with the tokenizer trained on the whole training split: the blocks of
-    :func:`comera.workloads.mlm.data.build_code_data`, which runs started before ``--data`` was prepared
-    were trained on (they resume with this layout). Other arguments as there.
+    shards in the cache and read through their memory maps: ``layout="stream"`` as ``comera prepare mlm``
+    reads it, ``layout="whole"`` in :func:`comera.data.sources.read_code`'s order with the tokenizer
+    trained on the whole training split (what older run folders resume with); other arguments as
+    :func:`comera.workloads.mlm.data.build_code_data`.
     """
     check_code_data_settings(validation_fraction, tokenizer_file)
     if check_layout(layout) == "whole":

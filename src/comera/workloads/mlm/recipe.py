@@ -1,19 +1,6 @@
-"""Workload 3: CodeBERT-style masked-LM pre-training on code (``comera train mlm``).
-
-Data: :mod:`comera.workloads.mlm.prepared` (``--data`` a CodeSearchNet-style ``*.jsonl(.gz)`` file or a
-folder of sources, prepared into token shards in the cache on the first run; a corpus prepared by ``comera
-prepare mlm``; by default the running Python's standard library, prepared into the cache too), read through
-memory maps in blocks of ``seq_len`` tokens and masked dynamically by the collate function; validation
-blocks are masked the same way at every evaluation. Model: the RoBERTa masked LM of
-:mod:`comera.workloads.mlm.model` with the tokenizer's vocabulary and ``seq_len`` positions; ``comera``
-tensorizes it by the ``mlm-PRESET`` preset (TT linears, TTM word embedding, tied TTM head). Training runs
-the paper's two phases: the early stage, then the late stage driving the size to ``target_ratio`` of its
-early-stage end.
-
-Loss: mean cross-entropy over the masked tokens of a batch; the LM head scores only those tokens.
-Metrics (exact over a split, summed over tokens):
-``mlm_loss`` (mean masked-token cross-entropy), ``mlm_accuracy`` (share of masked tokens predicted right),
-``perplexity`` = ``exp(mlm_loss)``.
+"""Workload 3: CodeBERT-style masked-LM pre-training on code (``comera train mlm``): blocks read from token
+shards and masked dynamically, the RoBERTa masked LM of the preset, and ``mlm_loss``, ``mlm_accuracy`` and
+``perplexity`` exact over a split. Details: docs/recipes.md, 'Workload data'.
 """
 
 from __future__ import annotations

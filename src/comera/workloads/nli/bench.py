@@ -1,17 +1,7 @@
 """``comera bench transformer``: one training step of the six-encoder transformer, dense against comera.
-
-Each case (method x batch size) runs in a fresh Python process, so its peak memory is its own: the model of
-the ``paper`` preset (6 layers, 768, 12 heads, FFN 3072, vocabulary 30522) is built, dense or tensorized by
-the ``nli-paper`` preset, and trained on random token batches of length 128 with the library's default
-optimizer (AdamW on the objective's parameter groups; CoMERA's objective for comera). Reported per case:
-the median step time over ``--repeats`` steps after two warm-up steps, the rise of the resident set over the
-process after the model was built (``train_mib``: activations, gradients, optimizer state), the whole
-process's peak (``peak_mib``) and the operators taking most of one profiled step's time. The memory step
-runs with glibc's allocation setting; before the timed steps ``--memory reuse`` (the default, what the
-``Trainer`` does on CPU) calls :func:`comera.cpu.reuse_freed_memory`, ``--memory default`` keeps glibc's.
-
-Usage: ``comera bench transformer [--batches 1 32] [--methods dense comera] [--repeats 5]
-[--threads 2] [--memory reuse] [--write docs/benchmarks.md]``.
+Each case (method x batch size) runs in a fresh process on random token batches of length 128: median step
+time, training memory, whole-process peak and the top operators of a profiled step. Details:
+docs/benchmarks.md, 'Transformer training step'.
 """
 
 from __future__ import annotations

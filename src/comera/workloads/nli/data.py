@@ -1,20 +1,6 @@
-"""Sentence-pair classification data: MNLI readers, a tokenised dataset, and batch padding.
-
-Readers (each returns :class:`PairExamples` with the counts of lines read and skipped):
-
-- :func:`read_glue_tsv`: a GLUE MNLI file (``train.tsv``, ``dev_matched.tsv``, ``dev_mismatched.tsv``).
-  Columns are found by header name (``sentence1``, ``sentence2``, ``gold_label``). Fields are split on tabs
-  only: GLUE's text contains quote characters that are not CSV quoting.
-- :func:`read_jsonl`: JSON lines with ``premise``, ``hypothesis`` and ``label`` (a name or 0/1/2).
-
-Lines without a gold label (``-``, empty, ``-1``, missing) and pairs with an empty sentence (the paper's
-filter) are skipped and counted. A malformed line raises ``ValueError`` naming the file and line number, or
-with ``skip_malformed=True`` is skipped and counted.
-
-:func:`read_mnli` reads a GLUE folder, a folder of ``.jsonl`` files, or a single ``.jsonl`` file (split into
-train and validation by line number). :func:`build_nli_data` is what a recipe calls: MNLI when given a data
-path, else the embedded docstring task (:mod:`comera.workloads.nli.pairs`), tokenised, with counts and
-baselines.
+"""Sentence-pair classification data: MNLI readers (GLUE ``.tsv``, JSON lines), and :func:`build_nli_data`,
+what a recipe calls: MNLI when given a data path, else the embedded docstring task, tokenised, with counts
+and baselines. Details: docs/recipes.md, 'Workload data'.
 """
 
 from __future__ import annotations
@@ -113,10 +99,8 @@ def _malformed(examples: PairExamples, path: Path, number: int, error: Exception
 
 def read_glue_tsv(path: str | os.PathLike, *, skip_malformed: bool = False) -> PairExamples:
     """The labelled pairs of a GLUE MNLI ``.tsv`` file (header line first; columns found by name), or of its
-    gzip.
-
-    A line is malformed when it is not UTF-8, its field count differs from the header's or its label is
-    unknown; a line of only whitespace (spaces, tabs) is blank, neither read nor skipped.
+    gzip; a line is malformed when it is not UTF-8, its field count differs from the header's or its label
+    is unknown.
     """
     path = Path(path)
     examples = PairExamples()
@@ -147,12 +131,9 @@ def read_glue_tsv(path: str | os.PathLike, *, skip_malformed: bool = False) -> P
 
 
 def read_jsonl(path: str | os.PathLike, *, skip_malformed: bool = False) -> PairExamples:
-    """The labelled pairs of a JSON lines file (or its gzip) of ``{"premise": ..., "hypothesis": ...,
-    "label": ...}``.
-
-    A line is malformed when it is not UTF-8, not a JSON object, lacks a string premise or hypothesis, or
-    has an unknown label (a label name of :data:`MNLI_LABELS` or its index; ``-1``, ``"-"`` or none = no
-    label).
+    """The labelled pairs of a JSON lines file (or its gzip) of ``{"premise": ..., "hypothesis": ..., "label":
+    ...}``; a line is malformed when it is not UTF-8, not a JSON object, lacks a string premise or
+    hypothesis, or has an unknown label.
     """
     path = Path(path)
     examples = PairExamples()
@@ -198,15 +179,9 @@ def _split_by_line(examples: PairExamples, every: int) -> tuple[PairExamples, Pa
 def read_mnli(
     data_path: str | os.PathLike, *, skip_malformed: bool = False, validation_every: int = 10
 ) -> dict[str, PairExamples]:
-    """Splits of an MNLI-style data set: ``{"train": ..., <evaluation split>: ..., ...}``.
-
-    ``data_path`` is one of
-    - a GLUE MNLI folder: ``train.tsv`` and whichever of ``dev_matched.tsv`` / ``dev_mismatched.tsv`` exist,
-      as "validation_matched" / "validation_mismatched";
-    - a folder of ``.jsonl`` files: ``train.jsonl`` and every other ``NAME.jsonl`` as split ``NAME``;
-    - one ``.jsonl`` file: every ``validation_every``-th labelled pair becomes "validation".
-
-    A ``.jsonl`` file may be gzip, named ``NAME.jsonl`` or ``NAME.jsonl.gz``.
+    """Splits of an MNLI-style data set, ``{"train": ..., <evaluation split>: ..., ...}``, from a GLUE MNLI
+    folder, a folder of ``.jsonl`` files (plain or gzip) or one ``.jsonl`` file (every
+    ``validation_every``-th pair to validation).
 
     Raises:
         FileNotFoundError: no such path. ValueError: a folder of neither kind, a folder without an evaluation

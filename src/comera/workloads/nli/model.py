@@ -1,21 +1,7 @@
-"""The six-encoder transformer of the paper's sentence-pair workload (method.md section 8), in one file.
-
-A BERT-style post-LN encoder classifying a pair "[CLS] a [SEP] b [SEP]" from its [CLS] token:
-
-    embeddings  word + learned position + token type [+ exact match] -> LayerNorm -> dropout
-    block (x n) h = LayerNorm(x + dropout(output(attention(query(x), key(x), value(x)))))
-                y = LayerNorm(h + dropout(ffn_out(gelu(ffn_in(h)))))
-    head        logits = classifier(dropout(tanh(pooler(y[:, 0]))))
-
-Every projection is its own ``nn.Linear`` (``query``, ``key``, ``value``, ``output``, ``ffn_in``, ``ffn_out``,
-``pooler``) so a :class:`comera.TensorizeConfig` can target each one; the tensorization presets of this model
-("nli-paper", "nli-small", "nli-smoke") live beside the recipe, in :mod:`comera.workloads.nli.presets`. The
-dense baseline is this same model.
-
-Speed: attention runs through :func:`comera.models.attention.attention_context`: SDPA, except on CPU in
-training with attention dropout, where the probabilities are formed explicitly so that cheap random draws
-replace SDPA's ``bernoulli_``. The padding mask is built from ``attention_mask`` with tensor ops only: the
-forward has no host synchronisation and compiles with ``torch.compile(fullgraph=True)``.
+"""The six-encoder transformer of the paper's sentence-pair workload, in one file: a BERT-style post-LN
+encoder classifying ``[CLS] a [SEP] b [SEP]`` from its [CLS] token, every projection its own ``nn.Linear``,
+attention through :func:`comera.models.attention.attention_context` with no host sync. Details:
+docs/method.md, 'Experiments and workloads'.
 """
 
 from __future__ import annotations
@@ -64,11 +50,8 @@ class TransformerConfig:
         attention_dropout: drop probability on attention probabilities; None means ``dropout``.
         layer_norm_eps: epsilon of every LayerNorm.
         pad_token_id: the padding id (its embedding row starts at zero and gets no gradient).
-        exact_match: add a learned embedding of each token's exact-match flag (1 when its id also occurs in
-            the other sentence, see :func:`comera.workloads.nli.pairs.exact_match_flags`), the
-            reading-comprehension feature that lets a small model trained from scratch relate the two
-            sentences token by token. Off in the paper's model; on in the ``small`` and ``smoke`` recipe
-            presets of the embedded task.
+        exact_match: add a learned embedding of each token's exact-match flag
+            (:func:`comera.workloads.nli.pairs.exact_match_flags`); off in the paper's model.
     """
 
     vocab_size: int = 30522
@@ -134,19 +117,16 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 
 
 def padding_bias(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive attention bias ``(B, 1, 1, T)`` from a ``(B, T)`` mask (nonzero/True = real token).
-
-    Real tokens get 0 and padding ``-inf``, so softmax gives padded keys exactly zero weight. Every query
-    must see at least one real key (the [CLS] token), or its row is all ``-inf``.
+    """Additive attention bias ``(B, 1, 1, T)`` from a ``(B, T)`` mask (nonzero/True = real token): 0 for real
+    tokens, ``-inf`` for padding; every query must see at least one real key.
     """
     keep = attention_mask[:, None, None, :].bool()
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention with separate ``query``/``key``/``value``/``output`` projections.
-
-    Shapes: ``x`` (B, T, D), ``bias`` (B, 1, 1, T) additive or None -> (B, T, D).
+    """Multi-head self-attention with separate ``query``/``key``/``value``/``output`` projections:
+    ``x`` (B, T, D), ``bias`` (B, 1, 1, T) additive or None -> (B, T, D).
     """
 
     def __init__(self, d_model: int, n_heads: int, attention_p: float) -> None:
@@ -169,9 +149,8 @@ class SelfAttention(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-    """Post-LN encoder block: attention and feed-forward sublayers, each ``LayerNorm(x + dropout(f(x)))``.
-
-    Shapes: ``x`` (B, T, D), ``bias`` (B, 1, 1, T) or None -> (B, T, D).
+    """Post-LN encoder block: attention and feed-forward sublayers, each ``LayerNorm(x + dropout(f(x)))``;
+    ``x`` (B, T, D), ``bias`` (B, 1, 1, T) or None -> (B, T, D).
     """
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -189,10 +168,9 @@ class EncoderBlock(nn.Module):
 
 
 class Embeddings(nn.Module):
-    """Word + learned position + token type (+ exact-match flag) embeddings, then LayerNorm and dropout.
-
-    Shapes: ``input_ids``, ``token_type_ids`` and ``exact_match_ids`` (B, T) int64 -> (B, T, D).
-    ``exact_match_ids`` (0/1 flags) is required when the config has ``exact_match`` and ignored otherwise.
+    """Word + learned position + token type (+ exact-match flag) embeddings, then LayerNorm and dropout:
+    ``input_ids``, ``token_type_ids`` and ``exact_match_ids`` (B, T) int64 -> (B, T, D);
+    ``exact_match_ids`` is required when the config has ``exact_match``, ignored otherwise.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -224,15 +202,10 @@ class Embeddings(nn.Module):
 
 @register_model(MODEL_NAME)
 class TransformerClassifier(nn.Module):
-    """BERT-style post-LN encoder with a [CLS] classification head (module docstring for the layout).
-
-    Build with keyword sizes (the fields of :class:`TransformerConfig`), a ``config=``, or
-    :meth:`from_preset`. ``comera_model`` records the sizes so :func:`comera.load_pretrained` rebuilds it.
-
-    Forward shapes: ``input_ids`` (B, T) int64 with ``T <= max_positions``; ``token_type_ids`` (B, T) or
-    None (all 0); ``attention_mask`` (B, T), nonzero for real tokens, or None (no padding);
-    ``exact_match_ids`` (B, T) 0/1, required when built with ``exact_match=True``, else ignored -> logits
-    (B, num_classes).
+    """BERT-style post-LN encoder with a [CLS] classification head, built with keyword sizes (the fields of
+    :class:`TransformerConfig`), a ``config=`` or :meth:`from_preset`: ``input_ids`` (B, T) int64, ``T <=
+    max_positions``, ``token_type_ids`` (B, T) or None, ``attention_mask`` (B, T) or None,
+    ``exact_match_ids`` (B, T) 0/1 (with ``exact_match=True``) -> logits (B, num_classes).
     """
 
     def __init__(self, config: TransformerConfig | None = None, **sizes: Any) -> None:
@@ -249,9 +222,8 @@ class TransformerClassifier(nn.Module):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> TransformerClassifier:
-        """The model preset ``name`` ("paper", "small", "smoke") with sizes in ``overrides`` replaced.
-
-        E.g. ``TransformerClassifier.from_preset("small", vocab_size=tokenizer_size, num_classes=2)``.
+        """The model preset ``name`` ("paper", "small", "smoke") with sizes in ``overrides`` replaced (e.g.
+        ``TransformerClassifier.from_preset("small", vocab_size=tokenizer_size, num_classes=2)``).
         """
         if name not in MODEL_PRESETS:
             raise ValueError(f"unknown transformer preset {name!r}; valid presets: {sorted(MODEL_PRESETS)}")

@@ -1,25 +1,6 @@
-"""Sentence pairs: their container, tokenised dataset and batch padding, and the embedded docstring task.
-
-- :class:`PairExamples`: pairs of texts with integer labels and the counts of source lines read and skipped.
-- :class:`PairDataset`: the pairs tokenised by a :class:`~comera.data.tokenize.PairTokenizer`, with each
-  token's exact-match flag (:func:`exact_match_flags`); :class:`PadCollate` pads a batch to its longest
-  sequence.
-- :func:`build_docstring_pairs`: the embedded task, the default when no data is given: does this docstring
-  describe this function's code?
-
-The embedded task is built from the running Python's standard library (``sysconfig.get_paths()["stdlib"]``),
-no download. Each documented function gives two pairs: ``(its docstring, its code)`` labelled 1 ("matches")
-and ``(its docstring, the code of another documented function of the same module)`` labelled 0 ("doesn't").
-Negatives from the same module share its vocabulary, imports and style, so the model must relate the
-docstring to the code (names, parameters, what is returned) rather than recognise the module. The classes
-are balanced, so the majority-class accuracy is 0.5.
-
-Split by module: a module's hash (with the seed) puts it in train or validation, so no module is on both
-sides; within each split, modules are taken in hash order until the requested number of pairs is reached.
-The code shown is the function's source (decorators included) without its docstring. Everything is
-deterministic for a given Python and seed. The pairs and a WordPiece vocabulary trained with ``tokenizers`` on
-the training split are cached in ``cache_dir``, built again and replaced where the cache folder cannot be read
-(:mod:`comera.data.cache`).
+"""Sentence pairs (:class:`PairExamples`, the tokenised :class:`PairDataset` with exact-match flags,
+:class:`PadCollate`) and the embedded task built from the standard library, the default when no data is
+given: does this docstring describe this function's code? Details: docs/recipes.md, 'Workload data'.
 """
 
 from __future__ import annotations
@@ -73,9 +54,8 @@ _MAX_CODE_CHARS = 1500
 
 @dataclass
 class PairExamples:
-    """Sentence pairs with integer labels, and how many source lines were read and skipped.
-
-    ``skipped_reasons`` counts the skipped lines by reason ("no gold label", "empty sentence", "malformed").
+    """Sentence pairs with integer labels, and how many source lines were read and skipped
+    (``skipped_reasons``: "no gold label", "empty sentence", "malformed").
     """
 
     first: list[str] = field(default_factory=list)
@@ -103,12 +83,8 @@ class PairExamples:
 
 
 def exact_match_flags(ids: Sequence[int], types: Sequence[int], ignore: Collection[int] = ()) -> list[int]:
-    """1 for each token whose id also occurs in the other segment of its pair, else 0.
-
-    The reading-comprehension "exact match" feature: a token of the first segment (type 0) is flagged when
-    the same id appears among the second segment's (type 1) tokens, and the other way round. Ids in
-    ``ignore`` (the special tokens) are never flagged. ``ids`` and ``types`` have the same length L; the
-    result has length L.
+    """1 for each token whose id also occurs in the other segment of its pair (by token type), else 0; ids in
+    ``ignore`` (the special tokens) are never flagged. ``ids``, ``types`` and the result have length L.
     """
     if len(ids) != len(types):
         raise ValueError(f"ids and types must have the same length, got {len(ids)} and {len(types)}")
@@ -119,12 +95,9 @@ def exact_match_flags(ids: Sequence[int], types: Sequence[int], ignore: Collecti
 
 
 class PairDataset(Dataset):
-    """Tokenised sentence pairs (stored flat as int32) with labels and exact-match flags.
-
-    ``dataset[i]`` is ``{"input_ids": (L,) int64, "token_type_ids": (L,) int64, "exact_match_ids": (L,)
-    int64, "labels": () int64}`` with ``L <= tokenizer.max_length``; ``exact_match_ids`` is
-    :func:`exact_match_flags` with the tokenizer's special tokens ignored (a model uses it only when built
-    with ``exact_match=True``).
+    """Tokenised sentence pairs (stored flat as int32) with labels and exact-match flags: ``dataset[i]`` is
+    ``{"input_ids", "token_type_ids", "exact_match_ids": (L,) int64, "labels": () int64}`` with ``L <=
+    tokenizer.max_length``.
     """
 
     def __init__(self, examples: PairExamples, tokenizer: PairTokenizer) -> None:
@@ -157,11 +130,9 @@ class PairDataset(Dataset):
 
 @dataclass(frozen=True)
 class PadCollate:
-    """Batches :class:`PairDataset` samples, padding to the batch's longest sequence.
-
-    Returns ``{"input_ids": (B, T), "token_type_ids": (B, T), "exact_match_ids": (B, T), "attention_mask":
-    (B, T), "labels": (B,)}``, all int64; padding has id ``pad_id``, type 0, match flag 0 and mask 0.
-    Samples without ``exact_match_ids`` give a batch without it.
+    """Batches :class:`PairDataset` samples, padding to the batch's longest sequence: ``{"input_ids",
+    "token_type_ids", "exact_match_ids", "attention_mask": (B, T), "labels": (B,)}``, all int64 (padding:
+    id ``pad_id``, type 0, flag 0, mask 0; no ``exact_match_ids`` when the samples have none).
     """
 
     pad_id: int
@@ -236,10 +207,9 @@ def _code_without_docstring(lines: list[str], node: ast.FunctionDef | ast.AsyncF
 
 
 def documented_functions(source: str, min_doc_words: int = 3) -> list[DocumentedFunction]:
-    """The functions and methods of ``source`` whose docstring has at least ``min_doc_words`` words.
-
-    Functions whose body is only the docstring (or ``pass`` / ``...``) are left out, and so are repeats of a
-    docstring or code already taken. Returns ``[]`` when ``source`` does not parse.
+    """The functions and methods of ``source`` whose docstring has at least ``min_doc_words`` words, but for
+    bodies that are only the docstring (or ``pass`` / ``...``) and repeats; ``[]`` when ``source`` does not
+    parse.
     """
     try:
         tree = ast.parse(source)

@@ -26,9 +26,9 @@ def _tensorize_config(
     col_shape: tuple[int, ...],
     row_shape: tuple[int, ...] | None = None,
 ) -> TensorizeConfig:
-    """TT for every projection (``ffn_out`` takes the transpose of ``ffn``'s shapes), TTM for the word table.
-
-    ``attention``/``ffn`` are ``(in_shape, out_shape)``; ``row_shape`` None lets the vocabulary fold itself.
+    """TT for every projection (``ffn_out`` takes the transpose of ``ffn``'s shapes), TTM for the word table;
+    ``attention``/``ffn`` are ``(in_shape, out_shape)``, ``row_shape`` None lets the vocabulary fold
+    itself.
     """
     table = (
         {"col_shape": col_shape} if row_shape is None else {"row_shape": row_shape, "col_shape": col_shape}

@@ -1,22 +1,6 @@
 """The sentence-pair workload (``comera train nli``): the six-encoder transformer on MNLI or the embedded
-task.
-
-Data: ``--data`` a GLUE MNLI folder, a folder of ``.jsonl`` files or one ``.jsonl`` file
-(:func:`comera.workloads.nli.data.build_nli_data`); without it, the embedded docstring-code task built from
-the standard library (:mod:`comera.workloads.nli.pairs`). Model:
-:class:`comera.workloads.nli.model.TransformerClassifier` at the preset's sizes, its vocabulary and classes
-taken from the data. Tensorization: ``nli-PRESET``. Metrics: accuracy and mean cross-entropy over every pair
-of a split.
-
-Presets:
-
-- ``paper``: the paper's model and training (batch 32, 20 early and 10 late epochs, AdamW at 1e-4 for
-  cores, 1e-3 for gates, 5e-5 for the rest, target ratio 0.2; method.md section 8);
-- ``small``: a width-128, 2-block model on the embedded task (about 9,000 training pairs of at most 64
-  tokens, half the negatives from the docstring's own module), minutes on a laptop CPU; the model embeds
-  each token's exact-match flag (``model.exact_match``), without which a model this small, trained from
-  scratch on so few pairs, stays at chance (docs/results.md);
-- ``smoke``: a tiny model and task for tests (exact-match flags on, so the tests cover them).
+docstring-code task, with accuracy and mean cross-entropy over every pair of a split, at the ``paper``,
+``small`` and ``smoke`` presets. Details: docs/recipes.md, 'Workloads (recipes)'.
 """
 
 from __future__ import annotations
