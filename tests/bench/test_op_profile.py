@@ -1,4 +1,4 @@
-"""comera.bench.op_profile: operator categories and per-step totals against steps whose operators are known."""
+"""comera.bench.op_profile: operator categories and per-step totals, on steps whose operators are known."""
 
 import pytest
 import torch
