@@ -8,7 +8,11 @@ same step ``comera bench llm --sections steps`` times (the ``llm`` recipe at ``-
 ``--batch`` blocks): ``--warmup`` steps, ``--repeats`` timed steps (their median is the step time), then
 ``--steps`` steps under ``torch.profiler``, whose operators' self times are summed per category
 (:data:`comera.bench.op_profile.CATEGORIES`) and divided by the steps. The table gives, per width, each
-category's milliseconds per step for dense and comera and the operator calls per step; ``--write`` replaces
+category's milliseconds per step for dense and comera and the operator calls per step. A second table
+gives the cost model's estimate (:meth:`comera.TTMLinear.order_costs`, this machine's constants) of one
+square projection of ``--model-widths`` at each of ``--ranks`` for the step's rows (``batch x seq_len``):
+each contraction order's time over the dense product's, which says from which width on a factorized order
+is cheaper than rebuilding the weight and multiplying densely. ``--write`` replaces
 the section ``llm-step-profile`` of a markdown file; ``--out`` holds every case's result as JSON.
 """
 
@@ -22,10 +26,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from comera.bench.op_profile import CATEGORIES
 from comera.bench.paper import run_fresh_case
 from comera.cli.commands.frontier import dense_width_settings
 from comera.measure import machine_description, update_section
+from comera.nn.linear import TTMLinear
+from comera.tt.shapes import factorize
 from comera.workloads import load_recipe
 
 METHODS = ("dense", "comera")
@@ -41,6 +49,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps (default 5)")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (default 3)")
+    parser.add_argument(
+        "--model-widths",
+        type=int,
+        nargs="+",
+        default=[128, 256, 512, 1024, 2048, 4096, 8192, 16384],
+        help="widths of the cost model's table",
+    )
+    parser.add_argument("--ranks", type=int, nargs="+", default=[16, 8], help="the cost table's ranks")
     parser.add_argument("--cache", type=Path, default=None, help="data cache (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=Path("bench-profile"), help="folder for profile.json")
     parser.add_argument("--write", default=None, help="markdown file to update (section llm-step-profile)")
@@ -48,6 +64,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     for name, least in (("batch", 1), ("threads", 1), ("repeats", 5), ("warmup", 1), ("steps", 1)):
         if getattr(args, name) < least:
             parser.error(f"--{name} must be >= {least}, got {getattr(args, name)}")
+    for name in ("widths", "model_widths", "ranks"):
+        if min(getattr(args, name)) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
 
 
@@ -74,6 +93,36 @@ def _case(args: argparse.Namespace, method: str, width: int, cache: Path) -> dic
 
 def _cell(result: dict[str, Any], category: str) -> float:
     return result["profile"]["categories"].get(category, {}).get("ms", 0.0)
+
+
+def order_ratios(width: int, rank: int, rows: int) -> dict[str, float]:
+    """The cost model's time of each contraction order of a square ``TTMLinear`` of ``width`` (three
+    balanced modes, ``rank`` at every bond; built on the meta device) for ``rows`` rows, forward and
+    backward, over its ``dense`` order's (rebuild the weight, one dense product)."""
+    modes = factorize(width, 3)
+    with torch.device("meta"):
+        layer = TTMLinear(width, width, bias=False, in_shape=modes, out_shape=modes[::-1], rank=rank)
+    costs = layer.order_costs(rows)
+    return {order: cost / costs["dense"] for order, cost in costs.items()}
+
+
+def format_orders(widths: list[int], ranks: list[int], rows: int) -> str:
+    """The cost model's table: per width and rank, each order's estimated time over the dense order's."""
+    lines = [
+        f"Cost model, one square projection, {rows} rows forward and backward: each order's estimated time "
+        "over the `dense` order's (rebuild the weight, one dense product); below 1, that order is cheaper.",
+        "",
+        "| width | rank | sequential | merge | cheapest |",
+        "|---|---|---|---|---|",
+    ]
+    for width in widths:
+        for rank in ranks:
+            ratios = order_ratios(width, rank, rows)
+            cheapest = min(ratios, key=ratios.get)
+            lines.append(
+                f"| {width} | {rank} | {ratios['sequential']:.2f} | {ratios['merge']:.2f} | {cheapest} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def format_table(results: dict[int, dict[str, dict[str, Any]]], command: str) -> str:
@@ -116,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/profile_llm_step.py " + " ".join(argv if argv is not None else [])
     cache = args.cache or Path(tempfile.mkdtemp(prefix="comera-profile-"))
     results = {width: {m: _case(args, m, width, cache) for m in METHODS} for width in args.widths}
-    table = format_table(results, command.strip())
+    rows = args.batch * load_recipe("llm").presets[args.preset]["data"]["seq_len"]
+    table = format_table(results, command.strip()) + "\n" + format_orders(args.model_widths, args.ranks, rows)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "profile.json").write_text(json.dumps(results) + "\n")
