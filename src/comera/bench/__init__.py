@@ -1,6 +1,7 @@
-"""Benchmarks reachable as ``comera bench NAME``: each module of :data:`BENCHMARKS` exposes ``main(argv) ->
-int`` and runs as ``python -m MODULE`` in a fresh process; a workload's own benchmark stays in its folder and
-is named here by module path, so nothing below this package imports it. Details: docs/benchmarks.md."""
+"""Benchmarks reachable as ``comera bench NAME``: each module of :data:`BENCHMARKS` exposes
+``main(argv) -> int`` and runs as ``python -m MODULE`` in a fresh process; a workload's own benchmark stays in
+its folder and is named here by module path, so nothing below this package imports it. Details:
+docs/benchmarks.md."""
 
 BENCHMARKS: dict[str, str] = {
     "layers": "comera.bench.layers",

@@ -1,7 +1,7 @@
-"""Training memory of a model that is never dense against GaLore's, at batch 1 (``python -m
-comera.bench.meta_memory``): Hugging Face ``BertForSequenceClassification`` at the paper's sizes, built on the
-meta device and tensorized for comera, dense under ``GaLoreAdamW``, each in a fresh process. Details:
-docs/benchmarks.md, "Training memory of a model that is never dense (batch 1)"."""
+"""Training memory of a model that is never dense against GaLore's, at batch 1
+(``python -m comera.bench.meta_memory``): Hugging Face ``BertForSequenceClassification`` at the paper's sizes,
+built on the meta device and tensorized for comera, dense under ``GaLoreAdamW``, each in a fresh process.
+Details: docs/benchmarks.md, "Training memory of a model that is never dense (batch 1)"."""
 
 from __future__ import annotations
 

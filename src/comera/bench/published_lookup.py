@@ -1,7 +1,8 @@
 """The TTM lookup order published with the CoMERA paper, rebuilt from its description as a benchmark baseline:
-on an order-4 table, merge the two core pairs once per call into ``A`` ``(m1 m2, n1 n2, r2)`` and ``B`` ``(r2,
-m3 m4, n3 n4)``, gather ``A[p]`` and ``B[:, q]`` per index, one batched product, plain autograd; optionally
-each distinct id once through a persistent id -> position map. Details: docs/method.md section 6."""
+on an order-4 table, merge the two core pairs once per call into ``A`` ``(m1 m2, n1 n2, r2)`` and ``B``
+``(r2, m3 m4, n3 n4)``, gather ``A[p]`` and ``B[:, q]`` per index, one batched product, plain autograd;
+optionally each distinct id once through a persistent id -> position map. Details: docs/method.md section
+6."""
 
 from __future__ import annotations
 

@@ -219,8 +219,8 @@ class GatedTrain(ComeraLayer, nn.Module):
     @torch.no_grad()
     def reconstruction_rms(self) -> float:
         """Root mean square of the entries of the (padded) gated train, from the cores alone: the squared
-        Frobenius norm is the final ``1 x 1`` of ``M <- sum_p G[a, p, c] G[b, p, d] M[a, b]`` from ``M =
-        [[1]]`` (mode axes flattened into ``p``); raises ``ValueError`` on the meta device."""
+        Frobenius norm is the final ``1 x 1`` of ``M <- sum_p G[a, p, c] G[b, p, d] M[a, b]`` from
+        ``M = [[1]]`` (mode axes flattened into ``p``); raises ``ValueError`` on the meta device."""
         if self.is_meta():
             raise ValueError("the cores are on the meta device: there are no values to measure")
         gram = torch.ones(1, 1, dtype=torch.float64, device=self.core_list()[0].device)

@@ -1,6 +1,6 @@
-"""``TTLinear`` and ``TTMLinear``: drop-ins for ``nn.Linear`` (input ``(*, in_features)``, output ``(*,
-out_features)``) whose weight is a TT over ``in_shape + out_shape`` or a TTM over ``(m_k, n_k)`` pairs, never
-stored dense, shapes padded where a size folds badly, the contraction order chosen per call. Details:
+"""``TTLinear`` and ``TTMLinear``: drop-ins for ``nn.Linear`` (input ``(*, in_features)``, output
+``(*, out_features)``) whose weight is a TT over ``in_shape + out_shape`` or a TTM over ``(m_k, n_k)`` pairs,
+never stored dense, shapes padded where a size folds badly, the contraction order chosen per call. Details:
 docs/method.md sections 2.3 and 5."""
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ def param_groups(
 ) -> list[dict]:
     """Parameter groups ``[cores, gates, other]`` for ``torch.optim.AdamW``, each dict with a ``"name"``,
     empty groups left out, shared parameters once, ``weight_decay`` never on gates; under
-    ``core_rule="spectral"`` the cores split into one group per distinct rate (``"cores"``, ``"cores
-    x{multiplier}"``). Details: docs/method.md section 4.5.
+    ``core_rule="spectral"`` the cores split into one group per distinct rate (``"cores"``,
+    ``"cores x{multiplier}"``). Details: docs/method.md section 4.5.
 
     Examples:
         >>> import torch

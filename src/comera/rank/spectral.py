@@ -1,6 +1,6 @@
-"""The spectral rule for TT and TTM linear layers: per-core initialisation std ``sqrt(min(d_in, d_out)) /
-d_in`` and learning rate ``lr_cores * (D_in / d_in) / K`` from each core's fans (Qiu et al., ICML 2024).
-Details: docs/method.md section 4.5."""
+"""The spectral rule for TT and TTM linear layers: per-core initialisation std
+``sqrt(min(d_in, d_out)) / d_in`` and learning rate ``lr_cores * (D_in / d_in) / K`` from each core's fans
+(Qiu et al., ICML 2024). Details: docs/method.md section 4.5."""
 
 from __future__ import annotations
 

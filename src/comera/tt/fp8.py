@@ -1,7 +1,7 @@
-"""FP8 batch-sized GEMMs for the merge-first low-rank product: :func:`fp8_low_rank_linear` computes ``Y = (X
-L) R + b`` (``X`` ``(B, m)``, ``L`` ``(m, r)``, ``R`` ``(r, n)``) through ``torch._scaled_mm``, E4M3 forward,
-E5M2 gradients, one per-tensor scale per operand. Details: docs/method.md section 7.2, docs/internals.md, "FP8
-GEMMs"."""
+"""FP8 batch-sized GEMMs for the merge-first low-rank product: :func:`fp8_low_rank_linear` computes
+``Y = (X L) R + b`` (``X`` ``(B, m)``, ``L`` ``(m, r)``, ``R`` ``(r, n)``) through ``torch._scaled_mm``, E4M3
+forward, E5M2 gradients, one per-tensor scale per operand. Details: docs/method.md section 7.2,
+docs/internals.md, "FP8 GEMMs"."""
 
 from __future__ import annotations
 

@@ -105,8 +105,8 @@ def merge_tt_right_backward(
 
 
 def merge_ttm_left(cores: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Merge TTM cores ``(r_{k-1}, m_k, n_k, r_k)``, k = 1..p, into ``A`` of shape ``(M_L, N_L, r_p)`` (``M_L
-    = m_1 * ... * m_p``, ``N_L = n_1 * ... * n_p``, row-major); requires ``r_0 == 1``."""
+    """Merge TTM cores ``(r_{k-1}, m_k, n_k, r_k)``, k = 1..p, into ``A`` of shape ``(M_L, N_L, r_p)``
+    (``M_L = m_1 * ... * m_p``, ``N_L = n_1 * ... * n_p``, row-major); requires ``r_0 == 1``."""
     merged = cores[0].reshape(cores[0].shape[1:])
     for core in cores[1:]:
         merged = torch.einsum("pqa,aijc->piqjc", merged, core)

@@ -152,8 +152,8 @@ def check_modes(
 
 def max_ranks(bond_sizes: Sequence[int]) -> tuple[int, ...]:
     """Largest useful rank of each inner bond (``len - 1`` ints) of a train whose cores carry ``bond_sizes``
-    entries per slice (TT: ``n_k``, TTM: ``m_k * n_k``): ``min(prod(bond_sizes[:k+1]),
-    prod(bond_sizes[k+1:]))``."""
+    entries per slice (TT: ``n_k``, TTM: ``m_k * n_k``):
+    ``min(prod(bond_sizes[:k+1]), prod(bond_sizes[k+1:]))``."""
     sizes = list(bond_sizes)
     bounds = []
     for k in range(1, len(sizes)):
