@@ -1,5 +1,4 @@
 """comera: train models directly in compressed tensor-train form, with ranks learned during training.
-
 Importing the package is cheap and changes nothing in the process (no signal handler, no torch import): each
 public name is imported from its module on first use (``comera.from_pretrained`` imports ``transformers``)."""
 

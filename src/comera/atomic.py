@@ -1,13 +1,6 @@
-"""Atomic writes of a file, or of a set of files that must change together.
-
-A file: a temporary file in the target folder, fsync, ``os.replace``, then a folder fsync. A set of files
-(:func:`atomic_replace_folder`): a new folder beside the target holding the new files (and links to the
-target's other entries), swapped with the target in one ``renameat2(RENAME_EXCHANGE)`` where the system has
-it. A reader (or a resumed run) sees either the old files or the complete new ones, never a partial write,
-even if the process is killed mid-write. A process killed mid-write leaves its temporary file or folder
-behind (a hidden name ending in ``.tmp`` or ``.old``); :func:`remove_stale_temporaries` deletes those of a
-folder once no writer is running there.
-"""
+"""Atomic writes of a file (temporary file, fsync, ``os.replace``, folder fsync) or of a set of files that
+must change together (a new folder swapped in), so a reader sees either the old files or the complete new
+ones, even if the writer is killed. Details: docs/internals.md, "Atomic writes"."""
 
 from __future__ import annotations
 
@@ -49,11 +42,8 @@ def fsync_directory(directory: str | os.PathLike) -> None:
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """Create or replace ``path`` with what ``write(file)`` writes to a binary file object; returns the path.
-
-    The parent folder is created if missing. A new file gets the permission bits ``open`` would give it
-    (``0o666`` less the umask); a replaced file keeps its own. On any error the temporary file is removed and
-    ``path`` is left as it was.
-    """
+    The parent is created if missing, a new file gets ``open``'s permission bits and a replaced one keeps its
+    own; on any error ``path`` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
@@ -98,14 +88,9 @@ def _exchange(first: Path, second: Path) -> bool:
 
 
 def atomic_replace_folder(directory: str | os.PathLike, files: Mapping[str, bytes]) -> Path:
-    """Make ``directory`` hold ``files`` (``{file name: content}``) in one step; returns it as a ``Path``.
-
-    The new files are written and synced into a temporary folder in the same parent, beside hard links (or
-    copies) of the folder's other entries, and the two folders are exchanged atomically; the old folder is
-    then deleted. Where the system has no atomic exchange, the old folder is renamed aside just before the
-    new one is renamed in. On any error before the exchange, ``directory`` is unchanged and the temporary
-    folder is removed.
-    """
+    """Make ``directory`` hold ``files`` (``{file name: content}``) in one step, by a new folder beside it
+    exchanged atomically (docs/internals.md, "Atomic writes"); returns it as a ``Path``, unchanged on an error
+    before the exchange."""
     directory = Path(directory)
     if directory.is_symlink():  # replace the folder the link points to, keep the link
         directory = directory.resolve()
@@ -142,13 +127,8 @@ def atomic_replace_folder(directory: str | os.PathLike, files: Mapping[str, byte
 
 def install_folder(staging: str | os.PathLike, directory: str | os.PathLike) -> Path:
     """Put the completely written folder ``staging`` (beside ``directory``, in the same parent) in place of
-    ``directory`` in one step; returns ``directory`` as a ``Path``.
-
-    ``staging`` is synced, then renamed to ``directory`` if there is none, else the two are exchanged
-    atomically and the old folder deleted (where the system has no atomic exchange, the old folder is renamed
-    aside just before the new one is renamed in); the parent is synced last. On an error ``staging`` is
-    removed and ``directory`` is unchanged.
-    """
+    ``directory`` in one step (synced, renamed or exchanged, the old folder deleted, the parent synced);
+    returns ``directory`` as a ``Path``; on an error ``staging`` is removed and ``directory`` is unchanged."""
     staging, directory = Path(staging), Path(directory)
     try:
         fsync_directory(staging)
@@ -167,10 +147,8 @@ def install_folder(staging: str | os.PathLike, directory: str | os.PathLike) -> 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
     """Delete the temporary files and folders that writes of this module left in ``directory`` (not in its
-    sub-folders) when their process was killed; returns the paths deleted.
-
-    Call it only while no write into ``directory`` is running (for a run folder: before training starts).
-    """
+    sub-folders) when their process was killed; returns the paths deleted. Call it only while no write into
+    ``directory`` is running (for a run folder: before training starts)."""
     directory = Path(directory)
     if not directory.is_dir():
         return []

@@ -1,17 +1,6 @@
-"""CPU allocation tuning for training with compressed layers, and the process's resident memory.
-
-A compressed layer spends a large share of its time allocating fresh output-sized tensors. glibc returns
-freed blocks above its mmap threshold (at most 32 MiB) to the kernel, and trims the top of its heap once
-more than twice that is free, so such tensors are faulted in and zeroed page by page again.
-:func:`reuse_freed_memory` raises the threshold and turns trimming off, so freed blocks stay in the heap and
-are reused, which the layer benchmark measures (``comera bench layers --allocator``). It changes the whole
-process's allocator, for dense and compressed layers alike, and costs memory that stays mapped after a peak.
-
-:func:`status_kib` reads ``/proc/self/status`` (``VmRSS``, ``VmHWM``: the resident set and its high-water
-mark) and :func:`reset_peak_resident` resets the high-water mark to the current resident set (Linux), so a
-peak can be measured over a part of a process's life (the Trainer's: training only, not the data build
-before it).
-"""
+"""CPU allocation tuning for training with compressed layers (:func:`reuse_freed_memory`, glibc's ``mallopt``
+so freed blocks stay in the heap), and the process's resident memory from ``/proc/self/status``
+(:func:`status_kib`, :func:`reset_peak_resident`, Linux). Details: docs/training.md, "CPU allocation"."""
 
 from __future__ import annotations
 
@@ -28,11 +17,9 @@ _NEVER_TRIM = -1
 
 
 def reuse_freed_memory(threshold_bytes: int = 1 << 30) -> bool:
-    """Keep freed blocks below ``threshold_bytes`` in the heap for reuse (glibc ``mallopt``).
-
-    Blocks below the threshold come from the heap, and the heap is never trimmed: however much is freed at
-    once (a masked-LM step at 4 x 512 tokens frees over 1 GiB of activations), it stays mapped for the next
-    step instead of being faulted in again.
+    """Keep freed blocks below ``threshold_bytes`` in the heap for reuse and never trim it (glibc
+    ``mallopt``), so activations freed at once (over 1 GiB in a masked-LM step at 4 x 512 tokens) are not
+    faulted in again.
 
     Args:
         threshold_bytes: blocks smaller than this are served from (and returned to) the heap; in

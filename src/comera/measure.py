@@ -81,14 +81,9 @@ def interleaved_medians_ms(
     min_seconds: float = 0.0,
     max_repeats: int = 1000,
 ) -> dict[str, float]:
-    """Median milliseconds of each function, timed round-robin so load changes hit all of them alike.
-
-    Each round runs the functions in a fresh (seeded) random order, so no function always runs right after
-    the same other one, which would hand it that one's warm caches and freed buffers. At least ``repeats``
-    rounds run, and more, up to ``max_repeats``, until the rounds have taken ``min_seconds`` in all: short
-    functions (a millisecond, where the machine's noise is the size of the differences) get the rounds a
-    stable median needs, long ones are not slowed down.
-    """
+    """Median milliseconds of each function, timed round-robin in a fresh (seeded) random order each round so
+    load changes hit all of them alike: at least ``repeats`` rounds, more (up to ``max_repeats``) until they
+    have taken ``min_seconds``, so short functions get the rounds a stable median needs."""
     if repeats < 1 or max_repeats < repeats:
         raise ValueError(f"repeats must be in [1, max_repeats={max_repeats}], got {repeats}")
     if min_seconds < 0:
@@ -153,11 +148,8 @@ def markdown_file_argument(value: str) -> str:
 
 
 def update_section(path: str | os.PathLike, name: str, body: str) -> None:
-    """Replace (or append) the section ``name`` of a markdown file, written atomically.
-
-    A section runs from ``<!-- bench:NAME:start -->`` to ``<!-- bench:NAME:end -->``; other sections are kept.
-    ``FileNotFoundError`` when the file's folder does not exist (none is made).
-    """
+    """Replace (or append) the section ``name`` of a markdown file (from ``<!-- bench:NAME:start -->`` to
+    ``<!-- bench:NAME:end -->``), written atomically; ``FileNotFoundError`` when its folder does not exist."""
     problem = _missing_folder(path)
     if problem is not None:
         raise FileNotFoundError(problem)
@@ -181,11 +173,9 @@ def status_mib(field: str, missing: float | None = None) -> float | None:
 
 
 def peak_rise_mib(step: Callable[[], object]) -> float:
-    """Rise of the peak resident set size over the current one while ``step()`` runs, in MiB.
-
-    Uses the kernel's high-water mark, reset through ``/proc/self/clear_refs``; elsewhere ``ru_maxrss``
-    (then only a rise above the process's earlier peak shows).
-    """
+    """Rise of the peak resident set size over the current one while ``step()`` runs, in MiB, from the
+    kernel's high-water mark reset through ``/proc/self/clear_refs`` (elsewhere ``ru_maxrss``, which shows
+    only a rise above the process's earlier peak)."""
     if reset_peak_resident():
         before = status_kib("VmRSS")
         step()

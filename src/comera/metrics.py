@@ -1,19 +1,6 @@
-"""Exact binary-classification metrics over a stream of batches: accuracy, ROC AUC, log loss and NE.
-
-:class:`BinaryMetrics` takes batches of logits and 0/1 labels and computes, over everything it was given:
-
-- ``accuracy``: share of samples whose predicted class (``logit > 0``, i.e. ``p > 0.5``) equals the label;
-- ``auc``: area under the ROC curve, exact including tied scores (a tie between a positive and a negative
-  counts one half), equal to ``sklearn.metrics.roc_auc_score``;
-- ``log_loss``: mean binary cross-entropy ``-[y log p + (1 - y) log(1 - p)]``, computed from the logits
-  without forming ``p`` (no clipping);
-- ``ne``: normalized entropy, ``log_loss`` divided by the entropy of the background click rate
-  ``p_bar = mean(y)`` (He et al., "Practical lessons from predicting clicks on ads at Facebook", 2014).
-
-Accuracy and the loss sums are accumulated as the batches come; the AUC needs every score once, so scores
-(float64) and labels (bool) are kept in chunks and sorted once in :meth:`BinaryMetrics.compute` (9 bytes a
-sample: 6M samples take 54 MB). ``state()`` / ``merge()`` combine the metrics of several processes exactly.
-"""
+"""Exact binary-classification metrics over a stream of batches (:class:`BinaryMetrics`: accuracy, ROC AUC,
+log loss and normalized entropy), the AUC from every score kept once (9 bytes a sample), mergeable across
+processes."""
 
 from __future__ import annotations
 
@@ -34,11 +21,8 @@ def binary_entropy(rate: float) -> float:
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Exact ROC AUC of ``scores`` (N,) against boolean ``labels`` (N,); NaN when one class is absent.
-
-    Mann-Whitney form: the share of (positive, negative) pairs the scores order correctly, a tie counting
-    one half. Distinct score values are grouped once (``np.unique``); the pair counts are exact integers.
-    """
+    """Exact ROC AUC of ``scores`` (N,) against boolean ``labels`` (N,), NaN when one class is absent: the
+    share of (positive, negative) pairs the scores order correctly (Mann-Whitney, a tie counting one half)."""
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
     labels = np.asarray(labels, dtype=bool).reshape(-1)
     if scores.shape != labels.shape:
@@ -62,11 +46,9 @@ def _as_numpy(values: torch.Tensor | np.ndarray) -> np.ndarray:
 
 
 class BinaryMetrics:
-    """Streamed exact accuracy, ROC AUC, log loss and normalized entropy (module docstring).
-
-    Usage: ``update(logits, labels)`` for every batch, then ``compute()``. ``logits`` are raw model
-    outputs (any shape, flattened), ``labels`` the same number of 0/1 values (float or int).
-    """
+    """Streamed exact accuracy, ROC AUC, log loss and normalized entropy: ``update(logits, labels)`` for every
+    batch (raw logits of any shape, as many 0/1 labels), then :meth:`compute`; ``state()`` / ``merge()``
+    combine several processes' metrics exactly."""
 
     def __init__(self) -> None:
         self.reset()
@@ -109,10 +91,14 @@ class BinaryMetrics:
         return self._count
 
     def compute(self) -> dict[str, float]:
-        """``{"accuracy", "auc", "log_loss", "ne", "count"}`` over every sample seen.
+        """The metrics over every sample seen; raises ``ValueError`` when nothing was seen.
 
-        ``auc`` is NaN when only one class was seen, ``ne`` when the click rate is 0 or 1; raises
-        ``ValueError`` when nothing was seen.
+        Returns:
+            ``{"accuracy", "auc", "log_loss", "ne", "count"}``: ``accuracy`` the share of samples with
+            ``logit > 0`` equal to the label; ``auc`` exact with ties counted one half (as
+            ``sklearn.metrics.roc_auc_score``), NaN with one class; ``log_loss`` the mean binary cross-entropy
+            from the logits (no clipping); ``ne`` ``log_loss`` over the entropy of the click rate
+            ``mean(y)`` (He et al., 2014), NaN at a rate of 0 or 1.
         """
         if self._count == 0:
             raise ValueError("no samples were given to BinaryMetrics.update")

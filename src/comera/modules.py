@@ -1,11 +1,7 @@
-"""Walking and replacing modules in a model's tree.
-
-``trainable_parameters`` lists a model's trainable parameters once each (shared ones once, in order).
-``unwrap_model`` looks through ``torch.compile`` (``_orig_mod``) and DDP / DataParallel (``module``) wrappers.
-``replace_module`` swaps one module object for another under *every* name it is reachable by, so a module
-shared by two attributes (``self.b = self.a``) stays shared. ``state_shapes`` predicts the state dict a
-tree would have after such swaps, without changing it.
-"""
+"""Walking and replacing modules in a model's tree: :func:`trainable_parameters` (each once),
+:func:`unwrap_model` (through ``torch.compile`` and DDP / DataParallel wrappers), :func:`replace_module`
+(under every name a module is reachable by, so sharing survives) and :func:`state_shapes` (the state dict
+after such swaps). Details: docs/architecture.md section 2."""
 
 from __future__ import annotations
 
@@ -27,11 +23,8 @@ _WRAPPER_NAMES = ("DistributedDataParallel", "DataParallel")
 
 
 def trainable_parameters(params: Iterable[nn.Parameter], seen: set[int] | None = None) -> list[nn.Parameter]:
-    """The parameters of ``params`` that require gradients and are not in ``seen`` (ids), each once, in order.
-
-    ``seen`` is updated in place with the ids returned, so successive calls split parameters into disjoint
-    groups (a parameter shared by two modules lands in the first group that lists it).
-    """
+    """The parameters of ``params`` that require gradients and are not in ``seen`` (ids), each once, in order;
+    ``seen`` is updated in place, so successive calls split parameters into disjoint groups."""
     seen = set() if seen is None else seen
     kept = []
     for param in params:
@@ -73,12 +66,10 @@ def names_of(root: nn.Module) -> dict[int, list[str]]:
 
 
 def replace_module(root: nn.Module, old: nn.Module, new: nn.Module) -> list[str]:
-    """Put ``new`` wherever ``old`` sits under ``root``; returns the names replaced.
-
-    A parameter of ``old`` that a module also holds directly under another name (as RoBERTa's LM head holds
-    its decoder's bias) is repointed to ``new``'s parameter of the same local name, so the two stay one
-    parameter. Raises ``ValueError`` when ``old`` is ``root`` or not under it.
-    """
+    """Put ``new`` wherever ``old`` sits under ``root``; returns the names replaced. A parameter of ``old``
+    that a module also holds directly under another name (RoBERTa's LM head and its decoder's bias) is
+    repointed to ``new``'s parameter of the same local name; ``ValueError`` when ``old`` is ``root`` or not
+    under it."""
     names = [name for name, module in root.named_modules(remove_duplicate=False) if module is old]
     if not names:
         raise ValueError(f"the module {type(old).__name__} to replace is not part of the model")

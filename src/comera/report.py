@@ -1,15 +1,7 @@
-"""``compression_report(model)``: per-layer ranks and exact parameter counts, whole model and tensorized part.
-
-``saved_compression_report(directory)`` gives the same report for a :func:`comera.save_pretrained` folder
-without the model's class: the recorded layer specs are rebuilt (:mod:`comera.nn.layer`) and loaded from
-the weights file, and the other parameters are counted from the file. ``describe_folder`` adds a training
-run folder (a ``model/`` save and ``results.json``), for ``comera report``.
-
-Counts are exact entries of the active-rank model (docs/method.md section 4): a gated layer holds
-``sum_k c_k r_{k-1} r_k`` core entries at its active ranks, 0 with a dead bond; gates are not counted (they
-fold into the cores on export). Every other parameter counts its ``numel``, shared parameters once. "Dense"
-counts replace each tensorized layer by the dense weight it stands for. MiB are of fp32 values.
-"""
+"""``compression_report(model)``: per-layer ranks and exact parameter counts (active-rank core entries, other
+parameters once each, "dense" counts with each tensorized layer's dense weight, MiB of fp32), whole model and
+tensorized part; ``saved_compression_report`` and ``describe_folder`` for saved and run folders. Details:
+docs/method.md section 4.1."""
 
 from __future__ import annotations
 

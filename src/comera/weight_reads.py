@@ -1,19 +1,7 @@
-"""Submodules whose parent reads their weight instead of calling them.
-
-Some modules use a child linear only as a holder of tensors: ``nn.MultiheadAttention`` hands
-``out_proj.weight`` and ``out_proj.bias`` to ``F.multi_head_attention_forward`` and never calls ``out_proj``.
-A layer put in place of such a child (a TT layer has no dense ``weight``) breaks the parent's forward, so
-the child cannot be replaced. The rule is read from the source of the methods of the parent's class and its
-bases: a child that the code reads as ``self.<child>.weight`` or ``self.<child>.bias`` and never calls as
-``self.<child>(...)`` is *read by attribute* (:func:`read_by_attribute`). A method whose source cannot be
-read is taken to read nothing.
-
-Other modules call the child but also read its weight on an optional fused fast path: in eval mode, torch's
-``nn.TransformerEncoderLayer`` hands ``linear1.weight`` and ``linear2.weight`` to a fused kernel, and
-``nn.TransformerEncoder`` reads them from its first layer to build nested tensors.
-:func:`disable_weight_fast_paths` turns those fast paths off where a linear was replaced, so the standard
-path, which computes the same function, calls the new layers.
-"""
+"""Submodules whose parent reads their weight instead of calling them (``nn.MultiheadAttention.out_proj``),
+found from the source of the parent's methods (:func:`read_by_attribute`: read as ``self.<child>.weight`` or
+``.bias``, never called), which no layer may replace; and :func:`disable_weight_fast_paths` for the eval fast
+paths of torch's transformer encoders. Details: docs/architecture.md section 2."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Benchmarks reachable as ``comera bench NAME``: each module of :data:`BENCHMARKS` exposes
-``main(argv) -> int`` and is run with ``python -m MODULE`` in a fresh process.
-
-The layer benchmarks live here; a workload's own benchmark lives in its folder (``workloads/NAME/bench.py``)
-and is named here by module path, so this package sits above the workloads and nothing below imports it.
-"""
+``main(argv) -> int`` and runs as ``python -m MODULE`` in a fresh process; a workload's own benchmark stays in
+its folder and is named here by module path, so nothing below this package imports it. Details:
+docs/benchmarks.md."""
 
 BENCHMARKS: dict[str, str] = {
     "layers": "comera.bench.layers",

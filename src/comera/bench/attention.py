@@ -1,23 +1,7 @@
 """``comera bench attention``: one attention layer's forward and backward, CPU training paths side by side.
-
-For each shape ``B x H x T x d`` (``--shapes``; default the transformer workload's 32 x 12 x 128 x 64 and the
-masked-LM workload's 4 x 12 x 512 x 64), q, k and v are head-split views of ``(B, T, H, d)`` tensors, as the
-models' projections give them, and the context is merged back to ``(B, T, H * d)``. Variants:
-
-- ``blocked``: :func:`comera.models.attention.attention_context` in training with dropout ``--p`` (what the
-  models run on CPU: :mod:`comera.models.blocked_attention`);
-- ``explicit``: the same computation with plain ops over the whole ``(B, H, T, T)`` scores (what
-  ``attention_context`` runs under ``torch.compile``; the models' CPU path before the blocked one);
-- ``sdpa-dropout``: ``F.scaled_dot_product_attention`` with ``dropout_p=p`` (PyTorch's CPU path for it);
-- ``sdpa-no-dropout``: SDPA without dropout (its fused flash kernel): a floor, not the same computation.
-
-Times are medians over ``--repeats`` rounds after warm-up, all variants in one process, round-robin in a
-shuffled order per round; ``--padding`` adds a ``(B, 1, 1, T)`` additive padding bias, as the transformer
-passes. Each variant's peak memory (the resident set's rise during one forward and backward) is measured
-in a fresh process, after a tiny warm-up step.
-
-Usage: ``comera bench attention [--shapes 32x12x128x64 4x12x512x64] [--p 0.1] [--padding] [--repeats 7]
-[--threads 2] [--memory reuse] [--write docs/benchmarks.md] [--json FILE]``.
+Variants ``blocked``, ``explicit``, ``sdpa-dropout`` and ``sdpa-no-dropout`` (a floor, not the same
+computation) on ``B x H x T x d`` shapes, medians in one process, peak memory in fresh processes. Details:
+docs/benchmarks.md, "Attention layer with dropout" and "How the benchmarks measure".
 """
 
 from __future__ import annotations

@@ -1,33 +1,7 @@
 """Embedding lookup benchmark: forward+backward time and peak memory of ``nn.Embedding`` and the TTM lookups.
-
-Run as ``comera bench embedding``. Tables: the paper's word
-embedding (30522 x 768 as rows 16 * 20 * 10 * 10, columns 4 * 4 * 8 * 6, rank 32) and a DLRM-size table
-(10M x 16, default shapes, rank 16). Index batches of 10k, 20k and 40k ids drawn uniformly or from a
-Zipf(1.05) law over a shuffled vocabulary. Methods: ``nn.Embedding``, ``TTMEmbedding`` with each lookup
-(``naive``, ``split`` = optimized without deduplication, ``optimized``, ``auto`` = the default), and, on the
-order-4 paper table, the lookup order published with the paper, rebuilt from its description
-(:mod:`comera.bench.published_lookup`; ``published``, and ``published+unique`` with its row-level step).
-
-Every case runs in a fresh process (``--case``): it builds the table and the batch, runs a 64-id step
-(so that code pages and threads are loaded), then one full step (forward, then backward of a fixed random
-upstream gradient; parameter gradients are reset before each step) whose peak memory is the rise of the
-process's peak resident set size over the resident size just before it (the kernel's high-water mark,
-reset through ``/proc/self/clear_refs``; on systems without it, ``ru_maxrss``), taken with glibc's default
-allocation setting. The allocation setting of ``--memory`` is then applied, and the time is the median of
-the repeats after one more warm-up step: ``reuse`` (default) calls :func:`comera.cpu.reuse_freed_memory`,
-``default`` keeps glibc's (no process of the run then calls it: the setting the targets are read in).
-The report ends with the targets: the default lookup against the published lookup with its unique step
-(at least 1.5x faster at every batch) and whether its time never falls as the batch grows.
-``--threads`` sets torch's thread count in every case. ``--write`` replaces a section of a markdown file
-(``--section``, default ``embedding``) with the tables.
-
-``--layouts`` times each case once per layout of the upstream gradient (:data:`LAYOUTS`: contiguous,
-``broadcast`` as ``out.sum().backward()`` sends it, ``column-major``, and ``sequence-first``: ids and gradient
-of a ``(T, B)`` batch seen as ``(B, T)`` through ``.t()`` / ``.transpose(0, 1)``), round-robin in the case's
-process (:func:`comera.measure.interleaved_medians_ms`), and the report adds a table of the layouts and
-their ratios to the contiguous time, with the target: every layout within 1.2x of contiguous and at least
-1.5x faster than the published lookup with its unique step.
-"""
+Run as ``comera bench embedding``: the paper's word table and a DLRM-size table, uniform or Zipf ids, every
+lookup and the published order, each case in a fresh process, ``--layouts`` for the upstream-gradient layouts.
+Details: docs/benchmarks.md, "Embedding lookup (forward + backward)" and "How the benchmarks measure"."""
 
 from __future__ import annotations
 
@@ -117,14 +91,10 @@ def make_indices(rows: int, count: int, distribution: str, seed: int = 0) -> tor
 
 
 def layout_batch(indices: torch.Tensor, dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Ids and upstream gradient of one :data:`LAYOUTS` entry for ``indices`` (``(N,)``) and rows of ``dim``.
-
-    ``contiguous``: ``(N,)`` ids, a ``(N, dim)`` gradient. ``broadcast``: the same ids, gradient None (the
-    step calls ``out.sum().backward()``, whose gradient is one value expanded). ``column-major``: the
-    gradient is a ``(dim, N)`` tensor transposed. ``sequence-first``: ids ``(T, N / T)`` and a gradient
-    ``(T, N / T, dim)``, both seen batch-first through ``.t()`` / ``.transpose(0, 1)``
-    (``T =`` :data:`SEQUENCE_LENGTH`).
-    """
+    """Ids and upstream gradient of one :data:`LAYOUTS` entry for ``indices`` (``(N,)``) and rows of ``dim``:
+    ``contiguous`` ``(N, dim)``; ``broadcast`` None (the step calls ``out.sum().backward()``);
+    ``column-major`` a transposed ``(dim, N)``; ``sequence-first`` ids ``(T, N / T)`` and gradient ``(T, N /
+    T, dim)`` seen batch-first (``T =`` :data:`SEQUENCE_LENGTH`)."""
     count = indices.shape[0]
     generator = torch.Generator().manual_seed(1)
     if layout == "contiguous":
@@ -184,14 +154,9 @@ def run_case(
     memory: str = "reuse",
     layouts: Sequence[str] = (),
 ) -> dict:
-    """Peak memory of the first step and median time of ``repeats`` more steps, in this process.
-
-    The first step runs with glibc's allocation setting, so that memory freed while building the case is
-    returned to the kernel and the step's peak shows as a rise of the resident size; with ``memory="reuse"``
-    :func:`comera.cpu.reuse_freed_memory` is applied after it (one more warm-up step, then the timed ones).
-    With ``layouts`` (:data:`LAYOUTS` entries; ignored for the published lookup) the timed steps run once
-    per layout, round-robin, and the result's ``layout_ms`` maps each layout to its median.
-    """
+    """Peak memory of the first step (glibc's allocation setting) and median time of ``repeats`` more steps
+    (after :func:`comera.cpu.reuse_freed_memory` with ``memory="reuse"`` and one more warm-up step), in this
+    process; with ``layouts`` the timed steps run per layout, round-robin, into ``layout_ms``."""
     module = _build(table, method)
     indices = make_indices(TABLES[table]["rows"], count, distribution)
     upstream = torch.randn(count, TABLES[table]["dim"])

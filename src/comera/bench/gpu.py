@@ -1,19 +1,6 @@
-"""GPU benchmark on one CUDA device: TT layers against dense, and the whole-step CUDA graph against eager.
-
-1. Layers: forward + backward of ``nn.Linear`` and of ``TTLinear`` (contraction order ``auto``) at the
-   paper transformer's projection shapes, in fp32 and under bf16 autocast, each called eagerly and as a
-   replayed CUDA graph of the same call (the GPU's own time, without Python or launch costs); with
-   ``--fp8`` also ``TTLinear(gemm="fp8")`` (eager) where ``torch._scaled_mm`` supports FP8 on the device.
-   Each case: CUDA-event time of ``--calls`` calls after warm-up, median over ``--repeats`` samples, the
-   cases of a row sampled round-robin in one process; peak CUDA memory of one eager call over what was
-   allocated before it.
-2. Training step: the Trainer on the small TT transformer of ``comera bench trainer`` (batch ``--batch``),
-   eager against ``TrainConfig(cuda_graph=True)`` (forward, objective, backward, guard and AdamW replayed as
-   one graph); median wall time per step after warm-up steps that include the capture.
-
-Usage: ``comera bench gpu [--repeats N] [--calls N] [--steps N] [--batch B] [--fp8] [--json PATH]
-[--write docs/benchmarks.md]``. Needs CUDA: without it, it says so and exits with status 2.
-"""
+"""GPU benchmark on one CUDA device: TT layers against dense (fp32, bf16 autocast, ``--fp8``; eager and as a
+replayed CUDA graph), and the whole-step CUDA graph against eager Trainer steps. Needs CUDA (exit status 2
+without). Details: docs/benchmarks.md, "GPU: layers and the whole-step CUDA graph"."""
 
 from __future__ import annotations
 
@@ -67,12 +54,9 @@ def training_call(layer: nn.Module, x: torch.Tensor, bf16: bool) -> Callable[[],
 
 
 class Replay:
-    """A call captured as a CUDA graph after three warm-up calls on a side stream; calling it replays it.
-
-    The replay launches the recorded kernels with no Python and no per-kernel launch cost, so its time is
-    what the GPU itself spends on the call. It keeps the call, and so every tensor the graph reads and
-    writes (the layer, its input), alive as long as the graph: a graph only records addresses.
-    """
+    """A call captured as a CUDA graph after three warm-up calls on a side stream; calling it replays it (the
+    GPU's own time, no Python or launch cost). It keeps the call and every tensor the graph reads and writes
+    alive, as a graph only records addresses."""
 
     def __init__(self, call: Callable[[], None]) -> None:
         self.call = call

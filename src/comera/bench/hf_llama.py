@@ -1,46 +1,8 @@
-"""``comera bench hf_llama``: Hugging Face's ``LlamaForCausalLM`` trained through ``transformers.Trainer``
-three ways, step time and training memory.
-
-The model is GaLore's 60M LLaMA (``--size 60m``, the sizes of :class:`comera.workloads.llm.model.LMConfig`:
-width 512, SwiGLU 1376, 8 layers, 8 heads, 32000 tokens, 256-token sequences, untied head) as a
-``transformers.LlamaConfig``, nothing downloaded. Methods, each through the same ``Trainer`` loop (the
-``TrainingArguments`` differ in nothing but the batch):
-
-- ``adamw``: ``transformers.Trainer`` with its default optimizer (``args.optim``, AdamW) on the dense model;
-- ``comera``: :class:`comera.integrations.hf_trainer.CoMERATrainer` on the model tensorized as the ``llm``
-  workload's ``paper`` preset tensorizes its own LLaMA (:func:`hf_paper_config`: TT projections and head at
-  rank 32, a TTM embedding), built on the meta device so that no dense weight is ever allocated; the early
-  stage only, no prune (the shapes stay those measured);
-- ``galore``: ``transformers.Trainer`` with ``optimizers=(galore_torch.GaLoreAdamW(...), None)`` on the dense
-  model: the attention and MLP weights projected at rank 128, gap 200, scale 0.25 (GaLore's 60M settings,
-  :func:`comera.methods.projected.low_rank_groups`), every other parameter in a plain AdamW group.
-
-Each (method, batch) runs in a fresh Python process (``--rounds`` times, the methods' order shuffled every
-round, medians reported) on random token ids: ``--warmup`` steps, then ``--steps`` timed ones (the time
-between consecutive ``on_step_end`` callbacks, data loading and the Trainer's bookkeeping included). Memory:
-
-- ``training MiB``: the resident set's peak while ``trainer.train()`` runs (the kernel's high-water mark,
-  reset when training starts) less the resident set after the imports, before the model is built: what the
-  model, its gradients, the optimizer and the steps' activations take;
-- ``peak RSS MiB``: the process's peak resident set over its whole life (imports and model build included);
-- ``weights+opt MiB``: parameters plus optimizer state (:func:`comera.measure.weights_optimizer_mib`);
-- ``activations MiB``: the tensors one training forward saves for backward (each storage once), of which
-  ``logits MiB`` is the ``(batch, seq, vocab)`` fp32 logits tensor alone.
-
-``--write FILE`` replaces the section ``hf-llama`` (``hf-llama-LABEL`` with ``--label``) of a markdown file
-(``docs/benchmarks.md``) with the table, the ratios and the targets (comera's training memory at least 3x
-below GaLore's, its step at least 2x faster, through the same ``Trainer``), each reported as met or missed.
-
-``--memory-savers`` also runs every (method, batch) with Hugging Face's ``gradient_checkpointing=True`` and
-the chunked causal-LM loss (:mod:`comera.integrations.hf_loss`, ``--loss-chunk`` tokens per chunk, 256 by
-default): ``adamw`` and ``galore`` through :class:`comera.integrations.hf_loss.ChunkedLossTrainer` (the same
-``Trainer`` with the loss swapped), ``comera`` through ``CoMERATrainer(loss_chunk_size=...)``, the same
-settings for the three; those rows' ratios are against GaLore's with the savers.
-
-Usage: ``comera bench hf_llama [--size 60m] [--batches 1 8] [--methods adamw comera galore] [--steps 5]
-[--warmup 2] [--rounds 1] [--threads N] [--memory-savers] [--loss-chunk N] [--write FILE] [--label WORD]
-[--note TEXT]``; ``--size tiny`` is the smoke size (width 32, 2 layers, 96 tokens, 32-token sequences).
-"""
+"""``comera bench hf_llama``: Hugging Face's ``LlamaForCausalLM`` (GaLore's 60M LLaMA, nothing downloaded)
+trained through ``transformers.Trainer`` three ways (``adamw``, ``comera`` through ``CoMERATrainer`` on a
+meta-built tensorized model, ``galore``), step time and training memory, each (method, batch) in a fresh
+process, ``--memory-savers`` adding gradient checkpointing and the chunked loss. Details: docs/benchmarks.md,
+"Hugging Face ``Trainer``" and "How the benchmarks measure"."""
 
 from __future__ import annotations
 
@@ -243,9 +205,10 @@ def run_case(
     loss_chunk: int | None = None,
 ) -> dict[str, Any]:
     """One (method, batch): build, train ``warmup + steps`` optimizer steps through the ``Trainer``, measure
-    (module docstring). ``savers``: with ``gradient_checkpointing=True`` and the chunked loss of
-    ``loss_chunk`` tokens per chunk (default :data:`comera.integrations.hf_loss.DEFAULT_CHUNK_SIZE`). Meant
-    for a fresh process: the memory figures are the process's own."""
+    (docs/benchmarks.md, "How the benchmarks measure"). ``savers``: with ``gradient_checkpointing=True`` and
+    the chunked loss of ``loss_chunk`` tokens per chunk (default
+    :data:`comera.integrations.hf_loss.DEFAULT_CHUNK_SIZE`). Meant for a fresh process: the memory figures are
+    the process's own."""
     from transformers import TrainerCallback, TrainingArguments
 
     from comera.integrations.hf_loss import DEFAULT_CHUNK_SIZE, ChunkedLossTrainer
@@ -536,7 +499,7 @@ def source_commit() -> str:
 
 
 def section_legend(size: str, savers: bool = False, loss_chunk: int | None = None) -> str:
-    """What the section's columns mean (the module docstring, shortened)."""
+    """What the section's columns mean."""
     from comera.integrations.hf_loss import DEFAULT_CHUNK_SIZE
 
     chunk = loss_chunk or DEFAULT_CHUNK_SIZE

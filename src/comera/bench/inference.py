@@ -1,21 +1,7 @@
 """Inference benchmark: forward time and memory of dense and comera layers, with and without the cache.
-
-Run as ``comera bench inference``. Forward only under ``torch.no_grad()``.
-
-Linear layers: shapes 768->768, 768->3072 and 3072->768 at rank 30 (the paper's transformer layers),
-batches of 1, 8 and 128 rows. Methods: ``nn.Linear`` (eval mode); ``TT merge``, ``TTLinear`` merging its
-cores on every call (train mode, so the cache is off); ``TT cached``, ``TTLinear`` in eval mode answering
-from its merged factors (two GEMMs per call).
-
-Embedding: the paper's 30522 x 768 word embedding (rows 16*20*10*10, columns 4*4*8*6, rank 32), 1, 64 and
-512 uniform ids per call. Methods: ``nn.Embedding``; ``TTM lookup``, ``TTMEmbedding`` merging its halves on
-every call (train mode); ``TTM cached``, ``TTMEmbedding`` in eval mode reusing its merged halves.
-
-Time: each timed sample runs ``--calls`` forward calls; the methods of a row are sampled round-robin in a
-fresh random order each round (:func:`comera.measure.interleaved_medians_ms`), median of
-``--repeats`` samples, reported per call. Memory: for each shape and method, a fresh process builds the
-layer and runs one call; the rise of its peak resident size over the size before building is reported
-(:func:`comera.measure.peak_rise_mib`): the weights, the cache and the call's temporaries.
+Run as ``comera bench inference``: ``nn.Linear`` against ``TTLinear`` merging per call or cached, and
+``nn.Embedding`` against ``TTMEmbedding``, under ``torch.no_grad()``. Details: docs/benchmarks.md,
+"Inference: comera layers with and without their cache".
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""The rank ladder of ``comera bench paper`` (the paper's Fig. 12): step time against compression.
-
-A rung caps every bond of every gated layer at a rank: :func:`truncate_ranks_` keeps the ``rank`` entries of
-highest score (:func:`comera.rank.entry_scores`) of each longer bond, zeroes the other gate entries
-(:func:`comera.rank.hold_entries`) and slices the model physically to what is left (:func:`comera.prune_`),
-exactly as pruning after the late stage does. :func:`default_ladder` derives the rungs from the preset's rank
-(30 -> 30, 24, 16, 12, 8, 4, 2, the paper's ladder). :func:`format_ladder` and :func:`plot_ladder` turn the
-cases of :func:`comera.bench.paper.run_case` (one dense case, then one per rung) into a table, the targets
-of the issue (reported, not asserted) and ``ladder_time.png``.
-"""
+"""The rank ladder of ``comera bench paper`` (the paper's Fig. 12): every bond cut to each rung's rank (the
+highest-scored entries kept, then :func:`comera.prune_`), rungs from the preset's rank
+(:func:`default_ladder`: 30 -> 30, 24, 16, 12, 8, 4, 2), and the table and plot of step time against
+compression. Details: docs/benchmarks.md, "Time per step against compression"."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""Forward+backward time of the compressed layers for each memory layout of their input and upstream gradient.
-
-Part of ``comera bench layers --layouts``. A batch of ``B`` rows is laid out as ``B / T`` sequences of ``T``
-steps (:data:`SEQUENCE_LENGTH` when it divides ``B``, else one step each), ``(B / T, T, features)``, in one of
-:data:`LAYOUTS`, one thing changed from ``contiguous`` at a time:
-
-- ``input transposed`` / ``gradient transposed``: a sequence-first ``(T, B / T, features)`` tensor seen
-  batch-first through ``.transpose(0, 1)``;
-- ``input broadcast``: one ``(T, features)`` sequence expanded over the batch (stride 0);
-- ``gradient broadcast``: the expanded gradient of ``out.sum().backward()``;
-- ``sequence-first``: input and gradient both transposed, as in a sequence-first model.
-
-Layers: ``nn.Linear`` (for scale), ``TTLinear`` and ``TTMLinear`` (``order="auto"``) of each shape and rank,
-and the ``TTMTiedHead`` of the paper's word embedding (30522 x 768, rows 16*20*10*10, columns 4*4*8*6,
-rank 32). Each layer's layouts are timed round-robin (:func:`comera.measure.interleaved_medians_ms`).
-"""
+"""Forward+backward time of the compressed layers for each memory layout of their input and upstream gradient
+(:data:`LAYOUTS`, one change from ``contiguous`` at a time), part of ``comera bench layers --layouts``.
+Details: docs/benchmarks.md, "Linear layers and the tied head: input and gradient layouts"."""
 
 from __future__ import annotations
 

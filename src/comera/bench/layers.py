@@ -1,22 +1,7 @@
 """Forward+backward time of ``nn.Linear`` against ``TTLinear`` (every order, auto, and the published layer)
-and ``TTMLinear``.
-
-Run as ``comera bench layers``. Every case is timed in one process,
-one after the other, as the median of ``--repeats`` runs after warm-up; the table reports each time and its
-ratio to ``nn.Linear`` (higher is faster), plus achieved GFLOP/s and GB/s of the merge-first path so the
-memory bound is visible. Two checks follow the table: the order the cost model picks must be within
-``ORDER_TOLERANCE`` (10 %) of the fastest order measured in the same run, for every shape and batch (the
-violators are listed), and the B=4096, r=30 targets (TT auto at least 5x faster than ``nn.Linear`` and 1.2x
-faster than the published TT layer, :mod:`comera.bench.published_linear`). ``--memory default`` runs in a
-process that never calls :func:`comera.cpu.reuse_freed_memory`; ``--no-output-pool`` turns off the TT
-paths' output pool (:mod:`comera.tt.recycle`). ``TT merge, one GEMM`` is the merge order with each
-batch-sized GEMM as one threaded ``torch.mm`` (neither blocks of batch rows per thread nor oneDNN's kernel,
-:mod:`comera.tt.blocked`); ``TT merge, no oneDNN`` the merge order with oneDNN's kernel left out of the
-measured choices (:mod:`comera.tt.onednn`). ``--write`` replaces the ``layers`` section
-of a markdown file. ``--layouts`` times, instead, each layer for every memory layout of its input and
-upstream gradient (contiguous, transposed, broadcast; :mod:`comera.bench.layer_layouts`), the tied head of
-the paper's word embedding included, and reports each layout's ratio to the contiguous time.
-"""
+and ``TTMLinear``, run as ``comera bench layers``, with the checks on the order the cost model picks and the
+B=4096, r=30 targets. Details: docs/benchmarks.md, "Linear layers: forward+backward, fp32" and "How the
+benchmarks measure"."""
 
 from __future__ import annotations
 
@@ -90,12 +75,8 @@ def _merge_flops_and_bytes(batch: int, m: int, n: int, rank: int) -> tuple[float
 
 
 def run_layer_benchmark(shapes, batches, ranks, repeats: int, min_seconds: float = 0.0) -> list[dict]:
-    """Time every case; returns one row per (shape, batch, rank) with milliseconds per method.
-
-    Within a row all methods are timed round-robin (see :func:`interleaved_medians_ms`), ``nn.Linear``
-    included, so every ratio compares runs made under the same machine load: at least ``repeats`` rounds,
-    more until the row's rounds have taken ``min_seconds``.
-    """
+    """Time every case; one row per (shape, batch, rank) with milliseconds per method, the methods of a row
+    (``nn.Linear`` included) timed round-robin for at least ``repeats`` rounds and ``min_seconds``."""
     rows = []
     for m, n in shapes:
         dense = nn.Linear(m, n)

@@ -1,32 +1,7 @@
 """``comera bench llm``: the language-model workload's training step for every method, and comera's ladder.
-
-Two sections, each case in a fresh Python process (:func:`comera.bench.paper.run_fresh_case`: the recipe
-builds the data and the dense model at ``--preset``, default ``paper``, the 60M LLaMA of GaLore's, APOLLO's
-and CoLA's tables; the method prepares it, brings its objective and optimizer exactly as ``comera train``
-does; one fixed batch of ``--batch`` blocks of the preset's ``seq_len`` tokens is trained on for
-``--warmup`` steps and timed for ``--repeats`` more):
-
-- ``steps``: every method of ``--methods`` (default dense, comera, galore, apollo, lte, cola). Per method:
-  median step time, tokens per second (``batch x seq_len`` over it), the peers' memory estimate (weights
-  plus optimizer state, :func:`comera.measure.weights_optimizer_mib`), the measured training memory (what
-  training keeps between steps plus the step's resident rise, as ``comera bench paper`` measures it), the
-  peak resident set, trained parameters and whole-model compression; the ratios against dense, and the
-  workload's targets (tokens/s >= 2x dense; weights+optimizer >= 5x smaller than dense and below GaLore's
-  and APOLLO's; training memory below every baseline's), each reported as met or missed.
-- ``ladder``: dense, then comera with every bond of every tensorized layer cut to each rank of ``--ladder``
-  (default derived from the preset's rank, :func:`comera.bench.ladder.default_ladder`) and pruned
-  physically: tokens/s and training memory against compression.
-
-Each section NAME writes ``NAME.json`` (``section``, ``command``, ``machine``, ``results``), ``NAME.md`` and
-``llm_NAME.png`` into ``--out``; ``--write FILE`` replaces the section ``llm-NAME`` of a markdown file
-(``docs/benchmarks.md``). A failed case stays in its table as failed; the exit status is then 1.
-
-Usage: ``comera bench llm [--sections steps ladder] [--preset paper] [--methods ...] [--batch 4]
-[--ladder 16 12 8 ...] [--repeats 5] [--warmup 2] [--threads N] [--set SECTION.KEY=VALUE ...]
-[--out bench-llm] [--write FILE [--label WORD]] [--quick]``; ``--set`` changes the preset's settings in
-every case (``tensorize.format=ttm``: comera's projections as ``TTMLinear``), ``--label`` writes the
-sections beside the preset's own (``llm-steps-ttm``); ``--quick`` is the smoke check (preset ``smoke``,
-batch 2, 5 timed steps after 1 warm-up, 1 thread).
+Sections ``steps`` (every method: time, tokens/s, memory, targets) and ``ladder`` (comera cut to each rank),
+each case in a fresh process as :mod:`comera.bench.paper` runs it. Details: docs/benchmarks.md, "Language
+model (LLaMA-style)" and "How the benchmarks measure".
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
-"""Training memory of a model that is never dense against GaLore's, at batch 1 (``python -m
-comera.bench.meta_memory``).
-
-The measurement of the paper's memory claim: Hugging Face ``BertForSequenceClassification`` at the paper's
-sizes (6 layers, hidden 768, 12 heads, feed-forward 3072, vocabulary 30522), one sequence of ``T = 128``
-tokens. Each method runs in a fresh Python process; its training memory is the peak resident set size
-while the model is built and one training step runs (forward, loss, backward, optimizer step), minus the
-resident set size after the imports:
-
-- ``galore``: the dense model trained by ``galore_torch.GaLoreAdamW`` (rank 128, projection refreshed every
-  200 steps, scale 0.25) on every encoder linear's weight, plain AdamW on the rest;
-- ``comera``: the model built on the meta device, :func:`comera.tensorize_` with ``init="random"`` (every
-  linear a ``TTLinear`` of rank 30, the word embedding a ``TTMEmbedding`` with rows (16, 20, 10, 10), columns
-  (4, 4, 8, 6) and rank 32), :func:`comera.materialize_` for the rest, AdamW on CoMERA's objective.
-
-Also reported: the time of a second step. Prints one line per method and the ratio of the two memories
-(the issue's target: comera at least 9x below GaLore). ``--quick`` runs a tiny model (a smoke check).
-
-Usage: ``python -m comera.bench.meta_memory [--methods galore comera] [--threads N] [--quick]``.
-"""
+"""Training memory of a model that is never dense against GaLore's, at batch 1
+(``python -m comera.bench.meta_memory``): Hugging Face ``BertForSequenceClassification`` at the paper's sizes,
+built on the meta device and tensorized for comera, dense under ``GaLoreAdamW``, each in a fresh process.
+Details: docs/benchmarks.md, "Training memory of a model that is never dense (batch 1)"."""
 
 from __future__ import annotations
 
@@ -97,7 +81,8 @@ def build_comera(sizes: dict[str, Any]) -> tuple[nn.Module, torch.optim.Optimize
 
 
 def run_case(method: str, sizes: dict[str, Any]) -> dict[str, Any]:
-    """Training memory (MiB, module docstring) and second-step time of ``method``, in this process."""
+    """Training memory (MiB: the peak resident set over the build and one step, less the resident set after
+    the imports) and second-step time of ``method``, in this process."""
     build = {"galore": build_galore, "comera": build_comera}[method]
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(1, sizes["model"]["vocab_size"], (1, sizes["tokens"]), generator=generator)

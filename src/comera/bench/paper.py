@@ -1,57 +1,7 @@
 """``comera bench paper``: the paper's time and memory comparison, on this machine, in one invocation.
-
-Every case of every section runs in a fresh Python process (so its peak memory is its own) and is timed by
-the median of at least ``--repeats`` (>= 5) steps after warm-up. ``--sections`` picks the sections (default:
-all five, in this order):
-
-- ``transformer`` (the paper's Fig. 1 comparison of training methods): for each method (dense, comera and
-  the baselines of :mod:`comera.methods`) and each batch size (``--batches``, default 1, 32, 64, 128), the
-  workload's recipe (``--workload``, default ``nli``: the six-encoder transformer) builds its data and dense
-  model at ``--preset``, the method turns the model into what it trains (:meth:`Method.prepare`) and brings
-  its objective and optimizer, exactly as ``comera train`` does; then one fixed batch of the training data is
-  trained on for ``--warmup`` steps and timed for ``--repeats`` more (forward, objective, backward, optimizer
-  step). Reported per case: the median step time, every timed step, what training keeps between steps
-  counted tensor by tensor (``state_mib``: parameters, buffers, gradients, optimizer state;
-  :func:`comera.measure.training_state_mib`), the rise of the resident set during one step over the
-  trained model (``train_mib``: activations and temporaries), their sum (``training_mib``, the training
-  memory the ratios use), the peers' weights-plus-optimizer-state estimate (``weights_optimizer_mib``,
-  :func:`comera.measure.weights_optimizer_mib`), the process's peak resident set (``peak_mib``), and the
-  trained and dense parameter counts. LTE splits a batch across its
-  heads, so a batch its heads do not divide runs with ``method.heads`` set to the largest divisor of the
-  batch not above the method's default (1 at batch 1); the row says so. Periodic work is not in the medians:
-  GaLore's SVD (first step, then every ``update_proj_gap`` = 200 steps) falls in the warm-up, and LTE's merge
-  runs every ``merge_every`` = 10 steps (never in the default 2 + 1 + 5 steps).
-- ``ladder`` (Fig. 12, time per step against compression): the same step for the dense model and for the
-  comera model built at the preset's ranks and then physically pruned to each rank of a ladder
-  (:mod:`comera.bench.ladder`: ``--ladder``, default derived from the preset's rank, 30, 24, 16, 12, 8, 4, 2
-  for ``paper``), at batch ``--ladder-batch`` (default 32). Per rung: median step time, memory rise and
-  peak, compression of the tensorized layers and of the whole model, speed-up over dense; the report states
-  the issue's targets (time falls at every rung, >= 8x faster than dense at 100x), measured, not asserted.
-- ``lookup`` (Fig. 5): :mod:`comera.bench.embedding` on the paper's word table (30522 x 768, rank 32) with
-  uniform ids, batches of ``--lookup-ids`` (default 10k, 20k, 40k), every lookup variant (``nn.Embedding``,
-  naive, split, optimized, auto, and the published order with and without its unique step).
-- ``dlrm`` (Fig. 8): :mod:`comera.workloads.dlrm.bench`, one training step of DLRM (``--dlrm-size``, default
-  ``paper``) at batches ``--dlrm-batches`` (default 10k, 20k, 40k): dense, comera with the optimized lookup,
-  without deduplication (``comera-split``) and without the lookup optimizations (``comera-naive``).
-- ``mlm``: :mod:`comera.workloads.mlm.bench`, one masked-LM pre-training step of the RoBERTa model
-  (``--mlm-preset``, default ``paper``), ``--mlm-batch`` blocks of the preset's length, dense and comera.
-
-Each section NAME writes ``NAME.json`` (``section``, ``command``, ``machine``, ``results``: the cases),
-``NAME.md`` (its markdown) and its PNG plots (``transformer_time.png`` / ``transformer_memory.png``,
-``ladder_time.png``, ``lookup_*``, ``dlrm_*``, ``mlm_*``) into ``--out``; ``--write FILE`` also replaces
-its ``paper-NAME`` section of a markdown file (``docs/benchmarks.md``). A section whose cases fail is
-reported on stderr and in its JSON and leaves the markdown file alone; the exit status is then 1.
-
-Usage: ``comera bench paper [--sections transformer ladder lookup dlrm mlm] [--workload nli]
-[--preset paper] [--methods ...] [--batches 1 32 64 128] [--ladder 30 24 ...] [--ladder-batch 32]
-[--lookup-ids 10000 20000 40000] [--dlrm-size paper] [--dlrm-batches 10000 20000 40000]
-[--mlm-preset paper] [--mlm-batch 4] [--repeats 5] [--warmup 2] [--threads 2] [--out bench-paper]
-[--write docs/benchmarks.md] [--quick]``. ``--warmup`` applies to the transformer and ladder sections (the
-others warm up as their benchmarks do). ``--quick`` is the smoke check (about three minutes on 2 cores): its
-defaults are the ``smoke`` presets, batches 1 and 8 (ladder 8), 1000 lookup ids, DLRM batch 1000, masked-LM
-batch 2, 5 timed steps after 1 warm-up, 1 torch thread per case (:data:`QUICK`); flags given explicitly
-win.
-"""
+Sections ``transformer`` (Fig. 1, every method and batch), ``ladder`` (Fig. 12), ``lookup`` (Fig. 5), ``dlrm``
+(Fig. 8) and ``mlm``, every case in a fresh process, medians of at least ``--repeats`` steps after warm-up.
+Details: docs/benchmarks.md, "Training methods: time and memory per step" and "How the benchmarks measure"."""
 
 from __future__ import annotations
 
@@ -175,18 +125,11 @@ def run_case(
     assignments: Sequence[str] = (),
     profile: int = 0,
 ) -> dict[str, Any]:
-    """Time and memory of training steps of one method at one batch size, in this process (module doc).
-
-    The memory step runs with glibc's allocation setting; with ``memory="reuse"`` (what the ``Trainer``
-    does on CPU) :func:`comera.cpu.reuse_freed_memory` is applied after it and one more warm-up step runs
-    before the timed ones.
-
-    With ``rank``, the prepared model is first cut to that rank (:func:`comera.bench.ladder.truncate_ranks_`)
-    and the case also reports ``rank``, the number of layers sliced (``pruned_layers``) and the model's
-    compression (``tensorized_ratio``, ``model_ratio``, ``max_rank``). ``assignments`` (``SECTION.KEY=VALUE``,
-    as ``comera train --set`` takes them) change the preset's settings; the batch size is ``batch``. With
-    ``profile`` > 0, that many more steps run under ``torch.profiler`` and the case also reports ``profile``
-    (:func:`comera.bench.op_profile.profile_steps`)."""
+    """Time and memory of training steps of one method at one batch size, in this process (the memory step
+    under glibc's setting, then :func:`comera.cpu.reuse_freed_memory` with ``memory="reuse"``); with ``rank``
+    the model is first cut to that rank (:func:`comera.bench.ladder.truncate_ranks_`) and the compression is
+    reported; ``assignments`` (``SECTION.KEY=VALUE``) change the preset's settings; with ``profile`` > 0 that
+    many more steps run under ``torch.profiler`` (:func:`comera.bench.op_profile.profile_steps`)."""
     recipe, method = load_recipe(workload), get_method(method_name)
     assignments = [*assignments, *_assignments(method_name, batch)]
     settings = resolve_settings(recipe.presets, preset, method, assignments=assignments)
@@ -488,7 +431,7 @@ SECTIONS = {
         ),
     ),
 }
-"""The sections, in the order they run (module docstring); ``--write`` updates section ``paper-NAME``."""
+"""The sections, in the order they run; ``--write`` updates section ``paper-NAME``."""
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -1,12 +1,6 @@
-"""The TT linear layer published with the CoMERA paper, rebuilt from its description as a benchmark baseline.
-
-The paper's code (method.md section 5) computes a TT layer as: merge the input-side cores, gates applied,
-into ``L`` (``m x r``) and the output-side cores into ``R`` (``r x n``), then ``Y = (X L) R + b``, with plain
-autograd doing the backward (the same four batch-sized GEMMs, the bias added and its gradient summed in
-separate passes over the output). :class:`PublishedTTLinear` runs that on the cores of a
-:class:`comera.TTLinear`, so the layer benchmark times it beside comera's own orders in the same run. It was
-written from the description, not taken from the authors' code; a test checks it against the layer.
-"""
+"""The TT linear layer published with the CoMERA paper (merge ``L`` and ``R``, then ``Y = (X L) R + b`` by
+plain autograd, docs/method.md section 5), rebuilt from its description over a :class:`comera.TTLinear`'s
+cores as a benchmark baseline; a test checks it against the layer."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""The TTM lookup order published with the CoMERA paper, rebuilt from its description as a benchmark baseline.
-
-The paper's code looks rows up in an order-4 TTM table as follows (shared/design/paper-notes.md section 5):
-merge the two core pairs once per call, gates applied first, into ``A`` of shape ``(m1 m2, n1 n2, r2)`` and
-``B`` of shape ``(r2, m3 m4, n3 n4)``; split each row index into ``(p, q)`` with ``q`` the fast digit; gather
-``A[p]`` and ``B[:, q]`` for every index and finish all rows with one batched product; plain autograd does
-the backward (so the gathered operands are kept for it). Its optional row-level step computes only the
-distinct ids and scatters them back through a persistent id -> position map.
-
-:class:`PublishedOrderLookup` runs that algorithm on the cores of a :class:`comera.TTMEmbedding`, so the
-benchmark can time it beside comera's own lookups in the same run. It was written from the description
-above, not taken from the authors' code; its rows equal the embedding's (a test checks this in float64).
-"""
+"""The TTM lookup order published with the CoMERA paper, rebuilt from its description as a benchmark baseline:
+on an order-4 table, merge the two core pairs once per call into ``A`` ``(m1 m2, n1 n2, r2)`` and ``B``
+``(r2, m3 m4, n3 n4)``, gather ``A[p]`` and ``B[:, q]`` per index, one batched product, plain autograd;
+optionally each distinct id once through a persistent id -> position map. Details: docs/method.md section
+6."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """Training throughput in one and in several processes: ``comera bench scaling``.
-
-Each case is one ``comera train WORKLOAD --preset PRESET`` run in fresh processes (``--nproc N`` for N > 1,
-which starts ``torchrun``: each process then has one intra-op thread unless ``OMP_NUM_THREADS`` says
-otherwise; one process keeps torch's default), shortened to ``--steps`` optimizer steps of the early stage.
-The step time is read from the run's ``results.json``: the median over its logged windows, and for several
-processes the slowest rank's median (every step waits for the gradient all-reduce, so the slowest rank sets
-the pace). Throughput = global batch / step time. Data building, start-up and evaluation are outside the step
-time; the first case of a workload builds its data cache, which the later cases reuse.
+Each case is one shortened ``comera train`` run (``torchrun`` for ``--nproc`` > 1), step time from its
+``results.json`` (for several processes the slowest rank's median), throughput = global batch / step time.
+Details: docs/benchmarks.md, "Processes: samples/s at 1 and 2 processes".
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""Trainer benchmark on a small transformer built from comera layers.
-
-1. Overhead: time per step of ``comera.train.Trainer.fit`` against a hand-written loop (RankAdaptation
-   objective, backward, AdamW step, no bookkeeping) on the same model and the same list of batches (data
-   loading is not part of it), interleaved step by step so load from other processes hits both alike;
-   target <= 3 %.
-2. Eager against ``torch.compile`` (inductor) of the training step, each in a fresh process: steady-state
-   milliseconds per step after warm-up steps that include compilation, the warm-up time itself, and the
-   process's peak resident memory (``ru_maxrss``).
-
-Usage: ``comera bench trainer [--steps N] [--threads T] [--no-compile]
-[--write docs/benchmarks.md]``.
-"""
+"""Trainer benchmark on a small transformer built from comera layers: the Trainer's overhead against a
+hand-written loop (target <= 3 %), and eager against ``torch.compile`` of the training step. Details:
+docs/benchmarks.md, "Trainer: overhead and torch.compile, fp32"."""
 
 from __future__ import annotations
 
@@ -114,11 +104,8 @@ def trainer(batches: list, compile_step: bool = False, callbacks=()) -> Trainer:
 
 
 def overhead(steps: int) -> dict[str, float]:
-    """ms per step of the Trainer and of the hand loop, interleaved step by step so both see the same load.
-
-    A Trainer callback runs one hand-loop step on the same batch and times it; the Trainer's time for a step
-    (its step and bookkeeping) is the time between the end of one callback and the start of the next.
-    """
+    """ms per step of the Trainer and of the hand loop, interleaved step by step: a Trainer callback times one
+    hand-loop step on the same batch, and the Trainer's step is the time between consecutive callbacks."""
     hand = HandLoop()
     hand_times: list[float] = []
     trainer_times: list[float] = []

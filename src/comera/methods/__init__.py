@@ -1,21 +1,7 @@
-"""Training methods, one module or folder each, and their registry (PEFT-style).
-
-:mod:`comera.methods.base` holds the interface (:class:`Method`, :class:`MethodContext`) and the registry
-(:func:`register_method`, keyed by each method's settings dataclass; :func:`get_method`, :func:`method_for`,
-:func:`method_names`). Importing this package (``import comera``
-does) registers every built-in method, so ``get_method("galore")`` works from any entry point:
-
-- ``dense`` (:mod:`comera.methods.dense`): the model as built, AdamW on every parameter;
-- ``comera`` (:mod:`comera.methods.comera`): tensorize, then CoMERA's two-stage rank objective with pruning;
-- ``galore``, ``apollo`` (:mod:`comera.methods.galore`, :mod:`comera.methods.apollo`, sharing
-  :mod:`comera.methods.projected`): projected-gradient optimizers on the dense model; their optional
-  packages (``pip install 'comera[baselines]'``) are imported only when the method is used;
-- ``lte``, ``cola`` (:mod:`comera.methods.lte`, :mod:`comera.methods.cola`): the targeted linears
-  (:mod:`comera.methods.targets`) replaced by LoRA heads merged periodically, or by a bottleneck.
-
-It also registers CoMERA's hooks in the generic loop: :func:`comera.methods.comera.gated_model_objective` as
-the default objective of a ``Trainer`` built without one, and the tensor-train layers' inference-cache
-invalidation before every evaluation.
+"""Training methods, one module or folder each, and their registry (:mod:`comera.methods.base`): importing
+this package (``import comera`` does) registers ``dense``, ``comera``, ``galore``, ``apollo``, ``lte`` and
+``cola``, CoMERA's objective as a ``Trainer``'s default and the layers' cache invalidation before every
+evaluation. Details: docs/architecture.md section 5, docs/reference/training.md, "The baseline methods".
 
 Examples:
     >>> from comera import methods

@@ -1,24 +1,6 @@
-"""``--method apollo``: APOLLO (Zhu et al., MLSys 2025, "SGD-like Memory, AdamW-level Performance") through
-the ``apollo-torch`` package.
-
-The model stays dense; ``apollo_torch.APOLLOAdamW`` keeps Adam moments of a random rank-``R`` projection of
-each targeted weight's gradient and uses them only to scale the raw gradient channel-wise (or tensor-wise),
-so the optimizer state is close to SGD's. Targets and parameter groups are those of
-:mod:`comera.methods.galore` (:func:`comera.methods.projected.low_rank_groups`); nothing of APOLLO is
-re-implemented.
-
-Settings (``method.KEY``) and where their defaults come from (the package's README, which gives the paper's
-settings):
-
-- ``rank`` = 256 with ``rank_fraction`` = 0.25: APOLLO's rank is "1/4 of the original dim (same as GaLore)",
-  256 for its 1B and 7B models; ``R = min(rank, floor(rank_fraction * min(out, in)))`` (at least 1);
-- ``scale_type`` = ``"channel"`` and ``scale`` = 1.0: APOLLO's defaults (APOLLO-Mini is ``rank`` = 1,
-  ``scale_type`` = ``"tensor"``, ``scale`` = 128.0);
-- ``proj`` = ``"random"``, ``proj_type`` = ``"std"``, ``update_proj_gap`` = 200: the README's usage example;
-- ``scale_front`` = False: the package default (the norm-growth limiter runs before the heuristic scale).
-
-The learning rate and weight decay are the run's ``train.lr_other`` and ``train.weight_decay``.
-"""
+"""``--method apollo``: APOLLO (Zhu et al., MLSys 2025) through ``apollo_torch.APOLLOAdamW`` on the dense
+model, with the targets and groups of :mod:`comera.methods.projected`; nothing of APOLLO is re-implemented.
+Details (settings and their sources): docs/reference/training.md, "The baseline methods"."""
 
 from __future__ import annotations
 
@@ -46,9 +28,9 @@ PROJ_TYPES = ("std", "reverse_std", "left", "right")
 
 @dataclass(frozen=True)
 class APOLLOSettings:
-    """APOLLO's settings (the module's notes give where the defaults come from); checked on construction:
-    ``scale_type``, ``proj`` and ``proj_type`` among their choices, ``scale`` > 0, ``scale_front`` a bool,
-    the rest by :func:`comera.methods.projected.check_projection`."""
+    """APOLLO's settings (where the defaults come from: docs/reference/training.md, "The baseline methods");
+    checked on construction: ``scale_type``, ``proj`` and ``proj_type`` among their choices, ``scale`` > 0,
+    ``scale_front`` a bool, the rest by :func:`comera.methods.projected.check_projection`."""
 
     rank: int = 256
     rank_fraction: float = 0.25

@@ -1,12 +1,7 @@
-"""The method interface and its registry: how a recipe's dense model is turned into what is trained, and
-what trains it.
-
-A :class:`Method` is a model transform (:meth:`Method.prepare`), an objective and an optimizer, plus
-optional callbacks; every method trains through the same :class:`comera.train.Trainer` loop, so step times
-are comparable by construction. :mod:`comera.methods` registers the built-in methods (``dense``, ``comera``,
-``galore``, ``apollo``, ``lte``, ``cola``) when it is imported; another method registers itself with
-:func:`register_method`, keyed by the dataclass of its settings.
-"""
+"""The method interface and its registry: a :class:`Method` is a model transform (:meth:`Method.prepare`), an
+objective, an optimizer and optional callbacks, trained through the one :class:`comera.train.Trainer` loop,
+registered with :func:`register_method` keyed by its settings dataclass. Details: docs/architecture.md section
+5."""
 
 from __future__ import annotations
 

@@ -1,24 +1,7 @@
-"""``--method cola``: CoLA (Liu, Zhang, Wang, Yan, Yang, Hovland, Nicolae, Cappello, Tang and Zhang, EMNLP
-2025, "CoLA: Compute-Efficient Pre-Training of LLMs via Low-Rank Activation"), built from the paper.
-
-Each targeted linear ``y = W x + b`` (:func:`comera.methods.targets.target_linears`) becomes a bottleneck
-auto-encoder ``y = B act(A x) + b`` with ``A`` of shape ``(r, in)``, ``B`` of shape ``(out, r)`` and a
-nonlinearity between the factors, trained from scratch (:class:`CoLALinear`). Nothing else changes; the
-objective is the task loss and the optimizer the Trainer's AdamW.
-
-Settings (``method.KEY``) and where their defaults come from:
-
-- ``rank_fraction`` = 0.25: the paper's rank is a quarter of the hidden size (e.g. ``r`` = 128 for LLaMA-60M's
-  512); we apply it per layer, ``r = floor(rank_fraction * min(in, out))`` (at least 1);
-- ``rank`` = 0: a fixed ``r`` for every layer when > 0 (capped at ``min(in, out)``), e.g. to compare with
-  CoMERA at equal compression;
-- ``activation`` = ``"silu"``: the paper's nonlinearity (``"gelu"``, ``"relu"`` and ``"identity"``, a plain
-  low-rank factorization, are accepted too).
-
-Initialization (the paper's scheme, as we read it): ``A`` and ``B`` are zero-mean Gaussians with the same
-standard deviation ``(in + out)^(-1/4) r^(-1/4)``, so that ``B A`` has the variance ``1 / (in + out)`` of a
-Glorot-normal dense weight; the bias is the dense layer's.
-"""
+"""``--method cola``: CoLA (Liu et al., EMNLP 2025, "CoLA: Compute-Efficient Pre-Training of LLMs via Low-Rank
+Activation"), built from the paper: each targeted linear becomes ``y = B act(A x) + b`` (:class:`CoLALinear`),
+trained from scratch. Details (settings, initialisation and their sources): docs/reference/training.md, "The
+baseline methods"."""
 
 from __future__ import annotations
 
@@ -55,7 +38,8 @@ def cola_rank(in_features: int, out_features: int, rank: int, rank_fraction: flo
 class CoLALinear(nn.Module):
     """``y = B act(A x) + b``: a linear replaced by a low-rank bottleneck with a nonlinearity inside.
 
-    Shapes: input ``(*, in_features)``, output ``(*, out_features)``.
+    Shapes:
+        input ``(*, in_features)``, output ``(*, out_features)``.
 
     Args:
         in_features, out_features: sizes of the replaced linear.
@@ -131,7 +115,8 @@ class CoLALinear(nn.Module):
 
 @dataclass(frozen=True)
 class CoLASettings:
-    """CoLA's settings (the module's notes give where the defaults come from); checked on construction.
+    """CoLA's settings (where the defaults come from: docs/reference/training.md, "The baseline methods");
+    checked on construction.
 
     Attributes:
         rank_fraction: the bottleneck's rank as a fraction of ``min(in, out)``, in (0, 1].

@@ -1,25 +1,6 @@
-"""``--method galore``: GaLore (Zhao et al., ICML 2024) through the ``galore-torch`` package.
-
-The model stays dense; ``galore_torch.GaLoreAdamW`` projects the gradient of each targeted linear's 2-D
-weight onto a rank-``R`` subspace (refreshed by SVD every ``update_proj_gap`` steps), keeps the Adam moments
-there and projects the update back, scaled by ``scale``. The targeted linears are those of the recipe's
-tensorization (:func:`comera.methods.targets.target_linears`: attention and feed-forward linears;
-embeddings never, an output head only when named); every other parameter is in a plain AdamW group of the
-same optimizer. Nothing of GaLore is re-implemented here: this module only builds the parameter groups.
-
-Settings (``method.KEY``) and where their defaults come from:
-
-- ``rank`` = 128: the GaLore paper's rank for its smallest pre-training model (LLaMA 60M, hidden size 512);
-- ``rank_fraction`` = 0.25: our cap, ``R = min(rank, floor(rank_fraction * min(out, in)))`` (at least 1), so
-  that small layers are projected to a quarter of their size as in the paper's 60M model (128 = 512 / 4)
-  rather than to a rank at or above their full rank;
-- ``update_proj_gap`` = 200 and ``scale`` = 0.25: the paper's pre-training values (``T`` and ``alpha``);
-- ``proj_type`` = ``"std"``: the package's default (project the smaller side).
-
-The learning rate and weight decay are the run's ``train.lr_other`` and ``train.weight_decay`` (a recipe sets
-GaLore's own through its preset's ``method`` section, ``{"galore": {"train": {"lr_other": ...}}}``); the
-optimizer's other constants (``betas``, ``eps`` = 1e-6) are the package's.
-"""
+"""``--method galore``: GaLore (Zhao et al., ICML 2024) through ``galore_torch.GaLoreAdamW`` on the dense
+model; this module only builds the parameter groups. Details (settings and their sources):
+docs/reference/training.md, "The baseline methods"."""
 
 from __future__ import annotations
 
@@ -45,8 +26,8 @@ PROJ_TYPES = ("std", "reverse_std", "left", "right", "full")
 
 @dataclass(frozen=True)
 class GaLoreSettings:
-    """GaLore's settings (the module's notes give where the defaults come from); checked on construction:
-    ``scale`` > 0, ``proj_type`` one of :data:`PROJ_TYPES`, the rest by
+    """GaLore's settings (where the defaults come from: docs/reference/training.md, "The baseline methods");
+    checked on construction: ``scale`` > 0, ``proj_type`` one of :data:`PROJ_TYPES`, the rest by
     :func:`comera.methods.projected.check_projection`."""
 
     rank: int = 128
@@ -63,11 +44,8 @@ class GaLoreSettings:
 
 @register_method(GaLoreSettings)
 class GaLoreMethod(ProjectedMethod):
-    """GaLore: dense model, ``galore_torch.GaLoreAdamW`` with GaLore groups for the targeted 2-D weights.
-
-    ``prepare`` leaves the model as built (it checks the settings and that ``galore-torch`` is installed);
-    the objective is the task loss.
-    """
+    """GaLore: dense model, ``galore_torch.GaLoreAdamW`` with GaLore groups for the targeted 2-D weights;
+    ``prepare`` only checks the settings and the package, the objective is the task loss."""
 
     name = "galore"
     projection_keys = ("update_proj_gap", "scale", "proj_type")

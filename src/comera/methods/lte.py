@@ -1,36 +1,7 @@
-"""``--method lte``: LoRA-the-Explorer (Huh, Cheung, Bernstein, Isola and Agrawal, 2024, "Training Neural
-Networks from Scratch with Parallel Low-Rank Adapters"), built from the paper.
-
-Each targeted linear (:func:`comera.methods.targets.target_linears`) becomes an :class:`LTELinear`: its
-main weight ``W`` is frozen and ``N`` LoRA heads ``(A_n, B_n)`` of rank ``r`` train in parallel, head ``n`` on
-the ``n``-th contiguous chunk of the batch (the paper's ``N`` workers, emulated in one process as the
-authors' "ddp" mode does: the main-weight product is shared). Every ``T`` optimizer steps the heads merge into
-the main weight, ``W <- W + (s/N) sum_n B_n A_n``, and restart: ``A_n`` redrawn, ``B_n`` zero, their optimizer
-state reset.
-
-The merge runs as a step post-hook of the optimizer (:func:`merge_every`), so it is part of the optimizer
-step: a checkpoint written after step ``k`` already holds the merge due at ``k``, and a resumed or rolled-back
-run merges exactly where an uninterrupted one does. A Trainer callback would run after the checkpoint and
-lose that merge on resume.
-
-Settings (``method.KEY``) and where their defaults come from:
-
-- ``rank`` = 32 and ``scale`` = 128.0: the authors' reference code's example (``lora_r=32``,
-  ``lora_alpha=4096``, ``s = alpha / r``);
-- ``heads`` = 4: our choice. The reference example uses 32 heads; ``train.batch_size`` must divide by ``N``
-  (an epoch's last, shorter batch is split as evenly as it goes: :class:`LTELinear`), and the paper's
-  comparison runs batches of 32 to 128 (batch 1 needs ``heads`` = 1);
-- ``merge_every`` = 10: our choice within the range the paper studies (it ablates ``T``); not checked
-  against the paper's tables;
-- ``lr`` = 1e-4: our choice, the heads' AdamW rate (with ``s`` = 128 a head's first steps move ``W`` about
-  as far as dense AdamW at 1e-3 does).
-
-Our choices beyond the paper: ``A_n`` is drawn like PEFT's LoRA ``A`` (uniform in ``+-1/sqrt(in)``); a head's
-rank is capped at ``min(in, out)``; the heads are not weight-decayed; the wrapped linear's bias and every
-parameter outside the targets train directly with AdamW at ``train.lr_other`` (the reference code treats
-them as replicas averaged at each merge, which for one process is the same parameter trained on the full
-batch); in eval mode a layer computes with ``W + (s/N) sum_n B_n A_n``, the weight a merge would give now.
-"""
+"""``--method lte``: LoRA-the-Explorer (Huh et al., 2024, "Training Neural Networks from Scratch with Parallel
+Low-Rank Adapters"), built from the paper: each targeted linear becomes an :class:`LTELinear` whose parallel
+LoRA heads merge into the frozen main weight every ``T`` optimizer steps (:func:`merge_every`). Details
+(settings, our choices and their sources): docs/reference/training.md, "The baseline methods"."""
 
 from __future__ import annotations
 
@@ -51,13 +22,11 @@ __all__ = ["LTELinear", "LTEMethod", "LTESettings", "lte_layers", "merge_heads",
 
 
 class LTELinear(nn.Module):
-    """A linear with a frozen main weight and ``heads`` parallel LoRA heads, each fed one chunk of the batch.
+    """A linear with a frozen main weight and ``heads`` parallel LoRA heads, each fed one chunk of the batch
+    (``torch.tensor_split(x, heads)``), row block ``n`` getting ``x W^T + b + s (x A_n^T) B_n^T``.
 
-    Shapes: input ``(batch, *, in_features)`` (dim 0 is the batch); output ``(batch, *, out_features)``. In
-    training mode row block ``n`` of the batch gets ``x W^T + b + s (x A_n^T) B_n^T``: the blocks of
-    ``torch.tensor_split(x, heads)``, contiguous and of ``batch / heads`` rows when ``heads`` divides
-    ``batch``; otherwise (an epoch's last, short batch) the first ``batch % heads`` blocks hold one row more,
-    and with fewer rows than heads the last heads get none.
+    Shapes:
+        input ``(batch, *, in_features)`` (dim 0 is the batch) -> output ``(batch, *, out_features)``.
 
     Args:
         in_features, out_features: sizes of the linear.
@@ -65,8 +34,6 @@ class LTELinear(nn.Module):
         rank: rank ``r`` of each head (>= 1; capped at ``min(in_features, out_features)``).
         scale: ``s`` of the heads' output and of the merge (> 0).
         bias: whether the layer has a (trainable) bias.
-
-    The main weight and bias start as ``nn.Linear``'s; :meth:`from_linear` takes an existing linear's.
 
     Attributes:
         weight: the frozen main weight ``(out_features, in_features)``.
@@ -208,7 +175,8 @@ def merge_every(
 
 @dataclass(frozen=True)
 class LTESettings:
-    """LTE's settings (the module's notes give where the defaults come from); checked on construction.
+    """LTE's settings (where the defaults come from: docs/reference/training.md, "The baseline methods");
+    checked on construction.
 
     Attributes:
         heads: parallel LoRA heads ``N``, an int >= 1 (``train.batch_size`` must divide by it).

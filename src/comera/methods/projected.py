@@ -1,11 +1,6 @@
 """What the projected-gradient optimizers (GaLore, APOLLO) share: the optional package, the parameter groups,
-and checkpoints that ``torch.load(weights_only=True)`` can read back.
-
-Both packages keep a Python projector object in each low-rank parameter's optimizer state; the Trainer's
-checkpoints are read with ``weights_only=True``, which refuses such objects. :func:`portable_projectors`
-makes the optimizer's ``state_dict`` hold the projector's tensors and numbers instead, and rebuilds the
-projector on ``load_state_dict``, so resume and the non-finite rollback work.
-"""
+and :func:`portable_projectors`, which makes their optimizer state hold the projector's tensors and numbers so
+checkpoints load with ``torch.load(weights_only=True)``. Details: docs/architecture.md section 5."""
 
 from __future__ import annotations
 
@@ -177,14 +172,9 @@ def check_projection(settings: Any) -> None:
 
 class ProjectedMethod(Method):
     """A dense model trained by an optimizer that projects the targeted 2-D weights' gradients (GaLore,
-    APOLLO): ``prepare`` checks the settings and the package and leaves the model as built; the objective is
-    the task loss; the optimizer's groups come from :func:`low_rank_groups` with the settings named in
-    :attr:`projection_keys`.
-
-    Subclasses are registered with a settings dataclass that has ``rank``, ``rank_fraction`` and
-    ``update_proj_gap`` (checked by :func:`check_projection`), set :attr:`projection_keys`, and implement
-    :meth:`package` and ``optimizer``.
-    """
+    APOLLO): groups from :func:`low_rank_groups` with the settings named in :attr:`projection_keys`; a
+    subclass registers a settings dataclass with ``rank``, ``rank_fraction`` and ``update_proj_gap`` and
+    implements :meth:`package` and ``optimizer``."""
 
     projection_keys: ClassVar[tuple[str, ...]] = ()
 

@@ -1,16 +1,6 @@
-"""Which linears a baseline acts on: the ones the recipe's tensorization targets.
-
-Every baseline compares against CoMERA on the same layers, so each one reads the run's
-:class:`comera.TensorizeConfig` (``target_modules`` and ``exclude_modules``, the grammar of
-:mod:`comera.tensorize_config`) and acts on the ``nn.Linear`` modules it selects. Embedding tables are never
-selected (the baselines' papers act on attention and feed-forward linears); with ``"all-linear"`` an output
-head (a linear sharing its weight with an embedding, or the model's ``get_output_embeddings()``) is left out,
-as :func:`comera.tensorize_` leaves it out, and so is a linear with a single output (a scalar head such as
-DLRM's click logit): its weight is rank one already, and a rank-one bottleneck with CoLA's nonlinearity
-inside would bound the logit (on the DLRM small preset it kept validation NE near 1.0). A linear its parent
-reads by attribute instead of calling (``nn.MultiheadAttention.out_proj``, :mod:`comera.weight_reads`) is
-left out of ``"all-linear"`` too, and :func:`replace_targets` refuses it when named.
-"""
+"""Which linears a baseline acts on: the ``nn.Linear`` modules the recipe's tensorization targets, never an
+embedding table, and under ``"all-linear"`` neither an output head, a linear with a single output, nor one its
+parent reads by attribute. Details: docs/reference/training.md, "The baseline methods"."""
 
 from __future__ import annotations
 

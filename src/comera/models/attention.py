@@ -1,15 +1,7 @@
-"""Scaled dot-product attention whose CPU training path draws its dropout cheaply.
-
-``F.scaled_dot_product_attention`` with ``dropout_p > 0`` on a CPU falls back to forming the probabilities
-and dropping them with ``bernoulli_`` (one random float per element of the ``(B, H, T, T)`` probabilities),
-which at 512 tokens costs more than the attention's matrix products. :func:`attention_context` forms the
-probabilities itself in that case and drops them with the random bytes of :mod:`comera.models.dropout`
-(``p`` quantised to 1/256): block by block (:mod:`comera.models.blocked_attention`) when the scores
-exceed one block, else with plain ops (also under ``torch.compile`` and autocast). Everywhere else (CUDA,
-evaluation, ``p == 0``) it calls SDPA. Both models of the workloads use it:
-:class:`comera.workloads.nli.model.TransformerClassifier` directly and the RoBERTa masked LM through the
-``"comera"`` attention implementation registered with Hugging Face ``transformers``.
-"""
+"""Scaled dot-product attention whose CPU training path draws its dropout cheaply: with ``dropout_p > 0`` on a
+CPU, :func:`attention_context` forms the probabilities itself and drops them with the random bytes of
+:mod:`comera.models.dropout` (block by block where the scores exceed one block), and calls SDPA everywhere
+else. Details: docs/internals.md, "Attention and dropout on CPU"."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
-"""Attention with dropout on the probabilities, computed block by block so each block stays in cache (CPU).
-
-The plain computation makes several passes over the whole ``(B, H, Tq, Tk)`` scores: the product, the
-mask, softmax, the dropout mask, its product with the probabilities, the product with ``v``, and as many in
-backward. At 32 x 12 x 128 x 128 (25 MiB in fp32) or 4 x 12 x 512 x 512 (50 MiB) every pass goes to memory.
-:func:`blocked_dropout_attention` runs all of them on a block of heads of one batch element at a time, of
-at most :data:`BLOCK_ELEMENTS` scores, so each pass after the first reads from cache; only the probabilities
-(for backward) and the random bytes are kept whole. Backward recomputes the dropped probabilities from them
-block by block. The output and the query/key/value gradients are written in the ``(B, T, H, d)`` layout the
-projections produce, so the callers' head split and merge stay views.
-
-Measured on a 2-core Xeon (forward + backward of one layer, q/k/v as head-split views, no mask): 49 -> 36 ms
-at 32 x 12 x 128 x 64 and 92 -> 65 ms at 4 x 12 x 512 x 64 against the unblocked explicit path (SDPA's
-flash kernel, which has no dropout: 41 and 46 ms).
-
-Dropout keeps its meaning (:mod:`comera.models.dropout`): an element is kept when its random byte is at
-least ``threshold``, kept probabilities are scaled by ``keep_scale``; the scale is applied to the block's
-output instead of the probabilities.
-"""
+"""Attention with dropout on the probabilities, computed block by block (a block of heads of one batch
+element, at most :data:`BLOCK_ELEMENTS` scores) so each pass over the scores after the first reads from cache
+(CPU); inputs ``(B, H, T, d)``, output and gradients stored as ``(B, T, H, d)``. Details: docs/internals.md,
+"Attention and dropout on CPU"."""
 
 from __future__ import annotations
 

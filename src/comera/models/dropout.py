@@ -1,21 +1,7 @@
-"""Dropout whose random draws are cheap: keep decisions read from the bytes of random int64 words.
-
-``F.dropout`` draws one random float per element (``bernoulli_``), which on CPU costs several times an
-element-wise op. Here one random int64 word over the full range (``torch.randint``; the range misses one of
-the 2**64 values, a bias of 2**-64) yields eight independent uniform bytes, and an
-element is kept when its byte is at least ``round(256 p)``: the keep decisions stay independent, with keep
-probability ``1 - q`` where ``q`` is ``p`` rounded to a multiple of 1/256 (:func:`quantized_p`; 0.1 becomes
-26/256 = 0.1016). Kept elements are scaled by ``1 / (1 - q)``, so the expectation is the input, as with
-``F.dropout``.
-
-Applying the mask: element-wise ops that mix a bool operand with floats are several times slower on CPU than
-all-float ones, so forward and backward turn the saved random bytes into a float 0/1 mask by a comparison
-written straight into a float tensor (``torch.ge(..., out=)``), then multiply: saved for backward is one
-byte per element, as a bool mask would be. Under ``torch.compile`` the plain ops are traced instead (the
-compiler fuses them).
-
-There is no host synchronisation and no data-dependent shape, so ``torch.compile(fullgraph=True)`` traces it.
-"""
+"""Dropout whose random draws are cheap: keep decisions read from the eight bytes of each random int64 word,
+``p`` quantised to a multiple of 1/256 (:func:`quantized_p`), kept elements scaled by ``1 / (1 - q)``; no host
+sync, so ``torch.compile(fullgraph=True)`` traces it. Details: docs/internals.md, "Attention and dropout on
+CPU"."""
 
 from __future__ import annotations
 
@@ -53,10 +39,8 @@ def drop_threshold(p: float) -> int:
 
 
 def quantized_p(p: float) -> float:
-    """The drop probability actually used for requested ``p``: ``p`` rounded to a multiple of 1/256.
-
-    A positive ``p`` never rounds to 0 (the smallest is 1/256) and the largest is 255/256.
-    """
+    """The drop probability actually used for requested ``p``: ``p`` rounded to a multiple of 1/256, a
+    positive ``p`` never to 0 (at least 1/256, at most 255/256)."""
     return drop_threshold(p) / _LEVELS
 
 
@@ -78,11 +62,9 @@ def random_bytes(shape: torch.Size | tuple[int, ...], device: torch.device | str
 def keep_mask(
     shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """A bool tensor of ``shape``, each entry True independently with probability ``1 - quantized_p(p)``.
-
-    Draws ``ceil(numel / 8)`` full-range int64 words from the default generator of ``device``; the same
-    draws as :func:`fast_dropout` makes for a tensor of ``shape``.
-    """
+    """A bool tensor of ``shape``, each entry True independently with probability ``1 - quantized_p(p)``, from
+    ``ceil(numel / 8)`` full-range int64 words of ``device``'s default generator (the draws
+    :func:`fast_dropout` makes)."""
     return random_bytes(shape, device) >= drop_threshold(p)
 
 
@@ -117,10 +99,8 @@ class _MaskedScale(torch.autograd.Function):
 
 def fast_dropout(x: torch.Tensor, p: float, training: bool = True, *, rescale: bool = True) -> torch.Tensor:
     """Dropout of ``x`` (any shape) with drop probability ``quantized_p(p)``; the identity when not training.
-
-    Returns a tensor of ``x``'s shape: kept entries scaled by ``1 / (1 - quantized_p(p))`` (kept as they
-    are with ``rescale=False``, for a caller that applies the scale to a smaller tensor), dropped ones 0.
-    """
+    Returns ``x``'s shape, dropped entries 0, kept ones scaled by ``1 / (1 - quantized_p(p))`` (unscaled with
+    ``rescale=False``)."""
     q = quantized_p(p)
     if not training or q == 0.0:
         return x

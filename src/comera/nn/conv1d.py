@@ -1,11 +1,7 @@
-"""Hugging Face's ``transformers.pytorch_utils.Conv1D`` seen as the linear layer it is.
-
-GPT-2 and its relatives project with ``Conv1D(nf, nx)``: ``y = x W + b`` with ``weight`` of shape
-``(nx, nf) = (in_features, out_features)``, the transpose of ``nn.Linear.weight``, and always a bias. The
-linear layer types and their removed stand-in convert it, remember it (``dense_kind="conv1d"``) and give a
-``Conv1D`` back in ``to_dense_module``. ``transformers`` is never imported here: a model holding a
-``Conv1D`` has imported it already.
-"""
+"""Hugging Face's ``transformers.pytorch_utils.Conv1D`` (GPT-2's ``y = x W + b`` with ``weight`` of shape
+``(in_features, out_features)``, always a bias) seen as the linear layer it is, for the linear layer types and
+their removed stand-in (``dense_kind="conv1d"``); ``transformers`` is never imported here. Details:
+docs/architecture.md section 2."""
 
 from __future__ import annotations
 

@@ -1,35 +1,7 @@
-"""``TTMEmbedding`` and ``TTMEmbeddingBag``: embedding tables stored as TTM cores (the output head tied to
-one is :class:`comera.nn.tied_head.TTMTiedHead`).
-
-The table ``E`` (``(num_embeddings, embedding_dim)``, as ``nn.Embedding.weight``) is a matrix tensor
-train with cores ``(r_{k-1}, m_k, n_k, r_k)``: row ``i`` unravels row-major over ``row_shape = (m_1..m_d)``
-and columns over ``col_shape = (n_1..n_d)``. Rows are computed on demand from the cores
-(:mod:`comera.tt.lookup`); neither the forward nor the backward builds the table.
-
-Padding of the shape: when ``num_embeddings`` folds badly the train has more rows than the table
-(:func:`comera.tt.shapes.auto_modes` pads 30522 to 12 * 13 * 14 * 14 = 30576; the paper used
-16 * 20 * 10 * 10 = 32000); likewise ``embedding_dim`` may be padded. Indices are checked against
-``num_embeddings``, so padded rows are never returned, and padded columns are sliced off.
-
-Lookup (``lookup=``):
-
-- ``"naive"``: per index, the chain of selected core slices (the reference path).
-- ``"split"``: the two-half path (tensor-index level): both halves merged once per call, one batched GEMM.
-- ``"optimized"``: ``"split"`` on each distinct index once (row level: ``torch.unique`` + inverse).
-- ``"auto"`` (default): ``"optimized"`` when the batch repeats enough indices to pay for it
-  (:func:`comera.tt.lookup.dedup_threshold`), else ``"split"``; always ``"split"`` while ``torch.compile``
-  traces or a CUDA graph captures, where ``torch.unique`` cannot run.
-
-Scratch memory: the split and optimized lookups gather core slices into buffers the table owns
-(:attr:`workspace`), reused across calls and sized to the largest call; ``release_workspace()`` frees them.
-
-Inference: in eval mode without autograd, the split and optimized lookups reuse the merged halves between
-calls (:meth:`comera.nn.gated.GatedTrain.inference_cached`; rebuilt when a core, a gate or ``tau`` changes).
-
-``padding_idx`` behaves as in ``nn.Embedding``: that row reads as zeros (also in :meth:`to_dense` and the tied
-head) and receives no gradient. Index checks (range and dtype) sync with the device once per call; they are
-skipped inside a captured or compiled graph.
-"""
+"""``TTMEmbedding`` and ``TTMEmbeddingBag``: embedding tables ``(num_embeddings, embedding_dim)`` stored as
+TTM cores ``(r_{k-1}, m_k, n_k, r_k)`` over ``row_shape`` and ``col_shape``, rows computed on demand by
+:mod:`comera.tt.lookup` (``lookup=``: ``"naive"``, ``"split"``, ``"optimized"``, ``"auto"``), padded rows and
+columns never returned, ``padding_idx`` as in ``nn.Embedding``. Details: docs/method.md sections 2.4 and 6."""
 
 from __future__ import annotations
 
@@ -105,11 +77,8 @@ def _table_shapes(
 
 class _TTMTable(GatedTrain):
     """Common part of the TTM tables: shapes, cores, gates, index checks, row lookup, tied logits, and the
-    layer protocol (:mod:`comera.nn.layer`).
-
-    ``sparse`` records the dense module's gradient format for :meth:`to_dense_module`; the cores'
-    gradients are dense whatever it says.
-    """
+    layer protocol (:mod:`comera.nn.layer`); ``sparse`` only records the dense module's gradient format (the
+    cores' gradients are dense)."""
 
     role = "embedding"
     format = "ttm"
@@ -143,7 +112,7 @@ class _TTMTable(GatedTrain):
 
     @property
     def lookup(self) -> str:
-        """Lookup path: one of :data:`LOOKUPS` (see the module docstring)."""
+        """Lookup path: one of :data:`LOOKUPS` (docs/method.md section 6)."""
         return self._lookup
 
     @lookup.setter
@@ -228,12 +197,8 @@ class _TTMTable(GatedTrain):
     def tied_logits(
         self, hidden: torch.Tensor, bias: torch.Tensor | None = None, order: str = "auto"
     ) -> torch.Tensor:
-        """``hidden @ E^T + bias`` with ``E = self.to_dense()``, computed from the cores.
-
-        The table's transpose is the TTM of a linear map ``embedding_dim -> num_embeddings`` whose cores are
-        this table's cores with ``m_k`` and ``n_k`` swapped, so the contraction orders of
-        :mod:`comera.tt.paths` apply; ``"auto"`` picks the cheapest for the call's batch size, which builds
-        the dense table only when that is cheaper.
+        """``hidden @ E^T + bias`` with ``E = self.to_dense()``, computed from the cores as the TTM of the
+        transposed map (``m_k`` and ``n_k`` swapped) by the orders of :mod:`comera.tt.paths`.
 
         Args:
             hidden: ``(*, embedding_dim)`` floating-point activations.
@@ -407,7 +372,7 @@ class TTMEmbedding(_TTMTable):
             lengths are padded at the end with modes of size 1.
         rank: max rank per bond (int) or ``d - 1`` ints, clipped to what the shapes allow.
         tau: gate threshold; entries with ``|g| <= tau`` are dead.
-        lookup: one of :data:`LOOKUPS` (module docstring).
+        lookup: one of :data:`LOOKUPS` (docs/method.md section 6).
 
     Shape:
         input: integer tensor of any shape ``(*)``, values in ``[0, V)`` -> output ``(*, D)``.
@@ -481,10 +446,8 @@ class TTMEmbedding(_TTMTable):
         tau: float = DEFAULT_TAU,
         lookup: str = "auto",
     ) -> TTMEmbedding:
-        """A table initialised from ``embedding`` by TT-SVD (exact when ranks are maximal).
-
-        ``padding_idx``, device and dtype follow ``embedding``.
-        """
+        """A table initialised from ``embedding`` by TT-SVD (exact when ranks are maximal); ``padding_idx``,
+        device and dtype follow ``embedding``."""
         _check_source(embedding, nn.Embedding)
         layer = cls._like(
             embedding, row_shape=row_shape, col_shape=col_shape, rank=rank, tau=tau, lookup=lookup
@@ -509,10 +472,8 @@ class TTMEmbedding(_TTMTable):
 
 @register_layer
 class TTMEmbeddingBag(_TTMTable):
-    """Drop-in for ``nn.EmbeddingBag``: sums, means or maxima of bags of TTM table rows.
-
-    Rows come from the same lookup as :class:`TTMEmbedding` (each distinct index once when deduplicating);
-    the pooling is ``torch.nn.functional.embedding_bag`` over those rows.
+    """Drop-in for ``nn.EmbeddingBag``: sums, means or maxima (``functional.embedding_bag``) of bags of TTM
+    table rows, looked up as :class:`TTMEmbedding` does.
 
     Args:
         num_embeddings: table size ``V``.
@@ -527,9 +488,8 @@ class TTMEmbeddingBag(_TTMTable):
         lookup: as :class:`TTMEmbedding`.
 
     Shape:
-        input ``(B, L)`` (bags of equal length, ``offsets`` None) or ``(N,)`` with ``offsets`` ``(B,)``
-        (start of each bag); ``per_sample_weights`` (``mode="sum"`` only) shaped like ``input``;
-        output ``(B, D)``. Empty bags give zeros.
+        input ``(B, L)`` (``offsets`` None) or ``(N,)`` with ``offsets`` ``(B,)``; ``per_sample_weights``
+        (``mode="sum"`` only) shaped like ``input``; output ``(B, D)``, zeros for an empty bag.
 
     Examples:
         >>> import torch

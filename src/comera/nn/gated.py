@@ -1,25 +1,7 @@
-"""The base of every comera module stored as a train of cores with rank gates on its bonds.
-
-A train of ``K`` cores has ``K - 1`` bonds. Bond ``k`` (between cores ``k`` and ``k+1``) carries a gate vector
-``g_k`` of length ``r_k``, initialised to 1 (docs/method.md section 3). The forward uses the masked gate
-``m_k = g_k * 1[|g_k| > tau]``, multiplied into the right-rank axis of core ``k``: a dead entry
-(``|g| <= tau``) contributes nothing and receives no gradient, and gates add no cost to the contraction.
-The active rank of a bond is its number of live gate entries; a train with a fully dead bond represents
-exactly zero.
-
-Inference cache: in eval mode without autograd (``module.eval()`` under ``torch.no_grad()`` or
-``torch.inference_mode()``), not while ``torch.compile`` traces, a module may keep tensors derived from its
-cores and gates (:meth:`GatedTrain.inference_cached`), such as merged halves, and reuse them across calls.
-Such a value is rebuilt when a core or gate is replaced, changes storage, dtype or shape, is updated in
-place through an autograd-visible op (``load_state_dict``, ``copy_`` under ``no_grad``), when any
-``torch.optim.Optimizer`` in the process has taken a step since it was built, when
-:func:`invalidate_inference_caches` was called, or when ``tau`` changes. Optimizer steps are counted by a
-process-wide post-step hook because PyTorch's fused optimizers (``AdamW(fused=True)``, the Trainer's default)
-update parameters in place without bumping their version counters. Writes through ``.data`` and steps
-replayed from a captured CUDA graph are invisible to both: call :meth:`GatedTrain.clear_cache` or
-:func:`invalidate_inference_caches` after them (the Trainer does before every evaluation). The cache is not
-part of the state dict.
-"""
+"""The base of every comera module stored as a train of cores with a rank gate ``g_k`` (length ``r_k``) on
+each bond, the masked gate ``g_k * 1[|g_k| > tau]`` folded into the right-rank axis of core ``k``, and the
+inference cache that reuses values built from cores and gates in eval mode without autograd. Details:
+docs/method.md section 3, docs/internals.md, "The inference cache"."""
 
 from __future__ import annotations
 
@@ -64,12 +46,8 @@ register_optimizer_step_post_hook(_count_optimizer_step)
 
 
 def mask_gate(gate: torch.Tensor, tau: float) -> torch.Tensor:
-    """``gate`` where ``|gate| > tau``, else 0; the gradient is 1 on live entries and 0 on dead ones.
-
-    One kernel forward and one backward (``hardshrink`` is exactly this map), where ``gate * (|gate| > tau)``
-    takes four (abs, compare, cast, product) and as many in backward: every gated layer calls it once per
-    bond and step, which counts on a GPU, where small kernels cost their launch.
-    """
+    """``gate`` where ``|gate| > tau``, else 0, with gradient 1 on live entries and 0 on dead ones, by
+    ``hardshrink``: one kernel each way where ``gate * (|gate| > tau)`` takes four, which counts on a GPU."""
     return functional.hardshrink(gate, tau)
 
 
@@ -97,11 +75,9 @@ def check_tau(tau: float) -> float:
 
 
 class GatedTrain(ComeraLayer, nn.Module):
-    """Cores in ``self.cores`` (``nn.ParameterList``) and gates in ``self.gates``, one per bond.
-
-    Subclasses set ``bond_sizes`` (the per-core factor ``c_k`` of the parameter count: ``n_k`` for TT,
-    ``m_k * n_k`` for TTM) and ``dense_num_parameters()``, and follow the layer protocol
-    (:mod:`comera.nn.layer`).
+    """Cores in ``self.cores`` (``nn.ParameterList``) and gates in ``self.gates``, one per bond; subclasses
+    set ``bond_sizes`` (``n_k`` for TT, ``m_k * n_k`` for TTM) and ``dense_num_parameters()`` and follow the
+    layer protocol (:mod:`comera.nn.layer`).
 
     Examples:
         >>> import torch
@@ -204,11 +180,8 @@ class GatedTrain(ComeraLayer, nn.Module):
         )
 
     def inference_cached(self, name: Hashable, build: Callable[[], _Cached]) -> _Cached:
-        """``build()``, reused while the cores, gates and ``tau`` are unchanged (see the module docstring).
-
-        The cache keeps aliases of the core and gate storages its values were built from, so no new tensor
-        can take their addresses while it lives.
-        """
+        """``build()``, reused while the cores, gates and ``tau`` are unchanged (docs/internals.md, "The
+        inference cache"); it holds aliases of the storages it was built from."""
         tensors = (*self.core_list(), *self.gate_list())
         key = self._parameter_key(tensors)
         cache = self.__dict__.get("_inference_cache")
@@ -231,13 +204,9 @@ class GatedTrain(ComeraLayer, nn.Module):
 
     @torch.no_grad()
     def match_scale_(self, weight: torch.Tensor) -> None:
-        """Scale the cores so the entries of :meth:`to_dense` have the standard deviation of ``weight``.
-
-        Keeps a host model's initialisation conventions (e.g. std 0.02 embeddings in BERT-style models)
-        for freshly initialised cores. A zero ``weight`` leaves the cores as they are, and so does a
-        ``weight`` or a train on the meta device (there are no values to measure; :func:`comera.tensorize_`
-        then calls :meth:`scale_to_std_` with the std of the model's own initialisation).
-        """
+        """Scale the cores so the entries of :meth:`to_dense` have the standard deviation of ``weight`` (a
+        host model's initialisation, e.g. std 0.02 embeddings); a zero or meta-device ``weight``, or a train
+        on the meta device, leaves the cores as they are (:meth:`scale_to_std_` serves there)."""
         if weight.is_meta or self.is_meta():
             return
         target = weight.detach().double().std()
@@ -249,13 +218,9 @@ class GatedTrain(ComeraLayer, nn.Module):
 
     @torch.no_grad()
     def reconstruction_rms(self) -> float:
-        """Root mean square of the entries of the (padded) gated train, from the cores alone.
-
-        The squared Frobenius norm of a train is a chain of small contractions, so no dense tensor is built:
-        ``M <- sum_p G[a, p, c] G[b, p, d] M[a, b]`` over the cores (mode axes flattened into ``p``), starting
-        from ``M = [[1]]``; the norm is the final ``1 x 1`` ``M``. Each step is two GEMMs with core-sized
-        intermediates. Raises ``ValueError`` on the meta device.
-        """
+        """Root mean square of the entries of the (padded) gated train, from the cores alone: the squared
+        Frobenius norm is the final ``1 x 1`` of ``M <- sum_p G[a, p, c] G[b, p, d] M[a, b]`` from
+        ``M = [[1]]`` (mode axes flattened into ``p``); raises ``ValueError`` on the meta device."""
         if self.is_meta():
             raise ValueError("the cores are on the meta device: there are no values to measure")
         gram = torch.ones(1, 1, dtype=torch.float64, device=self.core_list()[0].device)
@@ -316,10 +281,8 @@ class GatedTrain(ComeraLayer, nn.Module):
         return tuple(int((gate.detach().abs() > self.tau).sum()) for gate in self.gates)
 
     def num_parameters(self) -> int:
-        """Core entries of the active-rank train, ``sum_k c_k r_{k-1} r_k`` (0 if a bond is dead).
-
-        Gates and biases are not counted: gates fold into the cores when the model is exported.
-        """
+        """Core entries of the active-rank train, ``sum_k c_k r_{k-1} r_k`` (0 if a bond is dead); gates and
+        biases are not counted (gates fold into the cores on export)."""
         return num_train_parameters(self.bond_sizes, self.ranks)
 
     @property

@@ -1,28 +1,6 @@
-"""The protocol every comera layer type follows, and the registry of layer types by kind.
-
-A layer type describes itself, so that conversion (:mod:`comera.tensorize`), pruning (:mod:`comera.rank`),
-save/load (:mod:`comera.io`) and reports ask the layer instead of testing its class:
-
-- ``spec(name_of)``: a JSON-ready dict with ``"kind"`` (the registry key) and every constructor attribute;
-  ``name_of`` gives the model's name of a module the layer refers to (a tied head's embedding).
-- ``from_spec(spec, device=, dtype=, resolve=)``: the layer rebuilt from its spec (fresh values);
-  ``resolve`` maps a recorded name to the module it names.
-- ``from_dense(module, init=, **options)``: the layer standing for the dense ``module`` (sizes, bias,
-  padding row, bag mode ... taken from it; ``options`` are constructor keywords such as shapes and ranks).
-- ``to_dense_module(dense_of)``: the dense module this layer stands for, with every attribute the dense
-  type has (bias, ``padding_idx``, ``mode``, ``include_last_offset``, ``sparse``); ``dense_of`` maps a module
-  the layer refers to onto its restored dense module, so ties survive.
-- ``pruned_stand_in()``: what takes the layer's place when a bond of its train is dead
-  (:mod:`comera.nn.removed`).
-- ``dense_mismatch(module)``: why a dense ``module`` could not be the one this layer stands for, or None.
-- ``references()`` / ``spec_references(spec)``: the modules (names) the layer refers to.
-
-For reports: ``report_format`` ("tt", "ttm", "removed"), ``mode_shapes``, ``max_ranks``, ``ranks``,
-``num_parameters()``, ``dense_num_parameters()``, ``weight_parameters()`` (the parameters counted by
-``num_parameters``) and ``owns_weight`` (False for a layer borrowing another's weight, such as a tied head).
-
-A new layer type is one file: a subclass of :class:`ComeraLayer` decorated with :func:`register_layer`.
-"""
+"""The protocol every comera layer type follows (:class:`ComeraLayer`: spec, ``from_spec``, ``from_dense``,
+``to_dense_module``, ``pruned_stand_in``, report attributes) and the registry of layer types by kind; a new
+layer type is one subclass decorated with :func:`register_layer`. Details: docs/architecture.md section 3."""
 
 from __future__ import annotations
 
@@ -61,13 +39,11 @@ def spec_arguments(cls: type[ComeraLayer], spec: Mapping[str, Any]) -> dict[str,
 
 
 class ComeraLayer:
-    """Mixin declaring the layer protocol (module docstring); subclasses are ``nn.Module`` s.
-
-    Class attributes: ``kind`` (registry key, by default the class name), ``dense_type`` (the dense module
-    class it converts from, None if none), ``role`` (``"linear"`` or ``"embedding"``: which selection of
-    :func:`comera.tensorize_` it belongs to), ``format`` (``"tt"`` / ``"ttm"`` for the linear formats),
-    ``shape_options`` (its constructor's mode-shape keywords), ``report_format`` and ``owns_weight``.
-    """
+    """Mixin declaring the layer protocol; subclasses are ``nn.Module`` s. Class attributes: ``kind``
+    (registry key, by default the class name), ``dense_type`` (the dense class it converts from, or None),
+    ``role`` (``"linear"`` or ``"embedding"``), ``format`` (``"tt"`` / ``"ttm"``), ``shape_options`` (the
+    constructor's mode-shape keywords), ``report_format`` (``"tt"``, ``"ttm"``, ``"removed"``) and
+    ``owns_weight`` (False for a layer borrowing another's weight, as a tied head)."""
 
     kind: ClassVar[str]
     dense_type: ClassVar[type[nn.Module] | None] = None
@@ -78,7 +54,8 @@ class ComeraLayer:
     owns_weight: ClassVar[bool] = True
 
     def spec(self, name_of: NameOf | None = None) -> dict[str, Any]:
-        """``{"kind": ..., constructor attribute: value, ...}``, JSON-ready."""
+        """``{"kind": ..., constructor attribute: value, ...}``, JSON-ready; ``name_of`` gives the model's
+        name of a module the layer refers to."""
         raise NotImplementedError
 
     @classmethod
@@ -90,7 +67,8 @@ class ComeraLayer:
         dtype: torch.dtype | None = None,
         resolve: Resolve | None = None,
     ) -> nn.Module:
-        """A fresh layer with the attributes recorded in ``spec`` (values are not restored)."""
+        """A fresh layer with the attributes recorded in ``spec`` (values are not restored); ``resolve`` maps
+        a recorded name to the module it names."""
         raise NotImplementedError
 
     @classmethod
@@ -109,11 +87,13 @@ class ComeraLayer:
 
     @classmethod
     def from_dense(cls, module: nn.Module, *, init: str = "tt_svd", **options: Any) -> nn.Module:
-        """The layer standing for ``module`` (see the module docstring)."""
+        """The layer standing for ``module`` (sizes, bias, padding row, bag mode taken from it; ``options``
+        are constructor keywords such as shapes and ranks)."""
         raise TypeError(f"a {cls.__name__} is not built from a dense module")
 
     def to_dense_module(self, dense_of: Callable[[nn.Module], nn.Module | None] | None = None) -> nn.Module:
-        """The dense module with this layer's function and attributes."""
+        """The dense module with this layer's function and every attribute the dense type has; ``dense_of``
+        maps a module the layer refers to onto its restored dense module, so ties survive."""
         raise NotImplementedError
 
     def pruned_stand_in(self) -> nn.Module:

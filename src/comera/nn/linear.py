@@ -1,30 +1,7 @@
-"""``TTLinear`` and ``TTMLinear``: drop-ins for ``nn.Linear`` whose weight is never stored dense.
-
-Both compute ``y = x W^T + b`` for inputs of shape ``(*, in_features)`` and return ``(*, out_features)``,
-where ``W`` (``(out_features, in_features)``, as ``nn.Linear.weight``) is represented by cores:
-
-- ``TTLinear``: a tensor train over ``in_shape + out_shape``: cores ``(r_{k-1}, n_k, r_k)``, the first
-  ``len(in_shape)`` carrying input modes, the rest output modes (the paper's layout).
-- ``TTMLinear``: a matrix train: cores ``(r_{k-1}, m_k, n_k, r_k)`` with ``m_k`` from ``in_shape`` and ``n_k``
-  from ``out_shape`` (a shorter one is padded with size-1 modes to the same length).
-
-When ``in_shape`` / ``out_shape`` are not given they are chosen by :func:`comera.tt.shapes.auto_modes`: a
-balanced factorisation, padded up when the size folds badly (``in_features=97`` folds as ``98 = 7 x 14``).
-Given shapes may pad the same way (a product larger than the size, e.g. ``out_shape=(16, 11, 8)`` for 1376
-outputs), which is also how a saved spec records an automatically padded layout so that it loads back. The
-padded rows of ``W`` multiply zeros and padded outputs are sliced off, so padding never changes results.
-The contraction order (:mod:`comera.tt.paths`) is picked per call from the batch size (``order="auto"``,
-the default) or fixed with ``order``. ``"auto"`` asks the cost model of :mod:`comera.tt.costs`; with
-autotuning on (:mod:`comera.tt.autotune`, the default) the first call of each call shape times the orders
-the cost model cannot tell apart on the call's own operands (on detached copies: no gradient reaches the
-parameters, no random number is drawn) and later calls of that shape run the fastest.
-
-Non-finite inputs: rows are independent, so a row holding ``inf`` or ``NaN`` never affects another row.
-Within that row every output entry is non-finite: ``order="dense"`` gives what ``nn.Linear`` gives
-(``+-inf``, or ``NaN`` where the weight entry is 0), while the factored orders pass the value through
-``r`` intermediate sums of both signs and generally give ``NaN``. Matching ``nn.Linear`` there would need a
-check of every input (a device sync) on every call; filter inputs with ``torch.isfinite`` where it matters.
-"""
+"""``TTLinear`` and ``TTMLinear``: drop-ins for ``nn.Linear`` (input ``(*, in_features)``, output
+``(*, out_features)``) whose weight is a TT over ``in_shape + out_shape`` or a TTM over ``(m_k, n_k)`` pairs,
+never stored dense, shapes padded where a size folds badly, the contraction order chosen per call. Details:
+docs/method.md sections 2.3 and 5."""
 
 from __future__ import annotations
 
@@ -73,11 +50,8 @@ _INITS = ("tt_svd", "random")
 
 
 def pad_mode_counts(rows: tuple[int, ...], cols: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``rows`` and ``cols`` with the shorter one padded at the end by modes of size 1 to the same length.
-
-    A size-1 mode leaves the row-major index of every entry unchanged, so a TTM over the padded shapes
-    represents a matrix of the same size with the same layout.
-    """
+    """``rows`` and ``cols`` with the shorter one padded at the end by modes of size 1 to the same length
+    (which leaves every entry's row-major index, and so the matrix, unchanged)."""
     length = max(len(rows), len(cols))
     return tuple(rows) + (1,) * (length - len(rows)), tuple(cols) + (1,) * (length - len(cols))
 
@@ -343,11 +317,8 @@ class _TrainLinear(GatedTrain):
         out_shape: Sequence[int] | None = None,
         tau: float = DEFAULT_TAU,
     ):
-        """A layer initialised from ``linear`` by TT-SVD (exact when ranks are maximal).
-
-        With smaller ranks each bond keeps its leading singular directions (truncated SVD). The bias is
-        copied. Device and dtype follow ``linear.weight``.
-        """
+        """A layer initialised from ``linear`` by TT-SVD (exact when ranks are maximal, else each bond keeps
+        its leading singular directions); bias copied, device and dtype from ``linear.weight``."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
         layer = cls._like(linear, in_shape=in_shape, out_shape=out_shape, rank=rank, tau=tau)
@@ -484,31 +455,22 @@ class _TrainLinear(GatedTrain):
 
 @register_layer
 class TTLinear(_TrainLinear):
-    """Linear layer with a tensor-train weight over ``in_shape + out_shape`` modes.
+    """Linear layer with a tensor-train weight over ``in_shape + out_shape`` modes; in eval mode without
+    autograd (order ``"auto"`` or ``"merge"``, fp32 GEMMs) it answers with two GEMMs on cached merged halves
+    (:meth:`clear_cache` after writes through ``.data``).
 
     Args:
         in_features: size of each input sample.
         out_features: size of each output sample.
         bias: learn an additive bias.
-        in_shape: input modes (product ``>= in_features``: a larger product pads the weight with zero rows
-            that inputs never reach); default: balanced, padded if needed.
-        out_shape: output modes (product ``>= out_features``, padded outputs are sliced off); default
-            likewise.
+        in_shape: input modes (product ``>= in_features``, padding with zero rows); default balanced, padded.
+        out_shape: output modes (product ``>= out_features``, padded outputs sliced off); default likewise.
         rank: max rank per bond (int) or one per bond (``len(in_shape) + len(out_shape) - 1`` ints);
             clipped to what the shapes allow.
         tau: gate threshold; gate entries with ``|g| <= tau`` are dead.
         order: contraction order, ``"auto"`` or one of :data:`comera.tt.costs.ORDERS`.
-        gemm: ``"fp32"`` (GEMMs in the input dtype) or ``"fp8"``: the merge order's six batch-sized GEMMs
-            run through ``torch._scaled_mm`` with E4M3 operands and E5M2 gradients (:mod:`comera.tt.fp8`);
-            cores stay in their dtype. Other orders are unaffected.
-
-    Inference: in eval mode without autograd (``model.eval()`` and ``torch.no_grad()`` or
-    ``torch.inference_mode()``), with ``order`` "auto" or "merge" and fp32 GEMMs, the layer keeps the
-    merged halves ``(in_features, r)`` and ``(r, out_features)`` and answers each call with two GEMMs.
-    They are rebuilt when a core or gate is replaced or changed in place through autograd-visible ops
-    (optimizer steps, ``load_state_dict``, :func:`comera.prune_`), or when ``tau`` changes; writes through
-    ``.data`` are invisible to that check, so call :meth:`clear_cache` after them. The cache is not part
-    of the state dict.
+        gemm: ``"fp32"`` (GEMMs in the input dtype) or ``"fp8"`` (the merge order's six batch-sized GEMMs
+            through ``torch._scaled_mm``, :mod:`comera.tt.fp8`).
 
     Shape:
         input ``(*, in_features)`` -> output ``(*, out_features)``.
@@ -644,11 +606,9 @@ class TTMLinear(_TrainLinear):
         in_features: as ``nn.Linear``.
         out_features: as ``nn.Linear``.
         bias: as ``nn.Linear``.
-        in_shape: row modes ``m_k`` (product ``>= in_features``, a larger product pads with zero rows);
-            default balanced, padded if needed.
-        out_shape: column modes ``n_k`` (product ``>= out_features``, padded outputs are sliced off); when
-            it and ``in_shape`` differ in length, the shorter is padded at the end with modes of size 1
-            (which change no index), so any two factorisations work.
+        in_shape: row modes ``m_k`` (product ``>= in_features``); default balanced, padded if needed.
+        out_shape: column modes ``n_k`` (product ``>= out_features``); the shorter of the two shapes is
+            padded at the end with size-1 modes.
         rank: max rank per bond (int) or ``d - 1`` ints; clipped to what the shapes allow.
         tau: gate threshold.
         order: contraction order, ``"auto"`` or one of :data:`comera.tt.costs.ORDERS`.

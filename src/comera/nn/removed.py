@@ -1,8 +1,6 @@
-"""Stand-ins for layers whose rank gates died: their weight is exactly zero (docs/method.md section 3).
-
-:func:`comera.prune_` puts these in place of a layer with a dead bond. They keep the layer's interface and
-output shape, hold no cores, and return the bias (linear) or zeros (embedding).
-"""
+"""Stand-ins for layers whose rank gates died (their weight is exactly zero): put in place by
+:func:`comera.prune_`, they keep the layer's interface and output shape, hold no cores, and return the bias
+(linear) or zeros (embedding). Details: docs/method.md section 3."""
 
 from __future__ import annotations
 
@@ -19,11 +17,8 @@ __all__ = ["RemovedLayer", "RemovedLinear", "RemovedEmbedding", "RemovedEmbeddin
 
 
 class RemovedLayer(ComeraLayer, nn.Module):
-    """Base of the removed-layer stand-ins; ``dense_num_parameters()`` counts the weight it replaced.
-
-    Stand-ins follow the layer protocol (:mod:`comera.nn.layer`): their spec holds every constructor
-    attribute, and ``to_dense_module()`` gives the dense module with a zero weight.
-    """
+    """Base of the removed-layer stand-ins (layer protocol; the dense module has a zero weight);
+    ``dense_num_parameters()`` counts the weight it replaced."""
 
     report_format = "removed"
     max_ranks: tuple[int, ...] = ()
@@ -160,10 +155,8 @@ class RemovedLinear(RemovedLayer):
 
 @register_layer
 class RemovedEmbedding(RemovedLayer):
-    """An embedding table that is exactly 0: indices ``(*)`` -> zeros ``(*, embedding_dim)``.
-
-    ``padding_idx`` and ``sparse`` are kept for :meth:`to_dense_module` (the dense table they describe).
-    """
+    """An embedding table that is exactly 0: indices ``(*)`` -> zeros ``(*, embedding_dim)``; ``padding_idx``
+    and ``sparse`` are kept for :meth:`to_dense_module`."""
 
     dense_type = nn.Embedding
 

@@ -23,11 +23,10 @@ _ORDER_CHOICES = ("auto", *ORDERS)
 
 @register_layer
 class TTMTiedHead(ComeraLayer, nn.Module):
-    """Output projection tied to a TTM table, as BERT/RoBERTa tie the decoder to the word embedding.
-
-    ``logits = hidden @ E^T + bias`` with ``E`` the table of ``embedding``
-    (:meth:`TTMEmbedding.tied_logits`). The head's parameters are the embedding's own cores and gates
-    (shared, not copied) plus its optional bias.
+    """Output projection tied to a TTM table (``logits = hidden @ E^T + bias``, as BERT ties its decoder to
+    the word embedding), sharing the embedding's cores and gates; its spec names the embedding, its dense
+    module is an ``nn.Linear`` sharing the restored table's weight, its pruned stand-in a
+    :class:`RemovedLinear` holding its bias.
 
     Args:
         embedding: the :class:`TTMEmbedding` (or :class:`TTMEmbeddingBag`) to tie to.
@@ -36,10 +35,6 @@ class TTMTiedHead(ComeraLayer, nn.Module):
 
     Shape:
         input ``(*, embedding_dim)`` -> output ``(*, num_embeddings)``.
-
-    Layer protocol: the spec names the embedding (``{"kind", "embedding": its name, "bias", "order"}``); the
-    dense module is an ``nn.Linear`` sharing the restored table's weight; the pruned stand-in (when the
-    table is removed) a :class:`RemovedLinear` holding the head's bias.
 
     Examples:
         >>> import torch

@@ -260,11 +260,8 @@ class RankAdaptation:
         return mean_gate_surrogate(trains)
 
     def loss(self, task_loss: torch.Tensor) -> torch.Tensor:
-        """The scalarised objective of the current stage for a 0-dim ``task_loss`` (differentiable).
-
-        A non-finite ``task_loss`` leaves the loss moving average untouched (and the returned objective
-        non-finite, for the caller to skip the step).
-        """
+        """The scalarised objective of the current stage for a 0-dim ``task_loss`` (differentiable); a
+        non-finite ``task_loss`` leaves the loss average untouched and gives a non-finite objective."""
         if not isinstance(task_loss, torch.Tensor) or task_loss.dim() != 0:
             raise ValueError(f"task_loss must be a 0-dim tensor, got {task_loss!r}")
         observed = task_loss.detach().to(self._ema_sum.dtype)
@@ -444,21 +441,19 @@ class RankAdaptation:
         trims: int = DEFAULT_TRIMS,
     ) -> None:
         """Switch to the late stage with ``S* = target_ratio * size()`` and ``L*`` = ``target_loss`` or 1.05 x
-        the smoothed loss now. May be called again to set a new target from the current size (the held
-        structure of an earlier trim is released, the dual weight reset to 1).
+        the smoothed loss now; may be called again for a new target from the current size (docs/training.md,
+        "Late stage").
 
         Args:
             target_ratio: fraction of the current exact size to reach, in (0, 1].
             target_loss: ``L*`` (> 0); default the smoothed task loss times ``1 + LOSS_TOLERANCE``.
             rho: augmentation weights ``(rho_L, rho_S)`` on the loss and the size surrogate (each >= 0).
             ema: decay of the loss moving average used by the switch, in [0, 1).
-            late_steps: length of the late stage in controller steps (optimizer steps); the trim happens at
-                the latest after ``ceil((1 - recovery) * late_steps)`` of them. None: no deadline (trim only
-                when close).
+            late_steps: controller steps of the late stage; the trim comes at the latest after
+                ``ceil((1 - recovery) * late_steps)`` of them. None: no deadline.
             recovery: fraction of ``late_steps`` kept for recovery after the latest trim, in [0, 1).
-            trims: number of equal parts of the descend window, each with its own size budget (gradual
-                trims, see the module doc; needs ``late_steps``), an int >= 1; 1 trims only once, to the
-                target.
+            trims: equal parts of the descend window, each with its own size budget (needs ``late_steps``),
+                an int >= 1; 1 trims once, to the target.
         """
         target_ratio = check_number(target_ratio, "target_ratio", 0.0, 1.0, open_low=True)
         if target_loss is not None:

@@ -1,14 +1,6 @@
-"""Uneven ranks at a fixed size: ranks per kind of layer from relative shares, with the total of the cores
-held at what a uniform rank gives.
-
-Layers differ in how much rank they need (WeLore, arXiv 2407.11239: query and key projections tolerate far
-lower ranks than value and the MLP's down projection). :func:`allocate_ranks` turns relative shares per
-module-name pattern into a ``rank_pattern``: every selected module matching a pattern gets rank
-``round(alpha * share)`` (at least 1), with one ``alpha`` chosen so that the stored core entries of the
-whole model come as close as they can to ``total`` from below (default: the entries of the config as given).
-:func:`ranks_from_gates` reads the ranks off a trained model's gates instead: the entries the late stage's
-exact trim (:func:`comera.rank.trim.choose_entries`) would keep at a size, as per-bond ranks for a fresh run.
-"""
+"""Per-bond ranks for a fresh run at a fixed number of core entries: :func:`allocate_ranks` from relative
+shares per module-name pattern, :func:`ranks_from_gates` from a trained model's gates (as the late stage's
+exact trim reads them). Details: docs/method.md section 4.5."""
 
 from __future__ import annotations
 
@@ -71,20 +63,18 @@ def allocate_ranks(
     model: nn.Module, config: TensorizeConfig, shares: Mapping[str, float], total: int | None = None
 ) -> TensorizeConfig:
     """``config`` with a ``rank_pattern`` giving the modules each pattern of ``shares`` matches rank
-    ``round(alpha * share)`` (at least 1; clipped by each layer to what its shapes allow), ``alpha`` the
-    largest for which the model's core entries stay at most ``total``.
+    ``round(alpha * share)`` (at least 1, clipped by each layer), ``alpha`` the largest for which the model's
+    core entries stay at most ``total``.
 
     Args:
         model: the dense model ``config`` will convert (any device, meta included; it is not changed).
-        config: the tensorization; its own ``rank_pattern`` entries come after the new ones, so modules the
-            shares do not match keep their rank.
-        shares: ``{pattern: share > 0}`` (``re.search`` on module names, first match wins, as
-            ``rank_pattern``'s keys), e.g. ``{r"attention\\.(q|k)$": 0.5, r"mlp\\.down$": 1.5}``.
+        config: the tensorization; its own ``rank_pattern`` entries come after the new ones.
+        shares: ``{pattern: share > 0}`` (``re.search`` on module names, first match wins), e.g.
+            ``{r"attention\\.(q|k)$": 0.5, r"mlp\\.down$": 1.5}``.
         total: the core entries to stay within (default: :func:`core_entries` of ``config`` as given).
 
     Returns:
-        The new config; :func:`core_entries` of it is at most ``total`` and the largest such on the grid of
-        ``alpha``.
+        The new config, :func:`core_entries` at most ``total`` and the largest such on the grid of ``alpha``.
 
     Raises:
         ValueError: a bad share or pattern, ``total`` below the entries of rank 1 everywhere.
@@ -120,11 +110,9 @@ def allocate_ranks(
 
 
 def ranks_from_gates(model: nn.Module, config: TensorizeConfig, total: int | None = None) -> TensorizeConfig:
-    """``config`` with a ``rank_pattern`` giving every gated layer of ``model`` the per-bond ranks that its
-    gates support at a total of ``total`` core entries: the entries the exact trim keeps (scored by the
-    norm of their term, :func:`comera.rank.trim.entry_scores`, so layers of different scale compare fairly),
-    counted per bond. A fresh model converted by the result starts at those ranks, e.g. for a run whose
-    ranks were chosen by the early stage of an earlier one.
+    """``config`` with a ``rank_pattern`` giving every gated layer of ``model`` the per-bond ranks its gates
+    support at ``total`` core entries: the entries the exact trim keeps
+    (:func:`comera.rank.trim.entry_scores`), counted per bond.
 
     Args:
         model: a model ``config`` converted and that has trained (its gates decide; it is not changed).

@@ -22,17 +22,10 @@ def param_groups(
     weight_decay: float = 0.0,
     core_rule: str = "uniform",
 ) -> list[dict]:
-    """Parameter groups ``[cores, gates, other]`` for ``torch.optim.AdamW`` (each dict has a ``"name"``).
-
-    Cores and gates are those of every gated layer; "other" is every remaining trainable parameter (biases,
-    norms, dense layers). Shared parameters appear once. ``weight_decay`` applies to cores and other
-    parameters, never to gates: pulling gates toward zero is the rank objective's job. Empty groups are left
-    out. Paper values: ``lr_cores=1e-4, lr_gates=1e-3, lr_other=5e-5, weight_decay=0``.
-
-    ``core_rule`` (one of :data:`comera.rank.spectral.CORE_RULES`): ``"uniform"`` puts every core at
-    ``lr_cores``; ``"spectral"`` gives each core of a TT or TTM linear layer ``lr_cores`` times its
-    :func:`comera.rank.spectral.spectral_lr_scales` multiplier, one group per distinct rate, named ``"cores"``
-    for the rate ``lr_cores`` itself and ``"cores x{multiplier}"`` otherwise, in the order the cores are met.
+    """Parameter groups ``[cores, gates, other]`` for ``torch.optim.AdamW``, each dict with a ``"name"``,
+    empty groups left out, shared parameters once, ``weight_decay`` never on gates; under
+    ``core_rule="spectral"`` the cores split into one group per distinct rate (``"cores"``,
+    ``"cores x{multiplier}"``). Details: docs/method.md section 4.5.
 
     Examples:
         >>> import torch

@@ -1,26 +1,7 @@
-"""Physical rank truncation: slice cores, gates and optimizer state down to the active ranks.
-
-For every gated layer with dead gate entries, :func:`prune_` keeps only the live rank slices of each bond.
-A layer with a fully dead bond is exactly zero and is replaced by its ``pruned_stand_in()`` (a stand-in from
-:mod:`comera.nn.removed`), as are the layers referring to it (a head tied to a removed table).
-Layers without dead entries are left untouched.
-
-Parameters are shrunk in place (``param.data = ...``): the ``nn.Parameter`` objects stay the same, so the
-optimizer's ``param_groups``, tied modules and user references keep pointing at the right tensors; only the
-optimizer's per-parameter state is sliced. Their cached gradient accumulators are dropped, so a graph kept
-from before the prune (a loss still referenced, a compiled step) cannot impose the old shapes on the next
-backward.
-
-Gate folding (``fold_gates=True``, the default): the surviving gate values are multiplied into the core on
-their left and the gates reset to 1, which leaves the function unchanged. Optimizer state is then mapped
-through this change of variables so that the recorded gradient history means the same in the new
-coordinates: with ``G' = G diag(g)`` and ``g' = 1`` the gradients become ``dL/dG' = dL/dG / g`` and
-``dL/dg' = g dL/dg``, so first moments (``exp_avg``, ``momentum_buffer``, ...) are scaled by ``1/g`` on the
-core's right-rank axis and by ``g`` on the gate, second moments (state names containing ``sq``, ``square`` or
-``sum``) by the squares. Adam's normalised update direction is invariant to this scaling, so the next steps
-move every coordinate the same way they would have; ``step`` counters are kept. With ``fold_gates=False``
-the gate values are kept as they are and AdamW continues exactly as if nothing had been sliced.
-"""
+"""Physical rank truncation: :func:`prune_` slices cores, gates and optimizer state down to the active ranks
+in place (the parameter objects stay), replaces layers with a dead bond by their stand-ins, and by default
+folds the surviving gates into the cores. Details: docs/method.md section 3, docs/internals.md, "Pruning in
+place"."""
 
 from __future__ import annotations
 
@@ -114,15 +95,8 @@ def _other_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _replace_data(param: nn.Parameter, value: torch.Tensor) -> None:
-    """Give ``param`` the (smaller) ``value`` and forget its gradient accumulator.
-
-    Autograd caches a leaf's ``AccumulateGrad`` node, with the leaf's shape, for as long as some graph holds
-    it (a loss or output kept from a step before the prune, a compiled step's graph), and ``param.data =``
-    drops that cache only when the dtype or device changes. A kept node would make every later backward
-    fail with "invalid gradient ... expected [old shape]", so the data passes through an empty tensor of
-    another dtype first: the next graph then builds a fresh accumulator with the new shape. Hooks
-    registered on ``param`` are kept.
-    """
+    """Give ``param`` the (smaller) ``value`` and forget its cached gradient accumulator (passing through an
+    empty tensor of another dtype, docs/internals.md, "Pruning in place"); hooks on ``param`` are kept."""
     param.data = value.new_empty(0, dtype=_other_dtype(value.dtype))
     param.data = value.contiguous()
     param.grad = None
@@ -181,8 +155,8 @@ def prune_(
 
     Args:
         model: the model (``torch.compile`` / DDP wrappers are looked through).
-        optimizer: if given, its per-parameter state is sliced to match (see the module docstring), and the
-            parameters of removed layers are dropped from it; parameter objects are kept.
+        optimizer: if given, its per-parameter state is sliced to match (docs/internals.md, "Pruning in
+            place") and the parameters of removed layers are dropped from it; parameter objects are kept.
         fold_gates: fold the surviving gate values into the cores and reset the gates to 1 (default), or
             keep the gate values.
 

@@ -1,13 +1,6 @@
-"""Exact size of the active-rank model, as Python ints (for reports) or as tensors (inside a training step).
-
-A train with ``K`` cores and bond ranks ``r_1 .. r_{K-1}`` (``r_0 = r_K = 1``) holds
-``sum_k c_k r_{k-1} r_k`` core entries at its active ranks, where ``c_k`` is the train's ``bond_sizes[k]``
-(``n_k`` for TT, ``m_k n_k`` for TTM). A train with a dead bond (active rank 0) represents exactly zero and
-counts 0 (docs/method.md section 4). Gates fold into the cores on export and are not counted.
-
-The tensor versions count live gate entries as sums of ``|g| > tau`` on the gates' device: no host sync, so
-they can run inside a compiled or graph-captured step.
-"""
+"""Exact size of the active-rank model, ``sum_k c_k r_{k-1} r_k`` core entries per train (0 with a dead bond),
+as Python ints for reports or as device tensors (no host sync) inside a training step. Details: docs/method.md
+section 4.1."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""The spectral rule for TT and TTM linear layers: per-core initialisation and per-core learning rates.
-
-Qiu et al. (ICML 2024, "Compute Better Spent") read every factor of a structured matrix as a small dense
-matrix with its own fan-in and fan-out and give each one the initialisation and Adam learning rate a dense
-layer of those fans would get. For a core with fans ``(d_in, d_out)`` (:meth:`comera.TTMLinear.core_fans`) in
-a train of ``K`` cores standing for a dense layer of fan-in ``D_in``:
-
-- init std ``sqrt(min(d_in, d_out)) / d_in`` (:func:`comera.tt.cores.spectral_std`);
-- learning rate ``lr_cores * (D_in / d_in) / K`` (:func:`comera.tt.cores.spectral_lr_scale`);
-- gates and every vector keep their own rate.
-
-The rule applies to :class:`comera.TTLinear` and :class:`comera.TTMLinear` (and the layers built on them);
-embedding tables and tied heads keep the uniform rate ``lr_cores``. The rates are fixed from the cores' shapes
-when the optimizer is built (a later prune keeps them), which is what makes a resumed run, built unpruned and
-then pruned, get the same groups.
-"""
+"""The spectral rule for TT and TTM linear layers: per-core initialisation std
+``sqrt(min(d_in, d_out)) / d_in`` and learning rate ``lr_cores * (D_in / d_in) / K`` from each core's fans
+(Qiu et al., ICML 2024). Details: docs/method.md section 4.5."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Differentiable stand-ins for the model size, used as the size objective's gradient (docs/method.md §4).
-
-The exact size counts ranks (an l0 quantity) and has no gradient. Two relaxations are offered:
-
-- ``"size"`` (default): ``S_hat = sum_layers sum_k c_k ||m_{k-1}||_1 ||m_k||_1 / S_ref`` over the masked
-  gates ``m_k`` (``||m_0|| = ||m_K|| = 1``), times a constant 0/1 factor that is 0 for a layer with a dead
-  bond. With gates at 0 or 1 it equals the exact size divided by ``S_ref``, so each bond is pushed in
-  proportion to the parameters it carries.
-- ``"mean_gate"``: the reference code's form, the mean absolute value of all live gate entries of all layers.
-  Every live entry gets the same gradient, whatever its bond costs.
-"""
+"""Differentiable stand-ins for the model size, the size objective's gradient: ``"size"``, the size-weighted
+l1 of the masked gates, and ``"mean_gate"``, the reference code's mean live gate. Details: docs/method.md
+section 4.2."""
 
 from __future__ import annotations
 

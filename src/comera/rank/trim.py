@@ -1,22 +1,6 @@
-"""Exact trim of the weakest rank-gate entries down to a size budget (docs/training.md, "late stage").
-
-Bond ``k`` of a train writes its tensor as a sum of terms, one per gate entry: ``W = sum_j g_k[j] L_j R_j``,
-with ``L_j`` the cores left of the bond and ``R_j`` those right of it. The score of entry ``j`` is the norm of
-its term relative to the whole, ``|g_k[j]| ||L_j|| ||R_j|| / ||W||`` (:func:`entry_scores`), so layers of
-different scale compare fairly.
-
-:func:`choose_entries` starts from the live entries (``|g| > tau``), removes the lowest-scored ones while
-the exact size (:func:`comera.tt.cores.num_train_parameters` summed over trains) is above the budget, never
-the last entry of a bond, then adds back, highest score first, every entry with a nonzero gate (one just
-removed, or one that fell below ``tau`` on its own) whose addition keeps the size within the budget, and
-finally tries single swaps that bring the size closer to the budget at a negligible loss of score. When
-the model is small (at most ``SEARCH_LIMIT`` combinations of per-bond ranks over the entries with a nonzero
-gate), every combination is tried instead, keeping the top-scored entries of each bond: among the
-structures within the budget whose sum of squared scores is within ``SWAP_TOLERANCE`` of the best one,
-the largest wins, since such models move in coarse size steps.
-:func:`hold_entries` writes a choice into the gates: dropped entries 0, kept entries at least ``floor`` in
-magnitude (so none dies by itself afterwards).
-"""
+"""Exact trim of the weakest rank-gate entries down to a size budget: entries scored by the norm of their term
+(:func:`entry_scores`), chosen by :func:`choose_entries`, written into the gates by :func:`hold_entries`.
+Details: docs/training.md, "Late stage", docs/internals.md, "The exact trim"."""
 
 from __future__ import annotations
 
@@ -45,11 +29,9 @@ SEARCH_LIMIT = 4096
 
 @dataclass(frozen=True)
 class TrimChoice:
-    """The entries to keep: ``keep[t][k]`` is a bool tensor (length ``r_k``) for bond ``k`` of train ``t``.
-
-    ``size`` is the exact size of the kept structure; ``removed`` counts live entries dropped and ``revived``
-    dead entries (``0 < |g| <= tau``) brought back.
-    """
+    """The entries to keep: ``keep[t][k]`` is a bool tensor (length ``r_k``) for bond ``k`` of train ``t``;
+    ``size`` is the kept structure's exact size, ``removed`` the live entries dropped, ``revived`` the dead
+    ones (``0 < |g| <= tau``) brought back."""
 
     keep: list[list[torch.Tensor]]
     size: int
@@ -63,13 +45,9 @@ def _three_way(core: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def entry_scores(train: GatedTrain) -> list[torch.Tensor]:
-    """Relative score of every gate entry of ``train``, per bond (float64 on the CPU, length ``r_k``).
-
-    Bond ``k`` unfolds the train's tensor as ``W = sum_j g_k[j] L_j R_j`` with ``L`` the cores left of the
-    bond and ``R`` those right of it (the other bonds' masked gates folded in). Entry ``j`` scores
-    ``||g_k[j] L_j R_j|| / ||W|| = |g_k[j]| ||L_j|| ||R_j|| / ||W||``, computed from Gram matrices of the
-    halves (``O(sum_k c_k r^3)``, no dense tensor).
-    """
+    """Relative score of every gate entry of ``train``, per bond (float64 on the CPU, length ``r_k``): entry
+    ``j`` of bond ``k`` scores ``|g_k[j]| ||L_j|| ||R_j|| / ||W||`` (``L``, ``R`` the cores left and right of
+    the bond, other gates folded in), from Gram matrices of the halves, ``O(sum_k c_k r^3)``."""
     cores = [_three_way(core) for core in train.core_list()]
     gates = [gate.detach().double().to(cores[0].device) for gate in train.gate_list()]
     masks = [mask.detach().double().to(cores[0].device) for mask in train.masked_gates()]
@@ -187,17 +165,13 @@ def _search_ranks(
 
 @torch.no_grad()
 def choose_entries(trains: Sequence[GatedTrain], budget: float, swaps: int = 32) -> TrimChoice:
-    """The gate entries to keep so that the exact size of ``trains`` is at most ``budget`` (see module doc).
-
-    After the greedy cut and fill, up to ``swaps`` of the weakest kept entries are each tried out: drop it
-    and fill again; the swap is kept when the size gets closer to the budget and the squared scores lost
-    (dropped minus added) are at most ``SWAP_TOLERANCE``, i.e. the swap costs at most 0.1 % of a layer's
-    squared norm. This matters for small models, whose sizes move in coarse steps.
+    """The gate entries to keep so that the exact size of ``trains`` is at most ``budget``: greedy cut and
+    fill, then up to ``swaps`` single swaps, or the exhaustive search for small models (docs/internals.md,
+    "The exact trim").
 
     Args:
         trains: gated layers, each with at least one bond and at least one live entry per bond.
-        budget: the size to stay at or below (> 0). If even one entry per bond exceeds it, that floor is
-            returned (``size > budget``).
+        budget: the size to stay at or below (> 0); if one entry per bond exceeds it, that floor is returned.
         swaps: how many single-entry swaps to try (>= 0).
     """
     if not budget > 0:

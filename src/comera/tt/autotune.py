@@ -1,33 +1,7 @@
-"""Choices measured on the machine at first use and cached per call shape (as cuDNN's benchmark mode does).
-
-Which contraction order a TT/TTM layer runs (:mod:`comera.tt.costs`) and whether a thin batch-sized GEMM
-runs by blocks of rows (:mod:`comera.tt.blocked`) depend on the CPU: its BLAS, its vector units, its
-caches and how the BLAS threads a given shape. The cost model and the blocking rule are estimates made on
-one machine. With autotuning on (the default), the first call of each distinct call shape times the
-alternatives the estimate cannot tell apart, with the call's own operands, and every later call of that
-shape reuses the fastest one; the estimate alone decides when autotuning is off.
-
-What autotuning never does:
-
-- measure while ``torch.compile`` traces or a CUDA graph is captured: the estimate decides there, so a
-  compiled graph is the same in every process and on every machine;
-- measure when ``torch.use_deterministic_algorithms(True)`` is set, or after :func:`set_autotune` ``(False)``
-  or with the environment variable ``COMERA_AUTOTUNE=0``: the estimate decides, so two processes make the
-  same choices and give the same bits;
-- draw random numbers (the global RNG state is untouched) or touch a parameter's ``.grad``;
-- let the runs it times reach the saved-tensor hooks of the call (``torch.utils.checkpoint``, Hugging Face's
-  ``gradient_checkpointing``, offloading): they run under identity hooks, so a checkpointed region saves the
-  same tensors whether its first call measured or not, and its recomputation matches it.
-
-Every alternative computes the same product; they differ in rounding only. A process that measures can
-therefore pick another alternative than a process that does not, or than one on a busier machine, and its
-results then differ in the last bits: use one of the switches above where runs must match bit for bit.
-
-Cache keys are built by the callers from the call shape; batch-sized dimensions enter as
-:func:`size_bucket` (the power-of-two range they fall in), so a run whose batch varies from step to step
-(sequences of varying length) measures once per range, not once per batch. Timing on GPUs synchronises the
-device around each run (written for CUDA, not yet run on a GPU).
-"""
+"""Choices measured on the machine at first use and cached per call shape (as cuDNN's benchmark mode does):
+the contraction order and the thin-GEMM kernel, off under ``set_autotune(False)``, ``COMERA_AUTOTUNE=0``,
+deterministic algorithms, ``torch.compile`` and CUDA-graph capture. Details: docs/internals.md,
+"Autotuning"."""
 
 from __future__ import annotations
 
@@ -187,17 +161,14 @@ def tuned(
 
     Args:
         key: the call shape (hashable); the choice is cached under it.
-        candidates: returns the alternatives worth measuring (``default`` among them or not); called only
-            when ``key`` has no cached choice yet.
+        candidates: returns the alternatives worth measuring; called only when ``key`` has no cached choice.
         default: the estimate's choice, returned whenever nothing is measured.
         run: runs one alternative once on the call's operands (its result is discarded).
         device: where ``run`` computes (synchronised around each timing on GPUs).
 
     Returns:
-        ``default`` while autotuning is off or cannot measure (module docstring); else the choice cached for
-        ``key``, made now if there is none: ``default`` for fewer than two candidates, else the candidate of
-        smallest median time where it beat ``default``'s median in all but the slowest quarter of its timed
-        runs (:func:`_fastest`).
+        ``default`` while autotuning is off or cannot measure; else the choice cached for ``key`` (made now
+        if there is none by :func:`_fastest`), ``default`` for fewer than two candidates.
     """
     if not autotune_enabled():
         return default

@@ -1,32 +1,7 @@
-"""Batch-sized CPU GEMMs of the merge path: one GEMM, equal blocks of batch rows, or oneDNN's kernel.
-
-The merge-first path (:mod:`comera.tt.contract`) multiplies batch-sized operands by thin rank-sized ones.
-Two of its GEMM shapes use a CPU's threads poorly when handed to the BLAS as one product while the
-feature width ``n`` is moderate:
-
-- a wide output from a thin inner dimension, ``(B, r) @ (r, n)`` (the forward's ``[X L, 1] [R; b]`` and
-  the backward's ``dY R^T L^T``);
-- a small output summed over the batch, ``(r, B) @ (B, n)`` (the weight gradients ``T^T dY`` and
-  ``U^T X``).
-
-Cut into one block of rows per intra-op thread and run as a single ``torch.bmm``, each block is one
-thread's single-threaded GEMM. On a 2-thread Intel Xeon (torch 2.13 CPU build, MKL, fp32, rank 30,
-B = 4096) the 768-wide products took 0.54-0.65 ms blocked against 0.66-0.86 ms as one GEMM, and a 768->768
-layer's forward + backward ran 5.86x faster than ``nn.Linear`` against 5.28x for the same layer with one
-GEMM each; with every width blocked, wider layers lost (1024->4096 12.35x vs 13.86x, 4096->1024 10.53x vs
-12.15x) (docs/benchmarks.md, "Row blocks for the thin GEMMs"). Below about 512 rows per block the split cost
-more than it gained, hence :data:`MIN_ROWS_PER_BLOCK`.
-
-These are the BLAS's threading choices on one machine, so whether a GEMM is split is measured on the
-machine: with autotuning on (the default, :mod:`comera.tt.autotune`), the first GEMM of each shape times one
-plain GEMM against one block per thread, and against oneDNN's kernel where it applies (float32 on CPU,
-:mod:`comera.tt.onednn`; the thin products ``X L`` and ``dY R^T`` too, :func:`thin_mm`), and keeps the
-fastest. Without measuring (autotuning off,
-deterministic algorithms, ``torch.compile``), :func:`rule_blocks` decides from the Xeon's measurements:
-GEMMs whose width ``n`` is below :data:`MAX_WIDTH` are split. Only CPU tensors are split, and not while
-``torch.compile`` traces, and oneDNN's kernel is never the estimate. Inside :func:`single_gemms` every
-product is one plain ``torch.mm`` again, inside :func:`mkl_only` oneDNN's kernel is left out (``comera
-bench layers`` times all three).
+"""Batch-sized CPU GEMMs of the merge path (``(B, r) @ (r, n)`` and ``(r, B) @ (B, n)``) run as one GEMM, as
+one ``torch.bmm`` over equal blocks of batch rows (one per thread), or by oneDNN's kernel, as measured per
+call shape (:mod:`comera.tt.autotune`) or, without measuring, by :func:`rule_blocks`. Details:
+docs/internals.md, "Row blocks and oneDNN for the thin GEMMs".
 
 Index legend:
     s      block of batch rows (one per thread)
@@ -59,10 +34,10 @@ __all__ = [
 ]
 
 MIN_ROWS_PER_BLOCK = 512
-"""Fewest batch rows per block worth a batched GEMM (module docstring)."""
+"""Fewest batch rows per block worth a batched GEMM (docs/internals.md, "Row blocks and oneDNN")."""
 
 MAX_WIDTH = 1024
-"""GEMMs whose feature width is this or more run as one GEMM (module docstring)."""
+"""GEMMs whose feature width is this or more run as one GEMM (docs/internals.md, "Row blocks and oneDNN")."""
 
 ONEDNN = "onednn"
 """The :func:`gemm_choice` that runs a product by oneDNN's kernel (:mod:`comera.tt.onednn`)."""
@@ -121,16 +96,9 @@ def gemm_choice(
     run: Callable[[int | str], object],
     split: bool = True,
 ) -> int | str:
-    """How this call's GEMM runs: a number of row blocks (1: one plain ``torch.mm``) or :data:`ONEDNN`.
-
-    Without measuring, :func:`rule_blocks`'s estimate (1 where ``split`` is False). With autotuning on
-    (:mod:`comera.tt.autotune`), the fastest of one GEMM, one block per thread (where ``split`` allows and
-    the batch has the rows) and oneDNN's kernel (where :func:`comera.tt.onednn.onednn_usable` accepts the
-    operands and :func:`mkl_only` is not in force), measured with ``run(choice)`` at the first call of the
-    shape: ``kind`` (``"rows"``: batch rows in ``first``; ``"summed"``: the batch is the summed dimension;
-    ``"thin"``: batch rows, never split), the batch's power-of-two range, the other dimensions, the
-    operands' layouts, the thread count, the dtype and whether oneDNN may run (so a choice measured with
-    it is never replayed inside :func:`mkl_only`)."""
+    """How this call's GEMM runs: a number of row blocks (1: one plain ``torch.mm``) or :data:`ONEDNN`,
+    measured with ``run(choice)`` at the first call of the shape (``kind``: ``"rows"``, ``"summed"`` or
+    ``"thin"``, never split), else :func:`rule_blocks`'s estimate (1 where ``split`` is False)."""
     rows = second.shape[0] if kind == "summed" else first.shape[0]
     inner, width = first.shape[0] if kind == "summed" else first.shape[1], second.shape[1]
     estimate = rule_blocks(rows, width, first.device) if split else 1

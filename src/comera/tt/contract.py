@@ -1,23 +1,7 @@
-"""Custom autograd functions for the batch-sized part of the merge-first contraction path.
-
-TT (docs/method.md §5): with ``L = merge(G_1..G_d)`` of shape ``(m, r)`` and ``R = merge(G_{d+1}..G_K)`` of
-shape ``(r, n)``, a TT layer computes ``Y = (X L) R + b`` with two GEMMs. The bias rides inside the second
-GEMM: ``T_aug = [X L, 1]`` (B x (r+1)) times ``R_aug = [R; b]`` ((r+1) x n), so no output-sized bias pass
-is made, and in the backward ``T_aug^T dY`` yields ``dR`` and ``db`` in one pass over ``dY``. Backward:
-``U = dY R^T``, ``dX = U L^T``, ``dR_aug = T_aug^T dY``, ``dL = (U^T X)^T``: four batch-sized GEMMs
-(``dL`` is computed transposed: the wide-output layout runs about 25% faster than ``X^T U`` on CPU). Saved per
-call: ``X`` (as any linear layer) and the small ``T_aug``. :func:`tt_merge_linear` takes the cores and does
-the merges itself, forward and again backward, so neither ``L``, ``R`` nor the partial merges are held in
-between. On CPU, ``T_aug R_aug``, ``U L^T``, ``T_aug^T dY`` and ``U^T X`` run by blocks of batch rows, one
-per thread (:mod:`comera.tt.blocked`).
-
-TTM: with ``A = merge(F_1..F_p)`` of shape ``(M_L, N_L, r)`` and ``C = merge(F_{p+1}..F_d)`` of shape
-``(r, M_R, N_R)``, ``Y[b, jl, jr] = sum_{il, ir, a} X[b, il, ir] A[il, jl, a] C[a, ir, jr] + bias``:
-first ``T = X(B*M_L, M_R) @ C'(M_R, r*N_R)``, then the batched ``Y[b] = A'(N_L, M_L*r) @ T[b](M_L*r, N_R)``.
-
-Autocast: the forward runs under whatever autocast state is active (its GEMMs take the autocast dtype, e.g.
-bf16, while cores stay fp32 masters), and the backward re-enters that same state, as
-``torch.amp.custom_bwd`` does, so its GEMMs see matching dtypes; gradients reach fp32 parameters as fp32.
+"""Custom autograd functions for the batch-sized GEMMs of the merge-first path: TT ``Y = (X L) R + b`` with
+``X`` ``(B, m)``, ``L`` ``(m, r)``, ``R`` ``(r, n)``, and TTM ``Y`` from ``A`` ``(M_L, N_L, r)`` and ``C``
+``(r, M_R, N_R)``; the backward re-enters the forward's autocast state. Details: docs/method.md section 5,
+docs/internals.md, "The merge-first autograd functions".
 
 Index legend:
     b      batch (all leading dims of the input flattened)
@@ -282,16 +266,9 @@ def tt_merge_linear(
     workspace: Workspace | None = None,
     gates: Sequence[torch.Tensor] = (),
 ) -> torch.Tensor:
-    """``x @ W + bias`` for a TT-folded weight by the merge-first path, holding no merged factor for backward.
-
-    Forward folds the ``gates`` into the cores, merges ``L`` (input cores) and ``R`` (output cores) and runs
-    the two batch-sized GEMMs of :func:`low_rank_linear`. Only ``x``, the small ``(B, r+1)`` product, the
-    cores and the gates are kept for the backward, which folds and merges again (batch-independent work, a
-    few small GEMMs), runs the batch-sized backward GEMMs and then the hand-written backward of the merges
-    (:func:`comera.tt.merge.merge_tt_left_backward`) and of the gate folding. Against gating and merging
-    outside with autograd, this holds neither the gated cores, the factors nor the partial merges between
-    forward and backward (in a six-layer BERT encoder at batch 1 and 128 tokens, over 10 MiB of its training
-    memory) for one extra fold and merge per step.
+    """``x @ W + bias`` for a TT-folded weight by the merge-first path, holding no merged factor for backward:
+    only ``x``, the small ``(B, r+1)`` product, the cores and the gates are saved, and the backward folds and
+    merges again (docs/method.md section 5).
 
     Args:
         x: ``(B, in_features)``, ``in_features <= n_1 * ... * n_d`` (missing input entries are zero).

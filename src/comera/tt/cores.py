@@ -45,11 +45,8 @@ def ttm_core_shapes(
 
 
 def core_std(target_std: float, ranks: Sequence[int]) -> list[float]:
-    """Per-core Gaussian std so that every reconstructed entry has standard deviation ``target_std``.
-
-    With K cores, core k drawn from N(0, s^(2/K) / r_k) (r_k its right rank, r_K = 1) gives
-    E[W_ij^2] = s^2: the product of K such factors summed over prod(r_k) paths.
-    """
+    """Per-core Gaussian std so that every reconstructed entry has standard deviation ``target_std``: core k
+    of K is drawn from N(0, s^(2/K) / r_k) (r_k its right rank, r_K = 1), which gives E[W_ij^2] = s^2."""
     right = (*ranks, 1)
     order = len(right)
     return [target_std ** (1.0 / order) / math.sqrt(r) for r in right]
@@ -92,10 +89,8 @@ def tt_full(cores: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def ttm_full(cores: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Contract TTM cores ``(r_{k-1}, m_k, n_k, r_k)`` into the matrix ``(prod m_k, prod n_k)``.
-
-    Rows unravel row-major over ``(m_1..m_d)``, columns over ``(n_1..n_d)``.
-    """
+    """Contract TTM cores ``(r_{k-1}, m_k, n_k, r_k)`` into the matrix ``(prod m_k, prod n_k)``, rows
+    row-major over ``(m_1..m_d)``, columns over ``(n_1..n_d)``."""
     result = cores[0].reshape(cores[0].shape[1], cores[0].shape[2], cores[0].shape[3])
     for core in cores[1:]:
         result = torch.einsum("pqa,aijc->piqjc", result, core)

@@ -1,19 +1,7 @@
-"""The cost model that picks a contraction order for TT x activation and TTM x activation.
-
-The orders (:data:`ORDERS`, computed by :mod:`comera.tt.paths`) compute the same ``y = x W + b``:
-``"merge"`` (merge each core group once, then the batch-sized GEMMs), ``"sequential"`` (one core at a time)
-and ``"dense"`` (rebuild ``W``, one GEMM). For each order the model lists the matrix products it runs
-(:class:`Gemm`: forward, and with ``backward`` the two products of each one's backward as well as any
-recomputation) and estimates the wall time of the list from multiply-accumulates, memory traffic (every
-operand read and the result written) and a per-kernel launch overhead. Copies made by reshapes and the bias
-are not modelled: they are at most an activation-sized pass per product and are about the same for every
-order. Its inputs are Python ints (shapes and ranks), so choosing an order never syncs with the device and is
-a trace-time constant under ``torch.compile``; choices are memoised per distinct call shape.
-
-The lists assume the layer's input and cores both need gradients and ``in_features``/``out_features`` equal
-the products of the modes; ``tests/tt/test_cost_model_counts.py`` checks each list against the products the
-code really dispatches.
-"""
+"""The cost model that picks a contraction order (:data:`ORDERS`: ``"merge"``, ``"sequential"``, ``"dense"``)
+for TT and TTM x activation from each order's list of matrix products (MACs, memory traffic, launches), on
+Python ints only, memoised per call shape. Details: docs/method.md section 5, docs/internals.md, "The cost
+model's assumptions"."""
 
 from __future__ import annotations
 
@@ -140,14 +128,8 @@ def _with_backward(gemms: list[Gemm], backward: bool) -> list[Gemm]:
 
 
 def _einsum_copies(step_inputs: Sequence[int], backward: bool) -> list[Copy]:
-    """Copies made by a chain of einsum steps (the sequential orders), given each step's input size.
-
-    With two or more steps, each step's einsum copies its input into the layout of its batched GEMM (the
-    input of one step is the permuted output of the one before). Their backward copies each of those again,
-    plus the gradient of every middle step's input once more. ``tests/tt/test_cost_model_counts.py`` checks
-    this against the copies that run: exact for TT trains and TTM trains of up to three cores; from four TTM
-    cores on, einsum's own layout choices add a copy or two that this rule does not list.
-    """
+    """Copies made by a chain of einsum steps (the sequential orders), given each step's input size; the rule
+    is in docs/internals.md, "The cost model's assumptions"."""
     if len(step_inputs) < 2:
         return []
     copies = [Copy(size) for size in step_inputs]
@@ -173,12 +155,8 @@ def _tt_right_merges(modes: Sequence[int], full: Sequence[int]) -> list[Gemm]:
 def tt_order_kernels(
     batch: int, in_modes: Sequence[int], out_modes: Sequence[int], ranks: Sequence[int], backward: bool
 ) -> dict[str, list[Kernel]]:
-    """The matrix products (and the sequential order's copies) each order runs for a TT layer; ``ranks`` are
-    the inner bond ranks.
-
-    ``"merge"`` with ``backward`` merges again in the backward (:func:`comera.tt.contract.tt_merge_linear`
-    keeps no merged factor), so its merges appear twice, each with its backward.
-    """
+    """The matrix products (and the sequential order's copies) each order runs for a TT layer, ``ranks`` the
+    inner bond ranks; ``"merge"`` with ``backward`` lists its merges twice (they are recomputed backward)."""
     full = _full_ranks(ranks)
     d = len(in_modes)
     m, n, rank = math.prod(in_modes), math.prod(out_modes), full[d]
@@ -247,10 +225,8 @@ def ttm_rebuild_split(
     ranks: Sequence[int],
     model: CostModel = DEFAULT_COST_MODEL,
 ) -> int:
-    """The bond (``1..d``, ``d``: one chain) at which rebuilding a TTM matrix is cheapest under ``model``.
-
-    The batch does not enter: the products after the rebuild are the same for every split.
-    """
+    """The bond (``1..d``, ``d``: one chain) at which rebuilding a TTM matrix is cheapest under ``model``
+    (independent of the batch)."""
     full = _full_ranks(ranks)
     costs = {
         split: model.kernels_time(_ttm_rebuild_merges(row_modes, col_modes, full, split))

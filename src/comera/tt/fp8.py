@@ -1,31 +1,7 @@
-"""FP8 batch-sized GEMMs for the merge-first low-rank product (docs/method.md section 7).
-
-:func:`fp8_low_rank_linear` computes the same ``Y = (X L) R + b`` as
-:func:`comera.tt.contract.low_rank_linear`, with ``X`` (B, m), ``L`` (m, r), ``R`` (r, n), but its six
-batch-sized GEMMs run through ``torch._scaled_mm`` on 8-bit floats:
-
-- forward ``T = X L`` and ``Y = T R``: operands ``X``, ``L``, ``T``, ``R`` in E4M3 (``torch.float8_e4m3fn``:
-  3 mantissa bits, largest value 448);
-- backward ``U = dY R^T``, ``dX = U L^T``, ``dR = T^T dY``, ``dL = (U^T X)^T``: the gradients ``dY`` and ``U``
-  in E5M2 (``torch.float8_e5m2``: 2 mantissa bits, largest value 57344), the saved operands in E4M3.
-
-Every operand gets one per-tensor scale, ``scale = amax / fp8_max`` (a 0-dim fp32 tensor computed on the
-operand's device: no host sync), so its largest entry maps onto the format's largest value and
-``tensor ~= fp8 * scale``. An all-zero operand gets the smallest normal fp32 scale instead of 0, so it
-quantises to zeros and never to NaN. A NaN or Inf anywhere in an operand makes the result non-finite (the
-scale becomes Inf or NaN), so the trainer's non-finite guard still sees it. GEMMs accumulate and return in
-fp32 (``Y`` and ``dX`` in the input's dtype, ``dL``/``dR`` in the parameters' dtype); the master ``L``, ``R``
-and the bias stay in their own precision, and the bias is added (and its gradient summed) outside the GEMMs
-at full precision. Backward saves the FP8 copies of ``X``, ``T``, ``L``, ``R`` (one byte per entry) and their
-scales; nothing is recomputed.
-
-Operand rules of ``torch._scaled_mm``, which this module follows on every device: the first operand is
-row-major and the second column-major (the CPU kernel accepts any layout in eager mode, but CUDA and
-``torch.compile`` require this one), and the pair E5M2 x E5M2 is never formed (CUDA does not support it).
-CUDA also needs every matrix dimension to be a multiple of 16: with ``alignment=16`` (the default on CUDA,
-1 elsewhere) ``B``, ``m``, ``r`` and ``n`` are zero-padded up to multiples of 16 after quantisation (zeros
-change neither the scales nor the products) and the results are sliced back.
-"""
+"""FP8 batch-sized GEMMs for the merge-first low-rank product: :func:`fp8_low_rank_linear` computes
+``Y = (X L) R + b`` (``X`` ``(B, m)``, ``L`` ``(m, r)``, ``R`` ``(r, n)``) through ``torch._scaled_mm``, E4M3
+forward, E5M2 gradients, one per-tensor scale per operand. Details: docs/method.md section 7.2,
+docs/internals.md, "FP8 GEMMs"."""
 
 from __future__ import annotations
 
@@ -87,11 +63,8 @@ def _column_major(matrix: torch.Tensor) -> torch.Tensor:
 def scaled_matmul(
     a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, out_dtype: torch.dtype
 ) -> torch.Tensor:
-    """``(a * a_scale) @ (b * b_scale)`` with FP8 ``a`` (M, K) and ``b`` (K, N), returned as ``out_dtype``.
-
-    ``a`` is made row-major and ``b`` column-major when they are not (a copy), as ``torch._scaled_mm``
-    requires on CUDA. Scales are 0-dim fp32 tensors.
-    """
+    """``(a * a_scale) @ (b * b_scale)`` with FP8 ``a`` (M, K) and ``b`` (K, N) and 0-dim fp32 scales,
+    returned as ``out_dtype``; ``a`` is made row-major and ``b`` column-major where needed (a copy)."""
     return torch._scaled_mm(
         _row_major(a), _column_major(b), scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype
     )
@@ -111,7 +84,7 @@ def _pad(matrix: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 
 
 class _FP8LowRankLinear(torch.autograd.Function):
-    """``Y = (X @ L) @ R + bias`` with the six batch-sized GEMMs in FP8; see the module docstring."""
+    """``Y = (X @ L) @ R + bias`` with the six batch-sized GEMMs in FP8 (docs/internals.md, "FP8 GEMMs")."""
 
     @staticmethod
     def forward(ctx, x, left, right, bias, alignment):

@@ -1,22 +1,6 @@
-"""Rows of a TTM matrix computed from its cores for a batch of row indices (docs/method.md section 6).
-
-A TTM matrix with cores ``F_k`` of shape ``(r_{k-1}, m_k, n_k, r_k)`` has ``prod m_k`` rows; row ``i``
-unravels row-major into digits ``(i_1, ..., i_d)`` and equals ``F_1[:, i_1] F_2[:, i_2] ... F_d[:, i_d]``
-with the column modes flattened row-major. Two paths compute a batch of rows:
-
-- ``"naive"`` (:func:`ttm_lookup_naive`): per index, multiply the selected core slices left to right. The
-  reference path: every index, and every shared prefix, is recomputed; autograd keeps every slice.
-- ``"optimized"`` (:func:`ttm_lookup_split`): split the train at a bond ``p`` chosen by cost
-  (:func:`best_lookup_split`, any number of cores), merge each half once per call into
-  ``A (M_L, N_L, r_p)`` and ``C (r_p, M_R, N_R)``, and finish every row ``i = i_L * M_R + i_R`` with one
-  batched GEMM ``A[i_L] @ C[:, i_R]``. The gathered slices are never stored: the backward gathers them
-  again, chunk by chunk, and scatters the slice gradients into gradients of ``A`` and ``C``, so neither
-  pass materialises the table or keeps per-row intermediates.
-
-Row-level deduplication (:func:`ttm_lookup` with ``dedup=True``) computes each distinct index once. It needs
-``torch.unique`` (a data-dependent shape and a host sync), so it cannot run inside a captured graph or under
-``torch.compile``; :func:`in_graph_capture` tells when that is the case.
-"""
+"""Rows of a TTM matrix computed from its cores (``(r_{k-1}, m_k, n_k, r_k)``) for a batch of row indices: the
+naive path (one slice chain per index), the split path (two merged halves, one batched GEMM) and row-level
+deduplication. Details: docs/method.md section 6, docs/internals.md, "The lookup's gradients"."""
 
 from __future__ import annotations
 
@@ -102,14 +86,9 @@ def _chunks(batch: int, size: int) -> list[tuple[int, int]]:
 
 
 class _DenseChunks:
-    """Chunks of rows of an upstream gradient, each contiguous as the batched GEMMs need it.
-
-    A contiguous gradient's chunks are views of it. Any other layout (a transposed or column-major gradient,
-    an expanded one such as ``out.sum()`` sends) is copied chunk by chunk into the workspace buffer
-    ``"grad_out"`` of ``size`` rows (one chunk), which stays in cache, instead of handing ``torch.bmm`` a
-    layout it multiplies matrix by matrix. A gradient expanded along the batch (stride 0: every row the
-    same) is copied once, on the first chunk, and that copy serves every chunk.
-    """
+    """Chunks of rows of an upstream gradient, each contiguous for the batched GEMMs: views of a contiguous
+    gradient, else copies into the workspace buffer ``"grad_out"`` of ``size`` rows (an expanded gradient is
+    copied once and serves every chunk)."""
 
     def __init__(self, grad: torch.Tensor, size: int, workspace: Workspace | None) -> None:
         self.grad = grad
@@ -135,10 +114,8 @@ class _DenseChunks:
 class _GatherProduct(torch.autograd.Function):
     """``out[b] = left[left_idx[b]] @ right_rows[right_idx[b]]`` without keeping the gathered slices.
 
-    ``left`` is ``(M_L, N_L, r)``, ``right_rows`` is ``(M_R, r, N_R)``; ``out`` is ``(B, N_L, N_R)``. The
-    gathered slices of at most one chunk of rows exist at a time, in scratch buffers: the module's
-    :class:`~comera.tt.workspace.Workspace` when one is given (reused across calls), else buffers allocated
-    once per call. Small chunks keep the gathered slices in cache.
+    Shapes: ``left`` ``(M_L, N_L, r)``, ``right_rows`` ``(M_R, r, N_R)``, ``out`` ``(B, N_L, N_R)``; at most
+    one chunk of gathered slices exists at a time, in scratch buffers.
     """
 
     @staticmethod
@@ -200,10 +177,8 @@ class _GatherProduct(torch.autograd.Function):
 class _RowsAt(torch.autograd.Function):
     """``rows[position]`` (``functional.embedding``) whose backward never copies an expanded gradient.
 
-    ``rows`` is ``(R, D)``, ``position`` 1-D; the output is ``(len(position), D)``. A gradient expanded
-    along its rows (stride 0, as ``out.sum()`` sends) gives row ``r`` the gradient ``count(r) * g`` from its
-    one distinct row ``g``; a contiguous one goes to the embedding's own backward, and any other layout
-    (column-major, sequence-first) is summed block of rows by block of rows (:func:`_summed_by_blocks`).
+    Shapes: ``rows`` ``(R, D)``, ``position`` 1-D, output ``(len(position), D)``; an expanded gradient
+    gives row ``r`` ``count(r) * g``, a strided one is summed by :func:`_summed_by_blocks`.
     """
 
     @staticmethod
@@ -231,13 +206,8 @@ whatever the size."""
 
 
 def _summed_by_blocks(grad: torch.Tensor, position: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """Row sums of a strided ``grad``: ``out[r]`` sums ``grad[b]`` over ``position[b] == r``.
-
-    The gradient is read :data:`SUM_ROWS` rows at a time into one contiguous block, which stays in cache, and
-    each block is added into its rows (``index_add_``, in the order of the batch). No contiguous copy of the
-    whole gradient is made: one would stride through all of it for every output row and hold ``N x D``
-    more memory (40,000 x 768 ids on the EPYC: 23 ms against 26 ms for a copy by blocks of 1,024 rows and
-    the embedding's backward, and 123 MB less; 11.7 ms for a contiguous gradient).
+    """Row sums of a strided ``grad``: ``out[r]`` sums ``grad[b]`` over ``position[b] == r``, read
+    :data:`SUM_ROWS` rows at a time (docs/internals.md, "The lookup's gradients").
 
     Shapes: ``grad`` ``(N, D)``, ``position`` ``(N,)`` in ``[0, num_rows)``; returns ``(num_rows, D)``.
     """
@@ -324,11 +294,8 @@ def lookup_split_cost(
     backward: bool = True,
     model: CostModel = DEFAULT_COST_MODEL,
 ) -> float:
-    """Estimated microseconds of :func:`ttm_lookup_split` for ``batch`` rows at ``split``.
-
-    Counts the two merges, the gathers and the batched GEMM (and, with ``backward``, the second gather,
-    the two slice-gradient GEMMs, the scatter-adds and the merges' backward).
-    """
+    """Estimated microseconds of :func:`ttm_lookup_split` for ``batch`` rows at ``split``: the two merges, the
+    gathers and the batched GEMM (with ``backward``, also their backward passes)."""
     shapes = [tuple(shape) for shape in core_shapes]
     left_shapes = shapes[:split]
     right_shapes = [(c, m, n, a) for a, m, n, c in reversed(shapes[split:])]
@@ -368,14 +335,8 @@ def best_lookup_split(
 def dedup_threshold(
     core_shapes: Sequence[tuple[int, int, int, int]], split: int, model: CostModel = DEFAULT_COST_MODEL
 ) -> float:
-    """Fraction of repeated indices above which computing each distinct row once pays off.
-
-    Each repeat saves the work of one row (:func:`lookup_split_cost` per row); deduplication adds, for every
-    index, a copy of its row out of the distinct rows and, backward, an accumulation of its gradient into a
-    zeroed table of distinct rows: counted as three rows of traffic. (Calibrated on the paper's 30522 x 768
-    table, rank 32, 2 threads: at 15 % repeats deduplication was 9 % slower than the plain split path, at
-    26 % it was 1.4x faster; this count puts the threshold at 21 %.)
-    """
+    """Fraction of repeated indices above which computing each distinct row once pays off: each repeat saves
+    one row's work, deduplication costs three rows of traffic per index (docs/method.md section 6)."""
     shapes = [tuple(shape) for shape in core_shapes]
     cols = math.prod([shape[2] for shape in shapes])
     if len(shapes) == 1:
@@ -449,9 +410,7 @@ def ttm_lookup(
     dedup: bool | None = None,
     split: int | None = None,
 ) -> torch.Tensor:
-    """Rows ``indices`` of the TTM matrix given by ``cores``; differentiable with respect to the cores.
-
-    Arguments as :func:`ttm_lookup_rows`. Returns ``(len(indices), prod n_k)``.
-    """
+    """Rows ``indices`` of the TTM matrix given by ``cores`` (arguments as :func:`ttm_lookup_rows`),
+    ``(len(indices), prod n_k)``, differentiable with respect to the cores."""
     rows, position = ttm_lookup_rows(cores, indices, path, dedup, split)
     return rows if position is None else rows_at(rows, position)

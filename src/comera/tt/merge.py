@@ -1,11 +1,7 @@
-"""Batch-independent merges of consecutive cores into the two factors used by the merge-first path.
-
-Every merge walks from the outer end of a core group toward the middle bond, so the running product stays
-as small as possible (outer modes are the small ones, see :func:`comera.tt.shapes.auto_modes`). The merges
-are plain differentiable torch ops. The TT merges also come in a form that returns every partial product
-(``*_steps``) with a matching hand-written backward (``*_backward``): the merge-first TT path
-(:func:`comera.tt.contract.tt_merge_linear`) recomputes its merges in the backward pass from those, so no
-merged factor or partial product is held between forward and backward.
+"""Batch-independent merges of consecutive cores into the two factors of the merge-first path, each walking
+from the outer (small) end of a core group toward the middle bond; the TT merges also return every partial
+product (``*_steps``) with a hand-written backward (``*_backward``), so
+:func:`comera.tt.contract.tt_merge_linear` can recompute them backward. Details: docs/method.md section 5.
 
 Index legend:
     a, c   ranks left / right of the core being absorbed
@@ -53,10 +49,8 @@ def merge_tt_left_steps(cores: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def merge_tt_left(cores: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Merge TT cores ``(r_{k-1}, n_k, r_k)``, k = 1..d, into ``L`` of shape ``(n_1 * ... * n_d, r_d)``.
-
-    Rows of ``L`` unravel row-major over ``(n_1, ..., n_d)``; requires ``r_0 == 1``.
-    """
+    """Merge TT cores ``(r_{k-1}, n_k, r_k)``, k = 1..d, into ``L`` of shape ``(n_1 * ... * n_d, r_d)``, rows
+    row-major over ``(n_1, ..., n_d)``; requires ``r_0 == 1``."""
     return merge_tt_left_steps(cores)[-1]
 
 
@@ -89,10 +83,8 @@ def merge_tt_right_steps(cores: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def merge_tt_right(cores: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Merge TT cores k = d+1..K into ``R`` of shape ``(r_d, n_{d+1} * ... * n_K)``; requires ``r_K == 1``.
-
-    Columns of ``R`` unravel row-major over ``(n_{d+1}, ..., n_K)``.
-    """
+    """Merge TT cores k = d+1..K into ``R`` of shape ``(r_d, n_{d+1} * ... * n_K)``, columns row-major over
+    ``(n_{d+1}, ..., n_K)``; requires ``r_K == 1``."""
     return merge_tt_right_steps(cores)[-1]
 
 
@@ -113,10 +105,8 @@ def merge_tt_right_backward(
 
 
 def merge_ttm_left(cores: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Merge TTM cores ``(r_{k-1}, m_k, n_k, r_k)``, k = 1..p, into ``A`` of shape ``(M_L, N_L, r_p)``.
-
-    ``M_L = m_1 * ... * m_p`` and ``N_L = n_1 * ... * n_p``, both unravelled row-major; requires ``r_0 == 1``.
-    """
+    """Merge TTM cores ``(r_{k-1}, m_k, n_k, r_k)``, k = 1..p, into ``A`` of shape ``(M_L, N_L, r_p)``
+    (``M_L = m_1 * ... * m_p``, ``N_L = n_1 * ... * n_p``, row-major); requires ``r_0 == 1``."""
     merged = cores[0].reshape(cores[0].shape[1:])
     for core in cores[1:]:
         merged = torch.einsum("pqa,aijc->piqjc", merged, core)

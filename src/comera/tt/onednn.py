@@ -1,20 +1,7 @@
-"""oneDNN's matrix product as a second GEMM kernel for the thin batch-sized CPU products.
-
-PyTorch's ``torch.mm`` on an x86 CPU runs the BLAS it was built with (MKL in the official wheels). MKL picks
-its code path by CPU vendor; oneDNN, also part of every official x86 wheel, picks its kernels by the
-instruction set. On an AMD EPYC (2 logical CPUs, AVX-512, torch 2.13 CPU build, fp32) the products of a
-rank-30 TT layer at 768 features ran about twice as fast through oneDNN as through MKL where the output is
-thin (``X L`` and ``dY R^T``, ``(4096, 768) @ (768, 30)``: 1.1 ms against 2.2-2.6 ms) and 1.2-1.4x as fast for
-the batch-summed weight gradients (docs/benchmarks.md, "Linear layers", column "TT merge, no oneDNN"). Which
-kernel wins depends on the CPU and the shape, so it is never assumed: :mod:`comera.tt.blocked` measures it per
-call shape with :mod:`comera.tt.autotune`, and without measuring (autotuning off, deterministic algorithms,
-``torch.compile``) ``torch.mm`` runs as before.
-
-The kernel is reached through ``torch.ops.mkldnn._linear_pointwise`` (the op ``torch.compile``'s CPU backend
-emits for a linear layer), which computes ``X W^T + b`` with a weight ``W`` of shape ``(out, in)`` and reads
-transposed views without copying them. It is an internal op of PyTorch: :func:`onednn_usable` checks once
-per process that it exists and computes a small product correctly, and says no for anything but plain
-float32 CPU tensors. Not used on GPUs (cuBLAS is not in question there).
+"""oneDNN's matrix product (``torch.ops.mkldnn._linear_pointwise``) as a second GEMM kernel for the thin
+batch-sized float32 CPU products, checked once per process (:func:`onednn_usable`) and chosen only where
+:mod:`comera.tt.blocked` measured it faster. Details: docs/internals.md, "Row blocks and oneDNN for the thin
+GEMMs".
 
 Index legend:
     b      rows of the first operand (the batch, or the rank of a batch-summed product)

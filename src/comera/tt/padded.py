@@ -1,13 +1,5 @@
-"""A linear map by the first rows of a rebuilt weight, with no copy of the weight or the output.
-
-A TTM weight rebuilt as ``W^T`` (:func:`comera.tt.merge.merge_ttm_matrix` of the transposed cores) has
-``prod n_k`` rows, more than the ``out_features`` the layer keeps (a vocabulary of 50265 folded as
-9 x 14 x 19 x 21 = 50274). Slicing the rows with autograd costs a weight-sized zero fill and copy in
-backward; slicing the output instead costs output-sized ones, and a tied head that pins one output to its
-bias alone (the padding token's row of the table is zero in the dense model) added two more output-sized
-copies. :func:`padded_rows_linear` does neither: forward is one GEMM on the kept rows (a contiguous view),
-backward writes the weight gradient straight into the kept rows of a padded buffer.
-"""
+"""A linear map by the first rows of a rebuilt weight (``(rows, in)``, ``rows >= out_features``), with no copy
+of the weight or the output. Details: docs/internals.md, "Padded rows"."""
 
 from __future__ import annotations
 

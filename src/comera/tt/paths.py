@@ -1,16 +1,7 @@
-"""Contraction orders for TT x activation and TTM x activation: the code that runs the chosen order.
-
-Three orders compute the same ``y = x W + b`` (``W`` is ``in x out``, folded row-major, input modes first):
-
-- ``"merge"``: merge-first (docs/method.md section 5). Batch-independent merges of each core group, then the
-  batch-sized GEMMs of :mod:`comera.tt.contract`. Best once the batch is larger than the ranks.
-- ``"sequential"``: contract the activation with one core at a time (plain autograd). Avoids the merges,
-  which can win for a handful of rows.
-- ``"dense"``: rebuild ``W`` and do one GEMM. Wins only when the ranks are close to full.
-
-Which order a call uses is decided by the cost model in :mod:`comera.tt.costs`, or measured
-(:mod:`comera.tt.autotune`). For TT layers autotuning also measures :data:`FACTORS`, the ``"merge"`` order
-run by plain autograd ops.
+"""Contraction orders for TT x activation and TTM x activation: the code that runs the order
+:mod:`comera.tt.costs` chose or :mod:`comera.tt.autotune` measured (``"merge"``, ``"sequential"``,
+``"dense"``, and for TT :data:`FACTORS`, the merge order by plain autograd), all computing ``y = x W + b``
+with ``W`` ``in x out``. Details: docs/method.md section 5.
 
 Index legend (einsum strings):
     b      batch rows

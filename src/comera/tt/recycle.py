@@ -1,24 +1,6 @@
-"""Large CPU outputs of the TT paths, recycled once their callers drop them.
-
-A fresh large tensor on a CPU is faulted in page by page: glibc hands big freed blocks back to the kernel
-(it trims the top of its heap once more than twice the largest block it has seen is free), so the next
-allocation of the same size starts from untouched pages. On the 2-CPU virtual machines this project is
-measured on that costs about 1 us per 4 KiB page, 3.4 ms for one ``(4096, 768)`` fp32 output, more than
-half of what a rank-30 TT layer computes for it. :func:`comera.cpu.reuse_freed_memory` stops the trimming
-for the whole process; this pool needs no process-wide setting.
-
-The pool keeps the storage of the outputs it handed out (forward outputs and input gradients of
-:func:`comera.tt.contract.tt_merge_linear` and :func:`comera.tt.contract.low_rank_linear`), each in its own
-anonymous memory map so that a held buffer never splits glibc's heap, and hands one out again only when
-its storage use count and its Python storage object's reference count say that nothing else refers to it:
-no tensor, view, saved tensor, ``.grad``, exported array or storage object. Such a storage is exactly one
-that would otherwise have been freed. Pooled outputs cannot be resized in place (``resize_`` to another
-size raises, as for any tensor over external memory).
-Only outputs of at least ``min_bytes`` are pooled (smaller blocks stay in glibc's bins and are not
-trimmed), and the pool holds at most ``max_bytes`` in all, whether its buffers are in use or free, so it
-adds at most that much to a process's memory. Defaults: 4 MiB and 64 MiB (:func:`configure_output_pool`;
-``max_bytes=0`` turns the pool off). CPU only, outside ``torch.compile`` tracing and CUDA-graph capture.
-"""
+"""Large CPU outputs of the TT paths (at least 4 MiB, 64 MiB held at most), recycled once their callers drop
+them, which saves the page faults of fresh memory without a process-wide allocator setting. Details:
+docs/internals.md, "Fresh memory on a CPU"."""
 
 from __future__ import annotations
 
@@ -59,7 +41,8 @@ def _unreferenced(held: torch.Tensor) -> bool:
 
 
 class OutputPool:
-    """Output buffers handed out and taken back once unreferenced (module docstring).
+    """Output buffers handed out and taken back once unreferenced (docs/internals.md, "Fresh memory on a
+    CPU").
 
     Args:
         min_bytes: outputs smaller than this are plain fresh tensors; ``>= 0``.

@@ -1,11 +1,6 @@
-"""Mode-size factorisation, padding suggestions and rank bounds for tensor-train layouts.
-
-A dimension ``n`` of a layer (``in_features``, ``out_features``, a number of embedding rows, ...) is folded
-into ``num_modes`` modes ``(n_1, ..., n_K)`` with ``prod(n_k) == n``. Balanced modes keep cores small; sizes
-with a large prime factor (97, 30522 = 2 * 3 * 5087) fold badly, and :func:`suggest_padding` proposes the
-smallest larger size that folds well. Layers pad internally to that size and slice the result, so padded rows
-and columns never reach the caller.
-"""
+"""Mode-size factorisation, padding suggestions and rank bounds for tensor-train layouts: a dimension ``n`` is
+folded into ``num_modes`` modes with ``prod(n_k) == n``, or padded (:func:`suggest_padding`) when it folds
+badly, the layers slicing the padding off. Details: docs/method.md section 2."""
 
 from __future__ import annotations
 
@@ -57,17 +52,15 @@ def _best_factorization(n: int, num_modes: int, smallest: int) -> tuple[int, ...
 
 
 def factorize(n: int, num_modes: int) -> tuple[int, ...]:
-    """Balanced factorisation of ``n`` into ``num_modes`` factors, sorted ascending.
-
-    The result minimises the largest factor (then maximises the smallest), so cores stay small; it is
-    deterministic. Factors of 1 appear only when ``n`` has fewer than ``num_modes`` prime factors.
+    """Balanced factorisation of ``n`` into ``num_modes`` factors, sorted ascending, minimising the largest
+    factor (then maximising the smallest); factors of 1 only when ``n`` has too few prime factors.
 
     Args:
         n: the size to fold, ``n >= 1``.
         num_modes: number of modes, ``num_modes >= 1``.
 
     Returns:
-        ``num_modes`` ascending ints whose product is ``n``, e.g. ``factorize(768, 3) == (8, 8, 12)``.
+        ``num_modes`` ascending ints whose product is ``n``.
 
     Examples:
         >>> import comera
@@ -88,10 +81,8 @@ def _balanced_limit(n: int, num_modes: int) -> int:
 
 
 def suggest_padding(n: int, num_modes: int, max_factor: int | None = None) -> int:
-    """Smallest ``n' >= n`` whose balanced factorisation into ``num_modes`` has factors <= ``max_factor``.
-
-    ``max_factor`` defaults to ``ceil(1.5 * n ** (1 / num_modes))``. Returns ``n`` itself when it already
-    folds well; e.g. ``suggest_padding(97, 2) == 98`` (7 x 14) and ``suggest_padding(768, 3) == 768``.
+    """Smallest ``n' >= n`` whose balanced factorisation into ``num_modes`` has factors <= ``max_factor``
+    (default ``ceil(1.5 * n ** (1 / num_modes))``); ``n`` itself when it already folds well.
 
     Examples:
         >>> import comera
@@ -139,10 +130,8 @@ def auto_modes(n: int, num_modes: int | None = None, descending: bool = False) -
 def check_modes(
     modes: Sequence[int], features: int, name: str, allow_padding: bool = False
 ) -> tuple[int, ...]:
-    """Validate user-given modes against a dimension; returns them as a tuple of ints.
-
-    The product must equal ``features`` (or, with ``allow_padding``, be at least ``features``).
-    """
+    """Validate user-given modes against a dimension (product equal to ``features``, or at least it with
+    ``allow_padding``); returns them as a tuple of ints."""
     if isinstance(modes, int) or not isinstance(modes, Sequence) or len(modes) == 0:
         raise ValueError(f"{name} must be a non-empty sequence of positive ints, got {modes!r}")
     modes = tuple(modes)
@@ -162,11 +151,9 @@ def check_modes(
 
 
 def max_ranks(bond_sizes: Sequence[int]) -> tuple[int, ...]:
-    """Largest useful rank of each inner bond of a train whose cores carry ``bond_sizes`` entries per slice.
-
-    For TT cores ``bond_sizes[k] = n_k``; for TTM cores ``m_k * n_k``. Bond ``k`` (between cores ``k`` and
-    ``k+1``) is bounded by ``min(prod(bond_sizes[:k+1]), prod(bond_sizes[k+1:]))``. Returns ``len - 1`` ints.
-    """
+    """Largest useful rank of each inner bond (``len - 1`` ints) of a train whose cores carry ``bond_sizes``
+    entries per slice (TT: ``n_k``, TTM: ``m_k * n_k``):
+    ``min(prod(bond_sizes[:k+1]), prod(bond_sizes[k+1:]))``."""
     sizes = list(bond_sizes)
     bounds = []
     for k in range(1, len(sizes)):
@@ -201,14 +188,9 @@ def requested_ranks(rank: int | Sequence[int], bonds: int) -> tuple[int, ...]:
 
 
 def resolve_ranks(rank: int | Sequence[int], bond_sizes: Sequence[int]) -> tuple[int, ...]:
-    """Per-bond ranks from a user ``rank``, clipped to what the bond sizes allow.
-
-    Each bond is clipped to :func:`max_ranks` and to its neighbours (``r_k <= r_{k-1} c_k`` and
-    ``r_k <= c_{k+1} r_{k+1}``), so every core's unfoldings have full rank available, as TT-SVD needs.
-
-    ``rank`` is an int (the same maximum on every bond), a sequence with one entry per inner bond
-    (``len(bond_sizes) - 1``), or the full boundary-inclusive form ``(1, r_1, ..., r_{K-1}, 1)``.
-    """
+    """Per-bond ranks from a user ``rank`` (an int, one per inner bond, or ``(1, r_1, ..., r_{K-1}, 1)``),
+    clipped to :func:`max_ranks` and to the neighbours (``r_k <= r_{k-1} c_k``, ``r_k <= c_{k+1} r_{k+1}``),
+    so every unfolding has full rank available, as TT-SVD needs."""
     bounds = max_ranks(bond_sizes)
     requested = requested_ranks(rank, len(bounds))
     clipped = [min(r, b) for r, b in zip(requested, bounds)]

@@ -1,9 +1,6 @@
-"""TT-SVD: tensor-train cores from a dense tensor or matrix by successive truncated SVDs.
-
-With ranks at the bounds of :func:`comera.tt.shapes.max_ranks` the decomposition is exact (up to rounding);
-smaller ranks keep the leading singular triplets of each unfolding, the quasi-optimal TT truncation.
-Computation runs in float64 and the cores are returned in the input's dtype.
-"""
+"""TT-SVD: tensor-train cores from a dense tensor or matrix by successive truncated SVDs in float64 (exact at
+the ranks of :func:`comera.tt.shapes.max_ranks`, else the quasi-optimal truncation), returned in the input's
+dtype. Details: docs/method.md section 2.6."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Scratch buffers a module owns and reuses across calls, so hot paths do not allocate fresh memory per call.
-
-A fresh large tensor costs more than its arithmetic suggests on a CPU: glibc returns big freed blocks to the
-kernel, so each new one is faulted in and zeroed page by page. A :class:`Workspace` keeps one flat buffer per
-name, dtype and device, grown to the largest request seen and handed out as views; ``release()`` frees them
-(e.g. after a peak batch). Only scratch that dies before the call returns may live in a workspace: never an
-output, nor a tensor saved for backward. A workspace is not shared between threads.
-"""
+"""Scratch buffers a module owns and reuses across calls (one flat buffer per name, dtype and device, handed
+out as views), for scratch that dies before the call returns. Details: docs/internals.md, "Fresh memory on a
+CPU"."""
 
 from __future__ import annotations
 
@@ -32,11 +27,8 @@ class Workspace:
         self.allocations = 0
 
     def take(self, name: str, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
-        """An uninitialised ``shape`` tensor with ``like``'s dtype and device, backed by buffer ``name``.
-
-        The buffer grows (a new allocation, counted in :attr:`allocations`) only when ``shape`` holds more
-        elements than any earlier request for ``name``; views taken earlier under the same name alias it.
-        """
+        """An uninitialised ``shape`` tensor with ``like``'s dtype and device, backed by buffer ``name``,
+        which grows (counted in :attr:`allocations`) only past its largest request; earlier views alias it."""
         count = math.prod(shape)
         key = (name, like.dtype, like.device)
         buffer = self._buffers.get(key)

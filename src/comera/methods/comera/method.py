@@ -18,11 +18,8 @@ __all__ = ["CoMERAMethod"]
 
 @register_method(CoMERASettings)
 class CoMERAMethod(Method):
-    """CoMERA: tensorize by the recipe's preset, then the rank-adaptive early and late stages with pruning.
-
-    The ``method`` section holds the fields of :class:`CoMERASettings` (``method.gamma``,
-    ``method.target_ratio``, ``method.prune_at``, ``method.lr_cores`` ...).
-    """
+    """CoMERA: tensorize by the recipe's preset, then the rank-adaptive early and late stages with pruning;
+    the ``method`` section holds the fields of :class:`CoMERASettings`."""
 
     name = "comera"
     staged = True

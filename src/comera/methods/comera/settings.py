@@ -1,9 +1,6 @@
-"""``CoMERASettings``: CoMERA's own settings (docs/method.md §4, §7), checked on construction.
-
-The early stage minimises the task loss plus ``gamma`` times a size surrogate; the late stage (when the run's
-``train.late > 0``) drives the size toward ``target_ratio`` of the size reached at the end of the early stage.
-A recipe run reads them from its ``method`` section (``--set method.gamma=0.1``).
-"""
+"""``CoMERASettings``: CoMERA's own settings (the early stage's ``gamma``, the late stage's ``target_ratio``,
+pruning, learning rates, core rule), read from a run's ``method`` section and checked on construction.
+Details: docs/method.md sections 4 and 7."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Record which ranks a model has been pruned to, and bring a freshly built model to the same shapes.
-
-After :func:`comera.prune_` the cores are smaller than the model's constructor makes them, and layers with a
-dead bond are replaced by stand-ins. A checkpoint therefore records, per gated layer, its stored ranks (or
-that it was removed). To resume, :func:`apply_structure` marks the same number of gate entries live in each
-bond of the fresh model (the first ones), kills the rest, and calls :func:`comera.prune_`: shapes then match
-the checkpoint, and loading the state dict overwrites every value.
-"""
+"""Record the ranks a model has been pruned to (per gated layer, its stored ranks or that it was removed), and
+bring a freshly built model to the same shapes (:func:`apply_structure`: the first entries of each bond live,
+the rest killed, then :func:`comera.prune_`) so a checkpoint's state dict loads. Details: docs/method.md
+section 3."""
 
 from __future__ import annotations
 
