@@ -94,7 +94,7 @@ def preparation_problem(folder: Path, cache_dir: Path) -> str | None:
 
 def cache_key(source: Path, settings: PrepareSettings, max_files: int | None, max_bytes: int | None) -> str:
     """The digest that names the cache entry of ``source`` prepared with ``settings`` and these caps
-    (module docstring): 16 hexadecimal digits."""
+    (16 hexadecimal digits)."""
     files = input_files(source, settings, max_files)
     root = source.resolve()
     identity: dict[str, Any] = {

@@ -24,7 +24,7 @@ def read_exactly(stream: BinaryIO, size: int) -> bytes:
 
 
 def encode_request(texts: list[str]) -> bytes:
-    """The request frame of ``texts`` (module docstring)."""
+    """The request frame of ``texts``."""
     import numpy as np
 
     encoded = [text.encode("utf-8", "surrogatepass") for text in texts]

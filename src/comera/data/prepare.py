@@ -226,7 +226,7 @@ def _tokenizer(
     total_bytes: int | None,
     split_by: Callable[[str], str | None],
 ) -> tuple[Tokenizer, dict[str, Any], bool]:
-    """The tokenizer (module docstring), its index record, and whether the earlier shards can be kept (the
+    """The tokenizer, its index record, and whether the earlier shards can be kept (the
     earlier tokenizer is still there, unchanged)."""
     path = out / TOKENIZER_FILE
     if earlier is not None and path.is_file() and file_sha256(path) == earlier["tokenizer"]["file_sha256"]:

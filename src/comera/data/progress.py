@@ -70,7 +70,7 @@ class Phase:
 
 
 class Progress:
-    """Where a job's phases and lines go (module docstring).
+    """Where a job's phases and lines go.
 
     Args:
         bar: show bars (a terminal); None decides by whether ``stream`` is a terminal.

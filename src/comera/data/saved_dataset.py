@@ -122,7 +122,7 @@ def saved_dataset_documents(
     text_fields: tuple[str, ...],
     on_bytes: Callable[[int], None] | None = None,
 ) -> Iterator[CodeDocument]:
-    """The records of the saved dataset at ``root`` as documents (module docstring), one at a time; blank or
+    """The records of the saved dataset at ``root`` as documents, one at a time; blank or
     missing texts are appended to ``skipped`` (a list or :class:`comera.data.corpus.SkipLog`).
 
     Raises:

@@ -19,7 +19,7 @@ __all__ = ["CHECKS_FOLDER", "WRITTEN_RECORD", "check_shards", "record_written_sh
 
 CHECKS_FOLDER = "shard-checks"
 WRITTEN_RECORD = "shard-checks.json"
-"""The preparation's record of the shards it wrote, in the prepared folder (module docstring)."""
+"""The preparation's record of the shards it wrote, in the prepared folder."""
 _SETTLED_NS = 2 * 10**9
 """A shard modified less than this long before its check is not recorded (hashed again next time): a write
 within the file system's timestamp granularity of the check would otherwise keep its recorded time."""

@@ -51,7 +51,7 @@ _EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
 @dataclass(frozen=True)
 class CodeDocument:
-    """One text to train on; ``key`` decides its split (module docstring)."""
+    """One text to train on; ``key`` decides its split."""
 
     key: str
     text: str
@@ -84,7 +84,7 @@ def _unit_hash(*parts: object) -> float:
 
 
 def split_of(key: str, validation_fraction: float) -> str:
-    """``"validation"`` or ``"train"`` for a document key (module docstring)."""
+    """``"validation"`` or ``"train"`` for a document key."""
     return "validation" if _unit_hash("split", key) < validation_fraction else "train"
 
 
@@ -279,7 +279,7 @@ def read_code(
     text_fields: Sequence[str] = TEXT_FIELDS,
     max_line_bytes: int = MAX_LINE_BYTES,
 ) -> tuple[list[CodeDocument], list[SkippedDocument]]:
-    """Read code documents from ``path`` (module docstring); None reads the standard library.
+    """Read code documents from ``path``; None reads the standard library.
 
     Args:
         path: a ``*.jsonl`` / ``*.jsonl.gz`` file, or a folder of source files and JSON-lines files.

@@ -34,7 +34,7 @@ CONVENTIONAL_NAMES: dict[str, tuple[str, ...]] = {
     "unk": ("<unk>", "[UNK]"),
     "mask": ("<mask>", "[MASK]"),
 }
-"""The names each role is looked for under, in order, when nothing names it (module docstring)."""
+"""The names each role is looked for under, in order, when nothing names it."""
 ADDED_PAD = "<pad>"
 """The padding token added to a tokenizer that has none."""
 PRETRAINED_FILES = ("special_tokens_map.json", "tokenizer_config.json")
@@ -72,7 +72,7 @@ def _pretrained_names(folder: Path) -> tuple[dict[str, str], list[Path]]:
 def special_token_names(
     tokenizer: Tokenizer, configured: Mapping[str, str | None] | None = None, *, what: str = "the tokenizer"
 ) -> dict[str, str | None]:
-    """Role -> token name in ``tokenizer`` (module docstring): ``configured``'s names first, then the
+    """Role -> token name in ``tokenizer``: ``configured``'s names first, then the
     conventional ones; ``bos`` and ``unk`` default to the ``eos`` token; ``pad`` and ``mask`` may be None.
 
     Raises:
@@ -141,7 +141,7 @@ def given_tokenizer_sha256(path: str | Path) -> str:
 
 def load_given_tokenizer(path: str | Path, *, what: str = "tokenizer_file") -> GivenTokenizer:
     """The tokenizer at ``path`` (a ``tokenizer.json``, or a ``save_pretrained`` folder holding one) with its
-    special tokens mapped (module docstring).
+    special tokens mapped.
 
     Raises:
         ValueError: no ``tokenizer.json`` in the folder, a file ``tokenizers`` cannot read, a named token

@@ -42,7 +42,7 @@ def encode_documents(
     tokenizer: Tokenizer, documents: Sequence[CodeDocument], batch_bytes: int = ENCODE_BATCH_BYTES
 ) -> list[np.ndarray]:
     """Each document's token ids without special tokens, an ``int32`` array of shape ``(tokens,)``, encoded
-    ``batch_bytes`` of text at a time (module docstring)."""
+    ``batch_bytes`` of text at a time."""
     encoded: list[np.ndarray] = []
     for texts in _batches(documents, batch_bytes):
         for encoding in tokenizer.encode_batch_fast(texts, add_special_tokens=False):
@@ -71,7 +71,7 @@ def encode_cached(
     tokenizer: Tokenizer, documents: Sequence[CodeDocument], cache_dir: str | Path, prefix: str = "code"
 ) -> list[np.ndarray]:
     """Token ids of ``documents`` (:func:`encode_documents`: one ``int32`` array each), read from or written
-    to ``cache_dir`` (module docstring; ``prefix`` names the file)."""
+    to ``cache_dir`` (``prefix`` names the file)."""
     digest = tokenizer_digest(tokenizer)
     path = Path(cache_dir) / f"{prefix}-tokens-{documents_digest(documents, 'tokens', digest)}.npz"
     cached = read_entry(path, lambda file: _read_ids(file, len(documents)))

@@ -28,7 +28,7 @@ def _file_entry(path: Path) -> dict[str, Any]:
 
 
 def data_fingerprint(path: str | os.PathLike | None) -> dict[str, dict[str, Any]] | None:
-    """The fingerprint of the data file or folder ``path`` (module docstring); None for None (the
+    """The fingerprint of the data file or folder ``path``; None for None (the
     recipe's embedded data)."""
     if path is None:
         return None

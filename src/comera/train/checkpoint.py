@@ -224,7 +224,7 @@ def _damaged_shards(folder: Path) -> str | None:
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Read a checkpoint with ``torch.load(weights_only=True)`` onto the CPU and check its format; for a
-    sharded folder its ``trainer.pt``, with ``"shards"`` set to the folder (module docstring)."""
+    sharded folder its ``trainer.pt``, with ``"shards"`` set to the folder."""
     path = Path(path)
     if path.is_dir() and path.suffix != SHARDED_SUFFIX:
         raise ValueError(f"{path}: not a checkpoint, a folder with a checkpoint file's name")

@@ -67,7 +67,7 @@ def at_plateau(change: float | None) -> bool | None:
 
 
 def plateau_note(records: Sequence[dict[str, Any]], metric: str) -> str | None:
-    """``"plateau"`` or ``"not at a plateau"`` for a run long enough to judge (module doc), :data:`TOO_SHORT`
+    """``"plateau"`` or ``"not at a plateau"`` for a run long enough to judge, :data:`TOO_SHORT`
     for one with fewer than :data:`MIN_EVALUATIONS` finite evaluations of ``metric`` or whose last one is
     before :data:`MIN_STEPS`, None for a run without any evaluation of it or whose change cannot be measured
     (:func:`last_fifth_change`)."""

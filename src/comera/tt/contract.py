@@ -300,7 +300,7 @@ def _batched_product(ctx, matrix: torch.Tensor, batched: torch.Tensor) -> torch.
 
 
 class _TTMSplitLinear(torch.autograd.Function):
-    """Two-half TTM product, see the module docstring for the shapes."""
+    """Two-half TTM product (shapes: docs/internals.md)."""
 
     @staticmethod
     def forward(ctx, x, left, right, bias, workspace):

@@ -295,7 +295,7 @@ MIN_SAMPLES = 2 * 7
 
 
 def split_by_line_order(count: int) -> dict[str, range]:
-    """Row ranges of the reference split of ``count`` samples (module docstring)."""
+    """Row ranges of the reference split of ``count`` samples."""
     check_int(count, "count", 0)
     days = np.array_split(np.arange(count), 7)
     train_end = sum(day.size for day in days[:6])

@@ -82,7 +82,7 @@ def _split_info(splits: dict[str, ClickData]) -> dict[str, dict[str, Any]]:
 
 @register_recipe
 class DLRMRecipe(Recipe):
-    """DLRM on Criteo-format click logs; see the module docstring."""
+    """DLRM on Criteo-format click logs."""
 
     name = "dlrm"
     description = "DLRM click-through prediction on Criteo data (synthetic without --data)"

@@ -64,7 +64,7 @@ class _Field:
 
 
 class _PlantedModel:
-    """The hidden feature distributions and click model (module docstring)."""
+    """The hidden feature distributions and click model."""
 
     def __init__(self, cardinalities: tuple[int, ...], seed: int, exponent: float, latent_dim: int) -> None:
         rng = np.random.default_rng([seed, 0x5EED])

@@ -147,7 +147,7 @@ def _saved_dataset_documents(path: Path) -> tuple[list[CodeDocument], list[Skipp
 
 
 def held_out_split(path: str | Path | None, keys: Sequence[str]) -> str | None:
-    """The split of a saved ``DatasetDict`` at ``path`` that is the validation split (module docstring), from
+    """The split of a saved ``DatasetDict`` at ``path`` that is the validation split, from
     the keys of its records (``split/index``, read or skipped): ``"validation"``, else ``"test"``; None when
     ``path`` is no saved dataset or it has neither split (then the split is by hash)."""
     if path is None or not is_saved_dataset(Path(path)):
@@ -260,7 +260,7 @@ def build_lm_data(
     max_bytes: int | None = None,
     skip_bad_lines: bool = False,
 ) -> LMData:
-    """Read, split, tokenize and pack text for causal language-model training (module docstring).
+    """Read, split, tokenize and pack text for causal language-model training.
 
     Args:
         path: a folder or file of ``.txt`` / ``.jsonl`` documents or a saved dataset (None: the standard

@@ -74,7 +74,7 @@ class NextTokenEvaluator(TokenScores):
 
 @register_recipe
 class LLMRecipe(Recipe):
-    """LLaMA-style causal language-model pre-training (module docstring)."""
+    """LLaMA-style causal language-model pre-training."""
 
     name = "llm"
     description = "LLaMA-style causal language-model pre-training (GaLore/APOLLO/CoLA's protocol)"
@@ -83,7 +83,7 @@ class LLMRecipe(Recipe):
     presets = RECIPE_PRESETS
 
     def build_data(self, settings: dict[str, Any], data_path: Path | None, cache_dir: Path) -> RecipeData:
-        """The blocks of the run's corpus, read through memory-mapped token shards (module docstring);
+        """The blocks of the run's corpus, read through memory-mapped token shards;
         ``info`` holds per-split counts, the vocabulary, the tokenizer, the validation size in tokens and the
         special ids. A ``--data`` folder holding ``index.json`` (written by ``comera prepare llm``) is read
         as it is (:func:`~comera.workloads.llm.prepared.build_prepared_lm_data`); any other ``--data`` is
@@ -131,7 +131,7 @@ class LLMRecipe(Recipe):
 
     def extra_results(self, results: dict[str, Any], data: RecipeData, trainer: Any) -> dict[str, Any]:
         """``loss``, ``perplexity``, ``validation_tokens``, ``tokens_seen``, ``tokens_per_s``,
-        ``weights_optimizer_mib`` (module docstring)."""
+        ``weights_optimizer_mib``."""
         validation = results["evaluation"].get("validation", {})
         block_tokens = trainer.config.batch_size * trainer.world_size * data.info["seq_len"]
         step_time = results["step_time_s"]

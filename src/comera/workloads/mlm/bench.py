@@ -93,7 +93,7 @@ def run_case(
     memory: str = "reuse",
     rank: int | None = None,
 ) -> dict:
-    """Peak memory of one step and median time of ``repeats`` steps, in this process (module docstring)."""
+    """Peak memory of one step and median time of ``repeats`` steps, in this process."""
     torch.manual_seed(0)
     model, step = build_step(preset, method, vocab_size, rank)
     inputs = make_batch(batch, seq_len, vocab_size)

@@ -79,7 +79,7 @@ def build_code_data(
     mask_probability: float = 0.15,
     seed: int = 0,
 ) -> CodeData:
-    """Read, split, tokenize and pack code for masked-LM pre-training (module docstring).
+    """Read, split, tokenize and pack code for masked-LM pre-training.
 
     Args:
         path: data file or folder (None: the standard library); see :func:`read_code`.

@@ -101,7 +101,7 @@ def build_prepared_code_data(
     tokenizer_file: str | Path | None = None,
     **prepared_settings: Any,
 ) -> CodeData:
-    """The masked-LM blocks of the prepared corpus in ``folder`` (module docstring).
+    """The masked-LM blocks of the prepared corpus in ``folder``.
 
     Args:
         folder: a folder written by ``comera prepare mlm`` (or ``llm``: the layout is the same).

@@ -63,7 +63,7 @@ class MaskedLMEvaluator(TokenScores):
 
 @register_recipe
 class MLMRecipe(Recipe):
-    """Masked-LM pre-training of a RoBERTa model on code (module docstring)."""
+    """Masked-LM pre-training of a RoBERTa model on code."""
 
     name = "mlm"
     description = "CodeBERT-style masked-LM pre-training of a RoBERTa model on code"

@@ -83,7 +83,7 @@ def run_case(
     length: int = SEQUENCE,
     memory: str = "reuse",
 ) -> dict:
-    """Time and memory of one training step in this process (see the module doc)."""
+    """Time and memory of one training step in this process."""
     model = build(method, preset)
     model.train()
     objective = default_objective(model)

@@ -59,7 +59,7 @@ class PairAccuracy(Evaluator):
 
 @register_recipe
 class NLIRecipe(Recipe):
-    """Sentence-pair classification with :class:`TransformerClassifier` (see the module docstring)."""
+    """Sentence-pair classification with :class:`TransformerClassifier`."""
 
     name = "nli"
     description = "six-encoder transformer on sentence pairs (MNLI, or the embedded docstring-code task)"
