@@ -318,7 +318,7 @@ def test_a_comparison_stopped_before_anything_was_written_leaves_no_folder(tmp_p
         compare("toy", ["dense"], preset="smoke", out=tmp_path / "a" / "b", cache_dir=cache)
     assert not (tmp_path / "a").exists()
 
-    def interrupted(arguments):
+    def interrupted(spec, arguments):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(compare_module, "_in_process_runner", interrupted)
