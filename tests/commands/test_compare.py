@@ -106,6 +106,21 @@ def test_an_unfinished_run_is_resumed_from_its_checkpoint(tmp_path):
     assert resumed[0].results["evaluation"] == first[0].results["evaluation"]
 
 
+def test_each_run_is_resolved_once_and_trained_from_its_spec(tmp_path, monkeypatch):
+    """The plan's :class:`comera.recipes.spec.RunSpec` of each run is the one its in-process run trains: the
+    settings are layered once per run, not once to plan and again to train."""
+    from comera.recipes import spec
+
+    layered = []
+    original = spec.layered_settings
+    monkeypatch.setattr(
+        spec, "layered_settings", lambda *a, **k: layered.append(a[2].name) or original(*a, **k)
+    )
+    done = _compare(tmp_path, ["dense", "comera"])
+    assert [item.status for item in done] == ["trained", "trained"]
+    assert layered == ["dense", "comera"]
+
+
 @pytest.mark.parametrize("damage", ["null", "{}", '{"evaluation": "oops"}', "{not json"])
 def test_a_damaged_results_json_makes_the_run_resume_not_be_reused(tmp_path, damage):
     """A ``results.json`` that is not what a finished run writes (JSON null, no evaluation object, not JSON)
@@ -303,7 +318,7 @@ def test_a_comparison_stopped_before_anything_was_written_leaves_no_folder(tmp_p
         compare("toy", ["dense"], preset="smoke", out=tmp_path / "a" / "b", cache_dir=cache)
     assert not (tmp_path / "a").exists()
 
-    def interrupted(arguments):
+    def interrupted(spec, arguments):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(compare_module, "_in_process_runner", interrupted)

@@ -1,7 +1,7 @@
 """The recipe run: settings resolution and its errors, the run folder and results.json, resume rules."""
 
 import json
-import shutil
+import re
 
 import pytest
 import toy  # noqa: F401  (registers the toy recipe)
@@ -9,10 +9,11 @@ from sklearn.metrics import accuracy_score
 
 from comera.methods import CoMERASettings, get_method, settings_values
 from comera.recipes.run import SetupError, run
-from comera.recipes.settings import parse_assignment, resolve_settings, upgrade_run_header
+from comera.recipes.settings import parse_assignment, resolve_settings
 from comera.train import read_metrics
 
 PRESETS = toy.ToyRecipe.presets
+_DROP = object()
 
 
 def test_settings_layer_preset_method_file_and_assignments(tmp_path):
@@ -107,25 +108,38 @@ def test_comera_settings_are_the_method_section(tmp_path):
         resolve_settings(PRESETS, "smoke", get_method("comera"), config_file=config)
 
 
-def test_a_recorded_method_tau_that_changed_nothing_is_dropped_and_another_is_refused():
-    """``method.tau`` (None: the layers' own; or equal to the layers') of a run folder written before the
-    layers owned the threshold alone compares as absent, so the run resumes; any other value is refused."""
-    for tau in (None, 0.01):
-        recorded = {"recipe": "toy", "method": "comera", "settings": {"train": {}, "method": {"tau": tau}}}
-        assert upgrade_run_header(recorded, get_method("comera"))["settings"]["method"] == {}
-    recorded = {"recipe": "toy", "method": "comera", "settings": {"train": {}, "method": {"tau": 0.2}}}
-    with pytest.raises(ValueError, match=r"method.tau=0.2 over its layers' 0.01; .*--restart"):
-        upgrade_run_header(recorded, get_method("comera"))
-
-
-def test_a_run_header_of_an_earlier_comera_is_refused_saying_what_to_do():
-    """A header with CoMERA's settings under ``train`` (an earlier comera's) is not converted: one line names
-    the foreign keys and the way on."""
-    train = {"early": 2, "gamma": 0.5, "lr_gates": 0.1, "lr_other": 1e-3}
-    old = {"recipe": "toy", "method": "comera", "settings": {"train": train, "method": {}}}
-    for method in ("comera", "dense"):
-        with pytest.raises(ValueError, match=r"train settings \['gamma', 'lr_gates'\] .*--restart"):
-            upgrade_run_header({**old, "method": method}, get_method(method))
+@pytest.mark.parametrize(
+    "change, found",
+    [
+        ({"method": {"tau": None}}, "unknown method.tau"),
+        ({"train": {"gamma": 0.5}}, "unknown train.gamma"),
+        ({"method": {"trims": _DROP}}, "missing method.trims"),
+        ({"model": {"hidden": _DROP}, "method": {"tau": 0.1}}, "missing model.hidden; unknown method.tau"),
+    ],
+)
+def test_a_run_folder_of_an_earlier_comera_is_refused_naming_its_keys(tmp_path, change, found):
+    """A run folder whose ``config.json`` lacks a setting the current code writes, or holds one it no longer
+    takes, is not converted: the resume is refused in one line naming the keys and the ways out, and
+    ``--restart`` trains it again."""
+    out = tmp_path / "run"
+    arguments = {"preset": "smoke", "out": out, "cache_dir": tmp_path, "assignments": ["train.plot=false"]}
+    run("toy", **arguments)
+    config = json.loads((out / "config.json").read_text())
+    for section, values in change.items():
+        for key, value in values.items():
+            if value is _DROP:
+                del config["settings"][section][key]
+            else:
+                config["settings"][section][key] = value
+    (out / "config.json").write_text(json.dumps(config))
+    (out / "results.json").unlink()
+    expected = (
+        f"{out / 'config.json'}: settings written by an earlier comera ({found}); start it again with "
+        "--restart or choose another --out"
+    )
+    with pytest.raises(SetupError, match=f"^{re.escape(expected)}$"):
+        run("toy", resume=True, **arguments)
+    assert run("toy", restart=True, **arguments)["steps"] > 0
 
 
 def test_assignment_values_are_read_as_toml():
@@ -202,48 +216,6 @@ def test_an_existing_run_is_not_overwritten_and_resume_needs_the_same_settings(t
         run("toy", preset="smoke", out=out, cache_dir=tmp_path, resume=True)
     with pytest.raises(SetupError, match="no such file or folder"):
         run("toy", preset="smoke", out=tmp_path / "x", data=tmp_path / "missing.tsv", cache_dir=tmp_path)
-
-
-def test_a_method_setting_added_since_the_run_started_takes_the_resuming_command_s_value():
-    defaults = settings_values(CoMERASettings())
-    before = {key: value for key, value in defaults.items() if key != "trims"}
-    recorded = {"recipe": "toy", "method": "comera", "settings": {"train": {"early": 2}, "method": before}}
-    for trims in (1, 8):
-        header = {**recorded, "settings": {"train": {"early": 2}, "method": {**before, "trims": trims}}}
-        assert upgrade_run_header(recorded, get_method("comera"), header) == header
-    other = {**recorded, "settings": {"train": {"early": 2}, "method": {**before, "gamma": 0.7, "trims": 1}}}
-    assert upgrade_run_header(recorded, get_method("comera"), other)["settings"]["method"]["gamma"] != 0.7
-    trimmed = {**recorded, "settings": {"train": {"early": 2}, "method": {**before, "trims": 3}}}
-    header = {**trimmed, "settings": {"train": {"early": 2}, "method": {**before, "trims": 8}}}
-    assert upgrade_run_header(trimmed, get_method("comera"), header) == trimmed, "a recorded value stays"
-    assert "trims" not in recorded["settings"]["method"], "the recorded header is not changed"
-
-
-def test_a_run_folder_written_before_trims_existed_resumes(tmp_path):
-    first = tmp_path / "first"
-    run(
-        "toy",
-        method="comera",
-        preset="smoke",
-        out=first,
-        cache_dir=tmp_path,
-        assignments=["train.plot=false"],
-    )
-    config = json.loads((first / "config.json").read_text())
-    del config["settings"]["method"]["trims"]
-    (first / "config.json").write_text(json.dumps(config))
-    (first / "results.json").unlink()
-    for name, extra in (("default", []), ("one_trim", ["method.trims=1"]), ("other", ["method.gamma=0.3"])):
-        out = tmp_path / name
-        shutil.copytree(first, out)
-        arguments = {"out": out, "cache_dir": tmp_path, "assignments": ["train.plot=false", *extra]}
-        if name == "other":
-            with pytest.raises(SetupError, match=r"other settings \(method.gamma: .* then, 0.3 now\)"):
-                run("toy", method="comera", preset="smoke", resume=True, **arguments)
-            continue
-        results = run("toy", method="comera", preset="smoke", resume=True, **arguments)
-        recorded = json.loads((out / "config.json").read_text())["settings"]["method"]
-        assert results["steps"] > 0 and recorded["trims"] == (1 if extra else 8)
 
 
 def test_the_prune_before_the_save_is_logged_as_a_prune_event(tmp_path):

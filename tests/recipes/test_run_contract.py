@@ -12,7 +12,6 @@ import torch
 import toy
 from torch.utils.data import TensorDataset
 
-from comera.methods import get_method
 from comera.recipes import run_folder
 from comera.recipes.base import RecipeData, register_recipe
 from comera.recipes.run import (
@@ -21,10 +20,10 @@ from comera.recipes.run import (
     default_run_dir,
     read_run_config,
     run,
-    run_header,
 )
 from comera.recipes.run_folder import header_difference
 from comera.recipes.run_records import median_step_time, peak_memory, per_rank_summary, strict_json
+from comera.recipes.spec import run_spec
 
 
 def _train(step_time=None, peak=None, **extra):
@@ -243,15 +242,7 @@ def test_the_aside_folder_is_the_first_free_number(tmp_path):
 
 
 def _header(seed):
-    settings = {"train": {"seed": seed}}
-    return {
-        "recipe": "toy",
-        "method": "dense",
-        "preset": "smoke",
-        "data": None,
-        "data_files": None,
-        "settings": settings,
-    }
+    return run_spec("toy", "dense", "smoke", assignments=[f"train.seed={seed}"]).header()
 
 
 def test_a_refused_resume_names_the_difference_and_the_ways_out(tmp_path):
@@ -263,8 +254,8 @@ def test_a_refused_resume_names_the_difference_and_the_ways_out(tmp_path):
         "run with another --out"
     )
     with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
-        run_folder.check_run_folder(tmp_path, _header(3), get_method("dense"), True)
-    assert run_folder.check_run_folder(tmp_path, _header(0), get_method("dense"), True) is None
+        run_folder.check_run_folder(tmp_path, _header(3), True)
+    assert run_folder.check_run_folder(tmp_path, _header(0), True) is None
 
 
 def test_a_folder_holding_a_run_is_refused_with_the_ways_out(tmp_path):
@@ -275,7 +266,7 @@ def test_a_folder_holding_a_run_is_refused_with_the_ways_out(tmp_path):
         "files are moved aside), or choose another --out"
     )
     with pytest.raises(FileExistsError, match=f"^{re.escape(expected)}$"):
-        run_folder.check_run_folder(tmp_path, _header(0), get_method("dense"), False)
+        run_folder.check_run_folder(tmp_path, _header(0), False)
 
 
 def _data(train, evals, info):
@@ -468,7 +459,7 @@ def test_run_arguments_are_checked_before_anything_is_built(tmp_path):
     with pytest.raises(SetupError, match=r"unknown key model\.width"):
         _run(tmp_path, out=tmp_path / "run", config_file=config)
     with pytest.raises(ValueError, match=r"unknown key model\.width"):
-        run_header("toy_contract", "dense", "smoke", config_file=config)
+        run_spec("toy_contract", "dense", "smoke", config_file=config).header()
 
 
 def test_a_config_json_with_a_utf8_byte_order_mark_is_read(tmp_path):

@@ -53,3 +53,24 @@ def test_load_pretrained_on_a_run_with_layers_of_its_own_points_to_load_run_mode
     assert main([*command, "--cache", str(cache), "--set", "train.plot=false"]) == 0
     with pytest.raises(ValueError, match=rf"method '{method}'.*load_run_model\('{out}'\)"):
         comera.load_pretrained(out / "model")
+
+
+def test_a_run_folder_of_an_earlier_comera_is_not_loaded(tmp_path, cache):
+    """A run's ``config.json`` holding a setting the current code no longer writes (``method.tau``) is
+    refused, naming it, rather than rebuilt with settings this version does not read."""
+    import json
+
+    from comera.recipes.saved import load_run_model
+
+    out = tmp_path / "run"
+    command = ["train", "nli", "--preset", "smoke", "--method", "cola", "--out", str(out), "--no-progress"]
+    assert main([*command, "--cache", str(cache), "--set", "train.plot=false"]) == 0
+    header = json.loads((out / "config.json").read_text())
+    header["settings"]["method"]["tau"] = 0.01
+    (out / "config.json").write_text(json.dumps(header))
+    with pytest.raises(
+        ValueError,
+        match=r"settings written by an earlier comera \(unknown method.tau\); this version of comera cannot "
+        r"load the run's model$",
+    ):
+        load_run_model(out)

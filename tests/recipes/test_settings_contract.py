@@ -7,7 +7,7 @@ import pytest
 import toy
 
 from comera.methods import get_method
-from comera.recipes.settings import SECTIONS, parse_assignment, resolve_settings, upgrade_run_header
+from comera.recipes.settings import SECTIONS, parse_assignment, resolve_settings
 
 PRESETS = toy.ToyRecipe.presets
 
@@ -168,21 +168,6 @@ def test_the_result_shares_no_list_with_the_presets():
     assert _resolve(presets=presets)["model"]["sizes"] == [1, 2]
 
 
-@pytest.mark.parametrize("settings", [None, {"model": {}}])
-def test_a_header_without_a_train_section_is_returned_unchanged(settings):
-    """A recorded header whose ``settings`` is not a dict, or has no ``train`` dict, is not upgraded."""
-    recorded = {"recipe": "toy", "method": "comera", "settings": settings}
-    assert upgrade_run_header(recorded, get_method("comera")) == recorded
-
-
-def test_a_header_with_a_recorded_trims_keeps_it():
-    """A CoMERA header with a recorded ``trims`` keeps its trims, not the command's."""
-    recorded = {"method": "comera", "settings": {"train": {}, "method": {"trims": 3, "gamma": 0.5}}}
-    header = {"method": "comera", "settings": {"train": {}, "method": {"trims": 8}}}
-    upgraded = upgrade_run_header(recorded, get_method("comera"), header)
-    assert upgraded["settings"]["method"]["trims"] == 3 and upgraded["settings"]["method"]["gamma"] == 0.5
-
-
 @pytest.mark.parametrize(
     "assignment, message",
     [
@@ -195,33 +180,3 @@ def test_a_train_setting_out_of_range_is_named_with_its_section(assignment, mess
     the user wrote it in ``--set`` or the TOML file."""
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         _resolve(assignments=[assignment])
-
-
-def test_a_header_recorded_before_llm_had_skip_bad_lines_resumes_as_it_ran():
-    """An ``llm`` run recorded without ``data.skip_bad_lines`` ran with bad lines stopping it: it matches a
-    command that leaves the key False and differs, naming it, from one that sets it; a workload whose data
-    section has no such key is not given one."""
-    from comera.recipes.run_folder import header_difference
-
-    data = {"seq_len": 32, "max_bytes": 100_000}
-    recorded = {
-        "recipe": "llm",
-        "method": "dense",
-        "data_files": None,
-        "settings": {"train": {}, "data": data},
-    }
-    now = {
-        "recipe": "llm",
-        "method": "dense",
-        "data_files": None,
-        "settings": {"train": {}, "data": {**data, "skip_bad_lines": False}},
-    }
-    upgraded = upgrade_run_header(recorded, get_method("dense"), now)
-    assert upgraded["settings"]["data"] == {**data, "skip_bad_lines": False}
-    assert header_difference(upgraded, now) is None
-    assert header_difference(recorded, now) is not None
-    skipping = {**now, "settings": {"train": {}, "data": {**data, "skip_bad_lines": True}}}
-    difference = header_difference(upgrade_run_header(recorded, get_method("dense"), skipping), skipping)
-    assert "data.skip_bad_lines: False then, True now" in difference
-    other = {**now, "settings": {"train": {}, "data": data}}
-    assert upgrade_run_header(recorded, get_method("dense"), other) == recorded

@@ -23,7 +23,8 @@ from comera.measure import (
     update_section,
 )
 from comera.methods import get_method
-from comera.recipes.settings import add_set_argument, resolve_settings, tensorize_config
+from comera.recipes.settings import add_set_argument
+from comera.recipes.spec import run_spec
 from comera.workloads import load_recipe
 
 __all__ = [
@@ -55,8 +56,8 @@ _WORKLOAD = "llm"
 def tokens_per_step(preset: str, batch: int, assignments: Sequence[str] = ()) -> int:
     """Tokens one training step of ``batch`` blocks of ``preset`` (with ``assignments``) trains on
     (``batch x seq_len``)."""
-    presets = load_recipe(_WORKLOAD).presets
-    settings = resolve_settings(presets, preset, get_method("dense"), assignments=list(assignments))
+    load_recipe(_WORKLOAD)
+    settings = run_spec(_WORKLOAD, "dense", preset, assignments=assignments).settings
     return batch * int(settings["data"]["seq_len"])
 
 
@@ -298,11 +299,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def _settings_problem(preset: str, methods: Sequence[str], assignments: Sequence[str]) -> str | None:
     """What is wrong with ``assignments`` for any of ``methods`` at ``preset`` (the settings and the
     tensorization they name), or None: found before any case runs, not once per case."""
-    presets = load_recipe(_WORKLOAD).presets
+    load_recipe(_WORKLOAD)
     for method in dict.fromkeys(methods):
         try:
-            settings = resolve_settings(presets, preset, get_method(method), assignments=list(assignments))
-            tensorize_config(settings)
+            run_spec(_WORKLOAD, method, preset, assignments=assignments)
         except (ValueError, TypeError, KeyError) as error:
             return str(error)
     return None

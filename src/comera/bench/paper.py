@@ -48,9 +48,9 @@ from comera.measure import (
 )
 from comera.methods import MethodContext, get_method
 from comera.methods.lte import LTESettings
-from comera.recipes.settings import add_set_argument, resolve_settings, tensorize_config
+from comera.recipes.settings import add_set_argument
+from comera.recipes.spec import run_spec
 from comera.report import compression_report
-from comera.train.config import TrainConfig
 from comera.train.setup import default_optimizer
 from comera.workloads import load_recipe
 from comera.workloads.dlrm import bench as dlrm
@@ -132,13 +132,14 @@ def run_case(
     many more steps run under ``torch.profiler`` (:func:`comera.bench.op_profile.profile_steps`)."""
     recipe, method = load_recipe(workload), get_method(method_name)
     assignments = [*assignments, *_assignments(method_name, batch)]
-    settings = resolve_settings(recipe.presets, preset, method, assignments=assignments)
+    spec = run_spec(workload, method_name, preset, assignments=assignments)
+    settings = spec.settings
     data = recipe.build_data(settings["data"], None, cache_dir)
-    torch.manual_seed(settings["train"].get("seed", 0))
+    torch.manual_seed(spec.train.seed)
     model = recipe.build_model(settings["model"], data)
     dense_params = compression_report(model).model_dense_params
-    train = TrainConfig.from_dict(settings["train"])
-    context = MethodContext(tensorize=tensorize_config(settings), settings=settings["method"], train=train)
+    train = spec.train
+    context = MethodContext(tensorize=spec.tensorize, settings=spec.method_settings, train=train)
     model = method.prepare(model, context)
     ladder = {}
     if rank is not None:
@@ -349,8 +350,8 @@ def plot_report(results: list[dict[str, Any]], out: Path) -> list[Path]:
 def ladder_ranks(workload: str, preset: str) -> list[int]:
     """The default ladder of ``preset`` of ``workload``: :func:`comera.bench.ladder.default_ladder` of the
     rank of its comera tensorization."""
-    settings = resolve_settings(load_recipe(workload).presets, preset, get_method("comera"))
-    return default_ladder(preset_rank(tensorize_config(settings)))
+    load_recipe(workload)
+    return default_ladder(preset_rank(run_spec(workload, "comera", preset).tensorize))
 
 
 def _run_transformer(args: argparse.Namespace, cache: Path) -> list[dict[str, Any]]:

@@ -68,7 +68,6 @@ from comera.version import __version__
 __all__ = [
     "run",
     "run_spec_folder",
-    "run_header",
     "read_run_config",
     "SetupError",
     "default_cache_dir",
@@ -195,22 +194,6 @@ def run_spec_folder(spec: RunSpec, started: float | None = None) -> dict[str, An
         release_run_folder()
 
 
-def run_header(
-    recipe_name: str,
-    method: str,
-    preset: str,
-    data: str | Path | None = None,
-    *,
-    config_file: str | Path | None = None,
-    assignments: Iterable[str] = (),
-) -> dict[str, Any]:
-    """The ``config.json`` a run with these arguments writes (:meth:`comera.recipes.spec.RunSpec.header`):
-    recipe, method, preset, data path and the resolved settings, and ``data_files``: the data's fingerprint.
-    ``ValueError`` or ``FileNotFoundError`` as :func:`comera.recipes.spec.run_spec` raises them."""
-    spec = run_spec(recipe_name, method, preset, data=data, config_file=config_file, assignments=assignments)
-    return spec.header()
-
-
 @dataclass
 class _Setup:
     recipe: Recipe
@@ -249,7 +232,7 @@ def _set_up(spec: RunSpec) -> _Setup:
         if out.is_dir():
             lock_run_folder(out)
         if not spec.restart:  # a restart moves the old run aside only once nothing can refuse the start
-            check_run_folder(out, header, chosen, spec.resume)
+            check_run_folder(out, header, spec.resume)
         writable_folder(out, "--out")
         lock_run_folder(out)
         writable_folder(cache, "--cache")

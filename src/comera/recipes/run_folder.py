@@ -9,10 +9,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from comera.methods import Method
 from comera.recipes.base import RecipeData
 from comera.recipes.fingerprint import fingerprint_difference
-from comera.recipes.settings import upgrade_run_header
+from comera.recipes.settings import check_recorded_settings
 from comera.recipes.spec import read_run_config
 from comera.train.config import TrainConfig
 
@@ -179,7 +178,7 @@ def _check_entry_kinds(out: Path) -> None:
             raise ValueError(f"{path} should be {wanted} of the run but is {found}: move it away")
 
 
-def check_run_folder(out: Path, header: dict[str, Any], method: Method, resume: bool) -> None:
+def check_run_folder(out: Path, header: dict[str, Any], resume: bool) -> None:
     """Check ``out`` for a new run, or with ``resume`` for the run to continue (a restart checks nothing
     here: :func:`comera.recipes.run.run_spec_folder` moves the old run aside once the data and the model are
     built, so that a start refused by them leaves it in place)."""
@@ -195,7 +194,10 @@ def check_run_folder(out: Path, header: dict[str, Any], method: Method, resume: 
                     "are moved aside)"
                 )
             raise FileNotFoundError(f"--resume: {config_path} not found; there is no run to resume in {out}")
-        recorded = upgrade_run_header(read_run_config(config_path), method, header)
+        recorded = read_run_config(config_path)
+        check_recorded_settings(
+            recorded, config_path, "start it again with --restart or choose another --out"
+        )
         difference = header_difference(recorded, header)
         if difference is not None:
             raise ValueError(

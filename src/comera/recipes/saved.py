@@ -12,7 +12,7 @@ from torch import nn
 from comera.io import DamagedFileError, load_pretrained, saved_base_model
 from comera.methods import MethodContext, get_method
 from comera.recipes.run import read_run_config
-from comera.recipes.settings import tensorize_config, upgrade_run_header
+from comera.recipes.settings import check_recorded_settings, tensorize_config
 from comera.train.config import TrainConfig
 
 __all__ = ["load_run_model"]
@@ -48,7 +48,8 @@ def load_run_model(run_dir: str | Path) -> nn.Module:
 def _rebuilt_by_method(model_dir: Path, header_path: Path) -> nn.Module:
     recorded = read_run_config(header_path)
     method = get_method(recorded["method"])
-    settings = upgrade_run_header(recorded, method)["settings"]
+    check_recorded_settings(recorded, header_path, "this version of comera cannot load the run's model")
+    settings = recorded["settings"]
     context = MethodContext(
         tensorize=tensorize_config(settings),
         settings=settings["method"],

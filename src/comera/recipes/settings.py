@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from comera.data.files import GZIP_MAGIC, utf8_text
-from comera.methods import Method, method_settings, settings_type, settings_values
+from comera.methods import Method, get_method, method_settings, settings_type, settings_values
 from comera.recipes.base import get_recipe
 from comera.tensorize_config import TensorizeConfig, fitted_preset, preset_names
 from comera.train.config import TrainConfig
@@ -28,8 +28,6 @@ else:
 
 __all__ = [
     "SECTIONS",
-    "ADDED_METHOD_KEYS",
-    "ADDED_DATA_KEYS",
     "RUN_DATA_KEYS",
     "resolve_settings",
     "layered_settings",
@@ -38,7 +36,7 @@ __all__ = [
     "add_set_argument",
     "section_error",
     "tensorize_config",
-    "upgrade_run_header",
+    "check_recorded_settings",
     "with_run_data_keys",
 ]
 
@@ -290,17 +288,6 @@ def section_error(section: str, error: ValueError | FileNotFoundError, keys: Ite
     return kind(f"{section}.{message}")
 
 
-ADDED_METHOD_KEYS: tuple[str, ...] = ("trims", "core_rule", "zero_last", "rank_shares")
-"""Method settings added after run folders were first written (``trims``: the late stage's gradual trims). A
-recorded run without one takes the resuming command's value, so an older folder resumes; ``--set
-method.trims=1`` continues it exactly as it was trained (one trim, the behaviour before the key existed)."""
-
-
-ADDED_DATA_KEYS: dict[str, Any] = {"skip_bad_lines": False, "layout": "whole"}
-"""Data settings a workload gained after its run folders were first written, with the value that gives the
-behaviour before (``llm``'s ``skip_bad_lines``: a bad JSON line stopped the run; ``llm`` and ``mlm``'s
-``layout``: a ``--data`` corpus was read whole into memory, in key order). A recorded run without one takes
-that value where the current settings have the key, so an older folder resumes."""
 RUN_DATA_KEYS: tuple[str, ...] = ("layout",)
 """Data settings a resumed run takes from its own folder whatever the command says (how its ``--data`` was
 laid out into token shards, which decides the tokens it trains on): :func:`with_run_data_keys`."""
@@ -308,7 +295,7 @@ laid out into token shards, which decides the tokens it trains on): :func:`with_
 
 def with_run_data_keys(header: dict[str, Any], recorded: dict[str, Any]) -> dict[str, Any]:
     """``header`` (a resuming command's ``config.json``) with the :data:`RUN_DATA_KEYS` of ``recorded`` (the
-    run folder's, as :func:`upgrade_run_header` reads it) where both data sections have the key."""
+    run folder's) where both data sections have the key."""
     then = (recorded.get("settings") or {}).get("data")
     now = (header.get("settings") or {}).get("data")
     if not isinstance(then, dict) or not isinstance(now, dict):
@@ -319,83 +306,37 @@ def with_run_data_keys(header: dict[str, Any], recorded: dict[str, Any]) -> dict
     return {**header, "settings": {**header["settings"], "data": {**now, **kept}}}
 
 
-def upgrade_run_header(
-    recorded: dict[str, Any], method: Method, header: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """A run folder's ``config.json`` (``recorded``) as the current code writes it, for comparison with the
-    resuming command's ``header``: keys added since the run was written take ``header``'s value
-    (:data:`ADDED_METHOD_KEYS`, :data:`ADDED_DATA_KEYS`) or the preset's (other ``model`` and ``data``
-    keys); a current header is returned unchanged.
+def check_recorded_settings(recorded: Mapping[str, Any], where: str | Path, way_out: str) -> None:
+    """Refuse a run folder's ``config.json`` (``recorded``, read from ``where``) whose settings sections do
+    not have the keys the current code writes: ``method`` exactly its method's settings, ``model`` and
+    ``data`` exactly its recipe preset's (when the recipe is registered), ``train`` and ``tensorize`` only
+    keys they take. Folders of an earlier comera are not converted.
 
     Raises:
-        ValueError: ``settings.train`` holds keys that are not ``TrainConfig`` fields.
+        ValueError: one line naming the missing and unknown ``section.key`` entries, then ``way_out``.
     """
-    settings = recorded.get("settings")
-    if not isinstance(settings, dict) or not isinstance(settings.get("train"), dict):
-        return recorded
-    recorded = _with_added_data_keys(recorded, header)
-    settings = recorded["settings"]
-    recorded_keys = set(settings.get("method") or {})
-    foreign = sorted(set(settings["train"]) - {field.name for field in dataclasses.fields(TrainConfig)})
-    if foreign:
-        raise ValueError(
-            f"the run's config.json holds train settings {foreign} that are not TrainConfig fields (a run of "
-            "an earlier comera, which kept CoMERA's settings there): it cannot be continued; start it again "
-            "with --restart or choose another --out"
-        )
-    recorded = _without_method_tau(recorded)
-    recorded = _with_added_preset_keys(recorded)
-    wanted = ((header or {}).get("settings") or {}).get("method")
-    if not isinstance(wanted, dict) or header.get("method") != recorded.get("method"):
-        return recorded
-    added = {key: wanted[key] for key in ADDED_METHOD_KEYS if key in wanted and key not in recorded_keys}
-    if not added:
-        return recorded
-    section = {**(recorded["settings"].get("method") or {}), **added}
-    return {**recorded, "settings": {**recorded["settings"], "method": section}}
-
-
-def _without_method_tau(recorded: dict[str, Any]) -> dict[str, Any]:
-    """``recorded`` without ``method.tau``, which the layers' ``tensorize.tau`` replaced, when it changed
-    nothing (None, or the layers' own threshold); a run that set another one raises ``ValueError``."""
-    method = recorded["settings"].get("method")
-    if not isinstance(method, dict) or "tau" not in method:
-        return recorded
-    layers_tau = (recorded["settings"].get("tensorize") or {}).get("tau", TensorizeConfig().tau)
-    if method["tau"] is not None and method["tau"] != layers_tau:
-        raise ValueError(
-            f"the run set method.tau={method['tau']!r} over its layers' {layers_tau!r}; the threshold is now "
-            "tensorize.tau alone, so the run cannot be continued: start it again with --restart"
-        )
-    section = {key: value for key, value in method.items() if key != "tau"}
-    return {**recorded, "settings": {**recorded["settings"], "method": section}}
-
-
-def _with_added_preset_keys(recorded: dict[str, Any]) -> dict[str, Any]:
-    """``recorded`` with the ``model`` and ``data`` keys its preset defines today but the run did not record
-    (keys added to the preset after the run started, e.g. ``model.hidden_size``) set to the preset's values,
-    which the run used; unchanged when its recipe or preset is not registered."""
+    settings = recorded.get("settings") or {}
+    try:
+        method = get_method(recorded.get("method"))
+    except (ValueError, TypeError):
+        raise ValueError(f"{where}: method {recorded.get('method')!r} is not registered; {way_out}") from None
     try:
         preset = get_recipe(recorded.get("recipe")).presets[recorded.get("preset")]
     except (KeyError, ValueError, TypeError):
-        return recorded
-    settings = dict(recorded["settings"])
-    for section in ("model", "data"):
-        if isinstance(settings.get(section), dict):
-            settings[section] = {**preset.get(section, {}), **settings[section]}
-    return {**recorded, "settings": settings}
-
-
-def _with_added_data_keys(recorded: dict[str, Any], header: dict[str, Any] | None) -> dict[str, Any]:
-    """``recorded`` with the :data:`ADDED_DATA_KEYS` that ``header``'s data section has and its own lacks."""
-    then = recorded["settings"].get("data")
-    now = ((header or {}).get("settings") or {}).get("data")
-    if not isinstance(then, dict) or not isinstance(now, dict):
-        return recorded
-    added = {key: value for key, value in ADDED_DATA_KEYS.items() if key in now and key not in then}
-    if not added:
-        return recorded
-    return {**recorded, "settings": {**recorded["settings"], "data": {**then, **added}}}
+        preset = None  # an unregistered recipe: the command names its own, and the headers differ there
+    missing, unknown = [], []
+    for section in SECTIONS:
+        keys = set(settings.get(section) or {})
+        if section in ("model", "data") and preset is None:
+            continue
+        valid = set(_valid_keys(section, (preset or {}).get(section, {}), method))
+        unknown += [f"{section}.{key}" for key in sorted(keys - valid)]
+        if section not in ("train", "tensorize"):
+            missing += [f"{section}.{key}" for key in sorted(valid - keys)]
+    if missing or unknown:
+        named = (("missing", missing), ("unknown", unknown))
+        found = "; ".join(f"{kind} {', '.join(names)}" for kind, names in named if names)
+        raise ValueError(f"{where}: settings written by an earlier comera ({found}); {way_out}")
 
 
 def tensorize_config(settings: dict[str, Any]) -> TensorizeConfig:

@@ -21,13 +21,12 @@ from comera.recipes.settings import (
     layered_settings,
     section_error,
     typed_settings,
-    upgrade_run_header,
     with_run_data_keys,
 )
 from comera.tensorize_config import TensorizeConfig
 from comera.train.config import TrainConfig
 
-__all__ = ["RunSpec", "run_spec", "read_run_config", "default_cache_dir", "default_run_dir"]
+__all__ = ["RunSpec", "run_spec", "resumed", "read_run_config", "default_cache_dir", "default_run_dir"]
 
 
 def default_cache_dir() -> Path:
@@ -140,20 +139,25 @@ def run_spec(
         tensorize=tensorize,
         method_settings=method_settings,
     )
-    if resume:
-        header = spec.header()
-        recorded = _recorded_header(folder, header)
-        if recorded is not None:
-            kept = with_run_data_keys(header, recorded)["settings"]
-            spec = dataclasses.replace(spec, settings=kept)
-    return spec
+    return resumed(spec) if resume else spec
 
 
-def _recorded_header(out: Path, header: dict[str, Any]) -> dict[str, Any] | None:
-    """The run folder's ``config.json`` as the current code writes it (:func:`upgrade_run_header`), or None
-    when it has no readable one (the folder check then says what is wrong)."""
+def resumed(spec: RunSpec) -> RunSpec:
+    """``spec`` continuing the run in ``spec.out``: ``resume`` set, and the data settings the folder's
+    ``config.json`` recorded kept (:func:`comera.recipes.settings.with_run_data_keys`; none when it has no
+    readable one, which the folder check then names)."""
+    spec = dataclasses.replace(spec, resume=True)
+    recorded = _recorded_header(spec.out)
+    if recorded is None:
+        return spec
+    return dataclasses.replace(spec, settings=with_run_data_keys(spec.header(), recorded)["settings"])
+
+
+def _recorded_header(out: Path) -> dict[str, Any] | None:
+    """The run folder's ``config.json``, or None when it has no readable one (the folder check then says
+    what is wrong)."""
     try:
-        return upgrade_run_header(read_run_config(out / "config.json"), get_method(header["method"]), header)
+        return read_run_config(out / "config.json")
     except (OSError, ValueError):
         return None
 

@@ -44,22 +44,3 @@ def test_the_comparison_reports_perplexity_throughput_both_memories_and_two_plot
     for axis in ("tokens", "time"):
         assert (out / f"compare-perplexity-by-{axis}.png").stat().st_size > 1000
     assert not (out / "compare-perplexity.png").exists()
-
-
-def test_a_comparison_run_from_before_data_layout_existed_is_reused(tmp_path):
-    """A finished run whose ``config.json`` has no ``data.layout`` (written before the key existed) is the
-    same run as the command's, not one with other settings."""
-    arguments = {
-        "preset": "smoke",
-        "out": tmp_path / "cmp",
-        "cache_dir": tmp_path / "cache",
-        "assignments": ["train.plot=false", "train.early=3", "train.late=1"],
-        "fresh_process": False,
-        "log": lambda line: None,
-    }
-    assert [item.status for item in compare("llm", ["dense"], **arguments)] == ["trained"]
-    config_path = tmp_path / "cmp" / "dense" / "config.json"
-    config = json.loads(config_path.read_text())
-    del config["settings"]["data"]["layout"]
-    config_path.write_text(json.dumps(config))
-    assert [item.status for item in compare("llm", ["dense"], **arguments)] == ["reused"]

@@ -9,11 +9,9 @@ import torch
 from torch import nn
 
 import comera
-from comera.methods import get_method
 from comera.recipes.base import RecipeData, get_recipe
-from comera.recipes.run import run_header
-from comera.recipes.run_folder import header_difference
-from comera.recipes.settings import tensorize_config, upgrade_run_header
+from comera.recipes.settings import check_recorded_settings, tensorize_config
+from comera.recipes.spec import run_spec
 from comera.workloads import load_recipe
 
 PROJECTIONS = ("attention.q", "attention.k", "attention.v", "attention.o", "mlp.gate", "mlp.up", "mlp.down")
@@ -38,7 +36,7 @@ def test_llm_sizes_build_the_model_and_the_preset_folds_its_widths(preset, sizes
         f"model.n_heads={heads}",
         f"model.intermediate_size={inner}",
     ]
-    header = run_header("llm", "comera", preset, assignments=assignments)
+    header = run_spec("llm", "comera", preset, assignments=assignments).header()
     model_section = header["settings"]["model"]
     assert [
         model_section[key] for key in ("hidden_size", "n_layers", "n_heads", "intermediate_size")
@@ -61,7 +59,7 @@ def test_llm_sizes_build_the_model_and_the_preset_folds_its_widths(preset, sizes
 
 def test_the_preset_sizes_give_the_preset_layouts_unchanged():
     load_recipe("llm")
-    header = run_header("llm", "comera", "small")
+    header = run_spec("llm", "comera", "small").header()
     assert tensorize_config(header["settings"]) == comera.tensorize_preset("llm-small")
 
 
@@ -97,29 +95,32 @@ def test_the_preset_sizes_give_the_preset_layouts_unchanged():
 def test_a_bad_size_is_refused_by_name_before_any_data_is_read(workload, preset, assignments, message):
     load_recipe(workload)
     with pytest.raises(ValueError, match=message):
-        run_header(workload, "comera", preset, assignments=assignments)
+        run_spec(workload, "comera", preset, assignments=assignments).header()
 
 
 def test_a_toml_model_section_sets_the_sizes(tmp_path):
     load_recipe("llm")
     config = tmp_path / "run.toml"
     config.write_text("[model]\nhidden_size = 64\nintermediate_size = 176\nn_heads = 2\n")
-    settings = run_header("llm", "dense", "small", config_file=config)["settings"]
+    settings = run_spec("llm", "dense", "small", config_file=config).header()["settings"]
     assert (settings["model"]["hidden_size"], settings["model"]["n_heads"]) == (64, 2)
     assert settings["model"]["n_layers"] == 4, "a size the file does not name stays the preset's"
 
 
-def test_a_run_recorded_before_the_sizes_were_settings_still_matches_its_command():
+def test_a_run_recorded_before_the_sizes_were_settings_is_refused_naming_them():
     load_recipe("llm")
-    header = run_header("llm", "comera", "small")
+    header = run_spec("llm", "comera", "small").header()
+    assert check_recorded_settings(header, "config.json", "start again") is None
     recorded = {
         **header,
         "settings": {**header["settings"], "model": {"preset": "small", "tie_embeddings": False}},
     }
-    assert header_difference(upgrade_run_header(recorded, get_method("comera"), header), header) is None
-    wider = run_header("llm", "comera", "small", assignments=["model.hidden_size=256"])
-    difference = header_difference(upgrade_run_header(recorded, get_method("comera"), wider), wider)
-    assert "model.hidden_size: 128 then, 256 now" in difference
+    with pytest.raises(
+        ValueError, match=r"^config.json: settings written by an earlier comera \(missing model\."
+    ):
+        check_recorded_settings(recorded, "config.json", "start again")
+    with pytest.raises(ValueError, match=r"model.hidden_size, .*; start again$"):
+        check_recorded_settings(recorded, "config.json", "start again")
 
 
 def test_mlm_sizes_build_the_model_and_fold_its_widths():
@@ -130,7 +131,7 @@ def test_mlm_sizes_build_the_model_and_fold_its_widths():
         "model.n_heads=3",
         "model.intermediate_size=96",
     ]
-    header = run_header("mlm", "comera", "smoke", assignments=assignments)
+    header = run_spec("mlm", "comera", "smoke", assignments=assignments).header()
     data = RecipeData(
         train=[],
         evals={},

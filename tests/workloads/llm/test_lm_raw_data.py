@@ -5,13 +5,11 @@ before (its ``--data`` read whole into memory) resumes over the same tokens."""
 import fcntl
 import json
 import os
-import shutil
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from comera.cli import main
@@ -142,33 +140,6 @@ def test_the_whole_layout_gives_the_in_memory_blocks(tmp_path, write_corpus):
     assert [mapped.validation[i].tolist() for i in range(7)] == memory.validation.tokens.tolist()
     for split in ("train", "validation"):
         assert mapped.info[split] == memory.info[split]
-
-
-def test_a_run_folder_that_read_its_data_whole_resumes_over_the_same_tokens(tmp_path, write_corpus):
-    """A run started before ``--data`` was prepared (its ``config.json`` has no ``data.layout``, its data
-    identity is the in-memory build's) resumes: the resume takes the folder's layout (``whole``)."""
-    data = write_corpus(tmp_path / "corpus", notes=True)
-    cache = tmp_path / "cache"
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    settings = ["train.checkpoint_every=4", "data.layout=whole"]
-    assert _train(data, full, cache, *settings) == 0
-    shutil.copytree(full, cut)
-    config = json.loads((cut / "config.json").read_text())
-    del config["settings"]["data"]["layout"]  # as the run folders written before the key existed
-    memory = build_lm_data(
-        data, cache_dir=cache, seq_len=32, vocab_size=300, validation_fraction=0.1, max_validation_blocks=16
-    )
-    assert config["data_identity"] == memory.info["identity"]  # the tokens the in-memory build gave
-    (cut / "config.json").write_text(json.dumps(config))
-    for name in ("results.json", "report.txt", "model"):
-        shutil.rmtree(cut / name) if (cut / name).is_dir() else (cut / name).unlink()
-    (cut / "checkpoints" / "step-00000008.pt").unlink()  # stopped after step 4
-    assert _train(data, cut, cache, "train.checkpoint_every=4", resume=True) == 0
-    events = [json.loads(line) for line in (cut / "metrics.jsonl").read_text().splitlines()]
-    assert [event["step"] for event in events if event.get("event") == "resume"] == [4]
-    got = load_file(str(cut / "model" / "model.safetensors"))
-    want = load_file(str(full / "model" / "model.safetensors"))
-    assert got.keys() == want.keys() and all((got[name] == want[name]).all() for name in want)
 
 
 def test_a_second_process_waits_for_the_entry_being_prepared_then_reads_it(tmp_path, write_corpus):

@@ -123,8 +123,8 @@ def test_loss_is_the_mean_over_masked_tokens_and_zero_without_any():
 def test_lte_trains_the_encoder_linears_and_leaves_the_masked_rows_head_plain(tmp_path, cache):
     from comera.methods import MethodContext, get_method
     from comera.methods.lte import LTELinear
-    from comera.recipes.run import run_header
     from comera.recipes.settings import tensorize_config
+    from comera.recipes.spec import run_spec
 
     # the LM head's transform sees the masked positions of all sequences as rows, which LTE's heads cannot
     # split by sequence; the run must still train
@@ -138,7 +138,7 @@ def test_lte_trains_the_encoder_linears_and_leaves_the_masked_rows_head_plain(tm
         cache_dir=cache,
     )
     assert math.isfinite(results["evaluation"]["validation"]["mlm_loss"]) and results["steps"] == 6
-    settings = run_header("mlm", "lte", "smoke", FOLDER, assignments=SETTINGS)["settings"]
+    settings = run_spec("mlm", "lte", "smoke", data=FOLDER, assignments=SETTINGS).header()["settings"]
     context = MethodContext(tensorize=tensorize_config(settings), settings=settings["method"])
     model = get_method("lte").prepare(build_mlm_model("smoke", vocab_size=300), context)
     assert type(model.lm_head.dense) is torch.nn.Linear

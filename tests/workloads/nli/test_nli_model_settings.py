@@ -9,8 +9,8 @@ import torch
 
 import comera
 from comera.recipes.base import RecipeData, get_recipe
-from comera.recipes.run import run_header
 from comera.recipes.settings import tensorize_config
+from comera.recipes.spec import run_spec
 from comera.workloads import load_recipe
 
 PROJECTIONS = ("query", "key", "value", "output", "ffn_in", "ffn_out")
@@ -31,7 +31,7 @@ def _data(vocab: int = 300, max_length: int = 16) -> RecipeData:
 def test_the_preset_folds_a_new_width_exactly_and_the_model_trains_through_it(preset, width, ffn, heads):
     load_recipe("nli")
     assignments = [f"model.d_model={width}", f"model.d_ff={ffn}", f"model.n_heads={heads}"]
-    header = run_header("nli", "comera", preset, assignments=assignments)
+    header = run_spec("nli", "comera", preset, assignments=assignments).header()
     model = get_recipe("nli").build_model(header["settings"]["model"], _data())
     config = tensorize_config(header["settings"])
     comera.tensorize_(model, config)
@@ -53,7 +53,7 @@ def test_the_preset_folds_a_new_width_exactly_and_the_model_trains_through_it(pr
 def test_the_preset_sizes_give_the_preset_layouts_unchanged():
     load_recipe("nli")
     for preset in ("smoke", "small", "paper"):
-        header = run_header("nli", "comera", preset)
+        header = run_spec("nli", "comera", preset).header()
         assert tensorize_config(header["settings"]) == comera.tensorize_preset(f"nli-{preset}")
 
 
@@ -67,4 +67,4 @@ def test_the_preset_sizes_give_the_preset_layouts_unchanged():
 def test_a_width_the_preset_cannot_fold_is_refused_by_name_before_any_data_is_read(assignments, message):
     load_recipe("nli")
     with pytest.raises(ValueError, match=message):
-        run_header("nli", "comera", "smoke", assignments=assignments)
+        run_spec("nli", "comera", "smoke", assignments=assignments).header()

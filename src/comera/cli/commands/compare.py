@@ -26,15 +26,11 @@ from comera.cli.commands.train import add_setting_arguments
 from comera.cli.startup import interrupts_raise
 from comera.methods import get_method, method_names, settings_type
 from comera.recipes.folders import missing_folders, remove_empty_folders, writable_folder
-from comera.recipes.run import (
-    SetupError,
-    read_run_config,
-    run,
-    run_header,
-)
+from comera.recipes.run import SetupError, read_run_config, run_spec_folder
 from comera.recipes.run_folder import header_difference
 from comera.recipes.run_records import strict_json
-from comera.recipes.settings import parse_assignment, upgrade_run_header, with_run_data_keys
+from comera.recipes.settings import check_recorded_settings, parse_assignment, with_run_data_keys
+from comera.recipes.spec import RunSpec, resumed, run_spec
 from comera.train.metrics import read_metrics
 from comera.train.plateau import last_fifth_change, plateau_note
 from comera.workloads import load_recipe, workload_names
@@ -94,7 +90,8 @@ def _state(run_dir: Path, header: dict[str, Any]) -> str:
             )
         return "empty"
     wanted = _normalised(header)
-    recorded = upgrade_run_header(read_run_config(config), get_method(header["method"]), wanted)
+    recorded = read_run_config(config)
+    check_recorded_settings(recorded, config, "use another --out, or --rerun to replace it")
     difference = header_difference(recorded, with_run_data_keys(wanted, recorded))
     if difference is not None:
         raise ValueError(
@@ -123,7 +120,8 @@ def _check_packages(method: str) -> None:
         package()
 
 
-def _subprocess_runner(arguments: dict[str, Any]) -> None:
+def _subprocess_runner(spec: RunSpec, arguments: dict[str, Any]) -> None:
+    """Train the run by ``comera train`` in a new Python process, which resolves ``arguments`` itself."""
     bar = "--progress" if arguments.get("progress") else "--no-progress"
     command = module_command("comera.cli.commands.train", [*_command_arguments(arguments), bar])
     code = run_child(command)
@@ -133,19 +131,9 @@ def _subprocess_runner(arguments: dict[str, Any]) -> None:
         raise RuntimeError(f"the run exited with status {code} (its messages are above)")
 
 
-def _in_process_runner(arguments: dict[str, Any]) -> None:
-    run(
-        arguments["workload"],
-        method=arguments["method"],
-        preset=arguments["preset"],
-        data=arguments["data"],
-        config_file=arguments["config"],
-        assignments=arguments["assignments"],
-        out=arguments["out"],
-        resume=arguments["resume"],
-        cache_dir=arguments["cache"],
-        progress=arguments.get("progress", False),
-    )
+def _in_process_runner(spec: RunSpec, arguments: dict[str, Any]) -> None:
+    """Train the run ``spec`` (resolved when the comparison was planned) in this process."""
+    run_spec_folder(resumed(spec) if arguments["resume"] else spec)
 
 
 def _command_arguments(arguments: dict[str, Any]) -> list[str]:
@@ -250,11 +238,21 @@ def compare(
         plans = []
         for name, method, extra in rows:
             own = [*routed[method], *extra]
-            header = run_header(workload, method, preset, data, config_file=config_file, assignments=own)
-            _check_packages(method)
             run_dir = out / name
+            spec = run_spec(
+                workload,
+                method,
+                preset,
+                data=data,
+                config_file=config_file,
+                assignments=own,
+                out=run_dir,
+                cache_dir=cache_dir,
+                progress=progress,
+            )
+            _check_packages(method)
             replace = rerun and (run_dir / _CONFIG).exists()
-            plans.append((name, method, own, run_dir, "replace" if replace else _state(run_dir, header)))
+            plans.append((name, spec, own, "replace" if replace else _state(run_dir, spec.header())))
         writable_folder(out, "--out")
         if cache_dir is not None:
             writable_folder(Path(cache_dir), "--cache")
@@ -264,7 +262,8 @@ def compare(
     runner = _subprocess_runner if fresh_process else _in_process_runner
     done: list[MethodRun] = []
     try:
-        for name, method, own, run_dir, state in plans:
+        for name, spec, own, state in plans:
+            run_dir = spec.out
             if state == "finished":
                 log(f"[compare] {name}: reusing the finished run in {run_dir}")
                 done.append(MethodRun(name, run_dir, "reused", _finished_results(run_dir)))
@@ -273,7 +272,7 @@ def compare(
                 shutil.rmtree(run_dir)
             arguments = {
                 "workload": workload,
-                "method": method,
+                "method": spec.method,
                 "preset": preset,
                 "data": data,
                 "config": config_file,
@@ -285,7 +284,7 @@ def compare(
             }
             log(f"[compare] {name}: comera train {' '.join(_command_arguments(arguments))}")
             try:
-                runner(arguments)
+                runner(spec, arguments)
                 done.append(MethodRun(name, run_dir, "trained", json.loads((run_dir / _RESULTS).read_text())))
             except (RuntimeError, SetupError, OSError) as error:
                 log(f"[compare] {name} failed: {error}")

@@ -23,7 +23,8 @@ from comera.cli.commands.frontier_report import write_frontier
 from comera.cli.commands.paths import run_folder_argument
 from comera.cli.commands.train import add_setting_arguments
 from comera.cli.startup import interrupts_raise
-from comera.recipes.run import SetupError, run_header
+from comera.recipes.run import SetupError
+from comera.recipes.spec import run_spec
 from comera.workloads import load_recipe
 
 __all__ = ["FrontierPoint", "dense_width_settings", "non_embedding_parameters", "frontier", "main"]
@@ -218,13 +219,10 @@ def frontier(
         if not seeds or seeds[0] != 0 or len(set(seeds)) != len(seeds):
             raise ValueError(f"--seeds must start with 0 and name each seed once, got {list(seeds)}")
         load_recipe("llm")
-        base = run_header("llm", "dense", preset, data, config_file=config_file, assignments=assignments)
-        model = base["settings"]["model"]
-        own = run_header("llm", "comera", preset, data, config_file=config_file, assignments=assignments)
-        rates = {
-            "dense": base["settings"]["train"]["lr_other"],
-            "comera": own["settings"]["method"]["lr_cores"],
-        }
+        base = run_spec("llm", "dense", preset, data=data, config_file=config_file, assignments=assignments)
+        model = base.settings["model"]
+        own = run_spec("llm", "comera", preset, data=data, config_file=config_file, assignments=assignments)
+        rates = {"dense": base.train.lr_other, "comera": own.method_settings.lr_cores}
         points = _sweep_points(dense_widths, configurations, lr_factors, model, rates)
     except ValueError as error:
         raise SetupError(str(error)) from error

@@ -15,8 +15,8 @@ from comera.cli.commands.paths import path_argument
 from comera.data.corpus_sample import DEFAULT_SAMPLE_MB
 from comera.data.prepare import DEFAULT_SHARD_TOKENS, PrepareSettings, PrepareSummary, prepare_corpus
 from comera.data.progress import Progress
-from comera.methods import get_method
-from comera.recipes.settings import add_set_argument, resolve_settings
+from comera.recipes.settings import add_set_argument
+from comera.recipes.spec import run_spec
 from comera.workloads import load_recipe
 from comera.workloads.mlm.prepared import MLM_TEXT_FIELDS
 
@@ -127,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"unknown --preset {args.preset!r}; choose one of {sorted(presets)}")
         if args.sample_mb <= 0:
             raise ValueError(f"--sample-mb must be a number > 0, got {args.sample_mb!r}")
-        data = resolve_settings(
-            presets, args.preset, get_method("dense"), config_file=args.config, assignments=args.assignments
-        )["data"]
+        data = run_spec(
+            args.workload, "dense", args.preset, config_file=args.config, assignments=args.assignments
+        ).settings["data"]
         settings = PrepareSettings(
             vocab_size=data["vocab_size"],
             validation_fraction=data["validation_fraction"],
