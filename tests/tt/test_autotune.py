@@ -205,31 +205,29 @@ def _slow_except(fast: str):
 
 @pytest.mark.parametrize("layer_type", [TTLinear, TTMLinear])
 def test_layer_runs_the_measured_order_and_stays_exact(tuning, monkeypatch, layer_type):
-    """The cost model picks one order, the (faked) measurement another: the layer runs the measured one,
-    gives the float64 dense result with it, leaves no gradient on the parameters and draws no random
-    number while measuring."""
+    """The cost model picks one order, the (faked) measurement another: the layer runs the measured one (its
+    output is bit for bit that of the layer fixed to that order, not that of the estimate), gives the float64
+    dense result with it, leaves no gradient on the parameters and draws no random number while measuring."""
     layer = layer_type(24, 20, rank=3).double()
     x = torch.randn(6, 24, dtype=torch.float64, requires_grad=True)
-    estimate = layer._estimated_order(6, True)
+    with autotune(False):
+        estimate = layer.chosen_order(x)
     contested = contested_orders(layer.order_costs(6, True), margin=float("inf"))
     other = next(order for order in contested if order != estimate)
     monkeypatch.setattr(
         "comera.nn.linear.contested_orders", lambda costs: contested_orders(costs, float("inf"))
     )
     monkeypatch.setattr(autotune_module, "_timed_seconds", _slow_except(other))
-    used = []
-    real_contract = layer._contract
-
-    def spy(x, order):
-        used.append(order)
-        return real_contract(x, order)
-
-    monkeypatch.setattr(layer, "_contract", spy)
     rng = torch.get_rng_state()
     out = layer(x)
     assert torch.equal(torch.get_rng_state(), rng)
-    assert used == [other]
     assert all(p.grad is None for p in layer.parameters())
+    fixed = {}
+    for order in (other, estimate):
+        layer.order = order
+        fixed[order] = layer(x.detach())
+    layer.order = "auto"
+    assert torch.equal(out, fixed[other]) and not torch.equal(out, fixed[estimate])
     dense = layer.to_dense()
     torch.testing.assert_close(out, x @ dense.T + layer.bias, rtol=1e-10, atol=1e-10)
     out.sum().backward()
@@ -243,7 +241,7 @@ def test_real_measurement_gives_correct_results(tuning):
     x = torch.randn(33, 64, requires_grad=True)
     out = layer(x)
     keys = [key for key in autotune_cache() if key[0] == "TTLinear"]
-    contested = layer._candidate_orders(33, True)
+    contested = layer.candidate_orders(33, True)
     if len(contested) > 1:
         assert len(keys) == 1 and autotune_cache()[keys[0]] in contested
     reference = x.double() @ layer.double().to_dense().T + layer.bias.double()
@@ -312,9 +310,9 @@ def test_factors_order_gradcheck_against_merge(with_bias):
 
 def test_tt_candidates_add_factors_beside_merge():
     layer = TTLinear(768, 768, rank=30)
-    candidates = layer._candidate_orders(4096, True)
+    candidates = layer.candidate_orders(4096, True)
     assert "merge" in candidates and candidates[-1] == "factors"
-    assert "factors" not in TTMLinear(768, 768, rank=30)._candidate_orders(4096, True)
+    assert "factors" not in TTMLinear(768, 768, rank=30).candidate_orders(4096, True)
 
 
 def test_a_measurement_inside_a_checkpointed_region_leaves_its_recomputation_matching(tuning, fake_clock):

@@ -2,7 +2,7 @@
 
 References: the MACs, elements and launches that :func:`lookup_split_cost` hands to the cost model, recorded
 by a :class:`CostModel` subclass and compared with counts derived by hand below (merges walk from the outer
-end of each half inward, see ``lookup._merge_work``); thresholds computed by hand for a cost model with round
+end of each half inward); thresholds computed by hand for a cost model with round
 constants; dedup decisions of :func:`ttm_lookup_rows` seen through the ``position`` it returns.
 
 Train ``_SHAPES`` (cores ``(r_{k-1}, m_k, n_k, r_k)``): F1 (1, 2, 3, 4), F2 (4, 3, 2, 5), F3 (5, 2, 3, 3),

@@ -193,14 +193,17 @@ class _TrainLinear(GatedTrain):
             return known  # type: ignore[return-value]  # the cache holds this layer's order names
         return tuned(
             key,
-            lambda: self._candidate_orders(batch, backward),
+            lambda: self.candidate_orders(batch, backward),
             self._estimated_order(batch, backward),
             self._trial(x, backward),
             x.device,
         )
 
-    def _candidate_orders(self, batch: int, backward: bool) -> tuple[str, ...]:
-        """The orders autotuning measures for ``batch`` rows: those the cost model cannot tell apart."""
+    def candidate_orders(self, batch: int, backward: bool) -> tuple[str, ...]:
+        """The orders autotuning measures for a call of ``batch`` rows (``backward``: with the gradients):
+        those the cost model cannot tell apart (:func:`comera.tt.costs.contested_orders`), a tuple of names
+        from :data:`comera.tt.costs.ORDERS` in that order, plus what a layer type adds; one name when the
+        estimate is clear."""
         return contested_orders(self.order_costs(batch, backward))
 
     def _trial(self, x: torch.Tensor, backward: bool) -> Callable[[str], object]:
@@ -563,9 +566,9 @@ class TTLinear(_TrainLinear):
     def _estimated_order(self, batch: int, backward: bool) -> str:
         return auto_tt_order(batch, self.in_shape, self.out_shape, self.max_ranks, backward)
 
-    def _candidate_orders(self, batch: int, backward: bool) -> tuple[str, ...]:
+    def candidate_orders(self, batch: int, backward: bool) -> tuple[str, ...]:
         """The contested orders, and :data:`comera.tt.paths.FACTORS` beside ``"merge"`` (fp32 GEMMs)."""
-        contested = super()._candidate_orders(batch, backward)
+        contested = super().candidate_orders(batch, backward)
         if "merge" in contested and self.gemm == "fp32":
             return (*contested, FACTORS)
         return contested
