@@ -533,7 +533,7 @@ def test_prune_under_ddp_drops_and_rebuilds_the_wrapper(monkeypatch):
     trainer = scripted_trainer(None, (("epoch_end",), {"removed": 1}, lambda: bare.append(trainer.model)))
     trainer.world_size = 2
     old = trainer.model = FakeDDP(trainer.module)
-    assert trainer._prune("epoch_end") is True
+    assert trainer.prune("epoch_end") == {"removed": 1}
     assert bare == [trainer.module]
     assert isinstance(trainer.model, FakeDDP) and trainer.model is not old
     assert trainer.model.module is trainer.module
