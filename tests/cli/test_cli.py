@@ -223,6 +223,30 @@ def test_plot_compare_draws_one_metric_of_several_runs(tmp_path, capsys):
     assert main(["plot", runs[0], "--compare", runs[1]]) == 2
 
 
+def saved_figures(monkeypatch) -> list[dict]:
+    """What each figure written through matplotlib's ``Figure.savefig`` showed, read just before the write:
+    its first axis's line labels with their x data, its texts, title and x label."""
+    from matplotlib.figure import Figure
+
+    saved: list[dict] = []
+    real = Figure.savefig
+
+    def keep(figure, *args, **kwargs):
+        axis = figure.axes[0]
+        saved.append(
+            {
+                "lines": {line.get_label(): list(line.get_xdata()) for line in axis.lines},
+                "texts": [text.get_text() for text in axis.texts],
+                "title": axis.get_title(),
+                "xlabel": axis.get_xlabel(),
+            }
+        )
+        return real(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return saved
+
+
 def test_plot_compare_draws_the_events_of_the_first_run_that_has_any(tmp_path, monkeypatch):
     from comera.train import plots
 
@@ -234,13 +258,12 @@ def test_plot_compare_draws_the_events_of_the_first_run_that_has_any(tmp_path, m
         run.mkdir()
         (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
         runs.append(run)
-    drawn = []
-    real = plots._events
-    monkeypatch.setattr(
-        plots, "_events", lambda axes, records, prefix="": drawn.append(prefix) or real(axes, records, prefix)
-    )
+    saved = saved_figures(monkeypatch)
     plots.plot_comparison(runs, "accuracy", tmp_path / "all.png")
-    assert drawn == ["comera: "]
+    (figure,) = saved
+    assert {label: x for label, x in figure["lines"].items() if ": " in label} == {
+        "comera: late stage": [10, 10]
+    }
 
 
 def test_plot_compare_of_runs_evaluated_once_shows_their_final_values(tmp_path, monkeypatch):
@@ -252,24 +275,19 @@ def test_plot_compare_of_runs_evaluated_once_shows_their_final_values(tmp_path, 
         run.mkdir()
         (run / "metrics.jsonl").write_text(f'{{"kind": "eval", "step": 251, "metrics": {{"ne": {value}}}}}\n')
         runs.append(run)
-    shown = []
-    real = plots._final_values
-    monkeypatch.setattr(
-        plots,
-        "_final_values",
-        lambda figure, axis, series, *rest: (
-            shown.append([(n, p) for n, _, p in series]) or real(figure, axis, series, *rest)
-        ),
-    )
+    saved = saved_figures(monkeypatch)
     path = plots.plot_comparison(runs, "ne", tmp_path / "ne.png")
-    assert shown == [[("dense", [(251, 0.86)]), ("comera", [(251, 0.87)])]]
+    assert saved[0]["texts"] == ["0.86", "0.87"]
+    assert saved[0]["title"] == "ne on the evaluation split at step 251"
     assert path.stat().st_size > 1000
     (runs[1] / "metrics.jsonl").write_text(
         '{"kind": "eval", "step": 100, "metrics": {"ne": 0.9}}\n'
         '{"kind": "eval", "step": 251, "metrics": {"ne": 0.87}}\n'
     )
     plots.plot_comparison(runs, "ne", tmp_path / "ne2.png")
-    assert len(shown) == 1, "a run with a curve gets curves"
+    assert saved[1]["texts"] == [] and saved[1]["lines"]["comera"] == [100, 251], (
+        "a run with a curve gets curves"
+    )
 
 
 def _eval_runs(tmp_path, times):
@@ -293,23 +311,15 @@ def test_plot_compare_draws_each_run_against_steps_tokens_or_time(tmp_path, monk
     from comera.train import plots
 
     runs = _eval_runs(tmp_path, {"dense": [(2, 5.0), (4, 9.5)], "comera": [(2, 1.5), (4, 3.0)]})
-    drawn = {}
-    real = plots._save
-
-    def keep(figure, path, plt):
-        axis = figure.axes[0]
-        drawn.update({line.get_label(): list(line.get_xdata()) for line in axis.lines})
-        drawn["xlabel"] = axis.get_xlabel()
-        return real(figure, path, plt)
-
-    monkeypatch.setattr(plots, "_save", keep)
+    saved = saved_figures(monkeypatch)
     plots.plot_comparison(runs, "ppl", tmp_path / "p.png", x=x, tokens_per_step={"dense": 64, "comera": 128})
     want = {
         "step": {"dense": [2, 4], "comera": [2, 4]},
         "tokens": {"dense": [128, 256], "comera": [256, 512]},
         "time": {"dense": [5.0, 9.5], "comera": [1.5, 3.0]},
     }[x]
-    assert {name: drawn[name] for name in want} == want
+    (drawn,) = saved
+    assert {name: drawn["lines"][name] for name in want} == want
     assert drawn["xlabel"] == {"step": "step", "tokens": "tokens trained on", "time": "training time (s)"}[x]
 
 
