@@ -196,7 +196,8 @@ def test_final_accuracy_is_exact_over_the_split(tmp_path):
     model = toy.ToyRecipe().build_model({"hidden": 32}, None)
     model = comera.load_pretrained(out / "model", base_model=model)
     model.eval()
-    inputs, labels = next(iter(DataLoader(toy._split(40, 3), batch_size=40)))
+    test_split = toy.ToyRecipe().build_data(PRESETS["smoke"]["data"], None, tmp_path / "cache").evals["test"]
+    inputs, labels = next(iter(DataLoader(test_split, batch_size=40)))
     with torch.no_grad():
         predicted = model(inputs).argmax(1)
     assert results["evaluation"]["test"]["accuracy"] == pytest.approx(accuracy_score(labels, predicted))

@@ -27,7 +27,7 @@ from comera.train.evaluation import Evaluator
 from comera.train.metrics import read_metrics
 from comera.train.objective import TaskObjective
 
-# --- _evaluate_splits: the batches each split is evaluated on -------------------------------------------
+# --- evaluate_splits: the batches each split is evaluated on -------------------------------------------
 
 
 class Numbers(Dataset):
@@ -92,7 +92,7 @@ def _evaluate(evals, last_eval, *, batch_size=2):
         module=nn.Identity(), last_eval=last_eval, config=SimpleNamespace(batch_size=batch_size)
     )
     data = RecipeData(train=Numbers(4), evals=evals, collate_fn=_collate, info={})
-    return run_module._evaluate_splits(trainer, BatchRecipe(), data, SETTINGS)
+    return run_module.evaluate_splits(trainer, BatchRecipe(), data, SETTINGS)
 
 
 def test_the_first_split_takes_the_trainers_last_evaluation_the_others_are_batched_in_order(monkeypatch):

@@ -68,6 +68,7 @@ from comera.version import __version__
 __all__ = [
     "run",
     "run_spec_folder",
+    "evaluate_splits",
     "read_run_config",
     "SetupError",
     "default_cache_dir",
@@ -88,9 +89,12 @@ def _write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def _evaluate_splits(trainer: Trainer, recipe: Recipe, data: RecipeData, settings) -> dict[str, dict]:
-    """Every evaluation split's metrics on the final model; the first split's come from the Trainer's
-    evaluation at the last step (after its last prune), which saw the same model."""
+def evaluate_splits(trainer: Trainer, recipe: Recipe, data: RecipeData, settings) -> dict[str, dict]:
+    """Every evaluation split's metrics on the final model, ``{split: {metric: value}}`` in the order of
+    ``data.evals``; the first split's come from ``trainer.last_eval`` (the Trainer's evaluation at the last
+    step, after its last prune, which saw the same model) when it is not empty; every other split is read in
+    batches of ``trainer.config.batch_size`` made by ``data.collate_fn`` and scored by the recipe's evaluator
+    built from ``settings`` (each process its shard, merged, under several processes)."""
     model = trainer.module
     first = next(iter(data.evals), None)
     results = {first: dict(trainer.last_eval)} if first is not None and trainer.last_eval else {}
@@ -300,7 +304,7 @@ def _train(setup: _Setup, resume: bool, started: float) -> dict[str, Any]:
     pruned = trainer.prune(point="save") is not None
     if pruned:  # the saved model holds what is reported: its active ranks (the function is unchanged)
         trainer.last_eval = {}
-    evaluation = _evaluate_splits(trainer, recipe, data, settings)
+    evaluation = evaluate_splits(trainer, recipe, data, settings)
     model = trainer.module  # a sharded run with sharded cores rebuilds it at each prune
     saved = _whole_model(setup) if is_sharded(model) else model
     results = on_rank_zero(lambda: _write_outputs(setup, saved, fit, evaluation, started - earlier_time))
