@@ -81,8 +81,10 @@ def test_a_case_killed_without_a_message_says_how_it_ended(tmp_path, monkeypatch
         return subprocess.CompletedProcess(command, -15, stdout="", stderr="")
 
     monkeypatch.setattr(paper.subprocess, "run", killed)
-    args = paper._parse(["--sections", "transformer", "--out", str(tmp_path)])
-    result = paper._fresh(args, "dense", 1, tmp_path)
+    args = paper.parse_arguments(["--sections", "transformer", "--out", str(tmp_path)])
+    result = paper.run_fresh_case(
+        args.workload, args.preset, "dense", 1, repeats=args.repeats, warmup=args.warmup, cache_dir=tmp_path
+    )
     assert result["error"] == ["exit status -15, nothing on stderr"]
     assert "failed: exit status -15, nothing on stderr" in paper.format_report([result], "c")
 
@@ -151,10 +153,10 @@ def test_bad_flags_name_the_flag_and_the_valid_values(tmp_path, capsys):
 
 
 def test_quick_sets_defaults_that_explicit_flags_override():
-    args = paper._parse(["--quick", "--batches", "4", "--sections", "mlm", "ladder"])
+    args = paper.parse_arguments(["--quick", "--batches", "4", "--sections", "mlm", "ladder"])
     assert args.batches == [4] and args.preset == "smoke" and args.threads == 1
     assert args.sections == ["ladder", "mlm"], "sections run in their fixed order"
-    assert paper._parse(["--ladder", "2", "8", "8"]).ladder == [8, 2]
+    assert paper.parse_arguments(["--ladder", "2", "8", "8"]).ladder == [8, 2]
 
 
 def _positive_times(results: list[dict], *fields: str) -> None:

@@ -65,9 +65,9 @@ def test_a_slower_or_failed_comera_is_said_so():
 
 
 def test_the_speed_preset_follows_the_preset():
-    assert demo._parse([]).speed_preset == "paper"
-    assert demo._parse(["--preset", "smoke"]).speed_preset == "smoke"
-    assert demo._parse(["--preset", "smoke", "--speed-preset", "paper"]).speed_preset == "paper"
+    assert demo.parse_arguments([]).speed_preset == "paper"
+    assert demo.parse_arguments(["--preset", "smoke"]).speed_preset == "smoke"
+    assert demo.parse_arguments(["--preset", "smoke", "--speed-preset", "paper"]).speed_preset == "paper"
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_the_speed_preset_follows_the_preset():
 )
 def test_a_flag_below_its_range_is_named(flag, value, least, capsys):
     with pytest.raises(SystemExit):
-        demo._parse([flag, str(value)])
+        demo.parse_arguments([flag, str(value)])
     assert f"{flag} must be >= {least}, got {value}" in capsys.readouterr().err
 
 

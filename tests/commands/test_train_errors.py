@@ -446,10 +446,10 @@ def _parse_only(command):
 
     name, *arguments = command
     if name == "train":
-        return train._parser().parse_args(arguments)
+        return train.build_parser().parse_args(arguments)
     if name == "compare":
-        return compare._parser().parse_args(arguments)
-    return demo._parse(arguments)
+        return compare.build_parser().parse_args(arguments)
+    return demo.parse_arguments(arguments)
 
 
 @pytest.mark.parametrize("root", ["/", "//", "/.", "/tmp/.."])

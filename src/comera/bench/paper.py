@@ -70,6 +70,7 @@ __all__ = [
     "ladder_ranks",
     "format_report",
     "plot_report",
+    "parse_arguments",
     "main",
 ]
 
@@ -435,7 +436,11 @@ SECTIONS = {
 """The sections, in the order they run; ``--write`` updates section ``paper-NAME``."""
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The flags of ``comera bench paper`` in ``argv`` (None: the command line) as a namespace:
+    ``--quick`` fills the defaults that explicit flags leave open, ``sections`` come in the fixed order of
+    :data:`SECTIONS`, ``ladder`` is deduplicated and sorted largest first; bad counts exit through
+    ``argparse`` naming the flag."""
     parser = argparse.ArgumentParser(prog="comera bench paper", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS), help="sections to run"
@@ -566,7 +571,7 @@ def _run_section(name: str, args: argparse.Namespace, out: Path, cache: Path, co
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera bench paper``."""
-    args = _parse(argv)
+    args = parse_arguments(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     for module in args.imports:

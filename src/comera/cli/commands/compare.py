@@ -41,6 +41,7 @@ __all__ = [
     "compare",
     "method_assignments",
     "format_markdown",
+    "build_parser",
     "main",
 ]
 
@@ -514,7 +515,9 @@ def _write_outputs(
     log(f"[compare] wrote {out / 'comparison.md'}" + (f" and {written}" if written else ""))
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``comera compare`` (its flags and their defaults); :func:`main` parses the
+    command line with it and checks the workload, methods and settings it names."""
     parser = argparse.ArgumentParser(
         prog="comera compare",
         description="Train one workload with several methods (each in a fresh process) and compare them.",
@@ -570,7 +573,7 @@ def _variants(parser: argparse.ArgumentParser, words: list[list[str]]) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera compare``: 0 when every method ran, 1 when one failed, 2 for a bad command."""
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     variants = _variants(parser, args.variant)
     interrupts_raise()  # from here a Ctrl-C is waited out with the running method, then reported below

@@ -22,7 +22,7 @@ from comera.recipes.run import SetupError, default_cache_dir
 from comera.recipes.settings import add_set_argument
 from comera.workloads import load_recipe
 
-__all__ = ["main", "format_table", "SpeedSettings", "run_speed"]
+__all__ = ["main", "parse_arguments", "format_table", "SpeedSettings", "run_speed"]
 
 METHODS = ("dense", "comera")
 WORKLOAD = "nli"
@@ -196,7 +196,10 @@ def _note(accuracy_preset: str, speed_preset: str) -> str:
     )
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The flags of ``comera demo`` in ``argv`` (None: the command line) as a namespace, every default
+    filled in: ``speed_preset`` follows ``preset`` (smoke for smoke, else paper) unless given; a count
+    below its least value (``LEAST``) exits through ``argparse`` naming the flag."""
     parser = argparse.ArgumentParser(prog="comera demo", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--out", default="runs/demo", type=run_folder_argument, help="folder of the runs (default: runs/demo)"
@@ -224,7 +227,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``comera demo``."""
-    args = _parse(argv)
+    args = parse_arguments(argv)
     out = Path(args.out)
     presets = load_recipe(WORKLOAD).presets
     if not args.no_speed and args.speed_preset not in presets:

@@ -38,7 +38,7 @@ from comera.train.guard import NonFiniteError
 from comera.train.parallel import RankLostError, init_from_environment, shutdown, training_device
 from comera.workloads import load_recipe, workload_names
 
-__all__ = ["main", "add_setting_arguments", "summary"]
+__all__ = ["main", "build_parser", "add_setting_arguments", "summary"]
 
 
 def summary(results: dict) -> str:
@@ -124,7 +124,9 @@ class _DeviceSetting(argparse.Action):
         namespace.assignments = [*(namespace.assignments or []), f"train.device={values}"]
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``comera train`` (its flags and their defaults); :func:`main` parses the
+    command line with it and checks what no parser can (the run folder, the settings)."""
     parser = argparse.ArgumentParser(
         prog="comera train",
         description="Train a workload (dense or compressed) and write a run folder with results.json.",
@@ -170,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"comera train: {error}", file=sys.stderr)
         return 2
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     presets = load_recipe(args.workload).presets
     if args.preset not in presets:
         presets = sorted(presets)
