@@ -5,6 +5,7 @@ off a terminal, and the embedded corpora, prepared into the cache, give the bloc
 
 import json
 import random
+import subprocess
 import tracemalloc
 from pathlib import Path
 
@@ -68,16 +69,27 @@ def test_worker_processes_write_the_shards_and_index_of_one_process(tmp_path, to
     assert one.index["splits"] == two.index["splits"]
 
 
-def test_the_pool_answers_in_order_and_names_a_dead_worker(tokenizer_file):
+def test_the_pool_answers_in_order_and_names_a_dead_worker(tokenizer_file, monkeypatch):
     from tokenizers import Tokenizer
 
+    started = []
+
+    class RecordedPopen(subprocess.Popen):
+        """A ``Popen`` that keeps every process it starts (the pool's workers), to kill one."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(subprocess, "Popen", RecordedPopen)
     reference = Tokenizer.from_file(str(tokenizer_file))
     batches = [(number, [f"def f{number}(x):", "return x " * number or "x"]) for number in range(9)]
     with EncodePool(tokenizer_file, np.dtype("<u2"), workers=2) as pool:
         for (tag, ids), (want_tag, texts) in zip(pool.encode(batches), batches, strict=True):
             assert tag == want_tag
             assert [list(each) for each in ids] == [reference.encode(text).ids for text in texts]
-        pool._workers[0].process.kill()
+        assert len(started) == 2
+        started[0].kill()
         with pytest.raises(RuntimeError, match="a tokenizing worker process ended with status"):
             list(pool.encode(batches))
         with pytest.raises(ValueError, match="at least one text"):
