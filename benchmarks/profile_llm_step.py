@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import torch
 from comera.bench.op_profile import CATEGORIES
 from comera.bench.paper import run_fresh_case
 from comera.cli.commands.frontier import dense_width_settings
-from comera.measure import machine_description, update_section
+from comera.measure import machine_description, source_commit, update_section
 from comera.nn.linear import TTMLinear
 from comera.tt.shapes import factorize
 from comera.workloads import load_recipe
@@ -68,11 +67,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         if min(getattr(args, name)) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
-
-
-def _commit() -> str:
-    command = ["git", "rev-parse", "--short", "HEAD"]
-    return subprocess.run(command, capture_output=True, text=True, check=False).stdout.strip() or "unknown"
 
 
 def _case(args: argparse.Namespace, method: str, width: int, cache: Path) -> dict[str, Any]:
@@ -125,11 +119,11 @@ def format_orders(widths: list[int], ranks: list[int], rows: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_table(results: dict[int, dict[str, dict[str, Any]]], command: str) -> str:
-    """The markdown section: one table per width, a row per category, dense and comera side by side."""
+def format_table(results: dict[int, dict[str, dict[str, Any]]], command: str, commit: str) -> str:
+    """The markdown section: one table per width, a row per category, dense and comera side by side;
+    ``commit`` is the checkout the cases ran."""
     lines = [
-        f"### Where the training step's time goes, dense against comera "
-        f"({datetime.date.today()}, {_commit()})",
+        f"### Where the training step's time goes, dense against comera ({datetime.date.today()}, {commit})",
         "",
         f"Machine: {machine_description()}. Command: `{command}`.",
         "",
@@ -164,9 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     command = "python benchmarks/profile_llm_step.py " + " ".join(argv if argv is not None else [])
     cache = args.cache or Path(tempfile.mkdtemp(prefix="comera-profile-"))
+    commit = source_commit()  # the code the cases run, before the checkout can move on during the run
     results = {width: {m: _case(args, m, width, cache) for m in METHODS} for width in args.widths}
     rows = args.batch * load_recipe("llm").presets[args.preset]["data"]["seq_len"]
-    table = format_table(results, command.strip()) + "\n" + format_orders(args.model_widths, args.ranks, rows)
+    orders = format_orders(args.model_widths, args.ranks, rows)
+    table = format_table(results, command.strip(), commit) + "\n" + orders
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "profile.json").write_text(json.dumps(results) + "\n")

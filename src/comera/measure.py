@@ -9,6 +9,7 @@ import platform
 import random
 import resource
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ __all__ = [
     "median_ms",
     "interleaved_medians_ms",
     "machine_description",
+    "source_commit",
     "update_section",
     "markdown_file_argument",
     "peak_rise_mib",
@@ -115,6 +117,14 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def source_commit() -> str:
+    """The short hash of the checkout comera runs from, ``"unknown"`` outside a git checkout (a wheel)."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True
+    )
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
 
 
 def machine_description() -> str:

@@ -16,13 +16,12 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from comera.cpu import reset_peak_resident, status_kib
-from comera.measure import machine_description, markdown_file_argument, update_section
+from comera.measure import machine_description, markdown_file_argument, source_commit, update_section
 from comera.tensorize_config import TensorizeConfig
 
 __all__ = [
@@ -488,14 +487,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         update_section(args.write, "hf-llama" + (f"-{args.label}" if args.label else ""), body)
     return 1 if any("error" in result for result in results.values()) else 0
-
-
-def source_commit() -> str:
-    """The short hash of the checkout this module runs from, ``"unknown"`` outside a git checkout."""
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True
-    )
-    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
 
 
 def section_legend(size: str, savers: bool = False, loss_chunk: int | None = None) -> str:
