@@ -7,7 +7,7 @@ same step ``comera bench llm --sections steps`` times (the ``llm`` recipe at ``-
 ``model.hidden_size`` and the MLP width scaled with it as ``comera frontier`` does, one fixed batch of
 ``--batch`` blocks): ``--warmup`` steps, ``--repeats`` timed steps (their median is the step time), then
 ``--steps`` steps under ``torch.profiler``, whose operators' self times are summed per category
-(:data:`comera.bench.op_profile.CATEGORIES`) and divided by the steps. The table gives, per width, each
+(:data:`comera.measure.OPERATOR_CATEGORIES`) and divided by the steps. The table gives, per width, each
 category's milliseconds per step for dense and comera and the operator calls per step. A second table
 gives the cost model's estimate (:meth:`comera.TTMLinear.order_costs`, this machine's constants) of one
 square projection of ``--model-widths`` at each of ``--ranks`` for the step's rows (``batch x seq_len``):
@@ -27,10 +27,9 @@ from typing import Any
 
 import torch
 
-from comera.bench.op_profile import CATEGORIES
 from comera.bench.paper import run_fresh_case
 from comera.cli.commands.frontier import dense_width_settings
-from comera.measure import machine_description, source_commit, update_section
+from comera.measure import OPERATOR_CATEGORIES, machine_description, source_commit, update_section
 from comera.nn.linear import TTMLinear
 from comera.tt.shapes import factorize
 from comera.workloads import load_recipe
@@ -142,7 +141,7 @@ def format_table(results: dict[int, dict[str, dict[str, Any]]], command: str, co
             "| category | dense ms/step | comera ms/step | comera - dense |",
             "|---|---|---|---|",
         ]
-        for category in [name for name, _ in CATEGORIES] + ["other"]:
+        for category in [name for name, _ in OPERATOR_CATEGORIES] + ["other"]:
             left, right = _cell(dense, category), _cell(comera, category)
             lines.append(f"| {category} | {left:.1f} | {right:.1f} | {right - left:+.1f} |")
         total_left, total_right = dense["profile"]["ms"], comera["profile"]["ms"]

@@ -32,7 +32,6 @@ from comera.bench.ladder import (
     preset_rank,
     truncate_ranks_,
 )
-from comera.bench.op_profile import profile_steps
 from comera.cpu import reuse_freed_memory
 from comera.measure import (
     add_memory_argument,
@@ -41,6 +40,7 @@ from comera.measure import (
     machine_description,
     markdown_file_argument,
     peak_rise_mib,
+    profile_steps,
     status_mib,
     training_state_mib,
     update_section,
@@ -130,7 +130,7 @@ def run_case(
     under glibc's setting, then :func:`comera.cpu.reuse_freed_memory` with ``memory="reuse"``); with ``rank``
     the model is first cut to that rank (:func:`comera.bench.ladder.truncate_ranks_`) and the compression is
     reported; ``assignments`` (``SECTION.KEY=VALUE``) change the preset's settings; with ``profile`` > 0 that
-    many more steps run under ``torch.profiler`` (:func:`comera.bench.op_profile.profile_steps`)."""
+    many more steps run under ``torch.profiler`` (:func:`comera.measure.profile_steps`)."""
     recipe, method = load_recipe(workload), get_method(method_name)
     assignments = [*assignments, *_assignments(method_name, batch)]
     spec = run_spec(workload, method_name, preset, assignments=assignments)

@@ -25,6 +25,7 @@ from comera.measure import (
     markdown_file_argument,
     median_ms,
     peak_rise_mib,
+    profile_steps,
     status_mib,
     update_section,
 )
@@ -63,16 +64,11 @@ def _batch(model: nn.Module, batch: int, length: int) -> dict[str, torch.Tensor]
 
 
 def _top_operators(step, count: int = 8) -> list[dict[str, Any]]:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as profiler:
-        step()
-    events = sorted(profiler.key_averages(), key=lambda event: event.self_cpu_time_total, reverse=True)
-    total = sum(event.self_cpu_time_total for event in events) or 1.0
-    return [
-        {"op": event.key, "ms": event.self_cpu_time_total / 1e3, "share": event.self_cpu_time_total / total}
-        for event in events[:count]
-    ]
+    """The ``count`` operators of one profiled ``step`` with the most self time: ``op``, ``ms``, ``calls`` and
+    ``share`` (of all operators' self time)."""
+    profile = profile_steps(step, 1, top=count)
+    total = profile["ms"] or 1.0
+    return [{**entry, "share": entry["ms"] / total} for entry in profile["top"]]
 
 
 def run_case(

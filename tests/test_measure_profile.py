@@ -1,9 +1,9 @@
-"""comera.bench.op_profile: operator categories and per-step totals, on steps whose operators are known."""
+"""comera.measure.profile_steps: operator categories and per-step totals on steps of known operators."""
 
 import pytest
 import torch
 
-from comera.bench.op_profile import category_of, profile_steps
+from comera.measure import category_of, profile_steps
 
 
 @pytest.mark.parametrize(
